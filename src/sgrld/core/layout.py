@@ -1,0 +1,88 @@
+"""Flat layout of a group of parameter tensors.
+
+Every metric works on one contiguous buffer of shape ``(*batch, D)`` that holds all parameters of a
+group back to back (``D`` = total number of elements, ``batch`` = ``()`` or ``(K,)`` for K chains).
+This makes the global reductions of the Monge metric single kernels and lets noise be drawn with
+one ``normal_`` call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each parameter tensor lives inside a flat buffer.
+
+    Attributes:
+        names: parameter names, in order.
+        shapes: per-parameter shapes *without* the chain dimension.
+        batch_shape: ``()`` for one chain, ``(K,)`` for K chains in a leading dimension.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    batch_shape: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_tensors(
+        names: Sequence[str], tensors: Sequence[Tensor], num_chains: int | None = None
+    ) -> FlatLayout:
+        """Build a layout; with ``num_chains`` the first dim of every tensor is the chain dim."""
+        if num_chains is None:
+            return FlatLayout(tuple(names), tuple(tuple(t.shape) for t in tensors), ())
+        for name, t in zip(names, tensors, strict=True):
+            if t.dim() == 0 or t.shape[0] != num_chains:
+                raise ValueError(
+                    f"parameter {name!r} has shape {tuple(t.shape)}; with num_chains={num_chains} "
+                    "every tensor needs a leading chain dimension of that size"
+                )
+        return FlatLayout(
+            tuple(names), tuple(tuple(t.shape[1:]) for t in tensors), (num_chains,)
+        )
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.shapes)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        out, acc = [], 0
+        for n in self.numels:
+            out.append(acc)
+            acc += n
+        return tuple(out)
+
+    @property
+    def size(self) -> int:
+        """Number of parameters D of one chain."""
+        return sum(self.numels)
+
+    def empty(self, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+        return torch.empty((*self.batch_shape, self.size), dtype=dtype, device=device)
+
+    def zeros(self, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+        return torch.zeros((*self.batch_shape, self.size), dtype=dtype, device=device)
+
+    def segments(self, flat: Tensor) -> list[Tensor]:
+        """Views of ``flat`` (``(*batch, D)``), one ``(*batch, numel)`` slice per parameter."""
+        return list(flat.split(self.numels, dim=-1))
+
+    def views(self, flat: Tensor) -> list[Tensor]:
+        """Views of ``flat`` shaped like the parameters (chain dimension first)."""
+        return [
+            seg.view(*self.batch_shape, *shape)
+            for seg, shape in zip(self.segments(flat), self.shapes, strict=True)
+        ]
+
+    def gather(self, tensors: Sequence[Tensor], out: Tensor) -> Tensor:
+        """Copy parameter-shaped tensors into the flat buffer ``out`` (one kernel)."""
+        nb = len(self.batch_shape)
+        torch.cat([t.reshape(*t.shape[:nb], -1) for t in tensors], dim=-1, out=out)
+        return out

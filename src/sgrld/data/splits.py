@@ -1,0 +1,69 @@
+"""The paper's train/validation/test splits (spec §4.1) and the container that holds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def validation_indices(num_total: int, num_val: int = 10_000, seed: int = 1) -> np.ndarray:
+    """The reference ``index_val.pkl``: ``np.random.seed(seed); np.random.choice(N, num_val)``.
+
+    Uses numpy's legacy :class:`~numpy.random.RandomState`, so the draw is bit-identical to the
+    reference (MNIST, N = 60,000: 15281, 21435, 44536, ...; CIFAR-10, N = 50,000: 26247, 35067,
+    34590, ...). The order of the draw is kept.
+
+    Raises:
+        ValueError: unless ``0 < num_val < num_total``.
+    """
+    if not 0 < num_val < num_total:
+        raise ValueError(f"need 0 < num_val < num_total, got num_val={num_val}, num_total={num_total}")
+    rng = np.random.RandomState(seed)
+    return rng.choice(np.arange(num_total), size=num_val, replace=False).astype(np.int64)
+
+
+def split_indices(
+    num_total: int, num_val: int = 10_000, seed: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, val)`` index arrays: val in draw order, train = the rest in sorted order (§4.1)."""
+    val = validation_indices(num_total, num_val, seed)
+    train = np.setdiff1d(np.arange(num_total, dtype=np.int64), val, assume_unique=True)
+    return train, val
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Inputs and integer labels (int64) of the three splits, all on one device.
+
+    ``num_train`` is the ``n`` of the per-datum potential and of the step size h = ℓ/n (spec §1.1).
+    """
+
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_test: Tensor
+    y_test: Tensor
+
+    def __post_init__(self) -> None:
+        for split in ("train", "val", "test"):
+            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
+            if len(x) != len(y):
+                raise ValueError(f"{split}: {len(x)} inputs but {len(y)} labels")
+
+    @property
+    def num_train(self) -> int:
+        """Number of training points n."""
+        return len(self.y_train)
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes, from the largest label of any split."""
+        return 1 + max(int(getattr(self, f"y_{s}").max()) for s in ("train", "val", "test"))
+
+    def to(self, device: torch.device | str) -> Splits:
+        """A copy with every tensor on ``device``."""
+        return Splits(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})

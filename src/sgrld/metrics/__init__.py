@@ -1,0 +1,20 @@
+"""Metric plug-ins G and their registry (see :mod:`sgrld.metrics.base` for the contract)."""
+
+from sgrld.metrics.base import Metric, get_metric, metric_names, register
+from sgrld.metrics.identity import IdentityMetric
+from sgrld.metrics.monge import MongeMetric
+from sgrld.metrics.rmsprop import RMSpropMetric
+from sgrld.metrics.shampoo import ShampooMetric
+from sgrld.metrics.wenzel import WenzelMetric
+
+__all__ = [
+    "IdentityMetric",
+    "Metric",
+    "MongeMetric",
+    "RMSpropMetric",
+    "ShampooMetric",
+    "WenzelMetric",
+    "get_metric",
+    "metric_names",
+    "register",
+]

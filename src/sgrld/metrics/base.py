@@ -1,0 +1,88 @@
+"""The metric plug-in contract and the registry.
+
+A metric G answers four questions (STYLE.md): update your statistics from this gradient; apply
+G⁻¹ to a vector; apply G^{-1/2} to a vector; optionally refresh an explicitly scheduled part.
+The integrator (:mod:`sgrld.core.integrator`) composes them into the paper's Euler–Maruyama step
+(eq. 4, Γ dropped); see ``docs/conventions.md`` for ℓ, n, τ and signs.
+
+All vectors are flat buffers of shape ``(*batch, D)`` laid out by a :class:`FlatLayout`.
+Statistics are a ``dict[str, Tensor]``; every key is declared in :meth:`Metric.stat_kinds` so
+that the core can restrict the state to the parameters that have gradients this step:
+
+* ``"element"``: last dim is ``D`` (one entry per parameter element);
+* ``"tensor"``: last dim is the number of parameter tensors;
+* ``"global"``: anything else shared by the whole group (kept as is);
+* keys of the form ``"<stat>@<i>"`` belong to parameter tensor ``i`` only (e.g. Shampoo factors).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import ClassVar, Literal
+
+from torch import Tensor
+
+from sgrld.core.layout import FlatLayout
+
+StatKind = Literal["element", "tensor", "global"]
+Stats = dict[str, Tensor]
+
+
+class Metric(abc.ABC):
+    """Base class of the Riemannian metrics G (one instance = one hyper-parameter setting)."""
+
+    #: registry name, e.g. ``"monge"``
+    name: ClassVar[str]
+    @abc.abstractmethod
+    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        """Fresh statistics for ``layout``; ``like`` gives dtype and device."""
+
+    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+        """Kind of every key of ``stats`` that is not of the per-tensor ``"<stat>@<i>"`` form."""
+        return {}
+
+    @abc.abstractmethod
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+        """Fold the flat gradient into the statistics, in place. ``step`` counts from 1."""
+
+    @abc.abstractmethod
+    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
+        """Return G⁻¹ · grad, called after :meth:`update` in the same step.
+
+        ``grad`` is the core's private flat copy of the gradient: it may be overwritten in place.
+        """
+
+    @abc.abstractmethod
+    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
+        """Return G^{-1/2} · noise. May overwrite ``noise`` (a scratch buffer) in place."""
+
+    def refresh(self, stats: Stats, layout: FlatLayout) -> None:  # noqa: B027 - optional hook
+        """Recompute an explicitly scheduled part of G (Wenzel's per-epoch preconditioner)."""
+
+
+_REGISTRY: dict[str, type[Metric]] = {}
+
+
+def register(cls: type[Metric]) -> type[Metric]:
+    """Class decorator adding a metric to the registry under ``cls.name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_metric(name: str) -> type[Metric]:
+    """Look a metric class up by name (``identity``, ``rmsprop``, ``wenzel``, ``monge``, ``shampoo``)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r}; choose one of {sorted(_REGISTRY)}") from None
+
+
+def metric_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def check_range(name: str, value: float, ok: Callable[[float], bool], expect: str) -> None:
+    """Eager argument validation with a message naming the argument (torch.optim style)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(float(value)):
+        raise ValueError(f"invalid {name}: {value!r} (expected {expect})")

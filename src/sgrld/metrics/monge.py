@@ -1,0 +1,117 @@
+"""Monge metric G = I + α² m mᵀ with m an EMA of gradients (paper §4.1, reference §2.4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from sgrld.core.layout import FlatLayout
+from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
+
+
+def _dots(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
+    """⟨x_i, y_i⟩ over the last dim for each segment pair, stacked to shape ``(*batch, S)``."""
+    return torch.cat([(x.unsqueeze(-2) @ y.unsqueeze(-1)).squeeze(-1) for x, y in zip(xs, ys)], -1)
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class MongeMetric(Metric):
+    """Rank-one metric G = I + α² m mᵀ, applied in O(D) without forming G.
+
+    m ← decay·m + (1−decay)·g (m from zeros, current g included). With s = ‖m‖²,
+    Sherman–Morrison and the rank-one square root give (paper eq. 11–12)
+
+        G⁻¹v = v + f₋₁ ⟨m, v⟩ m,        f₋₁ = −α² / (1 + α²s)
+        G^{-1/2}v = v + f₋½ ⟨m, v⟩ m,   f₋½ = −α² / (√(1+α²s) · (1 + √(1+α²s)))
+
+    where f₋½ is the cancellation-free form of (1/√(1+α²s) − 1)/s: it needs no guard as ‖m‖ → 0
+    and equals −α²/2 there (reference §2.4, §10.4). α² = 0 gives exactly SGLD.
+
+    Args:
+        alpha2: α² ≥ 0.
+        decay: EMA weight λ in [0, 1).
+        scope: ``"global"`` (the paper's metric: inner products over all parameters of the
+            group) or ``"tensor"`` (one rank-one metric per parameter tensor).
+        fallback_threshold: if set, a step whose drift ‖G⁻¹g‖ exceeds it uses G = c·I with
+            c = ‖g‖/threshold instead (the funnel code's explosion fallback, reference §5.3; it
+            compares the preconditioned norm but rescales by the raw one, as there).
+    """
+
+    name = "monge"
+    alpha2: float = 1.0
+    decay: float = 0.9
+    scope: Literal["global", "tensor"] = "global"
+    fallback_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        check_range("alpha2", self.alpha2, lambda v: v >= 0.0, "alpha2 >= 0")
+        check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
+        if self.scope not in ("global", "tensor"):
+            raise ValueError(f"invalid scope: {self.scope!r} (expected 'global' or 'tensor')")
+        if self.fallback_threshold is not None:
+            check_range("fallback_threshold", self.fallback_threshold, lambda v: v > 0, "> 0")
+
+    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        nseg = 1 if self.scope == "global" else len(layout.shapes)
+        scalars = torch.zeros((*layout.batch_shape, nseg), dtype=like.dtype, device=like.device)
+        return {
+            "exp_avg": layout.zeros(like.dtype, like.device),
+            "sq_norm": scalars,  # s = ‖m‖² per scope segment, refreshed by update()
+            "fallback": scalars.clone(),  # 1/c where the fallback fired this step, else 0
+        }
+
+    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+        seg: StatKind = "global" if self.scope == "global" else "tensor"
+        return {"exp_avg": "element", "sq_norm": seg, "fallback": seg}
+
+    def _segments(self, layout: FlatLayout, x: Tensor) -> list[Tensor]:
+        return [x] if self.scope == "global" else layout.segments(x)
+
+    @staticmethod
+    def _axpy(ys: list[Tensor], xs: list[Tensor], coef: Tensor) -> None:
+        """y_i += coef[..., i] · x_i, with coef on device (no host sync)."""
+        for i, (y, x) in enumerate(zip(ys, xs, strict=True)):
+            y.addcmul_(x, coef[..., i : i + 1])
+
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+        m = stats["exp_avg"]
+        m.mul_(self.decay).add_(grad, alpha=1.0 - self.decay)
+        ms = self._segments(layout, m)
+        stats["sq_norm"].copy_(_dots(ms, ms))
+
+    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
+        s = stats["sq_norm"]
+        ms, gs = self._segments(layout, stats["exp_avg"]), self._segments(layout, grad)
+        a = _dots(ms, gs)
+        coef = a * (-self.alpha2 / (1.0 + self.alpha2 * s))  # f₋₁ ⟨m, g⟩
+        if self.fallback_threshold is not None:
+            # ‖G⁻¹g‖² = ‖g + c m‖² = ‖g‖² + c(2a + c s), c = f₋₁a: no extra pass over D.
+            gg = _dots(gs, gs)
+            drift_sq = gg + coef * (2.0 * a + coef * s)
+            thr = self.fallback_threshold
+            fire = drift_sq > thr * thr
+            inv_c = torch.where(fire, thr * torch.rsqrt(gg), torch.zeros_like(gg))
+            stats["fallback"].copy_(inv_c)
+            for i, g in enumerate(gs):
+                g.mul_(torch.where(fire[..., i : i + 1], inv_c[..., i : i + 1], 1.0))
+            coef = torch.where(fire, torch.zeros_like(coef), coef)
+        self._axpy(gs, ms, coef)
+        return grad
+
+    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
+        s = stats["sq_norm"]
+        ms, xs = self._segments(layout, stats["exp_avg"]), self._segments(layout, noise)
+        root = torch.sqrt(1.0 + self.alpha2 * s)
+        coef = _dots(ms, xs) * (-self.alpha2 / (root * (1.0 + root)))  # f₋½ ⟨m, ξ⟩
+        if self.fallback_threshold is not None:
+            inv_c = stats["fallback"]
+            fire = inv_c > 0
+            for i, x in enumerate(xs):
+                x.mul_(torch.where(fire[..., i : i + 1], inv_c[..., i : i + 1].sqrt(), 1.0))
+            coef = torch.where(fire, torch.zeros_like(coef), coef)
+        self._axpy(xs, ms, coef)
+        return noise

@@ -1,0 +1,72 @@
+"""Layer-wise scalar metric of Wenzel et al. (2020) as adapted in the reference (§2.2, §9.11)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sgrld.core.layout import FlatLayout
+from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
+
+
+@register
+@dataclass(frozen=True, kw_only=True)
+class WenzelMetric(Metric):
+    """G⁻¹ = M_p·I per parameter tensor p, changed only by :meth:`refresh`.
+
+    Statistics V (from ones) follow V ← decay·V + (1−decay)·g². A refresh (runners call it at each
+    epoch end) sets s_p = mean(V_p) + ε and M_p = (s_p / min_q s_q)^(−1/2): the tensor with the
+    smallest mean squared gradient gets M = 1, all others smaller steps. Until the first refresh
+    M = 1, so Wenzel equals SGLD for the whole first epoch, as in the reference.
+
+    The reference folds g into V *after* the move; since M only changes at a refresh, folding
+    before is the same chain, and lets the core's gradient copy be scaled in place.
+
+    Args:
+        decay: EMA weight in [0, 1).
+        eps: ε ≥ 0 added to mean(V) (inside the square root).
+    """
+
+    name = "wenzel"
+    decay: float = 0.99
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
+        check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
+
+    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        ntensors = len(layout.shapes)
+        scale = torch.ones((*layout.batch_shape, ntensors), dtype=like.dtype, device=like.device)
+        return {
+            "square_avg": torch.ones_like(layout.empty(like.dtype, like.device)),
+            "scale": scale,  # M_p = G⁻¹ per tensor
+            "scale_sqrt": scale.clone(),  # √M_p = G^{-1/2} per tensor
+        }
+
+    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+        return {"square_avg": "element", "scale": "tensor", "scale_sqrt": "tensor"}
+
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+        stats["square_avg"].mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
+
+    def refresh(self, stats: Stats, layout: FlatLayout) -> None:
+        segs = layout.segments(stats["square_avg"])
+        s = torch.stack([seg.mean(dim=-1) for seg in segs], dim=-1).add_(self.eps)
+        s_min = s.amin(dim=-1, keepdim=True)
+        stats["scale"].copy_(torch.rsqrt(s / s_min))
+        stats["scale_sqrt"].copy_(stats["scale"].sqrt())
+
+    @staticmethod
+    def _scale(layout: FlatLayout, x: Tensor, scale: Tensor) -> Tensor:
+        segs = layout.segments(x)
+        torch._foreach_mul_(segs, [scale[..., i : i + 1] for i in range(len(segs))])
+        return x
+
+    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
+        return self._scale(layout, grad, stats["scale"])
+
+    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
+        return self._scale(layout, noise, stats["scale_sqrt"])
