@@ -39,6 +39,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         check_finite: refuse a step whose gradient holds NaN/Inf, naming the parameter (costs
             one host sync per step; turn off on GPU for speed).
 
+    Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
+    after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
+
     References: Yu et al., Scalable SGRLD in Non-Diagonal Metrics, TMLR 2023, eq. 4.
     """
 
@@ -54,7 +57,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         check_finite: bool = True,
     ) -> None:
         validate_hyperparameters(lr, num_data, temperature)
-        super().__init__(params, {"lr": lr, "num_data": num_data, "temperature": temperature})
+        defaults = {"lr": lr, "num_data": num_data, "temperature": temperature, "adapt_metric": True}
+        super().__init__(params, defaults)
         self.metric = metric
         self.check_finite = check_finite
         device = self.param_groups[0]["params"][0].device
@@ -96,8 +100,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 num_data=group["num_data"],
                 temperature=group["temperature"],
                 check_finite=self.check_finite,
+                adapt=group["adapt_metric"],
             )
         return loss
+
+    def freeze_metric(self, frozen: bool = True) -> None:
+        """Stop (or resume) updating the metric's statistics in every group."""
+        for group in self.param_groups:
+            group["adapt_metric"] = not frozen
 
     @property
     def num_steps(self) -> int:

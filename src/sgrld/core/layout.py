@@ -77,7 +77,7 @@ class FlatLayout:
     def views(self, flat: Tensor) -> list[Tensor]:
         """Views of ``flat`` shaped like the parameters (chain dimension first)."""
         return [
-            seg.view(*self.batch_shape, *shape)
+            seg.view((*self.batch_shape, *shape))
             for seg, shape in zip(self.segments(flat), self.shapes, strict=True)
         ]
 

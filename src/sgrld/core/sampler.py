@@ -99,10 +99,13 @@ def sgrld_step(
     num_data: float,
     temperature: float,
     check_finite: bool = True,
+    adapt: bool = True,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
-    θ ← θ − ℓ·G⁻¹ĝ + √(2ℓτ/n)·G^{-1/2}ξ (paper eq. 4 with h = ℓ/n, Γ dropped).
+    θ ← θ − ℓ·G⁻¹ĝ + √(2ℓτ/n)·G^{-1/2}ξ (paper eq. 4 with h = ℓ/n, Γ dropped). With
+    ``adapt=False`` the metric's statistics are not updated: G stays as it is (a frozen metric
+    makes the chain a fixed-preconditioner SGLD, e.g. after burn-in).
     """
     layout = state.layout
     params = list(state.params.values())
@@ -123,7 +126,8 @@ def sgrld_step(
         _check_finite(sub_layout.names, sub_layout, grad)
 
     step = state.step + 1
-    metric.update(stats, sub_layout, grad, step)
+    if adapt:
+        metric.update(stats, sub_layout, grad, step)
     drift = metric.inverse(stats, sub_layout, grad)
     sigma = noise_scale(lr, num_data, temperature)
     noise = None
@@ -185,13 +189,18 @@ class Sampler:
         return SamplerState(dict(params), stats, 0, gen, layout)
 
     def step(
-        self, state: SamplerState, grads: Mapping[str, Tensor | None], *, inplace: bool = True
+        self,
+        state: SamplerState,
+        grads: Mapping[str, Tensor | None],
+        *,
+        inplace: bool = True,
+        adapt: bool = True,
     ) -> SamplerState:
         """Advance ``state`` by one step given the gradients of the per-datum potential.
 
         ``grads`` maps parameter names to ĝ = ∇u_B (see ``docs/conventions.md``); a missing name
         or ``None`` skips that parameter. With ``inplace=False`` the input state is left
-        untouched and a new one is returned.
+        untouched and a new one is returned; ``adapt=False`` freezes the metric for this step.
         """
         unknown = set(grads) - set(state.params)
         if unknown:
@@ -206,6 +215,7 @@ class Sampler:
             num_data=self.num_data,
             temperature=self.temperature,
             check_finite=self.check_finite,
+            adapt=adapt,
         )
         return state
 

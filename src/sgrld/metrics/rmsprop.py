@@ -36,8 +36,9 @@ class RMSpropMetric(Metric):
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
-        z = layout.zeros(like.dtype, like.device)
-        return {"square_avg": z, "inv": torch.empty_like(z), "inv_sqrt": torch.empty_like(z)}
+        v = layout.zeros(like.dtype, like.device)
+        inv = torch.full_like(v, 1.0 / self.eps if self.eps > 0 else float("inf"))
+        return {"square_avg": v, "inv": inv, "inv_sqrt": inv.sqrt()}
 
     def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
         return {"square_avg": "element", "inv": "element", "inv_sqrt": "element"}

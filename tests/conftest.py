@@ -1,0 +1,77 @@
+"""Shared test fixtures: the sampler registry every contract test runs over (cf. torch's optim_db)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import sgrld
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """How to build one sampler through the facade and through the functional core."""
+
+    name: str
+    optimizer: Callable[..., sgrld.SGRLDOptimizer]
+    metric: str
+    options: dict[str, Any] = field(default_factory=dict)  # facade kwargs == metric kwargs
+
+    def make_optimizer(self, params: Any, **kw: Any) -> sgrld.SGRLDOptimizer:
+        return self.optimizer(params, **{**self.options, **kw})
+
+    def make_sampler(self, **kw: Any) -> sgrld.Sampler:
+        return sgrld.build(self.metric, **{**self.options, **kw})
+
+
+SAMPLERS = [
+    SamplerSpec("sgld", sgrld.SGLD, "identity"),
+    SamplerSpec("rmsprop", sgrld.RMSpropSGLD, "rmsprop", {"decay": 0.9, "eps": 1e-8}),
+    SamplerSpec("wenzel", sgrld.WenzelSGLD, "wenzel", {"decay": 0.9}),
+    SamplerSpec("monge", sgrld.MongeSGLD, "monge", {"alpha2": 2.0, "decay": 0.8}),
+    SamplerSpec(
+        "shampoo",
+        sgrld.ShampooSGLD,
+        "shampoo",
+        {"decay": 0.9, "eps": 1e-4, "block_size": 4, "update_interval": 3},
+    ),
+]
+
+
+@pytest.fixture(params=SAMPLERS, ids=[s.name for s in SAMPLERS])
+def spec(request: pytest.FixtureRequest) -> SamplerSpec:
+    return request.param
+
+
+@pytest.fixture
+def mnist_dir() -> Path:
+    path = Path(os.environ.get("SGRLD_MNIST_DIR", REPO.parent / "shared" / "data" / "mnist"))
+    if not (path / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"real MNIST not found in {path} (set SGRLD_MNIST_DIR)")
+    return path
+
+
+def quadratic_problem(
+    dtype: torch.dtype = torch.float64, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]]:
+    """Small parameters of several ranks and a non-isotropic quartic-plus-quadratic gradient."""
+    g = torch.Generator().manual_seed(seed)
+    params = {
+        "w": torch.randn(5, 6, generator=g, dtype=dtype),
+        "b": torch.randn(6, generator=g, dtype=dtype),
+        "c": torch.randn(2, 3, 2, generator=g, dtype=dtype),
+    }
+    scales = {k: torch.rand(v.shape, generator=g, dtype=dtype) + 0.5 for k, v in params.items()}
+
+    def grad(p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: scales[k] * v + 0.1 * v**3 for k, v in p.items()}
+
+    return params, grad
