@@ -15,6 +15,10 @@ import sgrld
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Tests run many tiny ops: one intra-op thread keeps them fast and immune to a busy machine
+# (OpenMP workers stall badly when the cores are oversubscribed). Benchmarks use both cores.
+torch.set_num_threads(1)
+
 
 @dataclass(frozen=True)
 class SamplerSpec:
