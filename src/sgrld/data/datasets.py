@@ -26,7 +26,9 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
     if data_dir is None:
         data_dir = os.environ.get(DATA_DIR_ENV)
         if not data_dir:
-            raise ValueError(f"no data_dir given and the {DATA_DIR_ENV} environment variable is unset")
+            raise ValueError(
+                f"no data_dir given and the {DATA_DIR_ENV} environment variable is unset"
+            )
     return Path(data_dir)
 
 

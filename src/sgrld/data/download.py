@@ -44,12 +44,17 @@ class RemoteFile:
     digest_of: Literal["file", "gunzipped"] = "file"
 
 
-_MNIST_URLS = ("http://yann.lecun.com/exdb/mnist/", "https://ossci-datasets.s3.amazonaws.com/mnist/")
+_MNIST_URLS = (
+    "http://yann.lecun.com/exdb/mnist/",
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+)
 _CIFAR10_URLS = ("https://www.cs.toronto.edu/~kriz/",)
 
 #: The four MNIST IDX files; digests of the *uncompressed* files (shared/data/README.md).
 MNIST_FILES: dict[str, RemoteFile] = {
-    key: RemoteFile(filename=f"{stem}.gz", base_urls=_MNIST_URLS, sha256=digest, digest_of="gunzipped")
+    key: RemoteFile(
+        filename=f"{stem}.gz", base_urls=_MNIST_URLS, sha256=digest, digest_of="gunzipped"
+    )
     for key, stem, digest in (
         (
             "train_images",

@@ -90,7 +90,8 @@ def read_idx(
         verify_sha256(raw, sha256, source=path)
     data = parse_idx(raw, source=os.fspath(path))
     if shape is not None and (
-        len(shape) != data.ndim or any(e is not None and e != s for e, s in zip(shape, data.shape))
+        len(shape) != data.ndim
+        or any(e is not None and e != s for e, s in zip(shape, data.shape, strict=True))
     ):
         raise IdxFormatError(f"{os.fspath(path)}: shape {data.shape}, expected {shape}")
     return data

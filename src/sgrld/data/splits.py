@@ -20,7 +20,9 @@ def validation_indices(num_total: int, num_val: int = 10_000, seed: int = 1) -> 
         ValueError: unless ``0 < num_val < num_total``.
     """
     if not 0 < num_val < num_total:
-        raise ValueError(f"need 0 < num_val < num_total, got num_val={num_val}, num_total={num_total}")
+        raise ValueError(
+            f"need 0 < num_val < num_total, got num_val={num_val}, num_total={num_total}"
+        )
     rng = np.random.RandomState(seed)
     return rng.choice(np.arange(num_total), size=num_val, replace=False).astype(np.int64)
 

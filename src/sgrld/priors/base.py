@@ -67,8 +67,16 @@ class Prior(nn.Module, abc.ABC):
         conv prior gives dense weights and biases a Gaussian, as in the reference).
         """
 
-    def reset_parameters(self) -> None:  # noqa: B027 - optional hook, most priors have no state
+    def reset_parameters(self) -> None:
         """Put sampled hyper-parameters back at their initial values (spec §3.6)."""
+
+
+def standard_normal(
+    shape: torch.Size, generator: torch.Generator | None, device: torch.device
+) -> Tensor:
+    """N(0, 1) draws made on ``generator``'s device (if given) and returned on ``device``."""
+    where = generator.device if generator is not None else device
+    return torch.randn(shape, generator=generator, device=where).to(device)
 
 
 _REGISTRY: dict[str, type[Prior]] = {}

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from sgrld.priors.base import Prior, PriorConfig, register
+from sgrld.priors.base import Prior, PriorConfig, register, standard_normal
 
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -41,8 +41,9 @@ class GaussianPrior(Prior):
         return normal_log_prob_sum(value - self.loc if self.loc else value, self.scale)
 
     def sample(self, shape: torch.Size, generator: torch.Generator | None = None) -> Tensor:
-        """Independent draws from N(loc, scale²)."""
-        return self.loc + self.scale * torch.randn(shape, generator=generator)
+        """Independent draws from N(loc, scale²) (on the generator's device, else the CPU)."""
+        device = generator.device if generator is not None else torch.device("cpu")
+        return self.loc + self.scale * standard_normal(shape, generator, device)
 
     @classmethod
     def for_parameter(cls, shape: torch.Size, scale: float, config: PriorConfig) -> Prior:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sgrld.priors.base import Prior, PriorConfig, register
+from sgrld.priors.base import Prior, PriorConfig, register, standard_normal
 from sgrld.priors.gaussian import normal_log_prob_sum
 
 #: softplus⁻¹(1) = log(e − 1) ≈ 0.5413, the initial raw scale (spec §3.6)
@@ -69,12 +69,14 @@ class HorseshoePrior(Prior):
         lam = F.softplus(self.raw_scale)
         log_lik = normal_log_prob_sum(value, self.scale * lam)
         if self.jacobian:
-            return log_lik + half_cauchy_log_prob(lam, self.hyperscale) - F.softplus(-self.raw_scale)
+            return (
+                log_lik + half_cauchy_log_prob(lam, self.hyperscale) - F.softplus(-self.raw_scale)
+            )
         return log_lik + half_cauchy_log_prob(self.scale * lam, self.hyperscale)
 
     def sample(self, shape: torch.Size, generator: torch.Generator | None = None) -> Tensor:
         """Draws from N(0, s²) at the current scale s."""
-        noise = torch.randn(shape, generator=generator, device=self.raw_scale.device)
+        noise = standard_normal(shape, generator, self.raw_scale.device)
         return self.effective_scale.detach() * noise
 
     @classmethod

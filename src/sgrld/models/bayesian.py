@@ -1,0 +1,156 @@
+"""A network whose parameters carry priors, its He initialisation and the per-datum potential.
+
+Every ``nn.Linear`` and ``nn.Conv*`` parameter gets a prior module attached next to it as
+``<param>_prior`` (so a horseshoe's sampled scale appears as ``....weight_prior.raw_scale``, like
+the reference's ``weight_prior.scale.p``). BatchNorm and other parameters stay flat (improper
+prior) but are sampled like all others (spec §3.3). All parameters are plain ``nn.Parameter``s
+reachable through ``named_parameters()`` in a fixed order: each layer's weight and bias, then its
+priors' hyper-parameters.
+
+Scale rule (spec §3.1): σ = ``weight_scale``/sqrt(in_features) for dense weights,
+``weight_scale``/sqrt(C_in) for conv kernels (or /sqrt(C_in·k²) with ``conv_scale="fan_in"``),
+``bias_scale`` for biases.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.conv import _ConvNd
+
+from sgrld.priors import Prior, PriorConfig, get_prior
+
+PRIOR_SUFFIX = "_prior"
+
+
+def parameter_scales(module: nn.Module, config: PriorConfig) -> dict[str, float]:
+    """Base prior scale σ of each prior-carrying parameter of a Linear or conv layer (§3.1)."""
+    scales: dict[str, float] = {}
+    if isinstance(module, nn.Linear):
+        scales["weight"] = config.weight_scale / math.sqrt(module.in_features)
+    elif isinstance(module, _ConvNd):
+        fan = module.weight.shape[1]  # C_in per group
+        if config.conv_scale == "fan_in":
+            fan *= math.prod(module.weight.shape[2:])
+        scales["weight"] = config.weight_scale / math.sqrt(fan)
+    else:
+        return scales
+    if getattr(module, "bias", None) is not None:
+        scales["bias"] = config.bias_scale
+    return scales
+
+
+class BayesianModel(nn.Module):
+    """``net`` with a prior on every Linear/conv parameter and ``log_prior()`` (spec §3).
+
+    The forward pass returns the logits of a Categorical likelihood (softmax temperature 1,
+    §3.5). Sample in ``train()`` mode and evaluate in ``eval()`` mode (BatchNorm, §3.3).
+
+    Args:
+        net: the network; its layers get ``<param>_prior`` submodules attached.
+        prior: prior family name (``gaussian``, ``horseshoe``, ``convcorrnormal``).
+        config: scales and variants; the default reproduces the reference.
+        init: apply He initialisation (§3.6) now; otherwise keep the net's own values.
+        generator: random generator for the initialisation.
+
+    Raises:
+        ValueError: unknown ``prior``; the message lists the valid names.
+
+    Example:
+        >>> from sgrld.models.fc import FullyConnected
+        >>> model = BayesianModel(FullyConnected(400), "horseshoe")
+        >>> sum(p.numel() for p in model.parameters())
+        478416
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        prior: str = "gaussian",
+        config: PriorConfig | None = None,
+        *,
+        init: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        family = get_prior(prior)
+        self.prior_name = prior
+        self.config = config if config is not None else PriorConfig()
+        self.net = net
+        # (owning layer, parameter name, prior); parameters are looked up at call time so that
+        # torch.func.functional_call substitutes them.
+        self._sites: list[tuple[str, nn.Module, str, Prior]] = []
+        for layer_name, layer in net.named_modules():
+            for param_name, scale in parameter_scales(layer, self.config).items():
+                shape = getattr(layer, param_name).shape
+                site_prior = family.for_parameter(shape, scale, self.config)
+                layer.add_module(param_name + PRIOR_SUFFIX, site_prior)
+                full = ".".join(filter(None, ("net", layer_name, param_name)))
+                self._sites.append((full, layer, param_name, site_prior))
+        if init:
+            self.reset_parameters(generator)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits f(x) of the Categorical likelihood."""
+        return self.net(x)
+
+    def named_priors(self) -> Iterator[tuple[str, Prior]]:
+        """``(parameter name, prior)`` for every parameter that has a prior."""
+        for full, _, _, site_prior in self._sites:
+            yield full, site_prior
+
+    def log_prior(self) -> Tensor:
+        """log p(θ): the sum of every prior's ``log_prob``, hyper-priors included (§1.1, §3.1)."""
+        terms = [p.log_prob(getattr(layer, name)) for _, layer, name, p in self._sites]
+        if not terms:
+            return torch.zeros(())
+        return torch.stack(terms).sum()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """He initialisation (spec §3.6).
+
+        Weights with a prior: Kaiming normal, fan_in, ReLU gain (std sqrt(2/fan_in), fan_in =
+        C_in·k² for convs). Biases with a prior: U(±1/sqrt(out_features)). BatchNorm: weight 1,
+        bias 0, running stats reset. Horseshoe scales: softplus⁻¹(1).
+        """
+        for _, layer, name, site_prior in self._sites:
+            param = getattr(layer, name)
+            if name == "weight":
+                nn.init.kaiming_normal_(
+                    param, mode="fan_in", nonlinearity="relu", generator=generator
+                )
+            else:
+                bound = 1.0 / math.sqrt(param.numel())
+                nn.init.uniform_(param, -bound, bound, generator=generator)
+            site_prior.reset_parameters()
+        for module in self.net.modules():
+            if isinstance(module, _BatchNorm):
+                module.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"prior={self.prior_name!r}"
+
+
+def potential(model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
+    """Per-datum potential u_B(θ) = −mean_B log p(y|x, θ) − log p(θ)/n (spec §1.1).
+
+    Its gradient is the paper's ĝ = ∇Û/n used by every sampler (``docs/conventions.md``).
+
+    Args:
+        model: the Bayesian model (its mode decides how BatchNorm behaves).
+        x: a minibatch of inputs.
+        y: int64 class labels of the minibatch.
+        num_data: n, the number of training points (50,000 MNIST, 40,000 CIFAR-10).
+
+    Returns:
+        A 0-d tensor.
+    """
+    if num_data < 1:
+        raise ValueError(f"num_data must be >= 1, got {num_data}")
+    return F.cross_entropy(model(x), y) - model.log_prior() / num_data

@@ -1,0 +1,45 @@
+"""The MNIST fully connected net 784-N-N-10 with ReLU (spec §3.2, `classificationdensenet`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+
+
+def check_positive(name: str, value: int) -> None:
+    """Raise ``ValueError`` naming the argument unless ``value`` is an int ≥ 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+class FullyConnected(nn.Sequential):
+    """Flatten → fc1 → ReLU → fc2 → ReLU → fc3, Linear layers (in, N), (N, N), (N, classes).
+
+    All Linear layers have a bias; there is no BatchNorm (the reference passes ``batchnorm=True``
+    but the dense net ignores it). Parameter count 478,410 / 1,276,810 / 2,395,210 for
+    N = 400 / 800 / 1200.
+
+    Args:
+        width: hidden width N ≥ 1.
+        in_features: input size (784 for flattened MNIST; any input is flattened first).
+        num_classes: number of logits.
+    """
+
+    def __init__(self, width: int = 400, in_features: int = 784, num_classes: int = 10) -> None:
+        for name, value in (
+            ("width", width),
+            ("in_features", in_features),
+            ("num_classes", num_classes),
+        ):
+            check_positive(name, value)
+        super().__init__(
+            OrderedDict(
+                flatten=nn.Flatten(),
+                fc1=nn.Linear(in_features, width),
+                relu1=nn.ReLU(),
+                fc2=nn.Linear(width, width),
+                relu2=nn.ReLU(),
+                fc3=nn.Linear(width, num_classes),
+            )
+        )
