@@ -1,0 +1,45 @@
+"""The ``sgrld`` command: one sub-command per experiment module.
+
+Each module in :data:`COMMANDS` exposes ``add_arguments(parser)`` and ``run(args) -> int``; the
+modules are imported only when their command runs, so ``sgrld --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("sgrld.experiments.demo", "short demo of all samplers (the README's main job)"),
+    "funnel": ("sgrld.experiments.funnel", "the paper's funnel experiment (Figure 2)"),
+    "geodesics": ("sgrld.experiments.geodesics", "Monge-metric geodesics on the funnel (Figure 1)"),
+    "sample": ("sgrld.experiments.sample", "sample a Bayesian neural network (Tables 1-3)"),
+    "table": ("sgrld.experiments.table", "aggregate runs into the paper's table format"),
+}
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    return {k: v for k, v in COMMANDS.items() if importlib.util.find_spec(v[0]) is not None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sgrld", description="Scalable SGRLD samplers and the paper's experiments."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in _available().items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    try:
+        return int(importlib.import_module(args._module).run(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

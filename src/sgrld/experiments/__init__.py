@@ -1,0 +1,1 @@
+"""Experiments behind the ``sgrld`` command (one module per sub-command)."""
