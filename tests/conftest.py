@@ -1,4 +1,4 @@
-"""Shared test fixtures: the sampler registry every contract test runs over (cf. torch's optim_db)."""
+"""Shared fixtures: the sampler registry every contract test runs over (cf. torch's optim_db)."""
 
 from __future__ import annotations
 

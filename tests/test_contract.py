@@ -79,7 +79,9 @@ def test_bad_metric_arguments(name: str, arg: str, value: float) -> None:
 
 def test_nonfinite_gradient_refused_and_nothing_changed(spec: SamplerSpec) -> None:
     params = _params()
-    opt = spec.make_optimizer(params, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(0))
+    opt = spec.make_optimizer(
+        params, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(0)
+    )
     _run(opt, params, range(4))
     before_p, before_s = _snapshot(params), opt.state_dict()
     for bad in (float("nan"), float("inf")):
@@ -98,8 +100,12 @@ def test_nonfinite_gradient_refused_and_nothing_changed(spec: SamplerSpec) -> No
 def test_none_grad_is_skipped(spec: SamplerSpec) -> None:
     """A parameter without grad is untouched; the others move exactly as if it were absent."""
     full, sub = _params(), _params()[:2]
-    opt_full = spec.make_optimizer(full, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(3))
-    opt_sub = spec.make_optimizer(sub, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(3))
+    opt_full = spec.make_optimizer(
+        full, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(3)
+    )
+    opt_sub = spec.make_optimizer(
+        sub, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(3)
+    )
     frozen = full[2].detach().clone()
     for t in range(7):
         _set_grads(full, t)
@@ -113,7 +119,9 @@ def test_none_grad_is_skipped(spec: SamplerSpec) -> None:
 
 def test_resume_is_bit_identical(spec: SamplerSpec) -> None:
     params = _params()
-    opt = spec.make_optimizer(params, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(1))
+    opt = spec.make_optimizer(
+        params, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(1)
+    )
     _run(opt, params, range(5))
     buf = io.BytesIO()
     torch.save({"params": _snapshot(params), "opt": opt.state_dict()}, buf)
@@ -123,7 +131,9 @@ def test_resume_is_bit_identical(spec: SamplerSpec) -> None:
     buf.seek(0)
     saved = torch.load(buf, weights_only=False)
     params2 = [torch.nn.Parameter(p) for p in saved["params"]]
-    opt2 = spec.make_optimizer(params2, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(9))
+    opt2 = spec.make_optimizer(
+        params2, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(9)
+    )
     opt2.load_state_dict(saved["opt"])
     _run(opt2, params2, range(5, 13))
     assert _equal(_snapshot(params2), uninterrupted)
@@ -157,17 +167,19 @@ def test_temperature_zero_is_deterministic(spec: SamplerSpec) -> None:
 def test_facade_equals_functional_core(spec: SamplerSpec) -> None:
     params = _params()
     names = ["w", "b", "c"]
-    opt = spec.make_optimizer(params, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(4))
+    opt = spec.make_optimizer(
+        params, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(4)
+    )
     sampler = spec.make_sampler(lr=0.05, num_data=N)
     state = sampler.init(
-        dict(zip(names, [p.detach().clone() for p in params])),
+        dict(zip(names, [p.detach().clone() for p in params], strict=True)),
         generator=torch.Generator().manual_seed(4),
     )
     for t in range(7):
         _set_grads(params, t)
         opt.step()
         # both see the same gradients because (by induction) they sit at the same point
-        state = sampler.step(state, {n: p.grad for n, p in zip(names, params)})
+        state = sampler.step(state, {n: p.grad for n, p in zip(names, params, strict=True)})
         assert _equal(_snapshot(params), [state.params[n] for n in names])
         if spec.name == "wenzel" and t == 3:
             opt.update_preconditioner()
@@ -180,9 +192,7 @@ def test_chains_equal_separate_runs(spec: SamplerSpec) -> None:
     inits = [quadratic_problem(torch.float64, seed)[0] for seed in range(k)]
     _, grad_fn = quadratic_problem()
     sampler = spec.make_sampler(lr=0.05, num_data=N, temperature=0.0)
-    batched = sampler.init(
-        {n: torch.stack([p[n] for p in inits]) for n in inits[0]}, num_chains=k
-    )
+    batched = sampler.init({n: torch.stack([p[n] for p in inits]) for n in inits[0]}, num_chains=k)
     singles = [sampler.init({n: v.clone() for n, v in p.items()}) for p in inits]
     for t in range(8):
         batched = sampler.step(batched, grad_fn(batched.params))

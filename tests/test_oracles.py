@@ -29,7 +29,11 @@ class DenseOracle:
 
     def __init__(self, name: str, **opt: float) -> None:
         self.name, self.opt = name, opt
-        self.v = torch.zeros(D, dtype=torch.float64) if name == "rmsprop" else torch.ones(D, dtype=torch.float64)
+        self.v = (
+            torch.zeros(D, dtype=torch.float64)
+            if name == "rmsprop"
+            else torch.ones(D, dtype=torch.float64)
+        )
         self.m = torch.zeros(D, dtype=torch.float64)
         self.scale = torch.ones(len(SIZES), dtype=torch.float64)
 
@@ -50,12 +54,24 @@ class DenseOracle:
         if self.name == "rmsprop":
             return torch.diag(1.0 / (self.v.sqrt() + self.opt["eps"]))
         if self.name == "wenzel":
-            return torch.diag(torch.cat([s * torch.ones(n, dtype=torch.float64) for s, n in zip(self.scale, SIZES)]))
+            return torch.diag(
+                torch.cat(
+                    [
+                        s * torch.ones(n, dtype=torch.float64)
+                        for s, n in zip(self.scale, SIZES, strict=True)
+                    ]
+                )
+            )
         a2 = self.opt["alpha2"]
         if self.opt.get("scope") == "tensor":
-            blocks = [torch.eye(n, dtype=torch.float64) + a2 * torch.outer(m, m) for m, n in zip(self.m.split(SIZES), SIZES)]
+            blocks = [
+                torch.eye(n, dtype=torch.float64) + a2 * torch.outer(m, m)
+                for m, n in zip(self.m.split(SIZES), SIZES, strict=True)
+            ]
             return torch.linalg.inv(torch.block_diag(*blocks))
-        return torch.linalg.inv(torch.eye(D, dtype=torch.float64) + a2 * torch.outer(self.m, self.m))
+        return torch.linalg.inv(
+            torch.eye(D, dtype=torch.float64) + a2 * torch.outer(self.m, self.m)
+        )
 
     def g_inv_sqrt(self) -> torch.Tensor:
         return _sym_sqrt_inv(torch.linalg.inv(self.g_inv()))
@@ -71,7 +87,9 @@ CASES = [
 ]
 
 
-def _flat_ops(name: str, opt: dict[str, float]) -> tuple[sgrld.Metric, FlatLayout, dict[str, torch.Tensor]]:
+def _flat_ops(
+    name: str, opt: dict[str, float]
+) -> tuple[sgrld.Metric, FlatLayout, dict[str, torch.Tensor]]:
     metric = sgrld.get_metric(name)(**opt)
     layout = FlatLayout(tuple(SHAPES), tuple(SHAPES.values()))
     stats = metric.init(layout, torch.zeros(1, dtype=torch.float64))
@@ -84,18 +102,29 @@ def test_inverse_and_inverse_sqrt_match_dense(name: str, opt: dict[str, float]) 
     oracle = DenseOracle(name, **opt)
     gen = torch.Generator().manual_seed(0)
     for step in range(1, 7):
-        g = torch.randn(D, generator=gen, dtype=torch.float64) * torch.linspace(0.1, 3, D, dtype=torch.float64)
+        g = torch.randn(D, generator=gen, dtype=torch.float64) * torch.linspace(
+            0.1, 3, D, dtype=torch.float64
+        )
         metric.update(stats, layout, g.clone(), step)
         oracle.update(g)
         if name == "wenzel" and step == 4:
             metric.refresh(stats, layout)
             oracle.refresh()
         v = torch.randn(D, generator=gen, dtype=torch.float64)
-        torch.testing.assert_close(metric.inverse(stats, layout, v.clone()), oracle.g_inv() @ v, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(metric.inverse_sqrt(stats, layout, v.clone()), oracle.g_inv_sqrt() @ v, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(
+            metric.inverse(stats, layout, v.clone()), oracle.g_inv() @ v, rtol=1e-10, atol=1e-12
+        )
+        torch.testing.assert_close(
+            metric.inverse_sqrt(stats, layout, v.clone()),
+            oracle.g_inv_sqrt() @ v,
+            rtol=1e-9,
+            atol=1e-11,
+        )
         # (G^{-1/2})² = G⁻¹ through the library alone
         twice = metric.inverse_sqrt(stats, layout, metric.inverse_sqrt(stats, layout, v.clone()))
-        torch.testing.assert_close(twice, metric.inverse(stats, layout, v.clone()), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            twice, metric.inverse(stats, layout, v.clone()), rtol=1e-10, atol=1e-12
+        )
 
 
 def test_rmsprop_first_step_preconditioner_is_ten_over_abs_g() -> None:
@@ -104,7 +133,9 @@ def test_rmsprop_first_step_preconditioner_is_ten_over_abs_g() -> None:
     g[g == 0] = 0.5
     metric.update(stats, layout, g.clone(), 1)
     ones = torch.ones(D, dtype=torch.float64)
-    torch.testing.assert_close(metric.inverse(stats, layout, ones), 1 / (0.1 * g.abs() + 1e-8), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        metric.inverse(stats, layout, ones), 1 / (0.1 * g.abs() + 1e-8), rtol=1e-12, atol=0
+    )
 
 
 def test_wenzel_is_identity_until_refresh_then_sqrt_of_ratio() -> None:
@@ -116,8 +147,10 @@ def test_wenzel_is_identity_until_refresh_then_sqrt_of_ratio() -> None:
         assert torch.equal(metric.inverse(stats, layout, ones.clone()), ones)
     metric.refresh(stats, layout)
     s = torch.stack([seg.mean() for seg in stats["square_avg"].split(SIZES)]) + 1e-8
-    expect = torch.cat([torch.sqrt(s.min() / si).expand(n) for si, n in zip(s, SIZES)])
-    torch.testing.assert_close(metric.inverse(stats, layout, ones.clone()), expect, rtol=1e-12, atol=0)
+    expect = torch.cat([torch.sqrt(s.min() / si).expand(n) for si, n in zip(s, SIZES, strict=True)])
+    torch.testing.assert_close(
+        metric.inverse(stats, layout, ones.clone()), expect, rtol=1e-12, atol=0
+    )
     assert float(expect.max()) == pytest.approx(1.0)
 
 
@@ -140,7 +173,9 @@ def test_monge_tiny_norm_is_safe(norm: float) -> None:
 def test_monge_fallback_matches_funnel_rule() -> None:
     """Reference §5.3: if ‖G⁻¹g‖ > T use G = (‖g‖/T)·I for drift and noise."""
     thr = 5.0
-    metric, layout, stats = _flat_ops("monge", {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": thr})
+    metric, layout, stats = _flat_ops(
+        "monge", {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": thr}
+    )
     metric.update(stats, layout, torch.linspace(-1, 2, D, dtype=torch.float64), 1)
     for scale, fires in ((1.0, False), (100.0, True)):
         g = torch.cos(torch.arange(D, dtype=torch.float64)) * scale
@@ -156,18 +191,29 @@ def test_monge_fallback_matches_funnel_rule() -> None:
             torch.testing.assert_close(noise, xi / c.sqrt(), rtol=1e-12, atol=0)
         else:
             torch.testing.assert_close(drift, dense @ g, rtol=1e-12, atol=1e-14)
-            torch.testing.assert_close(noise, _sym_sqrt_inv(torch.linalg.inv(dense)) @ xi, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(
+                noise, _sym_sqrt_inv(torch.linalg.inv(dense)) @ xi, rtol=1e-10, atol=1e-12
+            )
 
 
 @pytest.mark.parametrize(("name", "opt"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_trajectory_matches_dense_oracle(name: str, opt: dict[str, float], temperature: float) -> None:
+def test_trajectory_matches_dense_oracle(
+    name: str, opt: dict[str, float], temperature: float
+) -> None:
     """θ ← θ − ℓG⁻¹g + √(2ℓτ/n)G^{-1/2}ξ with dense matrices and the same ξ stream."""
     lr, n = 0.03, 20.0
     gen = torch.Generator().manual_seed(7)
     theta0 = torch.randn(D, generator=gen, dtype=torch.float64)
     a = torch.linspace(0.5, 2.0, D, dtype=torch.float64)
-    params = {k: v.clone() for k, v in zip(SHAPES, (t.reshape(s) for t, s in zip(theta0.split(SIZES), SHAPES.values())))}
+    params = {
+        k: v.clone()
+        for k, v in zip(
+            SHAPES,
+            (t.reshape(s) for t, s in zip(theta0.split(SIZES), SHAPES.values(), strict=True)),
+            strict=True,
+        )
+    }
     sampler = sgrld.build(name, lr=lr, num_data=n, temperature=temperature, **opt)
     state = sampler.init(params, generator=torch.Generator().manual_seed(11))
     oracle, theta = DenseOracle(name, **opt), theta0.clone()
@@ -176,10 +222,19 @@ def test_trajectory_matches_dense_oracle(name: str, opt: dict[str, float], tempe
     for t in range(25):
         g = a * theta + 0.2 * theta**3
         oracle.update(g)
-        xi = torch.randn(D, generator=oracle_gen, dtype=torch.float64) if temperature else torch.zeros(D, dtype=torch.float64)
+        xi = (
+            torch.randn(D, generator=oracle_gen, dtype=torch.float64)
+            if temperature
+            else torch.zeros(D, dtype=torch.float64)
+        )
         theta = theta - lr * oracle.g_inv() @ g + sigma * oracle.g_inv_sqrt() @ xi
         flat = torch.cat([v.reshape(-1) for v in state.params.values()])
-        grads = {k: v.reshape(s) for k, v, s in zip(SHAPES, (a * flat + 0.2 * flat**3).split(SIZES), SHAPES.values())}
+        grads = {
+            k: v.reshape(s)
+            for k, v, s in zip(
+                SHAPES, (a * flat + 0.2 * flat**3).split(SIZES), SHAPES.values(), strict=True
+            )
+        }
         state = sampler.step(state, grads)
         if name == "wenzel" and t % 5 == 4:
             sampler.refresh(state)

@@ -54,7 +54,7 @@ def _to_params(flat: torch.Tensor) -> dict[str, torch.Tensor]:
     sizes = [math.prod(s) for s in SHAPES.values()]
     return {
         n: v.reshape(K, *s).clone()
-        for n, v, s in zip(SHAPES, flat.split(sizes, dim=-1), SHAPES.values())
+        for n, v, s in zip(SHAPES, flat.split(sizes, dim=-1), SHAPES.values(), strict=True)
     }
 
 
@@ -114,7 +114,9 @@ def test_stationary_moments_match_lyapunov(spec: SamplerSpec, grad_noise: float)
     var = torch.diag(cov)
     se = torch.sqrt((torch.outer(var, var) + cov**2) / K)
     cov_err = (emp - cov) / se
-    assert float(cov_err.abs().max()) < Z, f"covariance off by {float(cov_err.abs().max()):.2f} s.e."
+    assert float(cov_err.abs().max()) < Z, (
+        f"covariance off by {float(cov_err.abs().max()):.2f} s.e."
+    )
     # A wrong noise scale (e.g. √2 off) would be caught: it changes C by a factor of 2.
     assert float(((emp - 2 * cov) / se).abs().max()) > Z
 

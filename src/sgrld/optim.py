@@ -17,10 +17,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sgrld.core.layout import FlatLayout
 from sgrld.core.sampler import sgrld_step, validate_hyperparameters
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.layout import FlatLayout
-from sgrld.metrics import IdentityMetric, Metric, MongeMetric, RMSpropMetric, ShampooMetric, WenzelMetric
+from sgrld.metrics import (
+    IdentityMetric,
+    Metric,
+    MongeMetric,
+    RMSpropMetric,
+    ShampooMetric,
+    WenzelMetric,
+)
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
 
@@ -57,7 +64,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         check_finite: bool = True,
     ) -> None:
         validate_hyperparameters(lr, num_data, temperature)
-        defaults = {"lr": lr, "num_data": num_data, "temperature": temperature, "adapt_metric": True}
+        defaults = {
+            "lr": lr,
+            "num_data": num_data,
+            "temperature": temperature,
+            "adapt_metric": True,
+        }
         super().__init__(params, defaults)
         self.metric = metric
         self.check_finite = check_finite
@@ -79,7 +91,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             names = [f"group{index}.param{i}" for i in range(len(params))]
             layout = FlatLayout.from_tensors(names, params)
             stats = self.metric.init(layout, params[0])
-            state = SamplerState(dict(zip(names, params)), stats, 0, self.generator, layout)
+            state = SamplerState(
+                dict(zip(names, params, strict=True)), stats, 0, self.generator, layout
+            )
             self._group_states[index] = state
         return state
 
@@ -126,7 +140,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         sd["sgrld"] = {
             "generator": self.generator.get_state(),
             "groups": [
-                None if s is None else {"stats": {k: v.clone() for k, v in s.stats.items()}, "step": s.step}
+                None
+                if s is None
+                else {"stats": {k: v.clone() for k, v in s.stats.items()}, "step": s.step}
                 for s in self._group_states
             ],
         }
@@ -162,7 +178,13 @@ class SGLD(SGRLDOptimizer):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            params, lr, num_data, temperature, metric=IdentityMetric(), generator=generator, **kwargs
+            params,
+            lr,
+            num_data,
+            temperature,
+            metric=IdentityMetric(),
+            generator=generator,
+            **kwargs,
         )
 
 

@@ -43,9 +43,7 @@ class FlatLayout:
                     f"parameter {name!r} has shape {tuple(t.shape)}; with num_chains={num_chains} "
                     "every tensor needs a leading chain dimension of that size"
                 )
-        return FlatLayout(
-            tuple(names), tuple(tuple(t.shape[1:]) for t in tensors), (num_chains,)
-        )
+        return FlatLayout(tuple(names), tuple(tuple(t.shape[1:]) for t in tensors), (num_chains,))
 
     @property
     def numels(self) -> tuple[int, ...]:

@@ -67,9 +67,7 @@ def _restrict(
     return sub, sub_layout
 
 
-def _merge(
-    metric: Metric, stats: Stats, sub: Stats, layout: FlatLayout, active: list[int]
-) -> None:
+def _merge(metric: Metric, stats: Stats, sub: Stats, layout: FlatLayout, active: list[int]) -> None:
     kinds = metric.stat_kinds(stats)
     idx = torch.tensor(active)
     for key, value in stats.items():
@@ -80,7 +78,9 @@ def _merge(
         elif kinds[key] == "element":
             segs = layout.segments(value)
             for seg, src in zip(
-                (segs[i] for i in active), sub[key].split([layout.numels[i] for i in active], -1)
+                (segs[i] for i in active),
+                sub[key].split([layout.numels[i] for i in active], -1),
+                strict=True,
             ):
                 seg.copy_(src)
         elif kinds[key] == "tensor":

@@ -20,7 +20,9 @@ class Workspace:
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:
-        return Workspace(layout.empty(like.dtype, like.device), layout.empty(like.dtype, like.device))
+        return Workspace(
+            layout.empty(like.dtype, like.device), layout.empty(like.dtype, like.device)
+        )
 
 
 @dataclass
@@ -66,7 +68,9 @@ class SamplerState:
         self.generator.set_state(sd["generator"])
 
 
-def new_generator(device: torch.device | str, seed_from: torch.Generator | None = None) -> torch.Generator:
+def new_generator(
+    device: torch.device | str, seed_from: torch.Generator | None = None
+) -> torch.Generator:
     """A private generator seeded from ``seed_from`` (default: torch's global generator)."""
     seed = int(torch.randint(0, 2**62, (), generator=seed_from).item())
     return torch.Generator(device=device).manual_seed(seed)

@@ -53,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     mu, precision = _target(args.seed)
     cov = torch.linalg.inv(precision) / num_data  # posterior covariance of exp(−n·u)
     sizes = [math.prod(s) for s in SHAPES.values()]
-    print(f"Gaussian target, D = {mu.numel()}, condition number 10^1.5, n = {num_data:g}; "
-          f"{args.chains} chains x {args.steps} steps, second half kept")
+    print(
+        f"Gaussian target, D = {mu.numel()}, condition number 10^1.5, n = {num_data:g}; "
+        f"{args.chains} chains x {args.steps} steps, second half kept"
+    )
     print(f"{'sampler':<10}{'|mean err|/sd':>15}{'cov rel. err':>15}{'seconds':>10}")
     for name, opts in SETTINGS.items():
         opts = dict(opts)
@@ -72,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
             theta = torch.cat([v.reshape(args.chains, -1) for v in state.params.values()], -1)
             g = ((theta - mu) @ precision).split(sizes, dim=-1)
             state = sampler.step(
-                state, {k: v.reshape(args.chains, *s) for (k, s), v in zip(SHAPES.items(), g)}
+                state,
+                {
+                    k: v.reshape(args.chains, *s)
+                    for (k, s), v in zip(SHAPES.items(), g, strict=True)
+                },
             )
             if name == "wenzel" and step % 100 == 99:
                 sampler.refresh(state)

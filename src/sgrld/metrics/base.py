@@ -34,6 +34,7 @@ class Metric(abc.ABC):
 
     #: registry name, e.g. ``"monge"``
     name: ClassVar[str]
+
     @abc.abstractmethod
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         """Fresh statistics for ``layout``; ``like`` gives dtype and device."""
@@ -71,7 +72,7 @@ def register(cls: type[Metric]) -> type[Metric]:
 
 
 def get_metric(name: str) -> type[Metric]:
-    """Look a metric class up by name (``identity``, ``rmsprop``, ``wenzel``, ``monge``, ``shampoo``)."""
+    """Look a metric class up by name (identity, rmsprop, wenzel, monge, shampoo)."""
     try:
         return _REGISTRY[name]
     except KeyError:

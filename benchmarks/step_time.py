@@ -1,0 +1,123 @@
+"""Time per training step (forward + backward + sampler step) of every sampler, as ratios.
+
+MLP 784-400-400-10 (478,410 parameters), batch 100, random MNIST-like data, float32. Every
+sampler and the torch.optim.SGD baseline run on their own copy of the model, interleaved round by
+round so that all ratios are measured side by side under the same machine conditions. Reports the
+median step time, its ratio to SGD and to SGLD, the issue's target, and the sampler's memory
+(statistics + work buffers) per parameter.
+
+    .venv/bin/python benchmarks/step_time.py [--rounds 15] [--steps 40] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+import sgrld
+
+NUM_DATA = 50_000
+
+SAMPLERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
+    "SGD": lambda p: torch.optim.SGD(p, lr=1e-3),
+    "SGLD": lambda p: sgrld.SGLD(p, lr=0.25, num_data=NUM_DATA),
+    "RMSprop": lambda p: sgrld.RMSpropSGLD(p, lr=5e-4, num_data=NUM_DATA),
+    "Wenzel": lambda p: sgrld.WenzelSGLD(p, lr=0.75, num_data=NUM_DATA),
+    "Monge": lambda p: sgrld.MongeSGLD(p, lr=0.25, num_data=NUM_DATA, alpha2=1.25),
+    "Shampoo": lambda p: sgrld.ShampooSGLD(p, lr=5e-3, num_data=NUM_DATA),
+}
+# (reference sampler, maximum ratio) from issue 2
+TARGETS = {
+    "SGLD": ("SGD", 1.6),
+    "RMSprop": ("SGLD", 1.10),
+    "Monge": ("SGLD", 1.10),
+    "Wenzel": ("SGLD", 1.05),
+    "Shampoo": ("SGD", 4.5),
+}
+
+
+def mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, 400), nn.ReLU(), nn.Linear(400, 10)
+    )
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    if not isinstance(opt, sgrld.SGRLDOptimizer):
+        return 0
+    total = 0
+    for state in opt._group_states:
+        if state is None:
+            continue
+        total += sum(v.numel() * v.element_size() for v in state.stats.values())
+        if state.workspace is not None:
+            total += sum(
+                b.numel() * b.element_size() for b in (state.workspace.grad, state.workspace.noise)
+            )
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per round")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(100, 784, generator=gen)
+    x[:, :67] = 0.0  # dead pixels, as in MNIST
+    y = torch.randint(0, 10, (100,), generator=gen)
+    models = {name: mlp(0) for name in SAMPLERS}
+    opts = {name: make(list(models[name].parameters())) for name, make in SAMPLERS.items()}
+    num_params = sum(p.numel() for p in models["SGD"].parameters())
+
+    def train_step(name: str) -> None:
+        model, opt = models[name], opts[name]
+        opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for name in SAMPLERS:  # warm-up, includes Shampoo's first root refresh at step 100
+        for _ in range(110):
+            train_step(name)
+    times: dict[str, list[float]] = {name: [] for name in SAMPLERS}
+    for _ in range(args.rounds):
+        for name in SAMPLERS:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                train_step(name)
+            times[name].append((time.perf_counter() - t0) / args.steps)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+
+    print(
+        f"MLP 784-400-400-10, batch 100, {num_params:,} parameters, {args.threads} threads, "
+        f"torch {torch.__version__}; median of {args.rounds} interleaved rounds "
+        f"x {args.steps} steps"
+    )
+    print(
+        f"{'sampler':<9}{'ms/step':>9}{'x SGD':>8}{'x SGLD':>8}  "
+        f"{'target':<14}{'ok':<4}{'bytes/param':>12}"
+    )
+    for name in SAMPLERS:
+        target, ok = "", ""
+        if name in TARGETS:
+            ref, limit = TARGETS[name]
+            ratio = med[name] / med[ref]
+            target, ok = f"<= {limit:.2f} x {ref}", "yes" if ratio <= limit else "NO"
+        print(
+            f"{name:<9}{1e3 * med[name]:>9.3f}{med[name] / med['SGD']:>8.2f}"
+            f"{med[name] / med['SGLD']:>8.2f}  {target:<14}{ok:<4}"
+            f"{state_bytes(opts[name]) / num_params:>12.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Shape merging and blocking of the Shampoo metric (reference §2.5, Gupta et al. 2018 §5).
+
+A parameter tensor is first reshaped to its *merged* shape (consecutive small dims fused, size-1
+dims dropped), then every merged dim larger than ``block_size`` is cut into chunks of
+``block_size`` plus a remainder. Each block, in row-major product order over the per-dim chunks,
+carries its own Kronecker factors.
+
+For speed, blocks are not handled one at a time: blocks of equal shape form a :class:`BlockGroup`
+(one choice of "full chunks" or "remainder" per dim), and a whole group is moved between the
+tensor and a stacked ``(batch, count, *sizes)`` buffer with one view + permute + copy, so that
+its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
+    """Fuse consecutive dims while their product stays ≤ ``max_dim`` (reference §2.5).
+
+    Walking left to right, a dim joins the running product if the product stays ≤ ``max_dim``;
+    otherwise the product is emitted (if > 1) and restarts at that dim. Size-1 dims vanish, so
+    a scalar or a tensor of ones merges to ``()``.
+
+    Example:
+        >>> merge_small_dims([16, 16, 3, 3], 128)
+        (16, 48, 3)
+    """
+    merged: list[int] = []
+    product = 1
+    for d in shape:
+        if product * d <= max_dim:
+            product *= d
+        else:
+            if product > 1:
+                merged.append(product)
+            product = d
+    if product > 1:
+        merged.append(product)
+    return tuple(merged)
+
+
+def _chunking(n: int, block_size: int) -> tuple[int, int, int]:
+    """``(chunk, count, remainder)`` of a merged dim: ``n = count·chunk + remainder``."""
+    chunk = min(n, block_size)
+    return chunk, n // chunk, n % chunk
+
+
+def block_slices(merged: Sequence[int], block_size: int) -> list[tuple[slice, ...]]:
+    """All blocks of a merged shape as index slices, in row-major product order (reference §2.5)."""
+    per_dim = []
+    for n in merged:
+        chunk, _, _ = _chunking(n, block_size)
+        per_dim.append([slice(a, min(a + chunk, n)) for a in range(0, n, chunk)])
+    return list(itertools.product(*per_dim))
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    """Blocks of one shape: per dim, ``counts[i]`` chunks of ``sizes[i]`` from ``starts[i]``."""
+
+    starts: tuple[int, ...]
+    counts: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return math.prod(self.counts)
+
+    @property
+    def block_numel(self) -> int:
+        return math.prod(self.sizes)
+
+    def _region(self, x: Tensor) -> Tensor:
+        """The group's part of ``x`` (``(B, *merged)``) as ``(B, *counts, *sizes)`` (a view)."""
+        k = len(self.sizes)
+        dims = zip(self.starts, self.counts, self.sizes, strict=True)
+        index = (slice(None), *(slice(st, st + c * s) for st, c, s in dims))
+        split = [d for cs in zip(self.counts, self.sizes, strict=True) for d in cs]
+        region = x[index].view(x.shape[0], *split)
+        return region.permute(0, *range(1, 2 * k, 2), *range(2, 2 * k + 1, 2))
+
+    def gather(self, x: Tensor, out: Tensor) -> Tensor:
+        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(B, count, *sizes)``)."""
+        out.view(x.shape[0], *self.counts, *self.sizes).copy_(self._region(x))
+        return out
+
+    def scatter(self, blocks: Tensor, x: Tensor) -> None:
+        """Write ``blocks`` (``(B, count, *sizes)`` or any view of it) back into ``x``."""
+        self._region(x).copy_(blocks.reshape(x.shape[0], *self.counts, *self.sizes))
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How one parameter tensor is merged and blocked.
+
+    Attributes:
+        shape: the parameter's shape (without chain dim).
+        merged: the merged shape; its length is the rank ``k`` of the Kronecker metric.
+        groups: the blocks, grouped by shape (at most 2^k groups).
+    """
+
+    shape: tuple[int, ...]
+    merged: tuple[int, ...]
+    groups: tuple[BlockGroup, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.merged)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(g.num_blocks for g in self.groups)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_blocks(shape: tuple[int, ...], block_size: int) -> BlockPlan:
+    """Merge ``shape`` and split it into blocks of at most ``block_size`` per dim.
+
+    Example:
+        >>> plan = plan_blocks((400, 784), 128)
+        >>> plan.merged, plan.num_blocks, len(plan.groups)
+        ((400, 784), 28, 4)
+    """
+    merged = merge_small_dims(shape, block_size)
+    regions_per_dim = []
+    for n in merged:
+        chunk, count, rem = _chunking(n, block_size)
+        regions = [(0, count, chunk)]
+        if rem:
+            regions.append((count * chunk, 1, rem))
+        regions_per_dim.append(regions)
+    groups = tuple(
+        BlockGroup(
+            starts=tuple(r[0] for r in combo),
+            counts=tuple(r[1] for r in combo),
+            sizes=tuple(r[2] for r in combo),
+        )
+        for combo in itertools.product(*regions_per_dim)
+    )
+    return BlockPlan(tuple(shape), merged, groups)

@@ -1,0 +1,167 @@
+"""Inverse p-th roots of batches of symmetric PSD matrices, for the Shampoo metric.
+
+Two methods (reference §2.5, §10.2; performance.md §6-8):
+
+* :func:`inverse_roots_eigh`: one float64 ``eigh`` per matrix, every requested root from the same
+  decomposition. The default: on CPU it is 3-10× faster than coupled Newton (table below) and stays
+  accurate for the tiny relative ridges (1e-8·λ_max) where float32 methods fail.
+* :func:`inverse_root_newton`: the coupled Newton iteration of Guo & Higham (2006) exactly as in
+  the reference ``matrix_functions.ComputePower`` (power-iteration λ_max, ``z = (1+p)/(2‖A‖_F)``,
+  tolerance 1e-6 on max|M − I|, 1.2× divergence guard), batched over matrices, computed in the
+  input dtype. Kept for fidelity to the reference.
+
+Neither mutates its input: the ridge is added to a copy (the reference adds it to the statistics
+in place, reference §10.2).
+
+Measured (2 CPU threads, factors of an MLP 784-400-400-10 after 300 SGD steps on MNIST, relative
+ridge 1e-8, both roots p = 8 and p = 4; error = relative Frobenius error against float64 eigh):
+
+| factors | eigh f64 | Newton f32 (err) | Newton f64 (err) |
+|---|---:|---:|---:|
+| W1 left, 18 blocks 128² | 18 ms | 51 ms (1e-5) | 117 ms (3e-6) |
+| W1 right, 18 blocks 128² | 13 ms | 50 ms (1e-5) | 141 ms (7e-7) |
+| W3 left, 3 blocks 10² | 0.1 ms | 1.7 ms (0.27) | 1.7 ms (0.27) |
+| all 96 factors of the MLP | 71 ms | 240 ms | |
+
+The W3 factors are nearly singular (condition ≈ 1e8 with the ridge) and Newton stops before it
+converges, even in float64 with the exact λ_max; with ε = 1e-6 the error drops to 3e-3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Ridge = Literal["relative", "absolute", "none"]
+
+
+def _ridge(lam_max: Tensor, ridge: Ridge, eps: float) -> Tensor | float:
+    """r = eps·λ_max (relative), eps (absolute) or 0 (none)."""
+    if ridge == "relative":
+        return lam_max * eps
+    return eps if ridge == "absolute" else 0.0
+
+
+def inverse_roots_eigh(
+    mat: Tensor, exponents: Sequence[float], *, ridge: Ridge = "relative", eps: float = 1e-8
+) -> list[Tensor]:
+    """[(A + rI)^(−e) for e in exponents] for a batch ``A`` of symmetric PSD matrices.
+
+    ``A = Q Λ Qᵀ`` in float64; tiny negative eigenvalues from rounding are clamped to 0 (Meta
+    ``distributed_shampoo`` style), then the ridge r is added (r = eps·λ_max for ``"relative"``,
+    eps for ``"absolute"``, 0 for ``"none"``). Eigenvalues still ≤ 0 after the ridge (an all-zero
+    matrix, or a singular one with ``ridge="none"``) get the root 1: those directions are left
+    unpreconditioned instead of turning into inf.
+
+    Args:
+        mat: ``(..., n, n)`` symmetric PSD matrices (only the lower triangle is read).
+        exponents: the positive exponents e of the inverse roots.
+        ridge: how the ridge r is chosen.
+        eps: ε of the ridge.
+
+    Returns:
+        One float64 tensor shaped like ``mat`` per exponent.
+    """
+    evals, evecs = torch.linalg.eigh(mat.to(torch.float64))
+    evals = evals.clamp_(min=0.0)
+    evals = evals + _ridge(evals[..., -1:], ridge, eps)
+    positive = evals > 0
+    safe = torch.where(positive, evals, torch.ones_like(evals))
+    return [(evecs * safe.pow(-e).unsqueeze(-2)) @ evecs.mT for e in exponents]
+
+
+def power_iteration(mat: Tensor, *, tol: float = 1e-6, max_iter: int = 100) -> Tensor:
+    """λ_max of each matrix of ``(B, n, n)`` by the reference's power iteration (``PowerIter``).
+
+    As in the reference the start vector is uniform on (−1, 1) and the iteration stops when the
+    Rayleigh quotient changes by ≤ ``tol`` (absolute) or after ``max_iter`` steps, here once every
+    matrix of the batch has converged. The start vector comes from a private generator with a
+    fixed seed, so the global RNG is not touched and the result is deterministic (reference
+    §10.3).
+    """
+    gen = torch.Generator().manual_seed(0)
+    v = (torch.rand(mat.shape[:-1], generator=gen, dtype=mat.dtype) * 2 - 1).to(mat.device)
+    lam = torch.zeros(mat.shape[:-2], dtype=mat.dtype, device=mat.device)
+    for _ in range(max_iter):
+        v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+        mv = (mat @ v.unsqueeze(-1)).squeeze(-1)
+        new = (v * mv).sum(-1)
+        done = bool(((new - lam).abs() <= tol).all())  # host sync: refresh only
+        v, lam = mv, new
+        if done:
+            break
+    return lam
+
+
+def _mat_power(m: Tensor, p: int) -> Tensor:
+    """M^p by repeated squaring (p a power of two ≤ 32) or binary exponentiation (``MatPower``)."""
+    if p in (1, 2, 4, 8, 16, 32):
+        res, done = m, 1
+        while done < p:
+            res = res @ res
+            done *= 2
+        return res
+    power: Tensor | None = None
+    while p > 0:
+        if p % 2 == 1:
+            power = m if power is None else m @ power
+        p //= 2
+        m = m @ m
+    assert power is not None
+    return power
+
+
+def inverse_root_newton(
+    mat: Tensor,
+    p: int,
+    *,
+    ridge: Ridge = "relative",
+    eps: float = 1e-8,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+) -> Tensor:
+    """(A + rI)^(−1/p) by the coupled Newton iteration (reference §2.5 steps 2-5).
+
+    With A the ridged matrix, z = (1+p)/(2‖A‖_F), X₀ = z^{1/p}·I, M₀ = z·A, iterate
+    T = (1 + 1/p)I − M/p, X ← XT, M ← T^p M while max|M − I| > ``tol`` (at most ``max_iter``
+    times); a step that raises the error above 1.2× the previous one is rejected and stops that
+    matrix. Each matrix of the batch follows its own stopping rule, exactly as the unbatched
+    reference would (only λ_max is iterated until every matrix has converged). Runs in ``mat``'s
+    dtype (float32 in the reference).
+
+    Args:
+        mat: ``(B, n, n)`` symmetric PSD matrices (not modified).
+        p: the integer root.
+        ridge: r = eps·λ_max with λ_max by :func:`power_iteration` (``"relative"``, the
+            reference), eps (``"absolute"``) or 0 (``"none"``).
+        eps: ε of the ridge.
+        max_iter: iteration cap.
+        tol: tolerance on max|M − I|.
+    """
+    n = mat.shape[-1]
+    eye = torch.eye(n, dtype=mat.dtype, device=mat.device)
+    lam = power_iteration(mat) if ridge == "relative" else mat.new_zeros(mat.shape[:-2])
+    r = _ridge(lam, ridge, eps)
+    a = mat + torch.as_tensor(r, dtype=mat.dtype, device=mat.device)[..., None, None] * eye
+    z = (1 + p) / (2 * torch.linalg.matrix_norm(a))[..., None, None]
+    root = eye * z.pow(1.0 / p)
+    m = a * z
+    err = (m - eye).abs().amax(dim=(-2, -1))
+    active = err > tol
+    for _ in range(max_iter):
+        if not bool(active.any()):  # host sync: refresh only
+            break
+        t = (1 + 1 / p) * eye - m / p
+        new_root = root @ t
+        new_m = _mat_power(t, p) @ m
+        new_err = (new_m - eye).abs().amax(dim=(-2, -1))
+        accept = active & (new_err <= 1.2 * err)
+        sel = accept[..., None, None]
+        root = torch.where(sel, new_root, root)
+        m = torch.where(sel, new_m, m)
+        err = torch.where(accept, new_err, err)
+        active = accept & (new_err > tol)
+    return root

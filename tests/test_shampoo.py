@@ -1,0 +1,445 @@
+"""Maths owned by the Shampoo metric: merge/block rules, dense oracles, refresh schedule, roots.
+
+The dense oracle rebuilds G⁻¹ and G^{-1/2} from the gradient history with NumPy in float64 and its
+own row-major blocking (reference §2.5, §12): every factor is an EMA from ε·I, every block's
+operator is ⊗_i (H_i + rI)^{−e}, scattered at the block's flat indices.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sgrld.core.layout import FlatLayout
+from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks
+from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
+from sgrld.metrics.shampoo import ShampooMetric
+
+# ----------------------------------------------------------------------------- oracle
+
+
+def _row_major_blocks(merged: tuple[int, ...], b: int) -> list[list[np.ndarray]]:
+    """Per block, the index ranges of each merged dim (chunks of b, then the remainder)."""
+    per_dim = [[np.arange(a, min(a + b, n)) for a in range(0, n, b)] for n in merged]
+    return [list(r) for r in itertools.product(*per_dim)]
+
+
+def _root(h: np.ndarray, e: float, ridge: str, eps: float) -> np.ndarray:
+    w, q = np.linalg.eigh(h)
+    w = np.clip(w, 0.0, None)
+    w = w + {"relative": eps * w.max(), "absolute": eps, "none": 0.0}[ridge]
+    return (q * w ** (-e)) @ q.T
+
+
+def dense_oracle(
+    metric: ShampooMetric, shapes: list[tuple[int, ...]], grads: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dense (G⁻¹, G^{-1/2}) after the statistics have seen ``grads`` (flat, float64)."""
+    d = sum(math.prod(s) for s in shapes)
+    ginv, ginv_sqrt = np.eye(d), np.eye(d)
+    offset = 0
+    for shape in shapes:
+        merged = merge_small_dims(shape, metric.block_size)
+        k = len(merged)
+        numel = math.prod(shape)
+        if k >= (1 if metric.precondition_vectors else 2):
+            for ranges in _row_major_blocks(merged, metric.block_size):
+                hs = [metric.eps * np.eye(len(r)) for r in ranges]
+                for g in grads:
+                    x = g[offset : offset + numel].reshape(merged)[np.ix_(*ranges)]
+                    for a in range(k):
+                        xa = np.moveaxis(x, a, 0).reshape(len(ranges[a]), -1)
+                        hs[a] = metric.decay * hs[a] + (1 - metric.decay) * xa @ xa.T
+                idx = (
+                    offset
+                    + np.ravel_multi_index(np.meshgrid(*ranges, indexing="ij"), merged).ravel()
+                )
+                for out, e in ((ginv, 1 / (2 * k)), (ginv_sqrt, 1 / (4 * k))):
+                    block = np.ones((1, 1))
+                    for h in hs:
+                        block = np.kron(block, _root(h, e, metric.ridge, metric.eps))
+                    out[np.ix_(idx, idx)] = block
+        offset += numel
+    return ginv, ginv_sqrt
+
+
+def dense_apply(metric: ShampooMetric, stats: dict, layout: FlatLayout, sqrt: bool) -> np.ndarray:
+    """The metric's operator as a dense matrix.
+
+    All D basis vectors are pushed through in one call, as D chains that share the statistics;
+    a random vector through the single-chain path must agree with it.
+    """
+    d = layout.size
+    dtype = next(iter(stats.values())).dtype
+    chains = FlatLayout(layout.names, layout.shapes, (d,))
+    shared = {k: v.expand(d, *v.shape).contiguous() for k, v in stats.items()}
+    fn = metric.inverse_sqrt if sqrt else metric.inverse
+    dense = fn(shared, chains, torch.eye(d, dtype=dtype)).mT.double().numpy()
+    v = torch.randn(d, dtype=dtype, generator=torch.Generator().manual_seed(d))
+    single = fn(stats, layout, v.clone()).double().numpy()
+    np.testing.assert_allclose(single, dense @ v.double().numpy(), rtol=1e-5, atol=1e-6)
+    return dense
+
+
+def run(
+    metric: ShampooMetric,
+    layout: FlatLayout,
+    grads: list[torch.Tensor],
+    stats: dict | None = None,
+    first_step: int = 1,
+) -> dict:
+    """Feed ``grads`` to ``update`` at steps first_step, first_step+1, ..."""
+    if stats is None:
+        stats = metric.init(layout, grads[0])
+    for t, g in enumerate(grads, start=first_step):
+        metric.update(stats, layout, g.clone(), t)
+    return stats
+
+
+def random_grads(layout: FlatLayout, steps: int, dtype: torch.dtype, seed: int = 0) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    # Non-isotropic per coordinate, so the factors are far from multiples of I.
+    scale = torch.rand(layout.size, generator=gen, dtype=torch.float64) * 2 + 0.1
+    shape = (*layout.batch_shape, layout.size)
+    return [
+        torch.randn(shape, generator=gen, dtype=torch.float64).mul_(scale).to(dtype)
+        for _ in range(steps)
+    ]
+
+
+SMALL = [(5, 3), (4, 3, 2), (3, 130), (7,), ()]  # blocked with block_size=4, rank 1..3
+
+
+def _layout(shapes: list[tuple[int, ...]], chains: int | None = None) -> FlatLayout:
+    names = tuple(f"p{i}" for i in range(len(shapes)))
+    return FlatLayout(names, tuple(shapes), () if chains is None else (chains,))
+
+
+# ----------------------------------------------------------------------------- merge / block
+
+
+MNIST_BLOCKS = {400: (28, 16, 4), 800: (49, 49, 7), 1200: (70, 100, 10)}
+
+
+@pytest.mark.parametrize("width", sorted(MNIST_BLOCKS))
+def test_mnist_block_counts(width: int) -> None:
+    shapes = [(width, 784), (width, width), (10, width)]
+    for shape, expected in zip(shapes, MNIST_BLOCKS[width], strict=True):
+        plan = plan_blocks(shape, 128)
+        assert plan.merged == shape
+        assert plan.num_blocks == expected == len(block_slices(plan.merged, 128))
+
+
+def test_mnist_w1_chunks() -> None:
+    """W1 of N = 400: chunks 128, 128, 128, 16 by 6 × 128, 16 (reference §2.5)."""
+    blocks = block_slices((400, 784), 128)
+    assert [b[0].stop - b[0].start for b in blocks[::7]] == [128, 128, 128, 16]
+    assert [b[1].stop - b[1].start for b in blocks[:7]] == [128] * 6 + [16]
+
+
+@pytest.mark.parametrize(
+    ("shape", "merged"),
+    [
+        ((16, 3, 3, 3), (48, 9)),
+        ((16, 16, 3, 3), (16, 48, 3)),
+        ((32, 16, 3, 3), (32, 48, 3)),
+        ((32, 32, 3, 3), (32, 96, 3)),
+        ((64, 32, 3, 3), (64, 96, 3)),
+        ((64, 64, 3, 3), (64, 64, 9)),
+        ((32, 16, 1, 1), (32, 16)),
+        ((64, 32, 1, 1), (64, 32)),
+        ((10, 64), (10, 64)),
+    ],
+)
+def test_resnet_merging(shape: tuple[int, ...], merged: tuple[int, ...]) -> None:
+    plan = plan_blocks(shape, 128)
+    assert plan.merged == merged and plan.num_blocks == 1 and len(plan.groups) == 1
+
+
+def test_small_dims_vanish_and_vectors() -> None:
+    assert merge_small_dims((1, 1), 128) == () and merge_small_dims((), 128) == ()
+    assert merge_small_dims((1, 5, 1), 128) == (5,)
+    metric = ShampooMetric()
+    assert metric.plan((16,)) is None and metric.plan((16, 1, 1, 1)) is None  # BN, biases
+    assert metric.plan(()) is None
+    vec = ShampooMetric(precondition_vectors=True)
+    assert vec.plan((2,)) is not None and vec.plan(()) is None
+
+
+def test_groups_tile_the_tensor_in_row_major_block_order() -> None:
+    plan = plan_blocks((3, 130), 4)
+    x = torch.arange(3 * 130.0).reshape(1, 3, 130)  # distinct values: a block is its first value
+    expected = {x[(0, *s)][0, 0].item(): x[(0, *s)] for s in block_slices(plan.merged, 4)}
+    assert plan.num_blocks == len(expected) == 33 and len(plan.groups) == 2
+    gathered = {}
+    y = torch.zeros_like(x)
+    for group in plan.groups:
+        blocks = group.gather(x, torch.empty(1, group.num_blocks, *group.sizes))[0]
+        # Within a group, blocks come in row-major chunk order.
+        firsts = [blocks[j].flatten()[0].item() for j in range(group.num_blocks)]
+        assert firsts == sorted(firsts)
+        gathered |= {b.flatten()[0].item(): b for b in blocks}
+        group.scatter(blocks, y)
+    assert gathered.keys() == expected.keys()
+    assert all(torch.equal(gathered[k], expected[k]) for k in expected)
+    assert torch.equal(y, x)  # the groups tile the tensor
+
+
+# ----------------------------------------------------------------------------- dense oracle
+
+
+@pytest.mark.parametrize("ridge", ["relative", "absolute", "none"])
+def test_dense_oracle_blocked(ridge: str) -> None:
+    metric = ShampooMetric(
+        decay=0.8, eps=1e-3, block_size=4, update_interval=3, precondition_vectors=True, ridge=ridge
+    )
+    layout = _layout(SMALL)
+    grads = random_grads(layout, 3, torch.float64)
+    stats = run(metric, layout, grads)
+    ginv, ginv_sqrt = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads])
+    got_inv = dense_apply(metric, stats, layout, sqrt=False)
+    got_sqrt = dense_apply(metric, stats, layout, sqrt=True)
+    np.testing.assert_allclose(got_inv, ginv, rtol=1e-9, atol=1e-9 * np.abs(ginv).max())
+    np.testing.assert_allclose(got_sqrt, ginv_sqrt, rtol=1e-9, atol=1e-9 * np.abs(ginv_sqrt).max())
+    # (G^{-1/2})² = G⁻¹, and both are symmetric.
+    np.testing.assert_allclose(got_sqrt @ got_sqrt, got_inv, atol=1e-9 * np.abs(ginv).max())
+    np.testing.assert_allclose(got_inv, got_inv.T, atol=1e-9 * np.abs(ginv).max())
+
+
+def test_dense_oracle_default_blocking_vectors_unpreconditioned() -> None:
+    metric = ShampooMetric(decay=0.9, eps=1e-4, update_interval=2)
+    # Under block 128, (20, 10) and (2, 65, 2) keep rank 2 and 3; (5, 3) merges to (15,).
+    shapes = [(20, 10), (2, 1, 65, 2), (6,), (1, 5), (5, 3)]
+    layout = _layout(shapes)
+    grads = random_grads(layout, 4, torch.float64, seed=1)
+    stats = run(metric, layout, grads)
+    ginv, ginv_sqrt = dense_oracle(metric, shapes, [g.numpy() for g in grads])
+    np.testing.assert_allclose(
+        dense_apply(metric, stats, layout, False), ginv, rtol=1e-9, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        dense_apply(metric, stats, layout, True), ginv_sqrt, rtol=1e-9, atol=1e-12
+    )
+    # The merged rank-1 tensors (6,), (1, 5) and (5, 3) keep G = I exactly.
+    assert [k for k in stats if k.startswith("factor")] == [
+        "factor_0_0@0",
+        "factor_0_1@0",
+        "factor_0_0@1",
+        "factor_0_1@1",
+        "factor_0_2@1",
+    ]
+    np.testing.assert_array_equal(dense_apply(metric, stats, layout, False)[-26:, -26:], np.eye(26))
+
+
+def test_funnel_full_matrix_rmsprop() -> None:
+    """Reference §5.3: 2-vector, H ← λH + (1−λ)ggᵀ from εI, G⁻¹ = H^{−1/2}, G^{-1/2} = H^{−1/4}."""
+    metric = ShampooMetric(
+        decay=0.9995, eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none"
+    )
+    layout = _layout([(2,)])
+    stats = metric.init(layout, torch.zeros(2, dtype=torch.float64))
+    h = 1e-6 * np.eye(2)
+    gen = torch.Generator().manual_seed(3)
+    for t in range(1, 6):
+        g = torch.randn(2, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 5.0])
+        metric.update(stats, layout, g.clone(), t)
+        h = 0.9995 * h + 0.0005 * np.outer(g.numpy(), g.numpy())
+        w, q = np.linalg.eigh(h)
+        np.testing.assert_allclose(
+            metric.inverse(stats, layout, g.clone()).numpy(), (q * w**-0.5) @ q.T @ g.numpy()
+        )
+        np.testing.assert_allclose(
+            metric.inverse_sqrt(stats, layout, g.clone()).numpy(), (q * w**-0.25) @ q.T @ g.numpy()
+        )
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+def test_identity_until_first_refresh_then_every_interval() -> None:
+    metric = ShampooMetric(decay=0.8, eps=1e-3, block_size=4, update_interval=3)
+    layout = _layout(SMALL)
+    grads = random_grads(layout, 7, torch.float64)
+    stats = metric.init(layout, grads[0])
+    v = torch.randn(layout.size, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    results = {}
+    for t, g in enumerate(grads, start=1):
+        metric.update(stats, layout, g.clone(), t)
+        results[t] = (
+            metric.inverse(stats, layout, v.clone()),
+            metric.inverse_sqrt(stats, layout, v.clone()),
+        )
+    for t in (1, 2):
+        assert torch.equal(results[t][0], v) and torch.equal(results[t][1], v)
+    for t in (4, 5):
+        assert torch.equal(results[t][0], results[3][0]) and torch.equal(
+            results[t][1], results[3][1]
+        )
+    assert not torch.allclose(results[3][0], v)
+    assert not torch.allclose(results[6][0], results[3][0])
+    assert torch.equal(results[7][0], results[6][0])
+    # Step 6 uses the statistics of steps 1..6.
+    ginv, _ = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads[:6]])
+    np.testing.assert_allclose(results[6][0].numpy(), ginv @ v.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("root_method", ["eigh", "newton"])
+def test_refresh_leaves_statistics_and_global_rng_untouched(root_method: str) -> None:
+    kw = {"decay": 0.9, "eps": 1e-3, "block_size": 4, "root_method": root_method}
+    layout = _layout(SMALL[:3])
+    grads = random_grads(layout, 4, torch.float32)
+    with_refresh = run(ShampooMetric(update_interval=2, **kw), layout, grads[:1])
+    without = run(ShampooMetric(update_interval=1000, **kw), layout, grads[:1])
+    rng = torch.random.get_rng_state()
+    run(ShampooMetric(update_interval=2, **kw), layout, grads[1:], with_refresh, first_step=2)
+    run(ShampooMetric(update_interval=1000, **kw), layout, grads[1:], without, first_step=2)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    factors = [k for k in with_refresh if k.startswith("factor")]
+    assert factors and all(torch.equal(with_refresh[k], without[k]) for k in factors)
+    roots = [k for k in with_refresh if k.startswith("grad_root")]
+    assert any(not torch.equal(with_refresh[k], without[k]) for k in roots)
+
+
+def test_resume_from_cloned_stats_is_bit_identical() -> None:
+    metric = ShampooMetric(decay=0.9, eps=1e-3, block_size=4, update_interval=2)
+    layout = _layout(SMALL)
+    grads = random_grads(layout, 6, torch.float32)
+    stats = run(metric, layout, grads[:3])
+    saved = {k: v.clone() for k, v in stats.items()}
+    run(metric, layout, grads[3:], stats, first_step=4)
+    fresh = copy.deepcopy(metric)  # new work buffers
+    run(fresh, layout, grads[3:], saved, first_step=4)
+    assert stats.keys() == saved.keys()
+    assert all(torch.equal(stats[k], saved[k]) for k in stats)
+
+
+# ----------------------------------------------------------------------------- chains, dtypes
+
+
+def test_chains_equal_separate_runs() -> None:
+    metric = ShampooMetric(
+        decay=0.8, eps=1e-3, block_size=4, update_interval=2, precondition_vectors=True
+    )
+    chains = 3
+    batched = _layout(SMALL, chains)
+    single = _layout(SMALL)
+    grads = random_grads(batched, 4, torch.float64)
+    stats = run(metric, batched, grads)
+    v = torch.randn(chains, single.size, dtype=torch.float64)
+    got_inv = metric.inverse(stats, batched, v.clone())
+    got_sqrt = metric.inverse_sqrt(stats, batched, v.clone())
+    for c in range(chains):
+        s = run(metric, single, [g[c] for g in grads])
+        torch.testing.assert_close(
+            got_inv[c], metric.inverse(s, single, v[c].clone()), rtol=1e-12, atol=0
+        )
+        torch.testing.assert_close(
+            got_sqrt[c], metric.inverse_sqrt(s, single, v[c].clone()), rtol=1e-12, atol=0
+        )
+
+
+def test_float32_matches_float64() -> None:
+    kw = {
+        "decay": 0.8,
+        "eps": 1e-3,
+        "block_size": 4,
+        "update_interval": 3,
+        "precondition_vectors": True,
+    }
+    metric = ShampooMetric(**kw)
+    layout = _layout(SMALL)
+    grads = random_grads(layout, 3, torch.float32)
+    stats32 = run(metric, layout, grads)
+    stats64 = run(metric, layout, [g.double() for g in grads])
+    assert all(v.dtype == torch.float32 for v in stats32.values())
+    v = torch.randn(layout.size, generator=torch.Generator().manual_seed(1))
+    for fn in ("inverse", "inverse_sqrt"):
+        out32 = getattr(metric, fn)(stats32, layout, v.clone())
+        out64 = getattr(metric, fn)(stats64, layout, v.double())
+        assert out32.dtype == torch.float32
+        torch.testing.assert_close(
+            out32.double(), out64, rtol=1e-4, atol=1e-4 * out64.abs().max().item()
+        )
+
+
+# ----------------------------------------------------------------------------- roots
+
+
+def _well_conditioned(n: int, dtype: torch.dtype, batch: int = 3) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(5)
+    q, _ = torch.linalg.qr(torch.randn(batch, n, n, generator=gen, dtype=torch.float64))
+    w = torch.linspace(0.5, 20.0, n, dtype=torch.float64)
+    return ((q * w) @ q.mT).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [4, 8, 12])
+def test_newton_matches_eigh(dtype: torch.dtype, p: int) -> None:
+    mat = _well_conditioned(24, dtype)
+    before = mat.clone()
+    (exact,) = inverse_roots_eigh(mat, (1.0 / p,))
+    newton = inverse_root_newton(mat, p)
+    assert torch.equal(mat, before)  # no in-place ridge (reference §10.2)
+    err = torch.linalg.matrix_norm(newton.double() - exact) / torch.linalg.matrix_norm(exact)
+    assert err.max() < 1e-4
+
+
+def test_metric_newton_matches_eigh() -> None:
+    kw = {"decay": 0.8, "eps": 1e-3, "block_size": 4, "update_interval": 3, "ridge": "absolute"}
+    layout = _layout(SMALL[:3])
+    grads = random_grads(layout, 3, torch.float64)
+    v = torch.randn(layout.size, dtype=torch.float64)
+    outs = {}
+    for method in ("eigh", "newton"):
+        metric = ShampooMetric(root_method=method, **kw)
+        stats = run(metric, layout, grads)
+        outs[method] = metric.inverse_sqrt(stats, layout, v.clone())
+    torch.testing.assert_close(outs["newton"], outs["eigh"], rtol=1e-4, atol=1e-6)
+
+
+def test_eigh_roots_and_ridge() -> None:
+    mat = _well_conditioned(6, torch.float64, batch=2)
+    grad_root, noise_root = inverse_roots_eigh(mat, (0.25, 0.125), ridge="relative", eps=1e-2)
+    ridged = mat + 1e-2 * torch.linalg.eigvalsh(mat)[..., -1:, None] * torch.eye(6)
+    torch.testing.assert_close(noise_root @ noise_root, grad_root)
+    x = grad_root
+    for _ in range(3):
+        x = x @ grad_root
+    torch.testing.assert_close(x @ ridged, torch.eye(6, dtype=torch.float64).expand(2, 6, 6))
+    # A zero matrix (no ridge possible) gives the identity instead of inf.
+    (zero_root,) = inverse_roots_eigh(torch.zeros(1, 3, 3), (0.5,), ridge="none")
+    assert torch.equal(zero_root, torch.eye(3, dtype=torch.float64)[None])
+
+
+def test_power_iteration() -> None:
+    mat = _well_conditioned(10, torch.float64)
+    torch.testing.assert_close(
+        power_iteration(mat, tol=1e-12, max_iter=1000), torch.full((3,), 20.0, dtype=torch.float64)
+    )
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"decay": 1.0}, "decay"),
+        ({"decay": -0.1}, "decay"),
+        ({"eps": -1.0}, "eps"),
+        ({"block_size": 0}, "block_size"),
+        ({"block_size": 4.0}, "block_size"),
+        ({"update_interval": 0}, "update_interval"),
+        ({"update_interval": True}, "update_interval"),
+        ({"root_method": "svd"}, "root_method"),
+        ({"ridge": "big"}, "ridge"),
+    ],
+)
+def test_invalid_arguments(kw: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        ShampooMetric(**kw)
