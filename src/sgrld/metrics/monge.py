@@ -81,7 +81,7 @@ class MongeMetric(Metric):
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
         m = stats["exp_avg"]
-        m.mul_(self.decay).add_(grad, alpha=1.0 - self.decay)
+        m.lerp_(grad, 1.0 - self.decay)  # λm + (1−λ)g in one pass
         ms = self._segments(layout, m)
         stats["sq_norm"].copy_(_dots(ms, ms))
 

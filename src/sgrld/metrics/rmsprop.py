@@ -37,26 +37,29 @@ class RMSpropMetric(Metric):
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         v = layout.zeros(like.dtype, like.device)
-        inv = torch.full_like(v, 1.0 / self.eps if self.eps > 0 else float("inf"))
-        return {"square_avg": v, "inv": inv, "inv_sqrt": inv.sqrt()}
+        # denom = √V + ε = G (diagonal); G^{-1/2} is formed at each step in ``inv_sqrt``.
+        return {
+            "square_avg": v,
+            "denom": torch.full_like(v, self.eps),
+            "inv_sqrt": torch.empty_like(v),
+        }
 
     def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
-        return {"square_avg": "element", "inv": "element", "inv_sqrt": "element"}
+        return {"square_avg": "element", "denom": "element", "inv_sqrt": "element"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
-        v, inv, inv_sqrt = stats["square_avg"], stats["inv"], stats["inv_sqrt"]
+        v, denom = stats["square_avg"], stats["denom"]
         v.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
-        # G⁻¹ = 1/(√V + ε) and G^{-1/2} = √G⁻¹, formed once per step in preallocated buffers.
+        # G = √V + ε (or √(V/(1−λᵗ)) + ε), kept in a preallocated buffer: 2 passes over D.
         if self.bias_correction:
-            torch.div(v, 1.0 - self.decay**step, out=inv)
-            torch.sqrt(inv, out=inv)
+            torch.div(v, 1.0 - self.decay**step, out=denom)
+            denom.sqrt_()
         else:
-            torch.sqrt(v, out=inv)
-        inv.add_(self.eps).reciprocal_()
-        torch.sqrt(inv, out=inv_sqrt)
+            torch.sqrt(v, out=denom)
+        denom.add_(self.eps)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
-        return grad.mul_(stats["inv"])
+        return grad.div_(stats["denom"])
 
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
-        return noise.mul_(stats["inv_sqrt"])
+        return noise.mul_(torch.rsqrt(stats["denom"], out=stats["inv_sqrt"]))
