@@ -1,0 +1,94 @@
+"""Figures of sampling runs (matplotlib, Agg, imported only when a figure is drawn).
+
+- :func:`plot_run_curves`: ``curves.png`` of one run, the cumulative-ensemble LP, accuracy and
+  ECE on validation and test against the epoch, and the seconds per epoch of sampling.
+- :func:`plot_convergence`: the paper's Figure 3 layout, per-epoch test LP and accuracy of several
+  configurations, mean ± 1.96 std (ddof = 0) over seeds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(1, ncols)
+
+
+def _values(curve: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in curve], dtype=np.float64)
+
+
+def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Draw one run's per-epoch curves to ``path`` (PNG).
+
+    Args:
+        results: a run's ``results.json`` content.
+        path: output file.
+    """
+    curves = results["curves"]
+    epochs = np.asarray(curves["epoch"], dtype=np.float64) + 1
+    fig, axes = _figure(16, 3.6, 4)
+    for ax, metric, title in zip(
+        axes[:3],
+        ("lp", "accuracy", "ece"),
+        ("log-probability", "accuracy", "ECE (30 bins)"),
+        strict=True,
+    ):
+        for split, style in (("val", "--"), ("test", "-")):
+            ax.plot(epochs, _values(curves[f"{split}_{metric}"]), style, label=split)
+        ax.set_title(f"ensemble {title}")
+        ax.set_xlabel("epoch")
+        ax.legend()
+    seconds = _values(results["timing"]["sampling_seconds"])
+    axes[3].bar(np.arange(1, len(seconds) + 1), seconds, color="0.5")
+    axes[3].set_title("sampling seconds per epoch")
+    axes[3].set_xlabel("epoch")
+    config = results["config"]
+    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    fig.suptitle(
+        f"{config['dataset']} {config['model']} {config['prior']}: {config['sampler']} "
+        f"ℓ {config['lr']:g}{alpha}, seed {config['seed']} — {results['status']}, "
+        f"{results['num_samples']} samples"
+    )
+    fig.savefig(path, dpi=90)
+
+
+def plot_convergence(
+    groups: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str]
+) -> None:
+    """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std over seeds.
+
+    Args:
+        groups: label → the ``results.json`` contents of that configuration's runs (runs of
+            unequal length are cut to the shortest).
+        path: output file.
+    """
+    fig, axes = _figure(12, 4, 2)
+    for label, runs in groups.items():
+        length = min(len(r["curves"]["epoch"]) for r in runs)
+        epochs = np.arange(1, length + 1)
+        for ax, metric in zip(axes, ("test_lp", "test_accuracy"), strict=True):
+            values = np.stack([_values(r["curves"][metric][:length]) for r in runs])
+            mean, std = values.mean(axis=0), values.std(axis=0)
+            (line,) = ax.plot(epochs, mean, label=label)
+            ax.fill_between(
+                epochs,
+                mean - 1.96 * std,
+                mean + 1.96 * std,
+                alpha=0.2,
+                lw=0,
+                color=line.get_color(),
+            )
+    for ax, title in zip(axes, ("test log-probability", "test accuracy"), strict=True):
+        ax.set_title(f"cumulative ensemble {title}")
+        ax.set_xlabel("epoch")
+    axes[0].legend()
+    fig.savefig(path, dpi=90)

@@ -1,0 +1,400 @@
+"""``sgrld table RUN_DIRS...``: aggregate sampling runs into the paper's table format.
+
+Runs (directories holding ``results.json``, or folders searched recursively for them) are grouped
+by their config without the seed. Each group gets the mean and the population std (ddof = 0, as
+the paper, spec §4.8 and §10.14) over its seeds of the final-epoch metrics. Output:
+
+- Markdown on stdout (and ``--markdown FILE``), by default in the layout of the paper's Table 1:
+  one table per setting (dataset, model, width, epochs, ...), a row per sampler and, per prior,
+  the columns LP, accuracy, ECE, seconds per epoch and ℓ. Where a setting holds several ℓ (or α²)
+  for one sampler, the one with the best mean final validation LP is shown (spec §7.1); a
+  configuration with a broken-down run is never selected and shows as "broke down". The best LP
+  per column is in bold. ``--paper`` adds the paper's LP, accuracy and s/epoch beside it.
+- ``--layout long``: one row per configuration instead.
+- ``--csv FILE``: every configuration, every metric's mean and std, as CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sgrld.experiments.paper import paper_entry
+
+SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
+SAMPLER_TITLES = {
+    "identity": "Identity",
+    "wenzel": "Wenzel",
+    "rmsprop": "RMSprop",
+    "monge": "Monge",
+    "shampoo": "Shampoo",
+}
+PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
+PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
+#: Aggregated quantities: name → how to read it from a results dict.
+METRICS = (
+    "test_lp",
+    "test_accuracy",
+    "test_ece",
+    "test_confidence",
+    "val_lp",
+    "val_accuracy",
+    "val_ece",
+    "seconds_per_epoch",
+    "curvature",
+    "num_samples",
+)
+#: Config fields that pick a row/column inside a setting's table (the rest define the setting).
+WITHIN_SETTING = ("prior", "sampler", "lr", "alpha2")
+
+
+class TableError(ValueError):
+    """No usable runs, or unreadable results."""
+
+
+def _metric(results: dict[str, Any], name: str) -> float:
+    if name in ("seconds_per_epoch", "num_samples"):
+        value = results.get(name)
+    elif name == "curvature":
+        value = (results.get("curvature") or {}).get("mean")
+    else:
+        split, metric = name.split("_", 1)
+        value = results["final"][split][metric]
+    return math.nan if value is None else float(value)
+
+
+@dataclass
+class Group:
+    """The runs of one configuration (config without the seed).
+
+    Attributes:
+        config: the shared config (no ``seed``).
+        runs: the ``results.json`` contents of every run, broken-down ones included.
+    """
+
+    config: dict[str, Any]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(int(r["seed"]) for r in self.runs)
+
+    @property
+    def completed(self) -> list[dict[str, Any]]:
+        return [r for r in self.runs if r["status"] == "completed"]
+
+    @property
+    def num_broken(self) -> int:
+        return sum(r["status"] == "broken_down" for r in self.runs)
+
+    def stat(self, name: str) -> tuple[float, float]:
+        """Mean and std (ddof = 0) of a metric over the completed runs (NaN if none)."""
+        values = np.array([_metric(r, name) for r in self.completed], dtype=np.float64)
+        if values.size == 0 or np.isnan(values).all():
+            return math.nan, math.nan
+        values = values[~np.isnan(values)]
+        return float(values.mean()), float(values.std(ddof=0))
+
+
+def find_results(paths: Iterable[str | Path]) -> list[Path]:
+    """``results.json`` files named by, or found under, ``paths`` (sorted, no duplicates).
+
+    Raises:
+        TableError: a path does not exist, or nothing was found.
+    """
+    found: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            found.add(path.resolve())
+        elif (path / "results.json").is_file():
+            found.add((path / "results.json").resolve())
+        elif path.is_dir():
+            found.update(p.resolve() for p in path.rglob("results.json"))
+        else:
+            raise TableError(f"{path} does not exist")
+    if not found:
+        raise TableError("no results.json found under " + ", ".join(map(str, paths)))
+    return sorted(found)
+
+
+def load_runs(files: Iterable[Path], *, include_partial: bool = False) -> list[dict[str, Any]]:
+    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``.
+
+    Raises:
+        TableError: a file is not a sgrld sampling result.
+    """
+    runs = []
+    for path in files:
+        try:
+            results = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise TableError(f"{path}: cannot read results ({exc})") from exc
+        if not str(results.get("format", "")).startswith("sgrld-sample-results/"):
+            raise TableError(f"{path}: not a sgrld sample results file")
+        if results["status"] == "running" and not include_partial:
+            print(f"sgrld table: skipping unfinished run {path.parent}", file=sys.stderr)
+            continue
+        if results["status"] == "running":
+            results = {**results, "status": "completed"}
+        runs.append(results)
+    return runs
+
+
+def aggregate(runs: Iterable[dict[str, Any]]) -> list[Group]:
+    """Group runs by config without the seed, in a stable order."""
+    groups: dict[str, Group] = {}
+    for results in runs:
+        config = {k: v for k, v in results["config"].items() if k != "seed"}
+        key = json.dumps(config, sort_keys=True)
+        groups.setdefault(key, Group(config)).runs.append(results)
+    return sorted(groups.values(), key=_sort_key)
+
+
+def _sort_key(group: Group) -> tuple[Any, ...]:
+    c = group.config
+    setting = json.dumps({k: v for k, v in c.items() if k not in WITHIN_SETTING}, sort_keys=True)
+    prior = PRIOR_ORDER.index(c["prior"]) if c["prior"] in PRIOR_ORDER else len(PRIOR_ORDER)
+    sampler = SAMPLER_ORDER.index(c["sampler"]) if c["sampler"] in SAMPLER_ORDER else 99
+    return (setting, prior, sampler, c["lr"], c.get("alpha2") or 0.0)
+
+
+def _fmt(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
+    if math.isnan(mean):
+        return "–"
+    text = f"{mean:.{digits}f}"
+    if bold:
+        text = f"**{text}**"
+    return f"{text} ({std:.{digits}f})"
+
+
+def _lr_text(config: dict[str, Any]) -> str:
+    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    return f"{config['lr']:g}{alpha}"
+
+
+def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
+    model = f"fc N = {config['width']}" if config["model"] == "fc" else config["model"]
+    counts = sorted({len(g.runs) for g in groups})
+    seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    extras = [
+        f"{name} {config[name]}"
+        for name, default in (
+            ("max_train", None),
+            ("max_eval", None),
+            ("temperature", 1.0),
+            ("batch_size", 100),
+            ("burnin", 1000),
+            ("thinning", 100),
+        )
+        if config.get(name, default) != default
+    ]
+    extra = f", {', '.join(extras)}" if extras else ""
+    return (
+        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seeds per "
+        "cell; final-epoch test metrics, mean (std, ddof = 0)"
+    )
+
+
+def _by_setting(groups: Sequence[Group]) -> dict[str, list[Group]]:
+    settings: dict[str, list[Group]] = {}
+    for group in groups:
+        key = json.dumps(
+            {k: v for k, v in group.config.items() if k not in WITHIN_SETTING}, sort_keys=True
+        )
+        settings.setdefault(key, []).append(group)
+    return settings
+
+
+def select_best(candidates: Sequence[Group]) -> Group | None:
+    """The configuration with the best mean final validation LP among those without failures.
+
+    Returns ``None`` if every candidate has a broken-down run or no finite validation LP.
+    """
+    valid = [g for g in candidates if g.num_broken == 0 and not math.isnan(g.stat("val_lp")[0])]
+    return max(valid, key=lambda g: g.stat("val_lp")[0]) if valid else None
+
+
+def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> str:
+    """Table 1 layout: per setting, a row per sampler and per prior LP / acc / ECE / s/ep / ℓ."""
+    blocks = []
+    for setting_groups in _by_setting(groups).values():
+        config = setting_groups[0].config
+        priors = sorted(
+            {g.config["prior"] for g in setting_groups},
+            key=lambda p: PRIOR_ORDER.index(p) if p in PRIOR_ORDER else 99,
+        )
+        samplers = sorted(
+            {g.config["sampler"] for g in setting_groups},
+            key=lambda s: SAMPLER_ORDER.index(s) if s in SAMPLER_ORDER else 99,
+        )
+        cells: dict[tuple[str, str], tuple[Group | None, list[Group]]] = {}
+        for prior in priors:
+            for sampler in samplers:
+                cands = [
+                    g
+                    for g in setting_groups
+                    if g.config["prior"] == prior and g.config["sampler"] == sampler
+                ]
+                if cands:
+                    cells[prior, sampler] = (select_best(cands), cands)
+        header = ["sampler"]
+        for prior in priors:
+            p = PRIOR_SHORT.get(prior, prior)
+            header += [f"{p} LP", f"{p} acc", f"{p} ECE", f"{p} s/epoch", f"{p} ℓ"]
+            if paper:
+                header += [f"{p} paper LP", f"{p} paper acc", f"{p} paper s/epoch"]
+        best_lp = {
+            prior: max(
+                (
+                    best.stat("test_lp")[0]
+                    for (p, _), (best, _) in cells.items()
+                    if p == prior
+                    if best is not None
+                ),
+                default=math.nan,
+            )
+            for prior in priors
+        }
+        rows = []
+        for sampler in samplers:
+            row = [SAMPLER_TITLES.get(sampler, sampler)]
+            for prior in priors:
+                best, cands = cells.get((prior, sampler), (None, []))
+                if best is None:
+                    broken = sum(g.num_broken for g in cands)
+                    total = sum(len(g.runs) for g in cands)
+                    text = f"broke down ({broken}/{total} runs)" if broken else "–"
+                    row += [text, "–", "–", "–", _lr_text(cands[0].config) if cands else "–"]
+                else:
+                    lp = best.stat("test_lp")
+                    row += [
+                        _fmt(*lp, bold=lp[0] == best_lp[prior] and len(samplers) > 1),
+                        _fmt(*best.stat("test_accuracy")),
+                        _fmt(*best.stat("test_ece")),
+                        _fmt(*best.stat("seconds_per_epoch"), digits=1),
+                        _lr_text(best.config),
+                    ]
+                if paper:
+                    ref = paper_entry(config["dataset"], prior, config.get("width"), sampler)
+                    row += (
+                        [f"{ref.lp:.4f}", f"{ref.accuracy:.4f}", f"{ref.seconds_per_epoch:.1f}"]
+                        if ref is not None
+                        else ["= Identity" if sampler == "monge" else "–", "–", "–"]
+                    )
+            rows.append(row)
+        blocks.append(f"**{_setting_title(config, setting_groups)}**\n\n" + _markdown(header, rows))
+    return "\n\n".join(blocks) + "\n"
+
+
+def markdown_long_layout(groups: Sequence[Group]) -> str:
+    """One row per configuration, per setting."""
+    blocks = []
+    for setting_groups in _by_setting(groups).values():
+        header = ["prior", "sampler", "ℓ", "runs", "broken", "test LP", "test acc", "test ECE"]
+        header += ["val LP", "s/epoch", "curvature", "samples"]
+        rows = [
+            [
+                g.config["prior"],
+                SAMPLER_TITLES.get(g.config["sampler"], g.config["sampler"]),
+                _lr_text(g.config),
+                str(len(g.runs)),
+                str(g.num_broken),
+                _fmt(*g.stat("test_lp")),
+                _fmt(*g.stat("test_accuracy")),
+                _fmt(*g.stat("test_ece")),
+                _fmt(*g.stat("val_lp")),
+                _fmt(*g.stat("seconds_per_epoch"), digits=1),
+                _fmt(*g.stat("curvature"), digits=2),
+                f"{g.stat('num_samples')[0]:.0f}",
+            ]
+            for g in setting_groups
+        ]
+        title = _setting_title(setting_groups[0].config, setting_groups)
+        blocks.append(f"**{title}**\n\n" + _markdown(header, rows))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def csv_table(groups: Sequence[Group]) -> str:
+    """Every configuration as a CSV row: config, run counts, seeds, each metric's mean and std."""
+    config_keys: list[str] = []
+    for group in groups:
+        config_keys += [k for k in group.config if k not in config_keys]
+    header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
+    for metric in METRICS:
+        header += [f"{metric}_mean", f"{metric}_std"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for group in groups:
+        row: list[Any] = [group.config.get(k, "") for k in config_keys]
+        row = ["" if v is None else v for v in row]
+        row += [len(group.runs), len(group.completed), group.num_broken]
+        row.append(" ".join(map(str, group.seeds)))
+        for metric in METRICS:
+            mean, std = group.stat(metric)
+            row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
+        writer.writerow(row)
+    return out.getvalue()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``sgrld table`` options."""
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run directories, or folders holding them"
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("paper", "long"),
+        default="paper",
+        help="paper: Table 1 layout, best ℓ per sampler by validation LP (default); "
+        "long: one row per configuration",
+    )
+    parser.add_argument("--paper", action="store_true", help="add the paper's numbers (spec §8)")
+    parser.add_argument("--markdown", type=Path, help="also write the Markdown to this file")
+    parser.add_argument("--csv", type=Path, help="write every configuration as CSV to this file")
+    parser.add_argument(
+        "--include-partial", action="store_true", help="use unfinished runs' last epoch too"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Aggregate, print the Markdown, write the requested files."""
+    try:
+        runs = load_runs(find_results(args.runs), include_partial=args.include_partial)
+        if not runs:
+            raise TableError("every run found is unfinished (see --include-partial)")
+    except TableError as exc:
+        print(f"sgrld table: error: {exc}", file=sys.stderr)
+        return 2
+    groups = aggregate(runs)
+    if args.layout == "paper":
+        text = markdown_paper_layout(groups, paper=args.paper)
+    else:
+        text = markdown_long_layout(groups)
+    print(text, end="")
+    try:
+        if args.markdown is not None:
+            args.markdown.write_text(text, encoding="utf-8")
+        if args.csv is not None:
+            args.csv.write_text(csv_table(groups), encoding="utf-8")
+    except OSError as exc:
+        print(f"sgrld table: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
