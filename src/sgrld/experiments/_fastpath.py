@@ -1,0 +1,251 @@
+"""A fast path for long runs of tiny problems: the library's step, compiled B steps at a time.
+
+On a 2-parameter target the eager step (:func:`sgrld.core.sampler.sgrld_step`) costs 40-170 µs,
+almost all of it Python and dispatcher overhead, so 2×10⁶ funnel steps would take minutes.
+:class:`BlockRunner` runs the *same* metric code — ``metric.update``, ``metric.inverse``,
+``metric.inverse_sqrt`` and the core's :func:`~sgrld.core.integrator.euler_maruyama`, in the order
+of ``sgrld_step`` — but unrolls ``block`` steps into one function compiled by ``torch.compile``
+(inductor fuses them into one C++ kernel), with the gradient computed inside the block from
+pre-drawn gradient noise.
+
+Differences from calling ``sampler.step`` in a loop, all deliberate:
+
+* **Noise blocks.** ξ for B steps is drawn with one ``torch.randn((B, *batch, D))`` call from the
+  state's generator (``noise="block"``, the default). It has the same law as the eager stream but
+  not the same numbers (PyTorch fills small and large tensors differently). ``noise="exact"``
+  draws ξ one step at a time with the eager step's call (``normal_`` on a ``(*batch, D)`` buffer),
+  which reproduces ``sampler.step`` to rounding (tested) at the cost of one call per step.
+* **No per-step finiteness check** (it is a host sync); the block's output is checked instead
+  and a non-finite iterate raises :class:`~sgrld.core.sampler.NonFiniteGradientError`.
+* Every iterate of the block is written to an output buffer, so the caller can keep all of them.
+
+Only single-tensor states are supported (the funnel's ``{"theta": (K, D)}``). Without a working
+C++ toolchain, ``compile=False`` runs the same block function eagerly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from sgrld.core.integrator import euler_maruyama, noise_scale
+from sgrld.core.sampler import NonFiniteGradientError, Sampler
+from sgrld.core.state import SamplerState
+
+__all__ = ["BlockRunner", "GradFn"]
+
+#: inductor option sets tried in turn by default: the C++ wrapper, then the Python one.
+_ATTEMPTS: tuple[dict[str, Any], ...] = ({"cpp_wrapper": True}, {})
+
+#: ``grad_fn(theta, grad_noise) -> ĝ``: the potential gradient at ``theta`` (shape ``(K, D)``)
+#: given a pre-drawn standard normal ``grad_noise`` of the same shape.
+GradFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class BlockRunner:
+    """Advance ``state`` by blocks of ``block`` steps, keeping every iterate.
+
+    Args:
+        sampler: the configured sampler (its metric, ℓ, n and τ are used as is).
+        state: a state from ``sampler.init`` with exactly one parameter tensor of shape
+            ``(K, D)`` (``num_chains=K``); updated in place.
+        grad_fn: the stochastic potential gradient, see :data:`GradFn`.
+        grad_generator: the generator of the gradient noise (the "data" randomness, kept apart
+            from the sampler's own generator, which drives ξ).
+        block: steps per compiled call (unrolled, so compile time grows with it).
+        compile: use ``torch.compile`` (inductor); ``False`` runs the same code eagerly.
+        inductor_options: the inductor options to compile with. By default inductor's C++
+            wrapper is tried first (it halves the per-step cost of the tiny kernels), then the
+            default Python wrapper; if both fail the runner says so on stderr and continues
+            eagerly (``compile_error`` holds the reason).
+        noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream).
+        chunk: steps whose noise is drawn at once (rounded down to a multiple of ``block``).
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        state: SamplerState,
+        grad_fn: GradFn,
+        *,
+        grad_generator: torch.Generator,
+        block: int = 10,
+        compile: bool = True,
+        noise: Literal["block", "exact"] = "block",
+        chunk: int = 10_000,
+        inductor_options: dict[str, Any] | None = None,
+    ) -> None:
+        if len(state.params) != 1:
+            raise ValueError("BlockRunner supports states with exactly one parameter tensor")
+        if not isinstance(block, int) or block < 1:
+            raise ValueError(f"invalid block: {block!r} (expected an integer >= 1)")
+        if noise not in ("block", "exact"):
+            raise ValueError(f"invalid noise: {noise!r} (expected 'block' or 'exact')")
+        (self.theta,) = state.params.values()
+        layout = state.layout
+        if len(layout.shapes[0]) != 1 or self.theta.shape != (*layout.batch_shape, layout.size):
+            raise ValueError("BlockRunner needs a vector parameter, shape (D,) or (K, D)")
+        self.sampler, self.state, self.grad_fn = sampler, state, grad_fn
+        self.grad_generator = grad_generator
+        self.block, self.noise = block, noise
+        self.sigma = noise_scale(sampler.lr, sampler.num_data, sampler.temperature)
+        self.compile_seconds = 0.0
+        self.compile_error: str | None = None
+        self._compiled_fn: Callable[..., None] | None = None
+        self._attempts: list[dict[str, Any]] = []
+        if compile:
+            self._attempts = (
+                [dict(inductor_options)] if inductor_options is not None else list(_ATTEMPTS)
+            )
+        self.chunk = block * max(1, chunk // block)
+        self._calls = 0
+        self.inductor_options: dict[str, Any] | None = None  # the set that compiled
+        shape = (self.chunk, *self.theta.shape)
+        like: dict[str, Any] = {"dtype": self.theta.dtype, "device": self.theta.device}
+        self._grad_noise = torch.empty(shape, **like)
+        self._xi = torch.empty(shape, **like)
+        self._out = torch.empty(shape, **like)
+
+    def _steps(
+        self,
+        theta: Tensor,
+        stats: dict[str, Tensor],
+        grad_noise: Tensor,
+        xi: Tensor,
+        out: Tensor,
+        step0: int,
+        count: int,
+    ) -> None:
+        """``count`` steps of :func:`sgrld.core.sampler.sgrld_step` on pre-drawn noise."""
+        metric, layout = self.sampler.metric, self.state.layout
+        lr, sigma = self.sampler.lr, self.sigma
+        for b in range(count):
+            # grad_fn returns a fresh flat buffer, which the metric may overwrite (as in the core)
+            grad = self.grad_fn(theta, grad_noise[b])
+            metric.update(stats, layout, grad, step0 + b + 1)
+            drift = layout.views(metric.inverse(stats, layout, grad))
+            noise = None
+            if sigma > 0.0:
+                noise = layout.views(metric.inverse_sqrt(stats, layout, xi[b].clone()))
+            euler_maruyama([theta], drift, noise, lr, sigma)
+            out[b].copy_(theta)
+
+    def _compile_and_call(self, *args: Any) -> None:
+        """First block: compile with each option set in turn; eagerly if all of them fail."""
+        errors = []
+        for options in self._attempts:
+            fn = torch.compile(self._steps, fullgraph=True, dynamic=None, options=options or None)
+            try:
+                with _compiling(), _dynamic_step():
+                    fn(*args)
+            except Exception as exc:  # nothing ran: try the next option set
+                text = str(exc).strip()
+                errors.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+                continue
+            self._compiled_fn = fn
+            self.inductor_options = options
+            return
+        self.compile_error = "; ".join(errors)
+        print(
+            f"sgrld: torch.compile failed for the {self.sampler.metric.name} step "
+            f"({self.compile_error}); running eagerly, which is much slower",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._attempts = []
+        self._steps(*args)
+
+    def _draw(self, count: int) -> None:
+        """Fill the first ``count`` rows of the noise buffers (gradient noise, then ξ)."""
+        self._grad_noise[:count].normal_(generator=self.grad_generator)
+        if self.sigma <= 0.0:
+            return
+        if self.noise == "block":
+            self._xi[:count].normal_(generator=self.state.generator)
+        else:  # the eager step's stream: one normal_ on a (*batch, D) buffer per step
+            for b in range(count):
+                self._xi[b].normal_(generator=self.state.generator)
+
+    def run(self, steps: int, on_chunk: Callable[[int, Tensor], None]) -> None:
+        """Take ``steps`` steps; after each chunk call ``on_chunk(first_step_index, iterates)``.
+
+        A chunk is ``chunk`` steps (the last one may be shorter): its noise is drawn up front,
+        then it runs as consecutive compiled blocks. ``iterates`` has shape ``(count, K, D)`` and
+        is overwritten by the next chunk: copy what you keep. The first two blocks compile
+        (timed in ``compile_seconds``); a final partial block runs eagerly (same code).
+        """
+        done = 0
+        while done < steps:
+            count = min(self.chunk, steps - done)
+            self._draw(count)
+            with torch.no_grad():
+                self._run_chunk(count)
+            iterates = self._out[:count]
+            if not bool(torch.isfinite(iterates).all()):
+                raise NonFiniteGradientError(
+                    f"non-finite iterate within steps {self.state.step - count + 1}.."
+                    f"{self.state.step}"
+                )
+            on_chunk(done, iterates)
+            done += count
+
+    def _run_chunk(self, count: int) -> None:
+        theta, stats, block = self.theta, self.state.stats, self.block
+        grad_noise, xi, out = self._grad_noise, self._xi, self._out
+        start = 0
+        while start < count:
+            n = min(block, count - start)
+            stop = start + n
+            args = (theta, stats, grad_noise[start:stop], xi[start:stop], out[start:stop])
+            fn = self._compiled_fn
+            if fn is not None and n == block and self._calls >= 2:
+                fn(*args, self.state.step, n)
+            elif self._attempts and n == block:
+                # Timed as compilation: the first call compiles; the second recompiles where
+                # `step0` could not be made symbolic up front (older torch).
+                t0 = time.perf_counter()
+                if fn is None:
+                    self._compile_and_call(*args, self.state.step, n)
+                else:
+                    with _compiling():
+                        fn(*args, self.state.step, n)
+                self.compile_seconds += time.perf_counter() - t0
+                self._calls += 1
+            else:
+                self._steps(*args, self.state.step, n)
+            self.state.step += n
+            start = stop
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """Silence torch's own warnings while it compiles.
+
+    Inductor touches deprecated torch APIs internally and dynamo warns about tracing through
+    ``functools.lru_cache``; under ``-W error`` (pytest here) such a warning would abort the
+    compilation, and it is nothing a user can act on.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
+        yield
+
+
+def _dynamic_step() -> contextlib.AbstractContextManager[None]:
+    """Compile with the step counter ``step0`` symbolic from the start (one graph, not two).
+
+    ``torch.compiler.config.dynamic_sources`` is recent; without it dynamo specialises on the
+    first value and recompiles once with a symbolic step.
+    """
+    config = getattr(torch.compiler, "config", None)
+    if config is not None and hasattr(config, "dynamic_sources"):
+        patch: contextlib.AbstractContextManager[None] = config.patch(dynamic_sources="L['step0']")
+        return patch
+    return contextlib.nullcontext()

@@ -1,0 +1,222 @@
+"""``sgrld geodesics``: Monge-metric geodesics on the funnel (the paper's Figure 1, reference §6).
+
+The Monge metric of ℓ = log p is G(x) = I + α² ∇ℓ ∇ℓᵀ, the metric that the graph
+x ↦ (x, α ℓ(x)) inherits from Euclidean space. Its geodesics solve (reference §6, Hartmann et al.
+2022)
+
+    ẍ = −( α² ⟨ẋ, ∇²ℓ(x) ẋ⟩ / (1 + α² ‖∇ℓ(x)‖²) ) · ∇ℓ(x),
+
+integrated as in the reference (``scipy.integrate.solve_ivp``, RK45, default tolerances, t ∈ [0, 1],
+20 output times) from a base point x̂ with initial velocities 10·(cos 2πu, sin 2πu):
+
+* the red curve joins the t = 1 end points of 500 equally spaced u ∈ [0, 1] (the image of the
+  circle of radius 10 under the exponential map);
+* 9 geodesics are drawn for u ∈ linspace(0, 1, 9) (8 directions), with an arrowhead at the end.
+
+Base points: x̂ = (2, −4) in the narrow neck and x̂ = (5, 10) in the flat region, α² = 1, the
+funnel of :class:`~sgrld.data.funnel.FunnelTarget` (μ = 2, σ² = 80) with its clipped exact
+gradient and Hessian–vector product. Outputs ``geodesics_neck.png`` and ``geodesics_flat.png``
+(6×6 in, 200 dpi, log-density contours at −10, −7.5, −5, −2.5 on a 0.05 grid).
+
+scipy is needed (``pip install scipy``); matplotlib for the figures (``sgrld[plots]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BASE_POINTS", "add_arguments", "geodesic", "geodesic_rhs", "run"]
+
+#: name → base point x̂ (reference §6: ``g_contours_funnel_1.png`` and ``_2.png``).
+BASE_POINTS: dict[str, tuple[float, float]] = {"neck": (2.0, -4.0), "flat": (5.0, 10.0)}
+SPEED = 10.0  # |ẋ(0)| (the reference's ``multiplier``)
+
+
+def _funnel_derivatives(
+    x: np.ndarray, w: np.ndarray, mean: float, v_variance: float, clip: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """∇ℓ(x) and ∇²ℓ(x)·w for the funnel, in float arithmetic (no tensors).
+
+    The same formulas (and clipping) as :meth:`FunnelTarget.grad_log_prob` and
+    :meth:`FunnelTarget.hvp_log_prob`, for the thousands of single-point calls of the ODE solver,
+    where tensor overhead would dominate; ``tests/test_geodesics.py`` checks that both agree.
+    """
+    t1, v = float(x[0]), float(x[1])
+    s = math.log1p(math.exp(-abs(v))) + max(v, 0.0)  # softplus: the variance of θ₁
+    s1 = 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
+    s2 = s1 - s1 * s1
+    d = t1 - mean
+    grad = np.array([-d / s, -0.5 * s1 / s + 0.5 * d * d * s1 / (s * s) - v / v_variance])
+    h11 = -1.0 / s
+    h12 = d * s1 / (s * s)
+    h22 = (
+        -0.5 * (s2 / s - s1 * s1 / (s * s))
+        + 0.5 * d * d * (s2 / (s * s) - 2.0 * s1 * s1 / (s * s * s))
+        - 1.0 / v_variance
+    )
+    hvp = np.array([h11 * w[0] + h12 * w[1], h12 * w[0] + h22 * w[1]])
+    return _clip(grad, clip), _clip(hvp, clip)
+
+
+def _clip(u: np.ndarray, threshold: float) -> np.ndarray:
+    norm = float(np.linalg.norm(u))
+    if math.isfinite(norm) and norm > threshold:
+        return threshold * u / norm
+    return np.where(np.isnan(u), 1.0, u)
+
+
+def geodesic_rhs(alpha2: float = 1.0) -> Callable[[float, np.ndarray], np.ndarray]:
+    """f(t, y) for y = (x, ẋ): (ẋ, −α²⟨ẋ, ∇²ℓ ẋ⟩/(1 + α²‖∇ℓ‖²) · ∇ℓ) on the paper's funnel."""
+    from sgrld.data.funnel import FunnelTarget
+
+    target = FunnelTarget()
+
+    def rhs(t: float, y: np.ndarray) -> np.ndarray:
+        x, xdot = y[:2], y[2:]
+        grad, hvp = _funnel_derivatives(x, xdot, target.mean, target.v_variance, target.clip_norm)
+        coef = alpha2 * float(xdot @ hvp) / (1.0 + alpha2 * float(grad @ grad))
+        return np.concatenate([xdot, -coef * grad])
+
+    return rhs
+
+
+def geodesic(
+    base: tuple[float, float] | np.ndarray,
+    velocity: np.ndarray,
+    alpha2: float = 1.0,
+    **solve_ivp_options: Any,
+) -> np.ndarray:
+    """The geodesic from ``base`` with initial ``velocity``: ``(20, 2)`` points, t = 0 … 1.
+
+    RK45 with scipy's default tolerances, as the reference; ``solve_ivp_options`` may override
+    them (e.g. ``rtol``, ``atol`` in tests).
+    """
+    from scipy.integrate import solve_ivp
+
+    y0 = np.concatenate([np.asarray(base, dtype=np.float64), np.asarray(velocity, np.float64)])
+    sol = solve_ivp(
+        geodesic_rhs(alpha2), (0.0, 1.0), y0, t_eval=np.linspace(0.0, 1.0, 20), **solve_ivp_options
+    )
+    if not sol.success:
+        raise RuntimeError(f"geodesic from {tuple(y0[:2])} failed: {sol.message}")
+    return np.asarray(sol.y[:2].T)
+
+
+def _directions(n: int) -> np.ndarray:
+    u = np.linspace(0.0, 1.0, n)
+    return np.stack([np.cos(2 * np.pi * u), np.sin(2 * np.pi * u)], axis=-1)
+
+
+def compute_panel(
+    base: tuple[float, float], alpha2: float = 1.0, num_surface: int = 500, num_paths: int = 9
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """End points of ``num_surface`` geodesics (the red curve) and ``num_paths`` full paths."""
+    ends = np.stack([geodesic(base, SPEED * d, alpha2)[-1] for d in _directions(num_surface)])
+    paths = [geodesic(base, SPEED * d, alpha2) for d in _directions(num_paths)]
+    return ends, paths
+
+
+def plot_panel(
+    base: tuple[float, float], ends: np.ndarray, paths: list[np.ndarray], path: Path | str
+) -> None:
+    """One panel of Figure 1: contours, the red end-point curve and the arrowed geodesics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from sgrld.data.funnel import FunnelTarget
+
+    x0 = np.arange(-5.0, 9.0, 0.05)
+    x1 = np.arange(-25.0, 25.0, 0.05)
+    grid = torch.from_numpy(np.stack(np.meshgrid(x0, x1), axis=-1))
+    logp = FunnelTarget().log_prob(grid).numpy()
+    fig, ax = plt.subplots(figsize=(6, 6))
+    ax.contour(x0, x1, logp, [-10.0, -7.5, -5.0, -2.5])
+    ax.plot(ends[:, 0], ends[:, 1], color="red", lw=1.5)
+    for p in paths:
+        ax.plot(p[:, 0], p[:, 1], color="black", lw=1.0)
+        ax.annotate(
+            "",
+            xy=(p[-1, 0], p[-1, 1]),
+            xytext=(p[-2, 0], p[-2, 1]),
+            arrowprops={"arrowstyle": "->", "color": "black", "lw": 1.0},
+        )
+    ax.plot([base[0]], [base[1]], "o", color="black", ms=4)
+    ax.set_xlim(-5.0, 9.0)
+    ax.set_ylim(-25.0, 25.0)
+    ax.set_xlabel("θ₁")
+    ax.set_ylabel("v")
+    fig.savefig(path, dpi=200, bbox_inches="tight")
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``sgrld geodesics`` options."""
+    parser.epilog = "Exit status: 0 done, 2 bad input or missing scipy/matplotlib, 1 write error."
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--alpha2", type=float, default=1.0, help="α² of the metric (1.0)")
+    parser.add_argument(
+        "--directions", type=int, default=500, help="geodesics for the red end-point curve (500)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``sgrld geodesics``."""
+    if not (math.isfinite(args.alpha2) and args.alpha2 >= 0) or args.directions < 2:
+        print("sgrld geodesics: error: need --alpha2 >= 0 and --directions >= 2", file=sys.stderr)
+        return 2
+    try:
+        import matplotlib  # noqa: F401
+        import scipy.integrate  # noqa: F401
+    except ImportError as exc:
+        print(
+            f"sgrld geodesics: error: {exc.name} is needed (pip install scipy 'sgrld[plots]')",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=args.out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        print(
+            f"sgrld geodesics: error: cannot write to --out {str(args.out)!r}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    panels = {}
+    for name, base in BASE_POINTS.items():
+        print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
+        panels[name] = (base, *compute_panel(base, args.alpha2, args.directions))
+    written = []
+    try:
+        for name, (base, ends, paths) in panels.items():
+            final = args.out / f"geodesics_{name}.png"
+            fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}-", suffix=".png", dir=args.out)
+            os.close(fd)
+            try:
+                plot_panel(base, ends, paths, tmp)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+                os.replace(tmp, final)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+            written.append(final)
+    except OSError as exc:
+        print(f"sgrld geodesics: error: writing failed: {exc}", file=sys.stderr)
+        return 1
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
