@@ -77,6 +77,11 @@ def test_cifar10_resnet20_end_to_end_and_resume(tmp_path: Path) -> None:
     assert main([*base, "--epochs", "3", "--out", str(tmp_path / "b")]) == 0
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in "ab")
     assert a["curves"] == b["curves"] and a["final"] == b["final"]
+    # The table of real run directories, long layout, with the convergence plot.
+    plot = tmp_path / "convergence.png"
+    argv = ["table", str(tmp_path / "a"), str(tmp_path / "b"), "--layout", "long"]
+    assert main([*argv, "--plot", str(plot)]) == 0
+    assert plot.stat().st_size > 10_000
     # Curvature through the eval-mode ResNet (costly: one sample only).
     argv = [*base, "--epochs", "1", "--burn-in", "3", "--thinning", "4", "--curvature"]
     assert main([*argv, "--curvature-points", "4", "--out", str(tmp_path / "c")]) == 0

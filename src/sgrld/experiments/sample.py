@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to sample")
     what.add_argument("--dataset", choices=DATASET_CHOICES, default="mnist")
     what.add_argument(
-        "--model", choices=MODEL_CHOICES, help="fc for mnist, resnet20 for cifar10 (default)"
+        "--model", choices=MODEL_CHOICES, help="default: fc for mnist, resnet20 for cifar10"
     )
     what.add_argument("--width", type=int, default=400, help="hidden width N of fc (400)")
     what.add_argument("--prior", choices=PRIOR_CHOICES, default="gaussian")

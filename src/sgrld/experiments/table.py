@@ -12,6 +12,7 @@ the paper, spec §4.8 and §10.14) over its seeds of the final-epoch metrics. Ou
   per column is in bold. ``--paper`` adds the paper's LP, accuracy and s/epoch beside it.
 - ``--layout long``: one row per configuration instead.
 - ``--csv FILE``: every configuration, every metric's mean and std, as CSV.
+- ``--plot FILE``: test LP and accuracy per epoch of every configuration, mean ± 1.96 std.
 """
 
 from __future__ import annotations
@@ -183,6 +184,13 @@ def _lr_text(config: dict[str, Any]) -> str:
     return f"{config['lr']:g}{alpha}"
 
 
+def _group_label(group: Group) -> str:
+    c = group.config
+    model = f"fc{c['width']}" if c["model"] == "fc" else c["model"]
+    prior = PRIOR_SHORT.get(c["prior"], c["prior"])
+    return f"{model} {prior} {SAMPLER_TITLES.get(c['sampler'], c['sampler'])} ℓ {_lr_text(c)}"
+
+
 def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     model = f"fc N = {config['width']}" if config["model"] == "fc" else config["model"]
     counts = sorted({len(g.runs) for g in groups})
@@ -293,7 +301,10 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
                         else ["= Identity" if sampler == "monge" else "–", "–", "–"]
                     )
             rows.append(row)
-        blocks.append(f"**{_setting_title(config, setting_groups)}**\n\n" + _markdown(header, rows))
+        title = _setting_title(config, setting_groups)
+        if paper:
+            title += "; paper: 400 epochs, 10 seeds (spec §8)"
+        blocks.append(f"**{title}**\n\n" + _markdown(header, rows))
     return "\n\n".join(blocks) + "\n"
 
 
@@ -372,6 +383,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--include-partial", action="store_true", help="use unfinished runs' last epoch too"
     )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="draw every configuration's test LP / accuracy per epoch, mean ± 1.96 std "
+        "(Figure 3 layout), to this PNG",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -394,6 +411,12 @@ def run(args: argparse.Namespace) -> int:
             args.markdown.write_text(text, encoding="utf-8")
         if args.csv is not None:
             args.csv.write_text(csv_table(groups), encoding="utf-8")
+        if args.plot is not None:
+            from sgrld.experiments.plots import plot_convergence
+
+            plot_convergence(
+                {_group_label(g): g.completed for g in groups if g.completed}, args.plot
+            )
     except OSError as exc:
         print(f"sgrld table: error: {exc}", file=sys.stderr)
         return 2
