@@ -14,6 +14,7 @@ Usage::
     python benchmarks/funnel_speed.py                 # both parts, 2×10⁶ steps, 2 jobs
     python benchmarks/funnel_speed.py --skip-full     # part 1 only
     python benchmarks/funnel_speed.py --steps 200000  # the demo's length
+    python benchmarks/funnel_speed.py --wrapper python --skip-full  # inductor's Python wrapper
 
 The first run on a machine includes inductor's cold compilation; later runs hit its cache
 (``/tmp/torchinductor_$USER``). The machine's load matters: the numbers are wall clock.
@@ -23,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -48,7 +51,7 @@ def eager_us_per_step(name: str, steps: int) -> float:
 
 
 def fast_us_per_step(
-    name: str, steps: int, repeats: int, block: int, options: dict[str, object]
+    name: str, steps: int, repeats: int, block: int, options: dict[str, Any] | None
 ) -> tuple[float, float, str | None]:
     s = funnel.SETTINGS[name]
     sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, **s.options)
@@ -71,6 +74,15 @@ def fast_us_per_step(
     return statistics.median(times), runner.compile_seconds, runner.compile_error
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its finished children (the workers)."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=2_000_000, help="full-run steps per sampler")
@@ -80,16 +92,25 @@ def main() -> None:
     parser.add_argument("--eager-steps", type=int, default=2000)
     parser.add_argument("--fast-steps", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cpp-wrapper", action="store_true", help="inductor cpp_wrapper mode")
+    parser.add_argument(
+        "--wrapper",
+        choices=("default", "cpp", "python"),
+        default="default",
+        help="inductor wrapper: the runner's default (C++, else Python), or only one of them",
+    )
     parser.add_argument("--skip-full", action="store_true", help="only the per-step table")
     args = parser.parse_args()
     names = funnel.parse_samplers(args.samplers)
     torch.set_num_threads(1)
-    options: dict[str, object] = {"cpp_wrapper": True} if args.cpp_wrapper else {}
+    options: dict[str, Any] | None = {
+        "default": None,
+        "cpp": {"cpp_wrapper": True, "cpp.vec_isa_ok": False},
+        "python": {"cpp.vec_isa_ok": False},
+    }[args.wrapper]
 
     print(
-        f"torch {torch.__version__}, {os.cpu_count()} cores, block {args.block}"
-        f"{', cpp_wrapper' if args.cpp_wrapper else ''}"
+        f"torch {torch.__version__}, {os.cpu_count()} cores, block {args.block}, "
+        f"wrapper {args.wrapper}"
     )
     print(
         f"{'sampler':<10}{'eager µs':>10}{'fast µs':>10}{'speed-up':>10}{'compile s':>11}"
@@ -112,13 +133,16 @@ def main() -> None:
 
     if args.skip_full:
         return
-    config = funnel.FunnelConfig(steps=args.steps, block=args.block)
+    config = funnel.FunnelConfig(steps=args.steps, block=args.block)  # the runner's defaults
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     runs = funnel.run_funnel(names, config, jobs=args.jobs, progress=False)
     wall = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     print(
         f"\nfull reproduction: {len(names)} samplers × {args.steps} steps, {args.jobs} jobs: "
-        f"{wall:.1f} s wall (compile included)"
+        f"{wall:.1f} s wall, {cpu:.1f} CPU s (compile included; on otherwise idle cores the "
+        f"wall time is about CPU s / {args.jobs})"
     )
     for name, r in runs.items():
         seconds = f"{r.wall_seconds:6.1f} s in its worker (compile {r.compile_seconds:.1f} s)"

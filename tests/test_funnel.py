@@ -357,3 +357,11 @@ def test_progress_bar() -> None:
     with Progress(10, "z", stream=silent, enabled=False) as bar:
         bar.update(10)
     assert silent.getvalue() == ""
+
+
+def test_demo_is_the_shortened_funnel(tmp_path: Path) -> None:
+    args = ["demo", "--out", str(tmp_path), "--steps", "30", "--samplers", "identity,monge"]
+    assert main([*args, "--no-compile", "--jobs", "1", "--no-progress", "--no-plot"]) == 0
+    result = json.loads((tmp_path / "funnel.json").read_text())
+    assert result["config"]["steps"] == 30 and list(result["samplers"]) == ["identity", "monge"]
+    assert not (tmp_path / "funnel.png").exists()

@@ -41,8 +41,11 @@ from sgrld.core.state import SamplerState
 
 __all__ = ["BlockRunner", "GradFn"]
 
-#: inductor option sets tried in turn by default: the C++ wrapper, then the Python one.
-_ATTEMPTS: tuple[dict[str, Any], ...] = ({"cpp_wrapper": True}, {})
+#: inductor option sets tried in turn by default: the C++ wrapper, then the Python one; no SIMD.
+_ATTEMPTS: tuple[dict[str, Any], ...] = (
+    {"cpp_wrapper": True, "cpp.vec_isa_ok": False},
+    {"cpp.vec_isa_ok": False},
+)
 
 #: ``grad_fn(theta, grad_noise) -> ĝ``: the potential gradient at ``theta`` (shape ``(K, D)``)
 #: given a pre-drawn standard normal ``grad_noise`` of the same shape.
@@ -63,8 +66,10 @@ class BlockRunner:
         compile: use ``torch.compile`` (inductor); ``False`` runs the same code eagerly.
         inductor_options: the inductor options to compile with. By default inductor's C++
             wrapper is tried first (it halves the per-step cost of the tiny kernels), then the
-            default Python wrapper; if both fail the runner says so on stderr and continues
-            eagerly (``compile_error`` holds the reason).
+            default Python wrapper, both without SIMD code (``cpp.vec_isa_ok=False``: the
+            tensors hold a few numbers, and it spares inductor's per-process ISA probe, about
+            10 s); if both fail the runner says so on stderr and continues eagerly
+            (``compile_error`` holds the reason).
         noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream).
         chunk: steps whose noise is drawn at once (rounded down to a multiple of ``block``).
     """

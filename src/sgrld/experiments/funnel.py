@@ -152,7 +152,16 @@ def derive_seeds(seed: int) -> dict[str, int]:
 
 
 def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
-    """Distances of one chain's v-iterates to the exact marginal N(0, ``variance``)."""
+    """Distances of v-iterates to the exact marginal N(0, ``variance``) (spec §5.1).
+
+    Args:
+        v: the iterates of v (any shape; flattened).
+        variance: σ² of the exact v-marginal (80).
+
+    Returns:
+        ``wasserstein1`` and ``ks`` (exact formulas, :mod:`sgrld.evaluation.distances`), the
+        fraction of iterates below −5 (truth 0.288) and the minimum v.
+    """
     from sgrld.evaluation.distances import ks_normal, wasserstein1_normal
 
     std = math.sqrt(variance)
@@ -167,7 +176,17 @@ def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
 def run_sampler(
     name: str, config: FunnelConfig, progress: Callable[[int], None] | None = None
 ) -> SamplerRun:
-    """Run one sampler of :data:`SETTINGS` on the funnel; ``progress(n)`` after each chunk."""
+    """Run one sampler of :data:`SETTINGS` on the funnel (spec §5.2-5.3).
+
+    Args:
+        name: a key of :data:`SETTINGS`.
+        config: steps, chains, seed, start and fast-path options.
+        progress: called with the number of steps just taken, after each chunk.
+
+    Returns:
+        The distances of every chain, the thinned first chain, the figure's scatter and
+        histogram, and the wall and compile seconds of the sampling.
+    """
     import torch
 
     import sgrld
@@ -266,7 +285,14 @@ def run_funnel(
 ) -> dict[str, SamplerRun]:
     """Run the samplers ``names``; with ``jobs > 1`` in that many worker processes.
 
-    A progress bar over all steps goes to stderr (``progress=None``: only on a terminal).
+    Args:
+        names: keys of :data:`SETTINGS`, in the order of the results.
+        config: what to run (shared by all samplers, so they share the noise streams).
+        jobs: worker processes (spawned; each runs whole samplers, the longest first).
+        progress: a bar over all steps on stderr; ``None`` draws it only on a terminal.
+
+    Returns:
+        ``{name: SamplerRun}`` in the order of ``names``.
     """
     total = len(names) * config.steps
     results: dict[str, SamplerRun] = {}

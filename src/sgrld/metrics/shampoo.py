@@ -135,7 +135,13 @@ class ShampooMetric(Metric):
         return plan if plan.rank >= min_rank else None
 
     def _plans(self, layout: FlatLayout) -> list[tuple[int, BlockPlan]]:
-        return [(i, p) for i, s in enumerate(layout.shapes) if (p := self.plan(s)) is not None]
+        # A plain loop: torch.compile cannot trace a walrus in a comprehension (funnel fast path).
+        out = []
+        for i, shape in enumerate(layout.shapes):
+            plan = self.plan(shape)
+            if plan is not None:
+                out.append((i, plan))
+        return out
 
     def _work(self, layout: FlatLayout, like: Tensor) -> tuple[Tensor, Tensor]:
         """Two reusable flat buffers, each large enough for the biggest block group."""
