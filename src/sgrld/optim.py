@@ -137,32 +137,25 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
+        # Each group's entry is SamplerState.state_dict(): statistics, step and generator state
+        # (all groups share one generator, so every entry carries the same generator state).
         sd["sgrld"] = {
             "generator": self.generator.get_state(),
-            "groups": [
-                None
-                if s is None
-                else {"stats": {k: v.clone() for k, v in s.stats.items()}, "step": s.step}
-                for s in self._group_states
-            ],
+            "groups": [None if s is None else s.state_dict() for s in self._group_states],
         }
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         extra = state_dict.pop("sgrld", None)
-        super().load_state_dict(state_dict)
-        if extra is None:
+        if extra is None:  # refuse before anything is loaded
             raise ValueError("not an sgrld optimizer state dict (no 'sgrld' entry)")
+        super().load_state_dict(state_dict)
         self.generator.set_state(extra["generator"])
         self._group_states = [None] * len(self.param_groups)
         for index, saved in enumerate(extra["groups"]):
-            if saved is None:
-                continue
-            state = self._group_state(index)
-            for k, v in saved["stats"].items():
-                state.stats[k].copy_(v)
-            state.step = int(saved["step"])
+            if saved is not None:
+                self._group_state(index).load_state_dict(saved)
 
 
 class SGLD(SGRLDOptimizer):
