@@ -73,8 +73,24 @@ STATIONARY_OPTIONS = {
 
 @pytest.mark.parametrize("grad_noise", [0.0, 0.7])
 def test_stationary_moments_match_lyapunov(spec: SamplerSpec, grad_noise: float) -> None:
+    _check_stationary(spec, grad_noise, "torch")
+
+
+@pytest.mark.parametrize("name", ["sgld", "monge", "shampoo"])
+def test_stationary_moments_with_philox_noise(name: str) -> None:
+    """The counter-based noise source gives the same stationary law (sgrld.core.noise)."""
+    _check_stationary(next(s for s in SAMPLERS if s.name == name), 0.7, "philox")
+
+
+def _check_stationary(spec: SamplerSpec, grad_noise: float, noise: str) -> None:
     a, mu = _problem()
-    sampler = sgrld.build(spec.metric, lr=LR, num_data=NUM_DATA, **STATIONARY_OPTIONS[spec.name])
+    sampler = sgrld.build(
+        spec.metric,
+        lr=LR,
+        num_data=NUM_DATA,
+        noise=noise,  # type: ignore[arg-type]
+        **STATIONARY_OPTIONS[spec.name],
+    )
     gen = torch.Generator().manual_seed(1)
     noise_gen = torch.Generator().manual_seed(2)
     theta0 = mu + 0.3 * torch.randn(K, D, generator=gen, dtype=torch.float64)

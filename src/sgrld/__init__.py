@@ -14,6 +14,7 @@ Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 from typing import Any
 
 from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
+from sgrld.core.noise import NoiseSource
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -43,6 +44,7 @@ def build(
     num_data: float,
     temperature: float = 1.0,
     check_finite: bool = True,
+    noise: NoiseSource = "torch",
     **metric_options: Any,
 ) -> Sampler:
     """A functional sampler for ``metric`` (a registry name or a :class:`Metric` instance).
@@ -56,7 +58,7 @@ def build(
         metric = get_metric(metric)(**metric_options)
     elif metric_options:
         raise TypeError("metric options are only accepted with a metric name")
-    return Sampler(metric, lr, num_data, temperature, check_finite)
+    return Sampler(metric, lr, num_data, temperature, check_finite, noise)
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from sgrld.core.integrator import euler_maruyama, noise_scale
 from sgrld.core.layout import FlatLayout
+from sgrld.core.noise import NoiseSource, check_noise_source
 from sgrld.core.state import SamplerState, Workspace, new_generator
 from sgrld.metrics.base import Metric, Stats, check_range
 
@@ -100,12 +101,14 @@ def sgrld_step(
     temperature: float,
     check_finite: bool = True,
     adapt: bool = True,
+    noise_source: NoiseSource = "torch",
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
     θ ← θ − ℓ·G⁻¹ĝ + √(2ℓτ/n)·G^{-1/2}ξ (paper eq. 4 with h = ℓ/n, Γ dropped). With
     ``adapt=False`` the metric's statistics are not updated: G stays as it is (a frozen metric
-    makes the chain a fixed-preconditioner SGLD, e.g. after burn-in).
+    makes the chain a fixed-preconditioner SGLD, e.g. after burn-in). ``noise_source`` picks
+    the generator of ξ (:mod:`sgrld.core.noise`).
     """
     layout = state.layout
     params = list(state.params.values())
@@ -132,8 +135,8 @@ def sgrld_step(
     sigma = noise_scale(lr, num_data, temperature)
     noise = None
     if sigma > 0.0:
-        work.noise.normal_(generator=state.generator)
-        noise = sub_layout.views(metric.inverse_sqrt(stats, sub_layout, work.noise))
+        xi = work.noise.draw(state.generator, noise_source)
+        noise = sub_layout.views(metric.inverse_sqrt(stats, sub_layout, xi))
     euler_maruyama(params, sub_layout.views(drift), noise, lr, sigma)
     state.step = step
     if stats is not state.stats:
@@ -158,9 +161,11 @@ class Sampler:
     num_data: float
     temperature: float = 1.0
     check_finite: bool = True
+    noise: NoiseSource = "torch"
 
     def __post_init__(self) -> None:
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
+        check_noise_source(self.noise)
 
     def init(
         self,
@@ -216,6 +221,7 @@ class Sampler:
             temperature=self.temperature,
             check_finite=self.check_finite,
             adapt=adapt,
+            noise_source=self.noise,
         )
         return state
 

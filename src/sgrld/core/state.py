@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
+from sgrld.core.noise import NoiseBuffer
 
 
 @dataclass
@@ -16,12 +17,13 @@ class Workspace:
     """Preallocated flat scratch buffers (not part of the state: recreated on demand)."""
 
     grad: Tensor
-    noise: Tensor
+    noise: NoiseBuffer
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:
+        shape = (*layout.batch_shape, layout.size)
         return Workspace(
-            layout.empty(like.dtype, like.device), layout.empty(like.dtype, like.device)
+            layout.empty(like.dtype, like.device), NoiseBuffer(shape, like.dtype, like.device)
         )
 
 

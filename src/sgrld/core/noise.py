@@ -1,0 +1,150 @@
+"""Sources of the Gaussian noise ξ ~ N(0, I) of the SGRLD step.
+
+``"torch"`` (default): ``Tensor.normal_(generator=...)``. On CPU this is torch's Mersenne
+Twister, single-threaded, and for a 478k-parameter MLP it costs about as much as a forward and
+backward pass (``spec/performance.md`` §5): the floor of every sampler's step.
+
+``"philox"``: the counter-based Philox4x32-10 generator (Salmon et al., SC'11; the generator of
+cuRAND, JAX and torch's CUDA backend) with a Box–Muller transform, as one ``torch.compile``d
+elementwise kernel that runs on all cores and fuses the transform. Each call draws a fresh
+64-bit key from the sampler's ``torch.Generator``, and the counter is the element's index in the
+flat buffer, so the stream is a pure function of the generator state: reproducibility and
+checkpoint/resume are exactly as with ``"torch"`` (the two sources draw different numbers). The
+first call compiles (seconds; inductor caches it on disk). Without a working compiler it runs the
+same arithmetic eagerly (correct but slow) after a warning.
+
+32-bit words are handled in int64 lanes; the 32×32→64-bit products of Philox are split into
+16-bit halves so that no intermediate overflows int64 (no wrap-around is relied upon).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+NoiseSource = Literal["torch", "philox"]
+NOISE_SOURCES: tuple[str, ...] = ("torch", "philox")
+
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
+_MASK32 = 0xFFFFFFFF
+ROUNDS = 10
+
+
+def check_noise_source(noise: str) -> None:
+    if noise not in NOISE_SOURCES:
+        raise ValueError(f"invalid noise: {noise!r} (expected one of {', '.join(NOISE_SOURCES)})")
+
+
+def _mulhilo(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """(high, low) 32-bit words of a·m for 0 ≤ a, m < 2³², without int64 overflow."""
+    hi16, lo16 = m >> 16, m & 0xFFFF
+    p_lo = a * lo16  # < 2⁴⁸
+    p_hi = a * hi16  # < 2⁴⁸; a·m = p_hi·2¹⁶ + p_lo
+    low = (((p_hi & 0xFFFF) << 16) + p_lo) & _MASK32
+    high = (p_hi + (p_lo >> 16)) >> 16
+    return high, low
+
+
+def philox4x32(
+    c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor, k0: Tensor, k1: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Philox4x32-10 of the counter (c0..c3) under the key (k0, k1); 32-bit words in int64."""
+    for _ in range(ROUNDS):
+        hi0, lo0 = _mulhilo(c0, _M0)
+        hi1, lo1 = _mulhilo(c2, _M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + _W0) & _MASK32
+        k1 = (k1 + _W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+def _box_muller(u1: Tensor, u2: Tensor) -> tuple[Tensor, Tensor]:
+    radius = torch.sqrt(-2.0 * torch.log(u1))
+    angle = (2.0 * math.pi) * u2
+    return radius * torch.cos(angle), radius * torch.sin(angle)
+
+
+def values_per_counter(dtype: torch.dtype) -> int:
+    """Normals per Philox counter: 4 at ≤ 32-bit precision, 2 in float64 (53-bit uniforms)."""
+    return 2 if dtype == torch.float64 else 4
+
+
+def _philox_normal(key: Tensor, out: Tensor) -> None:
+    """Fill ``out`` of shape (n, values_per_counter) with N(0, 1); row i comes from counter i."""
+    index = torch.arange(out.shape[0], dtype=torch.int64, device=out.device)
+    zero = torch.zeros_like(index)
+    w = philox4x32(index, zero, zero, zero, key[0], key[1])
+    if out.dtype == torch.float64:
+        # 53-bit uniforms from pairs of words; one Box–Muller pair per counter.
+        u1, u2 = (
+            (((hi << 21) | (lo >> 11)).to(torch.float64) + 0.5) * 2.0**-53
+            for hi, lo in ((w[0], w[1]), (w[2], w[3]))
+        )
+        out.copy_(torch.stack(_box_muller(u1, u2), dim=1))
+        return
+    # 24-bit uniforms, as torch's own float32 sampling; two Box–Muller pairs per counter.
+    u = [((x >> 8).to(torch.float32) + 0.5) * 2.0**-24 for x in w]
+    out.copy_(torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=1))
+
+
+_compiled: Callable[[Tensor, Tensor], None] | None = None
+_compile_failed = False
+
+
+def _kernel() -> Callable[[Tensor, Tensor], None]:
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(_philox_normal, fullgraph=True, dynamic=True)
+    return _compiled
+
+
+def philox_normal_(blocks: Tensor, key: Tensor, *, compile: bool = True) -> None:
+    """Fill ``blocks`` (n, values_per_counter) with N(0, 1) under ``key`` (int64, 2 words)."""
+    global _compile_failed
+    if compile and not _compile_failed:
+        try:
+            with warnings.catch_warnings():  # inductor's internal deprecations under -W error
+                warnings.simplefilter("ignore", DeprecationWarning)
+                _kernel()(key, blocks)
+            return
+        except Exception as exc:  # no C++ toolchain, unsupported backend, ...
+            _compile_failed = True
+            warnings.warn(
+                f"sgrld: compiling the Philox noise kernel failed ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
+                "drawing it eagerly, which is much slower than noise='torch'",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    _philox_normal(key, blocks)
+
+
+class NoiseBuffer:
+    """The flat noise buffer of a layout, padded so that Philox fills whole counters.
+
+    ``flat`` has the layout's shape (*batch, D) and is what the metric sees; ``blocks`` views the
+    same storage as (n, values_per_counter); ``key`` is the per-call Philox key.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        numel = math.prod(shape)
+        width = values_per_counter(dtype)
+        rows = -(-numel // width)
+        storage = torch.empty(rows * width, dtype=dtype, device=device)
+        self.flat = storage[:numel].view(shape)
+        self.blocks = storage.view(rows, width)
+        self.key = torch.zeros(2, dtype=torch.int64, device=device)
+
+    def draw(self, generator: torch.Generator, source: NoiseSource) -> Tensor:
+        """Fill with fresh N(0, I) from ``generator`` and return the layout-shaped buffer."""
+        if source == "torch":
+            return self.flat.normal_(generator=generator)
+        self.key.random_(0, 2**32, generator=generator)
+        philox_normal_(self.blocks, self.key)
+        return self.flat

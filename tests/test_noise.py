@@ -1,0 +1,162 @@
+"""The noise sources: Philox4x32-10 against its published answers, the normals' law, and the
+samplers' contract (reproducibility, resume, stationary moments) with ``noise="philox"``."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import warnings
+
+import pytest
+import torch
+from scipy import stats as sps
+
+import sgrld
+from sgrld.core import noise as noise_mod
+from sgrld.core.noise import NoiseBuffer, _mulhilo, _philox_normal, philox4x32
+
+Z = 5.0  # thresholds in Monte-Carlo standard errors, as in test_stationary
+
+# Known-answer vectors of Random123 (kat_vectors, philox4x32 with 10 rounds).
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+@pytest.mark.parametrize(("counter", "key", "expected"), KAT)
+def test_philox_known_answers(
+    counter: tuple[int, ...], key: tuple[int, int], expected: tuple[int, ...]
+) -> None:
+    c = [torch.tensor([v], dtype=torch.int64) for v in counter]
+    k = [torch.tensor(v, dtype=torch.int64) for v in key]
+    out = philox4x32(*c, *k)
+    assert tuple(int(w) for w in out) == expected
+
+
+def test_mulhilo_matches_integer_arithmetic() -> None:
+    rng = random.Random(0)
+    values = [0, 1, 0xFFFF, 0x10000, 0xFFFFFFFF] + [rng.getrandbits(32) for _ in range(2000)]
+    a = torch.tensor(values, dtype=torch.int64)
+    for m in (0xD2511F53, 0xCD9E8D57, 0xFFFFFFFF, 1):
+        hi, lo = _mulhilo(a, m)
+        assert hi.tolist() == [(v * m) >> 32 for v in values]
+        assert lo.tolist() == [(v * m) & 0xFFFFFFFF for v in values]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_philox_normals_have_the_standard_normal_law(dtype: torch.dtype) -> None:
+    n = 1 << 20
+    buf = NoiseBuffer((n,), dtype, torch.device("cpu"))
+    x = buf.draw(torch.Generator().manual_seed(0), "philox").double()
+    # Sample moments of N(0, 1) with their exact Monte-Carlo standard errors.
+    moments = {  # statistic: (value, expectation, variance of one term)
+        "mean": (x.mean(), 0.0, 1.0),
+        "var": ((x**2).mean(), 1.0, 2.0),
+        "skew": ((x**3).mean(), 0.0, 15.0),
+        "kurt": ((x**4).mean(), 3.0, 96.0),
+    }
+    for name, (value, expected, var) in moments.items():
+        err = abs(float(value) - expected) / math.sqrt(var / n)
+        assert err < Z, f"{name} off by {err:.1f} s.e."
+    # Kolmogorov–Smirnov against Φ at a false-alarm rate of 1e-6.
+    assert sps.kstest(x.numpy(), "norm").pvalue > 1e-6
+    # The four (float32) or two (float64) values of one counter are uncorrelated.
+    lanes = buf.blocks.double()
+    corr = torch.corrcoef(lanes.T)
+    off = corr - torch.eye(lanes.shape[1], dtype=torch.float64)
+    assert float(off.abs().max()) < Z / math.sqrt(lanes.shape[0])
+
+
+def test_philox_draws_differ_between_calls_and_follow_the_generator() -> None:
+    def draws(seed: int) -> list[torch.Tensor]:
+        buf = NoiseBuffer((3, 1001), torch.float32, torch.device("cpu"))
+        gen = torch.Generator().manual_seed(seed)
+        return [buf.draw(gen, "philox").clone() for _ in range(3)]
+
+    a, b = draws(5), draws(5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[0], a[1])
+    assert not torch.equal(a[0], draws(6)[0])
+    # Successive calls are independent: correlation within the Monte-Carlo band.
+    r = torch.corrcoef(torch.stack([a[0].reshape(-1), a[1].reshape(-1)]).double())[0, 1]
+    assert abs(float(r)) < Z / math.sqrt(a[0].numel())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_kernel_equals_eager_arithmetic(dtype: torch.dtype) -> None:
+    buf = NoiseBuffer((4099,), dtype, torch.device("cpu"))
+    buf.draw(torch.Generator().manual_seed(3), "philox")
+    eager = torch.empty_like(buf.blocks)
+    _philox_normal(buf.key, eager)
+    # Same integers; log/cos/sin may differ in the last ulp between inductor and eager.
+    torch.testing.assert_close(buf.blocks, eager, rtol=4 * torch.finfo(dtype).eps, atol=0.0)
+    assert buf.flat.shape == (4099,) and buf.flat.data_ptr() == buf.blocks.data_ptr()
+
+
+def test_compile_failure_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(noise_mod, "_kernel", broken)
+    monkeypatch.setattr(noise_mod, "_compile_failed", False)
+    buf = NoiseBuffer((10,), torch.float32, torch.device("cpu"))
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        buf.draw(torch.Generator().manual_seed(0), "philox")
+    expected = torch.empty_like(buf.blocks)
+    _philox_normal(buf.key, expected)
+    assert torch.equal(buf.blocks, expected)
+    with warnings.catch_warnings():  # warned once, then silently eager
+        warnings.simplefilter("error")
+        buf.draw(torch.Generator().manual_seed(0), "philox")
+
+
+def test_unknown_noise_source_is_refused() -> None:
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match="noise"):
+        sgrld.SGLD(p, lr=0.1, num_data=10, noise="numpy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="noise"):
+        sgrld.build("identity", lr=0.1, num_data=10, noise="box")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p, g: sgrld.SGLD(p, lr=0.05, num_data=10, generator=g, noise="philox"),
+        lambda p, g: sgrld.MongeSGLD(p, lr=0.05, num_data=10, generator=g, noise="philox"),
+        lambda p, g: sgrld.ShampooSGLD(
+            p, lr=0.05, num_data=10, generator=g, noise="philox", block_size=4, update_interval=3
+        ),
+    ],
+    ids=["sgld", "monge", "shampoo"],
+)
+def test_philox_resume_is_bit_identical(make: object) -> None:
+    def params() -> list[torch.nn.Parameter]:
+        gen = torch.Generator().manual_seed(0)
+        return [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(5, 3), (3,), (7,)]]
+
+    def run(opt: torch.optim.Optimizer, ps: list[torch.nn.Parameter], steps: range) -> None:
+        for t in steps:
+            for i, p in enumerate(ps):
+                p.grad = torch.sin(p.detach() * (t + 1) + i)
+            opt.step()
+
+    ps = params()
+    opt = make(ps, torch.Generator().manual_seed(1))  # type: ignore[operator]
+    run(opt, ps, range(4))
+    buf = io.BytesIO()
+    torch.save({"p": [p.detach().clone() for p in ps], "opt": opt.state_dict()}, buf)
+    run(opt, ps, range(4, 9))
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    ps2 = [torch.nn.Parameter(p) for p in saved["p"]]
+    opt2 = make(ps2, torch.Generator().manual_seed(99))  # type: ignore[operator]
+    opt2.load_state_dict(saved["opt"])
+    run(opt2, ps2, range(4, 9))
+    assert all(torch.equal(a, b) for a, b in zip(ps, ps2, strict=True))
