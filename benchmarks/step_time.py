@@ -1,11 +1,11 @@
 """Time per training step (forward + backward + sampler step) of every sampler, as ratios.
 
 MLP 784-400-400-10 (478,410 parameters), batch 100, random MNIST-like data, float32. Every
-sampler, with its default noise and with ``noise="philox"``, and the torch.optim.SGD baseline
-run on their own copy of the model, interleaved round by round so that all ratios are measured
-side by side under the same machine conditions. Reports the median step time, its ratios to SGD
-and to SGLD, the issue's target (a philox row is held to SGLD/philox), and the sampler's memory
-(statistics + work buffers) per parameter.
+sampler, with its defaults and with ``noise="philox"`` (Shampoo also with ``tiling="even"``), and
+the torch.optim.SGD baseline run on their own copy of the model, interleaved round by round so
+that all ratios are measured side by side under the same machine conditions. Reports the median
+step time, its ratios to SGD and to SGLD, the issue's target (a philox row is held to
+SGLD/philox), and the sampler's memory (statistics + work buffers) per parameter.
 
     .venv/bin/python benchmarks/step_time.py [--rounds 15] [--steps 40] [--threads 2]
 """
@@ -32,11 +32,18 @@ BASE: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "Monge": lambda p, **kw: sgrld.MongeSGLD(p, lr=0.05, num_data=NUM_DATA, alpha2=1.25, **kw),
     "Shampoo": lambda p, **kw: sgrld.ShampooSGLD(p, lr=1e-3, num_data=NUM_DATA, **kw),
 }
-# Every sampler twice: default noise (torch's normal_) and noise="philox" (sgrld.core.noise).
+# Every sampler with its defaults and with noise="philox" (sgrld.core.noise); Shampoo also with
+# tiling="even" (sgrld.metrics._blocking).
+VARIANTS: dict[str, dict[str, str]] = {"philox": {"noise": "philox"}}
+SHAMPOO_VARIANTS = {
+    "even": {"tiling": "even"},
+    "even+philox": {"tiling": "even", "noise": "philox"},
+}
 SAMPLERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "SGD": lambda p: torch.optim.SGD(p, lr=1e-3),
     **{name: make for name, make in BASE.items()},
-    **{f"{name}/philox": partial(make, noise="philox") for name, make in BASE.items()},
+    **{f"{n}/{v}": partial(make, **kw) for n, make in BASE.items() for v, kw in VARIANTS.items()},
+    **{f"Shampoo/{v}": partial(BASE["Shampoo"], **kw) for v, kw in SHAMPOO_VARIANTS.items()},
 }
 # (reference sampler, maximum ratio) from issue 2; a philox row is compared with SGLD/philox
 TARGETS = {
@@ -53,7 +60,7 @@ def target_of(name: str) -> tuple[str, float] | None:
     if base not in TARGETS:
         return None
     ref, limit = TARGETS[base]
-    return (f"{ref}/{variant}" if variant and ref != "SGD" else ref), limit
+    return (f"{ref}/philox" if "philox" in variant and ref != "SGD" else ref), limit
 
 
 def mlp(seed: int) -> nn.Module:

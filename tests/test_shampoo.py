@@ -23,9 +23,15 @@ from sgrld.metrics.shampoo import ShampooMetric
 # ----------------------------------------------------------------------------- oracle
 
 
-def _row_major_blocks(merged: tuple[int, ...], b: int) -> list[list[np.ndarray]]:
-    """Per block, the index ranges of each merged dim (chunks of b, then the remainder)."""
-    per_dim = [[np.arange(a, min(a + b, n)) for a in range(0, n, b)] for n in merged]
+def _row_major_blocks(
+    merged: tuple[int, ...], b: int, tiling: str = "reference"
+) -> list[list[np.ndarray]]:
+    """Per block, the index ranges of each merged dim: chunks of b then the remainder
+    (reference), or the fewest chunks of ≤ b with sizes differing by ≤ 1 (even)."""
+    if tiling == "reference":
+        per_dim = [[np.arange(a, min(a + b, n)) for a in range(0, n, b)] for n in merged]
+    else:
+        per_dim = [np.array_split(np.arange(n), -(-n // b)) for n in merged]
     return [list(r) for r in itertools.product(*per_dim)]
 
 
@@ -48,7 +54,7 @@ def dense_oracle(
         k = len(merged)
         numel = math.prod(shape)
         if k >= (1 if metric.precondition_vectors else 2):
-            for ranges in _row_major_blocks(merged, metric.block_size):
+            for ranges in _row_major_blocks(merged, metric.block_size, metric.tiling):
                 hs = [metric.eps * np.eye(len(r)) for r in ranges]
                 for g in grads:
                     x = g[offset : offset + numel].reshape(merged)[np.ix_(*ranges)]
@@ -209,6 +215,41 @@ def test_dense_oracle_blocked(ridge: str) -> None:
     # (G^{-1/2})² = G⁻¹, and both are symmetric.
     np.testing.assert_allclose(got_sqrt @ got_sqrt, got_inv, atol=1e-9 * np.abs(ginv).max())
     np.testing.assert_allclose(got_inv, got_inv.T, atol=1e-9 * np.abs(ginv).max())
+
+
+@pytest.mark.parametrize("block_size", [4, 5])
+def test_dense_oracle_even_tiling(block_size: int) -> None:
+    metric = ShampooMetric(
+        decay=0.8,
+        eps=1e-3,
+        block_size=block_size,
+        update_interval=3,
+        precondition_vectors=True,
+        tiling="even",
+    )
+    layout = _layout(SMALL)
+    grads = random_grads(layout, 3, torch.float64, seed=2)
+    stats = run(metric, layout, grads)
+    ginv, ginv_sqrt = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads])
+    got_inv = dense_apply(metric, stats, layout, sqrt=False)
+    got_sqrt = dense_apply(metric, stats, layout, sqrt=True)
+    np.testing.assert_allclose(got_inv, ginv, rtol=1e-9, atol=1e-9 * np.abs(ginv).max())
+    np.testing.assert_allclose(got_sqrt, ginv_sqrt, rtol=1e-9, atol=1e-9 * np.abs(ginv_sqrt).max())
+
+
+@pytest.mark.parametrize(
+    ("n", "b", "sizes"),
+    # 130 = 33 chunks of ≤ 4: 31 of 4, then 2 of 3 (the larger first, as numpy.array_split)
+    [(784, 128, [112] * 7), (400, 128, [100] * 4), (130, 4, [4] * 31 + [3] * 2), (10, 128, [10])],
+)
+def test_even_tiling_sizes(n: int, b: int, sizes: list[int]) -> None:
+    got = [s[0].stop - s[0].start for s in block_slices((n,), b, "even")]
+    assert got == sizes and sum(got) == n
+    assert [g.sizes for g in plan_blocks((n,), b, "even").groups] == sorted(
+        {(s,) for s in sizes}, reverse=True
+    )
+    assert plan_blocks((400, 784), 128, "even").num_blocks == 28
+    assert len(plan_blocks((400, 784), 128, "even").groups) == 1
 
 
 def test_dense_oracle_default_blocking_vectors_unpreconditioned() -> None:
@@ -438,6 +479,7 @@ def test_power_iteration() -> None:
         ({"update_interval": True}, "update_interval"),
         ({"root_method": "svd"}, "root_method"),
         ({"ridge": "big"}, "ridge"),
+        ({"tiling": "odd"}, "tiling"),
     ],
 )
 def test_invalid_arguments(kw: dict, name: str) -> None:
