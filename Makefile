@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # the package itself only asks for torch>=2.3.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: all venv demo test check lint types unit test-slow bench clean
+.PHONY: all venv demo test check lint types unit test-slow bench bench-funnel clean
 
 all: test
 
@@ -42,6 +42,10 @@ test-slow: venv
 
 bench: venv
 	$(BIN)/python benchmarks/step_time.py
+	$(BIN)/python benchmarks/funnel_speed.py --skip-full
+
+bench-funnel: venv
+	$(BIN)/python benchmarks/funnel_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
