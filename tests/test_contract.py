@@ -276,3 +276,28 @@ def test_registry_names() -> None:
     assert sgrld.metric_names() == ["identity", "monge", "rmsprop", "shampoo", "wenzel"]
     with pytest.raises(ValueError, match="unknown metric"):
         sgrld.build("adam", lr=0.1, num_data=1)
+
+
+def test_a_step_allocates_no_parameter_sized_memory(spec: SamplerSpec) -> None:
+    """After the first step, a step allocates only 0-d temporaries (no O(D) buffers).
+
+    The check (issue: "no avoidable allocation inside a step") uses the profiler's allocation
+    records; D = 2,530 here, so one parameter-sized float64 buffer would be ≥ 20 kB. Shampoo's
+    root refresh (every ``update_interval`` steps, not profiled here) does allocate.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(0)
+    params = [
+        torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64))
+        for s in [(40, 60), (60,), (2, 35)]
+    ]
+    opt = spec.make_optimizer(params, lr=0.01, num_data=N, generator=gen)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+    for _ in range(3):  # the buffers are made at step 1; Shampoo's roots (update_interval 3) at 3
+        opt.step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        opt.step()
+    allocated = sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0)
+    assert allocated < 1024, f"{allocated} bytes allocated in one step"
