@@ -79,7 +79,8 @@ def _philox_normal(key: Tensor, out: Tensor) -> None:
     """Fill ``out`` of shape (n, values_per_counter) with N(0, 1); row i comes from counter i."""
     index = torch.arange(out.shape[0], dtype=torch.int64, device=out.device)
     zero = torch.zeros_like(index)
-    w = philox4x32(index, zero, zero, zero, key[0], key[1])
+    # counter (i mod 2³², ⌊i / 2³²⌋, 0, 0): every word stays below 2³² for any buffer size
+    w = philox4x32(index & _MASK32, index >> 32, zero, zero, key[0], key[1])
     if out.dtype == torch.float64:
         # 53-bit uniforms from pairs of words; one Box–Muller pair per counter.
         u1, u2 = (
