@@ -142,11 +142,14 @@ def test_wenzel_is_identity_until_refresh_then_sqrt_of_ratio() -> None:
     metric, layout, stats = _flat_ops("wenzel", {"decay": 0.99, "eps": 1e-8})
     gen = torch.Generator().manual_seed(1)
     ones = torch.ones(D, dtype=torch.float64)
+    v = torch.ones(D, dtype=torch.float64)  # the reference's element-wise EMA of g², from ones
     for step in range(1, 50):
-        metric.update(stats, layout, torch.randn(D, generator=gen, dtype=torch.float64) * 5, step)
+        g = torch.randn(D, generator=gen, dtype=torch.float64) * torch.linspace(0.1, 5, D)
+        v = 0.99 * v + 0.01 * g * g
+        metric.update(stats, layout, g.clone(), step)
         assert torch.equal(metric.inverse(stats, layout, ones.clone()), ones)
     metric.refresh(stats, layout)
-    s = torch.stack([seg.mean() for seg in stats["square_avg"].split(SIZES)]) + 1e-8
+    s = torch.stack([seg.mean() for seg in v.split(SIZES)]) + 1e-8
     expect = torch.cat([torch.sqrt(s.min() / si).expand(n) for si, n in zip(s, SIZES, strict=True)])
     torch.testing.assert_close(
         metric.inverse(stats, layout, ones.clone()), expect, rtol=1e-12, atol=0

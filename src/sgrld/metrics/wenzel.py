@@ -24,6 +24,11 @@ class WenzelMetric(Metric):
     The reference folds g into V *after* the move; since M only changes at a refresh, folding
     before is the same chain, and lets the core's gradient copy be scaled in place.
 
+    A refresh reads V only through mean(V_p), and the mean is linear, so the per-element EMA is
+    kept as its per-tensor mean: v_p ← decay·v_p + (1−decay)·mean(g_p²), v_p = 1 at first. This
+    is the reference's statistic exactly (up to rounding) at the cost of one read-only dot
+    product per tensor per step, with no parameter-sized buffer (memory as SGLD's).
+
     Args:
         decay: EMA weight in [0, 1).
         eps: ε ≥ 0 added to mean(V) (inside the square root).
@@ -39,22 +44,24 @@ class WenzelMetric(Metric):
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         ntensors = len(layout.shapes)
-        scale = torch.ones((*layout.batch_shape, ntensors), dtype=like.dtype, device=like.device)
+        ones = torch.ones((*layout.batch_shape, ntensors), dtype=like.dtype, device=like.device)
         return {
-            "square_avg": torch.ones_like(layout.empty(like.dtype, like.device)),
-            "scale": scale,  # M_p = G⁻¹ per tensor
-            "scale_sqrt": scale.clone(),  # √M_p = G^{-1/2} per tensor
+            "mean_square_avg": ones,  # v_p = mean over tensor p of the EMA of g² (from ones)
+            "scale": ones.clone(),  # M_p = G⁻¹ per tensor
+            "scale_sqrt": ones.clone(),  # √M_p = G^{-1/2} per tensor
         }
 
     def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
-        return {"square_avg": "element", "scale": "tensor", "scale_sqrt": "tensor"}
+        return {"mean_square_avg": "tensor", "scale": "tensor", "scale_sqrt": "tensor"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
-        stats["square_avg"].mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
+        segs = layout.segments(grad)
+        sq = torch.stack([torch.linalg.vecdot(g, g) for g in segs], dim=-1)
+        numels = torch.tensor(layout.numels, dtype=grad.dtype, device=grad.device)
+        stats["mean_square_avg"].lerp_(sq.div_(numels), 1.0 - self.decay)
 
     def refresh(self, stats: Stats, layout: FlatLayout) -> None:
-        segs = layout.segments(stats["square_avg"])
-        s = torch.stack([seg.mean(dim=-1) for seg in segs], dim=-1).add_(self.eps)
+        s = stats["mean_square_avg"] + self.eps
         s_min = s.amin(dim=-1, keepdim=True)
         stats["scale"].copy_(torch.rsqrt(s / s_min))
         stats["scale_sqrt"].copy_(stats["scale"].sqrt())
