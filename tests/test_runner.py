@@ -134,9 +134,13 @@ def deterministic(results: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in results.items() if k not in ("timing", "seconds_per_epoch")}
 
 
-@pytest.mark.parametrize("sampler", SAMPLERS)
-def test_resume_after_kill_equals_uninterrupted_run(tmp_path: Path, sampler: str) -> None:
-    config = tiny_config(sampler=sampler, curvature=True, curvature_points=10)
+@pytest.mark.parametrize(
+    ("sampler", "noise"), [(s, "torch") for s in SAMPLERS] + [("shampoo", "philox")]
+)
+def test_resume_after_kill_equals_uninterrupted_run(
+    tmp_path: Path, sampler: str, noise: str
+) -> None:
+    config = tiny_config(sampler=sampler, curvature=True, curvature_points=10, noise=noise)
     splits = synthetic_splits()
     straight = run_sampling(config, splits, tmp_path / "straight")
 
@@ -277,6 +281,7 @@ def test_seeds_recorded_and_distinct_per_stream() -> None:
         ({"model": "resnet20"}, "does not fit dataset"),
         ({"prior": "correlated"}, "convolutions"),
         ({"thinning": 0}, "thinning must be"),
+        ({"noise": "numpy"}, "unknown noise"),
     ],
 )
 def test_config_validation(overrides: dict[str, Any], message: str) -> None:

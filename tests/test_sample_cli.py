@@ -136,6 +136,7 @@ def test_bad_input_exits_before_any_work(
         ["sample", "--sampler", "identity", "--prior", "laplace"],
         ["sample", "--sampler", "identity", "--lr", "fast"],
         ["sample", "--sampler", "identity", "--width", "1.5"],
+        ["sample", "--sampler", "identity", "--noise", "numpy"],
         ["sample", "--dataset", "mnist"],  # no sampler
     ],
 )

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core import NonFiniteGradientError
+from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, measure_curvature
 from sgrld.models import build_model, potential
@@ -108,6 +109,8 @@ class RunConfig:
             n in the potential is then ``max_train``.
         max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
         eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
+        noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
+            (:mod:`sgrld.core.noise`; faster on CPU, a different random stream).
     """
 
     dataset: str
@@ -129,6 +132,7 @@ class RunConfig:
     max_train: int | None = None
     max_eval: int | None = None
     eval_batch_size: int = 1000
+    noise: str = "torch"
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -141,6 +145,7 @@ class RunConfig:
         choice("model", tuple(MODEL_FOR_DATASET.values()))
         choice("prior", tuple(PRIOR_NAMES))
         choice("sampler", SAMPLER_NAMES)
+        choice("noise", NOISE_SOURCES)
         if MODEL_FOR_DATASET[self.dataset] != self.model:
             raise ValueError(
                 f"model {self.model!r} does not fit dataset {self.dataset!r}; "
@@ -229,6 +234,7 @@ def make_sampler(
         "num_data": num_data,
         "temperature": config.temperature,
         "generator": generator,
+        "noise": config.noise,
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig

@@ -26,6 +26,7 @@ from typing import Any
 MODEL_CHOICES = ("fc", "resnet20")
 DATASET_CHOICES = ("mnist", "cifar10")
 PRIOR_CHOICES = ("gaussian", "horseshoe", "correlated")
+NOISE_CHOICES = ("torch", "philox")  # sgrld.core.noise.NOISE_SOURCES, without importing torch
 SAMPLER_CHOICES = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default (spec §1.2)
@@ -56,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
     what.add_argument("--seed", type=int, default=0, help="master seed >= 0 (0)")
+    what.add_argument(
+        "--noise",
+        choices=NOISE_CHOICES,
+        default="torch",
+        help="noise source: torch (normal_) or philox (compiled, faster on CPU)",
+    )
 
     schedule = parser.add_argument_group("schedule and evaluation")
     schedule.add_argument("--batch-size", type=int, default=100, help="minibatch size (100)")
@@ -138,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             max_train=args.subset,
             max_eval=args.eval_subset,
             eval_batch_size=args.eval_batch_size,
+            noise=args.noise,
         )
     except ValueError as exc:
         raise UsageError(_cli_names(str(exc))) from exc
