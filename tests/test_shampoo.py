@@ -457,6 +457,43 @@ def test_eigh_roots_and_ridge() -> None:
     assert torch.equal(zero_root, torch.eye(3, dtype=torch.float64)[None])
 
 
+@pytest.mark.parametrize("ridge", ["relative", "absolute", "none"])
+def test_closed_form_2x2_roots_match_eigh(ridge: str) -> None:
+    """The 2 × 2 closed form (funnel factors) against the general eigh path, edge cases included.
+
+    Both are backward stable, so they may differ by rounding amplified by the conditioning:
+    a relative change ≈ 1e-16·κ of the smallest ridged eigenvalue, κ = (λ₁ + r)/(λ₂ + r), moves
+    the largest root entry by about e·1e-16·κ. The tolerance is 1e-13·κ, floor 1e-12.
+    """
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 2, 3, generator=gen, dtype=torch.float64)
+    scale = torch.logspace(-6, 6, 200, dtype=torch.float64)[:, None, None]
+    mats = [
+        scale * (x @ x.mT),  # generic, 12 decades of scale
+        torch.tensor(
+            [[[3.0, 0.0], [0.0, 3.0]], [[2.0, 0.0], [0.0, 5.0]], [[5.0, 0.0], [0.0, 2.0]]]
+        ),
+        torch.tensor([[[1.0, 1e-9], [1e-9, 1.0 + 1e-12]]]),  # nearly degenerate
+        torch.tensor([[[4.0, -2.0], [-2.0, 3.0]]]),  # negative off-diagonal
+    ]
+    if ridge != "none":  # singular matrices have a root only with a ridge
+        mats += [scale * x[:, :, :1] @ x[:, :, :1].mT, torch.zeros(1, 2, 2)]
+    for mat in mats:
+        mat = mat.double()
+        closed = inverse_roots_eigh(mat, (0.5, 0.25), ridge=ridge, eps=1e-6)  # type: ignore[arg-type]
+        evals, evecs = torch.linalg.eigh(mat)
+        evals = evals.clamp(min=0.0)
+        evals = evals + {"relative": 1e-6 * evals[..., -1:], "absolute": 1e-6, "none": 0.0}[ridge]
+        safe = torch.where(evals > 0, evals, torch.ones_like(evals))
+        kappa = safe[..., -1] / safe[..., 0]
+        for e, got in zip((0.5, 0.25), closed, strict=True):
+            want = (evecs * safe.pow(-e).unsqueeze(-2)) @ evecs.mT
+            size = want.abs().amax(dim=(-2, -1))
+            err = (got - want).abs().amax(dim=(-2, -1)) / size
+            assert bool((err <= torch.clamp(1e-13 * kappa, min=1e-12)).all()), float(err.max())
+        assert all(r.dtype == torch.float64 and r.shape == mat.shape for r in closed)
+
+
 def test_power_iteration() -> None:
     mat = _well_conditioned(10, torch.float64)
     torch.testing.assert_close(

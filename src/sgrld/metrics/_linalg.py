@@ -65,12 +65,48 @@ def inverse_roots_eigh(
     Returns:
         One float64 tensor shaped like ``mat`` per exponent.
     """
+    if mat.shape[-1] == 2:
+        return _inverse_roots_2x2(mat, exponents, ridge, eps)
     evals, evecs = torch.linalg.eigh(mat.to(torch.float64))
     evals = evals.clamp_(min=0.0)
     evals = evals + _ridge(evals[..., -1:], ridge, eps)
     positive = evals > 0
     safe = torch.where(positive, evals, torch.ones_like(evals))
     return [(evecs * safe.pow(-e).unsqueeze(-2)) @ evecs.mT for e in exponents]
+
+
+def _inverse_roots_2x2(
+    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float
+) -> list[Tensor]:
+    """:func:`inverse_roots_eigh` for 2 × 2 matrices in closed form (the funnel's factors).
+
+    The Jacobi rotation by θ = ½·atan2(2b, a − c) diagonalises [[a, b], [b, c]] with eigenvalues
+    (a + c)/2 ± hypot((a − c)/2, b); then R = Q diag(f₁, f₂) Qᵀ entrywise. Only elementwise ops
+    (so ``torch.compile`` fuses them, where ``eigh`` is an opaque LAPACK call per step), no
+    division, and degenerate spectra (b = 0, a = c) need no special case.
+    """
+    m = mat.to(torch.float64)
+    a, b, c = m[..., 0, 0], m[..., 1, 0], m[..., 1, 1]  # the lower triangle, as eigh
+    half_diff = (a - c) * 0.5
+    half_trace = (a + c) * 0.5
+    radius = torch.hypot(half_diff, b)
+    theta = 0.5 * torch.atan2(b, half_diff)
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    hi = (half_trace + radius).clamp(min=0.0)  # the eigenvalue of (cos, sin)
+    lo = (half_trace - radius).clamp(min=0.0)
+    r = _ridge(hi, ridge, eps)
+    hi, lo = hi + r, lo + r
+    cc, ss, sc = cos * cos, sin * sin, sin * cos
+    roots = []
+    for e in exponents:
+        # eigenvalues still <= 0 get the root 1, as in the general path
+        f1 = torch.where(hi > 0, hi, torch.ones_like(hi)).pow(-e)
+        f2 = torch.where(lo > 0, lo, torch.ones_like(lo)).pow(-e)
+        off = (f1 - f2) * sc
+        row0 = torch.stack([f1 * cc + f2 * ss, off], dim=-1)
+        row1 = torch.stack([off, f1 * ss + f2 * cc], dim=-1)
+        roots.append(torch.stack([row0, row1], dim=-2))
+    return roots
 
 
 def power_iteration(mat: Tensor, *, tol: float = 1e-6, max_iter: int = 100) -> Tensor:
