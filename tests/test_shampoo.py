@@ -199,13 +199,28 @@ def test_groups_tile_the_tensor_in_row_major_block_order() -> None:
 # ----------------------------------------------------------------------------- dense oracle
 
 
-@pytest.mark.parametrize("ridge", ["relative", "absolute", "none"])
-def test_dense_oracle_blocked(ridge: str) -> None:
+@pytest.mark.parametrize(
+    ("ridge", "tiling", "block_size"),
+    [
+        ("relative", "reference", 4),
+        ("absolute", "reference", 4),
+        ("none", "reference", 4),
+        ("relative", "even", 4),
+        ("relative", "even", 5),
+    ],
+)
+def test_dense_oracle_blocked(ridge: str, tiling: str, block_size: int) -> None:
     metric = ShampooMetric(
-        decay=0.8, eps=1e-3, block_size=4, update_interval=3, precondition_vectors=True, ridge=ridge
+        decay=0.8,
+        eps=1e-3,
+        block_size=block_size,
+        update_interval=3,
+        precondition_vectors=True,
+        ridge=ridge,  # type: ignore[arg-type]
+        tiling=tiling,  # type: ignore[arg-type]
     )
     layout = _layout(SMALL)
-    grads = random_grads(layout, 3, torch.float64)
+    grads = random_grads(layout, 3, torch.float64, seed=block_size)
     stats = run(metric, layout, grads)
     ginv, ginv_sqrt = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads])
     got_inv = dense_apply(metric, stats, layout, sqrt=False)
@@ -215,26 +230,6 @@ def test_dense_oracle_blocked(ridge: str) -> None:
     # (G^{-1/2})² = G⁻¹, and both are symmetric.
     np.testing.assert_allclose(got_sqrt @ got_sqrt, got_inv, atol=1e-9 * np.abs(ginv).max())
     np.testing.assert_allclose(got_inv, got_inv.T, atol=1e-9 * np.abs(ginv).max())
-
-
-@pytest.mark.parametrize("block_size", [4, 5])
-def test_dense_oracle_even_tiling(block_size: int) -> None:
-    metric = ShampooMetric(
-        decay=0.8,
-        eps=1e-3,
-        block_size=block_size,
-        update_interval=3,
-        precondition_vectors=True,
-        tiling="even",
-    )
-    layout = _layout(SMALL)
-    grads = random_grads(layout, 3, torch.float64, seed=2)
-    stats = run(metric, layout, grads)
-    ginv, ginv_sqrt = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads])
-    got_inv = dense_apply(metric, stats, layout, sqrt=False)
-    got_sqrt = dense_apply(metric, stats, layout, sqrt=True)
-    np.testing.assert_allclose(got_inv, ginv, rtol=1e-9, atol=1e-9 * np.abs(ginv).max())
-    np.testing.assert_allclose(got_sqrt, ginv_sqrt, rtol=1e-9, atol=1e-9 * np.abs(ginv_sqrt).max())
 
 
 @pytest.mark.parametrize(
