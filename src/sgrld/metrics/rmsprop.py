@@ -50,15 +50,20 @@ class RMSpropMetric(Metric):
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
         v, r = stats["square_avg"], stats["inv_sqrt"]
         v.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
-        # r = (√V + ε)^{-1/2} (or with V/(1−λᵗ)) in a preallocated buffer, 3 passes over D.
-        # pow(x, −½) is the vectorised rsqrt kernel on CPU (2× faster than torch.rsqrt here),
-        # and multiplying by r twice is cheaper than dividing by √V + ε.
+        # r = (√V + ε)^{-1/2} (or with V/(1−λᵗ)) in a preallocated buffer, 3 passes over D;
+        # multiplying by r twice is cheaper than dividing by √V + ε. Eagerly pow(x, −½) is the
+        # vectorised rsqrt kernel on CPU (2× faster than torch.rsqrt); under torch.compile
+        # (the funnel's fast path) inductor turns pow into a slow generic pow, rsqrt into rsqrt.
         if self.bias_correction:
             torch.div(v, 1.0 - self.decay**step, out=r)
             r.sqrt_()
         else:
             torch.sqrt(v, out=r)
-        r.add_(self.eps).pow_(-0.5)
+        r.add_(self.eps)
+        if torch.compiler.is_compiling():
+            r.rsqrt_()
+        else:
+            r.pow_(-0.5)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         r = stats["inv_sqrt"]
