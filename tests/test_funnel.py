@@ -202,16 +202,8 @@ def test_block_runner_is_the_library_step(name: str) -> None:
     )
 
 
-_WALRUS = pytest.mark.xfail(
-    reason="ShampooMetric._plans uses a walrus inside a comprehension, which dynamo cannot trace",
-    strict=False,
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=_WALRUS) if n == "shampoo" else n for n in funnel.SETTINGS]
-)
+@pytest.mark.parametrize("name", list(funnel.SETTINGS))
 def test_compiled_block_runner_matches_the_library_step(name: str) -> None:
     steps = 203
     torch.testing.assert_close(
