@@ -135,12 +135,16 @@ def deterministic(results: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("sampler", "noise"), [(s, "torch") for s in SAMPLERS] + [("shampoo", "philox")]
+    ("sampler", "noise", "compile"),
+    [(s, "torch", False) for s in SAMPLERS]
+    + [("shampoo", "philox", False), ("rmsprop", "torch", True)],
 )
 def test_resume_after_kill_equals_uninterrupted_run(
-    tmp_path: Path, sampler: str, noise: str
+    tmp_path: Path, sampler: str, noise: str, compile: bool
 ) -> None:
-    config = tiny_config(sampler=sampler, curvature=True, curvature_points=10, noise=noise)
+    config = tiny_config(
+        sampler=sampler, curvature=True, curvature_points=10, noise=noise, compile=compile
+    )
     splits = synthetic_splits()
     straight = run_sampling(config, splits, tmp_path / "straight")
 
@@ -282,6 +286,7 @@ def test_seeds_recorded_and_distinct_per_stream() -> None:
         ({"prior": "correlated"}, "convolutions"),
         ({"thinning": 0}, "thinning must be"),
         ({"noise": "numpy"}, "unknown noise"),
+        ({"sampler": "shampoo", "compile": True}, "compile is not offered"),
     ],
 )
 def test_config_validation(overrides: dict[str, Any], message: str) -> None:

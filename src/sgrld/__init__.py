@@ -45,6 +45,7 @@ def build(
     temperature: float = 1.0,
     check_finite: bool = True,
     noise: NoiseSource = "torch",
+    compile: bool = False,
     **metric_options: Any,
 ) -> Sampler:
     """A functional sampler for ``metric`` (a registry name or a :class:`Metric` instance).
@@ -58,7 +59,7 @@ def build(
         metric = get_metric(metric)(**metric_options)
     elif metric_options:
         raise TypeError("metric options are only accepted with a metric name")
-    return Sampler(metric, lr, num_data, temperature, check_finite, noise)
+    return Sampler(metric, lr, num_data, temperature, check_finite, noise, compile)
 
 
 __all__ = [

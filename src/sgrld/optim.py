@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sgrld.core.compiled import check_compilable
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source
 from sgrld.core.sampler import sgrld_step, validate_hyperparameters
@@ -49,6 +50,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         noise: the source of ξ: ``"torch"`` (``normal_``, default) or ``"philox"`` (a compiled
             counter-based generator on all cores, ~3x faster on CPU; see
             :mod:`sgrld.core.noise`).
+        compile: run each step's metric update, preconditioning and move as one
+            ``torch.compile``d call (:mod:`sgrld.core.compiled`; not for Shampoo).
 
     Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
     after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
@@ -67,9 +70,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         generator: torch.Generator | None = None,
         check_finite: bool = True,
         noise: NoiseSource = "torch",
+        compile: bool = False,
     ) -> None:
         validate_hyperparameters(lr, num_data, temperature)
         check_noise_source(noise)
+        if compile:
+            check_compilable(metric)
         defaults = {
             "lr": lr,
             "num_data": num_data,
@@ -80,6 +86,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.metric = metric
         self.check_finite = check_finite
         self.noise: NoiseSource = noise
+        self.compile = compile
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
         self._group_states: list[SamplerState | None] = [None] * len(self.param_groups)
@@ -123,6 +130,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 check_finite=self.check_finite,
                 adapt=group["adapt_metric"],
                 noise_source=self.noise,
+                compile=self.compile,
             )
         return loss
 
@@ -297,6 +305,7 @@ class ShampooSGLD(SGRLDOptimizer):
         *,
         check_finite: bool = True,
         noise: NoiseSource = "torch",
+        compile: bool = False,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -315,4 +324,5 @@ class ShampooSGLD(SGRLDOptimizer):
             generator=generator,
             check_finite=check_finite,
             noise=noise,
+            compile=compile,
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sgrld.core.compiled import CompiledMove, check_compilable
 from sgrld.core.integrator import euler_maruyama, noise_scale
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source
@@ -102,13 +103,15 @@ def sgrld_step(
     check_finite: bool = True,
     adapt: bool = True,
     noise_source: NoiseSource = "torch",
+    compile: bool = False,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
     θ ← θ − ℓ·G⁻¹ĝ + √(2ℓτ/n)·G^{-1/2}ξ (paper eq. 4 with h = ℓ/n, Γ dropped). With
     ``adapt=False`` the metric's statistics are not updated: G stays as it is (a frozen metric
     makes the chain a fixed-preconditioner SGLD, e.g. after burn-in). ``noise_source`` picks
-    the generator of ξ (:mod:`sgrld.core.noise`).
+    the generator of ξ (:mod:`sgrld.core.noise`); ``compile=True`` runs the metric and the move
+    as one compiled call (:mod:`sgrld.core.compiled`).
     """
     layout = state.layout
     params = list(state.params.values())
@@ -129,15 +132,22 @@ def sgrld_step(
         _check_finite(sub_layout.names, sub_layout, grad)
 
     step = state.step + 1
-    if adapt:
-        metric.update(stats, sub_layout, grad, step)
-    drift = metric.inverse(stats, sub_layout, grad)
     sigma = noise_scale(lr, num_data, temperature)
-    noise = None
-    if sigma > 0.0:
-        xi = work.noise.draw(state.generator, noise_source)
-        noise = sub_layout.views(metric.inverse_sqrt(stats, sub_layout, xi))
-    euler_maruyama(params, sub_layout.views(drift), noise, lr, sigma)
+    # ξ first: the generator drives nothing else, so the order does not change the chain.
+    xi = work.noise.draw(state.generator, noise_source) if sigma > 0.0 else None
+    fused = False
+    if compile and stats is state.stats:  # a group with a grad subset runs eagerly (rare)
+        if work.compiled is None:
+            work.compiled = CompiledMove(grad)
+        fused = work.compiled(metric, stats, sub_layout, grad, xi, params, step, lr, sigma, adapt)
+    if not fused:
+        if adapt:
+            metric.update(stats, sub_layout, grad, step)
+        drift = metric.inverse(stats, sub_layout, grad)
+        noise = None
+        if xi is not None:
+            noise = sub_layout.views(metric.inverse_sqrt(stats, sub_layout, xi))
+        euler_maruyama(params, sub_layout.views(drift), noise, lr, sigma)
     state.step = step
     if stats is not state.stats:
         _merge(metric, state.stats, stats, layout, active)
@@ -162,10 +172,13 @@ class Sampler:
     temperature: float = 1.0
     check_finite: bool = True
     noise: NoiseSource = "torch"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
         check_noise_source(self.noise)
+        if self.compile:
+            check_compilable(self.metric)
 
     def init(
         self,
@@ -222,6 +235,7 @@ class Sampler:
             check_finite=self.check_finite,
             adapt=adapt,
             noise_source=self.noise,
+            compile=self.compile,
         )
         return state
 

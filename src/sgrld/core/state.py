@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseBuffer
+
+if TYPE_CHECKING:
+    from sgrld.core.compiled import CompiledMove
 
 
 @dataclass
@@ -18,6 +21,7 @@ class Workspace:
 
     grad: Tensor
     noise: NoiseBuffer
+    compiled: CompiledMove | None = None  # compile=True only
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:

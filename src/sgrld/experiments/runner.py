@@ -111,6 +111,8 @@ class RunConfig:
         eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
         noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
             (:mod:`sgrld.core.noise`; faster on CPU, a different random stream).
+        compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
+            wenzel and rmsprop only).
     """
 
     dataset: str
@@ -133,6 +135,7 @@ class RunConfig:
     max_eval: int | None = None
     eval_batch_size: int = 1000
     noise: str = "torch"
+    compile: bool = False
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -146,6 +149,8 @@ class RunConfig:
         choice("prior", tuple(PRIOR_NAMES))
         choice("sampler", SAMPLER_NAMES)
         choice("noise", NOISE_SOURCES)
+        if self.compile and self.sampler in ("monge", "shampoo"):
+            raise ValueError(f"compile is not offered for {self.sampler} (docs/performance.md)")
         if MODEL_FOR_DATASET[self.dataset] != self.model:
             raise ValueError(
                 f"model {self.model!r} does not fit dataset {self.dataset!r}; "
@@ -235,6 +240,7 @@ def make_sampler(
         "temperature": config.temperature,
         "generator": generator,
         "noise": config.noise,
+        "compile": config.compile,
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig

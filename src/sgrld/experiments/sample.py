@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="torch",
         help="noise source: torch (normal_) or philox (compiled, faster on CPU)",
     )
+    what.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile each step's metric and move (identity, wenzel, rmsprop)",
+    )
 
     schedule = parser.add_argument_group("schedule and evaluation")
     schedule.add_argument("--batch-size", type=int, default=100, help="minibatch size (100)")
@@ -146,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
             max_eval=args.eval_subset,
             eval_batch_size=args.eval_batch_size,
             noise=args.noise,
+            compile=args.compile,
         )
     except ValueError as exc:
         raise UsageError(_cli_names(str(exc))) from exc

@@ -69,6 +69,8 @@ class WenzelMetric(Metric):
     @staticmethod
     def _scale(layout: FlatLayout, x: Tensor, scale: Tensor) -> Tensor:
         segs = layout.segments(x)
+        if torch.compiler.is_compiling():  # inductor fuses this form into one loop
+            return torch.cat([seg * scale[..., i : i + 1] for i, seg in enumerate(segs)], dim=-1)
         torch._foreach_mul_(segs, [scale[..., i : i + 1] for i in range(len(segs))])
         return x
 

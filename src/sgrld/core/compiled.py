@@ -1,0 +1,110 @@
+"""``compile=True``: a step's metric update, G⁻¹ĝ, G^{-1/2}ξ and move as one compiled call.
+
+Eagerly every operation of an elementwise metric is a pass over the flat buffers (RMSprop needs
+eight, Monge six), and at 478k parameters each pass costs about 0.05 ms inside a training step:
+more than the ≤ 10 % a preconditioner may add to SGLD (``docs/performance.md``). Here the same
+library code — ``metric.update``, ``metric.inverse``, ``metric.inverse_sqrt`` and
+:func:`~sgrld.core.integrator.euler_maruyama` — is traced by ``torch.compile`` and inductor fuses
+it into a few loops. Two things keep the traced graph fusable and stable:
+
+* the metric works on private clones of the gradient and noise buffers, which inductor sees as
+  intermediates (in-place writes to graph inputs would each cost a store pass);
+* ℓ and σ enter as 0-d tensors, so a learning-rate schedule does not recompile.
+
+Each compiled step has its own code object, so samplers do not share dynamo's per-function
+recompile budget. The first call compiles (seconds; inductor caches on disk); if compiling is not
+possible (no C++ compiler, an unsupported backend) it warns once and the eager step runs instead,
+with the same noise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from sgrld.core.integrator import euler_maruyama
+from sgrld.core.layout import FlatLayout
+from sgrld.metrics.base import Metric, Stats
+
+_counter = itertools.count()
+
+
+def _move(
+    metric: Metric,
+    stats: Stats,
+    layout: FlatLayout,
+    grad: Tensor,
+    xi: Tensor | None,
+    params: list[Tensor],
+    step: int,
+    lr: Tensor,
+    sigma: Tensor,
+    adapt: bool,
+) -> None:
+    """The eager step's body (``sgrld_step``) in the form that compiles well."""
+    if adapt:
+        metric.update(stats, layout, grad, step)
+    drift = layout.views(metric.inverse(stats, layout, grad.clone()))
+    noise = None if xi is None else layout.views(metric.inverse_sqrt(stats, layout, xi.clone()))
+    euler_maruyama(params, drift, noise, lr, sigma)
+
+
+def check_compilable(metric: Metric) -> None:
+    if not metric.compilable:
+        raise ValueError(
+            f"compile=True is not offered for the {metric.name} metric: compiling its step "
+            "did not make it faster (docs/performance.md); use compile=False"
+        )
+
+
+class CompiledMove:
+    """The compiled step body of one sampler state (kept in its workspace, never saved)."""
+
+    def __init__(self, like: Tensor) -> None:
+        code = _move.__code__.replace(co_name=f"_sgrld_move_{next(_counter)}")
+        with warnings.catch_warnings():  # importing inductor touches deprecated torch APIs
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._fn = torch.compile(types.FunctionType(code, _move.__globals__, code.co_name))
+        self._lr = torch.zeros((), dtype=like.dtype, device=like.device)
+        self._sigma = torch.zeros((), dtype=like.dtype, device=like.device)
+        self.failed = False
+
+    def __call__(
+        self,
+        metric: Metric,
+        stats: Stats,
+        layout: FlatLayout,
+        grad: Tensor,
+        xi: Tensor | None,
+        params: Sequence[Tensor],
+        step: int,
+        lr: float,
+        sigma: float,
+        adapt: bool,
+    ) -> bool:
+        """Run the step; ``False`` if it cannot be compiled (the caller then runs it eagerly)."""
+        if self.failed:
+            return False
+        self._lr.fill_(lr)
+        self._sigma.fill_(sigma)
+        try:
+            with warnings.catch_warnings():  # inductor's internal deprecations under -W error
+                warnings.simplefilter("ignore", DeprecationWarning)
+                args = (metric, stats, layout, grad, xi, list(params), step)
+                self._fn(*args, self._lr, self._sigma, adapt)
+        except Exception as exc:  # compilation failed before anything ran
+            self.failed = True
+            text = str(exc).strip()
+            warnings.warn(
+                f"sgrld: compiling the {metric.name} step failed ({type(exc).__name__}: "
+                f"{text.splitlines()[0] if text else ''}); running it eagerly",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return False
+        return True

@@ -1,0 +1,136 @@
+"""``compile=True`` (sgrld.core.compiled): the compiled step is the eager step, to rounding."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import sgrld
+from sgrld.core import compiled as compiled_mod
+
+MAKERS: dict[str, Callable[..., sgrld.SGRLDOptimizer]] = {
+    "sgld": lambda p, **kw: sgrld.SGLD(p, lr=0.05, num_data=20, **kw),
+    "rmsprop": lambda p, **kw: sgrld.RMSpropSGLD(p, lr=0.005, num_data=20, decay=0.9, **kw),
+    "wenzel": lambda p, **kw: sgrld.WenzelSGLD(p, lr=0.05, num_data=20, decay=0.9, **kw),
+}
+TOL = {torch.float64: {"rtol": 1e-10, "atol": 1e-12}, torch.float32: {"rtol": 1e-5, "atol": 1e-6}}
+
+
+def _params(dtype: torch.dtype) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(6, 5), (5,), (3, 2)]
+    return [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=dtype)) for s in shapes]
+
+
+def _run(opt: sgrld.SGRLDOptimizer, params: list[torch.nn.Parameter], steps: range) -> None:
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.95)  # ℓ changes every step
+    for t in steps:
+        for i, p in enumerate(params):
+            # a smooth potential (contracting map), so that rounding differences do not grow
+            p.grad = 0.5 * p.detach() + 0.1 * p.detach() ** 3 + 0.3 * torch.cos(p.detach() + t + i)
+        opt.step()
+        sched.step()
+        if t % 7 == 6 and isinstance(opt, sgrld.WenzelSGLD):
+            opt.update_preconditioner()
+        if t == 15:
+            opt.freeze_metric()  # adapt=False from here on
+
+
+def _graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_compiled_step_equals_eager_step(name: str, dtype: torch.dtype) -> None:
+    results = []
+    for compile in (False, True):
+        params = _params(dtype)
+        opt = MAKERS[name](params, generator=torch.Generator().manual_seed(1), compile=compile)
+        before = _graphs()
+        _run(opt, params, range(25))
+        results.append([p.detach().clone() for p in params])
+        if compile:
+            state = opt._group_states[0]
+            assert state is not None and state.workspace is not None
+            assert state.workspace.compiled is not None and not state.workspace.compiled.failed
+            # adapting and frozen: two graphs (plus at most one once the step counter goes
+            # symbolic); the learning-rate schedule must not recompile
+            assert _graphs() - before <= 3
+    for eager, fused in zip(*results, strict=True):
+        torch.testing.assert_close(fused, eager, **TOL[dtype])
+
+
+def test_compiled_deterministic_descent_and_chains() -> None:
+    """τ = 0 (no noise) and K chains through the functional core."""
+    for temperature in (0.0, 1.0):
+        out = []
+        for compile in (False, True):
+            sampler = sgrld.build(
+                "rmsprop", lr=0.01, num_data=10, temperature=temperature, compile=compile
+            )
+            gen = torch.Generator().manual_seed(3)
+            state = sampler.init(
+                {"w": torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)},
+                num_chains=4,
+                generator=gen,
+            )
+            for _ in range(6):
+                state = sampler.step(state, {"w": state.params["w"] ** 3 - 1.0})
+            out.append(state.params["w"].clone())
+        torch.testing.assert_close(out[1], out[0], **TOL[torch.float64])
+
+
+def test_compiled_resume_is_bit_identical() -> None:
+    params = _params(torch.float32)
+    opt = MAKERS["rmsprop"](params, generator=torch.Generator().manual_seed(1), compile=True)
+    _run(opt, params, range(5))
+    buf = io.BytesIO()
+    torch.save({"p": [p.detach().clone() for p in params], "opt": opt.state_dict()}, buf)
+    _run(opt, params, range(5, 12))
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    params2 = [torch.nn.Parameter(p) for p in saved["p"]]
+    opt2 = MAKERS["rmsprop"](params2, generator=torch.Generator().manual_seed(7), compile=True)
+    opt2.load_state_dict(saved["opt"])
+    _run(opt2, params2, range(5, 12))
+    assert all(torch.equal(a, b) for a, b in zip(params, params2, strict=True))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: sgrld.MongeSGLD(p, lr=0.1, num_data=10, compile=True),
+        lambda p: sgrld.ShampooSGLD(p, lr=0.1, num_data=10, compile=True),
+        lambda p: sgrld.build("monge", lr=0.1, num_data=10, compile=True),
+    ],
+)
+def test_compile_refused_where_it_does_not_pay(make: Callable[[Any], object]) -> None:
+    with pytest.raises(ValueError, match="compile"):
+        make([torch.nn.Parameter(torch.zeros(3, 3))])
+
+
+def test_compile_failure_warns_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(fn: object, **kw: object) -> Callable[..., None]:
+        def fail(*args: object) -> None:
+            raise RuntimeError("no C++ compiler")
+
+        return fail
+
+    monkeypatch.setattr(compiled_mod.torch, "compile", broken)
+    results = []
+    for compile in (False, True):
+        params = _params(torch.float64)
+        opt = MAKERS["rmsprop"](params, generator=torch.Generator().manual_seed(1), compile=compile)
+        if compile:
+            with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+                _run(opt, params, range(10))
+        else:
+            _run(opt, params, range(10))
+        results.append([p.detach().clone() for p in params])
+    # the failed first call drew its noise once and ran eagerly: the same chain, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
