@@ -150,7 +150,7 @@ def main() -> None:
     )
     print(
         f"{'sampler':<20}{'ms/step':>8}{'x SGD':>7}{'x SGLD':>7}  "
-        f"{'target':<22}{'ratio [q1, q3]':<20}{'ok':<5}{'B/param':>8}"
+        f"{'target':<31}{'ratio [q1, q3]':<20}{'ok':<5}{'B/param':>8}"
     )
     for name in SAMPLERS:
         target, ratio, ok = "", "", ""
@@ -163,7 +163,7 @@ def main() -> None:
             ok = ("yes!" if q3 <= limit else "yes") if value <= limit else "NO"
         print(
             f"{name:<20}{1e3 * med[name]:>8.3f}{med[name] / med['SGD']:>7.2f}"
-            f"{med[name] / med['SGLD']:>7.2f}  {target:<22}{ratio:<20}{ok:<5}"
+            f"{med[name] / med['SGLD']:>7.2f}  {target:<31}{ratio:<20}{ok:<5}"
             f"{state_bytes(opts[name]) / num_params:>8.1f}"
         )
 
