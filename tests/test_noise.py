@@ -160,3 +160,35 @@ def test_philox_resume_is_bit_identical(make: object) -> None:
     opt2.load_state_dict(saved["opt"])
     run(opt2, ps2, range(4, 9))
     assert all(torch.equal(a, b) for a, b in zip(ps, ps2, strict=True))
+
+
+def _philox_reference(counter: list[int], key: list[int]) -> list[int]:
+    """Philox4x32-10 on Python integers (independent of the tensor code)."""
+    mask = 0xFFFFFFFF
+    c, k = list(counter), list(key)
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & mask, (p0 >> 32) ^ c[3] ^ k[1], p0 & mask]
+        k = [(k[0] + 0x9E3779B9) & mask, (k[1] + 0xBB67AE85) & mask]
+    return c
+
+
+def test_rows_beyond_2_to_the_32_use_the_counters_high_word() -> None:
+    key = torch.tensor([0x12345678, 0x9ABCDEF0], dtype=torch.int64)
+    out = torch.empty(3, 4, dtype=torch.float64)  # float64 math on 4-lane (float32) words
+    first = 2**32 + 5
+    blocks = torch.empty(3, 4, dtype=torch.float32)
+    _philox_normal(key, blocks, first_row=first)
+    for r in range(3):
+        i = first + r
+        w = _philox_reference([i & 0xFFFFFFFF, i >> 32, 0, 0], [0x12345678, 0x9ABCDEF0])
+        u = [((x >> 8) + 0.5) * 2.0**-24 for x in w]
+        for j, (a, b) in enumerate(((0, 1), (2, 3))):
+            radius = math.sqrt(-2.0 * math.log(u[a]))
+            out[r, 2 * j] = radius * math.cos(2 * math.pi * u[b])
+            out[r, 2 * j + 1] = radius * math.sin(2 * math.pi * u[b])
+    torch.testing.assert_close(blocks.double(), out, rtol=1e-5, atol=1e-5)
+    # and the high word matters: row 2³² + 5 is not row 5
+    low = torch.empty(1, 4)
+    _philox_normal(key, low, first_row=5)
+    assert not torch.equal(low[0], blocks[0])

@@ -11,10 +11,12 @@ it into a few loops. Two things keep the traced graph fusable and stable:
   intermediates (in-place writes to graph inputs would each cost a store pass);
 * ℓ and σ enter as 0-d tensors, so a learning-rate schedule does not recompile.
 
-Each compiled step has its own code object, so samplers do not share dynamo's per-function
-recompile budget. The first call compiles (seconds; inductor caches on disk); if compiling is not
-possible (no C++ compiler, an unsupported backend) it warns once and the eager step runs instead,
-with the same noise.
+A :class:`CompiledMove` belongs to a sampler (``Sampler`` or a param group of an optimizer), not
+to a state, so ``inplace=False`` steps reuse it; each has its own code object, so samplers do not
+share dynamo's per-function recompile budget. It is traced with ``fullgraph=True``: a graph break
+or an exhausted recompile budget fails before anything runs. The first call compiles (a few
+seconds; inductor caches on disk); if compiling is not possible (no C++ compiler, an unsupported
+backend) it warns once and the eager step runs instead, with the same noise.
 """
 
 from __future__ import annotations
@@ -63,16 +65,31 @@ def check_compilable(metric: Metric) -> None:
 
 
 class CompiledMove:
-    """The compiled step body of one sampler state (kept in its workspace, never saved)."""
+    """The compiled step body of one sampler (never saved: it holds no state of the chain)."""
 
-    def __init__(self, like: Tensor) -> None:
+    def __init__(self) -> None:
         code = _move.__code__.replace(co_name=f"_sgrld_move_{next(_counter)}")
         with warnings.catch_warnings():  # importing inductor touches deprecated torch APIs
             warnings.simplefilter("ignore", DeprecationWarning)
-            self._fn = torch.compile(types.FunctionType(code, _move.__globals__, code.co_name))
-        self._lr = torch.zeros((), dtype=like.dtype, device=like.device)
-        self._sigma = torch.zeros((), dtype=like.dtype, device=like.device)
+            fn = types.FunctionType(code, _move.__globals__, code.co_name)
+            self._fn = torch.compile(fn, fullgraph=True)
+        self._scalars: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
         self.failed = False
+
+    def _lr_sigma(self, like: Tensor, lr: float, sigma: float) -> tuple[Tensor, Tensor]:
+        # float32 (float64 for float64 parameters): a 0-d tensor does not change the result's
+        # dtype, and half precision would round ℓ and make σ ≈ 1e-5 subnormal
+        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+        key = (dtype, like.device)
+        if key not in self._scalars:
+            self._scalars[key] = (
+                torch.zeros((), dtype=dtype, device=like.device),
+                torch.zeros((), dtype=dtype, device=like.device),
+            )
+        lr_t, sigma_t = self._scalars[key]
+        lr_t.fill_(lr)
+        sigma_t.fill_(sigma)
+        return lr_t, sigma_t
 
     def __call__(
         self,
@@ -90,14 +107,13 @@ class CompiledMove:
         """Run the step; ``False`` if it cannot be compiled (the caller then runs it eagerly)."""
         if self.failed:
             return False
-        self._lr.fill_(lr)
-        self._sigma.fill_(sigma)
+        lr_t, sigma_t = self._lr_sigma(grad, lr, sigma)
         try:
             with warnings.catch_warnings():  # inductor's internal deprecations under -W error
                 warnings.simplefilter("ignore", DeprecationWarning)
                 args = (metric, stats, layout, grad, xi, list(params), step)
-                self._fn(*args, self._lr, self._sigma, adapt)
-        except Exception as exc:  # compilation failed before anything ran
+                self._fn(*args, lr_t, sigma_t, adapt)
+        except Exception as exc:  # fullgraph: tracing or compiling failed before anything ran
             self.failed = True
             text = str(exc).strip()
             warnings.warn(

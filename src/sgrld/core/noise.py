@@ -2,7 +2,7 @@
 
 ``"torch"`` (default): ``Tensor.normal_(generator=...)``. On CPU this is torch's Mersenne
 Twister, single-threaded, and for a 478k-parameter MLP it costs about as much as a forward and
-backward pass (``spec/performance.md`` §5): the floor of every sampler's step.
+backward pass (``docs/performance.md``): the floor of every sampler's step.
 
 ``"philox"``: the counter-based Philox4x32-10 generator (Salmon et al., SC'11; the generator of
 cuRAND, JAX and torch's CUDA backend) with a Box–Muller transform, as one ``torch.compile``d
@@ -10,7 +10,7 @@ elementwise kernel that runs on all cores and fuses the transform. Each call dra
 64-bit key from the sampler's ``torch.Generator``, and the counter is the element's index in the
 flat buffer, so the stream is a pure function of the generator state: reproducibility and
 checkpoint/resume are exactly as with ``"torch"`` (the two sources draw different numbers). The
-first call compiles (seconds; inductor caches it on disk). Without a working compiler it runs the
+first call compiles (about 10 s; inductor caches it on disk). Without a working compiler it runs the
 same arithmetic eagerly (correct but slow) after a warning.
 
 32-bit words are handled in int64 lanes; the 32×32→64-bit products of Philox are split into
@@ -75,9 +75,12 @@ def values_per_counter(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 4
 
 
-def _philox_normal(key: Tensor, out: Tensor) -> None:
-    """Fill ``out`` of shape (n, values_per_counter) with N(0, 1); row i comes from counter i."""
-    index = torch.arange(out.shape[0], dtype=torch.int64, device=out.device)
+def _philox_normal(key: Tensor, out: Tensor, first_row: int = 0) -> None:
+    """Fill ``out`` of shape (n, values_per_counter) with N(0, 1); row i comes from counter i.
+
+    ``first_row`` shifts the counters (rows ``first_row``… of a larger buffer; for tests).
+    """
+    index = torch.arange(out.shape[0], dtype=torch.int64, device=out.device) + first_row
     zero = torch.zeros_like(index)
     # counter (i mod 2³², ⌊i / 2³²⌋, 0, 0): every word stays below 2³² for any buffer size
     w = philox4x32(index & _MASK32, index >> 32, zero, zero, key[0], key[1])

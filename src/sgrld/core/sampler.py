@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -103,14 +103,14 @@ def sgrld_step(
     check_finite: bool = True,
     adapt: bool = True,
     noise_source: NoiseSource = "torch",
-    compile: bool = False,
+    compiled: CompiledMove | None = None,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
     θ ← θ − ℓ·G⁻¹ĝ + √(2ℓτ/n)·G^{-1/2}ξ (paper eq. 4 with h = ℓ/n, Γ dropped). With
     ``adapt=False`` the metric's statistics are not updated: G stays as it is (a frozen metric
     makes the chain a fixed-preconditioner SGLD, e.g. after burn-in). ``noise_source`` picks
-    the generator of ξ (:mod:`sgrld.core.noise`); ``compile=True`` runs the metric and the move
+    the generator of ξ (:mod:`sgrld.core.noise`); with ``compiled`` the metric and the move run
     as one compiled call (:mod:`sgrld.core.compiled`).
     """
     layout = state.layout
@@ -136,10 +136,8 @@ def sgrld_step(
     # ξ first: the generator drives nothing else, so the order does not change the chain.
     xi = work.noise.draw(state.generator, noise_source) if sigma > 0.0 else None
     fused = False
-    if compile and stats is state.stats:  # a group with a grad subset runs eagerly (rare)
-        if work.compiled is None:
-            work.compiled = CompiledMove(grad)
-        fused = work.compiled(metric, stats, sub_layout, grad, xi, params, step, lr, sigma, adapt)
+    if compiled is not None and stats is state.stats:  # a grad subset runs eagerly (rare)
+        fused = compiled(metric, stats, sub_layout, grad, xi, params, step, lr, sigma, adapt)
     if not fused:
         if adapt:
             metric.update(stats, sub_layout, grad, step)
@@ -173,6 +171,10 @@ class Sampler:
     check_finite: bool = True
     noise: NoiseSource = "torch"
     compile: bool = False
+    # the compiled step (compile=True), shared by the states this sampler steps; not state
+    _compiled: list[CompiledMove] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
@@ -235,9 +237,16 @@ class Sampler:
             check_finite=self.check_finite,
             adapt=adapt,
             noise_source=self.noise,
-            compile=self.compile,
+            compiled=self._compiled_move(),
         )
         return state
+
+    def _compiled_move(self) -> CompiledMove | None:
+        if not self.compile:
+            return None
+        if not self._compiled:
+            self._compiled.append(CompiledMove())
+        return self._compiled[0]
 
     def refresh(self, state: SamplerState) -> SamplerState:
         """Recompute the explicitly scheduled part of the metric (Wenzel's preconditioner)."""

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseBuffer
-
-if TYPE_CHECKING:
-    from sgrld.core.compiled import CompiledMove
 
 
 @dataclass
@@ -21,7 +18,6 @@ class Workspace:
 
     grad: Tensor
     noise: NoiseBuffer
-    compiled: CompiledMove | None = None  # compile=True only
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:

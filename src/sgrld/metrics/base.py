@@ -34,9 +34,9 @@ class Metric(abc.ABC):
 
     #: registry name, e.g. ``"monge"``
     name: ClassVar[str]
-    #: whether ``compile=True`` samplers may trace this metric: only where it measurably pays
-    #: (identity, RMSprop, Wenzel); see :mod:`sgrld.core.compiled`
-    compilable: ClassVar[bool] = True
+    #: whether ``compile=True`` samplers may trace this metric; opt-in, for metrics whose code
+    #: traces and measurably gains (identity, RMSprop, Wenzel; :mod:`sgrld.core.compiled`)
+    compilable: ClassVar[bool] = False
 
     @abc.abstractmethod
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:

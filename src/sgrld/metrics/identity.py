@@ -16,6 +16,7 @@ class IdentityMetric(Metric):
     """G = I. No statistics; G⁻¹g = g and G^{-1/2}ξ = ξ without copies."""
 
     name = "identity"
+    compilable = True
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return {}

@@ -28,6 +28,7 @@ class RMSpropMetric(Metric):
     """
 
     name = "rmsprop"
+    compilable = True
     decay: float = 0.99
     eps: float = 1e-8
     bias_correction: bool = False
@@ -50,7 +51,8 @@ class RMSpropMetric(Metric):
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
         v, r = stats["square_avg"], stats["inv_sqrt"]
         v.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
-        # r = (√V + ε)^{-1/2} (or with V/(1−λᵗ)) in a preallocated buffer, 3 passes over D;
+        # r = (√V + ε)^{-1/2} (or with V/(1−λᵗ)) in a preallocated buffer, 3 passes over D (4 with
+        # bias correction);
         # multiplying by r twice is cheaper than dividing by √V + ε. Eagerly pow(x, −½) is the
         # vectorised rsqrt kernel on CPU (2× faster than torch.rsqrt); under torch.compile
         # (the funnel's fast path) inductor turns pow into a slow generic pow, rsqrt into rsqrt.

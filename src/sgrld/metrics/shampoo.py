@@ -100,7 +100,6 @@ class ShampooMetric(Metric):
     """
 
     name = "shampoo"
-    compilable = False
     decay: float = 0.99
     eps: float = 1e-8
     block_size: int = 128

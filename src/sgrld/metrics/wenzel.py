@@ -35,6 +35,7 @@ class WenzelMetric(Metric):
     """
 
     name = "wenzel"
+    compilable = True
     decay: float = 0.99
     eps: float = 1e-8
 
@@ -55,10 +56,12 @@ class WenzelMetric(Metric):
         return {"mean_square_avg": "tensor", "scale": "tensor", "scale_sqrt": "tensor"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
-        segs = layout.segments(grad)
-        sq = torch.stack([torch.linalg.vecdot(g, g) for g in segs], dim=-1)
-        numels = torch.tensor(layout.numels, dtype=grad.dtype, device=grad.device)
-        stats["mean_square_avg"].lerp_(sq.div_(numels), 1.0 - self.decay)
+        # mean(g_p²) per tensor; dividing by Python ints needs no host-to-device copy
+        means = [
+            torch.linalg.vecdot(g, g) / n
+            for g, n in zip(layout.segments(grad), layout.numels, strict=True)
+        ]
+        stats["mean_square_avg"].lerp_(torch.stack(means, dim=-1), 1.0 - self.decay)
 
     def refresh(self, stats: Stats, layout: FlatLayout) -> None:
         s = stats["mean_square_avg"] + self.eps
