@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,3 +80,30 @@ def quadratic_problem(
         return {k: scales[k] * v + 0.1 * v**3 for k, v in p.items()}
 
     return params, grad
+
+
+Params = list[torch.nn.Parameter]
+
+
+def check_resume_is_bit_identical(
+    make_opt: Callable[[Params, torch.Generator], torch.optim.Optimizer],
+    params: Params,
+    run: Callable[[torch.optim.Optimizer, Params, range], None],
+    split: int,
+    total: int,
+) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """Run to ``split``, save, run to ``total``; a fresh optimizer (other generator seed) loaded
+    from the save and run from ``split`` to ``total`` must end bit-identical."""
+    opt = make_opt(params, torch.Generator().manual_seed(1))
+    run(opt, params, range(split))
+    buf = io.BytesIO()
+    torch.save({"params": [p.detach().clone() for p in params], "opt": opt.state_dict()}, buf)
+    run(opt, params, range(split, total))
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    params2 = [torch.nn.Parameter(p) for p in saved["params"]]
+    opt2 = make_opt(params2, torch.Generator().manual_seed(99))
+    opt2.load_state_dict(saved["opt"])
+    run(opt2, params2, range(split, total))
+    assert all(torch.equal(a, b) for a, b in zip(params, params2, strict=True))
+    return opt, opt2

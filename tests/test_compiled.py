@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 import sgrld
+from conftest import check_resume_is_bit_identical
 from sgrld.core import compiled as compiled_mod
 
 MAKERS: dict[str, Callable[..., sgrld.SGRLDOptimizer]] = {
@@ -92,19 +92,13 @@ def test_compiled_deterministic_descent_chains_and_functional_copies() -> None:
 
 
 def test_compiled_resume_is_bit_identical() -> None:
-    params = _params(torch.float32)
-    opt = MAKERS["rmsprop"](params, generator=torch.Generator().manual_seed(1), compile=True)
-    _run(opt, params, range(5))
-    buf = io.BytesIO()
-    torch.save({"p": [p.detach().clone() for p in params], "opt": opt.state_dict()}, buf)
-    _run(opt, params, range(5, 12))
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
-    params2 = [torch.nn.Parameter(p) for p in saved["p"]]
-    opt2 = MAKERS["rmsprop"](params2, generator=torch.Generator().manual_seed(7), compile=True)
-    opt2.load_state_dict(saved["opt"])
-    _run(opt2, params2, range(5, 12))
-    assert all(torch.equal(a, b) for a, b in zip(params, params2, strict=True))
+    check_resume_is_bit_identical(
+        lambda p, g: MAKERS["rmsprop"](p, generator=g, compile=True),
+        _params(torch.float32),
+        _run,  # type: ignore[arg-type]
+        5,
+        12,
+    )
 
 
 @pytest.mark.parametrize(

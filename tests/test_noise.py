@@ -3,7 +3,6 @@ samplers' contract (reproducibility, resume, stationary moments) with ``noise="p
 
 from __future__ import annotations
 
-import io
 import math
 import random
 import warnings
@@ -13,6 +12,7 @@ import torch
 from scipy import stats as sps
 
 import sgrld
+from conftest import check_resume_is_bit_identical
 from sgrld.core import noise as noise_mod
 from sgrld.core.noise import NoiseBuffer, _mulhilo, _philox_normal, philox4x32
 
@@ -137,9 +137,8 @@ def test_unknown_noise_source_is_refused() -> None:
     ids=["sgld", "monge", "shampoo"],
 )
 def test_philox_resume_is_bit_identical(make: object) -> None:
-    def params() -> list[torch.nn.Parameter]:
-        gen = torch.Generator().manual_seed(0)
-        return [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(5, 3), (3,), (7,)]]
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in [(5, 3), (3,), (7,)]]
 
     def run(opt: torch.optim.Optimizer, ps: list[torch.nn.Parameter], steps: range) -> None:
         for t in steps:
@@ -147,19 +146,7 @@ def test_philox_resume_is_bit_identical(make: object) -> None:
                 p.grad = torch.sin(p.detach() * (t + 1) + i)
             opt.step()
 
-    ps = params()
-    opt = make(ps, torch.Generator().manual_seed(1))  # type: ignore[operator]
-    run(opt, ps, range(4))
-    buf = io.BytesIO()
-    torch.save({"p": [p.detach().clone() for p in ps], "opt": opt.state_dict()}, buf)
-    run(opt, ps, range(4, 9))
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
-    ps2 = [torch.nn.Parameter(p) for p in saved["p"]]
-    opt2 = make(ps2, torch.Generator().manual_seed(99))  # type: ignore[operator]
-    opt2.load_state_dict(saved["opt"])
-    run(opt2, ps2, range(4, 9))
-    assert all(torch.equal(a, b) for a, b in zip(ps, ps2, strict=True))
+    check_resume_is_bit_identical(make, params, run, 4, 9)  # type: ignore[arg-type]
 
 
 def _philox_reference(counter: list[int], key: list[int]) -> list[int]:
