@@ -286,7 +286,7 @@ def test_seeds_recorded_and_distinct_per_stream() -> None:
         ({"prior": "correlated"}, "convolutions"),
         ({"thinning": 0}, "thinning must be"),
         ({"noise": "numpy"}, "unknown noise"),
-        ({"sampler": "shampoo", "compile": True}, "compile is not offered"),
+        ({"sampler": "shampoo", "compile": True}, "compile=True is not offered"),
     ],
 )
 def test_config_validation(overrides: dict[str, Any], message: str) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from sgrld.core._compile import failure_reason, quiet_compile
 from sgrld.core.integrator import euler_maruyama
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics.base import Metric, Stats
@@ -69,8 +70,7 @@ class CompiledMove:
 
     def __init__(self) -> None:
         code = _move.__code__.replace(co_name=f"_sgrld_move_{next(_counter)}")
-        with warnings.catch_warnings():  # importing inductor touches deprecated torch APIs
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with quiet_compile():  # importing inductor touches deprecated torch APIs
             fn = types.FunctionType(code, _move.__globals__, code.co_name)
             self._fn = torch.compile(fn, fullgraph=True)
         self._scalars: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
@@ -109,16 +109,14 @@ class CompiledMove:
             return False
         lr_t, sigma_t = self._lr_sigma(grad, lr, sigma)
         try:
-            with warnings.catch_warnings():  # inductor's internal deprecations under -W error
-                warnings.simplefilter("ignore", DeprecationWarning)
+            with quiet_compile():
                 args = (metric, stats, layout, grad, xi, list(params), step)
                 self._fn(*args, lr_t, sigma_t, adapt)
         except Exception as exc:  # fullgraph: tracing or compiling failed before anything ran
             self.failed = True
-            text = str(exc).strip()
             warnings.warn(
-                f"sgrld: compiling the {metric.name} step failed ({type(exc).__name__}: "
-                f"{text.splitlines()[0] if text else ''}); running it eagerly",
+                f"sgrld: compiling the {metric.name} step failed ({failure_reason(exc)}); "
+                "running it eagerly",
                 RuntimeWarning,
                 stacklevel=4,
             )

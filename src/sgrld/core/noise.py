@@ -27,6 +27,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from sgrld.core._compile import failure_reason, quiet_compile
+
 NoiseSource = Literal["torch", "philox"]
 NOISE_SOURCES: tuple[str, ...] = ("torch", "philox")
 
@@ -113,15 +115,13 @@ def philox_normal_(blocks: Tensor, key: Tensor, *, compile: bool = True) -> None
     global _compile_failed
     if compile and not _compile_failed:
         try:
-            with warnings.catch_warnings():  # inductor's internal deprecations under -W error
-                warnings.simplefilter("ignore", DeprecationWarning)
+            with quiet_compile():
                 _kernel()(key, blocks)
             return
         except Exception as exc:  # no C++ toolchain, unsupported backend, ...
             _compile_failed = True
             warnings.warn(
-                f"sgrld: compiling the Philox noise kernel failed ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
+                f"sgrld: compiling the Philox noise kernel failed ({failure_reason(exc)}); "
                 "drawing it eagerly, which is much slower than noise='torch'",
                 RuntimeWarning,
                 stacklevel=3,

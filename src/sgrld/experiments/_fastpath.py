@@ -29,13 +29,13 @@ import contextlib
 import logging
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from sgrld.core._compile import failure_reason, quiet_compile
 from sgrld.core.integrator import euler_maruyama, noise_scale
 from sgrld.core.sampler import NonFiniteGradientError, Sampler
 from sgrld.core.state import SamplerState
@@ -152,8 +152,7 @@ class BlockRunner:
                 with _compiling(), _dynamic_step():
                     fn(*args)
             except Exception as exc:  # nothing ran: try the next option set
-                text = str(exc).strip()
-                errors.append(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
+                errors.append(failure_reason(exc))
                 continue
             self._compiled_fn = fn
             self.inductor_options = options
@@ -232,18 +231,11 @@ class BlockRunner:
 
 @contextlib.contextmanager
 def _compiling() -> Iterator[None]:
-    """Silence torch's own warnings while it compiles.
-
-    Inductor touches deprecated torch APIs internally and dynamo warns about tracing through
-    ``functools.lru_cache``; under ``-W error`` (pytest here) such a warning would abort the
-    compilation, and it is nothing a user can act on.
-    """
+    """:func:`~sgrld.core._compile.quiet_compile`, and inductor's eigh C-shim note dropped."""
     logger = logging.getLogger("torch._inductor.ir")
     logger.addFilter(_drop_cshim_note)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
+        with quiet_compile():
             yield
     finally:
         logger.removeFilter(_drop_cshim_note)

@@ -45,9 +45,11 @@ import torch
 from torch import Tensor
 
 from sgrld.core import NonFiniteGradientError
+from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, measure_curvature
+from sgrld.metrics import get_metric
 from sgrld.models import build_model, potential
 from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
 
@@ -149,8 +151,8 @@ class RunConfig:
         choice("prior", tuple(PRIOR_NAMES))
         choice("sampler", SAMPLER_NAMES)
         choice("noise", NOISE_SOURCES)
-        if self.compile and self.sampler in ("monge", "shampoo"):
-            raise ValueError(f"compile is not offered for {self.sampler} (docs/performance.md)")
+        if self.compile:
+            check_compilable(get_metric(self.sampler)())
         if MODEL_FOR_DATASET[self.dataset] != self.model:
             raise ValueError(
                 f"model {self.model!r} does not fit dataset {self.dataset!r}; "

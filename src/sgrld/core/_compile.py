@@ -1,0 +1,27 @@
+"""What every ``torch.compile`` user in sgrld shares: quiet tracing, a one-line failure reason."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def quiet_compile() -> Iterator[None]:
+    """Silence torch's own warnings while it imports inductor, traces or compiles.
+
+    Inductor touches deprecated torch APIs internally and dynamo warns about tracing through
+    ``functools.lru_cache``; under ``-W error`` (pytest here) such a warning would abort the
+    compilation, and it is nothing a user can act on.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")
+        yield
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``"Type: first line of the message"``, for a warning that compiling failed."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
