@@ -101,6 +101,14 @@ def test_compiled_resume_is_bit_identical() -> None:
     )
 
 
+def test_compile_must_be_a_bool() -> None:
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match="compile"):
+        sgrld.SGLD(p, lr=0.1, num_data=10, compile="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="compile"):
+        sgrld.build("rmsprop", lr=0.1, num_data=10, compile=1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "make",
     [

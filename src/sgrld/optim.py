@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sgrld.core.compiled import CompiledMove, check_compilable
+from sgrld.core.compiled import CompiledMove, check_compile
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source
 from sgrld.core.sampler import sgrld_step, validate_hyperparameters
@@ -74,8 +74,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     ) -> None:
         validate_hyperparameters(lr, num_data, temperature)
         check_noise_source(noise)
-        if compile:
-            check_compilable(metric)
+        check_compile(compile, metric)
         defaults = {
             "lr": lr,
             "num_data": num_data,

@@ -57,6 +57,14 @@ def _move(
     euler_maruyama(params, drift, noise, lr, sigma)
 
 
+def check_compile(compile: bool, metric: Metric) -> None:
+    """Refuse a non-bool ``compile`` and ``compile=True`` for a metric that is not compilable."""
+    if not isinstance(compile, bool):
+        raise ValueError(f"invalid compile: {compile!r} (expected True or False)")
+    if compile:
+        check_compilable(metric)
+
+
 def check_compilable(metric: Metric) -> None:
     if not metric.compilable:
         raise ValueError(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from sgrld.core.compiled import CompiledMove, check_compilable
+from sgrld.core.compiled import CompiledMove, check_compile
 from sgrld.core.integrator import euler_maruyama, noise_scale
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source
@@ -179,8 +179,7 @@ class Sampler:
     def __post_init__(self) -> None:
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
         check_noise_source(self.noise)
-        if self.compile:
-            check_compilable(self.metric)
+        check_compile(self.compile, self.metric)
 
     def init(
         self,
