@@ -14,7 +14,19 @@ from scipy import stats as sps
 import sgrld
 from conftest import check_resume_is_bit_identical
 from sgrld.core import noise as noise_mod
-from sgrld.core.noise import NoiseBuffer, _mulhilo, _philox_normal, philox4x32
+from sgrld.core.noise import (
+    NoiseBuffer,
+    _mulhilo,
+    _philox_normal,
+    keys_from_seeds,
+    philox4x32,
+)
+
+KEY = torch.tensor([[0x12345678, 0x9ABCDEF0]], dtype=torch.int64)
+
+
+def _step(t: int) -> torch.Tensor:
+    return torch.tensor(t, dtype=torch.int64)
 
 Z = 5.0  # thresholds in Monte-Carlo standard errors, as in test_stationary
 
@@ -54,7 +66,7 @@ def test_mulhilo_matches_integer_arithmetic() -> None:
 def test_philox_normals_have_the_standard_normal_law(dtype: torch.dtype) -> None:
     n = 1 << 20
     buf = NoiseBuffer((n,), dtype, torch.device("cpu"))
-    x = buf.draw(torch.Generator().manual_seed(0), "philox").double()
+    x = buf.draw(torch.Generator(), "philox", KEY, _step(7)).double()
     # Sample moments of N(0, 1) with their exact Monte-Carlo standard errors.
     moments = {  # statistic: (value, expectation, variance of one term)
         "mean": (x.mean(), 0.0, 1.0),
@@ -68,33 +80,46 @@ def test_philox_normals_have_the_standard_normal_law(dtype: torch.dtype) -> None
     # Kolmogorov–Smirnov against Φ at a false-alarm rate of 1e-6.
     assert sps.kstest(x.numpy(), "norm").pvalue > 1e-6
     # The four (float32) or two (float64) values of one counter are uncorrelated.
-    lanes = buf.blocks.double()
+    lanes = buf.blocks[0].double()
     corr = torch.corrcoef(lanes.T)
     off = corr - torch.eye(lanes.shape[1], dtype=torch.float64)
     assert float(off.abs().max()) < Z / math.sqrt(lanes.shape[0])
 
 
-def test_philox_draws_differ_between_calls_and_follow_the_generator() -> None:
-    def draws(seed: int) -> list[torch.Tensor]:
-        buf = NoiseBuffer((3, 1001), torch.float32, torch.device("cpu"))
-        gen = torch.Generator().manual_seed(seed)
-        return [buf.draw(gen, "philox").clone() for _ in range(3)]
+def test_philox_draws_are_a_function_of_key_and_step() -> None:
+    def draw(keys: torch.Tensor, step: int, chains: int = 3) -> torch.Tensor:
+        buf = NoiseBuffer((chains, 1001), torch.float32, torch.device("cpu"))
+        return buf.draw(torch.Generator(), "philox", keys, _step(step)).clone()
 
-    a, b = draws(5), draws(5)
-    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    assert not torch.equal(a[0], a[1])
-    assert not torch.equal(a[0], draws(6)[0])
-    # Successive calls are independent: correlation within the Monte-Carlo band.
-    r = torch.corrcoef(torch.stack([a[0].reshape(-1), a[1].reshape(-1)]).double())[0, 1]
-    assert abs(float(r)) < Z / math.sqrt(a[0].numel())
+    keys = keys_from_seeds([5, 6, 7], torch.device("cpu"))
+    a = [draw(keys, t) for t in range(3)]
+    assert torch.equal(a[0], draw(keys, 0))  # same (key, step): same numbers
+    assert not torch.equal(a[0], a[1])  # another step: other numbers
+    # chain k's numbers depend on its key alone, not on the number of chains or its position
+    assert torch.equal(draw(keys[1:2], 2, chains=1)[0], a[2][1])
+    assert torch.equal(draw(keys.flip(0), 2)[2], a[2][0])
+    # steps and chains are independent: correlation within the Monte-Carlo band
+    for x, y in ((a[0][0], a[1][0]), (a[0][0], a[0][1])):
+        r = torch.corrcoef(torch.stack([x, y]).double())[0, 1]
+        assert abs(float(r)) < Z / math.sqrt(x.numel())
+
+
+def test_step_fills_the_counters_high_words() -> None:
+    step = 2**33 + 3
+    blocks = torch.empty(1, 2, 4, dtype=torch.float32)
+    _philox_normal(KEY, blocks, step=_step(step))
+    w = _philox_reference([1, 0, step & 0xFFFFFFFF, step >> 32], [0x12345678, 0x9ABCDEF0])
+    u = [((x >> 8) + 0.5) * 2.0**-24 for x in w]
+    radius = math.sqrt(-2.0 * math.log(u[0]))
+    assert math.isclose(float(blocks[0, 1, 0]), radius * math.cos(2 * math.pi * u[1]), rel_tol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_compiled_kernel_equals_eager_arithmetic(dtype: torch.dtype) -> None:
     buf = NoiseBuffer((4099,), dtype, torch.device("cpu"))
-    buf.draw(torch.Generator().manual_seed(3), "philox")
+    buf.draw(torch.Generator(), "philox", KEY, _step(3))
     eager = torch.empty_like(buf.blocks)
-    _philox_normal(buf.key, eager)
+    _philox_normal(KEY, eager, step=_step(3))
     # Same integers; log/cos/sin may differ in the last ulp between inductor and eager.
     torch.testing.assert_close(buf.blocks, eager, rtol=4 * torch.finfo(dtype).eps, atol=0.0)
     assert buf.flat.shape == (4099,) and buf.flat.data_ptr() == buf.blocks.data_ptr()
@@ -108,13 +133,13 @@ def test_compile_failure_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(noise_mod, "_compile_failed", False)
     buf = NoiseBuffer((10,), torch.float32, torch.device("cpu"))
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
-        buf.draw(torch.Generator().manual_seed(0), "philox")
+        buf.draw(torch.Generator(), "philox", KEY, _step(0))
     expected = torch.empty_like(buf.blocks)
-    _philox_normal(buf.key, expected)
+    _philox_normal(KEY, expected, step=_step(0))
     assert torch.equal(buf.blocks, expected)
     with warnings.catch_warnings():  # warned once, then silently eager
         warnings.simplefilter("error")
-        buf.draw(torch.Generator().manual_seed(0), "philox")
+        buf.draw(torch.Generator(), "philox", KEY, _step(1))
 
 
 def test_unknown_noise_source_is_refused() -> None:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
-from sgrld.core.integrator import euler_maruyama
+from sgrld.core.engine import body
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics.base import Metric, Stats
 
@@ -44,17 +44,24 @@ def _move(
     grad: Tensor,
     xi: Tensor | None,
     params: list[Tensor],
-    step: int,
+    step: int | Tensor,
     lr: Tensor,
     sigma: Tensor,
     adapt: bool,
 ) -> None:
-    """The eager step's body (``sgrld_step``) in the form that compiles well."""
-    if adapt:
-        metric.update(stats, layout, grad, step)
-    drift = layout.views(metric.inverse(stats, layout, grad.clone()))
-    noise = None if xi is None else layout.views(metric.inverse_sqrt(stats, layout, xi.clone()))
-    euler_maruyama(params, drift, noise, lr, sigma)
+    """The engine's :func:`~sgrld.core.engine.body` on private clones (fusable intermediates)."""
+    body(
+        metric,
+        stats,
+        layout,
+        grad.clone(),
+        None if xi is None else xi.clone(),
+        params,
+        step,
+        lr,
+        sigma,
+        adapt,
+    )
 
 
 def check_compile(compile: bool, metric: Metric) -> None:
@@ -107,15 +114,18 @@ class CompiledMove:
         grad: Tensor,
         xi: Tensor | None,
         params: Sequence[Tensor],
-        step: int,
-        lr: float,
-        sigma: float,
+        step: int | Tensor,
+        lr: float | Tensor,
+        sigma: float | Tensor,
         adapt: bool,
     ) -> bool:
         """Run the step; ``False`` if it cannot be compiled (the caller then runs it eagerly)."""
         if self.failed:
             return False
-        lr_t, sigma_t = self._lr_sigma(grad, lr, sigma)
+        if isinstance(lr, Tensor) and isinstance(sigma, Tensor):
+            lr_t, sigma_t = lr, sigma
+        else:
+            lr_t, sigma_t = self._lr_sigma(grad, float(lr), float(sigma))
         try:
             with quiet_compile():
                 args = (metric, stats, layout, grad, xi, list(params), step)

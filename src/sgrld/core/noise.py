@@ -6,12 +6,15 @@ backward pass (``docs/performance.md``): the floor of every sampler's step.
 
 ``"philox"``: the counter-based Philox4x32-10 generator (Salmon et al., SC'11; the generator of
 cuRAND, JAX and torch's CUDA backend) with a Box–Muller transform, as one ``torch.compile``d
-elementwise kernel that runs on all cores and fuses the transform. Each call draws a fresh
-64-bit key from the sampler's ``torch.Generator``, and the counter is the element's index in the
-flat buffer, so the stream is a pure function of the generator state: reproducibility and
-checkpoint/resume are exactly as with ``"torch"`` (the two sources draw different numbers). The
-first call compiles (about 10 s; inductor caches it on disk). Without a working compiler it runs the
-same arithmetic eagerly (correct but slow) after a warning.
+elementwise kernel that fuses the transform. ξ is a pure function of (key, step, index): the key
+is the chain's own (``SamplerState.keys``, one per chain, drawn from the sampler's generator at
+``init`` or set from per-chain seeds), the counter is the element's row in the chain's buffer and
+the step count. Hence: no generator state to advance (a step can be captured in a CUDA graph or
+traced by ``torch.compile`` without a graph break), chain k's noise does not depend on how many
+chains run beside it, a block of steps draws exactly what the steps one by one draw, and resume
+is exact. The first call compiles (seconds; inductor caches it on disk). Without a working
+compiler it runs the same arithmetic eagerly (correct but slow) after a warning. Whether it is
+faster than ``"torch"`` depends on the machine: measure (``benchmarks/step_time.py``).
 
 32-bit words are handled in int64 lanes; the 32×32→64-bit products of Philox are split into
 16-bit halves so that no intermediate overflows int64 (no wrap-around is relied upon).
@@ -77,46 +80,59 @@ def values_per_counter(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float64 else 4
 
 
-def _philox_normal(key: Tensor, out: Tensor, first_row: int = 0) -> None:
-    """Fill ``out`` of shape (n, values_per_counter) with N(0, 1); row i comes from counter i.
+def _philox_normal(
+    key: Tensor, out: Tensor, first_row: int = 0, step: Tensor | None = None
+) -> None:
+    """Fill ``out`` of shape (..., n, values_per_counter) with N(0, 1); row i from counter i.
 
-    ``first_row`` shifts the counters (rows ``first_row``… of a larger buffer; for tests).
+    ``key`` is (..., 2) int64 (one key per leading index, e.g. per chain), ``step`` a 0-d int64
+    tensor that fills the counter's two high words (``None``: 0). ``first_row`` shifts the
+    counters (rows ``first_row``… of a larger buffer; for tests).
     """
-    index = torch.arange(out.shape[0], dtype=torch.int64, device=out.device) + first_row
+    index = torch.arange(out.shape[-2], dtype=torch.int64, device=out.device) + first_row
     zero = torch.zeros_like(index)
-    # counter (i mod 2³², ⌊i / 2³²⌋, 0, 0): every word stays below 2³² for any buffer size
-    w = philox4x32(index & _MASK32, index >> 32, zero, zero, key[0], key[1])
+    t_lo = zero if step is None else zero + (step & _MASK32)
+    t_hi = zero if step is None else zero + (step >> 32)
+    k0, k1 = key[..., 0:1], key[..., 1:2]  # (..., 1): broadcast over the rows
+    # counter (i mod 2³², ⌊i / 2³²⌋, t mod 2³², ⌊t / 2³²⌋): every word stays below 2³²
+    w = philox4x32(index & _MASK32, index >> 32, t_lo, t_hi, k0, k1)
     if out.dtype == torch.float64:
         # 53-bit uniforms from pairs of words; one Box–Muller pair per counter.
         u1, u2 = (
             (((hi << 21) | (lo >> 11)).to(torch.float64) + 0.5) * 2.0**-53
             for hi, lo in ((w[0], w[1]), (w[2], w[3]))
         )
-        out.copy_(torch.stack(_box_muller(u1, u2), dim=1))
+        out.copy_(torch.stack(_box_muller(u1, u2), dim=-1))
         return
     # 24-bit uniforms, as torch's own float32 sampling; two Box–Muller pairs per counter.
     u = [((x >> 8).to(torch.float32) + 0.5) * 2.0**-24 for x in w]
-    out.copy_(torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=1))
+    out.copy_(torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=-1))
 
 
-_compiled: Callable[[Tensor, Tensor], None] | None = None
+_compiled: Callable[..., None] | None = None
 _compile_failed = False
 
 
-def _kernel() -> Callable[[Tensor, Tensor], None]:
+def _kernel() -> Callable[..., None]:
     global _compiled
     if _compiled is None:
         _compiled = torch.compile(_philox_normal, fullgraph=True, dynamic=True)
     return _compiled
 
 
-def philox_normal_(blocks: Tensor, key: Tensor, *, compile: bool = True) -> None:
-    """Fill ``blocks`` (n, values_per_counter) with N(0, 1) under ``key`` (int64, 2 words)."""
+def philox_normal_(
+    blocks: Tensor, key: Tensor, step: Tensor | None = None, *, compile: bool = True
+) -> None:
+    """Fill ``blocks`` (..., n, values_per_counter) with N(0, 1) under ``key`` (..., 2) at
+    ``step`` (see :func:`_philox_normal`)."""
     global _compile_failed
+    if torch.compiler.is_compiling():  # inside a traced step: trace the arithmetic itself
+        _philox_normal(key, blocks, 0, step)
+        return
     if compile and not _compile_failed:
         try:
             with quiet_compile():
-                _kernel()(key, blocks)
+                _kernel()(key, blocks, 0, step)
             return
         except Exception as exc:  # no C++ toolchain, unsupported backend, ...
             _compile_failed = True
@@ -126,29 +142,61 @@ def philox_normal_(blocks: Tensor, key: Tensor, *, compile: bool = True) -> None
                 RuntimeWarning,
                 stacklevel=3,
             )
-    _philox_normal(key, blocks)
+    _philox_normal(key, blocks, 0, step)
+
+
+def keys_from_generator(
+    batch_shape: tuple[int, ...], generator: torch.Generator, device: torch.device
+) -> Tensor:
+    """Fresh Philox keys, one (2 words) per chain, drawn from ``generator``."""
+    keys = torch.randint(
+        0, 2**32, (*batch_shape, 2), generator=generator, dtype=torch.int64, device=generator.device
+    )
+    return keys.to(device)
+
+
+def keys_from_seeds(seeds: Tensor | list[int], device: torch.device) -> Tensor:
+    """Philox keys from integer seeds (0 ≤ seed < 2⁶⁴): the key words are the seed's halves."""
+    values = [int(s) for s in (seeds.tolist() if isinstance(seeds, Tensor) else seeds)]
+    for s in values:
+        if not 0 <= s < 2**64:
+            raise ValueError(f"invalid seed: {s} (expected 0 <= seed < 2**64)")
+    return torch.tensor([[s & _MASK32, s >> 32] for s in values], dtype=torch.int64, device=device)
 
 
 class NoiseBuffer:
-    """The flat noise buffer of a layout, padded so that Philox fills whole counters.
+    """The flat noise buffer of a layout, padded per chain so that Philox fills whole counters.
 
     ``flat`` has the layout's shape (*batch, D) and is what the metric sees; ``blocks`` views the
-    same storage as (n, values_per_counter); ``key`` is the per-call Philox key.
+    same storage as (chains, n, values_per_counter), one row range per chain, so that chain k's
+    counters (and numbers) do not depend on how many chains share the buffer.
     """
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        numel = math.prod(shape)
+        *batch, numel = shape
+        chains = math.prod(batch)
         width = values_per_counter(dtype)
         rows = -(-numel // width)
-        storage = torch.empty(rows * width, dtype=dtype, device=device)
-        self.flat = storage[:numel].view(shape)
-        self.blocks = storage.view(rows, width)
-        self.key = torch.zeros(2, dtype=torch.int64, device=device)
+        storage = torch.empty(chains, rows * width, dtype=dtype, device=device)
+        # contiguous unless several chains each need padding (then a view with a row stride)
+        self.flat = storage[:, :numel].view(*batch, numel)
+        self.blocks = storage.view(chains, rows, width)
 
-    def draw(self, generator: torch.Generator, source: NoiseSource) -> Tensor:
-        """Fill with fresh N(0, I) from ``generator`` and return the layout-shaped buffer."""
+    def draw(
+        self,
+        generator: torch.Generator,
+        source: NoiseSource,
+        keys: Tensor | None = None,
+        step: Tensor | None = None,
+    ) -> Tensor:
+        """Fill with fresh N(0, I) and return the layout-shaped buffer.
+
+        ``"torch"`` draws from ``generator``; ``"philox"`` is a function of the chains' ``keys``
+        (*batch, 2) and the ``step`` count (0-d int64 tensor).
+        """
         if source == "torch":
             return self.flat.normal_(generator=generator)
-        self.key.random_(0, 2**32, generator=generator)
-        philox_normal_(self.blocks, self.key)
+        if keys is None or step is None:
+            raise ValueError("philox noise needs the chains' keys and the step count")
+        philox_normal_(self.blocks, keys.reshape(-1, 2), step)
         return self.flat

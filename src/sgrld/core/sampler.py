@@ -1,159 +1,68 @@
 """Functional core: ``build(metric, ...)`` → ``init(params) -> state``, ``step(state, grads)``.
 
-The maths lives here once; :mod:`sgrld.optim` is a thin ``torch.optim`` facade over
-:func:`sgrld_step`. Conventions (ℓ, n, τ, h, signs) are in ``docs/conventions.md``.
+A step is :func:`sgrld.core.engine.advance`, the one step engine that :mod:`sgrld.optim` (the
+``torch.optim`` facade) also calls. Conventions (ℓ, n, τ, h, signs) are in
+``docs/conventions.md``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.integrator import euler_maruyama, noise_scale
+from sgrld.core.engine import NonFiniteGradientError, advance, check, check_mode
 from sgrld.core.layout import FlatLayout
-from sgrld.core.noise import NoiseSource, check_noise_source
-from sgrld.core.state import SamplerState, Workspace, new_generator
-from sgrld.metrics.base import Metric, Stats, check_range
+from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
+from sgrld.core.state import SamplerState, new_generator
+from sgrld.metrics.base import Metric, check_range
+
+__all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
 
 
-class NonFiniteGradientError(FloatingPointError):
-    """A gradient holds NaN or ±Inf; the step was refused and nothing was changed."""
-
-
-def validate_hyperparameters(lr: float, num_data: float, temperature: float) -> None:
-    check_range("lr", lr, lambda v: v > 0.0, "lr > 0")
+def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: float) -> None:
+    if isinstance(lr, Tensor):
+        check_lr_tensor(lr)
+    else:
+        check_range("lr", lr, lambda v: v > 0.0, "lr > 0, a float or a tensor")
     check_range("num_data", num_data, lambda v: v > 0.0, "num_data > 0")
     check_range("temperature", temperature, lambda v: v >= 0.0, "temperature >= 0")
 
 
-def _check_finite(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
-    # One reduction and one host sync: NaN/Inf anywhere makes the sum non-finite.
-    if bool(torch.isfinite(flat.sum())):
-        return
-    for name, seg in zip(names, layout.segments(flat), strict=True):
-        if not bool(torch.isfinite(seg).all()):
-            raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
-    # The sum overflowed although every element is finite: nothing to refuse.
+def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
+    """A tensor ℓ: floating point, 0-d or one per chain, every entry > 0 (read once here).
 
-
-def _restrict(
-    metric: Metric, stats: Stats, layout: FlatLayout, active: list[int]
-) -> tuple[Stats, FlatLayout]:
-    """Statistics of the parameters in ``active`` only (copies, written back by ``_merge``)."""
-    sub_layout = FlatLayout(
-        tuple(layout.names[i] for i in active),
-        tuple(layout.shapes[i] for i in active),
-        layout.batch_shape,
-    )
-    kinds = metric.stat_kinds(stats)
-    index = {i: j for j, i in enumerate(active)}
-    idx = torch.tensor(active)
-    sub: Stats = {}
-    for key, value in stats.items():
-        if "@" in key:
-            stat, i = key.rsplit("@", 1)
-            if int(i) in index:
-                sub[f"{stat}@{index[int(i)]}"] = value
-        elif kinds[key] == "element":
-            segs = layout.segments(value)
-            sub[key] = torch.cat([segs[i] for i in active], dim=-1)
-        elif kinds[key] == "tensor":
-            sub[key] = value.index_select(-1, idx.to(value.device))
-        else:
-            sub[key] = value
-    return sub, sub_layout
-
-
-def _merge(metric: Metric, stats: Stats, sub: Stats, layout: FlatLayout, active: list[int]) -> None:
-    kinds = metric.stat_kinds(stats)
-    idx = torch.tensor(active)
-    for key, value in stats.items():
-        if "@" in key:
-            stat, i = key.rsplit("@", 1)
-            if int(i) in active:
-                stats[key] = sub[f"{stat}@{active.index(int(i))}"]
-        elif kinds[key] == "element":
-            segs = layout.segments(value)
-            for seg, src in zip(
-                (segs[i] for i in active),
-                sub[key].split([layout.numels[i] for i in active], -1),
-                strict=True,
-            ):
-                seg.copy_(src)
-        elif kinds[key] == "tensor":
-            value.index_copy_(-1, idx.to(value.device), sub[key])
-        else:
-            stats[key] = sub[key]
-
-
-@torch.no_grad()
-def sgrld_step(
-    metric: Metric,
-    state: SamplerState,
-    grads: Sequence[Tensor | None],
-    *,
-    lr: float,
-    num_data: float,
-    temperature: float,
-    check_finite: bool = True,
-    adapt: bool = True,
-    noise_source: NoiseSource = "torch",
-    compiled: CompiledMove | None = None,
-) -> None:
-    """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
-
-    θ ← θ − ℓ·G⁻¹ĝ + √(2ℓτ/n)·G^{-1/2}ξ (paper eq. 4 with h = ℓ/n, Γ dropped). With
-    ``adapt=False`` the metric's statistics are not updated: G stays as it is (a frozen metric
-    makes the chain a fixed-preconditioner SGLD, e.g. after burn-in). ``noise_source`` picks
-    the generator of ξ (:mod:`sgrld.core.noise`); with ``compiled`` the metric and the move run
-    as one compiled call (:mod:`sgrld.core.compiled`).
+    ``num_chains``: the state's chain count (``None``: a single chain, so ℓ must be 0-d);
+    ``True``: not known yet (a 1-d ℓ is accepted and checked at ``init``).
     """
-    layout = state.layout
-    params = list(state.params.values())
-    active = [i for i, g in enumerate(grads) if g is not None]
-    if not active:
-        return
-    present = [g for g in grads if g is not None]
-    if len(active) == len(params):
-        if state.workspace is None:
-            state.workspace = Workspace.for_layout(layout, params[0])
-        work, stats, sub_layout = state.workspace, state.stats, layout
-    else:  # rare: a subset of the group has gradients this step
-        stats, sub_layout = _restrict(metric, state.stats, layout, active)
-        work = Workspace.for_layout(sub_layout, params[0])
-        params = [params[i] for i in active]
-    grad = sub_layout.gather(present, work.grad)
-    if check_finite:
-        _check_finite(sub_layout.names, sub_layout, grad)
-
-    step = state.step + 1
-    sigma = noise_scale(lr, num_data, temperature)
-    # ξ first: the generator drives nothing else, so the order does not change the chain.
-    xi = work.noise.draw(state.generator, noise_source) if sigma > 0.0 else None
-    fused = False
-    if compiled is not None and stats is state.stats:  # a grad subset runs eagerly (rare)
-        fused = compiled(metric, stats, sub_layout, grad, xi, params, step, lr, sigma, adapt)
-    if not fused:
-        if adapt:
-            metric.update(stats, sub_layout, grad, step)
-        drift = metric.inverse(stats, sub_layout, grad)
-        noise = None
-        if xi is not None:
-            noise = sub_layout.views(metric.inverse_sqrt(stats, sub_layout, xi))
-        euler_maruyama(params, sub_layout.views(drift), noise, lr, sigma)
-    state.step = step
-    if stats is not state.stats:
-        _merge(metric, state.stats, stats, layout, active)
+    if not lr.is_floating_point():
+        raise ValueError(f"invalid lr: a {lr.dtype} tensor (expected a floating-point tensor)")
+    per_chain_ok = num_chains is True or (
+        isinstance(num_chains, int) and lr.dim() == 1 and lr.numel() == num_chains
+    )
+    if lr.dim() > 1 or (lr.dim() == 1 and not per_chain_ok):
+        want = "0-d" if num_chains is None else f"0-d or shape ({num_chains},), one per chain"
+        raise ValueError(f"invalid lr: a tensor of shape {tuple(lr.shape)} (expected {want})")
+    if not bool((lr > 0).all()):
+        raise ValueError("invalid lr: every entry must be > 0")
 
 
 @dataclass(frozen=True)
 class Sampler:
     """A configured SGRLD sampler: the functional API (blackjax / posteriors style).
+
+    ``lr`` is a float, a 0-d tensor or (for K chains) a ``(K,)`` tensor of per-chain step sizes;
+    ``check_finite``/``sync_checks`` choose how NaN/Inf gradients are caught
+    (:mod:`sgrld.core.engine`); ``capturable=True`` makes every step free of host reads and
+    Python-side randomness, so that it can be captured in a CUDA graph or traced by
+    ``torch.compile`` without a graph break (it needs ``noise="philox"``, the counter-based
+    source, and the due Shampoo refreshes are then run by :meth:`refresh_if_due` outside the
+    captured region).
 
     Example:
         >>> import torch, sgrld
@@ -165,12 +74,14 @@ class Sampler:
     """
 
     metric: Metric
-    lr: float
+    lr: float | Tensor
     num_data: float
     temperature: float = 1.0
     check_finite: bool = True
     noise: NoiseSource = "torch"
     compile: bool = False
+    capturable: bool = False
+    sync_checks: bool | None = None
     # the compiled step (compile=True), shared by the states this sampler steps; not state
     _compiled: list[CompiledMove] = field(
         default_factory=list, init=False, repr=False, compare=False
@@ -180,6 +91,7 @@ class Sampler:
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
         check_noise_source(self.noise)
         check_compile(self.compile, self.metric)
+        check_flags(self.check_finite, self.capturable, self.sync_checks, self.noise)
 
     def init(
         self,
@@ -187,25 +99,50 @@ class Sampler:
         *,
         num_chains: int | None = None,
         generator: torch.Generator | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> SamplerState:
         """Initial state. With ``num_chains=K`` every tensor carries K chains in a leading dim.
 
-        The parameters are used (and later updated) in place, not copied.
+        The parameters are used (and later updated) in place, not copied. ``seeds`` (one per
+        chain, or one for a single chain) set the chains' Philox keys (``noise="philox"``):
+        chain k's noise then depends on its seed alone, not on K or its position.
         """
         if not params:
             raise ValueError("params is empty")
-        if num_chains is not None and (not isinstance(num_chains, int) or num_chains < 1):
+        if num_chains is not None and (
+            not isinstance(num_chains, int) or isinstance(num_chains, bool) or num_chains < 1
+        ):
             raise ValueError(f"invalid num_chains: {num_chains!r} (expected an int >= 1)")
         names, tensors = list(params), list(params.values())
+        for name, t in zip(names, tensors, strict=True):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"parameter {name!r} is a {type(t).__name__}, not a tensor")
         layout = FlatLayout.from_tensors(names, tensors, num_chains)
         first = tensors[0]
-        if not all(t.dtype == first.dtype and t.device == first.device for t in tensors):
-            raise ValueError("all parameters of a sampler must share one dtype and device")
+        for name, t in zip(names, tensors, strict=True):
+            if t.dtype != first.dtype or t.device != first.device:
+                raise ValueError(
+                    f"all parameters of a sampler must share one dtype and device: {name!r} is "
+                    f"{t.dtype} on {t.device}, {names[0]!r} {first.dtype} on {first.device}"
+                )
         if not first.is_floating_point():
             raise ValueError(f"parameters must be floating point, got {first.dtype}")
+        if isinstance(self.lr, Tensor):
+            check_lr_tensor(self.lr, num_chains)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         gen = generator if generator is not None else new_generator(first.device)
         stats = self.metric.init(layout, first)
-        return SamplerState(dict(params), stats, 0, gen, layout)
+        state = SamplerState(dict(params), stats, 0, gen, layout)
+        if seeds is not None:
+            if len(seeds) != max(1, math.prod(layout.batch_shape)):
+                raise ValueError(
+                    f"seeds: {len(seeds)} given for {math.prod(layout.batch_shape)} chains"
+                )
+            state.keys.copy_(keys_from_seeds(list(seeds), first.device).view_as(state.keys))
+        elif self.noise == "philox":
+            state.keys.copy_(keys_from_generator(layout.batch_shape, gen, first.device))
+        return state
 
     def step(
         self,
@@ -221,24 +158,71 @@ class Sampler:
         or ``None`` skips that parameter. With ``inplace=False`` the input state is left
         untouched and a new one is returned; ``adapt=False`` freezes the metric for this step.
         """
+        if not isinstance(grads, Mapping):
+            raise TypeError(
+                f"grads must be a mapping from parameter names to tensors, got "
+                f"{type(grads).__name__}"
+            )
         unknown = set(grads) - set(state.params)
         if unknown:
             raise KeyError(f"gradients for unknown parameters {sorted(unknown)}")
         if not inplace:
             state = clone_state(state)
-        sgrld_step(
+        device = next(iter(state.params.values())).device
+        advance(
             self.metric,
             state,
             [grads.get(n) for n in state.params],
             lr=self.lr,
             num_data=self.num_data,
             temperature=self.temperature,
-            check_finite=self.check_finite,
+            checks=check_mode(self.check_finite, self.sync_checks, device, self.capturable),
             adapt=adapt,
             noise_source=self.noise,
             compiled=self._compiled_move(),
+            refresh=not self.capturable,
         )
         return state
+
+    def run(
+        self,
+        state: SamplerState,
+        grad_fn: Callable[[dict[str, Tensor]], Mapping[str, Tensor | None]],
+        num_steps: int,
+        *,
+        adapt: bool = True,
+        callback: Callable[[SamplerState], None] | None = None,
+    ) -> SamplerState:
+        """Take ``num_steps`` steps in place, ĝ = ``grad_fn(state.params)`` at each.
+
+        Every option of the sampler applies as in :meth:`step` (it is the same engine);
+        ``callback(state)`` runs after each step (e.g. to keep samples). Deferred checks are
+        read once at the end. For long runs of tiny single-tensor problems see
+        :class:`sgrld.core.multistep.BlockRunner` (compiled blocks of steps).
+        """
+        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
+            raise ValueError(f"invalid num_steps: {num_steps!r} (expected an integer >= 0)")
+        for _ in range(num_steps):
+            with torch.enable_grad():
+                grads = grad_fn(state.params)
+            self.step(state, grads, adapt=adapt)
+            if callback is not None:
+                callback(state)
+        self.check(state)
+        return state
+
+    def check(self, state: SamplerState) -> None:
+        """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient."""
+        check(state)
+
+    def refresh_if_due(self, state: SamplerState) -> bool:
+        """Run the metric's scheduled refresh if due at ``state.step`` (capturable samplers)."""
+        interval = self.metric.refresh_interval
+        if interval is None or state.step % interval != 0:
+            return False
+        check(state)
+        self.metric.refresh(state.stats, state.layout)
+        return True
 
     def _compiled_move(self) -> CompiledMove | None:
         if not self.compile:
@@ -253,6 +237,25 @@ class Sampler:
         return state
 
 
+def check_flags(check_finite: bool, capturable: bool, sync_checks: bool | None, noise: str) -> None:
+    """Refuse non-bool flags and the combinations a captured step cannot honour."""
+    for name, value in (("check_finite", check_finite), ("capturable", capturable)):
+        if not isinstance(value, bool):
+            raise ValueError(f"invalid {name}: {value!r} (expected True or False)")
+    if sync_checks is not None and not isinstance(sync_checks, bool):
+        raise ValueError(f"invalid sync_checks: {sync_checks!r} (expected None, True or False)")
+    if capturable and noise != "philox":
+        raise ValueError(
+            "capturable=True needs noise='philox': torch's generator-driven normal_ cannot be "
+            "replayed by a CUDA graph or traced by torch.compile without a graph break"
+        )
+    if capturable and sync_checks:
+        raise ValueError(
+            "sync_checks=True reads a flag on the host every step, which a captured step cannot "
+            "do; read it with check() instead"
+        )
+
+
 def clone_state(state: SamplerState) -> SamplerState:
     gen = torch.Generator(device=state.generator.device)
     gen.set_state(state.generator.get_state())
@@ -262,4 +265,7 @@ def clone_state(state: SamplerState) -> SamplerState:
         state.step,
         gen,
         copy.copy(state.layout),
+        keys=state.keys.clone(),
+        device_step=state.device_step.clone(),
+        flags=state.flags.clone(),
     )

@@ -34,9 +34,15 @@ class SamplerState:
     Attributes:
         params: the parameters (updated in place by :func:`sgrld.core.sampler.Sampler.step`).
         stats: the metric's statistics (see :mod:`sgrld.metrics.base`).
-        step: number of steps taken so far.
-        generator: the random generator that drives the noise.
+        step: number of steps taken so far (host counter: schedules read it without a sync).
+        generator: the random generator that drives ``noise="torch"``.
         layout: the flat layout of ``params``.
+        keys: ``(*batch, 2)`` int64 Philox keys, one per chain (``noise="philox"``; zeros
+            otherwise).
+        device_step: the step count as a 0-d int64 tensor on the parameters' device (what
+            compiled and captured steps read).
+        flags: ``(*batch, 2)`` int64 deferred-check flags per chain: the first step whose
+            gradient was non-finite (0: none) and the index of its first bad tensor.
     """
 
     params: dict[str, Tensor]
@@ -44,30 +50,87 @@ class SamplerState:
     step: int
     generator: torch.Generator
     layout: FlatLayout
+    keys: Tensor = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+    device_step: Tensor = field(default=None)  # type: ignore[assignment]
+    flags: Tensor = field(default=None)  # type: ignore[assignment]
     workspace: Workspace | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        device = next(iter(self.params.values())).device
+        batch = self.layout.batch_shape
+        if self.keys is None:
+            self.keys = torch.zeros((*batch, 2), dtype=torch.int64, device=device)
+        if self.device_step is None:
+            self.device_step = torch.tensor(self.step, dtype=torch.int64, device=device)
+        if self.flags is None:
+            self.flags = torch.zeros((*batch, 2), dtype=torch.int64, device=device)
+
     def state_dict(self) -> dict[str, Any]:
-        """Statistics, step and generator state (parameters are saved by the caller)."""
+        """Statistics, step, generator state, Philox keys and check flags (not the parameters,
+        which the caller saves)."""
         return {
             "stats": {k: v.clone() for k, v in self.stats.items()},
             "step": self.step,
             "generator": self.generator.get_state(),
+            "keys": self.keys.clone(),
+            "flags": self.flags.clone(),
         }
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Restore in place, keeping existing buffers (and views of them) valid."""
-        if set(sd["stats"]) != set(self.stats):
-            missing = set(self.stats) ^ set(sd["stats"])
-            raise ValueError(f"state dict does not match this sampler (keys {sorted(missing)})")
-        for k, v in sd["stats"].items():
-            if v.shape != self.stats[k].shape:
+    def validate_state_dict(self, sd: Any, label: str = "state dict") -> None:
+        """Refuse ``sd`` unless it fits this state exactly; changes nothing.
+
+        Keys, shapes and dtypes must match, statistics must be finite, ``step`` a non-negative
+        int and ``generator`` a state this generator accepts.
+        """
+        if not isinstance(sd, dict) or not {"stats", "step", "generator"} <= set(sd):
+            raise ValueError(f"{label} is not a sampler state (needs stats, step and generator)")
+        stats = sd["stats"]
+        if not isinstance(stats, dict) or set(stats) != set(self.stats):
+            got = set(stats) if isinstance(stats, dict) else set()
+            diff = sorted(set(self.stats) ^ got)
+            raise ValueError(f"{label} does not match this sampler (statistics {diff})")
+        for k, v in stats.items():
+            mine = self.stats[k]
+            if not isinstance(v, Tensor) or v.shape != mine.shape:
+                shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
                 raise ValueError(
-                    f"state dict entry {k!r} has shape {tuple(v.shape)}, "
-                    f"expected {tuple(self.stats[k].shape)}"
+                    f"{label}: statistic {k!r} has shape {shape}, expected {tuple(mine.shape)}"
                 )
+            if v.dtype != mine.dtype:
+                raise ValueError(f"{label}: statistic {k!r} is {v.dtype}, expected {mine.dtype}")
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise ValueError(f"{label}: statistic {k!r} holds NaN or Inf (damaged state)")
+        step = sd["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"{label}: step is {step!r}, expected an integer >= 0")
+        for name in ("keys", "flags"):
+            if name in sd:
+                v, mine = sd[name], getattr(self, name)
+                if not isinstance(v, Tensor) or v.shape != mine.shape or v.dtype != mine.dtype:
+                    raise ValueError(f"{label}: {name} do not match this sampler's chains")
+        probe = torch.Generator(device=self.generator.device)
+        try:
+            probe.set_state(sd["generator"])
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"{label}: invalid generator state ({exc})") from None
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Validate everything (:meth:`validate_state_dict`), then restore in place, keeping
+        existing buffers (and views of them) valid: a refused dict changes nothing."""
+        self.validate_state_dict(sd)
+        self.apply_state_dict(sd)
+
+    def apply_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore a validated state dict (cannot fail)."""
+        for k, v in sd["stats"].items():
             self.stats[k].copy_(v)
         self.step = int(sd["step"])
+        self.device_step.fill_(self.step)
         self.generator.set_state(sd["generator"])
+        if "keys" in sd:
+            self.keys.copy_(sd["keys"])
+        if "flags" in sd:
+            self.flags.copy_(sd["flags"])
 
 
 def new_generator(

@@ -47,8 +47,12 @@ class Metric(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
-        """Fold the flat gradient into the statistics, in place. ``step`` counts from 1."""
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
+        """Fold the flat gradient into the statistics, in place. ``step`` counts from 1.
+
+        ``step`` is a Python int in eager steps and a 0-d int64 tensor on the parameters' device
+        in compiled and captured ones: use it only in tensor arithmetic (no ``%``, no ``if``).
+        """
 
     @abc.abstractmethod
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
@@ -61,8 +65,19 @@ class Metric(abc.ABC):
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
         """Return G^{-1/2} · noise. May overwrite ``noise`` (a scratch buffer) in place."""
 
+    @property
+    def refresh_interval(self) -> int | None:
+        """Steps between the refreshes the step engine runs itself (``None``: never).
+
+        A due refresh runs right after :meth:`update` of the step whose count is a multiple of
+        the interval (Shampoo's roots, reference §2.5); the engine decides on the host, so the
+        hot step never branches on the step count.
+        """
+        return None
+
     def refresh(self, stats: Stats, layout: FlatLayout) -> None:  # noqa: B027 - optional hook
-        """Recompute an explicitly scheduled part of G (Wenzel's per-epoch preconditioner)."""
+        """Recompute an explicitly scheduled part of G (Wenzel's preconditioner at an epoch end,
+        Shampoo's inverse roots every :attr:`refresh_interval` steps)."""
 
 
 _REGISTRY: dict[str, type[Metric]] = {}

@@ -21,7 +21,7 @@ class IdentityMetric(Metric):
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return {}
 
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         return None
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:

@@ -82,7 +82,7 @@ class MongeMetric(Metric):
         for i, (y, x) in enumerate(zip(ys, xs, strict=True)):
             y.addcmul_(x, coef[..., i : i + 1])
 
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         m = stats["exp_avg"]
         m.lerp_(grad, 1.0 - self.decay)  # λm + (1−λ)g in one pass
         ms = self._segments(layout, m)

@@ -48,7 +48,7 @@ class RMSpropMetric(Metric):
     def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
         return {"square_avg": "element", "inv_sqrt": "element"}
 
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         v, r = stats["square_avg"], stats["inv_sqrt"]
         v.mul_(self.decay).addcmul_(grad, grad, value=1.0 - self.decay)
         # r = (√V + ε)^{-1/2} (or with V/(1−λᵗ)) in a preallocated buffer, 3 passes over D (4 with

@@ -95,6 +95,7 @@ class ShampooMetric(Metric):
         >>> stats = metric.init(layout, torch.zeros(12))
         >>> g = torch.randn(12)
         >>> metric.update(stats, layout, g, step=1)
+        >>> metric.refresh(stats, layout)  # the step engine does this every update_interval
         >>> metric.inverse(stats, layout, g.clone()).shape
         torch.Size([12])
     """
@@ -176,8 +177,17 @@ class ShampooMetric(Metric):
                     stats[_key("noise_root", g, a, i)] = eye.clone()
         return stats
 
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
-        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block; roots every ``update_interval``."""
+    @property
+    def refresh_interval(self) -> int:
+        """The roots are recomputed by the step engine every ``update_interval`` steps."""
+        return self.update_interval
+
+    def refresh(self, stats: Stats, layout: FlatLayout) -> None:
+        """Recompute the inverse roots (the engine calls this every ``update_interval`` steps)."""
+        self.compute_roots(stats, layout)
+
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
+        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`)."""
         chains = math.prod(layout.batch_shape)
         segments = layout.segments(grad)
         work, _ = self._work(layout, grad)
@@ -187,8 +197,6 @@ class ShampooMetric(Metric):
                 blocks = self._blocks(x, group, plan, work)
                 for a in range(plan.rank):
                     self._fold(stats[_key("factor", g, a, i)], blocks, a)
-        if step % self.update_interval == 0:
-            self.compute_roots(stats, layout)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""

@@ -55,7 +55,7 @@ class WenzelMetric(Metric):
     def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
         return {"mean_square_avg": "tensor", "scale": "tensor", "scale_sqrt": "tensor"}
 
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int) -> None:
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         # mean(g_p²) per tensor; dividing by Python ints needs no host-to-device copy
         means = [
             torch.linalg.vecdot(g, g) / n

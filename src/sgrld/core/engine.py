@@ -1,0 +1,360 @@
+"""The one step engine: every path that moves a chain goes through :func:`advance`.
+
+The optimizer facade (:mod:`sgrld.optim`), the functional :class:`~sgrld.core.sampler.Sampler`,
+its multi-step :meth:`~sgrld.core.sampler.Sampler.run` and the compiled and captured steps all
+call the same function, so an option either works on every path or is refused on all of them.
+
+One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``):
+
+1. validate the gradients against the parameters (shape, dtype, device: host metadata only);
+2. gather them into the flat buffer and check them (see *checks* below);
+3. draw ξ (:mod:`sgrld.core.noise`);
+4. :func:`body`: ``metric.update`` → ``metric.inverse`` → ``metric.inverse_sqrt`` → the
+   Euler–Maruyama move (:func:`~sgrld.core.integrator.euler_maruyama`);
+5. count the step on the host and on the device, and refresh a scheduled metric part (Shampoo's
+   roots) when it is due — on the host, outside the hot step.
+
+**Checks** (``NaN``/``Inf`` in a gradient), three modes:
+
+* ``"sync"`` (default on CPU, where reading a flag is free): one reduction, read at once; a bad
+  gradient raises :class:`NonFiniteGradientError` before anything changes.
+* ``"deferred"`` (default on CUDA and for ``capturable=True``): no host read in the step. The
+  first bad step and tensor of each chain are recorded in device flags; that chain's step is
+  masked (gradient and noise zeroed, so the move is exactly zero, and every statistic restored),
+  so the parameters and statistics are untouched exactly as in ``"sync"`` mode. The error is
+  raised at the next host read: :func:`check` (``opt.check()``), ``state_dict()`` (checkpoints)
+  and every scheduled refresh.
+* ``"off"`` (``check_finite=False``): nothing.
+
+**Device-resident scalars.** ``state.device_step`` is the step count as a 0-d int64 tensor on the
+parameters' device; ℓ may be a 0-d (or per-chain ``(K,)``) tensor, and σ = √(2ℓτ/n) is then
+computed on the device, so a scheduler that changes ℓ neither syncs nor recompiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from sgrld.core.integrator import euler_maruyama
+from sgrld.core.layout import FlatLayout
+from sgrld.core.noise import NoiseSource
+from sgrld.core.state import SamplerState, Workspace
+from sgrld.metrics.base import Metric, Stats
+
+CheckMode = Literal["sync", "deferred", "off"]
+Scalar = float | Tensor
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A gradient holds NaN or ±Inf; the step was refused and nothing was changed."""
+
+
+def check_mode(
+    check_finite: bool, sync_checks: bool | None, device: torch.device, capturable: bool
+) -> CheckMode:
+    """The check mode of a sampler (see the module docstring)."""
+    if not check_finite:
+        return "off"
+    if capturable:
+        if sync_checks:
+            raise ValueError(
+                "sync_checks=True reads a flag on the host every step, which a captured step "
+                "cannot do; use capturable=False, or read the flag with check()"
+            )
+        return "deferred"
+    if sync_checks is None:
+        return "sync" if device.type == "cpu" else "deferred"
+    return "sync" if sync_checks else "deferred"
+
+
+def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
+    """Refuse gradients that do not fit their parameter (metadata only: no host sync)."""
+    for name, p, g in zip(state.params, state.params.values(), grads, strict=True):
+        if g is None:
+            continue
+        if not isinstance(g, Tensor):
+            raise TypeError(f"gradient of parameter {name!r} is a {type(g).__name__}, not a tensor")
+        if g.shape != p.shape:
+            raise ValueError(
+                f"gradient of parameter {name!r} has shape {tuple(g.shape)}, the parameter "
+                f"{tuple(p.shape)}: a gradient must have exactly its parameter's shape"
+            )
+        if g.dtype != p.dtype:
+            raise ValueError(
+                f"gradient of parameter {name!r} is {g.dtype}, the parameter {p.dtype}: "
+                "a gradient must have its parameter's dtype"
+            )
+        if g.device != p.device:
+            raise ValueError(
+                f"gradient of parameter {name!r} is on {g.device}, the parameter on {p.device}"
+            )
+
+
+def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
+    """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
+    present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
+    if not present or bool(torch.isfinite(torch.stack([g.sum() for _, g in present])).all()):
+        return
+    for name, g in present:
+        if not bool(torch.isfinite(g).all()):
+            raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
+
+
+def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
+    # One reduction and one host read: NaN/Inf anywhere makes the sum non-finite.
+    if bool(torch.isfinite(flat.sum())):
+        return
+    for name, seg in zip(names, layout.segments(flat), strict=True):
+        if not bool(torch.isfinite(seg).all()):
+            raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
+    # The sum overflowed although every element is finite: nothing to refuse.
+
+
+def _record_bad(state: SamplerState, layout: FlatLayout, grad: Tensor) -> Tensor:
+    """Device-side check: per chain, whether every gradient element is finite, shape (*batch, 1).
+
+    Records the first bad step and tensor of each chain in ``state.flags``; no host read.
+    """
+    # max |g| per tensor and chain (NaN propagates through the max): one pass over D
+    peaks = torch.stack(
+        [torch.linalg.vector_norm(s, math.inf, dim=-1) for s in layout.segments(grad)], dim=-1
+    )
+    finite = torch.isfinite(peaks)  # (*batch, P)
+    ok = finite.all(dim=-1)
+    flags = state.flags
+    first = flags[..., 0] == 0
+    new = first & ~ok
+    step = state.device_step + 1
+    flags[..., 0] = torch.where(new, step, flags[..., 0])
+    # index of the first non-finite tensor (argmax of the first False)
+    bad_tensor = (~finite).to(torch.int8).argmax(dim=-1)
+    flags[..., 1] = torch.where(new, bad_tensor, flags[..., 1])
+    return ok.unsqueeze(-1)
+
+
+def check(state: SamplerState, label: str = "") -> None:
+    """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient.
+
+    The one host read of the deferred flags; it names the first bad step and parameter (and
+    the chain where there are several).
+    """
+    flags = state.flags
+    bad = flags[..., 0]
+    if not bool((bad != 0).any()):
+        return
+    flat = flags.reshape(-1, 2).tolist()
+    chains = [i for i, (s, _) in enumerate(flat) if s != 0]
+    chain = min(chains, key=lambda i: flat[i][0])
+    step, tensor = flat[chain]
+    where = f" of chain {chain}" if state.layout.batch_shape else ""
+    others = f" ({len(chains)} chains affected)" if len(chains) > 1 else ""
+    raise NonFiniteGradientError(
+        f"{label}gradient of parameter {state.layout.names[tensor]!r}{where} contains NaN or "
+        f"Inf at step {step}{others}; that step and those after it were not applied to the "
+        "affected chains"
+    )
+
+
+def sigma_of(lr: Scalar, num_data: float, temperature: float) -> Scalar:
+    """σ = √(2ℓτ/n), on the device when ℓ is a tensor."""
+    if isinstance(lr, Tensor):
+        return torch.sqrt(lr * (2.0 * temperature / num_data))
+    return math.sqrt(2.0 * lr * temperature / num_data)
+
+
+def _per_chain(value: Scalar, layout: FlatLayout, like: Tensor) -> Scalar:
+    """A per-chain ℓ or σ of shape (K,) as (K, 1): broadcast over the flat (K, D) buffers."""
+    if isinstance(value, Tensor) and value.dim() > 0:
+        return value.to(like.dtype).reshape(*layout.batch_shape, 1)
+    return value
+
+
+def body(
+    metric: Metric,
+    stats: Stats,
+    layout: FlatLayout,
+    grad: Tensor,
+    xi: Tensor | None,
+    params: list[Tensor],
+    step: int | Tensor,
+    lr: Scalar,
+    sigma: Scalar,
+    adapt: bool,
+    refresh: bool = False,
+) -> None:
+    """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ.
+
+    ``grad`` and ``xi`` are private flat buffers (the metric may overwrite them). ``lr`` and
+    ``sigma`` are Python floats (eager) or tensors: 0-d, or per chain ``(*batch, 1)``. With
+    ``refresh`` the metric's scheduled part (Shampoo's roots) is recomputed after the update,
+    so that this step already uses it (as the paper's code does).
+    """
+    if adapt:
+        metric.update(stats, layout, grad, step)
+        if refresh:
+            metric.refresh(stats, layout)
+    drift = layout.views(metric.inverse(stats, layout, grad))
+    noise = None if xi is None else layout.views(metric.inverse_sqrt(stats, layout, xi))
+    if isinstance(lr, Tensor) and lr.dim() > 0:  # per chain: (K, 1) → (K, 1, ..., 1) per tensor
+        nb = len(layout.batch_shape)
+        lrs = [lr.reshape(*lr.shape[:nb], *([1] * (d.dim() - nb))) for d in drift]
+        sig = sigma if isinstance(sigma, Tensor) else torch.as_tensor(sigma)
+        sigs = [sig.reshape(*lr.shape[:nb], *([1] * (d.dim() - nb))) for d in drift]
+        if noise is None:
+            moves = [-d * r for d, r in zip(drift, lrs, strict=True)]
+        else:
+            moves = [n * s - d * r for d, n, r, s in zip(drift, noise, lrs, sigs, strict=True)]
+        torch._foreach_add_(params, moves)
+        return
+    euler_maruyama(params, drift, noise, lr, sigma)
+
+
+def advance(
+    metric: Metric,
+    state: SamplerState,
+    grads: Sequence[Tensor | None],
+    *,
+    lr: Scalar,
+    num_data: float,
+    temperature: float,
+    checks: CheckMode = "sync",
+    adapt: bool = True,
+    noise_source: NoiseSource = "torch",
+    compiled: object | None = None,
+    refresh: bool = True,
+) -> None:
+    """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
+
+    ``lr`` is a float or a tensor (0-d, or ``(K,)`` for one ℓ per chain); ``checks`` is the
+    check mode (module docstring); with ``adapt=False`` the metric's statistics are not updated
+    (a frozen G); ``compiled`` is a :class:`~sgrld.core.compiled.CompiledMove` that runs the
+    body as one compiled call; ``refresh=False`` leaves a due scheduled refresh (Shampoo's
+    roots) to the caller (captured steps: see :func:`refresh_due`).
+    """
+    layout = state.layout
+    params = list(state.params.values())
+    active = [i for i, g in enumerate(grads) if g is not None]
+    if not active:
+        return
+    validate_grads(state, grads)
+    present = [g for g in grads if g is not None]
+    if len(active) == len(params):
+        if state.workspace is None:
+            state.workspace = Workspace.for_layout(layout, params[0])
+        work, stats, sub_layout = state.workspace, state.stats, layout
+    else:  # rare: a subset of the group has gradients this step
+        if checks == "deferred":
+            missing = [n for n, g in zip(layout.names, grads, strict=True) if g is None]
+            raise ValueError(
+                "a step with deferred checks (CUDA, capturable=True or sync_checks=False) needs "
+                f"a gradient for every parameter; missing: {missing} (set them to zeros, or put "
+                "those parameters in a group of their own)"
+            )
+        stats, sub_layout = _restrict(metric, state.stats, layout, active)
+        work = Workspace.for_layout(sub_layout, params[0])
+        params = [params[i] for i in active]
+    grad = sub_layout.gather(present, work.grad)
+    ok: Tensor | None = None
+    if checks == "sync":
+        _check_now(sub_layout.names, sub_layout, grad)
+    elif checks == "deferred":
+        ok = _record_bad(state, layout, grad)
+        grad.masked_fill_(~ok, 0.0)  # a bad chain's move is then exactly zero
+
+    step = state.step + 1
+    sigma = sigma_of(lr, num_data, temperature)
+    positive = bool(sigma > 0.0) if not isinstance(sigma, Tensor) else temperature > 0.0
+    # ξ first: the generator drives nothing else, so the order does not change the chain.
+    xi = (
+        work.noise.draw(state.generator, noise_source, state.keys, state.device_step)
+        if positive
+        else None
+    )
+    if xi is not None and ok is not None:
+        xi.masked_fill_(~ok, 0.0)
+    saved = None
+    if ok is not None and adapt:
+        saved = {k: v.clone() for k, v in stats.items()}
+    step_arg: int | Tensor = state.device_step + 1 if checks == "deferred" else step
+    lr_arg, sigma_arg = _per_chain(lr, sub_layout, grad), _per_chain(sigma, sub_layout, grad)
+    due = refresh and adapt and refresh_due(metric, step)
+    fused = False
+    # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
+    if compiled is not None and stats is state.stats and not due:
+        fused = compiled(  # type: ignore[operator]
+            metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg, adapt
+        )
+    if not fused:
+        if due and checks == "deferred":
+            check(state)  # the refresh reads the statistics: refuse poisoned ones first
+        args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
+        body(*args, adapt, due)
+    if saved is not None and ok is not None:
+        for k, v in stats.items():  # a bad chain's statistics as they were
+            keep = ok.reshape(*ok.shape[:-1], *([1] * (v.dim() - ok.dim() + 1)))
+            v.copy_(torch.where(keep, v, saved[k]))
+    state.step = step
+    state.device_step.add_(1)
+    if stats is not state.stats:
+        _merge(metric, state.stats, stats, layout, active)
+
+
+def refresh_due(metric: Metric, step: int) -> bool:
+    """Whether the metric's scheduled refresh (Shampoo's roots) is due after step ``step``."""
+    interval = metric.refresh_interval
+    return interval is not None and step % interval == 0
+
+
+def _restrict(
+    metric: Metric, stats: Stats, layout: FlatLayout, active: list[int]
+) -> tuple[Stats, FlatLayout]:
+    """Statistics of the parameters in ``active`` only (copies, written back by ``_merge``)."""
+    sub_layout = FlatLayout(
+        tuple(layout.names[i] for i in active),
+        tuple(layout.shapes[i] for i in active),
+        layout.batch_shape,
+    )
+    kinds = metric.stat_kinds(stats)
+    index = {i: j for j, i in enumerate(active)}
+    idx = torch.tensor(active)
+    sub: Stats = {}
+    for key, value in stats.items():
+        if "@" in key:
+            stat, i = key.rsplit("@", 1)
+            if int(i) in index:
+                sub[f"{stat}@{index[int(i)]}"] = value
+        elif kinds[key] == "element":
+            segs = layout.segments(value)
+            sub[key] = torch.cat([segs[i] for i in active], dim=-1)
+        elif kinds[key] == "tensor":
+            sub[key] = value.index_select(-1, idx.to(value.device))
+        else:
+            sub[key] = value
+    return sub, sub_layout
+
+
+def _merge(metric: Metric, stats: Stats, sub: Stats, layout: FlatLayout, active: list[int]) -> None:
+    kinds = metric.stat_kinds(stats)
+    idx = torch.tensor(active)
+    for key, value in stats.items():
+        if "@" in key:
+            stat, i = key.rsplit("@", 1)
+            if int(i) in active:
+                stats[key] = sub[f"{stat}@{active.index(int(i))}"]
+        elif kinds[key] == "element":
+            segs = layout.segments(value)
+            for seg, src in zip(
+                (segs[i] for i in active),
+                sub[key].split([layout.numels[i] for i in active], -1),
+                strict=True,
+            ):
+                seg.copy_(src)
+        elif kinds[key] == "tensor":
+            value.index_copy_(-1, idx.to(value.device), sub[key])
+        else:
+            stats[key] = sub[key]
