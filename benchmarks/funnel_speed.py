@@ -4,7 +4,7 @@ Two measurements, side by side in one run:
 
 1. Per sampler, one process, one thread: µs per step of the eager library step
    (``sampler.step`` in a Python loop, gradient included), of the compiled fast path
-   (:class:`sgrld.experiments._fastpath.BlockRunner`, compile excluded; median of ``--repeats``
+   (:class:`sgrld.core.multistep.BlockRunner`, compile excluded; median of ``--repeats``
    runs of ``--fast-steps`` steps) and the compile seconds, with the speed-up.
 2. The full reproduction end to end (``run_funnel``: worker processes, compilation, every iterate
    kept, distances), in wall seconds, as ``sgrld funnel`` runs it.
@@ -34,7 +34,7 @@ import torch
 import sgrld
 from sgrld.data.funnel import FunnelTarget
 from sgrld.experiments import funnel
-from sgrld.experiments._fastpath import BlockRunner
+from sgrld.core.multistep import BlockRunner
 
 
 def eager_us_per_step(name: str, steps: int) -> float:

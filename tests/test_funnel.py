@@ -13,10 +13,10 @@ import torch
 
 import sgrld
 from sgrld.cli import main
+from sgrld.core.multistep import BlockRunner
 from sgrld.data.funnel import FunnelTarget
 from sgrld.evaluation.distances import ks_normal, wasserstein1_normal
 from sgrld.experiments import funnel
-from sgrld.experiments._fastpath import BlockRunner
 from sgrld.experiments._progress import Progress
 
 TARGET = FunnelTarget()
@@ -145,10 +145,10 @@ def test_distances_reject_bad_input() -> None:
 
 
 def _funnel_state(
-    name: str, chains: int = 1, seed: int = 0
+    name: str, chains: int = 1, seed: int = 0, noise: str = "torch"
 ) -> tuple[sgrld.Sampler, sgrld.SamplerState]:
     s = funnel.SETTINGS[name]
-    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, **s.options)
+    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, noise=noise, **s.options)
     start = torch.ones(chains, 2, dtype=torch.float64)
     state = sampler.init(
         {"theta": start}, num_chains=chains, generator=torch.Generator().manual_seed(seed)
@@ -156,9 +156,11 @@ def _funnel_state(
     return sampler, state
 
 
-def _eager_reference(name: str, steps: int, chunk: int, chains: int = 1) -> torch.Tensor:
+def _eager_reference(
+    name: str, steps: int, chunk: int, chains: int = 1, noise: str = "torch", adapt: bool = True
+) -> torch.Tensor:
     """``sampler.step`` in a loop, with the gradient noise drawn as BlockRunner draws it."""
-    sampler, state = _funnel_state(name, chains)
+    sampler, state = _funnel_state(name, chains, noise=noise)
     grad_gen = torch.Generator().manual_seed(1)
     noise = torch.empty(chunk, chains, 2, dtype=torch.float64)
     theta = state.params["theta"]
@@ -166,13 +168,24 @@ def _eager_reference(name: str, steps: int, chunk: int, chains: int = 1) -> torc
     for k in range(steps):
         if k % chunk == 0:
             noise[: min(chunk, steps - k)].normal_(generator=grad_gen)
-        sampler.step(state, {"theta": TARGET.potential_grad(theta, noise[k % chunk])})
+        grad = TARGET.potential_grad(theta, noise[k % chunk])
+        sampler.step(state, {"theta": grad}, adapt=adapt)
         out.append(theta.clone())
     return torch.stack(out)
 
 
-def _fast(name: str, steps: int, *, compile: bool, chains: int = 1, block: int = 4) -> torch.Tensor:
-    sampler, state = _funnel_state(name, chains)
+def _fast(
+    name: str,
+    steps: int,
+    *,
+    compile: bool,
+    chains: int = 1,
+    block: int = 4,
+    noise: str = "torch",
+    adapt: bool = True,
+) -> torch.Tensor:
+    sampler, state = _funnel_state(name, chains, noise=noise)
+    out: list[torch.Tensor] = []
     runner = BlockRunner(
         sampler,
         state,
@@ -182,8 +195,8 @@ def _fast(name: str, steps: int, *, compile: bool, chains: int = 1, block: int =
         compile=compile,
         noise="exact",
         chunk=40,
+        adapt=adapt,
     )
-    out: list[torch.Tensor] = []
     runner.run(steps, lambda first, it: out.append(it.clone()))
     assert state.step == steps
     assert runner.compile_error is None
@@ -197,6 +210,18 @@ def test_block_runner_is_the_library_step(name: str) -> None:
     torch.testing.assert_close(
         _fast(name, steps, compile=False, chains=2),
         _eager_reference(name, steps, 40, 2),
+        rtol=0,
+        atol=0,
+    )
+
+
+@pytest.mark.parametrize(("name", "adapt"), [("rmsprop", True), ("monge", True), ("monge", False)])
+def test_block_runner_philox_and_frozen_metric_are_the_library_step(name: str, adapt: bool) -> None:
+    """Counter-based noise draws the eager stream in blocks; adapt=False freezes G as in step."""
+    steps = 50
+    torch.testing.assert_close(
+        _fast(name, steps, compile=False, chains=2, noise="philox", adapt=adapt),
+        _eager_reference(name, steps, 40, 2, noise="philox", adapt=adapt),
         rtol=0,
         atol=0,
     )

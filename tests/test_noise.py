@@ -28,6 +28,7 @@ KEY = torch.tensor([[0x12345678, 0x9ABCDEF0]], dtype=torch.int64)
 def _step(t: int) -> torch.Tensor:
     return torch.tensor(t, dtype=torch.int64)
 
+
 Z = 5.0  # thresholds in Monte-Carlo standard errors, as in test_stationary
 
 # Known-answer vectors of Random123 (kat_vectors, philox4x32 with 10 rounds).

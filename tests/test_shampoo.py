@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from sgrld.core.engine import update_metric
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks
 from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
@@ -103,7 +104,7 @@ def run(
     if stats is None:
         stats = metric.init(layout, grads[0])
     for t, g in enumerate(grads, start=first_step):
-        metric.update(stats, layout, g.clone(), t)
+        update_metric(metric, stats, layout, g.clone(), t)
     return stats
 
 
@@ -283,7 +284,7 @@ def test_funnel_full_matrix_rmsprop() -> None:
     gen = torch.Generator().manual_seed(3)
     for t in range(1, 6):
         g = torch.randn(2, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 5.0])
-        metric.update(stats, layout, g.clone(), t)
+        update_metric(metric, stats, layout, g.clone(), t)
         h = 0.9995 * h + 0.0005 * np.outer(g.numpy(), g.numpy())
         w, q = np.linalg.eigh(h)
         np.testing.assert_allclose(
@@ -305,7 +306,7 @@ def test_identity_until_first_refresh_then_every_interval() -> None:
     v = torch.randn(layout.size, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     results = {}
     for t, g in enumerate(grads, start=1):
-        metric.update(stats, layout, g.clone(), t)
+        update_metric(metric, stats, layout, g.clone(), t)
         results[t] = (
             metric.inverse(stats, layout, v.clone()),
             metric.inverse_sqrt(stats, layout, v.clone()),

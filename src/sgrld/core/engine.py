@@ -304,6 +304,16 @@ def advance(
         _merge(metric, state.stats, stats, layout, active)
 
 
+def update_metric(
+    metric: Metric, stats: Stats, layout: FlatLayout, grad: Tensor, step: int
+) -> None:
+    """``metric.update`` then, when due at ``step``, the scheduled refresh: the statistics part
+    of an eager step (for callers that drive a metric directly, as the tests do)."""
+    metric.update(stats, layout, grad, step)
+    if refresh_due(metric, step):
+        metric.refresh(stats, layout)
+
+
 def refresh_due(metric: Metric, step: int) -> bool:
     """Whether the metric's scheduled refresh (Shampoo's roots) is due after step ``step``."""
     interval = metric.refresh_interval

@@ -15,7 +15,7 @@ batched state and reports the mean and spread over chains; ``--start exact`` sta
 from an exact draw of the funnel instead of (1, 1), the stationarity check that separates "cannot
 explore from (1, 1)" from "does not preserve the target".
 
-Speed: the steps run through :class:`~sgrld.experiments._fastpath.BlockRunner` (the library's
+Speed: the steps run through :class:`~sgrld.core.multistep.BlockRunner` (the library's
 metric code compiled ``--block`` steps at a time, noise pre-drawn per chunk), one process per
 sampler (``--jobs``). Randomness: from ``--seed`` three seeds are derived — the sampler noise ξ,
 the gradient noise and the exact start — and every sampler gets the same streams, as in the
@@ -191,7 +191,7 @@ def run_sampler(
 
     import sgrld
     from sgrld.data.funnel import FunnelTarget
-    from sgrld.experiments._fastpath import BlockRunner
+    from sgrld.core.multistep import BlockRunner
 
     torch.set_num_threads(1)  # (K, 2) tensors: threads only add overhead
     setting = SETTINGS[name]

@@ -1,20 +1,22 @@
-"""A fast path for long runs of tiny problems: the library's step, compiled B steps at a time.
+"""Many steps per call for long runs of tiny problems: the engine's step, compiled B at a time.
 
-On a 2-parameter target the eager step (:func:`sgrld.core.sampler.sgrld_step`) costs 40-170 µs,
+On a 2-parameter target the eager step (:func:`sgrld.core.engine.advance`) costs 40-170 µs,
 almost all of it Python and dispatcher overhead, so 2×10⁶ funnel steps would take minutes.
-:class:`BlockRunner` runs the *same* metric code — ``metric.update``, ``metric.inverse``,
-``metric.inverse_sqrt`` and the core's :func:`~sgrld.core.integrator.euler_maruyama`, in the order
-of ``sgrld_step`` — but unrolls ``block`` steps into one function compiled by ``torch.compile``
-(inductor fuses them into one C++ kernel), with the gradient computed inside the block from
-pre-drawn gradient noise.
+:class:`BlockRunner` runs the engine's own step body (:func:`sgrld.core.engine.body`: the
+metric's update and scheduled refresh, G⁻¹, G^{-1/2} and the Euler–Maruyama move) but unrolls
+``block`` steps into one function compiled by ``torch.compile`` (inductor fuses them into one C++
+kernel), with the gradient computed inside the block from pre-drawn gradient noise. The general
+multi-step API is :meth:`sgrld.core.sampler.Sampler.run` (any state, any gradient function); this
+is its fast path for single-tensor states such as the funnel's.
 
 Differences from calling ``sampler.step`` in a loop, all deliberate:
 
-* **Noise blocks.** ξ for B steps is drawn with one ``torch.randn((B, *batch, D))`` call from the
-  state's generator (``noise="block"``, the default). It has the same law as the eager stream but
-  not the same numbers (PyTorch fills small and large tensors differently). ``noise="exact"``
-  draws ξ one step at a time with the eager step's call (``normal_`` on a ``(*batch, D)`` buffer),
-  which reproduces ``sampler.step`` to rounding (tested) at the cost of one call per step.
+* **Noise blocks.** With the sampler's ``noise="torch"``, ξ for B steps is drawn with one
+  ``torch.randn((B, *batch, D))`` call from the state's generator (``noise="block"``, the
+  default): the same law as the eager stream but not the same numbers. ``noise="exact"`` draws ξ
+  one step at a time with the eager step's call, which reproduces ``sampler.step`` to rounding
+  (tested) at the cost of one call per step. With ``noise="philox"`` (counter-based) every block
+  draws exactly the eager stream at no extra cost.
 * **No per-step finiteness check** (it is a host sync); the block's output is checked instead
   and a non-finite iterate raises :class:`~sgrld.core.sampler.NonFiniteGradientError`.
 * Every iterate of the block is written to an output buffer, so the caller can keep all of them.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +39,9 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
-from sgrld.core.integrator import euler_maruyama, noise_scale
-from sgrld.core.sampler import NonFiniteGradientError, Sampler
+from sgrld.core.engine import NonFiniteGradientError, body, refresh_due, sigma_of
+from sgrld.core.noise import philox_normal_
+from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 
 __all__ = ["BlockRunner", "GradFn"]
@@ -71,8 +75,11 @@ class BlockRunner:
             tensors hold a few numbers, and it spares inductor's per-process ISA probe, about
             10 s); if both fail the runner says so on stderr and continues eagerly
             (``compile_error`` holds the reason).
-        noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream).
+        noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream); with
+            the sampler's ``noise="philox"`` every draw is the eager stream.
         chunk: steps whose noise is drawn at once (rounded down to a multiple of ``block``).
+        adapt: update the metric's statistics (``False``: a frozen G, as ``adapt=False`` in
+            :meth:`~sgrld.core.sampler.Sampler.step`).
     """
 
     def __init__(
@@ -87,6 +94,7 @@ class BlockRunner:
         noise: Literal["block", "exact"] = "block",
         chunk: int = 10_000,
         inductor_options: dict[str, Any] | None = None,
+        adapt: bool = True,
     ) -> None:
         if len(state.params) != 1:
             raise ValueError("BlockRunner supports states with exactly one parameter tensor")
@@ -101,7 +109,10 @@ class BlockRunner:
         self.sampler, self.state, self.grad_fn = sampler, state, grad_fn
         self.grad_generator = grad_generator
         self.block, self.noise = block, noise
-        self.sigma = noise_scale(sampler.lr, sampler.num_data, sampler.temperature)
+        if isinstance(sampler.lr, torch.Tensor) or sampler.capturable:
+            raise ValueError("BlockRunner needs a sampler with a float lr and capturable=False")
+        self.adapt = adapt
+        self.sigma = float(sigma_of(sampler.lr, sampler.num_data, sampler.temperature))
         self.compile_seconds = 0.0
         self.compile_error: str | None = None
         self._compiled_fn: Callable[..., None] | None = None
@@ -135,12 +146,10 @@ class BlockRunner:
         for b in range(count):
             # grad_fn returns a fresh flat buffer, which the metric may overwrite (as in the core)
             grad = self.grad_fn(theta, grad_noise[b])
-            metric.update(stats, layout, grad, step0 + b + 1)
-            drift = layout.views(metric.inverse(stats, layout, grad))
-            noise = None
-            if sigma > 0.0:
-                noise = layout.views(metric.inverse_sqrt(stats, layout, xi[b].clone()))
-            euler_maruyama([theta], drift, noise, lr, sigma)
+            step = step0 + b + 1
+            noise = xi[b].clone() if sigma > 0.0 else None
+            due = self.adapt and refresh_due(metric, step)
+            body(metric, stats, layout, grad, noise, [theta], step, lr, sigma, self.adapt, due)
             out[b].copy_(theta)
 
     def _compile_and_call(self, *args: Any) -> None:
@@ -172,11 +181,30 @@ class BlockRunner:
         self._grad_noise[:count].normal_(generator=self.grad_generator)
         if self.sigma <= 0.0:
             return
+        if self.sampler.noise == "philox":  # counter-based: step t's ξ is the eager step's
+            keys, step0 = self.state.keys.reshape(-1, 2), self.state.step
+            for b in range(count):
+                step = torch.tensor(step0 + b, dtype=torch.int64)
+                philox_normal_(self._philox_rows(self._xi[b]), keys, step)
+            return
         if self.noise == "block":
             self._xi[:count].normal_(generator=self.state.generator)
         else:  # the eager step's stream: one normal_ on a (*batch, D) buffer per step
             for b in range(count):
                 self._xi[b].normal_(generator=self.state.generator)
+
+    def _philox_rows(self, xi: Tensor) -> Tensor:
+        """A ``(*batch, D)`` noise row as the (chains, rows, width) blocks Philox fills."""
+        from sgrld.core.noise import values_per_counter
+
+        width = values_per_counter(xi.dtype)
+        chains = math.prod(self.state.layout.batch_shape)
+        size = self.state.layout.size
+        if size % width:
+            raise ValueError(
+                f"noise='philox' in BlockRunner needs D divisible by {width} (D = {size})"
+            )
+        return xi.view(chains, size // width, width)
 
     def run(self, steps: int, on_chunk: Callable[[int, Tensor], None]) -> None:
         """Take ``steps`` steps; after each chunk call ``on_chunk(first_step_index, iterates)``.
@@ -226,6 +254,7 @@ class BlockRunner:
             else:
                 self._steps(*args, self.state.step, n)
             self.state.step += n
+            self.state.device_step.add_(n)
             start = stop
 
 
