@@ -270,7 +270,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             metric = self._group_metrics[index]
             if state is None or metric is None or not refresh_due(metric, state.step):
                 continue
-            check(state)
             metric.refresh(state.stats, state.layout)
             ran = True
         return ran
@@ -290,7 +289,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Recompute the explicitly scheduled part of the metric in every group."""
         for index in range(len(self.param_groups)):
             state = self._group_state(index)
-            self.check()
             (self._group_metrics[index] or self.metric).refresh(state.stats, state.layout)
 
     def state_dict(self) -> dict[str, Any]:

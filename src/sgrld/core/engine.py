@@ -21,9 +21,9 @@ One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``):
 * ``"deferred"`` (default on CUDA and for ``capturable=True``): no host read in the step. The
   first bad step and tensor of each chain are recorded in device flags; that chain's step is
   masked (gradient and noise zeroed, so the move is exactly zero, and every statistic restored),
-  so the parameters and statistics are untouched exactly as in ``"sync"`` mode. The error is
-  raised at the next host read: :func:`check` (``opt.check()``), ``state_dict()`` (checkpoints)
-  and every scheduled refresh.
+  so the parameters and statistics are untouched exactly as in ``"sync"`` mode; the chain stays
+  frozen from then on. The error is raised at the next host read: :func:`check`
+  (``opt.check()``, the runner's epoch end) and ``state_dict()`` (checkpoints).
 * ``"off"`` (``check_finite=False``): nothing.
 
 **Device-resident scalars.** ``state.device_step`` is the step count as a 0-d int64 tensor on the
@@ -116,9 +116,10 @@ def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
 
 
 def _record_bad(state: SamplerState, layout: FlatLayout, grad: Tensor) -> Tensor:
-    """Device-side check: per chain, whether every gradient element is finite, shape (*batch, 1).
+    """Device-side check: per chain, whether it may move this step, shape (*batch, 1).
 
-    Records the first bad step and tensor of each chain in ``state.flags``; no host read.
+    Records the first bad step and tensor of each chain in ``state.flags``; a chain moves only if
+    its gradient is finite and it had no bad step before. No host read.
     """
     # max |g| per tensor and chain (NaN propagates through the max): one pass over D
     peaks = torch.stack(
@@ -134,7 +135,8 @@ def _record_bad(state: SamplerState, layout: FlatLayout, grad: Tensor) -> Tensor
     # index of the first non-finite tensor (argmax of the first False)
     bad_tensor = (~finite).to(torch.int8).argmax(dim=-1)
     flags[..., 1] = torch.where(new, bad_tensor, flags[..., 1])
-    return ok.unsqueeze(-1)
+    # a chain stays frozen from its first bad step on (the error is raised at the next read)
+    return (ok & first).unsqueeze(-1)
 
 
 def check(state: SamplerState, label: str = "") -> None:
@@ -290,8 +292,6 @@ def advance(
             metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg, adapt
         )
     if not fused:
-        if due and checks == "deferred":
-            check(state)  # the refresh reads the statistics: refuse poisoned ones first
         args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
         body(*args, adapt, due)
     if saved is not None and ok is not None:

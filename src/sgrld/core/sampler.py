@@ -220,7 +220,6 @@ class Sampler:
         interval = self.metric.refresh_interval
         if interval is None or state.step % interval != 0:
             return False
-        check(state)
         self.metric.refresh(state.stats, state.layout)
         return True
 

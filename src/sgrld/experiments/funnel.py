@@ -190,8 +190,8 @@ def run_sampler(
     import torch
 
     import sgrld
-    from sgrld.data.funnel import FunnelTarget
     from sgrld.core.multistep import BlockRunner
+    from sgrld.data.funnel import FunnelTarget
 
     torch.set_num_threads(1)  # (K, 2) tensors: threads only add overhead
     setting = SETTINGS[name]

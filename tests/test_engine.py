@@ -1,0 +1,533 @@
+"""The step engine (sgrld.core.engine): one step on every path, device-resident checks and
+scalars, capturable steps, per-chain keys and step sizes, and the facade's validation."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import warnings
+
+import pytest
+import torch
+
+import sgrld
+from conftest import SAMPLERS, SamplerSpec, quadratic_problem
+from sgrld.core import NonFiniteGradientError
+
+N = 50
+NAMES = ["w", "b", "c"]
+
+
+def _grads(params: dict[str, torch.Tensor], t: int) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, (k, v) in enumerate(params.items()):
+        g = torch.Generator().manual_seed(1000 * t + i)
+        out[k] = 0.5 * v + 0.1 * v**3 + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+    return out
+
+
+def _state(sampler: sgrld.Sampler, seed: int = 4) -> sgrld.SamplerState:
+    params, _ = quadratic_problem(torch.float64)
+    return sampler.init(
+        {k: v.clone() for k, v in params.items()}, generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def _copy(state: sgrld.SamplerState) -> dict[str, torch.Tensor]:
+    return {**{f"p.{k}": v.clone() for k, v in state.params.items()}, **copy.deepcopy(state.stats)}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------- one engine, every path
+
+
+@pytest.mark.parametrize("noise", ["torch", "philox"])
+def test_run_equals_steps_and_facade(spec: SamplerSpec, noise: str) -> None:
+    """Sampler.run, Sampler.step in a loop and the optimizer facade: bit-identical (float64)."""
+    sampler = spec.make_sampler(lr=0.05, num_data=N, noise=noise)
+    a, b = _state(sampler), _state(sampler)
+    sampler.run(a, lambda p: _grads(p, a.step), 9)
+    for _ in range(9):
+        sampler.step(b, _grads(b.params, b.step))
+    assert a.step == b.step == 9 and int(a.device_step) == 9
+    assert _same(_copy(a), _copy(b))
+    params, _ = quadratic_problem(torch.float64)
+    ps = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    opt = spec.make_optimizer(
+        list(zip(NAMES, ps, strict=True)),
+        lr=0.05,
+        num_data=N,
+        noise=noise,
+        generator=torch.Generator().manual_seed(4),
+    )
+    for t in range(9):
+        for p, g in zip(ps, _grads(dict(zip(NAMES, ps, strict=True)), t).values(), strict=True):
+            p.grad = g.detach()
+        opt.step()
+    assert all(torch.equal(p.detach(), a.params[n]) for n, p in zip(NAMES, ps, strict=True))
+
+
+def test_run_validates_and_calls_back() -> None:
+    sampler = sgrld.build("identity", lr=0.05, num_data=N)
+    state = _state(sampler)
+    seen: list[int] = []
+    sampler.run(state, lambda p: _grads(p, 0), 3, callback=lambda s: seen.append(s.step))
+    assert seen == [1, 2, 3]
+    with pytest.raises(ValueError, match="num_steps"):
+        sampler.run(state, lambda p: _grads(p, 0), -1)
+
+
+# --------------------------------------------------------------------- non-finite gradients
+
+
+def _poison(grads: dict[str, torch.Tensor], name: str = "b") -> dict[str, torch.Tensor]:
+    grads = dict(grads)
+    grads[name] = grads[name].clone()
+    grads[name].view(-1)[1] = math.nan
+    return grads
+
+
+def test_sync_check_raises_at_once_and_changes_nothing(spec: SamplerSpec) -> None:
+    sampler = spec.make_sampler(lr=0.05, num_data=N)
+    state = _state(sampler)
+    sampler.run(state, lambda p: _grads(p, state.step), 4)
+    before, gen = _copy(state), state.generator.get_state()
+    with pytest.raises(NonFiniteGradientError, match="'b'"):
+        sampler.step(state, _poison(_grads(state.params, 4)))
+    assert _same(before, _copy(state)) and state.step == 4
+    assert torch.equal(gen, state.generator.get_state())
+
+
+@pytest.mark.parametrize("noise", ["torch", "philox"])
+def test_deferred_check_masks_the_bad_chain_and_names_step_and_tensor(
+    spec: SamplerSpec, noise: str
+) -> None:
+    """A NaN in chain 1 at step 5: chain 1 untouched from then on, chains 0 and 2 go on exactly
+    as without it; check() names step 5, the tensor and the chain."""
+    k = 3
+    params, _ = quadratic_problem(torch.float64)
+    stacked = {n: torch.stack([v + 0.1 * i for i in range(k)]) for n, v in params.items()}
+    sampler = spec.make_sampler(lr=0.05, num_data=N, noise=noise, sync_checks=False)
+    ref_sampler = spec.make_sampler(lr=0.05, num_data=N, noise=noise)
+    runs = []
+    for s, poison in ((sampler, True), (ref_sampler, False)):
+        state = s.init(
+            {n: v.clone() for n, v in stacked.items()},
+            num_chains=k,
+            generator=torch.Generator().manual_seed(3),
+            seeds=[7, 8, 9] if noise == "philox" else None,
+        )
+        frozen = None
+        for t in range(8):
+            grads = _grads(state.params, t)
+            if poison and t == 4:
+                grads["c"] = grads["c"].clone()
+                grads["c"][1, 0, 1, 0] = math.inf
+                frozen = {n: v[1].clone() for n, v in state.params.items()}
+                frozen_stats = {n: v[1].clone() for n, v in state.stats.items()}
+            s.step(state, grads)
+        runs.append((state, frozen, frozen_stats if poison else None))
+    (bad, frozen, frozen_stats), (good, _, _) = runs
+    for n in NAMES:
+        assert torch.equal(bad.params[n][1], frozen[n])  # type: ignore[index]
+        if noise == "philox":  # the other chains are exactly the clean run's
+            assert torch.equal(bad.params[n][0], good.params[n][0])
+            assert torch.equal(bad.params[n][2], good.params[n][2])
+    for key, v in bad.stats.items():
+        if spec.name != "shampoo":  # shampoo's roots are refreshed on schedule from the factors
+            assert torch.equal(v[1], frozen_stats[key]), key  # type: ignore[index]
+    with pytest.raises(NonFiniteGradientError, match=r"'c' of chain 1 .* at step 5"):
+        sampler.check(bad)
+    ref_sampler.check(good)
+
+
+def test_facade_deferred_check_raises_at_check_and_state_dict(spec: SamplerSpec) -> None:
+    params, _ = quadratic_problem(torch.float64)
+    ps = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    opt = spec.make_optimizer(list(zip(NAMES, ps, strict=True)), lr=0.05, num_data=N)
+    opt.sync_checks = False
+    for t in range(5):
+        for p, g in zip(ps, _grads(dict(zip(NAMES, ps, strict=True)), t).values(), strict=True):
+            p.grad = g.detach()
+        if t == 3:
+            ps[2].grad[0, 0, 0] = math.nan  # type: ignore[index]
+            snapshot = [p.detach().clone() for p in ps]
+        opt.step()  # no raise: the check is deferred
+    assert all(torch.equal(p.detach(), q) for p, q in zip(ps, snapshot, strict=True))
+    with pytest.raises(NonFiniteGradientError, match=r"'c'.*step 4"):
+        opt.check()
+    with pytest.raises(NonFiniteGradientError):
+        opt.state_dict()
+
+
+def test_nan_in_second_group_changes_no_group(spec: SamplerSpec) -> None:
+    params, _ = quadratic_problem(torch.float64)
+    ps = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    opt = spec.make_optimizer(
+        [{"params": ps[:2]}, {"params": ps[2:]}],
+        lr=0.05,
+        num_data=N,
+        generator=torch.Generator().manual_seed(0),
+    )
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in ps]
+    gen = opt.generator.get_state()
+    stats = copy.deepcopy([s.stats for s in opt._group_states if s is not None])
+    ps[2].grad[0, 0, 0] = math.nan  # type: ignore[index]
+    with pytest.raises(NonFiniteGradientError):
+        opt.step()
+    assert all(torch.equal(p.detach(), b) for p, b in zip(ps, before, strict=True))
+    assert torch.equal(gen, opt.generator.get_state())
+    after = [s.stats for s in opt._group_states if s is not None]
+    assert all(_same(a, b) for a, b in zip(stats, after, strict=True))
+
+
+# --------------------------------------------------------------------- gradients and params
+
+
+def test_wrong_gradients_are_refused_with_the_parameter_name() -> None:
+    sampler = sgrld.build("identity", lr=0.1, num_data=N)
+    state = sampler.init({"w": torch.zeros(20, 30)})
+    with pytest.raises(ValueError, match=r"'w' has shape \(30, 20\)"):
+        sampler.step(state, {"w": torch.zeros(30, 20)})
+    with pytest.raises(ValueError, match=r"'w' is torch.int64"):
+        sampler.step(state, {"w": torch.zeros(20, 30, dtype=torch.int64)})
+    with pytest.raises(TypeError, match="mapping"):
+        sampler.step(state, [torch.zeros(20, 30)])  # type: ignore[arg-type]
+    w = torch.nn.Parameter(torch.zeros(20, 30))
+    opt = sgrld.SGLD([("layer.weight", w)], lr=0.1, num_data=N)
+    w.grad = torch.zeros(20, 30)
+    w.grad.data = torch.zeros(30, 20)  # torch's setter checks shapes, .data does not
+    with pytest.raises(ValueError, match=r"'layer\.weight'"):
+        opt.step()
+    assert torch.equal(w.detach(), torch.zeros(20, 30))
+
+
+def test_named_parameters_name_the_errors() -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = sgrld.SGLD(model.named_parameters(), lr=0.1, num_data=N)
+    model(torch.ones(1, 3)).sum().backward()
+    model.bias.grad[0] = math.inf  # type: ignore[index]
+    with pytest.raises(NonFiniteGradientError, match="'bias'"):
+        opt.step()
+
+
+def test_mixed_dtypes_in_a_group_are_refused() -> None:
+    a = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    b = torch.nn.Parameter(torch.zeros(3, dtype=torch.float32))
+    with pytest.raises(ValueError, match="share dtype"):
+        sgrld.SGLD([a, b], lr=0.1, num_data=N)
+    opt = sgrld.SGLD([{"params": [a]}, {"params": [b]}], lr=0.1, num_data=N, temperature=0.0)
+    a.grad = torch.full((3,), -(1.0 + 1e-12), dtype=torch.float64)
+    b.grad = torch.ones(3)
+    opt.step()  # each dtype in its own group: exact
+    assert float(a.detach()[0]) == 0.1 * (1.0 + 1e-12)
+
+
+def test_build_and_init_refuse_a_bad_generator_clearly() -> None:
+    with pytest.raises(TypeError, match=r"sampler.init\(params, generator="):
+        sgrld.build("identity", lr=0.1, num_data=N, generator=torch.Generator())
+    sampler = sgrld.build("identity", lr=0.1, num_data=N)
+    with pytest.raises(TypeError, match=r"torch\.Generator"):
+        sampler.init({"w": torch.zeros(2)}, generator=3)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------- device-resident scalars
+
+
+def test_tensor_lr_and_per_chain_lr(spec: SamplerSpec) -> None:
+    """ℓ as a 0-d tensor equals the float; ℓ per chain equals single runs with those ℓ."""
+    lrs = [0.02, 0.05, 0.08]
+    params, grad_fn = quadratic_problem(torch.float64)
+    stacked = {n: torch.stack([v] * 3) for n, v in params.items()}
+    many = spec.make_sampler(lr=torch.tensor(lrs, dtype=torch.float64), num_data=N, noise="philox")
+    state = many.init(stacked, num_chains=3, seeds=[0, 1, 2])
+    singles = []
+    for i, lr in enumerate(lrs):
+        s = spec.make_sampler(lr=torch.tensor(lr, dtype=torch.float64), num_data=N, noise="philox")
+        f = spec.make_sampler(lr=lr, num_data=N, noise="philox")
+        a = s.init({n: v.clone() for n, v in params.items()}, seeds=[i])
+        b = f.init({n: v.clone() for n, v in params.items()}, seeds=[i])
+        for _ in range(6):
+            s.step(a, grad_fn(a.params))
+            f.step(b, grad_fn(b.params))
+        for n in NAMES:
+            torch.testing.assert_close(a.params[n], b.params[n], rtol=1e-12, atol=1e-14)
+        singles.append(a)
+    for _ in range(6):
+        many.step(state, grad_fn(state.params))
+    for i, single in enumerate(singles):
+        for n in NAMES:
+            torch.testing.assert_close(state.params[n][i], single.params[n], rtol=1e-10, atol=1e-12)
+
+
+def test_lr_tensor_shape_is_checked() -> None:
+    sampler = sgrld.build("identity", lr=torch.tensor([0.1, 0.2]), num_data=N)
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        sampler.init({"w": torch.zeros(3, 4)}, num_chains=3)
+    with pytest.raises(ValueError, match="lr"):
+        sgrld.build("identity", lr=torch.tensor(-0.1), num_data=N)
+    with pytest.raises(ValueError, match="floating-point"):
+        sgrld.build("identity", lr=torch.tensor(1), num_data=N)
+
+
+def test_chain_s_of_a_k_chain_run_is_the_single_run_with_seed_s(spec: SamplerSpec) -> None:
+    params, grad_fn = quadratic_problem(torch.float64)
+    sampler = spec.make_sampler(lr=0.05, num_data=N, noise="philox")
+    seeds = [11, 5, 2**40 + 3]
+    many = sampler.init(
+        {n: torch.stack([v] * 3) for n, v in params.items()}, num_chains=3, seeds=seeds
+    )
+    for _ in range(7):
+        sampler.step(many, grad_fn(many.params))
+    for i, seed in enumerate(seeds):
+        one = sampler.init({n: v.clone() for n, v in params.items()}, seeds=[seed])
+        for _ in range(7):
+            sampler.step(one, grad_fn(one.params))
+        for n in NAMES:
+            torch.testing.assert_close(many.params[n][i], one.params[n], rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------- capturable
+
+
+def test_capturable_needs_counter_based_noise() -> None:
+    with pytest.raises(ValueError, match="noise='philox'"):
+        sgrld.SGLD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, num_data=N, capturable=True)
+    with pytest.raises(ValueError, match="sync_checks"):
+        sgrld.build(
+            "identity", lr=0.1, num_data=N, noise="philox", capturable=True, sync_checks=True
+        )
+
+
+def test_capturable_shampoo_leaves_the_refresh_to_the_host() -> None:
+    """capturable steps never refresh; refresh_if_due does, and then equals the eager step."""
+    kw = {"lr": 0.05, "num_data": N, "noise": "philox", "update_interval": 3, "block_size": 4}
+    eager = sgrld.build("shampoo", **kw)
+    capt = sgrld.build("shampoo", capturable=True, **kw)
+    a, b = _state(eager), _state(capt)
+    a.keys.copy_(b.keys)
+    for t in range(7):
+        eager.step(a, _grads(a.params, t))
+        # capturable: the step that makes a refresh due runs eagerly, as the graph helper does
+        if (b.step + 1) % 3 == 0:
+            eager.step(b, _grads(b.params, t))
+        else:
+            capt.step(b, _grads(b.params, t))
+            assert not capt.refresh_if_due(b)
+    for n in NAMES:
+        torch.testing.assert_close(a.params[n], b.params[n], rtol=1e-12, atol=1e-14)
+
+
+def _compiled_graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def _compiled_training(make: SamplerSpec, steps: int = 7) -> tuple[int, list[float]]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+    opt = make.make_optimizer(
+        model.named_parameters(),
+        lr=torch.tensor(0.01),
+        num_data=N,
+        noise="philox",
+        capturable=True,
+        generator=torch.Generator().manual_seed(0),
+    )
+    x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
+
+    def grads() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+
+    grads()
+    opt.step()  # the first step creates the state eagerly
+    lrs = []
+    compiled = torch.compile(opt.step, fullgraph=True)  # no graph break inside a step
+    graphs = 0
+    for t in range(steps):
+        grads()
+        compiled()
+        for group in opt.param_groups:  # a scheduler on the device: ℓ changes, no recompile
+            group["lr"].mul_(0.9)
+        lrs.append(float(opt.param_groups[0]["lr"]))
+        if t == 2:
+            graphs = _compiled_graphs()
+        opt.refresh_if_due()
+    return _compiled_graphs() - graphs, lrs
+
+
+def test_capturable_step_compiles_fullgraph_without_recompiling() -> None:
+    from sgrld.core._compile import quiet_compile
+
+    with quiet_compile():
+        extra, lrs = _compiled_training(SAMPLERS[0])
+    assert extra == 0
+    assert lrs[-1] < lrs[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec_", SAMPLERS[1:], ids=[s.name for s in SAMPLERS[1:]])
+def test_every_capturable_step_compiles_fullgraph_without_recompiling(spec_: SamplerSpec) -> None:
+    from sgrld.core._compile import quiet_compile
+
+    with quiet_compile():
+        extra, _ = _compiled_training(spec_)
+    assert extra == 0
+
+
+# --------------------------------------------------------------------- facade: groups, state
+
+
+def test_group_metric_options_are_honoured(spec: SamplerSpec) -> None:
+    """A group's own metric options (decay, alpha2, ...) equal a separate optimizer's."""
+    if not spec.options:
+        pytest.skip("the identity metric has no options")
+    key, value = next(iter(spec.options.items()))
+    other = value * 0.5
+    params, _ = quadratic_problem(torch.float64)
+    a = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    b = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    kw = {"lr": 0.05, "num_data": N, "temperature": 0.0}
+    grouped = spec.make_optimizer([{"params": a[:2]}, {"params": a[2:], key: other}], **kw)
+    first = spec.make_optimizer(b[:2], **kw)
+    second = spec.optimizer(b[2:], **{**spec.options, key: other, **kw})
+    assert getattr(grouped._group_metric(grouped.param_groups[1]), key) == other
+    for t in range(5):
+        for ps in (a, b):
+            for i, p in enumerate(ps):
+                p.grad = 0.5 * p.detach() + 0.1 * p.detach() ** 3 + 0.01 * (t + i)
+        grouped.step()
+        first.step()
+        second.step()
+    assert all(torch.equal(x.detach(), y.detach()) for x, y in zip(a, b, strict=True))
+
+
+def test_bad_group_metric_option_is_refused() -> None:
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match="alpha2"):
+        sgrld.MongeSGLD([{"params": p, "alpha2": -1.0}], lr=0.1, num_data=N)
+
+
+def _trained(spec: SamplerSpec) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+    params, _ = quadratic_problem(torch.float64)
+    ps = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    opt = spec.make_optimizer(ps, lr=0.05, num_data=N)
+    for t in range(4):
+        for i, p in enumerate(ps):
+            p.grad = torch.sin(p.detach() + t + i)
+        opt.step()
+    return opt, ps
+
+
+def _mutate(sd: dict, fault: str) -> dict:
+    def edit(fn: object) -> dict:
+        new = copy.deepcopy(sd)
+        fn(new)  # type: ignore[operator]
+        return new
+
+    def first_stat(new: dict) -> tuple[dict, str]:
+        stats = new["sgrld"]["groups"][0]["stats"]
+        return stats, next(iter(stats))
+
+    def nan(new: dict) -> None:
+        stats, k = first_stat(new)
+        stats[k] = stats[k].clone()
+        stats[k].view(-1)[0] = math.nan
+
+    def dtype(new: dict) -> None:
+        stats, k = first_stat(new)
+        stats[k] = stats[k].float()
+
+    def shapes(new: dict) -> None:
+        new["sgrld"]["groups"][0]["shapes"][0] = [6, 5]  # transposed
+
+    edits = {
+        "step": lambda n: n["sgrld"]["groups"][0].__setitem__("step", "abc"),
+        "generator": lambda n: n["sgrld"].__setitem__("generator", torch.zeros(3)),
+        "nan": nan,
+        "dtype": dtype,
+        "shapes": shapes,
+        "missing": lambda n: n["sgrld"]["groups"][0]["stats"].popitem(),
+        "foreign": lambda n: n.pop("sgrld"),
+    }
+    return edit(edits[fault])
+
+
+@pytest.mark.parametrize(
+    "fault", ["step", "generator", "nan", "dtype", "shapes", "missing", "foreign"]
+)
+def test_load_state_dict_is_atomic(spec: SamplerSpec, fault: str) -> None:
+    if spec.name == "sgld" and fault in ("nan", "dtype", "missing"):
+        pytest.skip("the identity metric has no statistics")
+    source, _ = _trained(spec)
+    target, _ = _trained(spec)
+    for _ in range(2):
+        target.step()
+    before = target.state_dict()
+    buf = io.BytesIO()
+    torch.save(before, buf)
+    with pytest.raises(ValueError):
+        target.load_state_dict(_mutate(source.state_dict(), fault))
+    after = target.state_dict()
+    buf2 = io.BytesIO()
+    torch.save(after, buf2)
+    assert buf.getvalue() == buf2.getvalue()
+
+
+def test_wenzel_of_other_sizes_is_refused() -> None:
+    a = sgrld.WenzelSGLD([torch.nn.Parameter(torch.zeros(4, 5))], lr=0.1, num_data=N)
+    b = sgrld.WenzelSGLD([torch.nn.Parameter(torch.zeros(3, 5))], lr=0.1, num_data=N)
+    for opt in (a, b):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                p.grad = torch.ones_like(p)
+        opt.step()
+    with pytest.raises(ValueError, match="shapes"):
+        b.load_state_dict(a.state_dict())
+
+
+# --------------------------------------------------------------------- Wenzel's schedule
+
+
+def test_wenzel_refreshes_once_per_epoch_from_the_batch_size() -> None:
+    params, _ = quadratic_problem(torch.float64)
+    a = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    b = [torch.nn.Parameter(v.clone()) for v in params.values()]
+    kw = {"lr": 0.05, "num_data": N, "decay": 0.9}
+    auto = sgrld.WenzelSGLD(a, batch_size=20, generator=torch.Generator().manual_seed(1), **kw)
+    manual = sgrld.WenzelSGLD(b, generator=torch.Generator().manual_seed(1), **kw)
+    assert auto.refresh_every == 3  # ⌈50 / 20⌉ steps per epoch
+    for t in range(9):
+        for ps in (a, b):
+            for i, p in enumerate(ps):
+                p.grad = 0.5 * p.detach() + 0.2 * math.cos(t + i)
+        auto.step()
+        manual.step()
+        if (t + 1) % 3 == 0:
+            manual.update_preconditioner()
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    scale = auto._group_states[0].stats["scale"]  # type: ignore[union-attr]
+    assert not torch.equal(scale, torch.ones_like(scale))
+
+
+def test_wenzel_without_a_schedule_warns_once() -> None:
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = sgrld.WenzelSGLD([p], lr=0.01, num_data=5)
+    p.grad = torch.ones(3)
+    with pytest.warns(RuntimeWarning, match="update_preconditioner"):
+        for _ in range(6):
+            opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(6):
+            opt.step()
+    with pytest.raises(ValueError, match="refresh_every"):
+        sgrld.WenzelSGLD([p], lr=0.01, num_data=5, refresh_every=0)
