@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 import sgrld
+from sgrld.core.multistep import BlockRunner
 from sgrld.data.funnel import FunnelTarget
 from sgrld.experiments import funnel
-from sgrld.core.multistep import BlockRunner
 
 
 def eager_us_per_step(name: str, steps: int) -> float:
