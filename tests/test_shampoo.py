@@ -518,3 +518,57 @@ def test_power_iteration() -> None:
 def test_invalid_arguments(kw: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         ShampooMetric(**kw)
+
+
+# ----------------------------------------------------------------------------- batched refresh
+
+
+def test_batched_refresh_equals_the_per_factor_refresh() -> None:
+    """One eigh per (size, rank) bucket across tensors = each factor on its own (float64)."""
+    metric = ShampooMetric(decay=0.9, eps=1e-4, block_size=4, update_interval=1000)
+    layout = _layout(SMALL + [(6, 4), (8, 4)], chains=2)
+    stats = run(metric, layout, random_grads(layout, 5, torch.float64))
+    metric.compute_roots(stats, layout)
+    checked = 0
+    for key, factor in stats.items():
+        if not key.startswith("factor"):
+            continue
+        stat, index = key.rsplit("@", 1)
+        plan = metric.plan(layout.shapes[int(index)])
+        assert plan is not None
+        s = factor.shape[-1]
+        expected = inverse_roots_eigh(
+            factor.reshape(-1, s, s), (1 / (2 * plan.rank), 1 / (4 * plan.rank)), eps=1e-4
+        )
+        for name, want in zip(("grad_root", "noise_root"), expected, strict=True):
+            got = stats[key.replace("factor", name)].reshape(-1, s, s)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            checked += 1
+    assert checked > 10
+
+
+def test_a_failing_float32_decomposition_is_retried_in_float64(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    layout = _layout([(6, 5), (5, 4)])
+    grads = random_grads(layout, 3, torch.float64)
+    reference = ShampooMetric(eps=1e-4, block_size=8, update_interval=1000)
+    fast = ShampooMetric(eps=1e-4, block_size=8, update_interval=1000, root_dtype=torch.float32)
+    a, b = run(reference, layout, grads), run(fast, layout, grads)
+    eigh = torch.linalg.eigh
+    calls: list[torch.dtype] = []
+
+    def flaky(mat: torch.Tensor) -> object:
+        calls.append(mat.dtype)
+        if mat.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("eigh: did not converge (injected)")
+        return eigh(mat)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flaky)
+    reference.compute_roots(a, layout)
+    fast.compute_roots(b, layout)
+    assert torch.float32 in calls and torch.float64 in calls
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    with pytest.raises(ValueError, match="root_dtype"):
+        ShampooMetric(root_dtype=torch.float16)

@@ -46,28 +46,49 @@ def _ridge(lam_max: Tensor, ridge: Ridge, eps: float) -> Tensor | float:
 
 
 def inverse_roots_eigh(
-    mat: Tensor, exponents: Sequence[float], *, ridge: Ridge = "relative", eps: float = 1e-8
+    mat: Tensor,
+    exponents: Sequence[float],
+    *,
+    ridge: Ridge = "relative",
+    eps: float = 1e-8,
+    dtype: torch.dtype = torch.float64,
 ) -> list[Tensor]:
     """[(A + rI)^(−e) for e in exponents] for a batch ``A`` of symmetric PSD matrices.
 
-    ``A = Q Λ Qᵀ`` in float64; tiny negative eigenvalues from rounding are clamped to 0 (Meta
-    ``distributed_shampoo`` style), then the ridge r is added (r = eps·λ_max for ``"relative"``,
-    eps for ``"absolute"``, 0 for ``"none"``). Eigenvalues still ≤ 0 after the ridge (an all-zero
-    matrix, or a singular one with ``ridge="none"``) get the root 1: those directions are left
-    unpreconditioned instead of turning into inf.
+    ``A = Q Λ Qᵀ`` in ``dtype`` (float64 by default); tiny negative eigenvalues from rounding
+    are clamped to 0 (Meta ``distributed_shampoo`` style), then the ridge r is added (r =
+    eps·λ_max for ``"relative"``, eps for ``"absolute"``, 0 for ``"none"``). Eigenvalues still
+    ≤ 0 after the ridge (an all-zero matrix, or a singular one with ``ridge="none"``) get the
+    root 1: those directions are left unpreconditioned instead of turning into inf. If the
+    decomposition fails in a lower precision (LAPACK/cuSOLVER does not converge, or a root comes
+    out non-finite), the whole batch is recomputed in float64.
 
     Args:
         mat: ``(..., n, n)`` symmetric PSD matrices (only the lower triangle is read).
         exponents: the positive exponents e of the inverse roots.
         ridge: how the ridge r is chosen.
         eps: ε of the ridge.
+        dtype: the precision of the decomposition.
 
     Returns:
-        One float64 tensor shaped like ``mat`` per exponent.
+        One tensor of ``dtype`` (float64 after a fallback) shaped like ``mat`` per exponent.
     """
     if mat.shape[-1] == 2:
         return _inverse_roots_2x2(mat, exponents, ridge, eps)
-    evals, evecs = torch.linalg.eigh(mat.to(torch.float64))
+    if dtype != torch.float64:
+        try:
+            roots = _roots_by_eigh(mat.to(dtype), exponents, ridge, eps)
+        except torch.linalg.LinAlgError:
+            roots = []
+        if roots and all(bool(torch.isfinite(r).all()) for r in roots):
+            return roots
+    return _roots_by_eigh(mat.to(torch.float64), exponents, ridge, eps)
+
+
+def _roots_by_eigh(
+    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float
+) -> list[Tensor]:
+    evals, evecs = torch.linalg.eigh(mat)
     evals = evals.clamp_(min=0.0)
     evals = evals + _ridge(evals[..., -1:], ridge, eps)
     positive = evals > 0

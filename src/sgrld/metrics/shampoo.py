@@ -83,6 +83,8 @@ class ShampooMetric(Metric):
             a different but equally valid metric).
         ridge: r added to each factor before its root: ``"relative"`` r = ε·λ_max(H_i) (the
             reference), ``"absolute"`` r = ε, or ``"none"`` r = 0 (the funnel).
+        root_dtype: the precision of ``eigh`` (float64, the default; float32 is much faster on
+            a GPU and is retried in float64 for a bucket whose decomposition fails).
 
     References:
         Yu et al. (2023) §3.2; Gupta, Koren & Singer (2018), Shampoo; reference.md §2.5.
@@ -109,6 +111,7 @@ class ShampooMetric(Metric):
     precondition_vectors: bool = False
     ridge: Ridge = "relative"
     tiling: Tiling = "reference"
+    root_dtype: torch.dtype = torch.float64
     # Work buffers reused across steps (not state: results never depend on them).
     _scratch: dict[tuple[torch.dtype, torch.device], Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -128,6 +131,10 @@ class ShampooMetric(Metric):
         if self.ridge not in ("relative", "absolute", "none"):
             raise ValueError(
                 f"invalid ridge: {self.ridge!r} (expected 'relative', 'absolute' or 'none')"
+            )
+        if self.root_dtype not in (torch.float32, torch.float64):
+            raise ValueError(
+                f"invalid root_dtype: {self.root_dtype!r} (expected torch.float32 or float64)"
             )
         if not isinstance(self.precondition_vectors, bool):
             raise ValueError(
@@ -207,29 +214,41 @@ class ShampooMetric(Metric):
         return self._precondition(stats, layout, noise, "noise_root")
 
     def compute_roots(self, stats: Stats, layout: FlatLayout) -> None:
-        """Recompute both inverse roots of every factor now (``update`` calls this on schedule).
+        """Recompute both inverse roots of every factor now (the engine calls this on schedule).
 
-        Grad roots (H_i + rI)^{−1/(2k)} and noise roots (H_i + rI)^{−1/(4k)}, computed in float64
-        (``eigh``) or in the statistics' dtype (``newton``, which forms the 1/(4k) root and squares
+        Grad roots (H_i + rI)^{−1/(2k)} and noise roots (H_i + rI)^{−1/(4k)}, computed in
+        ``root_dtype`` (``eigh``, float64 by default, retried in float64 if a lower precision
+        fails) or in the statistics' dtype (``newton``, which forms the 1/(4k) root and squares
         it, as the reference), stored in the statistics' dtype. The factors are only read.
+
+        Factors of equal size and rank across all tensors form one bucket, decomposed by one
+        batched call (one ``eigh`` per bucket instead of one per factor group: on a GPU the
+        refresh is then a handful of launches).
         """
+        buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         for i, plan in self._plans(layout):
-            k = plan.rank
             for g, group in enumerate(plan.groups):
                 for a, s in enumerate(group.sizes):
-                    factor = stats[_key("factor", g, a, i)].reshape(-1, s, s)
-                    if self.root_method == "eigh":
-                        grad_root, noise_root = inverse_roots_eigh(
-                            factor, (1.0 / (2 * k), 1.0 / (4 * k)), ridge=self.ridge, eps=self.eps
-                        )
-                    else:
-                        noise_root = inverse_root_newton(
-                            factor, 4 * k, ridge=self.ridge, eps=self.eps
-                        )
-                        grad_root = noise_root @ noise_root
-                    for name, value in (("grad_root", grad_root), ("noise_root", noise_root)):
-                        target = stats[_key(name, g, a, i)]
-                        target.copy_(value.view(target.shape))
+                    buckets.setdefault((s, plan.rank), []).append((i, g, a))
+        for (s, k), members in buckets.items():
+            factors = [stats[_key("factor", g, a, i)].reshape(-1, s, s) for i, g, a in members]
+            batch = factors[0] if len(factors) == 1 else torch.cat(factors)
+            if self.root_method == "eigh":
+                grad_root, noise_root = inverse_roots_eigh(
+                    batch,
+                    (1.0 / (2 * k), 1.0 / (4 * k)),
+                    ridge=self.ridge,
+                    eps=self.eps,
+                    dtype=self.root_dtype,
+                )
+            else:
+                noise_root = inverse_root_newton(batch, 4 * k, ridge=self.ridge, eps=self.eps)
+                grad_root = noise_root @ noise_root
+            sizes = [f.shape[0] for f in factors]
+            for name, value in (("grad_root", grad_root), ("noise_root", noise_root)):
+                for (i, g, a), part in zip(members, value.split(sizes), strict=True):
+                    target = stats[_key(name, g, a, i)]
+                    target.copy_(part.view(target.shape))
 
     # ------------------------------------------------------------------ kernels
 
