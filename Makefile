@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # the package itself only asks for torch>=2.3.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: all venv demo test check lint types unit test-slow bench bench-funnel clean
+.PHONY: all venv demo test check lint types unit test-slow test-cuda bench bench-funnel clean
 
 all: test
 
@@ -39,6 +39,9 @@ test: check unit
 
 test-slow: venv
 	$(BIN)/pytest -q -m slow
+
+test-cuda: venv  # on a machine with a CUDA build of torch and a GPU
+	$(BIN)/pytest -q -m cuda
 
 bench: venv
 	$(BIN)/python benchmarks/step_time.py

@@ -107,3 +107,13 @@ def check_resume_is_bit_identical(
     run(opt2, params2, range(split, total))
     assert all(torch.equal(a, b) for a, b in zip(params, params2, strict=True))
     return opt, opt2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` are skipped on a machine without a CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -526,14 +526,14 @@ def test_invalid_arguments(kw: dict, name: str) -> None:
 def test_batched_refresh_equals_the_per_factor_refresh() -> None:
     """One eigh per (size, rank) bucket across tensors = each factor on its own (float64)."""
     metric = ShampooMetric(decay=0.9, eps=1e-4, block_size=4, update_interval=1000)
-    layout = _layout(SMALL + [(6, 4), (8, 4)], chains=2)
+    layout = _layout([*SMALL, (6, 4), (8, 4)], chains=2)
     stats = run(metric, layout, random_grads(layout, 5, torch.float64))
     metric.compute_roots(stats, layout)
     checked = 0
     for key, factor in stats.items():
         if not key.startswith("factor"):
             continue
-        stat, index = key.rsplit("@", 1)
+        _, index = key.rsplit("@", 1)
         plan = metric.plan(layout.shapes[int(index)])
         assert plan is not None
         s = factor.shape[-1]
