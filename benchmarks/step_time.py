@@ -1,13 +1,21 @@
-"""Time per training step (forward + backward + sampler step) of every sampler, as ratios.
+"""Time per full training step (forward + backward + sampler step) of every sampler, as ratios.
 
-MLP 784-400-400-10 (478,410 parameters), batch 100, random MNIST-like data, float32. Every
-sampler, with its defaults and with ``noise="philox"`` (Shampoo also with ``tiling="even"``), and
-the torch.optim.SGD baseline run on their own copy of the model, interleaved round by round so
-that all ratios are measured side by side under the same machine conditions. Reports the median
-step time, its ratios to SGD and to SGLD, the issue's target (a variant row is held to
-SGLD with the same variant), and the sampler's memory (statistics + work buffers) per parameter.
+Models: MLP 784-N-N-10 (N = 400 or 1200, batch 100) or ResNet-20 (batch 128), random data.
+Every sampler (eager, default options; with ``noise="philox"``; with ``capturable=True``; the
+compilable ones with ``compile=True``; Shampoo also with ``tiling="even"``), ``torch.optim.SGD``
+(foreach, eager) and the *floor* — SGD's step plus drawing D normals with the default noise
+source, the cost every sampler pays — run on their own copy of the model, interleaved round by
+round in shuffled order, so that every ratio is measured side by side under the same machine
+conditions. On CUDA each sampler also runs as a captured CUDA graph (:class:`sgrld.capture.
+GraphedStep`), and host syncs per optimizer step are counted with
+``torch.cuda.set_sync_debug_mode``.
 
-    .venv/bin/python benchmarks/step_time.py [--rounds 15] [--steps 40] [--threads 2]
+Targets are issue 9's: on CPU, SGLD ≤ 1.10x the floor and RMSprop, Wenzel, Monge ≤ 1.25x; on a
+GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x SGD (MLP 400) or 1.15x SGLD
+(ResNet-20), captured ≤ 0.3x eager SGD.
+
+    .venv/bin/python benchmarks/step_time.py [--device cpu|cuda] [--model mlp400|mlp1200|resnet20]
+        [--rounds 15] [--steps 40] [--threads 2]
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -24,147 +33,215 @@ import torch
 from torch import nn
 
 import sgrld
+from sgrld.models.resnet20 import ResNet20
 
 NUM_DATA = 50_000
 
-BASE: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "SGLD": lambda p, **kw: sgrld.SGLD(p, lr=0.05, num_data=NUM_DATA, **kw),
-    "RMSprop": lambda p, **kw: sgrld.RMSpropSGLD(p, lr=2.5e-4, num_data=NUM_DATA, **kw),
-    "Wenzel": lambda p, **kw: sgrld.WenzelSGLD(p, lr=0.05, num_data=NUM_DATA, **kw),
-    "Monge": lambda p, **kw: sgrld.MongeSGLD(p, lr=0.05, num_data=NUM_DATA, alpha2=1.25, **kw),
-    "Shampoo": lambda p, **kw: sgrld.ShampooSGLD(p, lr=1e-3, num_data=NUM_DATA, **kw),
+#: name → (optimizer class, ℓ, options): the paper's MNIST settings
+BASE: dict[str, tuple[type[sgrld.SGRLDOptimizer], float, dict[str, Any]]] = {
+    "SGLD": (sgrld.SGLD, 0.05, {}),
+    "RMSprop": (sgrld.RMSpropSGLD, 2.5e-4, {}),
+    "Wenzel": (sgrld.WenzelSGLD, 0.05, {}),
+    "Monge": (sgrld.MongeSGLD, 0.05, {"alpha2": 1.25}),
+    "Shampoo": (sgrld.ShampooSGLD, 1e-3, {}),
 }
-# Every sampler with its defaults and with noise="philox" (sgrld.core.noise); Shampoo also with
-# tiling="even" (sgrld.metrics._blocking).
-VARIANTS: dict[str, dict[str, Any]] = {
-    "philox": {"noise": "philox"},
-    "compile": {"compile": True},
-    "compile+philox": {"compile": True, "noise": "philox"},
-}
-SHAMPOO_VARIANTS = {
-    "even": {"tiling": "even"},
-    "even+philox": {"tiling": "even", "noise": "philox"},
-}
-SAMPLERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
-    "SGD": lambda p: torch.optim.SGD(p, lr=1e-3),
-    **{name: make for name, make in BASE.items()},
-    **{
-        f"{n}/{v}": partial(make, **kw)
-        for n, make in BASE.items()
-        for v, kw in VARIANTS.items()
-        if not (n in ("Monge", "Shampoo") and "compile" in kw)  # metric.compilable is False
-    },
-    **{f"Shampoo/{v}": partial(BASE["Shampoo"], **kw) for v, kw in SHAMPOO_VARIANTS.items()},
-}
-# (reference sampler, maximum ratio) from issue 2; a philox row is compared with SGLD/philox
-TARGETS = {
-    "SGLD": ("SGD", 1.6),
-    "RMSprop": ("SGLD", 1.10),
-    "Monge": ("SGLD", 1.10),
-    "Wenzel": ("SGLD", 1.05),
-    "Shampoo": ("SGD", 4.5),
-}
+COMPILABLE = ("SGLD", "RMSprop", "Wenzel")
 
 
-def target_of(name: str) -> tuple[str, float] | None:
-    base, _, variant = name.partition("/")
-    if base not in TARGETS:
-        return None
-    ref, limit = TARGETS[base]
-    if ref == "SGD" or not variant or variant in ("even", "even+philox"):
-        return ref, limit
-    return f"{ref}/{variant}", limit
+def make(name: str, device: str, variant: str = "", **kw: Any) -> Callable[..., Any]:
+    """A factory ``params -> optimizer`` of sampler ``name`` in ``variant``."""
+    cls, lr, options = BASE[name]
+    if variant in ("capturable", "graph"):
+        kw |= {"noise": "philox", "capturable": True, "lr": torch.tensor(lr, device=device)}
+    elif variant == "philox":
+        kw |= {"noise": "philox"}
+    elif variant == "compile":
+        kw |= {"compile": True}
+    kw.setdefault("lr", lr)
+    return partial(cls, num_data=NUM_DATA, **options, **kw)
 
 
-def mlp(seed: int) -> nn.Module:
+def samplers(device: str) -> dict[str, Callable[[list[nn.Parameter]], Any]]:
+    out: dict[str, Callable[[list[nn.Parameter]], Any]] = {
+        "SGD": lambda p: torch.optim.SGD(p, lr=1e-3, foreach=True),
+    }
+    for name in BASE:
+        out[name] = make(name, device)
+        for variant in ("philox", "capturable"):
+            out[f"{name}/{variant}"] = make(name, device, variant)
+        if name in COMPILABLE and device == "cpu":
+            out[f"{name}/compile"] = make(name, device, "compile")
+        if device == "cuda":
+            out[f"{name}/graph"] = make(name, device, "graph")
+    out["Shampoo/even"] = make("Shampoo", device, tiling="even")
+    return out
+
+
+def targets(device: str, model: str) -> dict[str, tuple[str, float]]:
+    """(reference row, maximum ratio) of each row (issue 9)."""
+    if device == "cpu":
+        return {
+            "SGLD": ("floor", 1.10),
+            "RMSprop": ("floor", 1.25),
+            "Wenzel": ("floor", 1.25),
+            "Monge": ("floor", 1.25),
+        }
+    out = {name: ("SGD", 1.10) for name in ("SGLD", "RMSprop", "Wenzel", "Monge")}
+    out["Shampoo"] = ("SGLD", 1.15) if model == "resnet20" else ("SGD", 1.5)
+    for name in BASE:
+        out[f"{name}/graph"] = ("SGD", 0.3)
+    return out
+
+
+def build(model: str, seed: int) -> nn.Module:
     torch.manual_seed(seed)
+    if model == "resnet20":
+        return ResNet20(10)
+    width = int(model.removeprefix("mlp"))
     return nn.Sequential(
-        nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, 400), nn.ReLU(), nn.Linear(400, 10)
+        nn.Linear(784, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
     )
 
 
-def state_bytes(opt: torch.optim.Optimizer) -> int:
-    if not isinstance(opt, sgrld.SGRLDOptimizer):
-        return 0
-    total = 0
-    for state in opt._group_states:
-        if state is None:
-            continue
-        total += sum(v.numel() * v.element_size() for v in state.stats.values())
-        if state.workspace is not None:
-            total += sum(
-                b.numel() * b.element_size()
-                for b in (state.workspace.grad, state.workspace.noise.blocks)
-            )
-    return total
+def batches(model: str, device: str, pool: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    if model == "resnet20":
+        xs = torch.randn(pool, 128, 3, 32, 32, generator=gen)
+        ys = torch.randint(0, 10, (pool, 128), generator=gen)
+    else:
+        xs = torch.rand(pool, 100, 784, generator=gen)
+        xs[..., :67] = 0.0  # dead pixels, as in MNIST
+        ys = torch.randint(0, 10, (pool, 100), generator=gen)
+    return xs.to(device), ys.to(device)
+
+
+class Row:
+    """One model + optimizer pair and its training step (eager, or a captured graph)."""
+
+    def __init__(
+        self, name: str, factory: Callable[..., Any] | None, model: str, device: str
+    ) -> None:
+        self.name = name
+        self.model = build(model, 0).to(device)
+        self.model.train()
+        params = list(self.model.parameters())
+        self.floor = name == "floor"
+        self.opt = torch.optim.SGD(params, lr=1e-3) if factory is None else factory(params)
+        self.noise = torch.empty(sum(p.numel() for p in params), device=device)
+        self.gen = torch.Generator(device).manual_seed(0)
+        self.x: torch.Tensor | None = None
+        self.y: torch.Tensor | None = None
+        self.graphed: Any = None
+
+    def eager(self) -> None:
+        assert self.x is not None and self.y is not None
+        self.opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(self.model(self.x), self.y).backward()
+        self.opt.step()
+        if self.floor:
+            self.noise.normal_(generator=self.gen)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.graphed is not None:
+            assert self.x is not None and self.y is not None
+            self.x.copy_(x)
+            self.y.copy_(y)
+            self.graphed()
+            return
+        self.x, self.y = x, y
+        self.eager()
+
+    def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        from sgrld.capture import GraphedStep
+
+        self.x, self.y = x.clone(), y.clone()
+        self.graphed = GraphedStep(self.eager, self.opt)
+
+
+def syncs_per_step(row: Row, x: torch.Tensor, y: torch.Tensor, steps: int = 5) -> float:
+    """Host syncs per optimizer step on CUDA (torch's sync debug mode warns on each)."""
+    row(x, y)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                row.opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen) / steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--model", choices=["mlp400", "mlp1200", "resnet20"], default="mlp400")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma list of row prefixes to keep")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    device = args.device
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    gen = torch.Generator().manual_seed(0)
-    pool = 32  # cycle through 32 random batches so that the statistics see varied gradients
-    xs = torch.rand(pool, 100, 784, generator=gen)
-    xs[..., :67] = 0.0  # dead pixels, as in MNIST
-    ys = torch.randint(0, 10, (pool, 100), generator=gen)
-    counter = dict.fromkeys(SAMPLERS, 0)
-    models = {name: mlp(0) for name in SAMPLERS}
-    opts = {name: make(list(models[name].parameters())) for name, make in SAMPLERS.items()}
-    num_params = sum(p.numel() for p in models["SGD"].parameters())
-
-    def train_step(name: str) -> None:
-        model, opt = models[name], opts[name]
-        i = counter[name] = (counter[name] + 1) % pool
-        opt.zero_grad(set_to_none=False)
-        nn.functional.cross_entropy(model(xs[i]), ys[i]).backward()
-        opt.step()
-
-    for name in SAMPLERS:  # warm-up, includes Shampoo's first root refresh at step 100
-        for _ in range(110):
-            train_step(name)
-    times: dict[str, list[float]] = {name: [] for name in SAMPLERS}
-    order = list(SAMPLERS)
+    makes = {"floor": None, **samplers(device)}
+    if args.only:
+        keep = ("SGD", "floor", *args.only.split(","))
+        makes = {k: v for k, v in makes.items() if k.startswith(keep)}
+    pool = 16
+    xs, ys = batches(args.model, device, pool)
+    rows = {name: Row(name, factory, args.model, device) for name, factory in makes.items()}
+    for name, row in rows.items():
+        if name.endswith("/graph"):
+            row.capture(xs[0], ys[0])
+        for i in range(110):  # warm-up: compiles, Shampoo's first refresh at step 100
+            row(xs[i % pool], ys[i % pool])
+    syncs = {}
+    if device == "cuda":
+        syncs = {n: syncs_per_step(r, xs[0], ys[0]) for n, r in rows.items() if r.graphed is None}
+    times: dict[str, list[float]] = {name: [] for name in rows}
+    order = list(rows)
     shuffle = random.Random(0)
+    counter = 0
     for _ in range(args.rounds):
-        shuffle.shuffle(order)  # no sampler always runs after the same neighbour
+        shuffle.shuffle(order)  # no row always runs after the same neighbour
         for name in order:
+            row = rows[name]
+            sync()
             t0 = time.perf_counter()
             for _ in range(args.steps):
-                train_step(name)
+                counter = (counter + 1) % pool
+                row(xs[counter], ys[counter])
+            sync()
             times[name].append((time.perf_counter() - t0) / args.steps)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-
+    goal = targets(device, args.model)
+    num_params = sum(p.numel() for p in rows["SGD"].model.parameters())
     print(
-        f"MLP 784-400-400-10, batch 100, {num_params:,} parameters, {args.threads} threads, "
-        f"torch {torch.__version__}; median of {args.rounds} interleaved rounds "
-        f"x {args.steps} steps"
+        f"{args.model}, {num_params:,} parameters, {device} "
+        f"({torch.cuda.get_device_name() if device == 'cuda' else f'{args.threads} threads'}), "
+        f"torch {torch.__version__}; median of {args.rounds} interleaved rounds x {args.steps} "
+        "steps. ratio: median of the paired per-round ratios to the target's reference "
+        "[quartiles]; ok: the median meets the target (yes!: so does the upper quartile)"
     )
     print(
-        "ratio: median over rounds of the paired per-round ratio to the target's reference, "
-        "with its quartiles; ok: the median meets the target (yes!: so does the upper quartile)"
+        f"{'row':<22}{'ms/step':>9}{'x SGD':>7}{'x floor':>8}  {'target':<20}"
+        f"{'ratio [q1, q3]':<20}{'ok':<5}{'syncs':>6}"
     )
-    print(
-        f"{'sampler':<20}{'ms/step':>8}{'x SGD':>7}{'x SGLD':>7}  "
-        f"{'target':<31}{'ratio [q1, q3]':<20}{'ok':<5}{'B/param':>8}"
-    )
-    for name in SAMPLERS:
+    for name in rows:
         target, ratio, ok = "", "", ""
-        spec = target_of(name)
-        if spec is not None:
-            ref, limit = spec
+        if name in goal:
+            ref, limit = goal[name]
             paired = [a / b for a, b in zip(times[name], times[ref], strict=True)]
             q1, value, q3 = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
             target, ratio = f"<= {limit:.2f} x {ref}", f"{value:.2f} [{q1:.2f}, {q3:.2f}]"
             ok = ("yes!" if q3 <= limit else "yes") if value <= limit else "NO"
+        sy = f"{syncs[name]:.1f}" if name in syncs else "-"
         print(
-            f"{name:<20}{1e3 * med[name]:>8.3f}{med[name] / med['SGD']:>7.2f}"
-            f"{med[name] / med['SGLD']:>7.2f}  {target:<31}{ratio:<20}{ok:<5}"
-            f"{state_bytes(opts[name]) / num_params:>8.1f}"
+            f"{name:<22}{1e3 * med[name]:>9.3f}{med[name] / med['SGD']:>7.2f}"
+            f"{med[name] / med['floor']:>8.2f}  {target:<20}{ratio:<20}{ok:<5}{sy:>6}"
         )
 
 
