@@ -48,7 +48,7 @@ from sgrld.core import NonFiniteGradientError
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
-from sgrld.evaluation import EnsemblePredictive, measure_curvature
+from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
 from sgrld.metrics import get_metric
 from sgrld.models import build_model, potential
 from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
@@ -444,6 +444,7 @@ class SamplingRun:
             )
             for split in SPLITS
         }
+        self.trace = SampleTrace(len(self.splits.y_test))  # per-sample values (diagnostics)
         self.epoch = 0  # epochs completed
         self.global_step = 0  # updates done
         self.status = "running"
@@ -590,8 +591,12 @@ class SamplingRun:
                     inputs = getattr(self.splits, f"x_{split}")
                     for start in range(0, len(inputs), self.config.eval_batch_size):
                         stop = start + self.config.eval_batch_size
-                        ensemble.add_batch(start, self.model(inputs[start:stop]))
+                        logits = self.model(inputs[start:stop])
+                        ensemble.add_batch(start, logits)
+                        if split == "test":
+                            self.trace.add_batch(start, logits, self.splits.y_test[start:stop])
                     ensemble.commit()
+                self.trace.commit(self.model)
             if self.config.curvature:
                 stats = measure_curvature(
                     self.model,
@@ -643,6 +648,7 @@ class SamplingRun:
             "curves": self.curves,
             "curvature_means": self.curvature_means,
             "timing": self.timing,
+            "trace": self.trace.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -664,6 +670,8 @@ class SamplingRun:
         self.global_step = int(state["global_step"])
         self.curves = {k: list(v) for k, v in state["curves"].items()}
         self.curvature_means = list(state["curvature_means"])
+        if "trace" in state:  # checkpoints from before the trace have none
+            self.trace.load_state_dict(state["trace"])
         self.timing = dict(state["timing"])
         self.timing["sampling_seconds"] = list(self.timing["sampling_seconds"])
         self.timing["evaluation_seconds"] = list(self.timing["evaluation_seconds"])
@@ -728,6 +736,8 @@ class SamplingRun:
                 "seconds_per_epoch": self.seconds_per_epoch,
                 "timing": timing,
                 "curves": self.curves,
+                "trace": self.trace.state_dict(),
+                "diagnostics": self.trace.diagnostics(),
                 "environment": {
                     "torch": torch.__version__,
                     "python": platform.python_version(),

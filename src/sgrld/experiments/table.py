@@ -99,12 +99,17 @@ class Group:
         return sum(r["status"] == "broken_down" for r in self.runs)
 
     def stat(self, name: str) -> tuple[float, float]:
-        """Mean and std (ddof = 0) of a metric over the completed runs (NaN if none)."""
+        """Mean and std (ddof = 0) of a metric over the completed runs.
+
+        The mean is NaN without any value; the std is NaN with fewer than two (one run has no
+        spread to report).
+        """
         values = np.array([_metric(r, name) for r in self.completed], dtype=np.float64)
         if values.size == 0 or np.isnan(values).all():
             return math.nan, math.nan
         values = values[~np.isnan(values)]
-        return float(values.mean()), float(values.std(ddof=0))
+        spread = float(values.std(ddof=0)) if values.size > 1 else math.nan
+        return float(values.mean()), spread
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
@@ -176,7 +181,7 @@ def _fmt(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
     text = f"{mean:.{digits}f}"
     if bold:
         text = f"**{text}**"
-    return f"{text} ({std:.{digits}f})"
+    return text if math.isnan(std) else f"{text} ({std:.{digits}f})"
 
 
 def _lr_text(config: dict[str, Any]) -> str:
@@ -195,6 +200,8 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     model = f"fc N = {config['width']}" if config["model"] == "fc" else config["model"]
     counts = sorted({len(g.runs) for g in groups})
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    plural = "" if counts[-1] == 1 else "s"
+    spread = "no spread with one seed" if counts[-1] == 1 else "mean (std, ddof = 0)"
     extras = [
         f"{name} {config[name]}"
         for name, default in (
@@ -209,8 +216,8 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     ]
     extra = f", {', '.join(extras)}" if extras else ""
     return (
-        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seeds per "
-        "cell; final-epoch test metrics, mean (std, ddof = 0)"
+        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seed{plural} "
+        f"per cell; final-epoch test metrics, {spread}"
     )
 
 
