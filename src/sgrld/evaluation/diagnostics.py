@@ -109,24 +109,20 @@ def summarize(draws: Mapping[str, npt.ArrayLike]) -> dict[str, dict[str, Any]]:
     az = import_arviz()
     data = _dataset(draws)
     chains, num_draws = data.sizes["chain"], data.sizes["draw"]
-    stats: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {
+        str(name): {"chains": int(chains), "draws": int(num_draws)} for name in data.data_vars
+    }
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)  # constant draws: NaN, as documented
         for key, method in (("rhat", None), ("ess_bulk", "bulk"), ("ess_tail", "tail")):
             if num_draws < MIN_DRAWS or (method is None and chains < 2):
-                stats[key] = data.isel(chain=0, draw=0) * np.nan
-            elif method is None:
-                stats[key] = az.rhat(data)
-            else:
-                stats[key] = az.ess(data, method=method)
-    return {
-        name: {
-            "chains": int(chains),
-            "draws": int(num_draws),
-            **{key: np.asarray(stats[key][name], dtype=np.float64).tolist() for key in stats},
-        }
-        for name in data.data_vars
-    }
+                for name, entry in out.items():
+                    entry[key] = np.full(data[name].shape[2:], np.nan).tolist()
+                continue
+            result = az.rhat(data) if method is None else az.ess(data, method=method)
+            for name, entry in out.items():
+                entry[key] = np.asarray(result[name], dtype=np.float64).tolist()
+    return out
 
 
 def to_inference_data(

@@ -116,7 +116,7 @@ class RunConfig:
         max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
         eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
         noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
-            (:mod:`sgrld.core.noise`; faster on CPU, a different random stream).
+            (:mod:`sgrld.core.noise`; a different random stream, faster on some CPUs only).
         compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
             wenzel and rmsprop only).
     """

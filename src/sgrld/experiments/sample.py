@@ -62,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--noise",
         choices=NOISE_CHOICES,
         default="torch",
-        help="noise source: torch (normal_) or philox (compiled, faster on CPU)",
+        help="noise source: torch (normal_) or philox (compiled; faster on some CPUs, slower on "
+        "others: README)",
     )
     what.add_argument(
         "--compile",
