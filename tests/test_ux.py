@@ -307,3 +307,55 @@ def test_run_results_carry_trace_and_within_run_diagnostics(tmp_path: Path) -> N
     assert diagnostics["available"] and "split" in diagnostics["chains"]
     assert set(diagnostics["variables"]) == {"test_loglik", "probe_logp", *trace["scalars"]}
     assert diagnostics["worst"]["ess_bulk"] > 0 and diagnostics["worst"]["rhat"] > 0.9
+
+
+# --- diagnostics across seeds in sgrld table --------------------------------------------------
+
+
+def _traced(seed: int, shift: float) -> dict[str, Any]:
+    from test_sample_cli import fake_results
+
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(200) + shift
+    results = fake_results("horseshoe", "monge", 0.25, seed, -0.1, -0.1)
+    results["trace"] = {
+        "num_probe": 2,
+        "test_loglik": (values - 5).tolist(),
+        "probe_logp": np.stack([values, -values], axis=1).tolist(),
+        "scalars": {"scale:net.fc1.weight": np.exp(values / 10).tolist()},
+    }
+    return results
+
+
+def test_table_reports_rhat_and_ess_with_seeds_as_chains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_sample_cli import write_runs
+
+    agree = [_traced(seed, 0.0) for seed in range(3)]
+    apart = [
+        {**_traced(seed, 4.0 * seed), "config": {**agree[0]["config"], "lr": 0.5}}
+        for seed in range(3)
+    ]
+    write_runs(tmp_path, agree + apart)
+    assert main(["table", str(tmp_path), "--layout", "long", "--csv", str(tmp_path / "t.csv")]) == 0
+    text = capsys.readouterr().out
+    block = text[text.index("MCMC diagnostics") :]
+    rows = [line for line in block.splitlines() if line.startswith("| fc400")]
+    assert len(rows) == 2
+    good, bad = (row.split(" | ") for row in rows)
+    assert good[1:3] == ["3", "200"] and abs(float(good[3]) - 1.0) < 0.05 and float(good[4]) > 300
+    assert float(bad[3]) > 1.5 and float(bad[6]) > 1.5
+    header, *lines = (tmp_path / "t.csv").read_text().splitlines()
+    assert header.endswith("rhat_test_loglik,rhat_max,ess_bulk_min,ess_tail_min")
+    assert all(line.split(",")[-1] for line in lines)
+
+
+def test_table_without_traces_has_no_diagnostics_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_sample_cli import fake_results, write_runs
+
+    write_runs(tmp_path, [fake_results("gaussian", "identity", 0.1, s, -0.1, -0.1) for s in (0, 1)])
+    assert main(["table", str(tmp_path)]) == 0
+    assert "MCMC diagnostics" not in capsys.readouterr().out
