@@ -224,26 +224,44 @@ def test_table_of_one_seed_says_seed_and_shows_no_spread() -> None:
 # --- 10: the demo's table separates compile time ---------------------------------------------
 
 
-def test_funnel_table_reports_compile_seconds_apart() -> None:
-    from sgrld.experiments.funnel import SamplerRun, print_table
+def _funnel_run(thinned: np.ndarray) -> Any:
+    from sgrld.experiments.funnel import SamplerRun
 
-    run = SamplerRun(
+    return SamplerRun(
         name="identity",
         settings={},
         wall_seconds=30.0,
         compile_seconds=12.5,
-        distances={"wasserstein1": [0.1], "ks": [0.01], "frac_v_below_minus5": [0.28]},
-        thinned=np.zeros((4, 2)),
+        distances={"wasserstein1": [0.1], "ks": [0.01], "frac_v_below_minus5": [0.28]}
+        | {"min_v": [-20.0]},
+        thinned=thinned,
         scatter=np.zeros((2, 2)),
         hist_density=np.zeros(30),
         hist_edges=np.zeros(31),
     )
-    run.distances["min_v"] = [-20.0]
+
+
+def test_funnel_table_reports_compile_seconds_ksd_and_ess_per_second() -> None:
+    import torch
+
+    from sgrld.data.funnel import FunnelTarget
+    from sgrld.experiments.funnel import FunnelConfig, print_table, results_json
+
+    exact = FunnelTarget().sample(4000, generator=torch.Generator().manual_seed(0)).numpy()
+    narrow = exact * np.array([1.0, 0.3])  # v under-dispersed: the neck never reached
     stream = io.StringIO()
-    print_table({"identity": run}, file=stream)
-    header, row = stream.getvalue().splitlines()[:2]
-    assert "run s" in header and "compile s" in header
-    assert row.split()[-2:] == ["17.5", "12.5"]
+    print_table({"identity": _funnel_run(exact), "narrow": _funnel_run(narrow)}, file=stream)
+    header, good, bad = stream.getvalue().splitlines()[:3]
+    assert header.split()[-6:] == ["KSD(v)", "ESS/s", "run", "s", "compile", "s"]
+    assert good.split()[-2:] == ["17.5", "12.5"]  # 30 s wall = 17.5 s sampling + 12.5 compiling
+    assert float(bad.split()[-4]) > 3 * float(good.split()[-4])  # KSD sees the narrow v
+    entry = results_json({"identity": _funnel_run(exact)}, FunnelConfig(steps=40_000))
+    sampler = json.loads(json.dumps(entry, allow_nan=False))["samplers"]["identity"]
+    assert sampler["run_seconds"] == 17.5
+    assert 3000 < sampler["ess_bulk_v"] < 5000  # independent draws: ESS ≈ 4000
+    assert sampler["ess_bulk_per_second"] == pytest.approx(sampler["ess_bulk_v"] / 17.5)
+    assert float(good.split()[-3]) == pytest.approx(sampler["ess_bulk_per_second"], abs=0.06)
+    assert sampler["ksd_v"] < 0.05
 
 
 # --- 11: messages name the user's flags ------------------------------------------------------
