@@ -377,3 +377,17 @@ def test_table_without_traces_has_no_diagnostics_block(
     write_runs(tmp_path, [fake_results("gaussian", "identity", 0.1, s, -0.1, -0.1) for s in (0, 1)])
     assert main(["table", str(tmp_path)]) == 0
     assert "MCMC diagnostics" not in capsys.readouterr().out
+
+
+def test_progress_bar_reports_a_breakdown_with_its_update() -> None:
+    from sgrld.experiments.runner import ProgressBar, SamplingRun
+    from test_runner import synthetic_splits, tiny_config
+
+    splits = synthetic_splits()
+    splits.x_train[:] = float("nan")
+    stream = io.StringIO()
+    SamplingRun(tiny_config(), splits, observer=ProgressBar(stream)).run()
+    assert stream.getvalue() == "the chain broke down at update 1 (epoch 1): potential is nan\n"
+    quiet = io.StringIO()
+    SamplingRun(tiny_config(), splits, observer=ProgressBar(quiet, report_breakdown=False)).run()
+    assert quiet.getvalue() == ""

@@ -751,12 +751,16 @@ class ProgressBar(RunObserver):
     """A one-line progress bar with the running ensemble metrics, on stderr.
 
     On a terminal the line is redrawn at most every ``interval`` seconds; elsewhere (logs) one
-    line per epoch is printed.
+    line per epoch is printed. A breakdown is reported with :func:`breakdown_message` unless
+    ``report_breakdown`` is off (``sgrld sample`` reports it itself, progress bar or not).
     """
 
-    def __init__(self, stream: TextIO | None = None, *, interval: float = 0.5) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.interval = interval
+        self.report_breakdown = report_breakdown
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last = 0.0
 
@@ -794,8 +798,12 @@ class ProgressBar(RunObserver):
         print(("\r" if self.live else "") + line, file=self.stream, flush=True)
 
     def on_finish(self, run: SamplingRun) -> None:
-        if self.live and run.status == "broken_down":
-            print(file=self.stream)  # end the bar's line; the caller reports the breakdown
+        if run.broken_down is None:
+            return
+        if self.live:
+            print(file=self.stream)  # end the bar's line
+        if self.report_breakdown:
+            print(breakdown_message(run.broken_down), file=self.stream)
 
 
 def run_sampling(

@@ -327,7 +327,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sgrld sample: error: {_cli_names(str(exc))}", file=sys.stderr)
         return 2
 
-    observer = None if args.no_progress else ProgressBar()
+    observer = None if args.no_progress else ProgressBar(report_breakdown=False)
     results = run_sampling(
         config, splits, out, device=device, resume=args.resume, observer=observer
     )
