@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from sgrld.evaluation import SampleTrace, diagnostics_of
+from sgrld.evaluation import SampleTrace, diagnostics_of, inference_data_of
 from sgrld.evaluation.diagnostics import (
     import_arviz,
     split_chain,
@@ -122,3 +122,18 @@ def test_diagnostics_of_runs_as_chains_and_of_one_run_split() -> None:
     within = diagnostics_of([_trace(np.linspace(0.0, 5.0, 100) + rng.standard_normal(100))])
     assert "split" in within["chains"] and within["worst"]["rhat"] > 1.5
     assert diagnostics_of([_trace(np.array([]))])["available"] is False
+
+
+def test_runs_export_as_inference_data_with_seeds_as_chains() -> None:
+    az = import_arviz()
+    rng = np.random.default_rng(6)
+    traces = [_trace(rng.standard_normal(n)) for n in (120, 100, 110)]
+    data = inference_data_of(traces, attrs={"sampler": "monge"})
+    posterior = data["posterior"]
+    assert posterior["test_loglik"].shape == (3, 100)  # cut to the shortest run
+    assert posterior["probe_logp"].shape == (3, 100, 1)
+    assert posterior["scale:w"].shape == (3, 100)
+    np.testing.assert_array_equal(posterior["test_loglik"][1], traces[1]["test_loglik"])
+    assert len(az.summary(data, kind="diagnostics")) == 3
+    with pytest.raises(ValueError, match="no traced samples"):
+        inference_data_of([_trace(np.array([]))])

@@ -29,7 +29,7 @@ from sgrld.evaluation.equal_time import (
     mean_std_over_runs,
     select_at_time,
 )
-from sgrld.evaluation.trace import SampleTrace, diagnostics_of
+from sgrld.evaluation.trace import SampleTrace, diagnostics_of, inference_data_of
 
 __all__ = [
     "CurvatureStats",
@@ -43,6 +43,7 @@ __all__ = [
     "epoch_end_times",
     "equal_time_table",
     "expected_calibration_error",
+    "inference_data_of",
     "interpolate_at_time",
     "mean_std_over_runs",
     "measure_curvature",

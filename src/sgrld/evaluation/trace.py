@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SampleTrace", "diagnostics_of"]
+__all__ = ["SampleTrace", "diagnostics_of", "inference_data_of"]
 
 NUM_PROBE = 4
 
@@ -177,3 +177,33 @@ def diagnostics_of(traces: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         },
         "worst": worst,
     }
+
+
+def inference_data_of(
+    traces: Sequence[Mapping[str, Any]], attrs: Mapping[str, Any] | None = None
+) -> Any:
+    """Traces of one or several runs (seeds as chains) as ArviZ ``InferenceData``/``DataTree``.
+
+    Args:
+        traces: the ``trace`` entries of runs' ``results.json`` (or
+            :meth:`SampleTrace.state_dict`); longer ones are cut to the shortest.
+        attrs: stored on the groups, e.g. the runs' config.
+
+    Returns:
+        The ``posterior`` group holds ``test_loglik`` ``(chain, draw)``, ``probe_logp``
+        ``(chain, draw, probe)`` and every scalar hyper-parameter ``(chain, draw)``.
+
+    Raises:
+        ImportError: ArviZ is not installed.
+        ValueError: no trace, or a trace without samples.
+
+    Example:
+        >>> import json, arviz as az                                  # doctest: +SKIP
+        >>> runs = [json.load(open(f"runs/seed{s}/results.json")) for s in range(3)]
+        >>> az.summary(inference_data_of([r["trace"] for r in runs]))  # doctest: +SKIP
+    """
+    from sgrld.evaluation.diagnostics import to_inference_data
+
+    if not traces or min(len(t["test_loglik"]) for t in traces) == 0:
+        raise ValueError("no traced samples to export")
+    return to_inference_data(_stacked(traces), attrs=attrs)
