@@ -47,7 +47,10 @@ def test_run_without_samples_is_refused_before_any_work(
     assert "collect no sample" in err
     for flag in ("--burn-in 1000", "--thinning 100", "--epochs 5", "100 updates"):
         assert flag in err, err
-    assert "first sample after update 1100" in err and "at least 55" in err
+    assert (
+        "first sample after update 1100" in err
+        and "set --epochs 55 or more, or lower --burn-in" in err
+    )
     assert not (tmp_path / "o").exists()
 
 

@@ -234,8 +234,8 @@ def check_collects_samples(config: RunConfig, num_data: int) -> None:
         f"this run would collect no sample: burnin={config.burnin} with thinning="
         f"{config.thinning} takes the first sample after update {first}, but "
         f"epochs={config.epochs} of {per_epoch} updates (n = {num_data}, batch_size="
-        f"{config.batch_size}) make only {updates} updates; raise epochs to at least "
-        f"{math.ceil(first / per_epoch)} or lower burnin"
+        f"{config.batch_size}) make only {updates} updates; set epochs="
+        f"{math.ceil(first / per_epoch)} or more, or lower burnin"
     )
 
 
