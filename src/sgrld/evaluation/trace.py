@@ -117,22 +117,18 @@ def scalar_hyperparameters(model: nn.Module) -> dict[str, float]:
 def _stacked(traces: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """Traces (state dicts) as ``(chain, draw, ...)`` arrays, cut to the shortest."""
     length = min(len(t["test_loglik"]) for t in traces)
-    keys = set.intersection(*(set(t["scalars"]) for t in traces))
     probe = min(int(t["num_probe"]) for t in traces)
+    names = sorted(set.intersection(*(set(t["scalars"]) for t in traces)))
 
-    def stack(get: Any) -> np.ndarray:
-        return np.stack([np.asarray(get(t), dtype=np.float64)[:length] for t in traces])
+    def probes(t: Mapping[str, Any]) -> np.ndarray:
+        return np.asarray(t["probe_logp"], dtype=np.float64).reshape(-1, t["num_probe"])
 
-    out = {
-        "test_loglik": stack(lambda t: t["test_loglik"]),
-        "probe_logp": stack(
-            lambda t: np.asarray(t["probe_logp"], dtype=np.float64).reshape(-1, t["num_probe"])[
-                :, :probe
-            ]
-        ),
+    columns = {
+        "test_loglik": [np.asarray(t["test_loglik"], dtype=np.float64) for t in traces],
+        "probe_logp": [probes(t)[:, :probe] for t in traces],
     }
-    out |= {k: stack(lambda t, k=k: t["scalars"][k]) for k in sorted(keys)}
-    return out
+    columns |= {n: [np.asarray(t["scalars"][n], dtype=np.float64) for t in traces] for n in names}
+    return {name: np.stack([c[:length] for c in chains]) for name, chains in columns.items()}
 
 
 def diagnostics_of(traces: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
