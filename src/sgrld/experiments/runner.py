@@ -510,6 +510,8 @@ class SamplingRun:
         if t["steps_after_skip"] >= self.steps_per_epoch:
             return f"mean of {t['steps_after_skip']} step times after the first {TIMING_SKIP_STEPS}"
         steps = t["steps_after_skip"] or t["steps_all"]
+        if not steps:
+            return "no step timed yet"
         warm = "" if t["steps_after_skip"] else f", warm-up included (< {TIMING_SKIP_STEPS + 1})"
         return (
             f"estimated from only {steps} step times{warm}, times {self.steps_per_epoch} "
