@@ -326,8 +326,9 @@ def _breakdown_hint(config: RunConfig, num_data: int) -> str | None:
 
 def breakdown_message(broken_down: Mapping[str, Any]) -> str:
     """One-paragraph account of a breakdown: the failing update, its epoch, the reason, a hint."""
+    update = broken_down.get("update", broken_down["global_step"] + 1)  # older results
     text = (
-        f"the chain broke down at update {broken_down['update']} (epoch "
+        f"the chain broke down at update {update} (epoch "
         f"{broken_down['epoch'] + 1}): {broken_down['reason']}"
     )
     if broken_down.get("hint"):
