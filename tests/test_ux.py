@@ -394,3 +394,10 @@ def test_progress_bar_reports_a_breakdown_with_its_update() -> None:
     quiet = io.StringIO()
     SamplingRun(tiny_config(), splits, observer=ProgressBar(quiet, report_breakdown=False)).run()
     assert quiet.getvalue() == ""
+
+
+def test_breakdown_message_of_results_written_before_the_update_field() -> None:
+    from sgrld.experiments.runner import breakdown_message
+
+    old = {"epoch": 2, "global_step": 41, "reason": "potential is inf"}
+    assert breakdown_message(old) == "the chain broke down at update 42 (epoch 3): potential is inf"
