@@ -1,15 +1,18 @@
-"""ESS, split R-hat and MCSE against known answers (iid and AR(1) chains)."""
+"""ArviZ-backed R-hat, bulk/tail ESS and export, against known answers (iid and AR(1) chains)."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
 
+from sgrld.evaluation import SampleTrace, diagnostics_of, inference_data_of
 from sgrld.evaluation.diagnostics import (
-    autocorrelation,
-    effective_sample_size,
-    mcse_mean,
-    split_rhat,
+    import_arviz,
+    split_chain,
+    summarize,
+    to_inference_data,
 )
 
 NUM_COMPONENTS = 50  # independent scalar components checked at once (the event axis)
@@ -26,70 +29,111 @@ def _ar1(phi: float, num_chains: int, num_draws: int, rng: np.random.Generator) 
     return x
 
 
-def _sokal_sd(tau: float, window: int, total_draws: int) -> float:
-    """Relative sd of an integrated-autocorrelation-time estimate, sqrt(2(2M+1)/N) (Sokal 1997)."""
-    return float(np.sqrt(2.0 * (2 * window + 1) / total_draws))
-
-
 @pytest.mark.parametrize(("phi", "num_draws"), [(0.0, 1000), (0.5, 2000)])
-def test_ess_matches_ar1_theory(phi: float, num_draws: int) -> None:
+def test_bulk_ess_matches_ar1_theory(phi: float, num_draws: int) -> None:
     rng = np.random.default_rng(1)
     chains = 4
-    x = _ar1(phi, chains, num_draws, rng)
     total = chains * num_draws
     expected = total * (1.0 - phi) / (1.0 + phi)  # τ = (1+φ)/(1−φ)
-    ratio = effective_sample_size(x) / expected
+    stats = summarize({"x": _ar1(phi, chains, num_draws, rng)})["x"]
+    ratio = np.asarray(stats["ess_bulk"]) / expected
     assert ratio.shape == (NUM_COMPONENTS,)
-    # Geyer's window stops within a few τ; take M = 5τ + 2 lags as a conservative window.
+    # Relative sd of an autocorrelation-time estimate over a window M: sqrt(2(2M+1)/N) (Sokal);
+    # Geyer's window stops within a few τ, so M = 5τ + 2 is conservative.
     tau = (1.0 + phi) / (1.0 - phi)
-    sd = _sokal_sd(tau, window=int(5 * tau) + 2, total_draws=total)
+    sd = float(np.sqrt(2.0 * (2 * (5 * tau + 2) + 1) / total))
     assert np.all(np.abs(ratio - 1.0) < 5 * sd), (ratio.min(), ratio.max(), sd)
-    assert abs(ratio.mean() - 1.0) < sd  # the mean of 50 estimates is much tighter still
+    assert abs(ratio.mean() - 1.0) < sd
+    # Tail ESS (of the 5% and 95% quantile indicators): an indicator of an AR(1) is less
+    # autocorrelated than the chain itself, so it lies between the chain's ESS and the draws.
+    tail = np.asarray(stats["ess_tail"])
+    assert np.all((tail > (1 - 5 * sd) * expected) & (tail < (1 + 5 * sd) * total)), tail
 
 
-def test_ess_of_antithetic_chain_exceeds_draws() -> None:
-    x = _ar1(-0.5, 4, 2000, np.random.default_rng(2))
-    ratio = effective_sample_size(x) / (4 * 2000 * 3.0)  # (1-φ)/(1+φ) = 3
-    assert abs(ratio.mean() - 1.0) < 0.1
+def test_rhat_near_one_when_chains_agree_and_large_when_not() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 500, NUM_COMPONENTS))
+    assert np.all(np.abs(np.asarray(summarize({"x": x})["x"]["rhat"]) - 1.0) < 0.02)
+    shifted = x + np.arange(4)[:, None, None]  # chains centred at 0, 1, 2, 3
+    assert np.all(np.asarray(summarize({"x": shifted})["x"]["rhat"]) > 1.2)
 
 
-def test_autocorrelation_of_ar1_is_geometric() -> None:
-    x = _ar1(0.8, 4, 4000, np.random.default_rng(3))
-    rho = autocorrelation(x).mean(axis=-1)
-    np.testing.assert_allclose(rho[:6], 0.8 ** np.arange(6), atol=0.02)
-    assert rho[0] == 1.0
+def test_split_chain_exposes_a_drifting_run() -> None:
+    rng = np.random.default_rng(3)
+    steady = rng.standard_normal(400)
+    drift = steady + np.linspace(0.0, 6.0, 400)
+    assert split_chain(steady).shape == (2, 200)
+    assert split_chain(np.arange(5.0)).tolist() == [[0.0, 1.0], [3.0, 4.0]]  # middle dropped
+    assert abs(summarize({"v": split_chain(steady)})["v"]["rhat"] - 1.0) < 0.02
+    assert summarize({"v": split_chain(drift)})["v"]["rhat"] > 1.5
 
 
-def test_split_rhat_near_one_for_iid_and_large_for_disagreeing_chains() -> None:
+def test_too_few_draws_or_one_chain_give_nan_not_an_error() -> None:
+    one_chain = summarize({"v": np.random.default_rng(0).standard_normal((1, 100))})["v"]
+    assert np.isnan(one_chain["rhat"]) and one_chain["ess_bulk"] > 10
+    short = summarize({"v": np.ones((2, 3))})["v"]
+    assert all(np.isnan(short[k]) for k in ("rhat", "ess_bulk", "ess_tail"))
+    with pytest.raises(ValueError, match=r"\(chain, draw, ...\)"):
+        summarize({"v": np.zeros(10)})
+
+
+def test_missing_arviz_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "arviz", None)  # import arviz now raises ImportError
+    with pytest.raises(ImportError, match=r"sgrld\[diagnostics\]"):
+        import_arviz()
+    trace = {"num_probe": 1, "test_loglik": [0.0] * 8, "probe_logp": [[0.0]] * 8, "scalars": {}}
+    result = diagnostics_of([trace])
+    assert result["available"] is False and "sgrld[diagnostics]" in result["reason"]
+
+
+def test_inference_data_export_works_with_arviz_functions() -> None:
+    az = import_arviz()
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((4, 1000, NUM_COMPONENTS))
-    rhat = split_rhat(x)
-    assert rhat.shape == (NUM_COMPONENTS,)
-    assert np.all(np.abs(rhat - 1.0) < 0.01)
-    shifted = x.copy()
-    shifted[0] += 2.0  # one chain stuck two sd away
-    assert np.all(split_rhat(shifted) > 1.2)
-    # A single drifting chain is caught only because the chains are split in halves.
-    drift = rng.standard_normal((1, 1000)) + np.linspace(0.0, 4.0, 1000)
-    assert float(split_rhat(drift)) > 1.2
+    data = to_inference_data(
+        {"test_loglik": rng.standard_normal((3, 50)), "probe": rng.standard_normal((3, 50, 2))},
+        log_likelihood={"y": rng.standard_normal((3, 50, 7))},
+        attrs={"sampler": "monge"},
+    )
+    assert data["posterior"]["probe"].shape == (3, 50, 2)
+    assert data["log_likelihood"]["y"].shape == (3, 50, 7)
+    assert data["posterior"].attrs["sampler"] == "monge"
+    table = az.summary(data, kind="diagnostics")
+    assert len(table) == 3  # test_loglik, probe[0], probe[1]
 
 
-def test_mcse_matches_ar1_theory_and_covers_the_mean() -> None:
-    phi, chains, draws = 0.5, 4, 2000
-    x = _ar1(phi, chains, draws, np.random.default_rng(5))
-    tau = (1.0 + phi) / (1.0 - phi)
-    mcse = mcse_mean(x)
-    np.testing.assert_allclose(mcse, np.sqrt(tau / (chains * draws)), rtol=0.2)
-    covered = np.abs(x.mean(axis=(0, 1))) < 2.5 * mcse  # true mean is 0
-    assert covered.mean() >= 0.9
+def _trace(values: np.ndarray) -> dict[str, object]:
+    trace = SampleTrace(num_points=1, num_probe=1)
+    for v in values:
+        trace.test_loglik.append(float(v))
+        trace.probe_logp.append([float(-v)])
+        trace.scalars.setdefault("scale:w", []).append(float(v) ** 2)
+    return trace.state_dict()
 
 
-def test_scalar_chains_and_validation() -> None:
-    x = np.random.default_rng(6).standard_normal((2, 100))
-    assert effective_sample_size(x).shape == ()
-    assert split_rhat(x).shape == ()
-    assert np.isnan(effective_sample_size(np.ones((2, 10))))
-    with pytest.raises(ValueError, match="chain, draw"):
-        effective_sample_size(np.zeros(10))
-    with pytest.raises(ValueError, match="at least 4"):
-        split_rhat(np.zeros((2, 3)))
+def test_diagnostics_of_runs_as_chains_and_of_one_run_split() -> None:
+    rng = np.random.default_rng(5)
+    agree = [_trace(rng.standard_normal(200)) for _ in range(3)]
+    apart = [_trace(rng.standard_normal(200) + 3 * k) for k in range(3)]
+    across = diagnostics_of(agree)
+    assert across["chains"] == 3 and across["draws_per_chain"] == 200
+    assert set(across["variables"]) == {"test_loglik", "probe_logp", "scale:w"}
+    assert across["worst"]["rhat"] < 1.05 and across["worst"]["ess_bulk"] > 300
+    assert diagnostics_of(apart)["worst"]["rhat"] > 1.5
+    within = diagnostics_of([_trace(np.linspace(0.0, 5.0, 100) + rng.standard_normal(100))])
+    assert "split" in within["chains"] and within["worst"]["rhat"] > 1.5
+    assert diagnostics_of([_trace(np.array([]))])["available"] is False
+
+
+def test_runs_export_as_inference_data_with_seeds_as_chains() -> None:
+    az = import_arviz()
+    rng = np.random.default_rng(6)
+    traces = [_trace(rng.standard_normal(n)) for n in (120, 100, 110)]
+    data = inference_data_of(traces, attrs={"sampler": "monge"})
+    posterior = data["posterior"]
+    assert posterior["test_loglik"].shape == (3, 100)  # cut to the shortest run
+    assert posterior["probe_logp"].shape == (3, 100, 1)
+    assert posterior["scale:w"].shape == (3, 100)
+    np.testing.assert_array_equal(posterior["test_loglik"][1], traces[1]["test_loglik"])
+    assert len(az.summary(data, kind="diagnostics")) == 3
+    with pytest.raises(ValueError, match="no traced samples"):
+        inference_data_of([_trace(np.array([]))])

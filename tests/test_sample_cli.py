@@ -186,6 +186,8 @@ def test_resume_with_other_options_is_refused(
         lr=0.05,
         epochs=1,
         width=8,
+        burnin=0,  # a run must collect a sample (issue 13.3)
+        thinning=1,
     )
     run_sampling(config, splits, tmp_path / "run")
     argv = ["sample", "--sampler", "identity", "--prior", "horseshoe", "--width", "8"]
@@ -274,7 +276,7 @@ def test_table_mean_std_ddof0_selection_and_failures(
     assert "0.0025" in shampoo_cells
     rmsprop_cells = [c.strip() for c in lines["RMSprop"].split("|")[1:-1]]
     assert "broke down (1/1 runs)" in rmsprop_cells
-    assert "**-0.0620** (0.0000)" in shampoo_cells  # best test LP among HS selections
+    assert "**-0.0620**" in shampoo_cells  # best test LP among HS selections; one run: no spread
     assert "-0.0629" in lines["Monge"]  # --paper: Table 1's value beside ours
 
 

@@ -35,6 +35,7 @@ from sgrld.optim import (
     ShampooSGLD,
     WenzelSGLD,
 )
+from sgrld.samples import SampleStore, log_density, posterior_predictive
 
 __version__ = "0.1.0"
 
@@ -87,6 +88,7 @@ __all__ = [
     "RMSpropMetric",
     "RMSpropSGLD",
     "SGRLDOptimizer",
+    "SampleStore",
     "Sampler",
     "SamplerState",
     "ShampooMetric",
@@ -96,5 +98,7 @@ __all__ = [
     "__version__",
     "build",
     "get_metric",
+    "log_density",
     "metric_names",
+    "posterior_predictive",
 ]

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from sgrld.data.cifar10 import locate_cifar10, read_cifar10, standardise
-from sgrld.data.download import download_dataset, missing_files_message
+from sgrld.data.download import MNIST_FILES, download_dataset, missing_files_message
 from sgrld.data.idx import find_mnist_file, read_mnist
 from sgrld.data.splits import Splits, split_indices
 
@@ -33,10 +33,12 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def _dataset_dir(name: str, root: Path) -> Path | None:
-    """``root/name`` or ``root`` itself, whichever holds the dataset's files."""
+    """``root/name`` or ``root`` itself, whichever holds (any of) the dataset's files."""
     for candidate in (root / name, root):
-        if name == "mnist" and find_mnist_file(candidate, "t10k-labels-idx1-ubyte.gz"):
-            return candidate
+        if name == "mnist" and any(
+            find_mnist_file(candidate, f.filename) for f in MNIST_FILES.values()
+        ):
+            return candidate  # read_mnist names any file still missing
         if name == "cifar10":
             try:
                 locate_cifar10(candidate)
@@ -116,21 +118,25 @@ def load_dataset(
         num_val: validation size (10,000 in the paper).
         seed: seed of the validation draw (1 in the paper).
         verify: check published SHA-256 digests.
-        download: fetch missing files from their official locations into ``data_dir/name``.
+        download: complete a partial copy (or fetch the whole dataset into ``data_dir/name``)
+            from the official locations, verifying every file, present or fetched.
 
     Returns:
         The :class:`Splits`, labels as int64.
 
     Raises:
         ValueError: unknown ``name`` or no directory given.
-        FileNotFoundError: files missing; the message lists which files go where.
+        NotADirectoryError: ``data_dir`` is a regular file.
+        FileNotFoundError: files missing; the message names each missing file and where it goes.
     """
     if name not in DATASET_NAMES:
         raise ValueError(f"unknown dataset {name!r}; valid names: {list(DATASET_NAMES)}")
     root = resolve_data_dir(data_dir)
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"data_dir {root} is a file, not a directory")
     directory = _dataset_dir(name, root)
-    if directory is None and download:
-        directory = download_dataset(name, root / name)
+    if download:  # fetch what is missing, verify what is there
+        directory = download_dataset(name, directory or root / name)
     if directory is None:
         raise FileNotFoundError(
             f"{name} not found under {root}; " + missing_files_message(name, root / name)

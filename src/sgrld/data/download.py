@@ -120,13 +120,16 @@ def verify_file(path: str | os.PathLike[str], remote: RemoteFile) -> None:
     verify_sha256(raw, remote.sha256, source=path)
 
 
-def missing_files_message(name: str, directory: str | os.PathLike[str]) -> str:
-    """Human instructions listing where each file of dataset ``name`` must be placed."""
-    files = DATASET_FILES[name]
+def missing_files_message(
+    name: str, directory: str | os.PathLike[str], missing: Sequence[str] | None = None
+) -> str:
+    """Human instructions listing where each (or each ``missing``) file of ``name`` goes."""
+    files = [f for f in DATASET_FILES[name] if missing is None or f.filename in missing]
     listing = "\n".join(f"  {f.filename}  (from {f.base_urls[0]}{f.filename})" for f in files)
     extra = " (or its extracted cifar-10-batches-py/ directory)" if name == "cifar10" else ""
+    these = "this file" if len(files) == 1 else "these files"
     return (
-        f"put these {name} files{extra} into {os.fspath(directory)}:\n{listing}\n"
+        f"put {these} of {name}{extra} into {os.fspath(directory)}:\n{listing}\n"
         "or set SGRLD_DATA_DIR to a directory that holds them (optionally in a "
         f"'{name}/' subdirectory)"
     )
@@ -184,20 +187,64 @@ def fetch_file(
     )
 
 
+def _local_copy(remote: RemoteFile, directory: Path) -> Path | None:
+    """A copy of ``remote`` in ``directory``: the file itself or an MNIST file's gunzipped twin."""
+    for filename in (remote.filename, remote.filename.removesuffix(".gz")):
+        if (directory / filename).is_file():
+            return directory / filename
+    return None
+
+
+def _verify_local(path: Path, remote: RemoteFile) -> None:
+    if path.name == remote.filename:
+        verify_file(path, remote)
+    elif remote.sha256 is not None:  # the gunzipped twin: the published digest is of it
+        verify_sha256(path.read_bytes(), remote.sha256, source=path)
+
+
 def download_dataset(
-    name: str, directory: str | os.PathLike[str], *, timeout: float = 60.0
+    name: str,
+    directory: str | os.PathLike[str],
+    *,
+    timeout: float = 60.0,
+    base_urls: Sequence[str] | None = None,
 ) -> Path:
-    """Fetch every file of dataset ``name`` (``"mnist"`` or ``"cifar10"``) into ``directory``.
+    """Complete dataset ``name`` (``"mnist"`` or ``"cifar10"``) in ``directory``.
+
+    Files already there (for MNIST also uncompressed twins, for CIFAR-10 a complete extracted
+    ``cifar-10-batches-py/``) are verified against their published digests and kept; only the
+    missing ones are fetched, and each is verified before it is renamed into place.
+
+    Args:
+        name: the dataset.
+        directory: where its files go (created if needed).
+        timeout: socket timeout per attempt, seconds.
+        base_urls: locations to try instead of the official ones (mirrors; ``file://`` works).
 
     Raises:
         ValueError: unknown dataset name.
+        ChecksumError: a file already present is corrupt or not the official one.
         DownloadError: a file could not be fetched; the message lists the files to place by hand.
     """
     if name not in DATASET_FILES:
         raise ValueError(f"unknown dataset {name!r}; valid names: {sorted(DATASET_FILES)}")
+    directory = Path(directory)
+    if name == "cifar10" and _has_cifar_batches(directory):
+        return directory  # extracted batches carry no published digest: nothing to fetch
     for remote in DATASET_FILES[name]:
+        local = _local_copy(remote, directory)
+        if local is not None:
+            _verify_local(local, remote)
+            continue
         try:
-            fetch_file(remote, directory, timeout=timeout)
+            fetch_file(remote, directory, timeout=timeout, base_urls=base_urls)
         except DownloadError as exc:
-            raise DownloadError(f"{exc}\n{missing_files_message(name, directory)}") from exc
-    return Path(directory)
+            hint = missing_files_message(name, directory, [remote.filename])
+            raise DownloadError(f"{exc}\n{hint}") from exc
+    return directory
+
+
+def _has_cifar_batches(directory: Path) -> bool:
+    batches = directory / "cifar-10-batches-py"
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    return all((batches / n).is_file() for n in names)

@@ -128,14 +128,19 @@ def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> Mni
         FileNotFoundError: a file is missing; the message lists what to put where.
         IdxFormatError, ChecksumError: a file is malformed or not the official one.
     """
+    missing = [
+        r.filename for r in MNIST_FILES.values() if not find_mnist_file(directory, r.filename)
+    ]
+    if missing:
+        what = "file " + missing[0] if len(missing) == 1 else "files " + ", ".join(missing)
+        raise FileNotFoundError(
+            f"MNIST {what} not found in {os.fspath(directory)}; "
+            + missing_files_message("mnist", directory, missing)
+        )
     arrays: dict[str, np.ndarray] = {}
     for key, remote in MNIST_FILES.items():
         path = find_mnist_file(directory, remote.filename)
-        if path is None:
-            raise FileNotFoundError(
-                f"MNIST file {remote.filename} not found in {os.fspath(directory)}; "
-                + missing_files_message("mnist", directory)
-            )
+        assert path is not None  # checked above
         spec: tuple[int | None, ...] = (None, 28, 28) if key.endswith("images") else (None,)
         arrays[key] = read_idx(path, sha256=remote.sha256 if verify else None, shape=spec)
     for split in ("train", "test"):

@@ -21,7 +21,8 @@ def validation_indices(num_total: int, num_val: int = 10_000, seed: int = 1) -> 
     """
     if not 0 < num_val < num_total:
         raise ValueError(
-            f"need 0 < num_val < num_total, got num_val={num_val}, num_total={num_total}"
+            f"num_val={num_val} is not a validation size for {num_total} training points: "
+            f"it must be between 1 and {num_total - 1}"
         )
     rng = np.random.RandomState(seed)
     return rng.choice(np.arange(num_total), size=num_val, replace=False).astype(np.int64)

@@ -4,7 +4,10 @@
   from a float64 running log-sum-exp (spec §4.4, §4.7, §10.8).
 - :mod:`~sgrld.evaluation.calibration`: 30-bin top-label ECE with the reference's binning.
 - :mod:`~sgrld.evaluation.curvature`: the input-Hessian curvature ``C(θ)`` (spec §4.5).
-- :mod:`~sgrld.evaluation.diagnostics`: ESS, split R-hat and MCSE over ``(chain, draw, ...)``.
+- :mod:`~sgrld.evaluation.diagnostics`: R-hat, bulk/tail ESS and InferenceData from ArviZ
+  (optional extra ``sgrld[diagnostics]``).
+- :mod:`~sgrld.evaluation.trace`: per-sample test log-likelihood, probe predictions and scalar
+  hyper-parameters of a run, and their diagnostics within a run and across seeds.
 - :mod:`~sgrld.evaluation.equal_time`: the equal-computation-time re-analysis (spec §7.3).
 """
 
@@ -15,12 +18,7 @@ from sgrld.evaluation.calibration import (
     top_label,
 )
 from sgrld.evaluation.curvature import CurvatureStats, curvature_per_example, measure_curvature
-from sgrld.evaluation.diagnostics import (
-    autocorrelation,
-    effective_sample_size,
-    mcse_mean,
-    split_rhat,
-)
+from sgrld.evaluation.diagnostics import split_chain, summarize, to_inference_data
 from sgrld.evaluation.ensemble import EnsemblePredictive
 from sgrld.evaluation.equal_time import (
     EqualTimeEntry,
@@ -31,25 +29,28 @@ from sgrld.evaluation.equal_time import (
     mean_std_over_runs,
     select_at_time,
 )
+from sgrld.evaluation.trace import SampleTrace, diagnostics_of, inference_data_of
 
 __all__ = [
     "CurvatureStats",
     "EnsemblePredictive",
     "EqualTimeEntry",
     "ReliabilityBins",
+    "SampleTrace",
     "SamplerCurves",
-    "autocorrelation",
     "curvature_per_example",
-    "effective_sample_size",
+    "diagnostics_of",
     "epoch_end_times",
     "equal_time_table",
     "expected_calibration_error",
+    "inference_data_of",
     "interpolate_at_time",
-    "mcse_mean",
     "mean_std_over_runs",
     "measure_curvature",
     "reliability_bins",
     "select_at_time",
-    "split_rhat",
+    "split_chain",
+    "summarize",
+    "to_inference_data",
     "top_label",
 ]

@@ -1,129 +1,157 @@
-"""MCMC diagnostics over ``(chain, draw, ...)`` arrays: ESS, split R-hat and MCSE.
+"""MCMC diagnostics from ArviZ: rank-normalised split R-hat, bulk and tail ESS, InferenceData.
 
-Small NumPy functions in the style of ``numpyro.diagnostics``: every function takes samples with
-the chain axis first and the draw axis second, and returns an array of the trailing (event) shape,
-one value per scalar component (a 0-d array for scalar chains). Constant components give NaN.
+The field's implementation (Vehtari et al. 2021, as in Stan and ArviZ) instead of a hand-written
+one. ArviZ is optional: ``pip install "sgrld[diagnostics]"`` (ArviZ 0.x below Python 3.12,
+ArviZ 1.x from 3.12 on). Both major versions take an ``xarray.Dataset`` with ``chain`` and
+``draw`` dimensions and return one of the same shape without them, which is all this module
+relies on; only the container of an export differs (``InferenceData`` in 0.x, ``DataTree`` in
+1.x).
 
-These are the basic (not rank-normalised) estimators of Gelman et al., *Bayesian Data Analysis*
-(3rd ed.), §11.4-11.5, with Geyer's (1992) initial monotone sequence for the autocorrelation sum,
-as in Stan. They are used by the statistical tests of the samplers.
+Every function takes draws as ``(chain, draw, ...)`` arrays, keyed by a variable name.
+
+- :func:`summarize`: R-hat, bulk ESS and tail ESS of every scalar component.
+- :func:`split_chain`: one run's draws as two half-chains (within-run split R-hat).
+- :func:`to_inference_data`: draws (and optional log-likelihoods) as an ArviZ object.
+
+References:
+    Vehtari, Gelman, Simpson, Carpenter, Bürkner (2021), "Rank-normalization, folding, and
+    localization: an improved R-hat for assessing convergence of MCMC", Bayesian Analysis.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["autocorrelation", "effective_sample_size", "mcse_mean", "split_rhat"]
+__all__ = [
+    "MIN_DRAWS",
+    "arviz_available",
+    "import_arviz",
+    "split_chain",
+    "summarize",
+    "to_inference_data",
+]
+
+#: Fewest draws per chain ArviZ accepts for R-hat and ESS.
+MIN_DRAWS = 4
+INSTALL_HINT = 'install the optional extra: pip install "sgrld[diagnostics]"'
 
 
-def _chains(samples: npt.ArrayLike, min_draws: int) -> np.ndarray:
-    x = np.asarray(samples, dtype=np.float64)
-    if x.ndim < 2:
-        raise ValueError(f"expected (chain, draw, ...) samples, got shape {x.shape}")
-    if x.shape[1] < min_draws:
-        raise ValueError(f"need at least {min_draws} draws per chain, got {x.shape[1]}")
-    return x
+def import_arviz() -> ModuleType:
+    """ArviZ, imported without its once-a-day refactor announcement (a ``FutureWarning``).
+
+    Raises:
+        ImportError: ArviZ is not installed; the message says how to install it.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"\s*ArviZ is undergoing", category=Warning)
+            return importlib.import_module("arviz")
+    except ImportError as exc:
+        raise ImportError(f"MCMC diagnostics need ArviZ ({exc}); {INSTALL_HINT}") from exc
 
 
-def _autocovariance(x: np.ndarray) -> np.ndarray:
-    """Biased (divide-by-n) autocovariance along the draw axis of each chain, via FFT."""
-    n = x.shape[1]
-    centred = x - x.mean(axis=1, keepdims=True)
-    size = 1 << (2 * n - 1).bit_length()  # zero-pad: no circular wrap-around
-    spectrum = np.fft.rfft(centred, n=size, axis=1)
-    return np.fft.irfft(spectrum * np.conj(spectrum), n=size, axis=1)[:, :n] / n
+def arviz_available() -> bool:
+    """Whether :func:`import_arviz` succeeds."""
+    try:
+        import_arviz()
+    except ImportError:
+        return False
+    return True
 
 
-def _between_within(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Within-chain variance ``W`` and the pooled estimate ``var⁺ = (n-1)/n W + B/n`` (BDA3)."""
-    n = x.shape[1]
-    within = x.var(axis=1, ddof=1).mean(axis=0)
-    between_over_n = x.mean(axis=1).var(axis=0, ddof=1) if x.shape[0] > 1 else 0.0
-    return within, (n - 1) / n * within + between_over_n
+def _dataset(draws: Mapping[str, npt.ArrayLike]) -> Any:
+    import xarray as xr  # an ArviZ dependency
+
+    variables = {}
+    for name, values in draws.items():
+        x = np.asarray(values, dtype=np.float64)
+        if x.ndim < 2:
+            raise ValueError(f"{name}: expected (chain, draw, ...) draws, got shape {x.shape}")
+        dims = ("chain", "draw", *(f"{name}_dim_{i}" for i in range(x.ndim - 2)))
+        variables[name] = (dims, x)
+    return xr.Dataset(variables)
 
 
-def autocorrelation(samples: npt.ArrayLike) -> np.ndarray:
-    """Combined autocorrelation ``ρ̂_t`` over chains, ``1 − (W − mean_c γ̂_{c,t}) / var⁺``.
+def split_chain(draws: npt.ArrayLike) -> np.ndarray:
+    """One chain's ``(draw, ...)`` draws as ``(2, draw // 2, ...)``: its two halves.
+
+    R-hat compares chains; a single run has one, so its first and second halves stand in for
+    two (the middle draw of an odd count is dropped). A chain still drifting then shows R̂ > 1.
+    """
+    x = np.asarray(draws, dtype=np.float64)
+    half = x.shape[0] // 2
+    return np.stack([x[:half], x[x.shape[0] - half :]])
+
+
+def summarize(draws: Mapping[str, npt.ArrayLike]) -> dict[str, dict[str, Any]]:
+    """R-hat (rank-normalised, split), bulk ESS and tail ESS of every variable.
 
     Args:
-        samples: ``(chain, draw, ...)`` array, at least 2 draws.
+        draws: name → ``(chain, draw, ...)`` array. R-hat needs two chains or more (use
+            :func:`split_chain` for one run) and every statistic at least :data:`MIN_DRAWS`
+            draws per chain; with fewer, the values are NaN.
 
     Returns:
-        ``(draw, ...)`` array with ``ρ̂_0 = 1``.
+        name → ``{"rhat", "ess_bulk", "ess_tail"}``, each a float for a scalar variable or a
+        nested list of the event shape, plus ``"chains"`` and ``"draws"``. Constant draws give
+        NaN (ArviZ's convention).
 
-    References:
-        BDA3 eq. (11.7); Stan Reference Manual, "Effective sample size".
+    Raises:
+        ImportError: ArviZ is not installed.
     """
-    x = _chains(samples, min_draws=2)
-    within, var_plus = _between_within(x)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho = 1.0 - (within - _autocovariance(x).mean(axis=0)) / var_plus
-    rho[0] = 1.0
-    return rho
+    az = import_arviz()
+    data = _dataset(draws)
+    chains, num_draws = data.sizes["chain"], data.sizes["draw"]
+    out: dict[str, dict[str, Any]] = {
+        str(name): {"chains": int(chains), "draws": int(num_draws)} for name in data.data_vars
+    }
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # constant draws: NaN, as documented
+        for key, method in (("rhat", None), ("ess_bulk", "bulk"), ("ess_tail", "tail")):
+            if num_draws < MIN_DRAWS or (method is None and chains < 2):
+                for name, entry in out.items():
+                    entry[key] = np.full(data[name].shape[2:], np.nan).tolist()
+                continue
+            result = az.rhat(data) if method is None else az.ess(data, method=method)
+            for name, entry in out.items():
+                entry[key] = np.asarray(result[name], dtype=np.float64).tolist()
+    return out
 
 
-def effective_sample_size(samples: npt.ArrayLike) -> np.ndarray:
-    """Effective sample size ``S_eff = m n / τ̂`` with Geyer's initial monotone sequence.
-
-    ``τ̂ = −1 + 2 Σ_k P̂_k`` over the pair sums ``P̂_k = ρ̂_{2k} + ρ̂_{2k+1}``, truncated at the
-    first non-positive pair and made monotone non-increasing. For iid draws ``S_eff ≈ m n``; for
-    an AR(1) chain with coefficient φ, ``S_eff ≈ m n (1 − φ) / (1 + φ)``.
+def to_inference_data(
+    posterior: Mapping[str, npt.ArrayLike],
+    *,
+    log_likelihood: Mapping[str, npt.ArrayLike] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> Any:
+    """Draws as ArviZ's container: ``InferenceData`` (ArviZ 0.x) or ``xarray.DataTree`` (1.x).
 
     Args:
-        samples: ``(chain, draw, ...)`` array, at least 4 draws per chain.
+        posterior: name → ``(chain, draw, ...)`` draws of the ``posterior`` group.
+        log_likelihood: name → ``(chain, draw, ...)`` pointwise log-likelihoods.
+        attrs: attributes stored on every group (e.g. the run's config).
 
     Returns:
-        Array of the event shape ``samples.shape[2:]``.
+        An object every ArviZ function accepts (``az.summary``, ``az.plot_trace``, ...).
 
-    References:
-        Geyer (1992), "Practical Markov chain Monte Carlo", Stat. Sci.; BDA3 §11.5.
+    Raises:
+        ImportError: ArviZ is not installed.
     """
-    x = _chains(samples, min_draws=4)
-    rho = autocorrelation(x)
-    num_pairs = rho.shape[0] // 2
-    pairs = rho[0 : 2 * num_pairs : 2] + rho[1 : 2 * num_pairs : 2]
-    keep = np.cumprod(pairs > 0, axis=0).astype(bool)  # initial positive sequence
-    keep[0] = True
-    pairs = np.minimum.accumulate(np.where(keep, pairs, 0.0), axis=0)  # initial monotone
-    tau = -1.0 + 2.0 * pairs.sum(axis=0)
-    return np.asarray(x.shape[0] * x.shape[1] / tau)
+    az = import_arviz()
+    groups = {"posterior": _dataset(posterior)}
+    if log_likelihood:
+        groups["log_likelihood"] = _dataset(log_likelihood)
+    for dataset in groups.values():
+        dataset.attrs.update({k: str(v) for k, v in (attrs or {}).items()})
+    if int(az.__version__.split(".")[0]) >= 1:
+        import xarray as xr
 
-
-def split_rhat(samples: npt.ArrayLike) -> np.ndarray:
-    """Split potential scale reduction ``R̂ = sqrt(var⁺ / W)`` over half-chains.
-
-    Each chain is split into its first and last ``n // 2`` draws (the middle draw of an odd
-    chain is dropped), so that a drifting chain inflates ``R̂`` too. ``R̂ ≈ 1`` for converged
-    chains; values above about 1.01 signal disagreement.
-
-    Args:
-        samples: ``(chain, draw, ...)`` array, at least 4 draws per chain.
-
-    Returns:
-        Array of the event shape ``samples.shape[2:]``.
-
-    References:
-        BDA3 §11.4 (eq. 11.4); Vehtari et al. (2021), §3 (the basic, non-rank-normalised form).
-    """
-    x = _chains(samples, min_draws=4)
-    half = x.shape[1] // 2
-    halves = np.concatenate([x[:, :half], x[:, -half:]], axis=0)
-    within, var_plus = _between_within(halves)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.asarray(np.sqrt(var_plus / within))
-
-
-def mcse_mean(samples: npt.ArrayLike) -> np.ndarray:
-    """Monte-Carlo standard error of the posterior-mean estimate, ``sd / sqrt(S_eff)``.
-
-    Args:
-        samples: ``(chain, draw, ...)`` array, at least 4 draws per chain.
-
-    Returns:
-        Array of the event shape ``samples.shape[2:]``; ``sd`` pools all draws (ddof = 1).
-    """
-    x = _chains(samples, min_draws=4)
-    pooled = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.asarray(pooled.std(axis=0, ddof=1) / np.sqrt(effective_sample_size(x)))
+        return xr.DataTree.from_dict(groups)
+    return az.InferenceData(**groups)

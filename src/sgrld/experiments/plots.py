@@ -27,11 +27,20 @@ def _values(curve: Sequence[float | None]) -> np.ndarray:
 
 
 def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Draw one run's per-epoch curves to ``path`` (PNG).
+    """Draw one run's per-epoch curves to ``path`` (PNG); see :func:`run_curves_figure`.
 
     Args:
         results: a run's ``results.json`` content.
         path: output file.
+    """
+    run_curves_figure(results).savefig(path, dpi=90)
+
+
+def run_curves_figure(results: Mapping[str, Any]) -> Any:
+    """The ``curves.png`` figure of one run (a matplotlib ``Figure``).
+
+    Every epoch with an ensemble is a marked point, so that a run with a single sampled epoch
+    still shows its values; a panel without any sample says so instead of staying blank.
     """
     curves = results["curves"]
     epochs = np.asarray(curves["epoch"], dtype=np.float64) + 1
@@ -42,11 +51,18 @@ def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) ->
         ("log-probability", "accuracy", "ECE (30 bins)"),
         strict=True,
     ):
+        drawn = False
         for split, style in (("val", "--"), ("test", "-")):
-            ax.plot(epochs, _values(curves[f"{split}_{metric}"]), style, label=split)
+            values = _values(curves[f"{split}_{metric}"])
+            if np.isfinite(values).any():
+                ax.plot(epochs, values, style, marker="o", markersize=3, label=split)
+                drawn = True
+        if drawn:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "no sample yet: nothing to draw", ha="center", transform=ax.transAxes)
         ax.set_title(f"ensemble {title}")
         ax.set_xlabel("epoch")
-        ax.legend()
     seconds = _values(results["timing"]["sampling_seconds"])
     axes[3].bar(np.arange(1, len(seconds) + 1), seconds, color="0.5")
     axes[3].set_title("sampling seconds per epoch")
@@ -58,7 +74,7 @@ def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) ->
         f"ℓ {config['lr']:g}{alpha}, seed {config['seed']} — {results['status']}, "
         f"{results['num_samples']} samples"
     )
-    fig.savefig(path, dpi=90)
+    return fig
 
 
 def plot_convergence(

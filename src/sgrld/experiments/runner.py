@@ -48,7 +48,7 @@ from sgrld.core import NonFiniteGradientError
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
-from sgrld.evaluation import EnsemblePredictive, measure_curvature
+from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
 from sgrld.metrics import get_metric
 from sgrld.models import build_model, potential
 from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
@@ -60,6 +60,8 @@ __all__ = [
     "RunConfig",
     "RunObserver",
     "SamplingRun",
+    "breakdown_message",
+    "check_collects_samples",
     "config_differences",
     "derive_seed",
     "is_sample_step",
@@ -77,6 +79,8 @@ MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20"}
 NUM_CLASSES = 10
 GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max (spec §1.1)
 TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times (spec §4.6)
+#: Size of the official training set each dataset's train/validation split is drawn from.
+OFFICIAL_TRAIN_SIZE = {"mnist": 60_000, "cifar10": 50_000}
 RESULTS_FILE = "results.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 RESULTS_FORMAT = "sgrld-sample-results/1"
@@ -112,7 +116,7 @@ class RunConfig:
         max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
         eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
         noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
-            (:mod:`sgrld.core.noise`; faster on CPU, a different random stream).
+            (:mod:`sgrld.core.noise`; a different random stream, faster on some CPUs only).
         compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
             wenzel and rmsprop only).
     """
@@ -178,6 +182,17 @@ class RunConfig:
         for name in ("max_train", "max_eval"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
+        num_data = self.max_num_data()
+        if num_data >= 1:  # else the split itself is refused, with its own message
+            check_collects_samples(self, num_data)
+
+    def max_num_data(self) -> int:
+        """n of the run on the official data: the training split, capped by ``max_train``.
+
+        A smaller look-alike dataset only lowers n, so this bounds the run's updates from above.
+        """
+        num_data = OFFICIAL_TRAIN_SIZE[self.dataset] - self.num_val
+        return num_data if self.max_train is None else min(num_data, self.max_train)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON values."""
@@ -201,6 +216,27 @@ class RunConfig:
 def _check_int(name: str, value: object, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_collects_samples(config: RunConfig, num_data: int) -> None:
+    """Refuse a run whose schedule takes no sample: burn-in and thinning leave none.
+
+    Raises:
+        ValueError: naming burn-in, updates and thinning (``name=value``, so that the command
+            line can show its flags).
+    """
+    per_epoch = math.ceil(num_data / config.batch_size)
+    updates = config.epochs * per_epoch
+    if num_samples_after(updates, config.burnin, config.thinning) > 0:
+        return
+    first = (config.burnin // config.thinning + 1) * config.thinning
+    raise ValueError(
+        f"this run would collect no sample: burnin={config.burnin} with thinning="
+        f"{config.thinning} takes the first sample after update {first}, but "
+        f"epochs={config.epochs} of {per_epoch} updates (n = {num_data}, batch_size="
+        f"{config.batch_size}) make only {updates} updates; set epochs="
+        f"{math.ceil(first / per_epoch)} or more, or lower burnin"
+    )
 
 
 def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
@@ -274,6 +310,30 @@ class RunObserver:
 
 class _BrokeDown(Exception):
     """The chain hit a non-finite potential or gradient (spec §4.8)."""
+
+
+def _breakdown_hint(config: RunConfig, num_data: int) -> str | None:
+    """Why a subset run diverges at a learning rate the full data tolerates (issue 13.14)."""
+    full = OFFICIAL_TRAIN_SIZE[config.dataset] - config.num_val
+    if config.max_train is None or num_data >= full:
+        return None
+    return (
+        f"ℓ is per datum (h = ℓ/n, docs/conventions.md): with max_train={num_data} instead of "
+        f"the full n = {full}, lr={config.lr:g} is a step {full / num_data:.3g}x larger than on "
+        f"the full data; try lr={config.lr * num_data / full:.3g} for the same step size"
+    )
+
+
+def breakdown_message(broken_down: Mapping[str, Any]) -> str:
+    """One-paragraph account of a breakdown: the failing update, its epoch, the reason, a hint."""
+    update = broken_down.get("update", broken_down["global_step"] + 1)  # older results
+    text = (
+        f"the chain broke down at update {update} (epoch "
+        f"{broken_down['epoch'] + 1}): {broken_down['reason']}"
+    )
+    if broken_down.get("hint"):
+        text += f"\n  hint: {broken_down['hint']}"
+    return text
 
 
 def _restrict(splits: Splits, config: RunConfig) -> Splits:
@@ -361,6 +421,7 @@ class SamplingRun:
         self.splits = _restrict(splits, config).to(self.device)
         self.num_data = self.splits.num_train
         self.steps_per_epoch = math.ceil(self.num_data / config.batch_size)
+        check_collects_samples(config, self.num_data)  # the data may be smaller than official
         self.seeds = {stream: derive_seed(config.seed, stream) for stream in SEED_STREAMS}
 
         init_generator = torch.Generator().manual_seed(self.seeds["init"])
@@ -384,6 +445,7 @@ class SamplingRun:
             )
             for split in SPLITS
         }
+        self.trace = SampleTrace(len(self.splits.y_test))  # per-sample values (diagnostics)
         self.epoch = 0  # epochs completed
         self.global_step = 0  # updates done
         self.status = "running"
@@ -442,6 +504,21 @@ class SamplingRun:
         refresh = t["refresh_seconds"] / t["refreshes"] if t["refreshes"] else 0.0
         return step * self.steps_per_epoch + refresh
 
+    @property
+    def seconds_per_epoch_basis(self) -> str:
+        """How :attr:`seconds_per_epoch` was obtained: measured, or extrapolated from few steps."""
+        t = self.timing
+        if t["steps_after_skip"] >= self.steps_per_epoch:
+            return f"mean of {t['steps_after_skip']} step times after the first {TIMING_SKIP_STEPS}"
+        steps = t["steps_after_skip"] or t["steps_all"]
+        if not steps:
+            return "no step timed yet"
+        warm = "" if t["steps_after_skip"] else f", warm-up included (< {TIMING_SKIP_STEPS + 1})"
+        return (
+            f"estimated from only {steps} step times{warm}, times {self.steps_per_epoch} "
+            "steps per epoch"
+        )
+
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self, epochs: int | None = None) -> dict[str, Any]:
@@ -458,9 +535,11 @@ class SamplingRun:
         except _BrokeDown as exc:
             self.status = "broken_down"
             self.broken_down = {
-                "epoch": self.epoch,
-                "global_step": self.global_step,
+                "epoch": self.epoch,  # epochs completed before the failing one
+                "update": self.global_step + 1,  # the failing update, 1-based over the run
+                "global_step": self.global_step,  # updates completed (its state is the last)
                 "reason": str(exc),
+                "hint": _breakdown_hint(self.config, self.num_data),
             }
             self._save()
         self.observer.on_finish(self)
@@ -482,7 +561,7 @@ class SamplingRun:
                 p.grad = None
             loss = potential(self.model, x, y, self.num_data)
             if not bool(torch.isfinite(loss)):
-                raise _BrokeDown(f"potential is {loss.item()} at update {self.global_step + 1}")
+                raise _BrokeDown(f"potential is {loss.item()}")
             loss.backward()
             for p in params:
                 if p.grad is not None:
@@ -490,7 +569,7 @@ class SamplingRun:
             try:
                 self.optimizer.step()
             except NonFiniteGradientError as exc:
-                raise _BrokeDown(f"{exc} at update {self.global_step + 1}") from exc
+                raise _BrokeDown(str(exc)) from exc
             self.global_step += 1
             self._record_step_time(self._clock() - started)
             if is_sample_step(self.global_step, self.config.burnin, self.config.thinning):
@@ -515,8 +594,12 @@ class SamplingRun:
                     inputs = getattr(self.splits, f"x_{split}")
                     for start in range(0, len(inputs), self.config.eval_batch_size):
                         stop = start + self.config.eval_batch_size
-                        ensemble.add_batch(start, self.model(inputs[start:stop]))
+                        logits = self.model(inputs[start:stop])
+                        ensemble.add_batch(start, logits)
+                        if split == "test":
+                            self.trace.add_batch(start, logits, self.splits.y_test[start:stop])
                     ensemble.commit()
+                self.trace.commit(self.model)
             if self.config.curvature:
                 stats = measure_curvature(
                     self.model,
@@ -568,6 +651,7 @@ class SamplingRun:
             "curves": self.curves,
             "curvature_means": self.curvature_means,
             "timing": self.timing,
+            "trace": self.trace.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -589,6 +673,8 @@ class SamplingRun:
         self.global_step = int(state["global_step"])
         self.curves = {k: list(v) for k, v in state["curves"].items()}
         self.curvature_means = list(state["curvature_means"])
+        if "trace" in state:  # checkpoints from before the trace have none
+            self.trace.load_state_dict(state["trace"])
         self.timing = dict(state["timing"])
         self.timing["sampling_seconds"] = list(self.timing["sampling_seconds"])
         self.timing["evaluation_seconds"] = list(self.timing["evaluation_seconds"])
@@ -629,6 +715,7 @@ class SamplingRun:
         timing = {
             **self.timing,
             "seconds_per_epoch": self.seconds_per_epoch,
+            "seconds_per_epoch_basis": self.seconds_per_epoch_basis,
             "skipped_steps": TIMING_SKIP_STEPS,
             "device": str(self.device),
             "hardware": _hardware(self.device),
@@ -652,6 +739,8 @@ class SamplingRun:
                 "seconds_per_epoch": self.seconds_per_epoch,
                 "timing": timing,
                 "curves": self.curves,
+                "trace": self.trace.state_dict(),
+                "diagnostics": self.trace.diagnostics(),
                 "environment": {
                     "torch": torch.__version__,
                     "python": platform.python_version(),
@@ -665,12 +754,16 @@ class ProgressBar(RunObserver):
     """A one-line progress bar with the running ensemble metrics, on stderr.
 
     On a terminal the line is redrawn at most every ``interval`` seconds; elsewhere (logs) one
-    line per epoch is printed.
+    line per epoch is printed. A breakdown is reported with :func:`breakdown_message` unless
+    ``report_breakdown`` is off (``sgrld sample`` reports it itself, progress bar or not).
     """
 
-    def __init__(self, stream: TextIO | None = None, *, interval: float = 0.5) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.interval = interval
+        self.report_breakdown = report_breakdown
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self._last = 0.0
 
@@ -680,7 +773,10 @@ class ProgressBar(RunObserver):
         bar = "#" * filled + "-" * (20 - filled)
         parts = [f"epoch {epoch}/{run.config.epochs} [{bar}] step {run.global_step}"]
         parts.append(f"S={run.ensembles['val'].num_samples}")
-        if run.curves["epoch"]:
+        if not run.ensembles["val"].num_samples:  # no ensemble yet: its metrics are NaN
+            first = (run.config.burnin // run.config.thinning + 1) * run.config.thinning
+            parts.append(f"burning in (first sample after update {first})")
+        elif run.curves["epoch"]:
             parts.append(
                 f"val LP {run.curves['val_lp'][-1]:.4f} acc {run.curves['val_accuracy'][-1]:.4f}"
                 f" | test LP {run.curves['test_lp'][-1]:.4f}"
@@ -705,9 +801,12 @@ class ProgressBar(RunObserver):
         print(("\r" if self.live else "") + line, file=self.stream, flush=True)
 
     def on_finish(self, run: SamplingRun) -> None:
-        if run.status == "broken_down" and run.broken_down is not None:
-            end = "\n" if self.live else ""
-            print(f"{end}run broke down: {run.broken_down['reason']}", file=self.stream)
+        if run.broken_down is None:
+            return
+        if self.live:
+            print(file=self.stream)  # end the bar's line
+        if self.report_breakdown:
+            print(breakdown_message(run.broken_down), file=self.stream)
 
 
 def run_sampling(

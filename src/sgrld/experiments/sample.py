@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--noise",
         choices=NOISE_CHOICES,
         default="torch",
-        help="noise source: torch (normal_) or philox (compiled, faster on CPU)",
+        help="noise source: torch (normal_) or philox (compiled; faster on some CPUs, slower on "
+        "others: README)",
     )
     what.add_argument(
         "--compile",
@@ -82,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--subset",
         type=int,
         metavar="N",
-        help="train on the first N training points only (smoke tests; n becomes N)",
+        help="train on the first N training points only (smoke tests; n becomes N, so the "
+        "same --lr is a larger step h = ℓ/N: scale --lr by N/n to keep it)",
     )
     schedule.add_argument(
         "--eval-subset", type=int, metavar="M", help="evaluate on the first M val/test points"
@@ -164,19 +167,31 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return config
 
 
+#: Config fields whose command-line flag is not ``--`` + the field name.
+_FLAGS = {
+    "max_train": "--subset",
+    "max_eval": "--eval-subset",
+    "burnin": "--burn-in",
+    "batch_size": "--batch-size",
+    "eval_batch_size": "--eval-batch-size",
+    "curvature_points": "--curvature-points",
+    "num_val": "--num-val",
+}
+_PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
+
+
 def _cli_names(message: str) -> str:
-    """Config field names → their command-line flags in an error message."""
-    for field, flag in (
-        ("max_train", "--subset"),
-        ("max_eval", "--eval-subset"),
-        ("burnin", "--burn-in"),
-        ("batch_size", "--batch-size"),
-        ("eval_batch_size", "--eval-batch-size"),
-        ("curvature_points", "--curvature-points"),
-        ("num_val", "--num-val"),
-    ):
-        message = message.replace(field, flag)
-    for word in ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature"):
+    """Config field names → their command-line flags in an error message.
+
+    Whole words only (``eval_batch_size`` is not ``eval_`` + ``batch_size``); ``name=value``
+    becomes ``--flag value``; a plain word (``epochs``) is a flag only where it starts the
+    message or is written ``epochs=``.
+    """
+    for field, flag in _FLAGS.items():
+        message = re.sub(rf"\b{field}=", flag + " ", message)
+        message = re.sub(rf"\b{field}\b", flag, message)
+    for word in _PLAIN:
+        message = re.sub(rf"(?<![-\w]){word}=", f"--{word} ", message)
         if message.startswith(word + " "):
             message = "--" + message
     return message
@@ -215,8 +230,14 @@ def _data_dir(args: argparse.Namespace) -> Path:
     if not value:
         raise UsageError(f"no data directory: give --data-dir or set {DATA_DIR_ENV}")
     path = Path(value)
+    flag = "--data-dir" if args.data_dir else DATA_DIR_ENV
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"data directory {path} ({flag}) is a file, not a directory: give the folder "
+            "that holds the dataset"
+        )
     if not path.is_dir() and not args.download:
-        raise UsageError(f"data directory {path} does not exist")
+        raise UsageError(f"data directory {path} ({flag}) does not exist (--download creates it)")
     return path
 
 
@@ -303,13 +324,20 @@ def run(args: argparse.Namespace) -> int:
             )
         _make_out_dir(out)
     except (OSError, ValueError, DownloadError) as exc:
-        print(f"sgrld sample: error: {exc}", file=sys.stderr)
+        print(f"sgrld sample: error: {_cli_names(str(exc))}", file=sys.stderr)
         return 2
 
-    observer = None if args.no_progress else ProgressBar()
+    observer = None if args.no_progress else ProgressBar(report_breakdown=False)
     results = run_sampling(
         config, splits, out, device=device, resume=args.resume, observer=observer
     )
+    if results["broken_down"] is not None:  # always on stderr, progress bar or not
+        from sgrld.experiments.runner import breakdown_message
+
+        print(
+            f"sgrld sample: {_cli_names(breakdown_message(results['broken_down']))}",
+            file=sys.stderr,
+        )
     if not args.no_plot:
         _plot(results, out)
     _summary(results, out)
@@ -330,9 +358,11 @@ def _summary(results: dict[str, Any], out: Path) -> None:
         return "nan" if value is None else f"{value:.4f}"
 
     final = results["final"]
+    basis = results["timing"].get("seconds_per_epoch_basis", "")
+    estimated = f" ({basis})" if basis.startswith("estimated") else ""
     print(
         f"{results['status']}: {results['epochs_completed']} epochs, "
-        f"{results['num_samples']} samples, {fmt(results['seconds_per_epoch'])} s/epoch"
+        f"{results['num_samples']} samples, {fmt(results['seconds_per_epoch'])} s/epoch" + estimated
     )
     for split in ("val", "test"):
         m = final[split]

@@ -13,6 +13,9 @@ the paper, spec §4.8 and §10.14) over its seeds of the final-epoch metrics. Ou
 - ``--layout long``: one row per configuration instead.
 - ``--csv FILE``: every configuration, every metric's mean and std, as CSV.
 - ``--plot FILE``: test LP and accuracy per epoch of every configuration, mean ± 1.96 std.
+- MCMC diagnostics (with ArviZ, ``sgrld[diagnostics]``): per configuration, the rank-normalised
+  R-hat and bulk/tail ESS of the traced per-sample quantities (test log-likelihood, probe
+  predictions, horseshoe scales), with the seeds as chains; a single run is split in halves.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import math
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.paper import paper_entry
 
 SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
@@ -98,13 +103,26 @@ class Group:
     def num_broken(self) -> int:
         return sum(r["status"] == "broken_down" for r in self.runs)
 
+    @cached_property
+    def diagnostics(self) -> dict[str, Any]:
+        """R-hat and ESS of the completed runs' traces, seeds as chains (one run: its halves)."""
+        traces = [r["trace"] for r in self.completed if r.get("trace")]
+        if not traces:
+            return {"available": False, "reason": "no traced samples (results without 'trace')"}
+        return diagnostics_of(traces)
+
     def stat(self, name: str) -> tuple[float, float]:
-        """Mean and std (ddof = 0) of a metric over the completed runs (NaN if none)."""
+        """Mean and std (ddof = 0) of a metric over the completed runs.
+
+        The mean is NaN without any value; the std is NaN with fewer than two (one run has no
+        spread to report).
+        """
         values = np.array([_metric(r, name) for r in self.completed], dtype=np.float64)
         if values.size == 0 or np.isnan(values).all():
             return math.nan, math.nan
         values = values[~np.isnan(values)]
-        return float(values.mean()), float(values.std(ddof=0))
+        spread = float(values.std(ddof=0)) if values.size > 1 else math.nan
+        return float(values.mean()), spread
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
@@ -176,7 +194,7 @@ def _fmt(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
     text = f"{mean:.{digits}f}"
     if bold:
         text = f"**{text}**"
-    return f"{text} ({std:.{digits}f})"
+    return text if math.isnan(std) else f"{text} ({std:.{digits}f})"
 
 
 def _lr_text(config: dict[str, Any]) -> str:
@@ -195,6 +213,8 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     model = f"fc N = {config['width']}" if config["model"] == "fc" else config["model"]
     counts = sorted({len(g.runs) for g in groups})
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    plural = "" if counts[-1] == 1 else "s"
+    spread = "no spread with one seed" if counts[-1] == 1 else "mean (std, ddof = 0)"
     extras = [
         f"{name} {config[name]}"
         for name, default in (
@@ -209,8 +229,8 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     ]
     extra = f", {', '.join(extras)}" if extras else ""
     return (
-        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seeds per "
-        "cell; final-epoch test metrics, mean (std, ddof = 0)"
+        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seed{plural} "
+        f"per cell; final-epoch test metrics, {spread}"
     )
 
 
@@ -342,6 +362,45 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _num(value: Any, digits: int) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def markdown_diagnostics(groups: Sequence[Group]) -> str:
+    """One row per configuration: R-hat and bulk/tail ESS, seeds as chains ("" without ArviZ)."""
+    rows = []
+    for group in groups:
+        d = group.diagnostics
+        if not d["available"]:
+            continue
+        ll = d["variables"]["test_loglik"]
+        chains = d["chains"] if isinstance(d["chains"], int) else "1 (split)"
+        worst = d["worst"]
+        rows.append(
+            [
+                _group_label(group),
+                str(chains),
+                str(d["draws_per_chain"]),
+                _num(ll["rhat"], 3),
+                _num(ll["ess_bulk"], 0),
+                _num(ll["ess_tail"], 0),
+                _num(worst["rhat"], 3),
+                _num(worst["ess_bulk"], 0),
+                _num(worst["ess_tail"], 0),
+            ]
+        )
+    if not rows:
+        return ""
+    header = ["configuration", "chains (seeds)", "draws/chain", "R̂ test LL", "bulk ESS test LL"]
+    header += ["tail ESS test LL", "max R̂", "min bulk ESS", "min tail ESS"]
+    title = (
+        "**MCMC diagnostics (ArviZ, rank-normalised split R̂ and ESS) of the per-sample test "
+        "log-likelihood and, in the max/min columns, of every traced quantity (probe "
+        "predictions, horseshoe scales); seeds are the chains**"
+    )
+    return f"{title}\n\n{_markdown(header, rows)}\n"
+
+
 def csv_table(groups: Sequence[Group]) -> str:
     """Every configuration as a CSV row: config, run counts, seeds, each metric's mean and std."""
     config_keys: list[str] = []
@@ -350,6 +409,7 @@ def csv_table(groups: Sequence[Group]) -> str:
     header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
     for metric in METRICS:
         header += [f"{metric}_mean", f"{metric}_std"]
+    header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(header)
@@ -361,6 +421,13 @@ def csv_table(groups: Sequence[Group]) -> str:
         for metric in METRICS:
             mean, std = group.stat(metric)
             row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
+        d = group.diagnostics
+        values = (
+            [d["variables"]["test_loglik"]["rhat"], *d["worst"].values()]
+            if d["available"]
+            else [None] * 4
+        )
+        row += ["" if v is None or math.isnan(v) else repr(v) for v in values]
         writer.writerow(row)
     return out.getvalue()
 
@@ -405,6 +472,9 @@ def run(args: argparse.Namespace) -> int:
         text = markdown_paper_layout(groups, paper=args.paper)
     else:
         text = markdown_long_layout(groups)
+    diagnostics = markdown_diagnostics(groups)
+    if diagnostics:
+        text += "\n" + diagnostics
     print(text, end="")
     try:
         if args.markdown is not None:

@@ -1,0 +1,225 @@
+"""Keep posterior samples of a model, predict with them, and the model's log-density.
+
+An SG-MCMC chain is only useful through its samples. This module is the Python API for them:
+
+- :class:`SampleStore`: keeps a thinned subset of the chain's states (parameters and buffers),
+  in memory or as files in a directory, never more than ``max_samples`` at once;
+- :func:`posterior_predictive`: the averaged predictive ``p̄(y | x) = (1/S) Σ_s p(y | x, θ_s)``
+  of the kept samples;
+- :func:`log_density`: the minibatch estimate of ``log p(θ | D)`` (up to a constant) of a
+  :class:`~sgrld.models.BayesianModel`, the negative of the potential ``n · u_B(θ)``
+  (``docs/conventions.md``).
+
+Example:
+    >>> import torch, sgrld
+    >>> from sgrld.models import build_model, potential
+    >>> from sgrld.samples import SampleStore, posterior_predictive
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x, y = torch.rand(64, 784, generator=g), torch.arange(64) % 10
+    >>> model = build_model("fc", width=16, generator=g)
+    >>> sampler = sgrld.SGLD(model.parameters(), lr=0.01, num_data=64)
+    >>> store = SampleStore(burnin=10, thinning=5, max_samples=4)
+    >>> for step in range(40):
+    ...     sampler.zero_grad()
+    ...     potential(model, x, y, num_data=64).backward()
+    ...     sampler.step()
+    ...     _ = store.observe(model)
+    >>> len(store), store.thinning  # 6 samples were due: the cap halved them, thinning doubled
+    (3, 10)
+    >>> posterior_predictive(model, store, x).shape
+    torch.Size([64, 10])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["SampleStore", "log_density", "posterior_predictive"]
+
+
+class SampleStore:
+    """Thinned posterior samples of a model's state, in memory or on disk, with a cap.
+
+    Call :meth:`observe` after every sampler step: the model's state after step ``k``
+    (1-based) is kept when ``k > burnin`` and ``k % thinning == 0`` (the runner's schedule,
+    :func:`sgrld.experiments.runner.is_sample_step`). When ``max_samples`` are kept and another
+    is due, every second kept sample is dropped and ``thinning`` doubles, so the store always
+    spans the whole chain after burn-in, evenly, in at most ``max_samples`` samples.
+
+    Args:
+        burnin: steps before the first sample can be kept, ≥ 0.
+        thinning: keep every ``thinning``-th step, ≥ 1.
+        max_samples: most samples kept at once, ≥ 2.
+        directory: write each sample to ``directory/sample-<step>.pt`` (one ``torch.save`` of
+            the state dict, on CPU) instead of keeping it in memory. Files of dropped samples
+            are deleted.
+
+    Raises:
+        ValueError: invalid arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        burnin: int = 0,
+        thinning: int = 1,
+        max_samples: int = 100,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> None:
+        for name, value, low in (
+            ("burnin", burnin, 0),
+            ("thinning", thinning, 1),
+            ("max_samples", max_samples, 2),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        self.burnin = burnin
+        self.thinning = thinning
+        self.max_samples = max_samples
+        self.directory = None if directory is None else Path(directory)
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+        self.steps: list[int] = []  # the step of each kept sample
+        self._memory: list[dict[str, Tensor]] = []
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def observe(self, model: nn.Module) -> bool:
+        """Count one sampler step; keep ``model``'s state if it is a sample. Returns whether."""
+        self.step += 1
+        if self.step <= self.burnin or self.step % self.thinning:
+            return False
+        if len(self) == self.max_samples:
+            self._halve()
+            if self.step % self.thinning:  # not a sample at the new thinning
+                return False
+        self.add(model.state_dict(), step=self.step)
+        return True
+
+    def add(self, state: dict[str, Tensor], *, step: int | None = None) -> None:
+        """Keep ``state`` (a state dict; copied to CPU) as the next sample, regardless of schedule.
+
+        Raises:
+            ValueError: the store is full (:meth:`observe` makes room; ``add`` does not).
+        """
+        if len(self) >= self.max_samples:
+            raise ValueError(f"the store holds max_samples={self.max_samples} samples already")
+        step = self.step if step is None else step
+        copy = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        if self.directory is None:
+            self._memory.append(copy)
+        else:
+            torch.save(copy, self._path(step, len(self)))
+        self.steps.append(step)
+
+    def _path(self, step: int, index: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"sample-{step:09d}-{index:04d}.pt"
+
+    def _halve(self) -> None:
+        """Double the thinning and drop the samples it no longer takes (every second one)."""
+        keep = [i for i, step in enumerate(self.steps) if step % (2 * self.thinning) == 0]
+        if len(keep) == len(self):  # samples given to add() off the schedule
+            keep = keep[1::2]
+        if self.directory is None:
+            self._memory = [self._memory[i] for i in keep]
+        else:
+            paths = [self._path(s, i) for i, s in enumerate(self.steps)]
+            for i, path in enumerate(paths):
+                if i not in keep:
+                    path.unlink()
+            for new, old in enumerate(keep):
+                paths[old].rename(self._path(self.steps[old], new))
+        self.steps = [self.steps[i] for i in keep]
+        self.thinning *= 2
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        """The ``index``-th kept sample's state dict (loaded from disk if stored there)."""
+        if self.directory is None:
+            return self._memory[index]
+        index = range(len(self))[index]
+        state: dict[str, Tensor] = torch.load(
+            self._path(self.steps[index], index), map_location="cpu", weights_only=True
+        )
+        return state
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        return (self[i] for i in range(len(self)))
+
+
+@torch.no_grad()
+def posterior_predictive(
+    model: nn.Module, samples: SampleStore, inputs: Tensor, *, batch_size: int = 1000
+) -> Tensor:
+    """Averaged class probabilities ``(1/S) Σ_s softmax(f(x; θ_s))`` of the stored samples.
+
+    Each sample is loaded into ``model`` in eval mode (BatchNorm uses its running statistics);
+    the model's own state and mode are restored afterwards. The average is a float64
+    log-sum-exp, as in :class:`~sgrld.evaluation.EnsemblePredictive`.
+
+    Args:
+        model: the network the samples were taken from.
+        samples: the kept samples (at least one).
+        inputs: ``(N, ...)`` inputs on ``model``'s device.
+        batch_size: inputs per forward pass.
+
+    Returns:
+        ``(N, C)`` float64 probabilities.
+
+    Raises:
+        ValueError: ``samples`` is empty.
+    """
+    if not len(samples):
+        raise ValueError("no samples to predict with: the store is empty (still in burn-in?)")
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    training = model.training
+    log_sum: Tensor | None = None
+    try:
+        model.eval()
+        for state in samples:
+            model.load_state_dict(state)
+            logp = torch.cat(
+                [
+                    F.log_softmax(model(inputs[i : i + batch_size]).to(torch.float64), dim=-1)
+                    for i in range(0, len(inputs), batch_size)
+                ]
+            )
+            log_sum = logp if log_sum is None else torch.logaddexp(log_sum, logp)
+    finally:
+        model.load_state_dict(saved)
+        model.train(training)
+    assert log_sum is not None
+    return torch.exp(log_sum - math.log(len(samples)))
+
+
+def log_density(model: nn.Module, inputs: Tensor, targets: Tensor, num_data: int) -> Tensor:
+    """Minibatch estimate of ``log p(θ | D) + const = n · mean_B log p(y | x, θ) + log p(θ)``.
+
+    Unbiased for the full-data value when the minibatch is drawn uniformly; equal to
+    ``−n · potential(model, x, y, n)`` (``docs/conventions.md``). Differentiable in θ.
+
+    Args:
+        model: a :class:`~sgrld.models.BayesianModel` (anything with ``log_prior()``).
+        inputs: a minibatch of inputs.
+        targets: its int64 class labels.
+        num_data: n, the number of training points, ≥ 1.
+
+    Returns:
+        A 0-d tensor.
+    """
+    if num_data < 1:
+        raise ValueError(f"num_data must be >= 1, got {num_data}")
+    log_prior = getattr(model, "log_prior", None)
+    if log_prior is None:
+        raise TypeError(f"{type(model).__name__} has no log_prior(): use a BayesianModel")
+    log_lik = -F.cross_entropy(model(inputs), targets)
+    return num_data * log_lik + log_prior()
