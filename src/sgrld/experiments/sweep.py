@@ -25,6 +25,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,19 @@ def run_defaults() -> dict[str, Any]:
     return defaults
 
 
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` with its message shown by argparse (which hides plain ValueErrors)."""
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    checked.__name__ = parse.__name__
+    return checked
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``sgrld sample``'s options, listed where sample lists them, plus the sweep's own.
 
@@ -71,12 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest in grid.AXES:
             choices = f" ({', '.join(action.choices)})" if action.choices else ""
             item_type = action.type if callable(action.type) else str
-            action.type = grid.comma_list(item_type, action.choices)
+            action.type = _argument_type(grid.comma_list(item_type, action.choices))
             action.choices = None
             action.metavar = "A,B,..."
             action.help = f"{action.help or action.dest}{choices}; a comma list sweeps it"
         if action.dest == "seed":  # --seed N and --seeds 0-9,12 are one option
-            action.dest, action.type = "seeds", grid.parse_seeds
+            action.dest, action.type = "seeds", _argument_type(grid.parse_seeds)
             action.option_strings = ["--seeds", *action.option_strings]
             parser._option_string_actions["--seeds"] = action
             action.metavar, action.help = "RANGE", "seeds: 0-9, 0,3,5 or 0-2,7 (0)"
