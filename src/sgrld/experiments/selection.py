@@ -143,10 +143,11 @@ def select_cell(
         return None, stages, False
     best = max(winners, key=lambda s: val_lp(s.chosen) if s.chosen else -math.inf)
     assert best.chosen is not None
-    if identity_score is not None and identity_score >= val_lp(best.chosen):
-        stages.append(Stage("alpha2", None, None, {0.0: identity_score, **scores}, broken))
-        return None, stages, True
-    grid = list(scores) + ([0.0] if identity_score is not None else [])
-    warning = _edge("α²", float(best.chosen.config["alpha2"]), grid)
+    if identity_score is not None:  # Identity is α² = 0
+        scores = {0.0: identity_score, **scores}
+        if identity_score >= val_lp(best.chosen):
+            stages.append(Stage("alpha2", None, None, scores, broken))
+            return None, stages, True
+    warning = _edge("α²", float(best.chosen.config["alpha2"]), list(scores))
     stages.append(Stage("alpha2", None, best.chosen, scores, broken, warning))
     return best.chosen, stages, False
