@@ -23,7 +23,7 @@ from sgrld.experiments.jobs import Machine, SweepJob
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--width", "16", "--epochs", "2", "--subset", "1000", "--eval-subset", "500"]
-TINY += ["--burn-in", "10", "--thinning", "5", "--threads", "1", "--no-progress"]
+TINY += ["--burn-in", "5", "--thinning", "5", "--threads", "1", "--no-progress"]
 #: The mini grid of the issue: 2 samplers x 3 ℓ x 2 seeds on real MNIST.
 MINI = ["--sampler", "identity,wenzel", "--lr", "0.05,0.1,0.2", "--seeds", "0-1", *TINY]
 MINI[MINI.index("--epochs") + 1] = "3"

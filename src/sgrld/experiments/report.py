@@ -316,13 +316,13 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
     for (setting, prior), curves in cells.items():
         epochs = {np.asarray(c).size for s in curves.values() for c in s.selection.values()}
         budget = max(epochs) * min(s.seconds_per_epoch for s in curves.values())
-        try:
-            table = equal_time_table(curves, budget_s=budget)
-        except ValueError as exc:  # unequal lengths, or nothing finite at the budget
-            label = f"{setting_label(json.loads(setting))} {prior}"
-            print(f"sgrld report: no equal-time row for {label}: {exc}", file=sys.stderr)
-            continue
-        for sampler, entry in table.items():
+        for sampler, sampler_curves in curves.items():
+            try:  # per sampler: one whose curves do not reach the budget loses only its row
+                entry = equal_time_table({sampler: sampler_curves}, budget_s=budget)[sampler]
+            except ValueError as exc:  # the budget outside its curve, or nothing finite there
+                label = f"{setting_label(json.loads(setting))} {prior} {sampler}"
+                print(f"sgrld report: no equal-time row for {label}: {exc}", file=sys.stderr)
+                continue
             result[setting, prior, sampler] = EqualTime(entry.setting, entry.metrics, budget)
     return result
 
