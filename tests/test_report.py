@@ -136,7 +136,7 @@ def test_lr_then_alpha2_for_monge_only() -> None:
         monge.chosen.config["lr"],
     ) == (1.0, 0.5)
     assert monge.stages[-1].kind == "alpha2" and not monge.identity_optimal
-    assert any("ℓ = 0.5 is the largest" in w for w in monge.warnings)
+    assert any("ℓ (for α² = 1) = 0.5 is the largest" in w for w in monge.warnings)
     assert not any(w.startswith("α²") for w in monge.warnings)  # α² = 1 is interior
 
 

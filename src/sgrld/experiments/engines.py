@@ -63,6 +63,12 @@ class GridProgress:
         self.running += count
         self._show()
 
+    def set_running(self, count: int) -> None:
+        """The number of jobs actually running (a cluster's queued jobs are not)."""
+        if count != self.running:
+            self.running = count
+            self._show()
+
     def finished(
         self, job: SweepJob, outcomes: Sequence[RunOutcome] | None, error: str = ""
     ) -> None:
@@ -163,7 +169,7 @@ class ClusterOptions:
     gpus_per_job: int = 0
     cpus_per_job: int = 1
     timeout_min: int = 60
-    parallel: int | None = None  # at most this many jobs at once
+    parallel: int | None = None  # at most this many jobs at once (None: SLURM decides; local 1)
     wait: bool = True
     poll_seconds: float = 1.0
 
@@ -227,6 +233,7 @@ def run_submitit(
                     except Exception as exc:  # the job's own error, with submitit's log path
                         progress.finished(sweep_job, None, _error(exc))
                 if pending:
+                    progress.set_running(sum(job.state == "RUNNING" for job, _ in pending))
                     time.sleep(options.poll_seconds)
         except KeyboardInterrupt:
             if options.local:

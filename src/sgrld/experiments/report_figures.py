@@ -55,7 +55,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path) -> None:
                 continue
             mean, std = _final(other.chosen, metric)
             name = SAMPLER_TITLES.get(other.sampler, other.sampler)
-            (hline,) = ax.plot(alpha2[[0, -1]], [mean, mean], lw=1, label=name)
+            (hline,) = ax.plot([0.0, alpha2[-1]], [mean, mean], lw=1, label=name)
             ax.axhspan(mean - 1.96 * std, mean + 1.96 * std, alpha=0.1, color=hline.get_color())
             if other.sampler == "identity":
                 ax.plot([0.0, alpha2[0]], [mean, stats[0, 0]], "--", color=line.get_color())

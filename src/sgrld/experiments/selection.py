@@ -113,7 +113,8 @@ def _choose_lr(candidates: Sequence[Group], alpha2: float | None) -> Stage:
     if not eligible:
         return Stage("lr", alpha2, None, scores, broken, "every ℓ broke down (nothing chosen)")
     best = max(eligible, key=val_lp)  # max keeps the first of equals: the smaller ℓ
-    return Stage("lr", alpha2, best, scores, broken, _edge("ℓ", best.config["lr"], list(scores)))
+    name = "ℓ" if alpha2 is None else f"ℓ (for α² = {alpha2:g})"
+    return Stage("lr", alpha2, best, scores, broken, _edge(name, best.config["lr"], list(scores)))
 
 
 def select_cell(

@@ -111,7 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--plot", dest="no_plot", action="store_false", help="draw curves.png")
     sweep.add_argument("--engine", choices=ENGINES, default="local", help="how jobs run (local)")
     sweep.add_argument(
-        "--jobs", type=int, default=1, metavar="J", help="jobs at once (local: processes, 1)"
+        "--jobs",
+        type=int,
+        metavar="J",
+        help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
     )
     sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
     sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job")
@@ -163,13 +166,13 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise GridError(f"--jobs must be >= 1, got {args.jobs}")
     if args.threads is not None and args.threads < 1:
         raise GridError(f"--threads must be >= 1, got {args.threads}")
     if args.timeout_min < 1 or args.gpus_per_job < 0 or args.cpus_per_job < 1:
         raise GridError("--timeout-min and --cpus-per-job must be >= 1, --gpus-per-job >= 0")
-    if args.engine == "local" and (args.partition or args.gpus_per_job or args.no_wait):
+    if args.engine != "submitit" and (args.partition or args.gpus_per_job or args.no_wait):
         raise GridError("--partition, --gpus-per-job and --no-wait need --engine submitit")
     if args.engine.startswith("submitit"):
         try:
@@ -227,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         if args.engine == "local":
-            run_local(jobs, args.jobs, progress)
+            run_local(jobs, args.jobs or 1, progress)
         else:
             options = ClusterOptions(
                 local=args.engine == "submitit-local",
