@@ -340,3 +340,32 @@ def test_report_of_the_mini_grid_picks_the_best_mean_validation_lp(
         assert f"| {sampler.capitalize()} | {lr:g} |" in table4
     (figure,) = out.glob("figure3_*.png")
     assert figure.stat().st_size > 10_000
+
+
+def test_a_failing_run_is_reported_and_the_others_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "data").mkdir()  # exists, but holds no MNIST: every run fails to load it
+    argv = ["sweep", "--sampler", "identity", "--lr", "0.1,0.2", *TINY]
+    argv += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "0 completed, 0 broke down, 2 failed" in err
+    assert err.count("failed mnist-fc16-gaussian/identity/lr0.") == 2
+
+
+def test_a_run_held_by_another_job_is_not_run_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import fcntl
+
+    out = tmp_path / "out"
+    argv = ["sweep", "--sampler", "identity", "--lr", "0.1", *TINY]
+    argv += ["--data-dir", str(tmp_path), "--out", str(out)]
+    folder = out / "mnist-fc16-gaussian/identity/lr0.1-seed0"
+    folder.mkdir(parents=True)
+    with open(folder / ".lock", "w") as held:  # a cluster job still running this run
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert main(argv) == 1
+    assert "1 running elsewhere" in capsys.readouterr().err
+    assert not (folder / "checkpoint.pt").exists()
