@@ -369,3 +369,15 @@ def test_a_run_held_by_another_job_is_not_run_twice(
         assert main(argv) == 1
     assert "1 running elsewhere" in capsys.readouterr().err
     assert not (folder / "checkpoint.pt").exists()
+
+
+def test_choices_come_from_the_registries() -> None:
+    from sgrld.experiments import choices
+    from sgrld.metrics import metric_names
+    from sgrld.priors import prior_names
+
+    assert set(choices.SAMPLERS) == set(metric_names())
+    assert sorted(choices.PRIORS.values()) == prior_names()
+    assert choices.PRIORS["correlated"] == "convcorrnormal"
+    every = ",".join(metric_names())
+    assert {r.sampler for r in planned("--sampler", every, "--lr", "0.1")} == set(metric_names())

@@ -171,7 +171,7 @@ class ClusterOptions:
     timeout_min: int = 60
     parallel: int | None = None  # at most this many jobs at once (None: SLURM decides; local 1)
     wait: bool = True
-    poll_seconds: float = 1.0
+    poll_seconds: float = 0.25
 
 
 def _executor(folder: Path, options: ClusterOptions) -> Any:
