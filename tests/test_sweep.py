@@ -169,6 +169,7 @@ def test_bad_input_is_refused_before_any_work(
     _refused([*base, "--sampler", "identity", "--alpha2", "1"], capsys, "Monge")
     _refused([*base, "--sampler", "identity", "--lr", "-1"], capsys, "--lr")
     _refused([*base, "--sampler", "identity", "--jobs", "0"], capsys, "--jobs")
+    _refused([*base, "--sampler", "identity", "--device", "nonsense"], capsys, "not a device")
     assert not out.exists()
 
 

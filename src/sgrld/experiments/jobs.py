@@ -18,7 +18,7 @@ import functools
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,6 @@ class SweepJob:
     runs: Sequence[PlannedRun]
     out: str
     machine: Machine
-    outcomes: list[RunOutcome] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -145,8 +144,7 @@ class SweepJob:
 
     def __call__(self) -> list[RunOutcome]:
         """Run every run that is not finished; an exception fails the job (and is reported)."""
-        self.outcomes = [execute_run(run, Path(self.out), self.machine) for run in self.runs]
-        return self.outcomes
+        return [execute_run(run, Path(self.out), self.machine) for run in self.runs]
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's preemption/timeout hook: requeue this job; it resumes from the checkpoints.

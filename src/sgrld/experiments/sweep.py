@@ -197,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{len(runs)} runs")
             return 0
         data_dir = sample._data_dir(args)
+        if args.engine != "submitit":  # a login node may have no GPU where the jobs will
+            sample._device(args.device)
         known = grid.check_out_folder(out, runs)
         if not known:
             grid.write_manifest(out, runs, source)
