@@ -382,3 +382,42 @@ def test_choices_come_from_the_registries() -> None:
     assert choices.PRIORS["correlated"] == "convcorrnormal"
     every = ",".join(metric_names())
     assert {r.sampler for r in planned("--sampler", every, "--lr", "0.1")} == set(metric_names())
+
+
+@pytest.mark.slow
+def test_a_preempted_submitit_job_is_requeued_and_resumes(
+    mnist_dir_module: Path, tmp_path: Path
+) -> None:
+    import submitit
+
+    argv = ["--sampler", "identity", "--lr", "0.1", *TINY]
+    argv[argv.index("--epochs") + 1] = "12"
+    (run,) = planned(*argv)
+    machine = Machine(data_dir=str(mnist_dir_module), threads=1)
+    executor = submitit.LocalExecutor(folder=tmp_path / "logs")
+    executor.update_parameters(timeout_min=10)
+    job = executor.submit(SweepJob([run], str(tmp_path / "preempted"), machine))
+    results = tmp_path / "preempted" / run.path / "results.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(results.read_text())["epochs_completed"] >= 1:
+                break
+        time.sleep(0.02)
+    # SLURM signals the job's task on preemption; the local executor's task is the child of
+    # its controller process.
+    controller = job._process.pid
+    (task,) = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+    os.kill(int(task), signal.SIGUSR2)
+    (outcome,) = job.result()
+    assert outcome.status == "completed" and outcome.epochs == 12
+    log = job.stdout() or ""
+    assert "Caught signal SIGUSR2" in log and "Calling checkpoint method" in log
+    assert "Requeued job" in log and log.count("Loading pickle") == 2  # ran again, once
+    # The requeued job resumed from its checkpoint: the same results as an uninterrupted run.
+    (fresh,) = SweepJob([run], str(tmp_path / "fresh"), machine)()
+    assert fresh.status == "completed"
+    ours = json.loads(results.read_text())
+    theirs = json.loads((tmp_path / "fresh" / run.path / "results.json").read_text())
+    assert ours["curves"]["val_lp"] == theirs["curves"]["val_lp"]
+    assert ours["final"] == theirs["final"]
