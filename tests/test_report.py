@@ -223,3 +223,13 @@ def test_report_of_nothing_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
     assert "no results.json" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_settings_in_the_papers_order() -> None:
+    runs = [fake_run("identity", 0.1, 0, -0.1, width=w) for w in (1200, 400, 800)]
+    (table1,) = [t for t in build_tables(select_all(aggregate(runs))) if t.number == 1]
+    assert [row[0] for row in table1.rows] == [
+        "fc400 (epochs 4)",
+        "fc800 (epochs 4)",
+        "fc1200 (epochs 4)",
+    ]

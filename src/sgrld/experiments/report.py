@@ -86,6 +86,12 @@ def _setting_key(config: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
 
 
+def _setting_order(key: str) -> tuple[str, str, int, str]:
+    """Settings by dataset, model and width (400 before 1200), then the rest."""
+    setting = json.loads(key)
+    return setting["dataset"], setting["model"], int(setting.get("width") or 0), key
+
+
 def select_all(groups: Sequence[Group]) -> list[Choice]:
     """A :class:`Choice` per setting, prior and sampler (Identity first, for Monge's α² = 0)."""
     cells: dict[tuple[str, str, str], list[Group]] = {}
@@ -236,7 +242,7 @@ def _wide_table(
         return None
     priors = _order([c.prior for c in choices], PRIOR_ORDER)
     by_key = {(_setting_key(c.setting), c.prior, c.sampler): c for c in choices}
-    settings = sorted({_setting_key(c.setting) for c in choices})
+    settings = sorted({_setting_key(c.setting) for c in choices}, key=_setting_order)
     header: list[tuple[str, int]] = [("setting", 0), ("sampler", 0)]
     for prior in priors:
         short = PRIOR_SHORT.get(prior, prior)
