@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "funnel": ("sgrld.experiments.funnel", "the paper's funnel experiment (Figure 2)"),
     "geodesics": ("sgrld.experiments.geodesics", "Monge-metric geodesics on the funnel (Figure 1)"),
     "sample": ("sgrld.experiments.sample", "sample a Bayesian neural network (Tables 1-3)"),
+    "sweep": ("sgrld.experiments.sweep", "a grid of sample runs, resumable, local or SLURM"),
+    "report": ("sgrld.experiments.report", "the paper's selection rule, every table and figure"),
     "table": ("sgrld.experiments.table", "aggregate runs into the paper's table format"),
 }
 

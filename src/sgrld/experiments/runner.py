@@ -49,6 +49,7 @@ from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
+from sgrld.experiments.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
 from sgrld.metrics import get_metric
 from sgrld.models import build_model, potential
 from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
@@ -71,11 +72,8 @@ __all__ = [
     "run_sampling",
 ]
 
-SAMPLER_NAMES = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
-#: CLI prior name → :mod:`sgrld.priors` registry name.
-PRIOR_NAMES = {"gaussian": "gaussian", "horseshoe": "horseshoe", "correlated": "convcorrnormal"}
-#: The architecture each dataset is run with in the paper (spec §3.2, §3.3).
-MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20"}
+SAMPLER_NAMES = SAMPLERS  # the names live in sgrld.experiments.choices, read from the registries
+PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
 NUM_CLASSES = 10
 GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max (spec §1.1)
 TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times (spec §4.6)

@@ -24,11 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MODEL_CHOICES = ("fc", "resnet20")
-DATASET_CHOICES = ("mnist", "cifar10")
-PRIOR_CHOICES = ("gaussian", "horseshoe", "correlated")
-NOISE_CHOICES = ("torch", "philox")  # sgrld.core.noise.NOISE_SOURCES, without importing torch
-SAMPLER_CHOICES = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
+from sgrld.experiments.choices import DATASETS as DATASET_CHOICES
+from sgrld.experiments.choices import MODELS as MODEL_CHOICES
+from sgrld.experiments.choices import NOISE as NOISE_CHOICES
+from sgrld.experiments.choices import PRIORS, SAMPLERS
+
+PRIOR_CHOICES = tuple(PRIORS)
+SAMPLER_CHOICES = SAMPLERS
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default (spec §1.2)
 

@@ -1,0 +1,578 @@
+"""``sgrld report RUNS --out DIR [--paper]``: the paper's selection rule, every table and figure.
+
+Reads ``results.json`` files (a sweep folder, run folders, or folders holding them), groups them
+by config without the seed (:mod:`sgrld.experiments.table`), chooses ℓ then α² per setting,
+prior and sampler (:mod:`sgrld.experiments.selection`) and writes, for every table the runs
+allow, ``tableK.md`` and ``tableK.csv``:
+
+- MNIST: Table 1 (test LP, accuracy), 2 (curvature, seconds per epoch), 4 (chosen ℓ, α²),
+  6 (equal computation time, spec §7.3), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
+  Table 10 (mean confidence of the final ensemble);
+- ``figure3_<setting>.png`` (test LP and accuracy per epoch, ±1.96 std) and, where Monge ran
+  with several α², ``figure4_<setting>.png`` (α² sensitivity);
+- ``selection.csv`` (every choice, its validation score and the candidates' scores) and
+  ``report.md`` (everything, with the edge-of-grid warnings).
+
+With ``--paper`` the paper's numbers stand beside ours (``sgrld/configs/paper_numbers.csv``).
+Exit status: 0, or 2 for unreadable or missing runs (before anything is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sgrld.experiments.paper import paper_entry
+from sgrld.experiments.selection import Choice, select_cell, val_lp
+from sgrld.experiments.table import (
+    PRIOR_ORDER,
+    PRIOR_SHORT,
+    SAMPLER_ORDER,
+    SAMPLER_TITLES,
+    WITHIN_SETTING,
+    Group,
+    TableError,
+    _fmt,
+    _markdown,
+    aggregate,
+    find_results,
+    load_runs,
+)
+
+#: A table cell: (mean, std), a number, or text.
+Cell = tuple[float, float] | float | str | None
+IDENTITY_OPTIMAL = "Identity (α² = 0) is optimal"
+
+
+# --- cells and settings -----------------------------------------------------------------------
+
+
+def _order(values: Sequence[str], order: Sequence[str]) -> list[str]:
+    return sorted(set(values), key=lambda v: (order.index(v) if v in order else 99, v))
+
+
+def setting_label(setting: dict[str, Any]) -> str:
+    """``fc400`` or ``resnet20``, plus the fields that differ from the paper's protocol."""
+    model = f"fc{setting['width']}" if setting["model"] == "fc" else str(setting["model"])
+    extras = [
+        f"{name} {setting[name]}"
+        for name, default in (
+            ("epochs", 400),
+            ("max_train", None),
+            ("max_eval", None),
+            ("temperature", 1.0),
+            ("burnin", 1000),
+            ("thinning", 100),
+            ("noise", "torch"),
+        )
+        if setting.get(name, default) != default
+    ]
+    return model + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _setting_key(config: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
+
+
+def _setting_order(key: str) -> tuple[str, str, int, str]:
+    """Settings by dataset, model and width (400 before 1200), then the rest."""
+    setting = json.loads(key)
+    return setting["dataset"], setting["model"], int(setting.get("width") or 0), key
+
+
+def select_all(groups: Sequence[Group]) -> list[Choice]:
+    """A :class:`Choice` per setting, prior and sampler (Identity first, for Monge's α² = 0)."""
+    cells: dict[tuple[str, str, str], list[Group]] = {}
+    for group in groups:
+        c = group.config
+        cells.setdefault((_setting_key(c), c["prior"], c["sampler"]), []).append(group)
+    choices: dict[tuple[str, str, str], Choice] = {}
+    keys = sorted(cells, key=lambda k: (k[0], *_rank(k[1], k[2])))
+    for key in keys:
+        setting_key, prior, sampler = key
+        identity = choices.get((setting_key, prior, "identity"))
+        identity_score = None
+        if sampler == "monge" and identity is not None and identity.chosen is not None:
+            identity_score = val_lp(identity.chosen)
+        chosen, stages, zero = select_cell(cells[key], identity_score=identity_score)
+        choices[key] = Choice(
+            json.loads(setting_key), prior, sampler, chosen, stages, cells[key], zero
+        )
+    return list(choices.values())
+
+
+def _rank(prior: str, sampler: str) -> tuple[int, int]:
+    p = PRIOR_ORDER.index(prior) if prior in PRIOR_ORDER else 99
+    s = SAMPLER_ORDER.index(sampler) if sampler in SAMPLER_ORDER else 99
+    return p, s
+
+
+def _lr_text(group: Group) -> str:
+    a2 = group.config.get("alpha2")
+    return f"{group.config['lr']:g}" + (f", α² {a2:g}" if a2 is not None else "")
+
+
+# --- the paper's numbers ----------------------------------------------------------------------
+
+
+@cache
+def paper_numbers() -> dict[tuple[int, str, int | None, str, str, str], tuple[float, float]]:
+    """``(table, dataset, width, prior, sampler, metric) → (mean, std)`` from the paper."""
+    text = resources.files("sgrld.configs").joinpath("paper_numbers.csv").read_text("utf-8")
+    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    return {
+        (
+            int(r["table"]),
+            r["dataset"],
+            int(r["width"]) if r["width"] else None,
+            r["prior"],
+            r["sampler"],
+            r["metric"],
+        ): (float(r["mean"]), float(r["std"]) if r["std"] else math.nan)
+        for r in rows
+    }
+
+
+def _paper(table: int, choice: Choice, metric: str) -> Cell:
+    width = choice.setting.get("width") if choice.setting["dataset"] == "mnist" else None
+    key = (table, str(choice.setting["dataset"]), width, choice.prior, choice.sampler, metric)
+    value = paper_numbers().get(key)
+    if value is None:
+        return "–"
+    return value if not math.isnan(value[1]) else value[0]
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """One of the paper's tables: a title, columns (name, digits) and rows of cells."""
+
+    number: int
+    title: str
+    columns: list[tuple[str, int]]
+    rows: list[list[Cell]]
+
+    def markdown(self) -> str:
+        def text(cell: Cell, digits: int) -> str:
+            if cell is None:
+                return "–"
+            if isinstance(cell, tuple):
+                return _fmt(*cell, digits=digits)
+            if isinstance(cell, float):
+                return "–" if math.isnan(cell) else f"{cell:.{digits}f}"
+            return str(cell)
+
+        rows = [
+            [text(c, d) for c, (_, d) in zip(row, self.columns, strict=True)] for row in self.rows
+        ]
+        return f"**Table {self.number}.** {self.title}\n\n" + _markdown(
+            [name for name, _ in self.columns], rows
+        )
+
+    def csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        tuples = {i for row in self.rows for i, c in enumerate(row) if isinstance(c, tuple)}
+        header: list[str] = []
+        for i, (name, _) in enumerate(self.columns):
+            header += [f"{name} mean", f"{name} std"] if i in tuples else [name]
+        writer.writerow(header)
+        for row in self.rows:
+            values: list[Any] = []
+            for i, cell in enumerate(row):
+                if i in tuples:
+                    pair = cell if isinstance(cell, tuple) else (cell, "")
+                    values += ["" if isinstance(v, float) and math.isnan(v) else v for v in pair]
+                else:
+                    values.append("" if isinstance(cell, float) and math.isnan(cell) else cell)
+            writer.writerow(values)
+        return out.getvalue()
+
+
+Column = tuple[str, int, Callable[[Choice], Cell]]
+
+
+def _stat(metric: str) -> Callable[[Choice], Cell]:
+    def cell(choice: Choice) -> Cell:
+        if choice.chosen is None:
+            return IDENTITY_OPTIMAL if choice.identity_optimal else "broke down"
+        mean, std = choice.chosen.stat(metric)
+        return (mean, std) if metric.startswith(("test_", "val_")) else mean
+
+    return cell
+
+
+def _chosen_lr(choice: Choice) -> Cell:
+    if choice.chosen is None:
+        return "α² = 0" if choice.identity_optimal else "–"
+    return _lr_text(choice.chosen)
+
+
+def _paper_lr(choice: Choice) -> Cell:
+    width = choice.setting.get("width")
+    entry = paper_entry(str(choice.setting["dataset"]), choice.prior, width, choice.sampler)
+    if entry is None:
+        return "α² = 0" if choice.sampler == "monge" else "–"
+    return f"{entry.lr:g}" + (f", α² {entry.alpha2:g}" if entry.alpha2 is not None else "")
+
+
+def _wide_table(
+    number: int,
+    title: str,
+    choices: Sequence[Choice],
+    columns: Sequence[Column],
+    paper: Sequence[Column] = (),
+) -> Table | None:
+    """Rows (setting, sampler), and per prior the columns (and the paper's beside them)."""
+    if not choices:
+        return None
+    priors = _order([c.prior for c in choices], PRIOR_ORDER)
+    by_key = {(_setting_key(c.setting), c.prior, c.sampler): c for c in choices}
+    settings = sorted({_setting_key(c.setting) for c in choices}, key=_setting_order)
+    header: list[tuple[str, int]] = [("setting", 0), ("sampler", 0)]
+    for prior in priors:
+        short = PRIOR_SHORT.get(prior, prior)
+        header += [(f"{short} {name}", d) for name, d, _ in columns]
+        header += [(f"{short} paper {name}", d) for name, d, _ in paper]
+    rows: list[list[Cell]] = []
+    for setting in settings:
+        samplers = _order(
+            [c.sampler for c in choices if _setting_key(c.setting) == setting], SAMPLER_ORDER
+        )
+        for sampler in samplers:
+            row: list[Cell] = [
+                setting_label(json.loads(setting)),
+                SAMPLER_TITLES.get(sampler, sampler),
+            ]
+            for prior in priors:
+                choice = by_key.get((setting, prior, sampler))
+                if choice is not None and choice.identity_optimal:  # one note, not one per column
+                    row += [IDENTITY_OPTIMAL] + [""] * (len(columns) - 1)
+                else:
+                    row += [f(choice) if choice else "–" for _, _, f in columns]
+                row += [f(choice) if choice else "–" for _, _, f in paper]
+            rows.append(row)
+    return Table(number, title, header, rows)
+
+
+# --- equal computation time (spec §7.3, Tables 6-7) -------------------------------------------
+
+
+def _curves(group: Group, metric: str) -> np.ndarray:
+    """``(runs, epochs)`` of a per-epoch metric over the group's completed runs."""
+    return np.array(
+        [[np.nan if v is None else v for v in r["curves"][metric]] for r in group.completed],
+        dtype=np.float64,
+    )
+
+
+@dataclass
+class EqualTime:
+    """One sampler's row at the common budget: the re-chosen configuration and its metrics."""
+
+    setting: Any  # (ℓ, α²)
+    metrics: dict[str, tuple[float, float]]
+    budget_s: float
+
+
+def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTime]:
+    """Re-select every sampler at ``epochs × T_fastest`` (spec §7.3) per setting and prior.
+
+    Each sampler's seconds per epoch is that of its chosen configuration (Tables 2-3), used for
+    all its candidates as in the reference; broken-down configurations are left out.
+    """
+    from sgrld.evaluation.equal_time import SamplerCurves, equal_time_table, mean_std_over_runs
+
+    cells: dict[tuple[str, str], dict[str, SamplerCurves]] = {}
+    for choice in choices:
+        usable = [g for g in choice.candidates if g.num_broken == 0 and g.completed]
+        if choice.chosen is None or not usable:
+            continue
+        seconds = choice.chosen.stat("seconds_per_epoch")[0]
+        if not seconds > 0:
+            continue
+        key: Callable[[Group], Any] = lambda g: (g.config["lr"], g.config.get("alpha2"))  # noqa: E731
+        stats = {
+            key(g): {m: mean_std_over_runs(_curves(g, f"test_{m}")) for m in ("lp", "accuracy")}
+            for g in usable
+        }
+        cells.setdefault((_setting_key(choice.setting), choice.prior), {})[choice.sampler] = (
+            SamplerCurves(
+                seconds_per_epoch=seconds,
+                selection={key(g): _curves(g, "val_lp").mean(axis=0) for g in usable},
+                test_mean={k: {m: v[0] for m, v in s.items()} for k, s in stats.items()},
+                test_std={k: {m: v[1] for m, v in s.items()} for k, s in stats.items()},
+            )
+        )
+    result = {}
+    for (setting, prior), curves in cells.items():
+        epochs = {np.asarray(c).size for s in curves.values() for c in s.selection.values()}
+        budget = max(epochs) * min(s.seconds_per_epoch for s in curves.values())
+        for sampler, sampler_curves in curves.items():
+            try:  # per sampler: one whose curves do not reach the budget loses only its row
+                entry = equal_time_table({sampler: sampler_curves}, budget_s=budget)[sampler]
+            except ValueError as exc:  # the budget outside its curve, or nothing finite there
+                label = f"{setting_label(json.loads(setting))} {prior} {sampler}"
+                print(f"sgrld report: no equal-time row for {label}: {exc}", file=sys.stderr)
+                continue
+            result[setting, prior, sampler] = EqualTime(entry.setting, entry.metrics, budget)
+    return result
+
+
+# --- every table ------------------------------------------------------------------------------
+
+
+def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Table]:
+    """Every table the choices allow, in the paper's numbering."""
+    mnist = [c for c in choices if c.setting["dataset"] == "mnist"]
+    cifar = [c for c in choices if c.setting["dataset"] == "cifar10"]
+
+    def from_paper(table: int, name: str, digits: int, metric: str) -> Column:
+        return (name, digits, lambda c: _paper(table, c, metric))
+
+    lp, acc = ("LP", 4, _stat("test_lp")), ("acc", 4, _stat("test_accuracy"))
+    curv, spe = ("curv", 2, _stat("curvature")), ("s/epoch", 1, _stat("seconds_per_epoch"))
+    ece, conf = ("ECE", 4, _stat("test_ece")), ("confidence", 4, _stat("test_confidence"))
+    ell = ("ℓ", 0, _chosen_lr)
+
+    def p(*cols: Column) -> Sequence[Column]:
+        return cols if paper else ()
+
+    timed = equal_time(choices)
+
+    def at_budget(metric: str) -> Callable[[Choice], Cell]:
+        def cell(c: Choice) -> Cell:
+            entry = timed.get((_setting_key(c.setting), c.prior, c.sampler))
+            if entry is None:
+                return IDENTITY_OPTIMAL if c.identity_optimal else "–"
+            if metric == "lr":
+                lr, a2 = entry.setting
+                return f"{lr:g}" + (f", α² {a2:g}" if a2 is not None else "")
+            if metric == "budget":
+                return entry.budget_s
+            return entry.metrics[metric]
+
+        return cell
+
+    timed_cols: list[Column] = [
+        ("LP", 4, at_budget("lp")),
+        ("acc", 4, at_budget("accuracy")),
+        ("ℓ", 0, at_budget("lr")),
+        ("budget s", 1, at_budget("budget")),
+    ]
+    specs: list[tuple[int, list[Choice], str, Sequence[Column], Sequence[Column]]]
+    final = "final-epoch test metrics of the chosen ℓ (α²), mean (std, ddof = 0) over seeds"
+    specs = [
+        (
+            1,
+            mnist,
+            "MNIST, fully connected: " + final,
+            [lp, acc],
+            p(from_paper(1, "LP", 4, "test_lp"), from_paper(1, "acc", 4, "test_accuracy")),
+        ),
+        (
+            2,
+            mnist,
+            "MNIST: mean curvature C(θ) of the samples and seconds per epoch",
+            [curv, spe],
+            p(
+                from_paper(2, "curv", 2, "curvature"),
+                from_paper(2, "s/epoch", 1, "seconds_per_epoch"),
+            ),
+        ),
+        (
+            3,
+            cifar,
+            "CIFAR-10, ResNet-20: " + final,
+            [lp, acc, curv, spe, ell],
+            p(
+                from_paper(3, "LP", 4, "test_lp"),
+                from_paper(3, "acc", 4, "test_accuracy"),
+                from_paper(3, "s/epoch", 1, "seconds_per_epoch"),
+            ),
+        ),
+        (
+            4,
+            mnist,
+            "MNIST: chosen learning rate ℓ (and α²) by mean final validation LP",
+            [ell],
+            p(("ℓ", 0, _paper_lr)),
+        ),
+        (5, cifar, "CIFAR-10: chosen learning rate ℓ (and α²)", [ell], p(("ℓ", 0, _paper_lr))),
+        (
+            6,
+            mnist,
+            "MNIST at equal computation time (epochs × the fastest sampler's s/epoch; "
+            "ℓ re-chosen on the interpolated validation LP, spec §7.3)",
+            timed_cols,
+            p(from_paper(6, "LP", 4, "test_lp"), from_paper(6, "acc", 4, "test_accuracy")),
+        ),
+        (
+            7,
+            cifar,
+            "CIFAR-10 at equal computation time (spec §7.3)",
+            timed_cols,
+            p(from_paper(7, "LP", 4, "test_lp"), from_paper(7, "acc", 4, "test_accuracy")),
+        ),
+        (
+            8,
+            mnist,
+            "MNIST: ECE (30 bins, top label) of the final ensemble",
+            [ece],
+            p(from_paper(8, "ECE", 4, "test_ece")),
+        ),
+        (
+            9,
+            cifar,
+            "CIFAR-10: ECE (30 bins, top label)",
+            [ece],
+            p(from_paper(9, "ECE", 4, "test_ece")),
+        ),
+        (
+            10,
+            list(choices),
+            "mean confidence (top-label probability) of the final ensemble on test",
+            [conf],
+            p(from_paper(10, "confidence", 4, "test_confidence")),
+        ),
+    ]
+    tables = []
+    for number, members, title, columns, paper_columns in specs:
+        if number in (2, 3) and not any(c.setting.get("curvature") for c in members):
+            columns = [col for col in columns if col[0] != "curv"]
+            paper_columns = [col for col in paper_columns if col[0] != "curv"]
+        table = _wide_table(number, title, members, columns, paper_columns)
+        cells = {(_setting_key(c.setting), c.prior, c.sampler) for c in members}
+        if table is not None and (number not in (6, 7) or cells & set(timed)):
+            tables.append(table)
+    return tables
+
+
+def selection_csv(choices: Sequence[Choice]) -> str:
+    """Every choice: the cell, the stage, the chosen value, its validation score, the candidates."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(
+        [
+            "setting",
+            "prior",
+            "sampler",
+            "choice",
+            "for_alpha2",
+            "chosen",
+            "val_lp_mean",
+            "val_lp_std",
+            "runs",
+            "candidates",
+            "broken_down",
+            "warning",
+        ]
+    )
+    for choice in choices:
+        for stage in choice.stages:
+            chosen = stage.chosen
+            mean, std = chosen.stat("val_lp") if chosen is not None else (math.nan, math.nan)
+            if stage.kind == "alpha2" and choice.identity_optimal:
+                mean, std = stage.scores[0.0], math.nan
+            value = stage.value
+            writer.writerow(
+                [
+                    setting_label(choice.setting),
+                    choice.prior,
+                    choice.sampler,
+                    "ℓ" if stage.kind == "lr" else "α²",
+                    "" if stage.alpha2 is None else f"{stage.alpha2:g}",
+                    "" if value is None else f"{value:g}",
+                    "" if math.isnan(mean) else repr(mean),
+                    "" if math.isnan(std) else repr(std),
+                    len(chosen.completed) if chosen is not None else "",
+                    " ".join(
+                        f"{k:g}:{'' if math.isnan(v) else f'{v:.6f}'}"
+                        for k, v in sorted(stage.scores.items())
+                    ),
+                    " ".join(f"{v:g}" for v in stage.broken),
+                    stage.warning or "",
+                ]
+            )
+    return out.getvalue()
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``sgrld report`` options."""
+    parser.add_argument("runs", nargs="+", metavar="RUNS", help="sweep or run folders")
+    parser.add_argument("--out", type=Path, required=True, help="folder for tables and figures")
+    parser.add_argument("--paper", action="store_true", help="the paper's numbers beside ours")
+    parser.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
+
+
+def write_report(groups: Sequence[Group], out: Path, *, paper: bool, figures: bool) -> list[Path]:
+    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``out``."""
+    choices = select_all(groups)
+    tables = build_tables(choices, paper=paper)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table in tables:
+        for suffix, text in (("md", table.markdown() + "\n"), ("csv", table.csv())):
+            path = out / f"table{table.number}.{suffix}"
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    (out / "selection.csv").write_text(selection_csv(choices), encoding="utf-8")
+    written.append(out / "selection.csv")
+    if figures:
+        from sgrld.experiments.report_figures import draw_figures
+
+        written += draw_figures(choices, out)
+    warnings = [
+        f"- {setting_label(c.setting)} {c.prior} {c.sampler}: {w}"
+        for c in choices
+        for w in c.warnings
+    ]
+    body = "\n\n".join(t.markdown() for t in tables)
+    notes = "\n".join(warnings) if warnings else "none"
+    figure_list = "\n".join(f"- {p.name}" for p in written if p.suffix == ".png") or "none"
+    text = (
+        f"# Report of {sum(len(g.runs) for g in groups)} runs\n\n{body}\n\n"
+        f"## Selection warnings\n\n{notes}\n\n## Figures\n\n{figure_list}\n"
+    )
+    (out / "report.md").write_text(text, encoding="utf-8")
+    written.append(out / "report.md")
+    for line in warnings:
+        print(f"sgrld report: warning: {line[2:]}", file=sys.stderr)
+    return written
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the runs, write the report, list what was written."""
+    try:
+        runs = load_runs(find_results(args.runs))
+        if not runs:
+            raise TableError("every run found is unfinished")
+    except TableError as exc:
+        print(f"sgrld report: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        written = write_report(
+            aggregate(runs), args.out, paper=args.paper, figures=not args.no_figures
+        )
+    except OSError as exc:
+        print(f"sgrld report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(runs)} runs; wrote {', '.join(p.name for p in written)} to {args.out}")
+    return 0

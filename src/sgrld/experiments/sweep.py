@@ -1,0 +1,259 @@
+"""``sgrld sweep``: a grid of ``sgrld sample`` runs, resumable, on local processes or SLURM.
+
+Examples::
+
+    sgrld sweep --sampler identity,rmsprop --lr 0.05,0.1,0.25 --seeds 0-9 --prior horseshoe \\
+        --data-dir DIR --out runs/hs400 --jobs 2
+    sgrld sweep --config paper/mnist_table1 --data-dir DIR --out runs/table1 \\
+        --engine submitit --partition gpu --gpus-per-job 1 --timeout-min 240
+
+The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
+``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
+(``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.grid`); flags
+given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
+run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint.pt``), which
+``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
+
+Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
+a finished sweep does nothing. Exit status: 0 every run finished (completed or broken down),
+1 some run failed or is still running elsewhere, 2 bad input (refused before any work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments import grid, sample
+from sgrld.experiments.grid import GridError, PlannedRun
+
+#: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
+MACHINE_OPTIONS = frozenset(
+    {"data_dir", "no_verify", "download", "out", "resume", "device", "threads"}
+    | {"no_progress", "no_plot"}
+)
+ENGINES = ("local", "submitit", "submitit-local")
+
+
+def _sample_actions() -> list[argparse.Action]:
+    scratch = argparse.ArgumentParser(add_help=False)
+    sample.add_arguments(scratch)
+    return [a for a in scratch._actions if a.option_strings]
+
+
+def run_defaults() -> dict[str, Any]:
+    """``sgrld sample``'s defaults of the options a grid may set (``seeds`` for ``seed``)."""
+    defaults = {a.dest: a.default for a in _sample_actions() if a.dest not in MACHINE_OPTIONS}
+    defaults["seeds"] = [defaults.pop("seed")]
+    return defaults
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` with its message shown by argparse (which hides plain ValueErrors)."""
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    checked.__name__ = parse.__name__
+    return checked
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``sgrld sample``'s options, listed where sample lists them, plus the sweep's own.
+
+    Grid options default to "not given" so that ``--config`` values are overridden only by the
+    flags actually typed; sample's defaults fill the rest (:func:`run_defaults`).
+    """
+    sample.add_arguments(parser)
+    parser.epilog = (
+        "Exit status: 0 every run finished (completed or broken down), 1 a run failed, "
+        "2 bad input (refused before any work)."
+    )
+    for action in parser._actions:
+        if not action.option_strings or action.dest in MACHINE_OPTIONS:
+            continue
+        action.default = argparse.SUPPRESS
+        action.required = False
+        if action.dest in grid.AXES:
+            choices = f" ({', '.join(action.choices)})" if action.choices else ""
+            item_type = action.type if callable(action.type) else str
+            action.type = _argument_type(grid.comma_list(item_type, action.choices))
+            action.choices = None
+            action.metavar = "A,B,..."
+            action.help = f"{action.help or action.dest}{choices}; a comma list sweeps it"
+        if action.dest == "seed":  # --seed N and --seeds 0-9,12 are one option
+            action.dest, action.type = "seeds", _argument_type(grid.parse_seeds)
+            action.option_strings = ["--seeds", *action.option_strings]
+            parser._option_string_actions["--seeds"] = action
+            action.metavar, action.help = "RANGE", "seeds: 0-9, 0,3,5 or 0-2,7 (0)"
+    for action in parser._actions:
+        if action.dest == "out":
+            action.required, action.help = True, "the sweep folder (required)"
+        elif action.dest == "resume":
+            action.help = "(always on: a sweep resumes its runs)"
+        elif action.dest == "no_plot":
+            action.default, action.help = True, "no curves.png per run (the default)"
+
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML grid, by path or shipped name: " + ", ".join(grid.shipped_configs()),
+    )
+    sweep.add_argument("--plot", dest="no_plot", action="store_false", help="draw curves.png")
+    sweep.add_argument("--engine", choices=ENGINES, default="local", help="how jobs run (local)")
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        metavar="J",
+        help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
+    )
+    sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
+    sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job")
+    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C", help="CPUs per job")
+    sweep.add_argument(
+        "--timeout-min", type=int, default=60, metavar="T", help="job time limit in minutes (60)"
+    )
+    sweep.add_argument(
+        "--no-wait", action="store_true", help="submit the SLURM jobs and return without following"
+    )
+    sweep.add_argument("--dry-run", action="store_true", help="list the grid's runs and stop")
+
+
+def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
+    """The grid's blocks (config file and typed flags merged) and where they came from.
+
+    Raises:
+        GridError: a bad config file.
+    """
+    defaults = run_defaults()
+    typed = {k: v for k, v in vars(args).items() if k in defaults}
+    if args.config is None:
+        return [{**defaults, **typed}], "command line"
+    text, source = grid.read_config(args.config)
+    blocks = grid.parse_config(text, source, defaults)
+    return [{**defaults, **grid.narrow(block, typed)} for block in blocks], str(source)
+
+
+def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
+    """Expand and validate every run of the grid (each as ``sgrld sample`` would).
+
+    Raises:
+        GridError: an empty or invalid grid.
+        sample.UsageError: an invalid run.
+    """
+    blocks, source = blocks_from_args(args)
+    configs: dict[str, dict[str, Any]] = {}
+    for point in grid.expand(blocks):
+        if point.get("sampler") is None:
+            raise GridError("no sampler: give --sampler or set sampler in the config")
+        namespace = argparse.Namespace(**point)
+        if point["sampler"] != "monge":
+            namespace.alpha2 = None
+        config = sample.config_from_args(namespace).to_dict()
+        configs.setdefault(repr(sorted(config.items())), config)
+    if not configs:
+        raise GridError("the grid is empty")
+    return grid.place_runs(list(configs.values())), source
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.jobs is not None and args.jobs < 1:
+        raise GridError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.threads is not None and args.threads < 1:
+        raise GridError(f"--threads must be >= 1, got {args.threads}")
+    if args.timeout_min < 1 or args.gpus_per_job < 0 or args.cpus_per_job < 1:
+        raise GridError("--timeout-min and --cpus-per-job must be >= 1, --gpus-per-job >= 0")
+    if args.engine != "submitit" and (args.partition or args.gpus_per_job or args.no_wait):
+        raise GridError("--partition, --gpus-per-job and --no-wait need --engine submitit")
+    if args.engine.startswith("submitit"):
+        try:
+            import submitit  # noqa: F401
+        except ImportError as exc:
+            raise GridError(
+                f"--engine {args.engine} needs submitit: pip install 'sgrld[cluster]'"
+            ) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and check everything, then run what is missing and summarise."""
+    from sgrld.experiments.jobs import Machine, make_jobs, run_state
+
+    out = Path(args.out)
+    try:
+        _check(args)
+        runs, source = plan(args)
+        if args.dry_run:
+            for r in runs:
+                print(f"{run_state(out / r.path, r.config):<8} {r.path}")
+            print(f"{len(runs)} runs")
+            return 0
+        data_dir = sample._data_dir(args)
+        if args.engine != "submitit":  # a login node may have no GPU where the jobs will
+            sample._device(args.device)
+        known = grid.check_out_folder(out, runs)
+        if not known:
+            grid.write_manifest(out, runs, source)
+    except (GridError, sample.UsageError, OSError) as exc:
+        print(f"sgrld sweep: error: {exc}", file=sys.stderr)
+        return 2
+
+    states = [run_state(out / r.path, r.config) for r in runs]
+    todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
+    resumed = states.count("partial")
+    print(
+        f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} finished, "
+        f"{resumed} to resume, {len(todo) - resumed} to start ({args.engine})",
+        file=sys.stderr,
+    )
+    if not todo:
+        print("nothing to do", file=sys.stderr)
+        return 0
+    machine = Machine(
+        data_dir=os.fspath(data_dir.resolve()),
+        device=args.device,
+        threads=args.threads,
+        verify=not args.no_verify,
+        download=args.download,
+        plot=not args.no_plot,
+    )
+    jobs = make_jobs(todo, out.resolve(), machine)
+    from sgrld.experiments.engines import ClusterOptions, GridProgress, run_local, run_submitit
+
+    progress = GridProgress(len(runs), len(runs) - len(todo), enabled=not args.no_progress)
+    started = time.perf_counter()
+    try:
+        if args.engine == "local":
+            run_local(jobs, args.jobs or 1, progress)
+        else:
+            options = ClusterOptions(
+                local=args.engine == "submitit-local",
+                partition=args.partition,
+                gpus_per_job=args.gpus_per_job,
+                cpus_per_job=args.cpus_per_job,
+                timeout_min=args.timeout_min,
+                parallel=args.jobs,
+                wait=not args.no_wait,
+            )
+            run_submitit(jobs, out, options, progress)
+    finally:
+        progress.close()
+    if args.no_wait:
+        return 0
+    t = progress.tally
+    print(
+        f"{t.completed} completed, {t.broken_down} broke down, {len(t.failed)} failed, "
+        f"{len(t.busy)} running elsewhere, in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
+    for path, error in t.failed:
+        print(f"  failed {path}: {error}", file=sys.stderr)
+    return 1 if t.failed or t.busy else 0
