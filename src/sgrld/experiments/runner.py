@@ -573,6 +573,10 @@ class SamplingRun:
             if is_sample_step(self.global_step, self.config.burnin, self.config.thinning):
                 self._evaluate_sample()
             self.observer.on_step(self)
+        try:  # deferred NaN/Inf checks (CUDA) are read once per epoch, before the checkpoint
+            self.optimizer.check()
+        except NonFiniteGradientError as exc:
+            raise _BrokeDown(str(exc)) from exc
         if isinstance(self.optimizer, WenzelSGLD):  # refresh at each epoch end (spec §2.2)
             started = self._clock()
             self.optimizer.update_preconditioner()
