@@ -11,28 +11,68 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
-from sgrld.core.noise import NoiseSource
-from sgrld.metrics import (
-    IdentityMetric,
-    Metric,
-    MongeMetric,
-    RMSpropMetric,
-    ShampooMetric,
-    WenzelMetric,
-    get_metric,
-    metric_names,
-)
-from sgrld.optim import (
-    SGLD,
-    MongeSGLD,
-    RMSpropSGLD,
-    SGRLDOptimizer,
-    ShampooSGLD,
-    WenzelSGLD,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
+    from sgrld.core.noise import NoiseSource
+    from sgrld.metrics import (
+        IdentityMetric,
+        Metric,
+        MongeMetric,
+        RMSpropMetric,
+        ShampooMetric,
+        WenzelMetric,
+        get_metric,
+        metric_names,
+    )
+    from sgrld.optim import (
+        SGLD,
+        MongeSGLD,
+        RMSpropSGLD,
+        SGRLDOptimizer,
+        ShampooSGLD,
+        WenzelSGLD,
+    )
+
+# Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
+# line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
+_LAZY = {
+    **dict.fromkeys(("NonFiniteGradientError", "Sampler", "SamplerState"), "sgrld.core"),
+    **dict.fromkeys(
+        (
+            "IdentityMetric",
+            "Metric",
+            "MongeMetric",
+            "RMSpropMetric",
+            "ShampooMetric",
+            "WenzelMetric",
+            "get_metric",
+            "metric_names",
+        ),
+        "sgrld.metrics",
+    ),
+    **dict.fromkeys(
+        ("SGLD", "MongeSGLD", "RMSpropSGLD", "SGRLDOptimizer", "ShampooSGLD", "WenzelSGLD"),
+        "sgrld.optim",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sgrld' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 
@@ -55,6 +95,9 @@ def build(
         >>> type(sampler.metric).__name__
         'RMSpropMetric'
     """
+    from sgrld.core import Sampler
+    from sgrld.metrics import get_metric
+
     if isinstance(metric, str):
         metric = get_metric(metric)(**metric_options)
     elif metric_options:

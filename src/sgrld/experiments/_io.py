@@ -42,6 +42,7 @@ __all__ = [
     "remove_stale_temporaries",
     "save_checkpoint",
     "sha256_hex",
+    "sigint_deferred",
     "sigterm_raises",
     "write_atomic",
 ]
@@ -55,6 +56,9 @@ _MAGIC = b"sgrld-checkpoint\n"  # then one JSON header line, then the torch.save
 
 class OutputError(OSError):
     """An output could not be written; ``str()`` is one line naming the file and the reason."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()  # without OSError's "[Errno 28] " prefix
 
 
 class DirectoryLockedError(RuntimeError):
@@ -94,9 +98,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
         raise OutputError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
     try:
         try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, payload)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -114,6 +116,12 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
@@ -285,6 +293,27 @@ def find_nonfinite(value: Any, name: str = "", *, allow_minus_inf: bool = False)
     ):
         found.append(name)
     return found
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then raise :class:`KeyboardInterrupt`.
+
+    For ``import torch``: a KeyboardInterrupt raised inside its C++ start-up aborts the whole
+    process (SIGABRT) instead of unwinding.
+    """
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

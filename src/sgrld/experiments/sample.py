@@ -249,8 +249,6 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
     try:  # a damaged, foreign or misfitting checkpoint is refused before any work
         state = load_checkpoint(checkpoint)
         saved = RunConfig.from_dict(state["config"])
-        if not config_differences(saved, config):
-            check_checkpoint_fits(state, config)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"cannot resume: {exc}") from exc
     differences = config_differences(saved, config)
@@ -260,6 +258,11 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
             + "; ".join(differences)
             + ")"
         )
+    try:
+        check_checkpoint_fits(state, config)
+    except ValueError as exc:
+        message = f"cannot resume: checkpoint {checkpoint} does not fit this run: {exc}"
+        raise UsageError(message) from exc
     if int(state["epoch"]) > config.epochs:
         raise UsageError(
             f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
@@ -278,8 +281,15 @@ def _make_out_dir(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything, lock ``--out``, load the data, run, write results and the plot."""
-    from sgrld.experiments._io import DirectoryLock, DirectoryLockedError, OutputError
+    from sgrld.experiments._io import (
+        DirectoryLock,
+        DirectoryLockedError,
+        OutputError,
+        sigint_deferred,
+    )
 
+    with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
+        import torch  # noqa: F401
     try:
         config = config_from_args(args)
         device = _device(args.device)
