@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,6 +308,9 @@ def sigint_deferred() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
 
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
     previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
@@ -323,6 +327,9 @@ def sigterm_raises() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Terminated
 
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
