@@ -20,9 +20,12 @@ exactly reproducible and resumable (spec §10 items 3, 7, 8, 9, 11, 13):
 - **Failure** (spec §1.1, §4.8). A non-finite potential (or gradient) stops the run; it is recorded
   as broken down, like a failed run of the reference.
 - **Checkpoints.** At each epoch end the model, the sampler (statistics and noise generator), the
-  data-order and curvature generators, the accumulators and the curves are written atomically;
-  :func:`run_sampling` with ``resume=True`` continues from there and produces the same results as
-  a run that was never interrupted (timings aside).
+  data-order and curvature generators, the accumulators and the curves are written atomically,
+  with the SHA-256 of the payload (:mod:`sgrld.experiments._io`); :func:`run_sampling` with
+  ``resume=True`` checks it, refuses a checkpoint that is damaged, does not fit or holds NaN/Inf
+  (:class:`CheckpointError`), and continues from there with the same results as a run that was
+  never interrupted (timings aside). An output that cannot be written (disk full) ends the run
+  with ``status: failed`` and an :class:`OutputError`; the last good checkpoint is kept.
 
 The gradient handed to the sampler is that of the per-datum potential (``docs/conventions.md``).
 """
@@ -653,7 +656,7 @@ class SamplingRun:
             wrong = self._mismatches(state)  # refuse what does not fit before restoring anything
             if not wrong:
                 self._restore(state)
-        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
             raise CheckpointError(f"{type(exc).__name__}: {exc}") from exc
         if wrong:
             raise CheckpointError("; ".join(wrong))
