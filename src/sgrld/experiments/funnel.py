@@ -323,9 +323,9 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="sgrld-parent-watch", daemon=True).start()
 
 
-def _stop_workers() -> None:
-    """Terminate, then kill, this process's worker processes (after Ctrl-C or SIGTERM)."""
-    children = mp.active_children()
+def _stop_workers(others: set[Any]) -> None:
+    """Terminate, then kill, the pool's workers: this process's children but ``others``."""
+    children = [child for child in mp.active_children() if child not in others]
     for child in children:
         child.terminate()
     for child in children:
@@ -367,6 +367,7 @@ def run_funnel(
         counters = ctx.Array("q", len(names), lock=False)
         # Longest first (Shampoo's root every step, then Monge) to balance the workers.
         order = sorted(range(len(names)), key=lambda i: -_COST.get(names[i], 1.0))
+        others = set(mp.active_children())  # not ours to stop
         pool = ProcessPoolExecutor(
             max_workers=jobs,
             mp_context=ctx,
@@ -389,7 +390,7 @@ def run_funnel(
         except BaseException:
             # Ctrl-C, SIGTERM (sigterm_raises) or a failed sampler: do not wait for the others
             # to finish their samplers; end them now.
-            _stop_workers()
+            _stop_workers(others)
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
@@ -537,7 +538,8 @@ def write_outputs(
         try:
             (out_dir / name).unlink(missing_ok=True)
         except OSError as exc:
-            raise OutputError(exc.errno, f"cannot replace {out_dir / name}: {exc}") from exc
+            reason = exc.strerror or str(exc)
+            raise OutputError(exc.errno, f"cannot replace {out_dir / name}: {reason}") from exc
     for name, data in files.items():
         write_atomic(out_dir / name, data)
     write_atomic(out_dir / OUTPUT_FILES[0], text)
@@ -747,7 +749,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
         with sigterm_raises():
             return _execute_locked(args, command, names, config)
     except Terminated:
-        print(f"sgrld {command}: terminated; workers stopped, no outputs written", file=sys.stderr)
+        print(f"sgrld {command}: terminated; workers stopped", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
         lock.__exit__(None, None, None)
