@@ -15,7 +15,6 @@ The guarantees per fault are listed in ``docs/experiments.md``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import json
@@ -30,6 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there are not protected from each other
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "EXIT_IO_ERROR",
@@ -161,6 +165,9 @@ class DirectoryLock:
         self._created = False
 
     def __enter__(self) -> DirectoryLock:
+        if fcntl is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            return self
         try:
             self._created = not self.directory.exists()
             self.directory.mkdir(parents=True, exist_ok=True)
