@@ -21,7 +21,7 @@ $(BIN)/.installed: pyproject.toml Makefile
 venv: $(BIN)/.installed
 
 demo: venv
-	$(BIN)/sgrld demo
+	$(BIN)/sgrld demo --force  # replaces the previous demo outputs in out/demo
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

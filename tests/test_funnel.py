@@ -356,7 +356,7 @@ def test_failed_outputs_leave_nothing_half_written(
             "--no-progress",
         ]
     )
-    assert code == 1
+    assert code == 74  # EX_IOERR: an output could not be written
     assert list(tmp_path.iterdir()) == []
 
 

@@ -11,31 +11,72 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from torch import Tensor
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
-from sgrld.core.noise import NoiseSource
-from sgrld.metrics import (
-    IdentityMetric,
-    Metric,
-    MongeMetric,
-    RMSpropMetric,
-    ShampooMetric,
-    WenzelMetric,
-    get_metric,
-    metric_names,
-)
-from sgrld.optim import (
-    SGLD,
-    MongeSGLD,
-    RMSpropSGLD,
-    SGRLDOptimizer,
-    ShampooSGLD,
-    WenzelSGLD,
-)
-from sgrld.samples import SampleStore, log_density, posterior_predictive
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
+    from sgrld.core.noise import NoiseSource
+    from sgrld.metrics import (
+        IdentityMetric,
+        Metric,
+        MongeMetric,
+        RMSpropMetric,
+        ShampooMetric,
+        WenzelMetric,
+        get_metric,
+        metric_names,
+    )
+    from sgrld.optim import (
+        SGLD,
+        MongeSGLD,
+        RMSpropSGLD,
+        SGRLDOptimizer,
+        ShampooSGLD,
+        WenzelSGLD,
+    )
+    from sgrld.samples import SampleStore, log_density, posterior_predictive
+
+# Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
+# line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
+_LAZY = {
+    **dict.fromkeys(("NonFiniteGradientError", "Sampler", "SamplerState"), "sgrld.core"),
+    **dict.fromkeys(
+        (
+            "IdentityMetric",
+            "Metric",
+            "MongeMetric",
+            "RMSpropMetric",
+            "ShampooMetric",
+            "WenzelMetric",
+            "get_metric",
+            "metric_names",
+        ),
+        "sgrld.metrics",
+    ),
+    **dict.fromkeys(
+        ("SGLD", "MongeSGLD", "RMSpropSGLD", "SGRLDOptimizer", "ShampooSGLD", "WenzelSGLD"),
+        "sgrld.optim",
+    ),
+    **dict.fromkeys(("SampleStore", "log_density", "posterior_predictive"), "sgrld.samples"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sgrld' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0"
 
@@ -63,6 +104,9 @@ def build(
         >>> type(sampler.metric).__name__
         'RMSpropMetric'
     """
+    from sgrld.core import Sampler
+    from sgrld.metrics import get_metric
+
     for misplaced in ("generator", "seeds", "num_chains"):
         if misplaced in metric_options:
             raise TypeError(

@@ -28,6 +28,14 @@ def _available() -> dict[str, tuple[str, str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:  # Ctrl-C at any point, start-up (imports, data loading) included: no traceback
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="sgrld", description="Scalable SGRLD samplers and the paper's experiments."
     )
@@ -37,11 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    try:
-        return int(importlib.import_module(args._module).run(args))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return int(importlib.import_module(args._module).run(args))
 
 
 if __name__ == "__main__":

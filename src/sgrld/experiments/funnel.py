@@ -21,34 +21,56 @@ sampler (``--jobs``). Randomness: from ``--seed`` three seeds are derived — th
 the gradient noise and the exact start — and every sampler gets the same streams, as in the
 reference, which re-seeds before each sampler.
 
-Outputs in ``--out DIR`` (written to temporary files, renamed only when all are complete):
+Outputs in ``--out DIR`` (rendered in memory, then written with ``funnel.json`` last):
 ``funnel.json`` (settings, wall seconds, distances), ``funnel_samples.npz`` (per sampler
 ``(steps // 10, 2)`` array of (θ₁, v) at every 10th iterate of the first chain) and ``funnel.png``
 (per sampler: log-density contours with 1,000 iterates, beside a histogram of v against the true
 density; reference §5.4).
 
+Faults: ``--out`` is locked for the run (a second run on it is refused) and must hold no files
+unless ``--force``; workers die with the parent (Ctrl-C, SIGTERM, and SIGKILL through a
+parent-death signal); ``funnel.json`` is written last and lists the SHA-256 of the files written
+with it (:func:`read_outputs`).
+
 Exit status: 0 done, 2 bad input (refused before any work), 3 a chain produced a non-finite
-iterate, 1 the outputs could not be written.
+iterate, 74 the outputs could not be written, 130 interrupted, 143 terminated.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import io
 import json
 import math
 import multiprocessing as mp
 import os
+import signal
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
+from sgrld.experiments._io import (
+    EXIT_IO_ERROR,
+    LOCK_FILE,
+    DirectoryLock,
+    DirectoryLockedError,
+    OutputError,
+    Terminated,
+    remove_stale_temporaries,
+    sha256_hex,
+    sigint_deferred,
+    sigterm_raises,
+    write_atomic,
+)
 from sgrld.experiments._progress import Progress
 
 __all__ = [
@@ -57,6 +79,7 @@ __all__ = [
     "SamplerRun",
     "SamplerSetting",
     "add_arguments",
+    "read_outputs",
     "run",
     "run_funnel",
     "run_sampler",
@@ -264,14 +287,53 @@ def run_sampler(
 _COUNTERS: Any = None  # per-worker progress counters (a shared array), set by _init_worker
 
 
-def _init_worker(counters: Any) -> None:
+def _init_worker(counters: Any, parent: int) -> None:
     global _COUNTERS
     _COUNTERS = counters
+    _die_with_parent(parent)
     import torch._inductor.config
 
     # Compile in this process: a pool of compile workers per sampler process only competes
     # for the same cores (and takes seconds to start).
     torch._inductor.config.compile_threads = 1
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this worker when the parent process ends, even by SIGKILL (which it cannot handle).
+
+    Linux delivers SIGKILL to the worker when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
+    elsewhere, and as a fallback, a daemon thread polls the parent's pid. Ctrl-C is left to the
+    parent, which terminates its workers itself.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sgrld-parent-watch", daemon=True).start()
+
+
+def _stop_workers(others: set[Any]) -> None:
+    """Terminate, then kill, the pool's workers: this process's children but ``others``."""
+    children = [child for child in mp.active_children() if child not in others]
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=2.0)
+        if child.is_alive():
+            child.kill()
+            child.join()
 
 
 def _worker(index: int, name: str, config: FunnelConfig) -> SamplerRun:
@@ -306,9 +368,14 @@ def run_funnel(
         counters = ctx.Array("q", len(names), lock=False)
         # Longest first (Shampoo's root every step, then Monge) to balance the workers.
         order = sorted(range(len(names)), key=lambda i: -_COST.get(names[i], 1.0))
-        with ProcessPoolExecutor(
-            max_workers=jobs, mp_context=ctx, initializer=_init_worker, initargs=(counters,)
-        ) as pool:
+        others = set(mp.active_children())  # not ours to stop
+        pool = ProcessPoolExecutor(
+            max_workers=jobs,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(counters, os.getpid()),
+        )
+        try:
             futures: dict[str, Future[SamplerRun]] = {
                 names[i]: pool.submit(_worker, i, names[i], config) for i in order
             }
@@ -321,6 +388,13 @@ def run_funnel(
             bar.update(total - seen)
             for name in names:
                 results[name] = futures[name].result()
+        except BaseException:
+            # Ctrl-C, SIGTERM (sigterm_raises) or a failed sampler: do not wait for the others
+            # to finish their samplers; end them now.
+            _stop_workers(others)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
     return results
 
 
@@ -429,7 +503,7 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
     }
 
 
-def plot_funnel(runs: dict[str, SamplerRun], path: Path | str) -> None:
+def plot_funnel(runs: dict[str, SamplerRun], path: Path | str | BinaryIO) -> None:
     """The paper's Figure 2 (reference §5.4), one panel pair per sampler, saved as PNG."""
     import matplotlib
 
@@ -477,47 +551,66 @@ def plot_funnel(runs: dict[str, SamplerRun], path: Path | str) -> None:
         w1, ks = np.mean(r.distances["wasserstein1"]), np.mean(r.distances["ks"])
         min_v = min(r.distances["min_v"])
         sub.suptitle(f"{name}: W₁ = {w1:.2f}, KS = {ks:.3f}, min v = {min_v:.1f}")
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
 
 
 def write_outputs(
     runs: dict[str, SamplerRun], config: FunnelConfig, out_dir: Path, *, plot: bool = True
 ) -> list[Path]:
-    """Write ``funnel.json``, ``funnel_samples.npz`` and (``plot``) ``funnel.png`` atomically.
+    """Write ``funnel_samples.npz``, (``plot``) ``funnel.png``, then ``funnel.json``, as one unit.
 
-    Everything is first written to temporary files in ``out_dir``; they are renamed to their
-    final names only once all of them are complete, so a failure leaves no partial result.
+    Everything is rendered in memory first, so a failure there writes nothing. The previous
+    ``funnel.json`` is removed before any file is replaced and the new one is written last: it is
+    the commit record and lists the SHA-256 of the files written with it (:func:`read_outputs`
+    checks them), so a kill in between leaves no ``funnel.json`` rather than one beside another
+    run's samples.
+
+    Raises:
+        OutputError: a file could not be written (the message names it).
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    targets = [out_dir / f for f in OUTPUT_FILES[: 3 if plot else 2]]
-    temps: list[Path] = []
-    try:
-        for final in targets:
-            fd, name = tempfile.mkstemp(prefix=f".{final.stem}-", suffix=final.suffix, dir=out_dir)
-            os.close(fd)
-            temps.append(Path(name))
-        text = json.dumps(results_json(runs, config), indent=2, allow_nan=False)
-        temps[0].write_text(text + "\n")
-        savez: Any = np.savez_compressed  # (numpy's stubs reject **arrays)
-        with open(temps[1], "wb") as f:
-            savez(f, **{name: r.thinned for name, r in runs.items()})
-        if plot:
-            plot_funnel(runs, temps[2])
-        mode = _file_mode()
-        for tmp, final in zip(temps, targets, strict=True):
-            os.chmod(tmp, mode)  # mkstemp makes 0600 files
-            os.replace(tmp, final)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
-    return targets
+    buffer = io.BytesIO()
+    savez: Any = np.savez_compressed  # (numpy's stubs reject **arrays)
+    savez(buffer, **{name: r.thinned for name, r in runs.items()})
+    files = {"funnel_samples.npz": buffer.getvalue()}
+    if plot:
+        buffer = io.BytesIO()
+        plot_funnel(runs, buffer)
+        files["funnel.png"] = buffer.getvalue()
+    record = results_json(runs, config)
+    record["files"] = {name: sha256_hex(data) for name, data in files.items()}
+    text = json.dumps(record, indent=2, allow_nan=False) + "\n"
+    for name in OUTPUT_FILES:  # funnel.json first: from here on the old set is gone
+        try:
+            (out_dir / name).unlink(missing_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OutputError(exc.errno, f"cannot replace {out_dir / name}: {reason}") from exc
+    for name, data in files.items():
+        write_atomic(out_dir / name, data)
+    write_atomic(out_dir / OUTPUT_FILES[0], text)
+    return [out_dir / name for name in (*files, OUTPUT_FILES[0])]
 
 
-def _file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def read_outputs(out_dir: Path | str) -> dict[str, Any]:
+    """``funnel.json`` of ``out_dir``, after checking that every file it lists is the one written.
+
+    Raises:
+        ValueError: no ``funnel.json`` (an incomplete or interrupted run), or a listed file is
+            missing or is not the one written with it (the message names it).
+    """
+    out_dir = Path(out_dir)
+    record_path = out_dir / OUTPUT_FILES[0]
+    if not record_path.is_file():
+        raise ValueError(f"{out_dir} holds no complete funnel run (no {OUTPUT_FILES[0]})")
+    record: dict[str, Any] = json.loads(record_path.read_text())
+    for name, digest in record.get("files", {}).items():
+        path = out_dir / name
+        if not path.is_file():
+            raise ValueError(f"{path} is missing ({record_path} lists it)")
+        if sha256_hex(path.read_bytes()) != digest:
+            raise ValueError(f"{path} is not the file written with {record_path} (SHA-256)")
+    return record
 
 
 def print_table(runs: dict[str, SamplerRun], file: Any = None) -> None:
@@ -594,8 +687,9 @@ def add_arguments(
 ) -> None:
     """The ``sgrld funnel`` options (``demo`` reuses them with other defaults)."""
     parser.epilog = (
-        "Exit status: 0 done, 2 bad input (refused before any work), 3 non-finite iterate, "
-        "1 outputs could not be written."
+        "Exit status: 0 done; 2 bad input, a non-empty --out without --force or an --out in use "
+        "by another run (refused before any work); 3 non-finite iterate; 74 the outputs could "
+        "not be written (e.g. disk full); 130 interrupted; 143 terminated (SIGTERM)."
     )
     if default_out is None:
         parser.add_argument("--out", required=True, type=Path, help="output directory")
@@ -644,22 +738,15 @@ def add_arguments(
         action="store_true",
         help="run the same step code eagerly (slow; no C++ compiler needed)",
     )
+    parser.add_argument(
+        "--force", action="store_true", help="replace the funnel outputs already in --out"
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip funnel.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _check_out_dir(path: Path) -> None:
-    """Create ``path`` if needed and prove it is writable, before any work."""
-    path.mkdir(parents=True, exist_ok=True)
-    if not path.is_dir():
-        raise OSError(f"{path} is not a directory")
-    fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
-    os.close(fd)
-    os.unlink(probe)
-
-
 def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelConfig] | int:
-    """Validate everything before running; return the plan or an exit status."""
+    """Validate the options before any work; return the plan or an exit status."""
     try:
         names = parse_samplers(args.samplers)
     except ValueError as exc:
@@ -675,14 +762,6 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
                 file=sys.stderr,
             )
             return 2
-    try:
-        _check_out_dir(args.out)
-    except OSError as exc:
-        print(
-            f"sgrld {command}: error: cannot write to --out {str(args.out)!r}: {exc}",
-            file=sys.stderr,
-        )
-        return 2
     config = FunnelConfig(
         steps=args.steps,
         seed=args.seed,
@@ -695,13 +774,53 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
 
 
 def execute(args: argparse.Namespace, command: str) -> int:
-    """Run, print the table, write the outputs (shared by ``funnel`` and ``demo``)."""
-    from sgrld.core.sampler import NonFiniteGradientError
+    """Run, print the table, write the outputs (shared by ``funnel`` and ``demo``).
 
+    ``--out`` is locked for the whole run (a second run on it is refused), must hold no files
+    unless ``--force`` is given, and SIGTERM ends the workers and exits with 143.
+    """
     plan = prepare(args, command)
     if isinstance(plan, int):
         return plan
     names, config = plan
+    lock = DirectoryLock(args.out, f"sgrld {command}")
+    try:
+        lock.__enter__()
+    except DirectoryLockedError as exc:
+        print(f"sgrld {command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OutputError as exc:
+        print(
+            f"sgrld {command}: error: cannot write to --out {str(args.out)!r}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        with sigterm_raises():
+            return _execute_locked(args, command, names, config)
+    except Terminated:
+        print(f"sgrld {command}: terminated; workers stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _execute_locked(
+    args: argparse.Namespace, command: str, names: list[str], config: FunnelConfig
+) -> int:
+    with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
+        from sgrld.core.sampler import NonFiniteGradientError
+
+    remove_stale_temporaries(args.out)  # of killed runs; we hold the lock
+    present = sorted(p.name for p in args.out.iterdir() if p.name != LOCK_FILE)
+    if present and not args.force:
+        print(
+            f"sgrld {command}: error: --out {str(args.out)!r} is not empty "
+            f"({', '.join(present[:4])}{', ...' if len(present) > 4 else ''}); pass --force to "
+            "replace its funnel outputs, or choose another --out",
+            file=sys.stderr,
+        )
+        return 2
     print(
         f"funnel (μ = 2, σ² = 80): {', '.join(names)}; {config.steps} steps x "
         f"{config.chains} chain(s), start {config.start}, seed {config.seed}",
@@ -719,7 +838,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
         written = write_outputs(runs, config, args.out, plot=not args.no_plot)
     except OSError as exc:
         print(f"sgrld {command}: error: writing outputs failed: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_IO_ERROR
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

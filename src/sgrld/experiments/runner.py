@@ -20,22 +20,26 @@ exactly reproducible and resumable (spec §10 items 3, 7, 8, 9, 11, 13):
 - **Failure** (spec §1.1, §4.8). A non-finite potential (or gradient) stops the run; it is recorded
   as broken down, like a failed run of the reference.
 - **Checkpoints.** At each epoch end the model, the sampler (statistics and noise generator), the
-  data-order and curvature generators, the accumulators and the curves are written atomically;
-  :func:`run_sampling` with ``resume=True`` continues from there and produces the same results as
-  a run that was never interrupted (timings aside).
+  data-order and curvature generators, the accumulators and the curves are written atomically,
+  with the SHA-256 of the payload (:mod:`sgrld.experiments._io`); :func:`run_sampling` with
+  ``resume=True`` checks it, refuses a checkpoint that is damaged, does not fit or holds NaN/Inf
+  (:class:`CheckpointError`), and continues from there with the same results as a run that was
+  never interrupted (timings aside). An output that cannot be written (disk full) ends the run
+  with ``status: failed`` and an :class:`OutputError`; the last good checkpoint is kept.
 
 The gradient handed to the sampler is that of the per-datum potential (``docs/conventions.md``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,6 +53,8 @@ from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
+from sgrld.experiments import _io
+from sgrld.experiments._io import CheckpointError, OutputError
 from sgrld.experiments.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
 from sgrld.metrics import get_metric
 from sgrld.models import build_model, potential
@@ -57,11 +63,14 @@ from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGL
 __all__ = [
     "CHECKPOINT_FILE",
     "RESULTS_FILE",
+    "CheckpointError",
+    "OutputError",
     "ProgressBar",
     "RunConfig",
     "RunObserver",
     "SamplingRun",
     "breakdown_message",
+    "check_checkpoint_fits",
     "check_collects_samples",
     "config_differences",
     "derive_seed",
@@ -356,26 +365,83 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
-def _write_atomic(path: Path, write: Callable[[Any], None], binary: bool) -> None:
-    """Write through ``write(handle)`` to a temporary file, fsync, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+#: Top-level entries of a checkpoint; all must be present before anything is restored.
+CHECKPOINT_KEYS = (
+    "format",
+    "config",
+    "epoch",
+    "global_step",
+    "status",
+    "broken_down",
+    "model",
+    "optimizer",
+    "data_order_generator",
+    "curvature_generator",
+    "ensembles",
+    "curves",
+    "curvature_means",
+    "timing",
+)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU).
+    """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU), checking it first.
+
+    The file's SHA-256 must match (:func:`sgrld.experiments._io.load_checkpoint`), every entry
+    must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
+    sample aside; a broken-down run's model and sampler may be non-finite: that is why it stopped).
 
     Raises:
-        ValueError: not a sgrld sampling checkpoint.
+        CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).
     """
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = _io.load_checkpoint(path)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a sgrld sample checkpoint")
+        raise CheckpointError(f"checkpoint {path} is not a sgrld sample checkpoint")
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
+    bad = _io.find_nonfinite(state["ensembles"], "ensembles", allow_minus_inf=True)
+    if state["status"] != "broken_down":
+        bad += _io.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
+    if bad:
+        raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")
     return state
+
+
+def tensor_mismatches(
+    saved: Mapping[str, Any], expected: Mapping[str, Tensor], name: str
+) -> list[str]:
+    """What keeps ``saved`` from loading into tensors like ``expected`` (missing keys, shapes)."""
+    if not isinstance(saved, Mapping):
+        return [f"{name} is a {type(saved).__name__}, not a dict of tensors"]
+    found = [f"{name} has no {key}" for key in expected if key not in saved]
+    found += [f"{name} has an unexpected {key}" for key in saved if key not in expected]
+    for key, want in expected.items():
+        got = saved.get(key)
+        if key not in saved:
+            continue
+        if not isinstance(got, Tensor):
+            found.append(f"{name}.{key} is a {type(got).__name__}, not a tensor")
+        elif got.shape != want.shape or got.dtype != want.dtype:
+            found.append(
+                f"{name}.{key} is {got.dtype} {tuple(got.shape)}, this run needs "
+                f"{want.dtype} {tuple(want.shape)}"
+            )
+    return found
+
+
+def check_checkpoint_fits(state: Mapping[str, Any], config: RunConfig) -> None:
+    """Refuse, before any work, a checkpoint whose model does not fit ``config``'s model.
+
+    Raises:
+        CheckpointError: missing or unexpected entries, other shapes or dtypes.
+    """
+    model = build_model(
+        config.model, prior=PRIOR_NAMES[config.prior], width=config.width, num_classes=NUM_CLASSES
+    )
+    wrong = tensor_mismatches(state["model"], model.state_dict(), "model")
+    if wrong:
+        raise CheckpointError("; ".join(wrong))
 
 
 def _hardware(device: torch.device) -> str:
@@ -448,6 +514,7 @@ class SamplingRun:
         self.global_step = 0  # updates done
         self.status = "running"
         self.broken_down: dict[str, Any] | None = None
+        self.failure: str | None = None  # why an output could not be written (status "failed")
         self.curves: dict[str, list[Any]] = {
             key: []
             for key in (
@@ -540,6 +607,12 @@ class SamplingRun:
                 "hint": _breakdown_hint(self.config, self.num_data),
             }
             self._save()
+        except OutputError as exc:  # e.g. disk full: the last good checkpoint is kept
+            self.status = "failed"
+            self.failure = str(exc)
+            with contextlib.suppress(OutputError):  # say so, if there is room for that
+                self._save_results()
+            raise
         self.observer.on_finish(self)
         return self.results()
 
@@ -665,6 +738,24 @@ class SamplingRun:
         differences = config_differences(saved, self.config)
         if differences:
             raise ValueError("checkpoint was made with another config: " + "; ".join(differences))
+        try:
+            wrong = self._mismatches(state)  # refuse what does not fit before restoring anything
+            if not wrong:
+                self._restore(state)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise CheckpointError(f"{type(exc).__name__}: {exc}") from exc
+        if wrong:
+            raise CheckpointError("; ".join(wrong))
+
+    def _mismatches(self, state: Mapping[str, Any]) -> list[str]:
+        wrong = tensor_mismatches(state["model"], self.model.state_dict(), "model")
+        for split, ensemble in self.ensembles.items():
+            expected = {"log_sum_exp": ensemble.state_dict()["log_sum_exp"]}
+            saved = {"log_sum_exp": state["ensembles"][split]["log_sum_exp"]}
+            wrong += tensor_mismatches(saved, expected, f"ensembles.{split}")
+        return wrong
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.order_generator.set_state(state["data_order_generator"])
@@ -690,9 +781,13 @@ class SamplingRun:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
-        _write_atomic(self.out_dir / CHECKPOINT_FILE, lambda f: torch.save(state, f), True)
+        _io.save_checkpoint(self.out_dir / CHECKPOINT_FILE, state)
+        self._save_results()
+
+    def _save_results(self) -> None:
+        assert self.out_dir is not None
         text = json.dumps(self.results(), indent=1, allow_nan=False)
-        _write_atomic(self.out_dir / RESULTS_FILE, lambda f: f.write(text + "\n"), False)
+        _io.write_atomic(self.out_dir / RESULTS_FILE, text + "\n")
 
     def final_metrics(self) -> dict[str, dict[str, float]]:
         """The last recorded epoch's ensemble metrics per split (NaN before the first epoch)."""
@@ -731,6 +826,7 @@ class SamplingRun:
                 "seeds": self.seeds,
                 "status": self.status,
                 "broken_down": self.broken_down,
+                "failure": self.failure,
                 "epochs_completed": self.epoch,
                 "global_steps": self.global_step,
                 "steps_per_epoch": self.steps_per_epoch,
@@ -837,7 +933,11 @@ def run_sampling(
     run = SamplingRun(config, splits, device=device, out_dir=out_dir, observer=observer)
     checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
     if resume and checkpoint is not None and checkpoint.is_file():
-        run.load_state_dict(load_checkpoint(checkpoint))
+        state = load_checkpoint(checkpoint)
+        try:
+            run.load_state_dict(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint} does not fit this run: {exc}") from None
         if run.status == "completed":  # nothing to do; refresh the results file
             run._save()
             return run.results()

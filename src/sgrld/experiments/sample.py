@@ -12,7 +12,10 @@ and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exac
 (spec §8, Tables 4-5). The protocol is in :mod:`sgrld.experiments.runner`.
 
 Exit status: 0 when the run completed, 3 when the chain broke down (non-finite potential; the
-results are still written), 2 for bad input, which is refused before any work starts.
+results are still written), 2 for bad input, a damaged checkpoint or an ``--out`` that another run
+holds (refused before any work starts), 74 when an output cannot be written (disk full: the last
+good checkpoint is kept), 130 when interrupted. ``docs/experiments.md`` lists what survives which
+fault.
 """
 
 from __future__ import annotations
@@ -33,14 +36,18 @@ PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default (spec §1.2)
+EXIT_IO_ERROR = 74  # sgrld.experiments._io.EXIT_IO_ERROR, without importing torch
+EXIT_STATUS = (
+    "Exit status: 0 completed; 2 bad input, a damaged checkpoint or --out in use by another run "
+    "(refused before any work); 3 the chain broke down (results still written); 74 an output "
+    "could not be written, e.g. disk full (the last good checkpoint is kept; --resume continues); "
+    "130 interrupted."
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld sample`` options."""
-    parser.epilog = (
-        "Exit status: 0 completed, 3 the chain broke down (results still written), "
-        "2 bad input (refused before any work)."
-    )
+    parser.epilog = EXIT_STATUS
     what = parser.add_argument_group("what to sample")
     what.add_argument("--dataset", choices=DATASET_CHOICES, default="mnist")
     what.add_argument(
@@ -248,13 +255,12 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
         CHECKPOINT_FILE,
         RESULTS_FILE,
         RunConfig,
+        check_checkpoint_fits,
         config_differences,
         load_checkpoint,
     )
 
     checkpoint = out / CHECKPOINT_FILE
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a directory")
     if not resume:
         if checkpoint.exists() or (out / RESULTS_FILE).exists():
             raise UsageError(
@@ -263,11 +269,11 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
         return
     if not checkpoint.exists():
         return
-    try:
+    try:  # a damaged, foreign or misfitting checkpoint is refused before any work
         state = load_checkpoint(checkpoint)
         saved = RunConfig.from_dict(state["config"])
-    except Exception as exc:  # unreadable checkpoint: say so before any work
-        raise UsageError(f"cannot resume from {checkpoint}: {exc}") from exc
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"cannot resume: {exc}") from exc
     differences = config_differences(saved, config)
     if differences:
         raise UsageError(
@@ -275,6 +281,11 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
             + "; ".join(differences)
             + ")"
         )
+    try:
+        check_checkpoint_fits(state, config)
+    except ValueError as exc:
+        message = f"cannot resume: checkpoint {checkpoint} does not fit this run: {exc}"
+        raise UsageError(message) from exc
     if int(state["epoch"]) > config.epochs:
         raise UsageError(
             f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
@@ -292,7 +303,16 @@ def _make_out_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate everything, load the data, run, write results and the plot."""
+    """Validate everything, lock ``--out``, load the data, run, write results and the plot."""
+    from sgrld.experiments._io import (
+        DirectoryLock,
+        DirectoryLockedError,
+        OutputError,
+        sigint_deferred,
+    )
+
+    with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
+        import torch  # noqa: F401
     try:
         config = config_from_args(args)
         device = _device(args.device)
@@ -300,15 +320,31 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
         data_dir = _data_dir(args)
         out = Path(args.out) if args.out else default_out_dir(config)
-        _check_out_dir(out, config, args.resume)
-    except UsageError as exc:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a directory")
+        # Held until the run ends: a second run on this --out is refused, not interleaved.
+        with DirectoryLock(out, "sgrld sample"):
+            return _run_locked(args, config, device, data_dir, out)
+    except (UsageError, DirectoryLockedError) as exc:
         print(f"sgrld sample: error: {exc}", file=sys.stderr)
         return 2
+    except OutputError as exc:  # e.g. disk full; the last good checkpoint is kept
+        print(f"sgrld sample: error: {exc}", file=sys.stderr)
+        return EXIT_IO_ERROR
+
+
+def _run_locked(
+    args: argparse.Namespace, config: Any, device: Any, data_dir: Path, out: Path
+) -> int:
+    from sgrld.experiments._io import remove_stale_temporaries
+
+    remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
+    _check_out_dir(out, config, args.resume)
 
     import torch
 
     from sgrld.data import DownloadError, load_dataset
-    from sgrld.experiments.runner import ProgressBar, run_sampling
+    from sgrld.experiments.runner import CheckpointError, ProgressBar, run_sampling
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -330,9 +366,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     observer = None if args.no_progress else ProgressBar(report_breakdown=False)
-    results = run_sampling(
-        config, splits, out, device=device, resume=args.resume, observer=observer
-    )
+    try:
+        results = run_sampling(
+            config, splits, out, device=device, resume=args.resume, observer=observer
+        )
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from exc
     if results["broken_down"] is not None:  # always on stderr, progress bar or not
         from sgrld.experiments.runner import breakdown_message
 
@@ -353,6 +392,11 @@ def _plot(results: dict[str, Any], out: Path) -> None:
         plot_run_curves(results, out / "curves.png")
     except ImportError as exc:  # matplotlib is an optional dependency (extra "plots")
         print(f"sgrld sample: no curves.png ({exc}); install sgrld[plots]", file=sys.stderr)
+    except OSError as exc:
+        from sgrld.experiments._io import OutputError
+
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
 
 
 def _summary(results: dict[str, Any], out: Path) -> None:
