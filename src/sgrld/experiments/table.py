@@ -161,10 +161,11 @@ def load_runs(files: Iterable[Path], *, include_partial: bool = False) -> list[d
             raise TableError(f"{path}: cannot read results ({exc})") from exc
         if not str(results.get("format", "")).startswith("sgrld-sample-results/"):
             raise TableError(f"{path}: not a sgrld sample results file")
-        if results["status"] == "running" and not include_partial:
+        # a failed run (an output could not be written) stopped unfinished, like a running one
+        if results["status"] in ("running", "failed") and not include_partial:
             print(f"sgrld table: skipping unfinished run {path.parent}", file=sys.stderr)
             continue
-        if results["status"] == "running":
+        if results["status"] in ("running", "failed"):
             results = {**results, "status": "completed"}
         runs.append(results)
     return runs
