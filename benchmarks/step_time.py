@@ -61,7 +61,9 @@ def make(name: str, device: str, variant: str = "", **kw: Any) -> Callable[..., 
     return partial(cls, num_data=NUM_DATA, **options, **kw)
 
 
-def samplers(device: str) -> dict[str, Callable[[list[nn.Parameter]], Any]]:
+def samplers(
+    device: str, compiled_step: bool = False
+) -> dict[str, Callable[[list[nn.Parameter]], Any]]:
     out: dict[str, Callable[[list[nn.Parameter]], Any]] = {
         "SGD": lambda p: torch.optim.SGD(p, lr=1e-3, foreach=True),
     }
@@ -73,24 +75,30 @@ def samplers(device: str) -> dict[str, Callable[[list[nn.Parameter]], Any]]:
             out[f"{name}/compile"] = make(name, device, "compile")
         if device == "cuda":
             out[f"{name}/graph"] = make(name, device, "graph")
+        if compiled_step:
+            out[f"{name}/compiled-step"] = make(name, device, "capturable")
     out["Shampoo/even"] = make("Shampoo", device, tiling="even")
     return out
 
 
 def targets(device: str, model: str) -> dict[str, tuple[str, float]]:
     """(reference row, maximum ratio) of each row (issue 9)."""
+    compiled = {f"{name}/compiled-step": (name, 1.0) for name in BASE}  # no slower than eager
     if device == "cpu":
         return {
             "SGLD": ("floor", 1.10),
             "RMSprop": ("floor", 1.25),
             "Wenzel": ("floor", 1.25),
             "Monge": ("floor", 1.25),
+            **compiled,
         }
-    out = {name: ("SGD", 1.10) for name in ("SGLD", "RMSprop", "Wenzel", "Monge")}
+    out: dict[str, tuple[str, float]] = {
+        name: ("SGD", 1.10) for name in ("SGLD", "RMSprop", "Wenzel", "Monge")
+    }
     out["Shampoo"] = ("SGLD", 1.15) if model == "resnet20" else ("SGD", 1.5)
     for name in BASE:
         out[f"{name}/graph"] = ("SGD", 0.3)
-    return out
+    return {**out, **compiled}
 
 
 def build(model: str, seed: int) -> nn.Module:
@@ -132,6 +140,14 @@ class Row:
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
         self.graphed: Any = None
+        self.compiled: Any = None
+        if name.endswith("/compiled-step"):  # the user's whole step under torch.compile
+            self.compiled = torch.compile(self._forward_backward_step)
+
+    def _forward_backward_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(self.model(x), y).backward()
+        self.opt.step()
 
     def eager(self) -> None:
         assert self.x is not None and self.y is not None
@@ -149,6 +165,10 @@ class Row:
             self.graphed()
             return
         self.x, self.y = x, y
+        if self.compiled is not None:
+            self.compiled(x, y)
+            self.opt.refresh_if_due()  # capturable Shampoo: the root refresh runs on the host
+            return
         self.eager()
 
     def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -181,12 +201,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per round")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", default="", help="comma list of row prefixes to keep")
+    parser.add_argument(
+        "--compiled-step",
+        action="store_true",
+        help="add rows with the whole training step under torch.compile (capturable=True)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = args.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
-    makes = {"floor": None, **samplers(device)}
+    makes = {"floor": None, **samplers(device, args.compiled_step)}
     if args.only:
         keep = ("SGD", "floor", *args.only.split(","))
         makes = {k: v for k, v in makes.items() if k.startswith(keep)}
