@@ -98,9 +98,7 @@ class GraphedStep:
         return False
 
     def _eager(self) -> Tensor | None:
-        out = self.step_fn()
-        self.optimizer.refresh_if_due()
-        return out
+        return self.step_fn()  # an eager step refreshes on schedule itself
 
     def _capture(self) -> None:
         stream = torch.cuda.Stream()

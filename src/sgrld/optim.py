@@ -27,6 +27,7 @@ from sgrld.core.engine import (
     check,
     check_finite_now,
     check_mode,
+    in_graph,
     refresh_due,
     validate_grads,
 )
@@ -85,8 +86,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         capturable: make :meth:`step` free of host reads and Python randomness, as torch.optim's
             ``capturable``: it can be captured in a CUDA graph or traced by ``torch.compile``
             (``opt.step(); sched.step()`` in one compiled function). Needs ``noise="philox"``;
-            checks are deferred; Shampoo's root refresh moves out of the step into
-            :meth:`refresh_if_due` (:func:`sgrld.cuda_graph.graph_step` calls it).
+            checks are deferred; while a step is traced or captured, Shampoo's root refresh is
+            left to :meth:`refresh_if_due` on the host (:class:`sgrld.capture.GraphedStep` calls
+            it; eager steps refresh themselves as usual).
 
     Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
     after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
@@ -239,7 +241,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 adapt=group["adapt_metric"],
                 noise_source=self.noise,
                 compiled=self._compiled_move(index),
-                refresh=not self.capturable,
+                refresh=not (self.capturable and in_graph()),
             )
         self._after_step()
         return loss

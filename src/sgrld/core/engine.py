@@ -314,6 +314,14 @@ def update_metric(
         metric.refresh(stats, layout)
 
 
+def in_graph() -> bool:
+    """Whether this step is being traced by ``torch.compile`` or captured in a CUDA graph: then
+    nothing may be decided from host values (a scheduled refresh is left to the host)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def refresh_due(metric: Metric, step: int) -> bool:
     """Whether the metric's scheduled refresh (Shampoo's roots) is due after step ``step``."""
     interval = metric.refresh_interval

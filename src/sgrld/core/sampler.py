@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.engine import NonFiniteGradientError, advance, check, check_mode
+from sgrld.core.engine import NonFiniteGradientError, advance, check, check_mode, in_graph
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
@@ -61,8 +61,8 @@ class Sampler:
     (:mod:`sgrld.core.engine`); ``capturable=True`` makes every step free of host reads and
     Python-side randomness, so that it can be captured in a CUDA graph or traced by
     ``torch.compile`` without a graph break (it needs ``noise="philox"``, the counter-based
-    source, and the due Shampoo refreshes are then run by :meth:`refresh_if_due` outside the
-    captured region).
+    source; while a step is traced or captured, a due Shampoo refresh is left to
+    :meth:`refresh_if_due` on the host, while eager steps refresh themselves as usual).
 
     Example:
         >>> import torch, sgrld
@@ -180,7 +180,7 @@ class Sampler:
             adapt=adapt,
             noise_source=self.noise,
             compiled=self._compiled_move(),
-            refresh=not self.capturable,
+            refresh=not (self.capturable and in_graph()),
         )
         return state
 
