@@ -1,5 +1,10 @@
 """One Bayesian-neural-network sampling run: burn-in, thinning, streaming evaluation, checkpoints.
 
+The loop of a run; its other rooms are :mod:`~sgrld.experiments.config` (what to run, validated),
+:mod:`~sgrld.experiments.checkpoint` (reading and checking checkpoints),
+:mod:`~sgrld.experiments.observers` (hooks and the progress display) and
+:mod:`~sgrld.experiments._io` (atomic writes, locks). Their names are re-exported here.
+
 The run loop of the paper's MNIST and CIFAR-10 experiments (spec §4), rebuilt so that a run is
 exactly reproducible and resumable (spec §10 items 3, 7, 8, 9, 11, 13):
 
@@ -37,28 +42,52 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from sgrld.core import NonFiniteGradientError
-from sgrld.core.compiled import check_compilable
-from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
 from sgrld.experiments import _io
 from sgrld.experiments._io import CheckpointError, OutputError
-from sgrld.experiments.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
-from sgrld.metrics import get_metric
+from sgrld.experiments.checkpoint import (
+    check_checkpoint_fits,
+    load_checkpoint,
+    tensor_mismatches,
+)
+from sgrld.experiments.config import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    GRAD_MAX,
+    METRICS,
+    NUM_CLASSES,
+    OFFICIAL_TRAIN_SIZE,
+    PRIOR_NAMES,
+    RESULTS_FILE,
+    RESULTS_FORMAT,
+    SEED_STREAMS,
+    SPLITS,
+    TIMING_SKIP_STEPS,
+    RunConfig,
+    check_collects_samples,
+    config_differences,
+    derive_seed,
+    is_sample_step,
+    make_sampler,
+    num_samples_after,
+)
+from sgrld.experiments.observers import (
+    ProgressBar,
+    RunObserver,
+    breakdown_message,
+)
 from sgrld.models import build_model, potential
-from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
+from sgrld.optim import WenzelSGLD
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -81,239 +110,6 @@ __all__ = [
     "run_sampling",
 ]
 
-SAMPLER_NAMES = SAMPLERS  # the names live in sgrld.experiments.choices, read from the registries
-PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
-NUM_CLASSES = 10
-GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max (spec §1.1)
-TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times (spec §4.6)
-#: Size of the official training set each dataset's train/validation split is drawn from.
-OFFICIAL_TRAIN_SIZE = {"mnist": 60_000, "cifar10": 50_000}
-RESULTS_FILE = "results.json"
-CHECKPOINT_FILE = "checkpoint.pt"
-RESULTS_FORMAT = "sgrld-sample-results/1"
-CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
-SEED_STREAMS = ("init", "chain", "data_order", "curvature")
-SPLITS = ("val", "test")
-METRICS = ("lp", "accuracy", "ece", "confidence")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunConfig:
-    """Everything that defines a run; two runs with equal configs give identical results.
-
-    Attributes:
-        dataset: ``"mnist"`` or ``"cifar10"``.
-        model: ``"fc"`` (MNIST, 784-N-N-10) or ``"resnet20"`` (CIFAR-10).
-        prior: ``"gaussian"``, ``"horseshoe"`` (fc) or ``"correlated"`` (resnet20 convolutions).
-        sampler: ``identity``, ``wenzel``, ``rmsprop``, ``monge`` or ``shampoo``.
-        lr: learning rate ℓ > 0 (h = ℓ/n, ``docs/conventions.md``).
-        epochs: passes over the training set, ≥ 1 (400 in the paper).
-        seed: master seed ≥ 0; the init, chain, data-order and curvature generators derive from it.
-        width: hidden width N of ``fc`` (400, 800, 1200); ignored for ``resnet20``.
-        alpha2: Monge's α² ≥ 0 (required for ``monge``, ``None`` otherwise).
-        temperature: τ ≥ 0 (1 in the paper).
-        batch_size: minibatch size (100).
-        burnin: updates before the first sample can be taken (1,000).
-        thinning: a sample every ``thinning`` updates by global step (100).
-        curvature: measure C(θ) of every sample (spec §4.5; costly).
-        curvature_points: leading test points used for C(θ) (1,000).
-        num_val: validation size drawn from the official training set (10,000).
-        max_train: use only the first ``max_train`` training points (smoke tests; ``None`` = all).
-            n in the potential is then ``max_train``.
-        max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
-        eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
-        noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
-            (:mod:`sgrld.core.noise`; a different random stream, faster on some CPUs only).
-        compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
-            wenzel and rmsprop only).
-    """
-
-    dataset: str
-    model: str
-    prior: str
-    sampler: str
-    lr: float
-    epochs: int
-    seed: int = 0
-    width: int = 400
-    alpha2: float | None = None
-    temperature: float = 1.0
-    batch_size: int = 100
-    burnin: int = 1000
-    thinning: int = 100
-    curvature: bool = False
-    curvature_points: int = 1000
-    num_val: int = 10_000
-    max_train: int | None = None
-    max_eval: int | None = None
-    eval_batch_size: int = 1000
-    noise: str = "torch"
-    compile: bool = False
-
-    def __post_init__(self) -> None:
-        def choice(name: str, valid: tuple[str, ...]) -> None:
-            if getattr(self, name) not in valid:
-                raise ValueError(
-                    f"unknown {name} {getattr(self, name)!r}; valid names: {', '.join(valid)}"
-                )
-
-        choice("dataset", tuple(MODEL_FOR_DATASET))
-        choice("model", tuple(MODEL_FOR_DATASET.values()))
-        choice("prior", tuple(PRIOR_NAMES))
-        choice("sampler", SAMPLER_NAMES)
-        choice("noise", NOISE_SOURCES)
-        if self.compile:
-            check_compilable(get_metric(self.sampler)())
-        if MODEL_FOR_DATASET[self.dataset] != self.model:
-            raise ValueError(
-                f"model {self.model!r} does not fit dataset {self.dataset!r}; "
-                f"use --model {MODEL_FOR_DATASET[self.dataset]} with --dataset {self.dataset}"
-            )
-        if self.prior == "correlated" and self.model != "resnet20":
-            raise ValueError("the correlated prior acts on convolutions: use it with resnet20")
-        if self.prior == "horseshoe" and self.model != "fc":
-            raise ValueError("the horseshoe prior is the paper's MNIST prior: use it with fc")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.sampler == "monge":
-            if self.alpha2 is None or not (math.isfinite(self.alpha2) and self.alpha2 >= 0):
-                raise ValueError(f"monge needs alpha2 >= 0, got {self.alpha2}")
-        elif self.alpha2 is not None:
-            raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
-        minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
-        minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
-        for name, low in minimum.items():
-            _check_int(name, getattr(self, name), low)
-        for name in ("max_train", "max_eval"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
-        num_data = self.max_num_data()
-        if num_data >= 1:  # else the split itself is refused, with its own message
-            check_collects_samples(self, num_data)
-
-    def max_num_data(self) -> int:
-        """n of the run on the official data: the training split, capped by ``max_train``.
-
-        A smaller look-alike dataset only lowers n, so this bounds the run's updates from above.
-        """
-        num_data = OFFICIAL_TRAIN_SIZE[self.dataset] - self.num_val
-        return num_data if self.max_train is None else min(num_data, self.max_train)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON values."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown config keys: {sorted(unknown)}")
-        return cls(**values)
-
-    def label(self) -> str:
-        """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
-        extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
-        return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-
-
-def check_collects_samples(config: RunConfig, num_data: int) -> None:
-    """Refuse a run whose schedule takes no sample: burn-in and thinning leave none.
-
-    Raises:
-        ValueError: naming burn-in, updates and thinning (``name=value``, so that the command
-            line can show its flags).
-    """
-    per_epoch = math.ceil(num_data / config.batch_size)
-    updates = config.epochs * per_epoch
-    if num_samples_after(updates, config.burnin, config.thinning) > 0:
-        return
-    first = (config.burnin // config.thinning + 1) * config.thinning
-    raise ValueError(
-        f"this run would collect no sample: burnin={config.burnin} with thinning="
-        f"{config.thinning} takes the first sample after update {first}, but "
-        f"epochs={config.epochs} of {per_epoch} updates (n = {num_data}, batch_size="
-        f"{config.batch_size}) make only {updates} updates; set epochs="
-        f"{math.ceil(first / per_epoch)} or more, or lower burnin"
-    )
-
-
-def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
-    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``."""
-    return [
-        f"{f.name}: {getattr(saved, f.name)!r} vs {getattr(wanted, f.name)!r}"
-        for f in fields(RunConfig)
-        if f.name != "epochs" and getattr(saved, f.name) != getattr(wanted, f.name)
-    ]
-
-
-def derive_seed(seed: int, stream: str) -> int:
-    """An independent 63-bit seed for one of :data:`SEED_STREAMS`, derived from the master seed."""
-    entropy = np.random.SeedSequence([seed, SEED_STREAMS.index(stream)])
-    return int(entropy.generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def is_sample_step(global_step: int, burnin: int = 1000, thinning: int = 100) -> bool:
-    """Whether the state after update ``global_step`` (1-based) is a sample (spec §4.2).
-
-    With the paper's values the first sample is taken after 1,100 updates, as in the reference
-    (0-based step 1099 with ``(i + 1) % 100 == 0 and step > 1000``).
-    """
-    return global_step > burnin and global_step % thinning == 0
-
-
-def num_samples_after(num_steps: int, burnin: int = 1000, thinning: int = 100) -> int:
-    """Number of samples taken in the first ``num_steps`` updates (1,990 for 200,000 on MNIST)."""
-    return max(0, num_steps // thinning - burnin // thinning)
-
-
-def make_sampler(
-    config: RunConfig, params: list[Tensor], num_data: int, generator: torch.Generator
-) -> SGRLDOptimizer:
-    """The config's sampler over ``params`` in one parameter group (spec §1.1)."""
-    common: dict[str, Any] = {
-        "lr": config.lr,
-        "num_data": num_data,
-        "temperature": config.temperature,
-        "generator": generator,
-        "noise": config.noise,
-        "compile": config.compile,
-    }
-    if config.sampler == "monge":
-        assert config.alpha2 is not None  # validated by RunConfig
-        return MongeSGLD(params, alpha2=config.alpha2, **common)
-    classes: dict[str, type[SGRLDOptimizer]] = {
-        "identity": SGLD,
-        "wenzel": WenzelSGLD,
-        "rmsprop": RMSpropSGLD,
-        "shampoo": ShampooSGLD,
-    }
-    return classes[config.sampler](params, **common)
-
-
-class RunObserver:
-    """Hooks called by :class:`SamplingRun`; the base class does nothing."""
-
-    def on_start(self, run: SamplingRun) -> None:
-        """Before the first epoch of this call (after a resume, the restored state is visible)."""
-
-    def on_step(self, run: SamplingRun) -> None:
-        """After every sampler step (and the sample's evaluation, if it was one)."""
-
-    def on_epoch(self, run: SamplingRun) -> None:
-        """After an epoch's curves are recorded and its checkpoint is written."""
-
-    def on_finish(self, run: SamplingRun) -> None:
-        """When the run ends, completed or broken down."""
-
 
 class _BrokeDown(Exception):
     """The chain hit a non-finite potential or gradient (spec §4.8)."""
@@ -329,18 +125,6 @@ def _breakdown_hint(config: RunConfig, num_data: int) -> str | None:
         f"the full n = {full}, lr={config.lr:g} is a step {full / num_data:.3g}x larger than on "
         f"the full data; try lr={config.lr * num_data / full:.3g} for the same step size"
     )
-
-
-def breakdown_message(broken_down: Mapping[str, Any]) -> str:
-    """One-paragraph account of a breakdown: the failing update, its epoch, the reason, a hint."""
-    update = broken_down.get("update", broken_down["global_step"] + 1)  # older results
-    text = (
-        f"the chain broke down at update {update} (epoch "
-        f"{broken_down['epoch'] + 1}): {broken_down['reason']}"
-    )
-    if broken_down.get("hint"):
-        text += f"\n  hint: {broken_down['hint']}"
-    return text
 
 
 def _restrict(splits: Splits, config: RunConfig) -> Splits:
@@ -363,85 +147,6 @@ def _nan_to_none(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_nan_to_none(v) for v in value]
     return value
-
-
-#: Top-level entries of a checkpoint; all must be present before anything is restored.
-CHECKPOINT_KEYS = (
-    "format",
-    "config",
-    "epoch",
-    "global_step",
-    "status",
-    "broken_down",
-    "model",
-    "optimizer",
-    "data_order_generator",
-    "curvature_generator",
-    "ensembles",
-    "curves",
-    "curvature_means",
-    "timing",
-)
-
-
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU), checking it first.
-
-    The file's SHA-256 must match (:func:`sgrld.experiments._io.load_checkpoint`), every entry
-    must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
-    sample aside; a broken-down run's model and sampler may be non-finite: that is why it stopped).
-
-    Raises:
-        CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).
-    """
-    state = _io.load_checkpoint(path)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"checkpoint {path} is not a sgrld sample checkpoint")
-    missing = [key for key in CHECKPOINT_KEYS if key not in state]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
-    bad = _io.find_nonfinite(state["ensembles"], "ensembles", allow_minus_inf=True)
-    if state["status"] != "broken_down":
-        bad += _io.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
-    if bad:
-        raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")
-    return state
-
-
-def tensor_mismatches(
-    saved: Mapping[str, Any], expected: Mapping[str, Tensor], name: str
-) -> list[str]:
-    """What keeps ``saved`` from loading into tensors like ``expected`` (missing keys, shapes)."""
-    if not isinstance(saved, Mapping):
-        return [f"{name} is a {type(saved).__name__}, not a dict of tensors"]
-    found = [f"{name} has no {key}" for key in expected if key not in saved]
-    found += [f"{name} has an unexpected {key}" for key in saved if key not in expected]
-    for key, want in expected.items():
-        got = saved.get(key)
-        if key not in saved:
-            continue
-        if not isinstance(got, Tensor):
-            found.append(f"{name}.{key} is a {type(got).__name__}, not a tensor")
-        elif got.shape != want.shape or got.dtype != want.dtype:
-            found.append(
-                f"{name}.{key} is {got.dtype} {tuple(got.shape)}, this run needs "
-                f"{want.dtype} {tuple(want.shape)}"
-            )
-    return found
-
-
-def check_checkpoint_fits(state: Mapping[str, Any], config: RunConfig) -> None:
-    """Refuse, before any work, a checkpoint whose model does not fit ``config``'s model.
-
-    Raises:
-        CheckpointError: missing or unexpected entries, other shapes or dtypes.
-    """
-    model = build_model(
-        config.model, prior=PRIOR_NAMES[config.prior], width=config.width, num_classes=NUM_CLASSES
-    )
-    wrong = tensor_mismatches(state["model"], model.state_dict(), "model")
-    if wrong:
-        raise CheckpointError("; ".join(wrong))
 
 
 def _hardware(device: torch.device) -> str:
@@ -846,65 +551,6 @@ class SamplingRun:
                 },
             }
         )
-
-
-class ProgressBar(RunObserver):
-    """A one-line progress bar with the running ensemble metrics, on stderr.
-
-    On a terminal the line is redrawn at most every ``interval`` seconds; elsewhere (logs) one
-    line per epoch is printed. A breakdown is reported with :func:`breakdown_message` unless
-    ``report_breakdown`` is off (``sgrld sample`` reports it itself, progress bar or not).
-    """
-
-    def __init__(
-        self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True
-    ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval = interval
-        self.report_breakdown = report_breakdown
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._last = 0.0
-
-    def _line(self, run: SamplingRun, *, epoch_done: bool = False) -> str:
-        epoch = run.epoch if epoch_done else run.epoch + 1
-        filled = 20 if epoch_done else int(20 * run.step_in_epoch / run.steps_per_epoch)
-        bar = "#" * filled + "-" * (20 - filled)
-        parts = [f"epoch {epoch}/{run.config.epochs} [{bar}] step {run.global_step}"]
-        parts.append(f"S={run.ensembles['val'].num_samples}")
-        if not run.ensembles["val"].num_samples:  # no ensemble yet: its metrics are NaN
-            first = (run.config.burnin // run.config.thinning + 1) * run.config.thinning
-            parts.append(f"burning in (first sample after update {first})")
-        elif run.curves["epoch"]:
-            parts.append(
-                f"val LP {run.curves['val_lp'][-1]:.4f} acc {run.curves['val_accuracy'][-1]:.4f}"
-                f" | test LP {run.curves['test_lp'][-1]:.4f}"
-                f" acc {run.curves['test_accuracy'][-1]:.4f}"
-            )
-        if run.timing["sampling_seconds"]:
-            parts.append(f"{run.timing['sampling_seconds'][-1]:.1f} s/epoch")
-        return " | ".join(parts)
-
-    def on_start(self, run: SamplingRun) -> None:
-        if run.epoch:
-            print(f"resuming {run.config.label()} after epoch {run.epoch}", file=self.stream)
-
-    def on_step(self, run: SamplingRun) -> None:
-        now = time.monotonic()
-        if self.live and now - self._last >= self.interval:
-            self._last = now
-            print("\r" + self._line(run), end="", file=self.stream, flush=True)
-
-    def on_epoch(self, run: SamplingRun) -> None:
-        line = self._line(run, epoch_done=True)
-        print(("\r" if self.live else "") + line, file=self.stream, flush=True)
-
-    def on_finish(self, run: SamplingRun) -> None:
-        if run.broken_down is None:
-            return
-        if self.live:
-            print(file=self.stream)  # end the bar's line
-        if self.report_breakdown:
-            print(breakdown_message(run.broken_down), file=self.stream)
 
 
 def run_sampling(

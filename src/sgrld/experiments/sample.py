@@ -127,8 +127,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     Raises:
         UsageError: invalid or inconsistent options.
     """
+    from sgrld.experiments.choices import MODEL_FOR_DATASET
+    from sgrld.experiments.config import RunConfig
     from sgrld.experiments.paper import paper_entry
-    from sgrld.experiments.runner import MODEL_FOR_DATASET, RunConfig
 
     model = args.model or MODEL_FOR_DATASET[args.dataset]
     lr, alpha2 = args.lr, args.alpha2
@@ -251,13 +252,12 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
-    from sgrld.experiments.runner import (
+    from sgrld.experiments.checkpoint import check_checkpoint_fits, load_checkpoint
+    from sgrld.experiments.config import (
         CHECKPOINT_FILE,
         RESULTS_FILE,
         RunConfig,
-        check_checkpoint_fits,
         config_differences,
-        load_checkpoint,
     )
 
     checkpoint = out / CHECKPOINT_FILE

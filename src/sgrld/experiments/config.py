@@ -1,0 +1,240 @@
+"""A run's configuration: :class:`RunConfig`, its validation, the seeds and the sampling schedule.
+
+The first room of a sampling run (``docs/experiments.md``): what to run, checked before any work.
+The loop is :mod:`sgrld.experiments.runner`, checkpoints :mod:`sgrld.experiments.checkpoint`,
+progress :mod:`sgrld.experiments.observers`, output :mod:`sgrld.experiments._io`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sgrld.core.compiled import check_compilable
+from sgrld.core.noise import NOISE_SOURCES
+from sgrld.experiments.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
+from sgrld.metrics import get_metric
+from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
+
+SAMPLER_NAMES = SAMPLERS  # the names live in sgrld.experiments.choices, read from the registries
+PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
+NUM_CLASSES = 10
+GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max (spec §1.1)
+TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times (spec §4.6)
+#: Size of the official training set each dataset's train/validation split is drawn from.
+OFFICIAL_TRAIN_SIZE = {"mnist": 60_000, "cifar10": 50_000}
+RESULTS_FILE = "results.json"
+CHECKPOINT_FILE = "checkpoint.pt"
+RESULTS_FORMAT = "sgrld-sample-results/1"
+CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
+SEED_STREAMS = ("init", "chain", "data_order", "curvature")
+SPLITS = ("val", "test")
+METRICS = ("lp", "accuracy", "ece", "confidence")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything that defines a run; two runs with equal configs give identical results.
+
+    Attributes:
+        dataset: ``"mnist"`` or ``"cifar10"``.
+        model: ``"fc"`` (MNIST, 784-N-N-10) or ``"resnet20"`` (CIFAR-10).
+        prior: ``"gaussian"``, ``"horseshoe"`` (fc) or ``"correlated"`` (resnet20 convolutions).
+        sampler: ``identity``, ``wenzel``, ``rmsprop``, ``monge`` or ``shampoo``.
+        lr: learning rate ℓ > 0 (h = ℓ/n, ``docs/conventions.md``).
+        epochs: passes over the training set, ≥ 1 (400 in the paper).
+        seed: master seed ≥ 0; the init, chain, data-order and curvature generators derive from it.
+        width: hidden width N of ``fc`` (400, 800, 1200); ignored for ``resnet20``.
+        alpha2: Monge's α² ≥ 0 (required for ``monge``, ``None`` otherwise).
+        temperature: τ ≥ 0 (1 in the paper).
+        batch_size: minibatch size (100).
+        burnin: updates before the first sample can be taken (1,000).
+        thinning: a sample every ``thinning`` updates by global step (100).
+        curvature: measure C(θ) of every sample (spec §4.5; costly).
+        curvature_points: leading test points used for C(θ) (1,000).
+        num_val: validation size drawn from the official training set (10,000).
+        max_train: use only the first ``max_train`` training points (smoke tests; ``None`` = all).
+            n in the potential is then ``max_train``.
+        max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
+        eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
+        noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
+            (:mod:`sgrld.core.noise`; a different random stream, faster on some CPUs only).
+        compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
+            wenzel and rmsprop only).
+    """
+
+    dataset: str
+    model: str
+    prior: str
+    sampler: str
+    lr: float
+    epochs: int
+    seed: int = 0
+    width: int = 400
+    alpha2: float | None = None
+    temperature: float = 1.0
+    batch_size: int = 100
+    burnin: int = 1000
+    thinning: int = 100
+    curvature: bool = False
+    curvature_points: int = 1000
+    num_val: int = 10_000
+    max_train: int | None = None
+    max_eval: int | None = None
+    eval_batch_size: int = 1000
+    noise: str = "torch"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        def choice(name: str, valid: tuple[str, ...]) -> None:
+            if getattr(self, name) not in valid:
+                raise ValueError(
+                    f"unknown {name} {getattr(self, name)!r}; valid names: {', '.join(valid)}"
+                )
+
+        choice("dataset", tuple(MODEL_FOR_DATASET))
+        choice("model", tuple(MODEL_FOR_DATASET.values()))
+        choice("prior", tuple(PRIOR_NAMES))
+        choice("sampler", SAMPLER_NAMES)
+        choice("noise", NOISE_SOURCES)
+        if self.compile:
+            check_compilable(get_metric(self.sampler)())
+        if MODEL_FOR_DATASET[self.dataset] != self.model:
+            raise ValueError(
+                f"model {self.model!r} does not fit dataset {self.dataset!r}; "
+                f"use --model {MODEL_FOR_DATASET[self.dataset]} with --dataset {self.dataset}"
+            )
+        if self.prior == "correlated" and self.model != "resnet20":
+            raise ValueError("the correlated prior acts on convolutions: use it with resnet20")
+        if self.prior == "horseshoe" and self.model != "fc":
+            raise ValueError("the horseshoe prior is the paper's MNIST prior: use it with fc")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.sampler == "monge":
+            if self.alpha2 is None or not (math.isfinite(self.alpha2) and self.alpha2 >= 0):
+                raise ValueError(f"monge needs alpha2 >= 0, got {self.alpha2}")
+        elif self.alpha2 is not None:
+            raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
+        minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
+        minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
+        for name, low in minimum.items():
+            _check_int(name, getattr(self, name), low)
+        for name in ("max_train", "max_eval"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        num_data = self.max_num_data()
+        if num_data >= 1:  # else the split itself is refused, with its own message
+            check_collects_samples(self, num_data)
+
+    def max_num_data(self) -> int:
+        """n of the run on the official data: the training split, capped by ``max_train``.
+
+        A smaller look-alike dataset only lowers n, so this bounds the run's updates from above.
+        """
+        num_data = OFFICIAL_TRAIN_SIZE[self.dataset] - self.num_val
+        return num_data if self.max_train is None else min(num_data, self.max_train)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON values."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown config keys: {sorted(unknown)}")
+        return cls(**values)
+
+    def label(self) -> str:
+        """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
+        extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
+        return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_collects_samples(config: RunConfig, num_data: int) -> None:
+    """Refuse a run whose schedule takes no sample: burn-in and thinning leave none.
+
+    Raises:
+        ValueError: naming burn-in, updates and thinning (``name=value``, so that the command
+            line can show its flags).
+    """
+    per_epoch = math.ceil(num_data / config.batch_size)
+    updates = config.epochs * per_epoch
+    if num_samples_after(updates, config.burnin, config.thinning) > 0:
+        return
+    first = (config.burnin // config.thinning + 1) * config.thinning
+    raise ValueError(
+        f"this run would collect no sample: burnin={config.burnin} with thinning="
+        f"{config.thinning} takes the first sample after update {first}, but "
+        f"epochs={config.epochs} of {per_epoch} updates (n = {num_data}, batch_size="
+        f"{config.batch_size}) make only {updates} updates; set epochs="
+        f"{math.ceil(first / per_epoch)} or more, or lower burnin"
+    )
+
+
+def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
+    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``."""
+    return [
+        f"{f.name}: {getattr(saved, f.name)!r} vs {getattr(wanted, f.name)!r}"
+        for f in fields(RunConfig)
+        if f.name != "epochs" and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
+def derive_seed(seed: int, stream: str) -> int:
+    """An independent 63-bit seed for one of :data:`SEED_STREAMS`, derived from the master seed."""
+    entropy = np.random.SeedSequence([seed, SEED_STREAMS.index(stream)])
+    return int(entropy.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def is_sample_step(global_step: int, burnin: int = 1000, thinning: int = 100) -> bool:
+    """Whether the state after update ``global_step`` (1-based) is a sample (spec §4.2).
+
+    With the paper's values the first sample is taken after 1,100 updates, as in the reference
+    (0-based step 1099 with ``(i + 1) % 100 == 0 and step > 1000``).
+    """
+    return global_step > burnin and global_step % thinning == 0
+
+
+def num_samples_after(num_steps: int, burnin: int = 1000, thinning: int = 100) -> int:
+    """Number of samples taken in the first ``num_steps`` updates (1,990 for 200,000 on MNIST)."""
+    return max(0, num_steps // thinning - burnin // thinning)
+
+
+def make_sampler(
+    config: RunConfig, params: list[Tensor], num_data: int, generator: torch.Generator
+) -> SGRLDOptimizer:
+    """The config's sampler over ``params`` in one parameter group (spec §1.1)."""
+    common: dict[str, Any] = {
+        "lr": config.lr,
+        "num_data": num_data,
+        "temperature": config.temperature,
+        "generator": generator,
+        "noise": config.noise,
+        "compile": config.compile,
+    }
+    if config.sampler == "monge":
+        assert config.alpha2 is not None  # validated by RunConfig
+        return MongeSGLD(params, alpha2=config.alpha2, **common)
+    classes: dict[str, type[SGRLDOptimizer]] = {
+        "identity": SGLD,
+        "wenzel": WenzelSGLD,
+        "rmsprop": RMSpropSGLD,
+        "shampoo": ShampooSGLD,
+    }
+    return classes[config.sampler](params, **common)

@@ -1,0 +1,98 @@
+"""Observers of a sampling run: the hooks (:class:`RunObserver`) and the progress display."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from sgrld.experiments.runner import SamplingRun
+
+
+class RunObserver:
+    """Hooks called by :class:`SamplingRun`; the base class does nothing."""
+
+    def on_start(self, run: SamplingRun) -> None:
+        """Before the first epoch of this call (after a resume, the restored state is visible)."""
+
+    def on_step(self, run: SamplingRun) -> None:
+        """After every sampler step (and the sample's evaluation, if it was one)."""
+
+    def on_epoch(self, run: SamplingRun) -> None:
+        """After an epoch's curves are recorded and its checkpoint is written."""
+
+    def on_finish(self, run: SamplingRun) -> None:
+        """When the run ends, completed or broken down."""
+
+
+def breakdown_message(broken_down: Mapping[str, Any]) -> str:
+    """One-paragraph account of a breakdown: the failing update, its epoch, the reason, a hint."""
+    update = broken_down.get("update", broken_down["global_step"] + 1)  # older results
+    text = (
+        f"the chain broke down at update {update} (epoch "
+        f"{broken_down['epoch'] + 1}): {broken_down['reason']}"
+    )
+    if broken_down.get("hint"):
+        text += f"\n  hint: {broken_down['hint']}"
+    return text
+
+
+class ProgressBar(RunObserver):
+    """A one-line progress bar with the running ensemble metrics, on stderr.
+
+    On a terminal the line is redrawn at most every ``interval`` seconds; elsewhere (logs) one
+    line per epoch is printed. A breakdown is reported with :func:`breakdown_message` unless
+    ``report_breakdown`` is off (``sgrld sample`` reports it itself, progress bar or not).
+    """
+
+    def __init__(
+        self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True
+    ) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+        self.report_breakdown = report_breakdown
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last = 0.0
+
+    def _line(self, run: SamplingRun, *, epoch_done: bool = False) -> str:
+        epoch = run.epoch if epoch_done else run.epoch + 1
+        filled = 20 if epoch_done else int(20 * run.step_in_epoch / run.steps_per_epoch)
+        bar = "#" * filled + "-" * (20 - filled)
+        parts = [f"epoch {epoch}/{run.config.epochs} [{bar}] step {run.global_step}"]
+        parts.append(f"S={run.ensembles['val'].num_samples}")
+        if not run.ensembles["val"].num_samples:  # no ensemble yet: its metrics are NaN
+            first = (run.config.burnin // run.config.thinning + 1) * run.config.thinning
+            parts.append(f"burning in (first sample after update {first})")
+        elif run.curves["epoch"]:
+            parts.append(
+                f"val LP {run.curves['val_lp'][-1]:.4f} acc {run.curves['val_accuracy'][-1]:.4f}"
+                f" | test LP {run.curves['test_lp'][-1]:.4f}"
+                f" acc {run.curves['test_accuracy'][-1]:.4f}"
+            )
+        if run.timing["sampling_seconds"]:
+            parts.append(f"{run.timing['sampling_seconds'][-1]:.1f} s/epoch")
+        return " | ".join(parts)
+
+    def on_start(self, run: SamplingRun) -> None:
+        if run.epoch:
+            print(f"resuming {run.config.label()} after epoch {run.epoch}", file=self.stream)
+
+    def on_step(self, run: SamplingRun) -> None:
+        now = time.monotonic()
+        if self.live and now - self._last >= self.interval:
+            self._last = now
+            print("\r" + self._line(run), end="", file=self.stream, flush=True)
+
+    def on_epoch(self, run: SamplingRun) -> None:
+        line = self._line(run, epoch_done=True)
+        print(("\r" if self.live else "") + line, file=self.stream, flush=True)
+
+    def on_finish(self, run: SamplingRun) -> None:
+        if run.broken_down is None:
+            return
+        if self.live:
+            print(file=self.stream)  # end the bar's line
+        if self.report_breakdown:
+            print(breakdown_message(run.broken_down), file=self.stream)
