@@ -1,8 +1,8 @@
-"""A tiny progress bar on stderr (no tqdm dependency).
+"""The funnel's progress bar on stderr, on tqdm.
 
-On a terminal the bar redraws in place at most ``min_interval`` seconds apart; otherwise (logs,
-pipes, tests) it prints nothing until :meth:`Progress.close`, which writes one summary line, so
-captured output stays short.
+On a terminal a tqdm bar redraws in place at most ``min_interval`` seconds apart; otherwise
+(logs, pipes, tests) nothing is printed until :meth:`Progress.close`, which writes one summary
+line, so captured output stays short.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import sys
 import time
 from types import TracebackType
 from typing import TextIO
+
+from tqdm import tqdm
 
 __all__ = ["Progress"]
 
@@ -40,42 +42,39 @@ class Progress:
         self.total = max(int(total), 1)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
-        self.min_interval = min_interval
-        self.width = width
         self.done = 0
         self.silent = enabled is False
         isatty = getattr(self.stream, "isatty", None)
         self.live = not self.silent and (enabled is True or bool(isatty and isatty()))
         self._start = time.perf_counter()
-        self._last = -float("inf")
+        self._bar: tqdm | None = None
+        if self.live:
+            self._bar = tqdm(
+                total=self.total,
+                file=self.stream,
+                mininterval=min_interval,
+                bar_format=f"{label:<10} [{{bar:{width}}}] {{percentage:5.1f}}% {{elapsed}}"
+                " (eta {remaining})",
+                ascii=" #",
+            )
 
     def update(self, n: int = 1) -> None:
-        """Add ``n`` finished units and redraw if enough time has passed."""
-        self.done = min(self.done + n, self.total)
-        now = time.perf_counter()
-        if self.live and (now - self._last >= self.min_interval or self.done == self.total):
-            self._last = now
-            self.stream.write("\r" + self._line(now))
-            self.stream.flush()
-
-    def _line(self, now: float) -> str:
-        frac = self.done / self.total
-        filled = round(frac * self.width)
-        elapsed = now - self._start
-        eta = elapsed * (1 - frac) / frac if frac > 0 else float("nan")
-        bar = "#" * filled + "-" * (self.width - filled)
-        return f"{self.label:<10} [{bar}] {100 * frac:5.1f}% {elapsed:6.1f}s (eta {eta:5.1f}s)"
+        """Add ``n`` finished units (the bar redraws when enough time has passed)."""
+        n = min(n, self.total - self.done)
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
 
     def close(self) -> None:
-        """Finish the line (terminal) or print one summary line (anything else)."""
+        """Finish the bar (terminal) or print one summary line (anything else)."""
         if self.silent:
             return
-        now = time.perf_counter()
-        if self.live:
-            self.stream.write("\r" + self._line(now) + "\n")
-        else:
-            elapsed = now - self._start
-            self.stream.write(f"{self.label}: {self.done}/{self.total} in {elapsed:.1f}s\n")
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+            return
+        elapsed = time.perf_counter() - self._start
+        self.stream.write(f"{self.label}: {self.done}/{self.total} in {elapsed:.1f}s\n")
         self.stream.flush()
 
     def __enter__(self) -> Progress:

@@ -7,6 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
+from tqdm import tqdm
+
 if TYPE_CHECKING:
     from sgrld.experiments.runner import SamplingRun
 
@@ -40,10 +42,9 @@ def breakdown_message(broken_down: Mapping[str, Any]) -> str:
 
 
 class ProgressBar(RunObserver):
-    """A one-line progress bar with the running ensemble metrics, on stderr.
-
-    On a terminal the line is redrawn at most every ``interval`` seconds; elsewhere (logs) one
-    line per epoch is printed. A breakdown is reported with :func:`breakdown_message` unless
+    """Progress of a run on stderr: a tqdm bar over its updates with the running ensemble metrics
+    on a terminal, and one line per epoch (on a terminal written above the bar; elsewhere, e.g.
+    logs, the only output). A breakdown is reported with :func:`breakdown_message` unless
     ``report_breakdown`` is off (``sgrld sample`` reports it itself, progress bar or not).
     """
 
@@ -54,13 +55,12 @@ class ProgressBar(RunObserver):
         self.interval = interval
         self.report_breakdown = report_breakdown
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar: tqdm | None = None
         self._last = 0.0
 
     def _line(self, run: SamplingRun, *, epoch_done: bool = False) -> str:
         epoch = run.epoch if epoch_done else run.epoch + 1
-        filled = 20 if epoch_done else int(20 * run.step_in_epoch / run.steps_per_epoch)
-        bar = "#" * filled + "-" * (20 - filled)
-        parts = [f"epoch {epoch}/{run.config.epochs} [{bar}] step {run.global_step}"]
+        parts = [f"epoch {epoch}/{run.config.epochs} step {run.global_step}"]
         parts.append(f"S={run.ensembles['val'].num_samples}")
         if not run.ensembles["val"].num_samples:  # no ensemble yet: its metrics are NaN
             first = (run.config.burnin // run.config.thinning + 1) * run.config.thinning
@@ -78,21 +78,35 @@ class ProgressBar(RunObserver):
     def on_start(self, run: SamplingRun) -> None:
         if run.epoch:
             print(f"resuming {run.config.label()} after epoch {run.epoch}", file=self.stream)
+        if self.live:
+            self._bar = tqdm(
+                total=run.config.epochs * run.steps_per_epoch,
+                initial=run.global_step,
+                file=self.stream,
+                mininterval=self.interval,
+                dynamic_ncols=True,
+                unit="step",
+            )
 
     def on_step(self, run: SamplingRun) -> None:
+        if self._bar is None:
+            return
+        self._bar.update(run.global_step - self._bar.n)
         now = time.monotonic()
-        if self.live and now - self._last >= self.interval:
+        if now - self._last >= self.interval:
             self._last = now
-            print("\r" + self._line(run), end="", file=self.stream, flush=True)
+            self._bar.set_description_str(self._line(run), refresh=False)
 
     def on_epoch(self, run: SamplingRun) -> None:
         line = self._line(run, epoch_done=True)
-        print(("\r" if self.live else "") + line, file=self.stream, flush=True)
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def on_finish(self, run: SamplingRun) -> None:
-        if run.broken_down is None:
-            return
-        if self.live:
-            print(file=self.stream)  # end the bar's line
-        if self.report_breakdown:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if run.broken_down is not None and self.report_breakdown:
             print(breakdown_message(run.broken_down), file=self.stream)
