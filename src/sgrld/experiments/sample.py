@@ -21,6 +21,7 @@ fault.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -142,30 +143,14 @@ def config_from_args(args: argparse.Namespace) -> Any:
             alpha2 = DEFAULT_ALPHA2 if known is None else known
     elif alpha2 is not None:
         raise UsageError(f"--alpha2 is a Monge option; it does nothing for {args.sampler}")
+    # every other field comes from its flag (one table, _FLAGS, for names that differ)
+    computed = {"model": model, "lr": 1.0 if lr is None else lr, "alpha2": alpha2}
+    values = {
+        f.name: computed[f.name] if f.name in computed else getattr(args, _dest(f.name))
+        for f in dataclasses.fields(RunConfig)
+    }
     try:
-        config = RunConfig(
-            dataset=args.dataset,
-            model=model,
-            prior=args.prior,
-            sampler=args.sampler,
-            lr=1.0 if lr is None else lr,  # other options are checked first
-            alpha2=alpha2,
-            epochs=args.epochs,
-            seed=args.seed,
-            width=args.width,
-            temperature=args.temperature,
-            batch_size=args.batch_size,
-            burnin=args.burn_in,
-            thinning=args.thinning,
-            curvature=args.curvature,
-            curvature_points=args.curvature_points,
-            num_val=args.num_val,
-            max_train=args.subset,
-            max_eval=args.eval_subset,
-            eval_batch_size=args.eval_batch_size,
-            noise=args.noise,
-            compile=args.compile,
-        )
+        config = RunConfig(**values)  # ℓ is checked after the other options
     except ValueError as exc:
         raise UsageError(_cli_names(str(exc))) from exc
     if lr is None:
@@ -175,6 +160,16 @@ def config_from_args(args: argparse.Namespace) -> Any:
             "give --lr"
         )
     return config
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of a config field."""
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _dest(field: str) -> str:
+    """The argparse attribute of a config field's flag."""
+    return _flag(field)[2:].replace("-", "_")
 
 
 #: Config fields whose command-line flag is not ``--`` + the field name.
