@@ -8,6 +8,7 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 * the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
   ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
 
+A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC).
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
@@ -33,6 +34,7 @@ from sgrld.optim import (
     ShampooSGLD,
     WenzelSGLD,
 )
+from sgrld.schedules import CyclicalLR
 
 __version__ = "0.1.0"
 
@@ -64,6 +66,7 @@ def build(
 
 __all__ = [
     "SGLD",
+    "CyclicalLR",
     "IdentityMetric",
     "Metric",
     "MongeMetric",

@@ -49,9 +49,10 @@ from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, measure_curvature
-from sgrld.metrics import get_metric
+from sgrld.metrics import MongeMetric, get_metric
 from sgrld.models import build_model, potential
 from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
+from sgrld.schedules import CyclicalLR, check_cyclical
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -115,6 +116,13 @@ class RunConfig:
             (:mod:`sgrld.core.noise`; faster on CPU, a different random stream).
         compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
             wenzel and rmsprop only).
+        alpha2_rule: Monge's ``"fixed"`` α² (the paper's) or ``"normalized"`` (α²_t = c/‖m_t‖²
+            with c = ``alpha2`` > 0; :class:`~sgrld.metrics.MongeMetric`).
+        schedule: ``"constant"`` ℓ (the paper's) or ``"cyclical"`` (:class:`~sgrld.CyclicalLR`
+            over all ``epochs``: ``cycles`` cosine cycles, the leading ``explore_fraction`` of
+            each noise-free and without samples).
+        cycles: M ≥ 1 (cyclical only).
+        explore_fraction: r in [0, 1) (cyclical only).
     """
 
     dataset: str
@@ -138,6 +146,10 @@ class RunConfig:
     eval_batch_size: int = 1000
     noise: str = "torch"
     compile: bool = False
+    alpha2_rule: str = "fixed"
+    schedule: str = "constant"
+    cycles: int = 1
+    explore_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -171,6 +183,7 @@ class RunConfig:
                 raise ValueError(f"monge needs alpha2 >= 0, got {self.alpha2}")
         elif self.alpha2 is not None:
             raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
+        self._check_beyond()
         minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
         minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
         for name, low in minimum.items():
@@ -178,6 +191,21 @@ class RunConfig:
         for name in ("max_train", "max_eval"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
+
+    def _check_beyond(self) -> None:
+        """The α² rule and the schedule (issue 14)."""
+        choice = {"alpha2_rule": ("fixed", "normalized"), "schedule": ("constant", "cyclical")}
+        for name, valid in choice.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {valid}")
+        if self.alpha2_rule != "fixed":
+            if self.sampler != "monge":
+                raise ValueError(f"alpha2_rule is a Monge option; leave it for {self.sampler}")
+            MongeMetric(alpha2=self.alpha2, alpha2_rule=self.alpha2_rule)  # type: ignore[arg-type]
+        if self.schedule == "cyclical":
+            check_cyclical(1, self.cycles, self.explore_fraction)
+        elif (self.cycles, self.explore_fraction) != (1, 0.0):
+            raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON values."""
@@ -246,7 +274,7 @@ def make_sampler(
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig
-        return MongeSGLD(params, alpha2=config.alpha2, **common)
+        return MongeSGLD(params, alpha2=config.alpha2, alpha2_rule=config.alpha2_rule, **common)
     classes: dict[str, type[SGRLDOptimizer]] = {
         "identity": SGLD,
         "wenzel": WenzelSGLD,
@@ -376,6 +404,12 @@ class SamplingRun:
         self.optimizer = make_sampler(
             config, list(self.model.parameters()), self.num_data, chain_generator
         )
+        self.schedule: CyclicalLR | None = None  # ℓ (and τ) per step; None: constant
+        if config.schedule == "cyclical":
+            total = config.epochs * self.steps_per_epoch
+            self.schedule = CyclicalLR(
+                self.optimizer, total, config.cycles, config.explore_fraction
+            )
         self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
         self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
         self.ensembles = {
@@ -487,13 +521,17 @@ class SamplingRun:
             for p in params:
                 if p.grad is not None:
                     p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
+            exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
             try:
                 self.optimizer.step()
             except NonFiniteGradientError as exc:
                 raise _BrokeDown(f"{exc} at update {self.global_step + 1}") from exc
+            if self.schedule is not None:
+                self.schedule.step()
             self.global_step += 1
             self._record_step_time(self._clock() - started)
-            if is_sample_step(self.global_step, self.config.burnin, self.config.thinning):
+            sample = is_sample_step(self.global_step, self.config.burnin, self.config.thinning)
+            if sample and not exploring:
                 self._evaluate_sample()
             self.observer.on_step(self)
         if isinstance(self.optimizer, WenzelSGLD):  # refresh at each epoch end (spec §2.2)
@@ -562,6 +600,7 @@ class SamplingRun:
             "broken_down": self.broken_down,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "schedule": None if self.schedule is None else self.schedule.state_dict(),
             "data_order_generator": self.order_generator.get_state(),
             "curvature_generator": self.curvature_generator.get_state(),
             "ensembles": {k: v.state_dict() for k, v in self.ensembles.items()},
@@ -581,6 +620,8 @@ class SamplingRun:
             raise ValueError("checkpoint was made with another config: " + "; ".join(differences))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:  # a cyclical run keeps its saved cycle length
+            self.schedule.load_state_dict(state["schedule"])
         self.order_generator.set_state(state["data_order_generator"])
         self.curvature_generator.set_state(state["curvature_generator"])
         for split, ensemble in self.ensembles.items():
@@ -650,6 +691,7 @@ class SamplingRun:
                 "final": self.final_metrics(),
                 "curvature": curvature,
                 "seconds_per_epoch": self.seconds_per_epoch,
+                "schedule": None if self.schedule is None else self.schedule.describe(),
                 "timing": timing,
                 "curves": self.curves,
                 "environment": {
