@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,9 +86,7 @@ def test_step_is_the_dense_euler_maruyama_step_plus_gamma(metric: MongeMetric, t
     # replay the generator: Hutchinson's probes first, then ξ
     replay = torch.Generator().manual_seed(9)
     if trace == "hutchinson":
-        probes = []
-        for _ in range(2):
-            probes.append(torch.randint(0, 2, (3, D), generator=replay).double() * 2 - 1)
+        probes = torch.randint(0, 2, (2, 3, D), generator=replay).double() * 2 - 1
     xi = torch.randn(3, D, generator=replay, dtype=torch.float64)
     for c in range(3):
         x, m = theta[c], grad_u(theta[c])
@@ -155,3 +155,65 @@ def test_bad_values_are_refused(kwargs: dict[str, object], message: str) -> None
     args: dict[str, object] = {"metric": MongeMetric(), "lr": 0.1, "num_data": 1.0, **kwargs}
     with pytest.raises(ValueError, match=message):
         exact_monge_step(potential, torch.zeros(D, dtype=torch.float64), **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("correction", "second_moment"), [(True, 1.0), (False, 2.0)])
+def test_gamma_makes_the_chain_sample_the_target(correction: bool, second_moment: float) -> None:
+    """1-D u = θ²/2, α² = 1: with Γ the chain samples N(0, 1) (E θ² = 1); without it the
+    stationary law is G(θ)e^{−u} ∝ (1 + θ²)e^{−θ²/2}, whose E θ² = (1 + 3)/(1 + 1) = 2."""
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(2000, 1, generator=gen, dtype=torch.float64)  # exact draws of N(0, 1)
+    metric = MongeMetric(alpha2=1.0)
+    total = torch.zeros((), dtype=torch.float64)
+    for step in range(600):
+        grad = theta.clone()
+        theta = exact_monge_step(
+            lambda x: 0.5 * (x * x).sum(-1),
+            theta,
+            metric=metric,
+            lr=0.02,
+            num_data=1.0,
+            correction=correction,
+            generator=gen,
+        )
+        assert grad.shape == theta.shape
+        if step >= 300:  # 300 steps = 6 time units: the no-Γ chains have relaxed to their law
+            total += (theta * theta).mean()
+    # O(ℓ) discretisation bias ≈ 1-2 %; Monte-Carlo standard error ≈ 0.01
+    assert float(total / 300) == pytest.approx(second_moment, abs=0.06)
+
+
+# --- sgrld funnel --exact-metric --------------------------------------------------------------
+
+
+def test_funnel_exact_metric_cli(tmp_path: Path) -> None:
+    from sgrld.cli import main
+
+    argv = ["funnel", "--steps", "300", "--chains", "2", "--no-compile", "--no-plot"]
+    argv += ["--no-progress", "--start", "exact", "--samplers", "identity,monge"]
+    argv += ["--exact-metric", "--correction", "--alpha2-rule", "normalized", "--alpha2", "2"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    samplers = json.loads((tmp_path / "funnel.json").read_text())["samplers"]
+    assert list(samplers) == ["identity", "monge", "monge-current+Γ"]
+    exact = samplers["monge-current+Γ"]["settings"]
+    assert exact["correction"] is True and exact["gradient_noise_std"] == 0.0
+    assert (exact["alpha2"], exact["alpha2_rule"], exact["lr"]) == (2.0, "normalized", 0.003)
+    ema = samplers["monge"]["settings"]
+    assert (ema["alpha2"], ema["alpha2_rule"], ema["gradient_noise_std"]) == (
+        2.0,
+        "normalized",
+        0.0,
+    )
+    assert len(samplers["identity"]["distances"]["wasserstein1"]["per_chain"]) == 2
+
+
+@pytest.mark.parametrize(
+    "flag", [["--correction"], ["--alpha2", "1"], ["--alpha2-rule", "normalized"]]
+)
+def test_funnel_exact_options_need_exact_metric(
+    flag: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.cli import main
+
+    assert main(["funnel", "--out", str(tmp_path), "--no-plot", *flag]) == 2
+    assert "need --exact-metric" in capsys.readouterr().err
