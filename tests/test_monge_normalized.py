@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import sgrld
+from conftest import check_resume_is_bit_identical, quadratic_problem
 from sgrld.core.layout import FlatLayout
 
 D = 7
@@ -101,3 +102,22 @@ def test_facade_equals_functional_core() -> None:
         opt.step()
         state = sampler.step(state, {"w": state.params["w"] ** 3 + state.params["w"]})
     assert torch.equal(p.detach(), state.params["w"])
+
+
+def test_resume_is_bit_identical() -> None:
+    params, grad = quadratic_problem()
+    plist = [torch.nn.Parameter(v.clone()) for v in params.values()]
+
+    def make(ps: list[torch.nn.Parameter], gen: torch.Generator) -> torch.optim.Optimizer:
+        return sgrld.MongeSGLD(
+            ps, lr=0.01, num_data=10, alpha2=0.5, alpha2_rule="normalized", generator=gen
+        )
+
+    def run(opt: torch.optim.Optimizer, ps: list[torch.nn.Parameter], steps: range) -> None:
+        for _ in steps:
+            grads = grad(dict(zip(params, (p.detach() for p in ps), strict=True)))
+            for p, g in zip(ps, grads.values(), strict=True):
+                p.grad = g
+            opt.step()
+
+    check_resume_is_bit_identical(make, plist, run, 7, 15)
