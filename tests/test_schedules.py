@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,11 @@ def test_cli_records_rule_and_schedule(tmp_path: Path, mnist_dir: Path) -> None:
     )
     assert results["schedule"]["cycle_length"] == 4  # 8 steps, 2 cycles
     assert results["curves"]["num_samples"] == [1, 2]  # 2, 6 explore; 4, 8 sample
+
+
+def test_a_cyclical_run_cannot_be_extended(tmp_path: Path) -> None:
+    """The cycles span all epochs: more epochs would change every step's ℓ."""
+    config = tiny_config(epochs=1, schedule="cyclical", cycles=2)
+    run_sampling(config, synthetic_splits(), tmp_path)
+    with pytest.raises(ValueError, match="epochs: 1 vs 2"):
+        run_sampling(replace(config, epochs=2), synthetic_splits(), tmp_path, resume=True)

@@ -232,11 +232,15 @@ def _check_int(name: str, value: object, low: int) -> None:
 
 
 def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
-    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``."""
+    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``.
+
+    With a cyclical schedule ``epochs`` counts too: the cycles span the whole run.
+    """
+    free = "epochs" if wanted.schedule != "cyclical" else None
     return [
         f"{f.name}: {getattr(saved, f.name)!r} vs {getattr(wanted, f.name)!r}"
         for f in fields(RunConfig)
-        if f.name != "epochs" and getattr(saved, f.name) != getattr(wanted, f.name)
+        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
     ]
 
 
@@ -620,7 +624,7 @@ class SamplingRun:
             raise ValueError("checkpoint was made with another config: " + "; ".join(differences))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.schedule is not None:  # a cyclical run keeps its saved cycle length
+        if self.schedule is not None:  # same epochs (config_differences), same cycles
             self.schedule.load_state_dict(state["schedule"])
         self.order_generator.set_state(state["data_order_generator"])
         self.curvature_generator.set_state(state["curvature_generator"])
