@@ -99,7 +99,16 @@ def alpha2_report(root: Path, out: Path) -> None:
     fig, axes = plt.subplots(1, len(priors), figsize=(6 * len(priors), 4), squeeze=False)
     for ax, prior in zip(axes[0], priors, strict=True):
         for rule, color, label in (("fixed", "tab:blue", "fixed α²"), ("norm", "tab:red", "c")):
-            rows = [p for p in parsed if p[0] == prior and p[2] == rule and p[4].get("test_lp")]
+            rows = [
+                p
+                for p in parsed
+                if p[0] == prior and p[1] == 400 and p[2] == rule and p[4].get("test_lp")
+            ]
+            for p in rows:
+                if p[3] == 0:  # α² = 0 is SGLD: a line, the axis is logarithmic
+                    lp = p[4]["test_lp"]["mean"]
+                    ax.axhline(lp, color="gray", ls="--", label="α² = 0 (SGLD)")
+            rows = [p for p in rows if p[3] > 0]
             x = [p[3] for p in rows]
             y = [p[4]["test_lp"]["mean"] for p in rows]
             e = [p[4]["test_lp"]["std"] for p in rows]
@@ -155,7 +164,7 @@ def cyclical_report(root: Path, out: Path) -> None:
 def funnel_report(root: Path, out: Path) -> None:
     files = sorted(root.glob("funnel-*/funnel.json"))
     table: dict[str, Any] = {}
-    print("\n### Funnel, exact gradients, ℓ = 0.003 (pooled over chains)\n")
+    print("\n### Funnel, exact gradients, exact starts (ℓ = 0.003; Identity 0.001; lr0.001)\n")
     print("| run | sampler | W1(v) per chain | pooled W1(v) | pooled KS | pooled P(v<−5) | min v |")
     print("|---|---|---|---|---|---|---|")
     for path in files:
@@ -187,7 +196,8 @@ def funnel_report(root: Path, out: Path) -> None:
                 necks.append(s["pooled_distances"]["frac_v_below_minus5"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     a.barh(labels, w1s, color="tab:blue")
-    a.set_xlabel("pooled W1(v) to N(0, 80)")
+    a.set_xscale("log")  # two runs diverged: W1 in the hundreds
+    a.set_xlabel("pooled W1(v) to N(0, 80), log scale")
     b.barh(labels, necks, color="tab:orange")
     b.axvline(0.2881, color="k", ls="--", label="truth 0.288")
     b.set_xlabel("pooled P(v < −5)")

@@ -21,3 +21,6 @@ common=(--steps "$STEPS" --chains "$CHAINS" --start "$START" --seed 1 --no-compi
 # the normalized rule, c = $C: EMA-Monge and m = ∇u(θ) with Γ
 "$SGRLD" funnel "${common[@]}" --samplers monge --correction --alpha2-rule normalized \
   --alpha2 "$C" --out "$OUT/funnel-normalized-gamma"
+# m = ∇u(θ) at a third of the step, ± Γ: what is left with Γ at ℓ = 0.003 shrinks if it is the
+# Euler step's (python, as the CLI keeps the paper's ℓ)
+"${PYTHON:-python}" benchmarks/beyond_funnel_lr.py "$OUT" 0.001 "$STEPS" "$CHAINS"

@@ -15,7 +15,7 @@ BURNIN=${BURNIN:-500}
 EVAL=${EVAL-"--eval-subset 2000"}
 DATA=${SGRLD_MNIST_DIR:-/work/shared/data/mnist}
 SGRLD=${SGRLD:-sgrld}
-FIXED_GRID=${FIXED_GRID:-"0.1 0.5 1.25 2 3"}   # the paper's α² (horseshoe N=400 grid, subset)
+FIXED_GRID=${FIXED_GRID:-"0 0.1 0.5 1.25 2 3"} # the paper's α² (N=400 grid subset; 0 = SGLD)
 C_GRID=${C_GRID:-"0.01 0.03 0.1 0.3"}          # normalized c = α²‖m‖² (‖m‖² ≈ 0.1 here)
 
 run() {  # run NAME ARGS...: skip finished runs, so the script can be restarted
@@ -31,7 +31,7 @@ run() {  # run NAME ARGS...: skip finished runs, so the script can be restarted
 
 if [[ $PART == alpha2 || $PART == all ]]; then
   for width in $WIDTHS; do
-    for prior in horseshoe gaussian; do
+    for prior in ${PRIORS:-horseshoe gaussian}; do
       lr=$([[ $prior == horseshoe ]] && echo 0.25 || echo 0.05)  # paper's Monge / Identity ℓ
       for seed in $SEEDS; do
         for a in $FIXED_GRID; do
@@ -51,8 +51,10 @@ if [[ $PART == cyclical || $PART == all ]]; then
   CYCLES=${CYCLES:-2}
   R=${R:-0.5}
   for seed in $SEEDS; do
-    for spec in "identity --lr 0.25" "monge --lr 0.25 --alpha2 1.25" "shampoo --lr 0.005"; do
-      name=${spec%% *}
+    for spec in "identity:identity --lr 0.25" "monge:monge --lr 0.25 --alpha2 1.25" \
+        "shampoo:shampoo --lr 0.005" "monge_lr0.1:monge --lr 0.1 --alpha2 1.25"; do
+      name=${spec%%:*}
+      spec=${spec#*:}
       run "cyclical/$name-constant-s$seed" --prior horseshoe --width 400 --sampler $spec \
         --seed "$seed"
       run "cyclical/$name-cyclical-s$seed" --prior horseshoe --width 400 --sampler $spec \
