@@ -9,7 +9,9 @@ With s = ‖m‖², G⁻¹ = I − β(s) m mᵀ (β = −f₋₁ of :class:`~sgr
 
 For the fixed rule β = α²/(1+α²s) and β' = −β², which gives Γ = 2β²(mᵀHm) m − β Hm − β tr(H) m
 (issue 14's formula, checked here against finite differences of the dense G⁻¹ in
-``tests/test_riemann.py``); for the normalised rule β = c/((1+c)s) and β' = −β/s. One Hessian–
+``tests/test_riemann.py``); for the normalised rule β = c/((1+c)s) and β' = −β/s, so there Γ
+grows as 1/‖∇u‖ near critical points of u (on the funnel the corrected chain diverged:
+``docs/results/beyond.md``; use the fixed rule with the correction). One Hessian–
 vector product gives Hm; tr(H) is exact (D products, which also give Hm) or a Hutchinson estimate
 with Rademacher probes (unbiased: E[zᵀHz] = tr H).
 
@@ -221,7 +223,8 @@ def monge_move(
 ) -> Tensor:
     """The arithmetic of :func:`exact_monge_move` with its randomness given (no checks, no host
     sync, so a caller can ``torch.compile`` blocks of it): ``probes`` ``(P, *batch, D)`` for
-    Hutchinson's tr(H), ``None`` for the exact trace; ``noise`` ξ, ``None`` when τ = 0."""
+    Hutchinson's tr(H), ``None`` for the exact trace; ``noise`` ξ (overwritten), ``None`` when
+    τ = 0."""
     m, dim = grad, theta.shape[-1]
     layout = FlatLayout(("theta",), ((dim,),), tuple(theta.shape[:-1]))
     stats = metric.init(layout, theta)
