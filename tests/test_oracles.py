@@ -7,6 +7,7 @@ Each oracle re-derives the metric from the paper / reference formulas with expli
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def _sym_sqrt_inv(g: torch.Tensor) -> torch.Tensor:
 class DenseOracle:
     """Reference implementation of one metric's statistics with dense matrices."""
 
-    def __init__(self, name: str, **opt: float) -> None:
+    def __init__(self, name: str, **opt: Any) -> None:
         self.name, self.opt = name, opt
         self.v = (
             torch.zeros(D, dtype=torch.float64)
@@ -62,15 +63,19 @@ class DenseOracle:
                     ]
                 )
             )
-        a2 = self.opt["alpha2"]
+
+        def alpha2(m: torch.Tensor) -> float:  # "normalized": α² = c/‖m‖², stretch 1 + c
+            c = self.opt["alpha2"]
+            return c / float(m @ m) if self.opt.get("alpha2_rule") == "normalized" else c
+
         if self.opt.get("scope") == "tensor":
             blocks = [
-                torch.eye(n, dtype=torch.float64) + a2 * torch.outer(m, m)
+                torch.eye(n, dtype=torch.float64) + alpha2(m) * torch.outer(m, m)
                 for m, n in zip(self.m.split(SIZES), SIZES, strict=True)
             ]
             return torch.linalg.inv(torch.block_diag(*blocks))
         return torch.linalg.inv(
-            torch.eye(D, dtype=torch.float64) + a2 * torch.outer(self.m, self.m)
+            torch.eye(D, dtype=torch.float64) + alpha2(self.m) * torch.outer(self.m, self.m)
         )
 
     def g_inv_sqrt(self) -> torch.Tensor:
@@ -84,11 +89,13 @@ CASES = [
     ("wenzel", {"decay": 0.9, "eps": 1e-8}),
     ("monge", {"alpha2": 1.5, "decay": 0.7}),
     ("monge", {"alpha2": 0.3, "decay": 0.9, "scope": "tensor"}),
+    ("monge", {"alpha2": 2.0, "decay": 0.7, "alpha2_rule": "normalized"}),
+    ("monge", {"alpha2": 0.5, "decay": 0.9, "scope": "tensor", "alpha2_rule": "normalized"}),
 ]
 
 
 def _flat_ops(
-    name: str, opt: dict[str, float]
+    name: str, opt: dict[str, Any]
 ) -> tuple[sgrld.Metric, FlatLayout, dict[str, torch.Tensor]]:
     metric = sgrld.get_metric(name)(**opt)
     layout = FlatLayout(tuple(SHAPES), tuple(SHAPES.values()))
@@ -97,7 +104,7 @@ def _flat_ops(
 
 
 @pytest.mark.parametrize(("name", "opt"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
-def test_inverse_and_inverse_sqrt_match_dense(name: str, opt: dict[str, float]) -> None:
+def test_inverse_and_inverse_sqrt_match_dense(name: str, opt: dict[str, Any]) -> None:
     metric, layout, stats = _flat_ops(name, opt)
     oracle = DenseOracle(name, **opt)
     gen = torch.Generator().manual_seed(0)
@@ -202,7 +209,7 @@ def test_monge_fallback_matches_funnel_rule() -> None:
 @pytest.mark.parametrize(("name", "opt"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_trajectory_matches_dense_oracle(
-    name: str, opt: dict[str, float], temperature: float
+    name: str, opt: dict[str, Any], temperature: float
 ) -> None:
     """θ ← θ − ℓG⁻¹g + √(2ℓτ/n)G^{-1/2}ξ with dense matrices and the same ξ stream."""
     lr, n = 0.03, 20.0

@@ -8,6 +8,7 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 * the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
   ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
 
+A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC).
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         WenzelSGLD,
     )
     from sgrld.samples import SampleStore, log_density, posterior_predictive
+    from sgrld.schedules import CyclicalLR
 
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
 # line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
@@ -63,6 +65,7 @@ _LAZY = {
         "sgrld.optim",
     ),
     **dict.fromkeys(("SampleStore", "log_density", "posterior_predictive"), "sgrld.samples"),
+    "CyclicalLR": "sgrld.schedules",
 }
 
 
@@ -124,6 +127,7 @@ def build(
 
 __all__ = [
     "SGLD",
+    "CyclicalLR",
     "IdentityMetric",
     "Metric",
     "MongeMetric",

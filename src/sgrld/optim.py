@@ -484,7 +484,9 @@ class MongeSGLD(SGRLDOptimizer):
     """Monge metric G = I + α² m mᵀ, m an EMA of gradients (paper §4.1, reference §2.4).
 
     Extra keyword options: ``scope`` (``"global"``, the paper's metric over the whole group, or
-    ``"tensor"``) and ``fallback_threshold`` (the funnel's explosion fallback, off by default).
+    ``"tensor"``), ``fallback_threshold`` (the funnel's explosion fallback, off by default) and
+    ``alpha2_rule`` (``"fixed"``, the paper's; ``"normalized"``: α²_t = alpha2/‖m_t‖², so the
+    stretch along m is always 1 + alpha2; see :class:`sgrld.metrics.MongeMetric`).
     """
 
     def __init__(
@@ -499,10 +501,12 @@ class MongeSGLD(SGRLDOptimizer):
         *,
         scope: str = "global",
         fallback_threshold: float | None = None,
+        alpha2_rule: str = "fixed",
         **kwargs: Any,
     ) -> None:
         metric = MongeMetric(
             alpha2=alpha2,
+            alpha2_rule=alpha2_rule,  # type: ignore[arg-type]  # validated by MongeMetric
             decay=decay,
             scope=scope,  # type: ignore[arg-type]  # validated by MongeMetric
             fallback_threshold=fallback_threshold,

@@ -19,8 +19,9 @@ from torch import Tensor
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.experiments.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
-from sgrld.metrics import get_metric
+from sgrld.metrics import MongeMetric, get_metric
 from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
+from sgrld.schedules import check_cyclical
 
 SAMPLER_NAMES = SAMPLERS  # the names live in sgrld.experiments.choices, read from the registries
 PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
@@ -67,6 +68,13 @@ class RunConfig:
             (:mod:`sgrld.core.noise`; a different random stream, faster on some CPUs only).
         compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
             wenzel and rmsprop only).
+        alpha2_rule: Monge's ``"fixed"`` α² (the paper's) or ``"normalized"`` (α²_t = c/‖m_t‖²
+            with c = ``alpha2`` > 0; :class:`~sgrld.metrics.MongeMetric`).
+        schedule: ``"constant"`` ℓ (the paper's) or ``"cyclical"`` (:class:`~sgrld.CyclicalLR`
+            over all ``epochs``: ``cycles`` cosine cycles, the leading ``explore_fraction`` of
+            each noise-free and without samples).
+        cycles: M ≥ 1 (cyclical only).
+        explore_fraction: r in [0, 1) (cyclical only).
     """
 
     dataset: str
@@ -90,6 +98,10 @@ class RunConfig:
     eval_batch_size: int = 1000
     noise: str = "torch"
     compile: bool = False
+    alpha2_rule: str = "fixed"
+    schedule: str = "constant"
+    cycles: int = 1
+    explore_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -123,6 +135,7 @@ class RunConfig:
                 raise ValueError(f"monge needs alpha2 >= 0, got {self.alpha2}")
         elif self.alpha2 is not None:
             raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
+        self._check_beyond()
         minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
         minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
         for name, low in minimum.items():
@@ -141,6 +154,21 @@ class RunConfig:
         """
         num_data = OFFICIAL_TRAIN_SIZE[self.dataset] - self.num_val
         return num_data if self.max_train is None else min(num_data, self.max_train)
+
+    def _check_beyond(self) -> None:
+        """The α² rule and the schedule (issue 14)."""
+        choice = {"alpha2_rule": ("fixed", "normalized"), "schedule": ("constant", "cyclical")}
+        for name, valid in choice.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {valid}")
+        if self.alpha2_rule != "fixed":
+            if self.sampler != "monge":
+                raise ValueError(f"alpha2_rule is a Monge option; leave it for {self.sampler}")
+            MongeMetric(alpha2=self.alpha2, alpha2_rule=self.alpha2_rule)  # type: ignore[arg-type]
+        if self.schedule == "cyclical":
+            check_cyclical(1, self.cycles, self.explore_fraction)
+        elif (self.cycles, self.explore_fraction) != (1, 0.0):
+            raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON values."""
@@ -188,11 +216,15 @@ def check_collects_samples(config: RunConfig, num_data: int) -> None:
 
 
 def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
-    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``."""
+    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``.
+
+    With a cyclical schedule ``epochs`` counts too: the cycles span the whole run.
+    """
+    free = "epochs" if wanted.schedule != "cyclical" else None
     return [
         f"{f.name}: {getattr(saved, f.name)!r} vs {getattr(wanted, f.name)!r}"
         for f in fields(RunConfig)
-        if f.name != "epochs" and getattr(saved, f.name) != getattr(wanted, f.name)
+        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
     ]
 
 
@@ -230,7 +262,7 @@ def make_sampler(
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig
-        return MongeSGLD(params, alpha2=config.alpha2, **common)
+        return MongeSGLD(params, alpha2=config.alpha2, alpha2_rule=config.alpha2_rule, **common)
     classes: dict[str, type[SGRLDOptimizer]] = {
         "identity": SGLD,
         "wenzel": WenzelSGLD,

@@ -743,6 +743,15 @@ def add_arguments(
     )
     parser.add_argument("--no-plot", action="store_true", help="skip funnel.png")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    exact = parser.add_argument_group("exact metric (sgrld.experiments.funnel_exact)")
+    exact.add_argument(
+        "--exact-metric",
+        action="store_true",
+        help="exact gradients for --samplers, plus Monge with m = ∇u(θ) (monge-current)",
+    )
+    exact.add_argument("--correction", action="store_true", help="add Γ to monge-current")
+    exact.add_argument("--alpha2", type=float, help="both Monge metrics' α² or c (0.1)")
+    exact.add_argument("--alpha2-rule", choices=("fixed", "normalized"), default="fixed")
 
 
 def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelConfig] | int:
@@ -762,6 +771,13 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
                 file=sys.stderr,
             )
             return 2
+    exact = (args.correction, args.alpha2 is not None, args.alpha2_rule != "fixed")
+    if any(exact) and not args.exact_metric:
+        print(
+            f"sgrld {command}: error: --correction, --alpha2 and --alpha2-rule need --exact-metric",
+            file=sys.stderr,
+        )
+        return 2
     config = FunnelConfig(
         steps=args.steps,
         seed=args.seed,
@@ -827,9 +843,12 @@ def _execute_locked(
         flush=True,
     )
     try:
-        runs = run_funnel(
-            names, config, jobs=args.jobs, progress=False if args.no_progress else None
-        )
+        if args.exact_metric:
+            runs = _run_exact(names, config, args)
+        else:
+            runs = run_funnel(
+                names, config, jobs=args.jobs, progress=False if args.no_progress else None
+            )
     except NonFiniteGradientError as exc:
         print(f"sgrld {command}: error: {exc}; no outputs written", file=sys.stderr)
         return 3
@@ -841,6 +860,23 @@ def _execute_locked(
         return EXIT_IO_ERROR
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _run_exact(names: list[str], config: FunnelConfig, args: argparse.Namespace) -> Any:
+    from sgrld.experiments.funnel_exact import run_exact_funnel, total_steps
+
+    bar = Progress(
+        total_steps(names, config), "funnel", enabled=False if args.no_progress else None
+    )
+    with bar:
+        return run_exact_funnel(
+            names,
+            config,
+            correction=args.correction,
+            alpha2=args.alpha2,
+            alpha2_rule=args.alpha2_rule,
+            progress=bar.update,
+        )
 
 
 def run(args: argparse.Namespace) -> int:

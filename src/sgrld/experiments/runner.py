@@ -88,6 +88,7 @@ from sgrld.experiments.observers import (
 )
 from sgrld.models import build_model, potential
 from sgrld.optim import WenzelSGLD
+from sgrld.schedules import CyclicalLR
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -206,6 +207,12 @@ class SamplingRun:
         self.optimizer = make_sampler(
             config, list(self.model.parameters()), self.num_data, chain_generator
         )
+        self.schedule: CyclicalLR | None = None  # ℓ (and τ) per step; None: constant
+        if config.schedule == "cyclical":
+            total = config.epochs * self.steps_per_epoch
+            self.schedule = CyclicalLR(
+                self.optimizer, total, config.cycles, config.explore_fraction
+            )
         self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
         self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
         self.ensembles = {
@@ -342,13 +349,17 @@ class SamplingRun:
             for p in params:
                 if p.grad is not None:
                     p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
+            exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
             try:
                 self.optimizer.step()
             except NonFiniteGradientError as exc:
                 raise _BrokeDown(str(exc)) from exc
+            if self.schedule is not None:
+                self.schedule.step()
             self.global_step += 1
             self._record_step_time(self._clock() - started)
-            if is_sample_step(self.global_step, self.config.burnin, self.config.thinning):
+            sample = is_sample_step(self.global_step, self.config.burnin, self.config.thinning)
+            if sample and not exploring:
                 self._evaluate_sample()
             self.observer.on_step(self)
         try:  # deferred NaN/Inf checks (CUDA) are read once per epoch, before the checkpoint
@@ -425,6 +436,7 @@ class SamplingRun:
             "broken_down": self.broken_down,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "schedule": None if self.schedule is None else self.schedule.state_dict(),
             "data_order_generator": self.order_generator.get_state(),
             "curvature_generator": self.curvature_generator.get_state(),
             "ensembles": {k: v.state_dict() for k, v in self.ensembles.items()},
@@ -463,6 +475,8 @@ class SamplingRun:
     def _restore(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.schedule is not None:  # same epochs (config_differences), same cycles
+            self.schedule.load_state_dict(state["schedule"])
         self.order_generator.set_state(state["data_order_generator"])
         self.curvature_generator.set_state(state["curvature_generator"])
         for split, ensemble in self.ensembles.items():
@@ -540,6 +554,7 @@ class SamplingRun:
                 "final": self.final_metrics(),
                 "curvature": curvature,
                 "seconds_per_epoch": self.seconds_per_epoch,
+                "schedule": None if self.schedule is None else self.schedule.describe(),
                 "timing": timing,
                 "curves": self.curves,
                 "trace": self.trace.state_dict(),

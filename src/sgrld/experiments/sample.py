@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help=f"Monge's α²; default: the paper's for the setting, else {DEFAULT_ALPHA2}",
     )
+    what.add_argument(
+        "--alpha2-rule",
+        choices=("fixed", "normalized"),
+        default="fixed",
+        help="Monge: fixed α² (the paper's) or normalized α²_t = c/‖m_t‖² with c = --alpha2 "
+        f"(default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)",
+    )
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
     what.add_argument("--seed", type=int, default=0, help="master seed >= 0 (0)")
@@ -82,6 +89,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     schedule = parser.add_argument_group("schedule and evaluation")
+    schedule.add_argument(
+        "--schedule",
+        choices=("constant", "cyclical"),
+        default="constant",
+        help="ℓ schedule: constant (the paper's) or cosine-cyclical (cSG-MCMC)",
+    )
+    schedule.add_argument("--cycles", type=int, default=1, help="cyclical: cycles M (1)")
+    schedule.add_argument(
+        "--explore-fraction",
+        type=float,
+        default=0.0,
+        help="cyclical: leading fraction r in [0, 1) of each cycle without noise or samples (0)",
+    )
     schedule.add_argument("--batch-size", type=int, default=100, help="minibatch size (100)")
     schedule.add_argument("--burn-in", type=int, default=1000, help="burn-in updates (1000)")
     schedule.add_argument("--thinning", type=int, default=100, help="a sample every K updates")
@@ -140,9 +160,15 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.sampler == "monge":
         if alpha2 is None:
             known = paper.alpha2 if paper is not None else None
-            alpha2 = DEFAULT_ALPHA2 if known is None else known
+            # the paper's α² is not a c: the normalized rule defaults to c = 1
+            fixed = args.alpha2_rule == "fixed" and known is not None
+            alpha2 = known if fixed else DEFAULT_ALPHA2
     elif alpha2 is not None:
         raise UsageError(f"--alpha2 is a Monge option; it does nothing for {args.sampler}")
+    if args.sampler != "monge" and args.alpha2_rule != "fixed":
+        raise UsageError(f"--alpha2-rule is a Monge option; it does nothing for {args.sampler}")
+    if args.schedule != "cyclical" and (args.cycles, args.explore_fraction) != (1, 0.0):
+        raise UsageError("--cycles and --explore-fraction need --schedule cyclical")
     # every other field comes from its flag (one table, _FLAGS, for names that differ)
     computed = {"model": model, "lr": 1.0 if lr is None else lr, "alpha2": alpha2}
     values = {
@@ -181,6 +207,8 @@ _FLAGS = {
     "eval_batch_size": "--eval-batch-size",
     "curvature_points": "--curvature-points",
     "num_val": "--num-val",
+    "explore_fraction": "--explore-fraction",
+    "alpha2_rule": "--alpha2-rule",
 }
 _PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
 
@@ -203,9 +231,13 @@ def _cli_names(message: str) -> str:
 
 
 def default_out_dir(config: Any) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-a2<α²>]-seed<s>``."""
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-a2<α²>|-c<c>][-cyc<M>r<r>]-seed<s>``."""
     model = f"fc{config.width}" if config.model == "fc" else config.model
     alpha = f"-a2{config.alpha2:g}" if config.alpha2 is not None else ""
+    if config.alpha2_rule == "normalized":
+        alpha = f"-c{config.alpha2:g}"
+    if config.schedule == "cyclical":
+        alpha += f"-cyc{config.cycles}r{config.explore_fraction:g}"
     subset = f"-sub{config.max_train}" if config.max_train is not None else ""
     name = (
         f"{config.dataset}-{model}-{config.prior}-{config.sampler}-lr{config.lr:g}{alpha}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,8 +35,16 @@ class MongeMetric(Metric):
     where f₋½ is the cancellation-free form of (1/√(1+α²s) − 1)/s: it needs no guard as ‖m‖ → 0
     and equals −α²/2 there (reference §2.4, §10.4). α² = 0 gives exactly SGLD.
 
+    With ``alpha2_rule="normalized"`` the option ``alpha2`` is a scale-free c > 0 and every step
+    uses α²_t = c/s_t, so G's eigenvalue along m is always 1 + c, whatever ‖m‖ is (the fixed
+    rule's stretch 1 + α²s changes with the gradients' scale). Then f₋₁ = −c/((1+c)·s) and
+    f₋½ = −c/(√(1+c)(1+√(1+c))·s): the 1/s is cancelled by ⟨m, v⟩ m, which is O(s). Guard: where
+    s is below the dtype's smallest normal number (m = 0, or ‖m‖² underflows) α²_t = 0 and
+    G = I — there is no direction to stretch, and 1/s would overflow.
+
     Args:
-        alpha2: α² ≥ 0.
+        alpha2: α² ≥ 0 (``"fixed"``), or c > 0 (``"normalized"``).
+        alpha2_rule: ``"fixed"`` (the paper's, default) or ``"normalized"`` (α²_t = c/‖m_t‖²).
         decay: EMA weight λ in [0, 1).
         scope: ``"global"`` (the paper's metric: inner products over all parameters of the
             group) or ``"tensor"`` (one rank-one metric per parameter tensor).
@@ -48,12 +57,20 @@ class MongeMetric(Metric):
     # Not compilable (the default): compiled, its three fused reductions ran at 1.1 ms per step
     # inside a training loop (MLP 784-400-400-10, 2 threads) against 0.33 ms eager (BLAS dots).
     alpha2: float = 1.0
+    alpha2_rule: Literal["fixed", "normalized"] = "fixed"
     decay: float = 0.9
     scope: Literal["global", "tensor"] = "global"
     fallback_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        check_range("alpha2", self.alpha2, lambda v: v >= 0.0, "alpha2 >= 0")
+        if self.alpha2_rule not in ("fixed", "normalized"):
+            raise ValueError(
+                f"invalid alpha2_rule: {self.alpha2_rule!r} (expected 'fixed' or 'normalized')"
+            )
+        if self.alpha2_rule == "normalized":
+            check_range("alpha2", self.alpha2, lambda v: 0.0 < v < math.inf, "c = alpha2 > 0")
+        else:
+            check_range("alpha2", self.alpha2, lambda v: v >= 0.0, "alpha2 >= 0")
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
         if self.scope not in ("global", "tensor"):
             raise ValueError(f"invalid scope: {self.scope!r} (expected 'global' or 'tensor')")
@@ -82,6 +99,28 @@ class MongeMetric(Metric):
         for i, (y, x) in enumerate(zip(ys, xs, strict=True)):
             y.addcmul_(x, coef[..., i : i + 1])
 
+    def coefficients(self, sq_norm: Tensor) -> tuple[Tensor, Tensor]:
+        """(f₋₁, f₋½) for s = ``sq_norm``: G⁻¹ = I + f₋₁ m mᵀ, G^{-1/2} = I + f₋½ m mᵀ."""
+        a2 = self.alpha2
+        if self.alpha2_rule == "fixed":
+            root = torch.sqrt(1.0 + a2 * sq_norm)
+            return -a2 / (1.0 + a2 * sq_norm), -a2 / (root * (1.0 + root))
+        tiny = torch.finfo(sq_norm.dtype).tiny
+        inv_s = torch.where(sq_norm >= tiny, sq_norm.clamp(min=tiny).reciprocal(), 0.0)
+        c_root = math.sqrt(1.0 + a2)
+        return inv_s * (-a2 / (1.0 + a2)), inv_s * (-a2 / (c_root * (1.0 + c_root)))
+
+    def coefficient_slope(self, sq_norm: Tensor) -> Tensor:
+        """dβ/ds with β = −f₋₁ = α²/(1+α²s): −β² (fixed), −β/s (normalized, 0 where guarded).
+
+        The exact Riemannian drift needs it (:mod:`sgrld.core.riemann`).
+        """
+        beta = -self.coefficients(sq_norm)[0]
+        if self.alpha2_rule == "fixed":
+            return -beta * beta
+        tiny = torch.finfo(sq_norm.dtype).tiny
+        return torch.where(sq_norm >= tiny, -beta / sq_norm.clamp(min=tiny), 0.0)
+
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         m = stats["exp_avg"]
         m.lerp_(grad, 1.0 - self.decay)  # λm + (1−λ)g in one pass
@@ -92,7 +131,7 @@ class MongeMetric(Metric):
         s = stats["sq_norm"]
         ms, gs = self._segments(layout, stats["exp_avg"]), self._segments(layout, grad)
         a = _dots(ms, gs)
-        coef = a * (-self.alpha2 / (1.0 + self.alpha2 * s))  # f₋₁ ⟨m, g⟩
+        coef = a * self.coefficients(s)[0]  # f₋₁ ⟨m, g⟩
         if self.fallback_threshold is not None:
             # ‖G⁻¹g‖² = ‖g + c m‖² = ‖g‖² + c(2a + c s), c = f₋₁a: no extra pass over D.
             gg = _dots(gs, gs)
@@ -110,8 +149,7 @@ class MongeMetric(Metric):
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
         s = stats["sq_norm"]
         ms, xs = self._segments(layout, stats["exp_avg"]), self._segments(layout, noise)
-        root = torch.sqrt(1.0 + self.alpha2 * s)
-        coef = _dots(ms, xs) * (-self.alpha2 / (root * (1.0 + root)))  # f₋½ ⟨m, ξ⟩
+        coef = _dots(ms, xs) * self.coefficients(s)[1]  # f₋½ ⟨m, ξ⟩
         if self.fallback_threshold is not None:
             inv_c = stats["fallback"]
             fire = inv_c > 0
