@@ -209,6 +209,7 @@ _FLAGS = {
     "num_val": "--num-val",
     "explore_fraction": "--explore-fraction",
     "alpha2_rule": "--alpha2-rule",
+    "cycles": "--cycles",  # named whole-word in messages ("invalid cycles: 0")
 }
 _PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
 
