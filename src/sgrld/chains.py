@@ -1,0 +1,389 @@
+"""K chains of any ``nn.Module`` in one process, each the single run of its own seed.
+
+:class:`Chains` stacks the parameters and buffers of K copies of a model
+(``torch.func.stack_module_state``), runs the forward pass of all of them at once
+(``functional_call`` under ``torch.vmap``) and advances every chain with one sampler call on state
+shaped ``(K, ...)``. What makes chain k of a K-chain run *the* single run of seed s_k, whatever K
+and its position:
+
+* **initialisation**: chain k is ``model(s_k)``, a factory called with the chain's seed;
+* **noise**: per-chain Philox keys from the seeds (``noise="philox"``, :mod:`sgrld.core.noise`);
+* **minibatches**: each chain its own inputs (``(K, B, ...)``), e.g. from :func:`chain_batches`
+  with one data-order generator per chain;
+* **BatchNorm**: the running statistics are stacked buffers, updated per chain in ``train()``;
+* **hyper-parameters**: ℓ and α² per chain. The metric holds α² as a float, so chains are
+  grouped into runs of equal α² (one sampler call per run: put equal values next to each other);
+* **failure**: checks are deferred (device flags), a chain whose gradient is non-finite is frozen
+  (parameters, statistics and buffers) and reported by :meth:`Chains.failures`; the others go on.
+
+The gradient is one backward pass of the sum of the per-chain losses: the losses share no
+parameters, so each chain receives exactly its own gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state
+
+from sgrld.core.engine import NonFiniteGradientError
+from sgrld.core.sampler import Sampler
+from sgrld.core.state import SamplerState
+
+__all__ = ["Chains", "chain_batches"]
+
+ModelFactory = Callable[[int], nn.Module]
+LossFn = Callable[..., Tensor]
+
+
+@dataclasses.dataclass
+class _Group:
+    """A run of chains ``[start, stop)`` that share one metric: one sampler call per step."""
+
+    start: int
+    stop: int
+    sampler: Sampler
+    state: SamplerState
+
+
+class _Bound(nn.Module):
+    """Calls ``fn(model, *args)`` so that ``functional_call`` substitutes the model's tensors
+    for any function of the model, not only its forward (e.g. a potential with a log-prior)."""
+
+    def __init__(self, model: nn.Module, fn: Callable[..., Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.__dict__["fn"] = fn  # not registered even if it is a module: no tensors of its own
+
+    def forward(self, *args: Any) -> Tensor:
+        return self.fn(self.model, *args)
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
+    out = list(seeds)
+    if not out:
+        raise ValueError("seeds is empty: give one seed per chain")
+    for s in out:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
+            raise ValueError(f"invalid seed: {s!r} (expected an int in [0, 2**63))")
+    return out
+
+
+def _per_chain(name: str, values: Sequence[float] | Tensor, k: int) -> list[float]:
+    out = [float(v) for v in (values.tolist() if isinstance(values, Tensor) else values)]
+    if len(out) != k:
+        raise ValueError(f"{name}: {len(out)} values for {k} chains (give one per chain)")
+    return out
+
+
+class Chains:
+    """K chains of a model sampled together; chain k is the single run with seed ``seeds[k]``.
+
+    Args:
+        model: a factory ``seed -> nn.Module`` that builds and initialises chain k's model from
+            its seed (e.g. ``lambda s: build_model("fc", generator=torch.Generator()
+            .manual_seed(s))``), or a module whose copies start every chain at the same point.
+            All chains must have the same structure; only chain 0's module is kept (as the
+            template of the forward pass).
+        sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``. Its ``lr`` may be a
+            float, a 0-d tensor or a ``(K,)`` tensor. With ``sync_checks=None`` (the default)
+            checks are deferred, so that a broken chain stops only itself.
+        seeds: one seed per chain (int in [0, 2⁶³)): the chain's Philox key and the argument of
+            ``model``.
+        lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
+        alpha2: α² per chain (a metric with an ``alpha2`` option, i.e. Monge). Each run of
+            equal consecutive values is stepped by one sampler call.
+        device: where the stacked tensors live (default: where ``model`` builds them).
+
+    Attributes:
+        params: ``name -> (K, ...)`` stacked parameters (updated in place by :meth:`step`).
+        buffers: ``name -> (K, ...)`` stacked buffers (BatchNorm running statistics, ...).
+        seeds: the chains' seeds.
+
+    References:
+        The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`.
+
+    Example:
+        >>> import torch, sgrld
+        >>> def make(seed):
+        ...     return torch.nn.Linear(3, 2, dtype=torch.float64)
+        >>> sampler = sgrld.build("sgld", lr=1e-2, num_data=100, noise="philox")
+        >>> chains = sgrld.Chains(make, sampler, seeds=[0, 1, 2, 3])
+        >>> x = torch.randn(4, 8, 3, dtype=torch.float64)  # (K, B, ...): one batch per chain
+        >>> y = torch.randint(0, 2, (4, 8))
+        >>> ce = lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y)
+        >>> chains.step(ce, x, y).shape  # one loss per chain
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | ModelFactory,
+        sampler: Sampler,
+        seeds: Sequence[int],
+        *,
+        lr: Sequence[float] | Tensor | None = None,
+        alpha2: Sequence[float] | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a sgrld.Sampler, got {type(sampler).__name__}")
+        if sampler.noise != "philox":
+            raise ValueError(
+                "Chains needs noise='philox' (sgrld.build(..., noise='philox')): with torch's "
+                "generator all chains share one stream and chain k's noise depends on K"
+            )
+        self.seeds = _check_seeds(seeds)
+        k = self.num_chains = len(self.seeds)
+        if isinstance(model, nn.Module):
+            modules = [copy.deepcopy(model) for _ in range(k)]
+        elif callable(model):
+            modules = [model(s) for s in self.seeds]
+        else:
+            raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
+        if device is not None:
+            modules = [m.to(device) for m in modules]
+        params, buffers = stack_module_state(modules)  # type: ignore[arg-type]
+        self.params: dict[str, Tensor] = {n: p.detach() for n, p in params.items()}
+        self.buffers: dict[str, Tensor] = {n: b.detach() for n, b in buffers.items()}
+        if not self.params:
+            raise ValueError("the model has no parameters")
+        self.model = modules[0]  # template of the forward: its own tensors are not used
+        del modules
+        self.groups = self._make_groups(sampler, lr, alpha2)
+
+    # ------------------------------------------------------------------ construction
+
+    def _make_groups(
+        self,
+        sampler: Sampler,
+        lr: Sequence[float] | Tensor | None,
+        alpha2: Sequence[float] | None,
+    ) -> list[_Group]:
+        k = self.num_chains
+        like = next(iter(self.params.values()))
+        lrs: Tensor | None = None
+        if lr is not None:
+            lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
+        elif isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
+            lrs = torch.tensor(_per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device)
+        alphas: list[float | None] = [None] * k
+        if alpha2 is not None:
+            if not hasattr(sampler.metric, "alpha2"):
+                name = type(sampler.metric).__name__
+                raise ValueError(f"alpha2 per chain needs a metric with alpha2 (Monge), not {name}")
+            alphas = list(_per_chain("alpha2", alpha2, k))
+        if sampler.check_finite and sampler.sync_checks is None:
+            sampler = dataclasses.replace(sampler, sync_checks=False)  # a bad chain stops alone
+        groups, start = [], 0
+        for stop in range(1, k + 1):
+            if stop < k and alphas[stop] == alphas[start]:
+                continue
+            metric = sampler.metric
+            if alphas[start] is not None:
+                metric = dataclasses.replace(metric, alpha2=alphas[start])  # type: ignore[type-var]
+            lr_g = sampler.lr if lrs is None else lrs[start:stop].clone()
+            s = dataclasses.replace(sampler, metric=metric, lr=lr_g)
+            view = {n: p[start:stop] for n, p in self.params.items()}  # contiguous views
+            state = s.init(view, num_chains=stop - start, seeds=self.seeds[start:stop])
+            groups.append(_Group(start, stop, s, state))
+            start = stop
+        return groups
+
+    # ------------------------------------------------------------------ forward and gradients
+
+    def train(self, mode: bool = True) -> Chains:
+        """Train mode (BatchNorm: batch statistics, running statistics updated per chain)."""
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> Chains:
+        """Eval mode (BatchNorm: each chain's running statistics)."""
+        return self.train(False)
+
+    def map(
+        self,
+        fn: Callable[..., Tensor],
+        *args: Tensor,
+        shared: bool = False,
+        params: Mapping[str, Tensor] | None = None,
+    ) -> Tensor:
+        """``fn(model_k, *args_k)`` for every chain k at once, stacked on a leading K dim.
+
+        Args:
+            fn: a function of the model (with chain k's parameters and buffers) and the inputs.
+            args: tensors with a leading chain dim ``(K, ...)``, or shared by every chain
+                (``shared=True``, e.g. a test set).
+            params: stacked parameters to use instead of :attr:`params` (for gradients).
+        """
+        bound = _Bound(self.model, fn)
+        tensors = {f"model.{n}": p for n, p in (params or self.params).items()}
+        buffers = {f"model.{n}": b for n, b in self.buffers.items()}
+
+        def one(p: dict[str, Tensor], b: dict[str, Tensor], *a: Tensor) -> Tensor:
+            return functional_call(bound, (p, b), a, strict=True)
+
+        in_dims = (0, 0, *([None if shared else 0] * len(args)))
+        # "different": a random layer (dropout) draws independently per chain (from torch's
+        # global generator, so such a model is not keyed by the chains' seeds)
+        return torch.vmap(one, in_dims=in_dims, randomness="different")(tensors, buffers, *args)
+
+    def __call__(self, x: Tensor, *, shared: bool = False) -> Tensor:
+        """Every chain's forward pass: ``x`` is ``(K, B, ...)`` (or ``(B, ...)`` if shared)."""
+        return self.map(lambda m, v: m(v), x, shared=shared)
+
+    def grads(
+        self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-chain losses ``(K,)`` and their gradients ``name -> (K, ...)``.
+
+        ``loss_fn(model, *args_k)`` is chain k's per-datum potential (e.g.
+        ``lambda m, x, y: potential(m, x, y, n)``); ``grad_clip`` clamps every gradient element
+        to ±``grad_clip`` (as the experiment runner does).
+        """
+        leaves = {n: p.detach().requires_grad_() for n, p in self.params.items()}
+        with torch.enable_grad():
+            losses = self.map(loss_fn, *args, params=leaves)
+            if losses.shape != (self.num_chains,):
+                raise ValueError(f"loss_fn must return a 0-d tensor, got {tuple(losses.shape[1:])}")
+            found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        grads = {}
+        for (name, p), g in zip(leaves.items(), found, strict=True):
+            g = torch.zeros_like(p) if g is None else g
+            grads[name] = g.clamp_(-grad_clip, grad_clip) if grad_clip is not None else g
+        return losses.detach(), grads
+
+    def apply(self, grads: Mapping[str, Tensor], *, adapt: bool = True) -> None:
+        """One sampler step of every chain from stacked gradients (one call per α² group)."""
+        with torch.no_grad():
+            for g in self.groups:
+                part = {n: grads[n][g.start : g.stop] for n in self.params}
+                g.sampler.step(g.state, part, adapt=adapt)
+
+    def step(
+        self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None, adapt: bool = True
+    ) -> Tensor:
+        """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`); the losses.
+
+        A chain whose gradient is non-finite is frozen from then on, its buffers included (no
+        host read: see :meth:`failures`).
+        """
+        saved = self._snapshot_buffers()
+        losses, grads = self.grads(loss_fn, *args, grad_clip=grad_clip)
+        self.apply(grads, adapt=adapt)
+        if saved:
+            frozen = self._broken_mask()
+            for n, b in self.buffers.items():
+                keep = frozen.reshape(-1, *([1] * (b.dim() - 1)))
+                b.copy_(torch.where(keep, saved[n], b))
+        return losses
+
+    def refresh(self) -> None:
+        """Recompute the explicitly scheduled part of the metric (Wenzel: at each epoch end)."""
+        for g in self.groups:
+            g.sampler.refresh(g.state)
+
+    def _snapshot_buffers(self) -> dict[str, Tensor]:
+        deferred = any(g.sampler.check_finite and not g.sampler.sync_checks for g in self.groups)
+        if not deferred or not self.model.training:
+            return {}
+        return {n: b.clone() for n, b in self.buffers.items()}
+
+    # ------------------------------------------------------------------ failures
+
+    def _broken_mask(self) -> Tensor:
+        return torch.cat([g.state.flags[..., 0] != 0 for g in self.groups])
+
+    def failures(self) -> dict[int, int]:
+        """Chains that broke down: ``chain index -> first step with a non-finite gradient``
+        (one host read)."""
+        first = torch.cat([g.state.flags[..., 0] for g in self.groups]).tolist()
+        return {k: int(s) for k, s in enumerate(first) if s != 0}
+
+    def check(self) -> None:
+        """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down."""
+        failed = self.failures()
+        if failed:
+            where = ", ".join(f"chain {k} (seed {self.seeds[k]}) at step {s}" for k, s in failed.items())
+            raise NonFiniteGradientError(
+                f"non-finite gradient in {where}; those chains are frozen, the others went on"
+            )
+
+    # ------------------------------------------------------------------ per-chain views
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (the same for every chain)."""
+        return self.groups[0].state.step
+
+    def stats(self) -> dict[str, Tensor]:
+        """The metric's statistics, stacked over all chains (``name -> (K, ...)``)."""
+        keys = self.groups[0].state.stats
+        return {key: torch.cat([g.state.stats[key] for g in self.groups]) for key in keys}
+
+    def module(self, chain: int) -> nn.Module:
+        """A standalone copy of chain ``chain``'s model (e.g. for a single-run evaluation)."""
+        if not 0 <= chain < self.num_chains:
+            raise IndexError(f"chain {chain} of {self.num_chains}")
+        module = copy.deepcopy(self.model)
+        tensors = {**self.params, **self.buffers}
+        module.load_state_dict(
+            {n: t[chain] for n, t in tensors.items() if n in module.state_dict()}, strict=True
+        )
+        return module
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to continue exactly: parameters, buffers and each group's sampler state."""
+        return {
+            "seeds": list(self.seeds),
+            "params": {n: p.clone() for n, p in self.params.items()},
+            "buffers": {n: b.clone() for n, b in self.buffers.items()},
+            "samplers": [g.state.state_dict() for g in self.groups],
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` in place; a dict of other chains is refused unchanged."""
+        if list(sd.get("seeds", [])) != self.seeds or len(sd["samplers"]) != len(self.groups):
+            raise ValueError("state dict is for other chains (seeds or α² groups differ)")
+        for kind in ("params", "buffers"):
+            mine = getattr(self, kind)
+            theirs = sd[kind]
+            if set(theirs) != set(mine) or any(
+                theirs[n].shape != t.shape or theirs[n].dtype != t.dtype for n, t in mine.items()
+            ):
+                raise ValueError(f"state dict: {kind} do not match these chains")
+        for g, s in zip(self.groups, sd["samplers"], strict=True):
+            g.state.validate_state_dict(s)
+        for kind in ("params", "buffers"):
+            for n, t in getattr(self, kind).items():
+                t.copy_(sd[kind][n])
+        for g, s in zip(self.groups, sd["samplers"], strict=True):
+            g.state.apply_state_dict(s)
+
+
+def chain_batches(
+    num_data: int,
+    batch_size: int,
+    generators: Sequence[torch.Generator],
+    device: torch.device | str | None = None,
+) -> Iterator[Tensor]:
+    """One epoch of minibatch indices per chain, shape ``(K, B)`` per step.
+
+    Chain k's order is ``torch.randperm(num_data, generator=generators[k])`` cut into batches
+    of ``batch_size`` (the last one smaller), as a single run draws it: its data order depends
+    on its own generator only. Index the training set with it: ``x_train[index]`` is
+    ``(K, B, ...)``.
+    """
+    if batch_size < 1 or num_data < 1:
+        raise ValueError(f"need num_data >= 1 and batch_size >= 1, got {num_data}, {batch_size}")
+    order = torch.stack([torch.randperm(num_data, generator=g) for g in generators])
+    order = order.to(device) if device is not None else order
+    for start in range(0, num_data, batch_size):
+        yield order[:, start : start + batch_size]
