@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
+from sgrld.chains import Chains
 from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
 from sgrld.core.noise import NoiseSource
 from sgrld.metrics import (
@@ -79,6 +80,7 @@ def build(
 
 __all__ = [
     "SGLD",
+    "Chains",
     "IdentityMetric",
     "Metric",
     "MongeMetric",

@@ -58,10 +58,10 @@ class _Bound(nn.Module):
     def __init__(self, model: nn.Module, fn: Callable[..., Tensor]) -> None:
         super().__init__()
         self.model = model
-        self.__dict__["fn"] = fn  # not registered even if it is a module: no tensors of its own
+        self._fn = [fn]  # in a list: never registered as a submodule, even if it is a module
 
     def forward(self, *args: Any) -> Tensor:
-        return self.fn(self.model, *args)
+        return self._fn[0](self.model, *args)
 
 
 def _check_seeds(seeds: Sequence[int]) -> list[int]:
@@ -112,7 +112,7 @@ class Chains:
         >>> import torch, sgrld
         >>> def make(seed):
         ...     return torch.nn.Linear(3, 2, dtype=torch.float64)
-        >>> sampler = sgrld.build("sgld", lr=1e-2, num_data=100, noise="philox")
+        >>> sampler = sgrld.build("identity", lr=1e-2, num_data=100, noise="philox")
         >>> chains = sgrld.Chains(make, sampler, seeds=[0, 1, 2, 3])
         >>> x = torch.randn(4, 8, 3, dtype=torch.float64)  # (K, B, ...): one batch per chain
         >>> y = torch.randint(0, 2, (4, 8))
@@ -148,7 +148,7 @@ class Chains:
             raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
         if device is not None:
             modules = [m.to(device) for m in modules]
-        params, buffers = stack_module_state(modules)  # type: ignore[arg-type]
+        params, buffers = stack_module_state(modules)
         self.params: dict[str, Tensor] = {n: p.detach() for n, p in params.items()}
         self.buffers: dict[str, Tensor] = {n: b.detach() for n, b in buffers.items()}
         if not self.params:
@@ -171,7 +171,9 @@ class Chains:
         if lr is not None:
             lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
         elif isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
-            lrs = torch.tensor(_per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device)
+            lrs = torch.tensor(
+                _per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device
+            )
         alphas: list[float | None] = [None] * k
         if alpha2 is not None:
             if not hasattr(sampler.metric, "alpha2"):
@@ -309,7 +311,9 @@ class Chains:
         """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down."""
         failed = self.failures()
         if failed:
-            where = ", ".join(f"chain {k} (seed {self.seeds[k]}) at step {s}" for k, s in failed.items())
+            where = ", ".join(
+                f"chain {k} (seed {self.seeds[k]}) at step {s}" for k, s in failed.items()
+            )
             raise NonFiniteGradientError(
                 f"non-finite gradient in {where}; those chains are frozen, the others went on"
             )
