@@ -179,12 +179,19 @@ def test_per_chain_lr_from_the_sampler_equals_single_runs(spec_: SamplerSpec) ->
 
 
 @pytest.mark.parametrize("model_name", ["mlp", "resnet20"])
-def test_a_broken_chain_is_frozen_and_reported_and_the_others_go_on(model_name: str) -> None:
+@pytest.mark.parametrize("sync_checks", [None, False], ids=["host-check", "deferred"])
+def test_a_broken_chain_is_frozen_and_reported_and_the_others_go_on(
+    model_name: str, sync_checks: bool | None
+) -> None:
+    """Chain 1 gets a NaN input at step 5. On CPU the default reads one sum per chain and steps
+    unchecked while all are finite; ``sync_checks=False`` takes the deferred path every step."""
     make, shape = MODELS[model_name]
     x, y = data(shape, steps=8)
     bad = x.clone()
     bad[1, 4, 0] = math.nan  # chain 1's 5th minibatch
-    sampler = sgrld.build("monge", lr=0.02, num_data=N, noise="philox", alpha2=1.0)
+    sampler = sgrld.build(
+        "monge", lr=0.02, num_data=N, noise="philox", alpha2=1.0, sync_checks=sync_checks
+    )
     chains = Chains(make, sampler, SEEDS)
     run_chains(chains, bad[:, :4], y[:, :4])
     frozen = {n: t[1].clone() for n, t in {**chains.params, **chains.buffers}.items()}
@@ -200,6 +207,19 @@ def test_a_broken_chain_is_frozen_and_reported_and_the_others_go_on(model_name: 
         assert_chain_is_single(chains, k, model, state)
     with pytest.raises(sgrld.NonFiniteGradientError, match=r"chain 1 \(seed 3\) at step 5"):
         chains.check()
+
+
+def test_sync_checks_raise_at_once_and_move_no_chain() -> None:
+    x, y = data((6,), steps=2)
+    x[2, 1, 0] = math.inf
+    sampler = sgrld.build("monge", lr=0.02, num_data=N, noise="philox", sync_checks=True)
+    chains = Chains(make_mlp, sampler, SEEDS, alpha2=[1.0, 1.0, 2.0, 3.0])  # three calls
+    chains.step(loss_fn, x[:, 0], y[:, 0])
+    before = {n: p.clone() for n, p in chains.params.items()}
+    with pytest.raises(sgrld.NonFiniteGradientError, match=r"chain 2 \(seed 1099511627783\)"):
+        chains.step(loss_fn, x[:, 1], y[:, 1])
+    assert all(torch.equal(p, before[n]) for n, p in chains.params.items())
+    assert chains.step_count == 1
 
 
 def test_chains_from_a_module_start_every_chain_there() -> None:

@@ -49,6 +49,7 @@ class _Group:
     stop: int
     sampler: Sampler
     state: SamplerState
+    unchecked: Sampler  # the same sampler without checks: CPU steps whose host check passed
 
 
 class _Bound(nn.Module):
@@ -91,14 +92,23 @@ class Chains:
             All chains must have the same structure; only chain 0's module is kept (as the
             template of the forward pass).
         sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``. Its ``lr`` may be a
-            float, a 0-d tensor or a ``(K,)`` tensor. With ``sync_checks=None`` (the default)
-            checks are deferred, so that a broken chain stops only itself.
+            float, a 0-d tensor or a ``(K,)`` tensor. Its checks of non-finite gradients: with
+            ``sync_checks=None`` (the default) a broken chain stops only itself (see *Checks*);
+            ``sync_checks=True`` raises at once and moves no chain; ``check_finite=False``: none.
         seeds: one seed per chain (int in [0, 2⁶³)): the chain's Philox key and the argument of
             ``model``.
         lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
         alpha2: α² per chain (a metric with an ``alpha2`` option, i.e. Monge). Each run of
             equal consecutive values is stepped by one sampler call.
         device: where the stacked tensors live (default: where ``model`` builds them).
+
+    **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
+    (parameters, statistics and buffers) and reported by :meth:`failures` and :meth:`check`,
+    while the others go on. On CUDA this is the engine's deferred check (device flags, no host
+    read). On CPU, where a host read is free, one sum per chain is read each step instead and
+    the step runs unchecked while every chain is finite (the deferred check's extra passes over
+    the K·D buffers cost up to a third of a CPU step); the first non-finite step and all after
+    it take the deferred path.
 
     Attributes:
         params: ``name -> (K, ...)`` stacked parameters (updated in place by :meth:`step`).
@@ -167,6 +177,8 @@ class Chains:
     ) -> list[_Group]:
         k = self.num_chains
         like = next(iter(self.params.values()))
+        self._host_checks = False  # see *Checks* in the class docstring
+        self._broken = False  # a chain broke down (host mode: every later step is checked)
         lrs: Tensor | None = None
         if lr is not None:
             lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
@@ -182,6 +194,7 @@ class Chains:
             alphas = list(_per_chain("alpha2", alpha2, k))
         if sampler.check_finite and sampler.sync_checks is None:
             sampler = dataclasses.replace(sampler, sync_checks=False)  # a bad chain stops alone
+            self._host_checks = like.device.type == "cpu"
         groups, start = [], 0
         for stop in range(1, k + 1):
             if stop < k and alphas[stop] == alphas[start]:
@@ -193,7 +206,8 @@ class Chains:
             s = dataclasses.replace(sampler, metric=metric, lr=lr_g)
             view = {n: p[start:stop] for n, p in self.params.items()}  # contiguous views
             state = s.init(view, num_chains=stop - start, seeds=self.seeds[start:stop])
-            groups.append(_Group(start, stop, s, state))
+            unchecked = dataclasses.replace(s, check_finite=False, sync_checks=None)
+            groups.append(_Group(start, stop, s, state, unchecked))
             start = stop
         return groups
 
@@ -263,9 +277,32 @@ class Chains:
     def apply(self, grads: Mapping[str, Tensor], *, adapt: bool = True) -> None:
         """One sampler step of every chain from stacked gradients (one call per α² group)."""
         with torch.no_grad():
+            if self.groups[0].sampler.sync_checks and not self._all_finite(grads):
+                self._refuse(grads)  # before any α² group moves
+            checked = not self._host_checks or self._broken or not self._all_finite(grads)
             for g in self.groups:
                 part = {n: grads[n][g.start : g.stop] for n in self.params}
-                g.sampler.step(g.state, part, adapt=adapt)
+                (g.sampler if checked else g.unchecked).step(g.state, part, adapt=adapt)
+            if self._host_checks and checked:
+                self._broken = bool(self._broken_mask().any())
+
+    def _refuse(self, grads: Mapping[str, Tensor]) -> None:
+        """Sync checks: raise naming the chains with a non-finite gradient (if the sums only
+        overflowed, return and let the step go on)."""
+        bad = [
+            k
+            for k in range(self.num_chains)
+            if not all(bool(torch.isfinite(g[k]).all()) for g in grads.values())
+        ]
+        if bad:
+            where = ", ".join(f"chain {k} (seed {self.seeds[k]})" for k in bad)
+            raise NonFiniteGradientError(f"non-finite gradient in {where}; no chain was moved")
+
+    def _all_finite(self, grads: Mapping[str, Tensor]) -> bool:
+        """One sum per tensor and chain, read on the host: finite iff every element is (a sum
+        that overflows only sends the step down the exact, deferred path)."""
+        sums = torch.stack([g.reshape(self.num_chains, -1).sum(1) for g in grads.values()])
+        return bool(torch.isfinite(sums).all())
 
     def step(
         self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None, adapt: bool = True
@@ -291,7 +328,8 @@ class Chains:
             g.sampler.refresh(g.state)
 
     def _snapshot_buffers(self) -> dict[str, Tensor]:
-        deferred = any(g.sampler.check_finite and not g.sampler.sync_checks for g in self.groups)
+        sampler = self.groups[0].sampler
+        deferred = sampler.check_finite and not sampler.sync_checks
         if not deferred or not self.model.training:
             return {}
         return {n: b.clone() for n, b in self.buffers.items()}
