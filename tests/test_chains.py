@@ -222,6 +222,36 @@ def test_sync_checks_raise_at_once_and_move_no_chain() -> None:
     assert chains.step_count == 1
 
 
+def test_a_broken_chain_stays_frozen_after_resume() -> None:
+    x, y = data((6,), steps=3)
+    x[1, 1, 0] = math.nan
+    sampler = sgrld.build("identity", lr=0.02, num_data=N, noise="philox")
+    chains = Chains(make_mlp, sampler, SEEDS)
+    run_chains(chains, x[:, :2], y[:, :2])
+    resumed = Chains(make_mlp, sampler, SEEDS)
+    resumed.load_state_dict(chains.state_dict())
+    frozen = {n: p[1].clone() for n, p in resumed.params.items()}
+    resumed.step(loss_fn, x[:, 2], y[:, 2])  # every gradient finite this step
+    assert resumed.failures() == {1: 2}
+    assert all(torch.equal(p[1], frozen[n]) for n, p in resumed.params.items())
+
+
+def test_noise_seeds_key_the_noise_and_seeds_the_initialisation() -> None:
+    x, y = data((6,), steps=3, k=2)
+    sampler = sgrld.build("rmsprop", lr=0.02, num_data=N, noise="philox")
+    chains = Chains(make_mlp, sampler, [5, 6], noise_seeds=[70, 80])
+    run_chains(chains, x, y)
+    for k, (seed, key) in enumerate(((5, 70), (6, 80))):
+        model = make_mlp(seed).train()
+        params = dict(model.named_parameters())
+        state = sampler.init(params, seeds=[key])
+        for t in range(3):
+            grads = torch.autograd.grad(loss_fn(model, x[k, t], y[k, t]), list(params.values()))
+            with torch.no_grad():
+                sampler.step(state, dict(zip(params, grads, strict=True)))
+        assert_chain_is_single(chains, k, model, state)
+
+
 def test_chains_from_a_module_start_every_chain_there() -> None:
     template = make_mlp(5)
     chains = Chains(template, sgrld.build("identity", lr=0.01, num_data=N, noise="philox"), [0, 1])

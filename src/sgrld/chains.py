@@ -100,6 +100,8 @@ class Chains:
         lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
         alpha2: α² per chain (a metric with an ``alpha2`` option, i.e. Monge). Each run of
             equal consecutive values is stepped by one sampler call.
+        noise_seeds: the chains' Philox seeds where they differ from ``seeds`` (e.g. a runner
+            that derives independent init and noise streams from one master seed).
         device: where the stacked tensors live (default: where ``model`` builds them).
 
     **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
@@ -139,6 +141,7 @@ class Chains:
         *,
         lr: Sequence[float] | Tensor | None = None,
         alpha2: Sequence[float] | None = None,
+        noise_seeds: Sequence[int] | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         if not isinstance(sampler, Sampler):
@@ -165,7 +168,12 @@ class Chains:
             raise ValueError("the model has no parameters")
         self.model = modules[0]  # template of the forward: its own tensors are not used
         del modules
-        self.groups = self._make_groups(sampler, lr, alpha2)
+        self._host_checks = False  # see *Checks* in the class docstring
+        self._broken = False  # a chain broke down (host mode: every later step is checked)
+        keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds)
+        if len(keys) != k:
+            raise ValueError(f"noise_seeds: {len(keys)} for {k} chains (give one per chain)")
+        self.groups = self._make_groups(sampler, lr, alpha2, keys)
 
     # ------------------------------------------------------------------ construction
 
@@ -174,11 +182,10 @@ class Chains:
         sampler: Sampler,
         lr: Sequence[float] | Tensor | None,
         alpha2: Sequence[float] | None,
+        keys: list[int],
     ) -> list[_Group]:
         k = self.num_chains
         like = next(iter(self.params.values()))
-        self._host_checks = False  # see *Checks* in the class docstring
-        self._broken = False  # a chain broke down (host mode: every later step is checked)
         lrs: Tensor | None = None
         if lr is not None:
             lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
@@ -205,7 +212,7 @@ class Chains:
             lr_g = sampler.lr if lrs is None else lrs[start:stop].clone()
             s = dataclasses.replace(sampler, metric=metric, lr=lr_g)
             view = {n: p[start:stop] for n, p in self.params.items()}  # contiguous views
-            state = s.init(view, num_chains=stop - start, seeds=self.seeds[start:stop])
+            state = s.init(view, num_chains=stop - start, seeds=keys[start:stop])
             unchecked = dataclasses.replace(s, check_finite=False, sync_checks=None)
             groups.append(_Group(start, stop, s, state, unchecked))
             start = stop
@@ -408,6 +415,7 @@ class Chains:
                 t.copy_(sd[kind][n])
         for g, s in zip(self.groups, sd["samplers"], strict=True):
             g.state.apply_state_dict(s)
+        self._broken = bool(self._broken_mask().any())  # frozen chains stay frozen
 
 
 def chain_batches(
