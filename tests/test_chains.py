@@ -147,6 +147,24 @@ def test_narrow_resnet20_batchnorm_buffers_follow_each_chain() -> None:
     assert all(torch.equal(b, before[n]) for n, b in chains.buffers.items())
 
 
+@pytest.mark.parametrize("chain_batch", [1, 3])
+def test_chain_batch_splits_the_calls_and_changes_no_chain(chain_batch: int) -> None:
+    """Chains in groups of ``chain_batch`` (ResNet-20: BatchNorm buffers through the slices)."""
+    x, y = data((2, 6, 6), steps=6)
+    sampler = sgrld.build("monge", lr=0.01, num_data=N, noise="philox", alpha2=1.0)
+    chains = Chains(make_resnet, sampler, SEEDS, chain_batch=chain_batch)
+    assert [g.stop - g.start for g in chains.groups] == ([1] * 4 if chain_batch == 1 else [3, 1])
+    run_chains(chains, x, y)
+    for k, seed in enumerate(SEEDS):
+        model, state = single_run(make_resnet, sampler, seed, x[k], y[k])
+        assert_chain_is_single(chains, k, model, state)
+    chains.eval()
+    out = chains(x[:, 0])
+    torch.testing.assert_close(out[3], model.eval()(x[3, 0]), rtol=1e-12, atol=1e-14)
+    losses, grads = chains.grads(loss_fn, x[:, 0], y[:, 0])
+    assert losses.shape == (4,) and grads["net.head.2.weight"].shape == (4, 3, 4)
+
+
 def test_per_chain_lr_and_alpha2_equal_single_runs_with_those_values() -> None:
     """ℓ and α² per chain; α² in three runs (2, 1, 1 chains: non-adjacent equal values too)."""
     lrs, alphas = [0.01, 0.03, 0.02, 0.04], [0.5, 0.5, 2.0, 0.5]
@@ -180,8 +198,9 @@ def test_per_chain_lr_from_the_sampler_equals_single_runs(spec_: SamplerSpec) ->
 
 @pytest.mark.parametrize("model_name", ["mlp", "resnet20"])
 @pytest.mark.parametrize("sync_checks", [None, False], ids=["host-check", "deferred"])
+@pytest.mark.parametrize("chain_batch", [None, 2])
 def test_a_broken_chain_is_frozen_and_reported_and_the_others_go_on(
-    model_name: str, sync_checks: bool | None
+    model_name: str, sync_checks: bool | None, chain_batch: int | None
 ) -> None:
     """Chain 1 gets a NaN input at step 5. On CPU the default reads one sum per chain and steps
     unchecked while all are finite; ``sync_checks=False`` takes the deferred path every step."""
@@ -192,7 +211,7 @@ def test_a_broken_chain_is_frozen_and_reported_and_the_others_go_on(
     sampler = sgrld.build(
         "monge", lr=0.02, num_data=N, noise="philox", alpha2=1.0, sync_checks=sync_checks
     )
-    chains = Chains(make, sampler, SEEDS)
+    chains = Chains(make, sampler, SEEDS, chain_batch=chain_batch)
     run_chains(chains, bad[:, :4], y[:, :4])
     frozen = {n: t[1].clone() for n, t in {**chains.params, **chains.buffers}.items()}
     frozen_stats = {n: v[1].clone() for n, v in chains.stats().items()}
@@ -347,6 +366,10 @@ def test_bad_arguments_are_refused_clearly() -> None:
         Chains(make_mlp, philox, [])
     with pytest.raises(ValueError, match="invalid seed"):
         Chains(make_mlp, philox, [0, -1])
+    with pytest.raises(ValueError, match="invalid chain_batch"):
+        Chains(make_mlp, philox, [0, 1], chain_batch=0)
+    with pytest.raises(ValueError, match="noise_seeds: 1 for 2"):
+        Chains(make_mlp, philox, [0, 1], noise_seeds=[3])
 
 
 def test_readme_example_runs() -> None:

@@ -50,6 +50,7 @@ class _Group:
     sampler: Sampler
     state: SamplerState
     unchecked: Sampler  # the same sampler without checks: CPU steps whose host check passed
+    broken: bool = False  # host-check mode: a chain of the group broke down (checked from then)
 
 
 class _Bound(nn.Module):
@@ -102,6 +103,9 @@ class Chains:
             equal consecutive values is stepped by one sampler call.
         noise_seeds: the chains' Philox seeds where they differ from ``seeds`` (e.g. a runner
             that derives independent init and noise streams from one master seed).
+        chain_batch: at most this many chains per vmapped forward/backward and sampler call
+            (default: all). On CPU a few chains at a time keep the working set in cache: with
+            2.4M parameters per chain, stacking 10 costs ~1.9x per chain (``benchmarks/chains.py``).
         device: where the stacked tensors live (default: where ``model`` builds them).
 
     **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
@@ -142,6 +146,7 @@ class Chains:
         lr: Sequence[float] | Tensor | None = None,
         alpha2: Sequence[float] | None = None,
         noise_seeds: Sequence[int] | None = None,
+        chain_batch: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
         if not isinstance(sampler, Sampler):
@@ -169,10 +174,14 @@ class Chains:
         self.model = modules[0]  # template of the forward: its own tensors are not used
         del modules
         self._host_checks = False  # see *Checks* in the class docstring
-        self._broken = False  # a chain broke down (host mode: every later step is checked)
         keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds)
         if len(keys) != k:
             raise ValueError(f"noise_seeds: {len(keys)} for {k} chains (give one per chain)")
+        if chain_batch is not None and (
+            isinstance(chain_batch, bool) or not isinstance(chain_batch, int) or chain_batch < 1
+        ):
+            raise ValueError(f"invalid chain_batch: {chain_batch!r} (expected an int >= 1)")
+        self.chain_batch = chain_batch or k
         self.groups = self._make_groups(sampler, lr, alpha2, keys)
 
     # ------------------------------------------------------------------ construction
@@ -204,7 +213,7 @@ class Chains:
             self._host_checks = like.device.type == "cpu"
         groups, start = [], 0
         for stop in range(1, k + 1):
-            if stop < k and alphas[stop] == alphas[start]:
+            if stop < k and alphas[stop] == alphas[start] and stop - start < self.chain_batch:
                 continue
             metric = sampler.metric
             if alphas[start] is not None:
@@ -229,24 +238,34 @@ class Chains:
         """Eval mode (BatchNorm: each chain's running statistics)."""
         return self.train(False)
 
-    def map(
-        self,
-        fn: Callable[..., Tensor],
-        *args: Tensor,
-        shared: bool = False,
-        params: Mapping[str, Tensor] | None = None,
-    ) -> Tensor:
-        """``fn(model_k, *args_k)`` for every chain k at once, stacked on a leading K dim.
+    def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor:
+        """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim.
 
         Args:
             fn: a function of the model (with chain k's parameters and buffers) and the inputs.
             args: tensors with a leading chain dim ``(K, ...)``, or shared by every chain
                 (``shared=True``, e.g. a test set).
-            params: stacked parameters to use instead of :attr:`params` (for gradients).
         """
+        outs = []
+        for g in self.groups:  # one vmapped call per group (chain_batch bounds the working set)
+            part = slice(g.start, g.stop)
+            params = {n: p[part] for n, p in self.params.items()}
+            inputs = args if shared else tuple(a[part] for a in args)
+            outs.append(self._vmap(fn, params, part, inputs, shared))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _vmap(
+        self,
+        fn: Callable[..., Tensor],
+        params: Mapping[str, Tensor],
+        part: slice,
+        args: tuple[Tensor, ...],
+        shared: bool,
+    ) -> Tensor:
         bound = _Bound(self.model, fn)
-        tensors = {f"model.{n}": p for n, p in (params or self.params).items()}
-        buffers = {f"model.{n}": b for n, b in self.buffers.items()}
+        tensors = {f"model.{n}": p for n, p in params.items()}
+        # views: BatchNorm's in-place running-statistics updates land in the stacked buffers
+        buffers = {f"model.{n}": b[part] for n, b in self.buffers.items()}
 
         def one(p: dict[str, Tensor], b: dict[str, Tensor], *a: Tensor) -> Tensor:
             return functional_call(bound, (p, b), a, strict=True)
@@ -260,6 +279,23 @@ class Chains:
         """Every chain's forward pass: ``x`` is ``(K, B, ...)`` (or ``(B, ...)`` if shared)."""
         return self.map(lambda m, v: m(v), x, shared=shared)
 
+    def _group_grads(
+        self, g: _Group, loss_fn: LossFn, args: tuple[Tensor, ...], grad_clip: float | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        part = slice(g.start, g.stop)
+        leaves = {n: p[part].detach().requires_grad_() for n, p in self.params.items()}
+        with torch.enable_grad():
+            losses = self._vmap(loss_fn, leaves, part, tuple(a[part] for a in args), False)
+            if losses.shape != (g.stop - g.start,):
+                raise ValueError(f"loss_fn must return a 0-d tensor, got {tuple(losses.shape[1:])}")
+            # the chains share no parameter: the sum's gradient is each chain's own gradient
+            found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        grads = {}
+        for (name, p), grad in zip(leaves.items(), found, strict=True):
+            grad = torch.zeros_like(p) if grad is None else grad
+            grads[name] = grad.clamp_(-grad_clip, grad_clip) if grad_clip is not None else grad
+        return losses.detach(), grads
+
     def grads(
         self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -269,46 +305,51 @@ class Chains:
         ``lambda m, x, y: potential(m, x, y, n)``); ``grad_clip`` clamps every gradient element
         to ±``grad_clip`` (as the experiment runner does).
         """
-        leaves = {n: p.detach().requires_grad_() for n, p in self.params.items()}
-        with torch.enable_grad():
-            losses = self.map(loss_fn, *args, params=leaves)
-            if losses.shape != (self.num_chains,):
-                raise ValueError(f"loss_fn must return a 0-d tensor, got {tuple(losses.shape[1:])}")
-            found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
-        grads = {}
-        for (name, p), g in zip(leaves.items(), found, strict=True):
-            g = torch.zeros_like(p) if g is None else g
-            grads[name] = g.clamp_(-grad_clip, grad_clip) if grad_clip is not None else g
-        return losses.detach(), grads
+        parts = [self._group_grads(g, loss_fn, args, grad_clip) for g in self.groups]
+        if len(parts) == 1:
+            return parts[0]
+        losses = torch.cat([loss for loss, _ in parts])
+        return losses, {n: torch.cat([gr[n] for _, gr in parts]) for n in self.params}
 
     def apply(self, grads: Mapping[str, Tensor], *, adapt: bool = True) -> None:
-        """One sampler step of every chain from stacked gradients (one call per α² group)."""
-        with torch.no_grad():
-            if self.groups[0].sampler.sync_checks and not self._all_finite(grads):
-                self._refuse(grads)  # before any α² group moves
-            checked = not self._host_checks or self._broken or not self._all_finite(grads)
-            for g in self.groups:
-                part = {n: grads[n][g.start : g.stop] for n in self.params}
-                (g.sampler if checked else g.unchecked).step(g.state, part, adapt=adapt)
-            if self._host_checks and checked:
-                self._broken = bool(self._broken_mask().any())
+        """One sampler step of every chain from stacked gradients (one call per group)."""
+        parts = [{n: grads[n][g.start : g.stop] for n in self.params} for g in self.groups]
+        self._apply(parts, adapt)
 
-    def _refuse(self, grads: Mapping[str, Tensor]) -> None:
-        """Sync checks: raise naming the chains with a non-finite gradient (if the sums only
-        overflowed, return and let the step go on)."""
+    def _apply(self, parts: list[dict[str, Tensor]], adapt: bool) -> None:
+        with torch.no_grad():
+            if self.groups[0].sampler.sync_checks:
+                for g, part in zip(self.groups, parts, strict=True):
+                    self._refuse(g, part)  # before any group moves
+            for g, part in zip(self.groups, parts, strict=True):
+                self._apply_group(g, part, adapt)
+
+    def _apply_group(self, g: _Group, grads: dict[str, Tensor], adapt: bool) -> None:
+        with torch.no_grad():
+            checked = not self._host_checks or g.broken or not self._all_finite(grads)
+            (g.sampler if checked else g.unchecked).step(g.state, grads, adapt=adapt)
+            if self._host_checks and checked:
+                g.broken = bool((g.state.flags[..., 0] != 0).any())
+
+    def _refuse(self, g: _Group, grads: Mapping[str, Tensor]) -> None:
+        """Sync checks: raise naming the chains with a non-finite gradient (one sum per chain
+        first; where it only overflowed, nothing is raised)."""
+        if self._all_finite(grads):
+            return
         bad = [
-            k
-            for k in range(self.num_chains)
-            if not all(bool(torch.isfinite(g[k]).all()) for g in grads.values())
+            g.start + i
+            for i in range(g.stop - g.start)
+            if not all(bool(torch.isfinite(t[i]).all()) for t in grads.values())
         ]
         if bad:
             where = ", ".join(f"chain {k} (seed {self.seeds[k]})" for k in bad)
             raise NonFiniteGradientError(f"non-finite gradient in {where}; no chain was moved")
 
-    def _all_finite(self, grads: Mapping[str, Tensor]) -> bool:
+    @staticmethod
+    def _all_finite(grads: Mapping[str, Tensor]) -> bool:
         """One sum per tensor and chain, read on the host: finite iff every element is (a sum
         that overflows only sends the step down the exact, deferred path)."""
-        sums = torch.stack([g.reshape(self.num_chains, -1).sum(1) for g in grads.values()])
+        sums = torch.stack([t.reshape(t.shape[0], -1).sum(1) for t in grads.values()])
         return bool(torch.isfinite(sums).all())
 
     def step(
@@ -316,18 +357,28 @@ class Chains:
     ) -> Tensor:
         """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`); the losses.
 
-        A chain whose gradient is non-finite is frozen from then on, its buffers included (no
-        host read: see :meth:`failures`).
+        Group by group (forward, backward, sampler call), so that with ``chain_batch`` the
+        working set stays that of a few chains. A chain whose gradient is non-finite is frozen
+        from then on, its buffers included (see :meth:`failures`).
         """
         saved = self._snapshot_buffers()
-        losses, grads = self.grads(loss_fn, *args, grad_clip=grad_clip)
-        self.apply(grads, adapt=adapt)
+        sync = bool(self.groups[0].sampler.sync_checks)
+        losses, pending = [], []
+        for g in self.groups:
+            loss, grads = self._group_grads(g, loss_fn, args, grad_clip)
+            losses.append(loss)
+            if sync:  # all gradients first: a bad one anywhere moves no chain
+                pending.append(grads)
+            else:
+                self._apply_group(g, grads, adapt)
+        if sync:
+            self._apply(pending, adapt)
         if saved:
             frozen = self._broken_mask()
             for n, b in self.buffers.items():
                 keep = frozen.reshape(-1, *([1] * (b.dim() - 1)))
                 b.copy_(torch.where(keep, saved[n], b))
-        return losses
+        return losses[0] if len(losses) == 1 else torch.cat(losses)
 
     def refresh(self) -> None:
         """Recompute the explicitly scheduled part of the metric (Wenzel: at each epoch end)."""
@@ -415,7 +466,8 @@ class Chains:
                 t.copy_(sd[kind][n])
         for g, s in zip(self.groups, sd["samplers"], strict=True):
             g.state.apply_state_dict(s)
-        self._broken = bool(self._broken_mask().any())  # frozen chains stay frozen
+        for g in self.groups:  # frozen chains stay frozen
+            g.broken = bool((g.state.flags[..., 0] != 0).any())
 
 
 def chain_batches(
