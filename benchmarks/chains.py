@@ -9,7 +9,8 @@ plain single chain (target on a GPU: ≥ 8× at K = 10, ≥ 40× at K = 100; Res
 K = 10) and the per-chain cost relative to it (CPU target: ≤ 1 at K = 4).
 
     .venv/bin/python benchmarks/chains.py [--device cpu|cuda] [--threads 2] [--ks 1,2,4,10]
-        [--widths 400,1200] [--resnet] [--samplers identity,monge] [--rounds 5] [--steps 10]
+        [--widths 400,1200] [--resnet] [--samplers identity,monge] [--chain-batch 2]
+        [--rounds 5] [--steps 10]
 """
 
 from __future__ import annotations
@@ -68,9 +69,15 @@ class Many:
     """K chains in one ``Chains``."""
 
     def __init__(
-        self, make: Callable[[int], nn.Module], sampler: sgrld.Sampler, x: Tensor, y: Tensor
+        self,
+        make: Callable[[int], nn.Module],
+        sampler: sgrld.Sampler,
+        x: Tensor,
+        y: Tensor,
+        chain_batch: int | None = None,
     ):
-        self.chains = sgrld.Chains(make, sampler, list(range(x.shape[0])))
+        seeds = list(range(x.shape[0]))
+        self.chains = sgrld.Chains(make, sampler, seeds, chain_batch=chain_batch)
         self.x, self.y = x, y
 
     def step(self) -> None:
@@ -85,6 +92,7 @@ def bench(
     device: torch.device,
     rounds: int,
     steps: int,
+    chain_batch: int | None = None,
 ) -> list[tuple[str, int, float]]:
     """Median seconds per step of the plain single run and of each K (interleaved rounds)."""
     sampler = sgrld.build(sampler_name, num_data=NUM_DATA, noise="philox", **SAMPLERS[sampler_name])
@@ -94,7 +102,7 @@ def bench(
     y = torch.randint(0, 10, (kmax, BATCH), generator=gen).to(device)
     runs: dict[tuple[str, int], Any] = {("plain", 1): Plain(make, sampler, x, y)}
     for k in ks:
-        runs[("chains", k)] = Many(make, sampler, x[:k], y[:k])
+        runs[("chains", k)] = Many(make, sampler, x[:k], y[:k], chain_batch)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in runs}
     for run in runs.values():  # warm-up: compile the noise kernel, allocate the work buffers
         run.step()
@@ -130,6 +138,7 @@ def main() -> None:
     )
     parser.add_argument("--resnet", action="store_true", help="also ResNet-20 (CIFAR-10 shapes)")
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help="comma list")
+    parser.add_argument("--chain-batch", type=int, default=None, help="Chains(chain_batch=)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="steps per round")
     args = parser.parse_args()
@@ -151,10 +160,13 @@ def main() -> None:
             return build_model("resnet20", generator=gen).to(device)
 
         models.append(("ResNet-20", make_resnet, (3, 32, 32)))
-    print(f"device {device}, threads {args.threads}, batch {BATCH} per chain, float32, philox")
+    print(
+        f"device {device}, threads {args.threads}, batch {BATCH} per chain, float32, philox, "
+        f"chain_batch {args.chain_batch or 'K'}"
+    )
     for title, make, shape in models:
         for name in args.samplers.split(","):
-            rows = bench(make, shape, name, ks, device, args.rounds, args.steps)
+            rows = bench(make, shape, name, ks, device, args.rounds, args.steps, args.chain_batch)
             report(f"{title}, {name}", rows)
 
 
