@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from sgrld.chains import Chains
     from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
     from sgrld.core.noise import NoiseSource
     from sgrld.metrics import (
@@ -66,6 +67,7 @@ _LAZY = {
     ),
     **dict.fromkeys(("SampleStore", "log_density", "posterior_predictive"), "sgrld.samples"),
     "CyclicalLR": "sgrld.schedules",
+    "Chains": "sgrld.chains",
 }
 
 
@@ -127,6 +129,7 @@ def build(
 
 __all__ = [
     "SGLD",
+    "Chains",
     "CyclicalLR",
     "IdentityMetric",
     "Metric",

@@ -1,0 +1,491 @@
+"""K chains of any ``nn.Module`` in one process, each the single run of its own seed.
+
+:class:`Chains` stacks the parameters and buffers of K copies of a model
+(``torch.func.stack_module_state``), runs the forward pass of all of them at once
+(``functional_call`` under ``torch.vmap``) and advances every chain with one sampler call on state
+shaped ``(K, ...)``. What makes chain k of a K-chain run *the* single run of seed s_k, whatever K
+and its position:
+
+* **initialisation**: chain k is ``model(s_k)``, a factory called with the chain's seed;
+* **noise**: per-chain Philox keys from the seeds (``noise="philox"``, :mod:`sgrld.core.noise`);
+* **minibatches**: each chain its own inputs (``(K, B, ...)``), e.g. from :func:`chain_batches`
+  with one data-order generator per chain;
+* **BatchNorm**: the running statistics are stacked buffers, updated per chain in ``train()``;
+* **hyper-parameters**: ℓ and α² per chain. The metric holds α² as a float, so chains are
+  grouped into runs of equal α² (one sampler call per run: put equal values next to each other);
+* **failure**: checks are deferred (device flags), a chain whose gradient is non-finite is frozen
+  (parameters, statistics and buffers) and reported by :meth:`Chains.failures`; the others go on.
+
+The gradient is one backward pass of the sum of the per-chain losses: the losses share no
+parameters, so each chain receives exactly its own gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, stack_module_state
+
+from sgrld.core.engine import NonFiniteGradientError
+from sgrld.core.sampler import Sampler
+from sgrld.core.state import SamplerState
+
+__all__ = ["Chains", "chain_batches"]
+
+ModelFactory = Callable[[int], nn.Module]
+LossFn = Callable[..., Tensor]
+
+
+@dataclasses.dataclass
+class _Group:
+    """A run of chains ``[start, stop)`` that share one metric: one sampler call per step."""
+
+    start: int
+    stop: int
+    sampler: Sampler
+    state: SamplerState
+    unchecked: Sampler  # the same sampler without checks: CPU steps whose host check passed
+    broken: bool = False  # host-check mode: a chain of the group broke down (checked from then)
+
+
+class _Bound(nn.Module):
+    """Calls ``fn(model, *args)`` so that ``functional_call`` substitutes the model's tensors
+    for any function of the model, not only its forward (e.g. a potential with a log-prior)."""
+
+    def __init__(self, model: nn.Module, fn: Callable[..., Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self._fn = [fn]  # in a list: never registered as a submodule, even if it is a module
+
+    def forward(self, *args: Any) -> Tensor:
+        return self._fn[0](self.model, *args)
+
+
+def _check_seeds(seeds: Sequence[int]) -> list[int]:
+    out = list(seeds)
+    if not out:
+        raise ValueError("seeds is empty: give one seed per chain")
+    for s in out:
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
+            raise ValueError(f"invalid seed: {s!r} (expected an int in [0, 2**63))")
+    return out
+
+
+def _per_chain(name: str, values: Sequence[float] | Tensor, k: int) -> list[float]:
+    out = [float(v) for v in (values.tolist() if isinstance(values, Tensor) else values)]
+    if len(out) != k:
+        raise ValueError(f"{name}: {len(out)} values for {k} chains (give one per chain)")
+    return out
+
+
+class Chains:
+    """K chains of a model sampled together; chain k is the single run with seed ``seeds[k]``.
+
+    Args:
+        model: a factory ``seed -> nn.Module`` that builds and initialises chain k's model from
+            its seed (e.g. ``lambda s: build_model("fc", generator=torch.Generator()
+            .manual_seed(s))``), or a module whose copies start every chain at the same point.
+            All chains must have the same structure; only chain 0's module is kept (as the
+            template of the forward pass).
+        sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``. Its ``lr`` may be a
+            float, a 0-d tensor or a ``(K,)`` tensor. Its checks of non-finite gradients: with
+            ``sync_checks=None`` (the default) a broken chain stops only itself (see *Checks*);
+            ``sync_checks=True`` raises at once and moves no chain; ``check_finite=False``: none.
+        seeds: one seed per chain (int in [0, 2⁶³)): the chain's Philox key and the argument of
+            ``model``.
+        lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
+        alpha2: α² per chain (a metric with an ``alpha2`` option, i.e. Monge). Each run of
+            equal consecutive values is stepped by one sampler call.
+        noise_seeds: the chains' Philox seeds where they differ from ``seeds`` (e.g. a runner
+            that derives independent init and noise streams from one master seed).
+        chain_batch: at most this many chains per vmapped forward/backward and sampler call
+            (default: all). On CPU a few chains at a time keep the working set in cache: with
+            2.4M parameters per chain, stacking 10 costs ~1.9x per chain (``benchmarks/chains.py``).
+        device: where the stacked tensors live (default: where ``model`` builds them).
+
+    **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
+    (parameters, statistics and buffers) and reported by :meth:`failures` and :meth:`check`,
+    while the others go on. On CUDA this is the engine's deferred check (device flags, no host
+    read). On CPU, where a host read is free, one sum per chain is read each step instead and
+    the step runs unchecked while every chain is finite (the deferred check's extra passes over
+    the K·D buffers cost up to a third of a CPU step); the first non-finite step and all after
+    it take the deferred path.
+
+    Attributes:
+        params: ``name -> (K, ...)`` stacked parameters (updated in place by :meth:`step`).
+        buffers: ``name -> (K, ...)`` stacked buffers (BatchNorm running statistics, ...).
+        seeds: the chains' seeds.
+
+    References:
+        The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`.
+
+    Example:
+        >>> import torch, sgrld
+        >>> def make(seed):
+        ...     return torch.nn.Linear(3, 2, dtype=torch.float64)
+        >>> sampler = sgrld.build("identity", lr=1e-2, num_data=100, noise="philox")
+        >>> chains = sgrld.Chains(make, sampler, seeds=[0, 1, 2, 3])
+        >>> x = torch.randn(4, 8, 3, dtype=torch.float64)  # (K, B, ...): one batch per chain
+        >>> y = torch.randint(0, 2, (4, 8))
+        >>> ce = lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y)
+        >>> chains.step(ce, x, y).shape  # one loss per chain
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | ModelFactory,
+        sampler: Sampler,
+        seeds: Sequence[int],
+        *,
+        lr: Sequence[float] | Tensor | None = None,
+        alpha2: Sequence[float] | None = None,
+        noise_seeds: Sequence[int] | None = None,
+        chain_batch: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be a sgrld.Sampler, got {type(sampler).__name__}")
+        if sampler.noise != "philox":
+            raise ValueError(
+                "Chains needs noise='philox' (sgrld.build(..., noise='philox')): with torch's "
+                "generator all chains share one stream and chain k's noise depends on K"
+            )
+        self.seeds = _check_seeds(seeds)
+        k = self.num_chains = len(self.seeds)
+        if isinstance(model, nn.Module):
+            modules = [copy.deepcopy(model) for _ in range(k)]
+        elif callable(model):
+            modules = [model(s) for s in self.seeds]
+        else:
+            raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
+        if device is not None:
+            modules = [m.to(device) for m in modules]
+        params, buffers = stack_module_state(modules)
+        self.params: dict[str, Tensor] = {n: p.detach() for n, p in params.items()}
+        self.buffers: dict[str, Tensor] = {n: b.detach() for n, b in buffers.items()}
+        if not self.params:
+            raise ValueError("the model has no parameters")
+        self.model = modules[0]  # template of the forward: its own tensors are not used
+        del modules
+        self._host_checks = False  # see *Checks* in the class docstring
+        keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds)
+        if len(keys) != k:
+            raise ValueError(f"noise_seeds: {len(keys)} for {k} chains (give one per chain)")
+        if chain_batch is not None and (
+            isinstance(chain_batch, bool) or not isinstance(chain_batch, int) or chain_batch < 1
+        ):
+            raise ValueError(f"invalid chain_batch: {chain_batch!r} (expected an int >= 1)")
+        self.chain_batch = chain_batch or k
+        self.groups = self._make_groups(sampler, lr, alpha2, keys)
+
+    # ------------------------------------------------------------------ construction
+
+    def _make_groups(
+        self,
+        sampler: Sampler,
+        lr: Sequence[float] | Tensor | None,
+        alpha2: Sequence[float] | None,
+        keys: list[int],
+    ) -> list[_Group]:
+        k = self.num_chains
+        like = next(iter(self.params.values()))
+        lrs: Tensor | None = None
+        if lr is not None:
+            lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
+        elif isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
+            lrs = torch.tensor(
+                _per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device
+            )
+        alphas: list[float | None] = [None] * k
+        if alpha2 is not None:
+            if not hasattr(sampler.metric, "alpha2"):
+                name = type(sampler.metric).__name__
+                raise ValueError(f"alpha2 per chain needs a metric with alpha2 (Monge), not {name}")
+            alphas = list(_per_chain("alpha2", alpha2, k))
+        if sampler.check_finite and sampler.sync_checks is None:
+            sampler = dataclasses.replace(sampler, sync_checks=False)  # a bad chain stops alone
+            self._host_checks = like.device.type == "cpu"
+        groups, start = [], 0
+        for stop in range(1, k + 1):
+            if stop < k and alphas[stop] == alphas[start] and stop - start < self.chain_batch:
+                continue
+            metric = sampler.metric
+            if alphas[start] is not None:
+                metric = dataclasses.replace(metric, alpha2=alphas[start])  # type: ignore[type-var]
+            lr_g = sampler.lr if lrs is None else lrs[start:stop].clone()
+            s = dataclasses.replace(sampler, metric=metric, lr=lr_g)
+            view = {n: p[start:stop] for n, p in self.params.items()}  # contiguous views
+            state = s.init(view, num_chains=stop - start, seeds=keys[start:stop])
+            unchecked = dataclasses.replace(s, check_finite=False, sync_checks=None)
+            groups.append(_Group(start, stop, s, state, unchecked))
+            start = stop
+        return groups
+
+    # ------------------------------------------------------------------ forward and gradients
+
+    def train(self, mode: bool = True) -> Chains:
+        """Train mode (BatchNorm: batch statistics, running statistics updated per chain)."""
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> Chains:
+        """Eval mode (BatchNorm: each chain's running statistics)."""
+        return self.train(False)
+
+    def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor:
+        """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim.
+
+        Args:
+            fn: a function of the model (with chain k's parameters and buffers) and the inputs.
+            args: tensors with a leading chain dim ``(K, ...)``, or shared by every chain
+                (``shared=True``, e.g. a test set).
+        """
+        outs = []
+        for g in self.groups:  # one vmapped call per group (chain_batch bounds the working set)
+            part = slice(g.start, g.stop)
+            params = {n: p[part] for n, p in self.params.items()}
+            inputs = args if shared else tuple(a[part] for a in args)
+            outs.append(self._vmap(fn, params, part, inputs, shared))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _vmap(
+        self,
+        fn: Callable[..., Tensor],
+        params: Mapping[str, Tensor],
+        part: slice,
+        args: tuple[Tensor, ...],
+        shared: bool,
+    ) -> Tensor:
+        bound = _Bound(self.model, fn)
+        tensors = {f"model.{n}": p for n, p in params.items()}
+        # views: BatchNorm's in-place running-statistics updates land in the stacked buffers
+        buffers = {f"model.{n}": b[part] for n, b in self.buffers.items()}
+
+        def one(p: dict[str, Tensor], b: dict[str, Tensor], *a: Tensor) -> Tensor:
+            return functional_call(bound, (p, b), a, strict=True)
+
+        in_dims = (0, 0, *([None if shared else 0] * len(args)))
+        # "different": a random layer (dropout) draws independently per chain (from torch's
+        # global generator, so such a model is not keyed by the chains' seeds)
+        return torch.vmap(one, in_dims=in_dims, randomness="different")(tensors, buffers, *args)
+
+    def __call__(self, x: Tensor, *, shared: bool = False) -> Tensor:
+        """Every chain's forward pass: ``x`` is ``(K, B, ...)`` (or ``(B, ...)`` if shared)."""
+        return self.map(lambda m, v: m(v), x, shared=shared)
+
+    def _group_grads(
+        self, g: _Group, loss_fn: LossFn, args: tuple[Tensor, ...], grad_clip: float | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        part = slice(g.start, g.stop)
+        leaves = {n: p[part].detach().requires_grad_() for n, p in self.params.items()}
+        with torch.enable_grad():
+            losses = self._vmap(loss_fn, leaves, part, tuple(a[part] for a in args), False)
+            if losses.shape != (g.stop - g.start,):
+                raise ValueError(f"loss_fn must return a 0-d tensor, got {tuple(losses.shape[1:])}")
+            # the chains share no parameter: the sum's gradient is each chain's own gradient
+            found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
+        grads = {}
+        for (name, p), grad in zip(leaves.items(), found, strict=True):
+            grad = torch.zeros_like(p) if grad is None else grad
+            grads[name] = grad.clamp_(-grad_clip, grad_clip) if grad_clip is not None else grad
+        return losses.detach(), grads
+
+    def grads(
+        self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-chain losses ``(K,)`` and their gradients ``name -> (K, ...)``.
+
+        ``loss_fn(model, *args_k)`` is chain k's per-datum potential (e.g.
+        ``lambda m, x, y: potential(m, x, y, n)``); ``grad_clip`` clamps every gradient element
+        to ±``grad_clip`` (as the experiment runner does).
+        """
+        parts = [self._group_grads(g, loss_fn, args, grad_clip) for g in self.groups]
+        if len(parts) == 1:
+            return parts[0]
+        losses = torch.cat([loss for loss, _ in parts])
+        return losses, {n: torch.cat([gr[n] for _, gr in parts]) for n in self.params}
+
+    def apply(self, grads: Mapping[str, Tensor], *, adapt: bool = True) -> None:
+        """One sampler step of every chain from stacked gradients (one call per group)."""
+        parts = [{n: grads[n][g.start : g.stop] for n in self.params} for g in self.groups]
+        self._apply(parts, adapt)
+
+    def _apply(self, parts: list[dict[str, Tensor]], adapt: bool) -> None:
+        with torch.no_grad():
+            if self.groups[0].sampler.sync_checks:
+                for g, part in zip(self.groups, parts, strict=True):
+                    self._refuse(g, part)  # before any group moves
+            for g, part in zip(self.groups, parts, strict=True):
+                self._apply_group(g, part, adapt)
+
+    def _apply_group(self, g: _Group, grads: dict[str, Tensor], adapt: bool) -> None:
+        with torch.no_grad():
+            checked = not self._host_checks or g.broken or not self._all_finite(grads)
+            (g.sampler if checked else g.unchecked).step(g.state, grads, adapt=adapt)
+            if self._host_checks and checked:
+                g.broken = bool((g.state.flags[..., 0] != 0).any())
+
+    def _refuse(self, g: _Group, grads: Mapping[str, Tensor]) -> None:
+        """Sync checks: raise naming the chains with a non-finite gradient (one sum per chain
+        first; where it only overflowed, nothing is raised)."""
+        if self._all_finite(grads):
+            return
+        bad = [
+            g.start + i
+            for i in range(g.stop - g.start)
+            if not all(bool(torch.isfinite(t[i]).all()) for t in grads.values())
+        ]
+        if bad:
+            where = ", ".join(f"chain {k} (seed {self.seeds[k]})" for k in bad)
+            raise NonFiniteGradientError(f"non-finite gradient in {where}; no chain was moved")
+
+    @staticmethod
+    def _all_finite(grads: Mapping[str, Tensor]) -> bool:
+        """One sum per tensor and chain, read on the host: finite iff every element is (a sum
+        that overflows only sends the step down the exact, deferred path)."""
+        sums = torch.stack([t.reshape(t.shape[0], -1).sum(1) for t in grads.values()])
+        return bool(torch.isfinite(sums).all())
+
+    def step(
+        self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None, adapt: bool = True
+    ) -> Tensor:
+        """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`); the losses.
+
+        Group by group (forward, backward, sampler call), so that with ``chain_batch`` the
+        working set stays that of a few chains. A chain whose gradient is non-finite is frozen
+        from then on, its buffers included (see :meth:`failures`).
+        """
+        saved = self._snapshot_buffers()
+        sync = bool(self.groups[0].sampler.sync_checks)
+        losses, pending = [], []
+        for g in self.groups:
+            loss, grads = self._group_grads(g, loss_fn, args, grad_clip)
+            losses.append(loss)
+            if sync:  # all gradients first: a bad one anywhere moves no chain
+                pending.append(grads)
+            else:
+                self._apply_group(g, grads, adapt)
+        if sync:
+            self._apply(pending, adapt)
+        if saved:
+            frozen = self._broken_mask()
+            for n, b in self.buffers.items():
+                keep = frozen.reshape(-1, *([1] * (b.dim() - 1)))
+                b.copy_(torch.where(keep, saved[n], b))
+        return losses[0] if len(losses) == 1 else torch.cat(losses)
+
+    def refresh(self) -> None:
+        """Recompute the explicitly scheduled part of the metric (Wenzel: at each epoch end)."""
+        for g in self.groups:
+            g.sampler.refresh(g.state)
+
+    def _snapshot_buffers(self) -> dict[str, Tensor]:
+        sampler = self.groups[0].sampler
+        deferred = sampler.check_finite and not sampler.sync_checks
+        if not deferred or not self.model.training:
+            return {}
+        return {n: b.clone() for n, b in self.buffers.items()}
+
+    # ------------------------------------------------------------------ failures
+
+    def _broken_mask(self) -> Tensor:
+        return torch.cat([g.state.flags[..., 0] != 0 for g in self.groups])
+
+    def failures(self) -> dict[int, int]:
+        """Chains that broke down: ``chain index -> first step with a non-finite gradient``
+        (one host read)."""
+        first = torch.cat([g.state.flags[..., 0] for g in self.groups]).tolist()
+        return {k: int(s) for k, s in enumerate(first) if s != 0}
+
+    def check(self) -> None:
+        """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down."""
+        failed = self.failures()
+        if failed:
+            where = ", ".join(
+                f"chain {k} (seed {self.seeds[k]}) at step {s}" for k, s in failed.items()
+            )
+            raise NonFiniteGradientError(
+                f"non-finite gradient in {where}; those chains are frozen, the others went on"
+            )
+
+    # ------------------------------------------------------------------ per-chain views
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken (the same for every chain)."""
+        return self.groups[0].state.step
+
+    def stats(self) -> dict[str, Tensor]:
+        """The metric's statistics, stacked over all chains (``name -> (K, ...)``)."""
+        keys = self.groups[0].state.stats
+        return {key: torch.cat([g.state.stats[key] for g in self.groups]) for key in keys}
+
+    def module(self, chain: int) -> nn.Module:
+        """A standalone copy of chain ``chain``'s model (e.g. for a single-run evaluation)."""
+        if not 0 <= chain < self.num_chains:
+            raise IndexError(f"chain {chain} of {self.num_chains}")
+        module = copy.deepcopy(self.model)
+        tensors = {**self.params, **self.buffers}
+        module.load_state_dict(
+            {n: t[chain] for n, t in tensors.items() if n in module.state_dict()}, strict=True
+        )
+        return module
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to continue exactly: parameters, buffers and each group's sampler state."""
+        return {
+            "seeds": list(self.seeds),
+            "params": {n: p.clone() for n, p in self.params.items()},
+            "buffers": {n: b.clone() for n, b in self.buffers.items()},
+            "samplers": [g.state.state_dict() for g in self.groups],
+        }
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` in place; a dict of other chains is refused unchanged."""
+        if list(sd.get("seeds", [])) != self.seeds or len(sd["samplers"]) != len(self.groups):
+            raise ValueError("state dict is for other chains (seeds or α² groups differ)")
+        for kind in ("params", "buffers"):
+            mine = getattr(self, kind)
+            theirs = sd[kind]
+            if set(theirs) != set(mine) or any(
+                theirs[n].shape != t.shape or theirs[n].dtype != t.dtype for n, t in mine.items()
+            ):
+                raise ValueError(f"state dict: {kind} do not match these chains")
+        for g, s in zip(self.groups, sd["samplers"], strict=True):
+            g.state.validate_state_dict(s)
+        for kind in ("params", "buffers"):
+            for n, t in getattr(self, kind).items():
+                t.copy_(sd[kind][n])
+        for g, s in zip(self.groups, sd["samplers"], strict=True):
+            g.state.apply_state_dict(s)
+        for g in self.groups:  # frozen chains stay frozen
+            g.broken = bool((g.state.flags[..., 0] != 0).any())
+
+
+def chain_batches(
+    num_data: int,
+    batch_size: int,
+    generators: Sequence[torch.Generator],
+    device: torch.device | str | None = None,
+) -> Iterator[Tensor]:
+    """One epoch of minibatch indices per chain, shape ``(K, B)`` per step.
+
+    Chain k's order is ``torch.randperm(num_data, generator=generators[k])`` cut into batches
+    of ``batch_size`` (the last one smaller), as a single run draws it: its data order depends
+    on its own generator only. Index the training set with it: ``x_train[index]`` is
+    ``(K, B, ...)``.
+    """
+    if batch_size < 1 or num_data < 1:
+        raise ValueError(f"need num_data >= 1 and batch_size >= 1, got {num_data}, {batch_size}")
+    order = torch.stack([torch.randperm(num_data, generator=g) for g in generators])
+    order = order.to(device) if device is not None else order
+    for start in range(0, num_data, batch_size):
+        yield order[:, start : start + batch_size]
