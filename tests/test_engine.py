@@ -545,3 +545,29 @@ def test_wenzel_without_a_schedule_warns_once() -> None:
             opt.step()
     with pytest.raises(ValueError, match="refresh_every"):
         sgrld.WenzelSGLD([p], lr=0.01, num_data=5, refresh_every=0)
+
+
+def test_deferred_checks_handle_parameters_without_gradient(spec: SamplerSpec) -> None:
+    """A step where one parameter has no gradient: deferred = sync, and a NaN in a later
+    parameter is named by its own name (not its index among those with gradients)."""
+    runs = []
+    for sync in (True, False):
+        sampler = spec.make_sampler(lr=0.05, num_data=N, noise="philox", sync_checks=sync)
+        state = _state(sampler)
+        state.keys.fill_(3)
+        for t in range(6):
+            grads: dict[str, torch.Tensor | None] = dict(_grads(state.params, t))
+            if t % 2:
+                grads["b"] = None
+            sampler.step(state, grads)
+        runs.append(state)
+    assert _same(_copy(runs[0]), _copy(runs[1]))
+    sampler = spec.make_sampler(lr=0.05, num_data=N, noise="philox", sync_checks=False)
+    state = _state(sampler)
+    grads = dict(_poison(_grads(state.params, 0), "c"))
+    grads["b"] = None  # type: ignore[assignment]
+    before = _copy(state)
+    sampler.step(state, grads)
+    assert _same(before, _copy(state))
+    with pytest.raises(NonFiniteGradientError, match="'c'"):
+        sampler.check(state)
