@@ -34,7 +34,7 @@ computed on the device, so a scheduler that changes ℓ neither syncs nor recomp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -192,6 +192,7 @@ def body(
     sigma: Scalar,
     adapt: bool,
     refresh: bool = False,
+    views: Callable[[Tensor], list[Tensor]] | None = None,
 ) -> None:
     """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ.
 
@@ -204,8 +205,9 @@ def body(
         metric.update(stats, layout, grad, step)
         if refresh:
             metric.refresh(stats, layout)
-    drift = layout.views(metric.inverse(stats, layout, grad))
-    noise = None if xi is None else layout.views(metric.inverse_sqrt(stats, layout, xi))
+    shape = layout.views if views is None else views  # eager steps reuse the buffers' views
+    drift = shape(metric.inverse(stats, layout, grad))
+    noise = None if xi is None else shape(metric.inverse_sqrt(stats, layout, xi))
     if isinstance(lr, Tensor) and lr.dim() > 0:  # per chain: (K, 1) → (K, 1, ..., 1) per tensor
         nb = len(layout.batch_shape)
         lrs = [lr.reshape(*lr.shape[:nb], *([1] * (d.dim() - nb))) for d in drift]
@@ -290,7 +292,7 @@ def advance(
         )
     if not fused:
         args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
-        body(*args, adapt, due)
+        body(*args, adapt, due, work.views)
     if saved is not None and ok is not None:
         for k, v in stats.items():  # a bad chain's statistics as they were
             keep = ok.reshape(*ok.shape[:-1], *([1] * (v.dim() - ok.dim() + 1)))

@@ -18,13 +18,28 @@ class Workspace:
 
     grad: Tensor
     noise: NoiseBuffer
+    layout: FlatLayout
+    # parameter-shaped views of the two buffers, made once (an eager step's Python overhead)
+    _views: dict[int, list[Tensor]] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:
         shape = (*layout.batch_shape, layout.size)
         return Workspace(
-            layout.empty(like.dtype, like.device), NoiseBuffer(shape, like.dtype, like.device)
+            layout.empty(like.dtype, like.device),
+            NoiseBuffer(shape, like.dtype, like.device),
+            layout,
         )
+
+    def views(self, flat: Tensor) -> list[Tensor]:
+        """``layout.views(flat)``, cached when ``flat`` is one of this workspace's buffers (the
+        metrics return the buffer they were given when they work in place)."""
+        if flat is not self.grad and flat is not self.noise.flat:
+            return self.layout.views(flat)
+        key = id(flat)
+        if key not in self._views:
+            self._views[key] = self.layout.views(flat)
+        return self._views[key]
 
 
 @dataclass
