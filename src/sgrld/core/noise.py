@@ -130,9 +130,15 @@ def philox_normal_(
         _philox_normal(key, blocks, 0, step)
         return
     if compile and not _compile_failed:
+        # One input form for the one compiled kernel — blocks (chains, n, width), keys
+        # (chains, 2), a 0-d step, grad mode off — so that dtype and device, not the callers'
+        # ranks, a missing step or their grad mode, make it recompile: far below dynamo's limit.
+        blocks3 = blocks.view(-1, *blocks.shape[-2:])
+        keys2 = key.reshape(-1, 2)
+        steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
         try:
-            with quiet_compile():
-                _kernel()(key, blocks, 0, step)
+            with quiet_compile(), torch.no_grad():
+                _kernel()(keys2, blocks3, 0, steps)
             return
         except Exception as exc:  # no C++ toolchain, unsupported backend, ...
             _compile_failed = True
