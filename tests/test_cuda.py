@@ -4,6 +4,7 @@ after replay (skipped without a GPU; run with ``make test-cuda``)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -43,9 +44,10 @@ def _data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _run(spec: SamplerSpec, steps: int, graphed: bool) -> list[torch.Tensor]:
-    model, opt = _setup(spec)
-    xs, ys = _data(steps)
+def _static_step(
+    model: torch.nn.Module, opt: sgrld.SGRLDOptimizer
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[], torch.Tensor]]:
+    """Static input tensors and the training step that reads them (what a graph captures)."""
     x = torch.empty(16, 20, device=DEVICE)
     y = torch.empty(16, dtype=torch.long, device=DEVICE)
 
@@ -56,6 +58,13 @@ def _run(spec: SamplerSpec, steps: int, graphed: bool) -> list[torch.Tensor]:
         opt.step()
         return loss
 
+    return x, y, train_step
+
+
+def _run(spec: SamplerSpec, steps: int, graphed: bool) -> list[torch.Tensor]:
+    model, opt = _setup(spec)
+    xs, ys = _data(steps)
+    x, y, train_step = _static_step(model, opt)
     step = GraphedStep(train_step, opt) if graphed else train_step
     for t in range(steps):
         x.copy_(xs[t])
@@ -92,16 +101,7 @@ def test_resume_after_replay_is_bit_identical() -> None:
     spec = SAMPLERS[3]
     model, opt = _setup(spec)
     xs, ys = _data(40)
-    x = torch.empty(16, 20, device=DEVICE)
-    y = torch.empty(16, dtype=torch.long, device=DEVICE)
-
-    def train_step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=False)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
+    x, y, train_step = _static_step(model, opt)
     step = GraphedStep(train_step, opt)
     buf = io.BytesIO()
     for t in range(40):

@@ -34,7 +34,7 @@ from sgrld.core.engine import (
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator
 from sgrld.core.sampler import check_flags, validate_hyperparameters
-from sgrld.core.state import SamplerState, new_generator
+from sgrld.core.state import SamplerState, check_generator_state, new_generator
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -223,11 +223,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 loss = closure()
         states = [self._group_state(i) for i in range(len(self.param_groups))]
         grads = [[p.grad for p in g["params"]] for g in self.param_groups]
+        modes = [self._checks(state) for state in states]
         if len(states) > 1:  # refuse before the first group moves
-            for state, gs in zip(states, grads, strict=True):
+            for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
                 validate_grads(state, gs)
-                if self._checks(state) == "sync":
+                if modes[index] == "sync":
                     check_finite_now(state, gs)
+                    modes[index] = "off"  # checked just now: not again inside the step
         for index, group in enumerate(self.param_groups):
             state = states[index]
             advance(
@@ -237,7 +239,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 lr=group["lr"],
                 num_data=group["num_data"],
                 temperature=group["temperature"],
-                checks=self._checks(state),
+                checks=modes[index],
                 adapt=group["adapt_metric"],
                 noise_source=self.noise,
                 compiled=self._compiled_move(index),
@@ -328,11 +330,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             )
         if not isinstance(extra["groups"], list) or len(extra["groups"]) != len(saved_groups):
             raise ValueError("the state dict's sgrld entry does not match its parameter groups")
-        probe = torch.Generator(device=self.generator.device)
-        try:
-            probe.set_state(extra["generator"])
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"invalid generator state in the state dict ({exc})") from None
+        check_generator_state(self.generator, extra["generator"], "the state dict")
         metrics: list[Metric] = []
         for index, (group, saved) in enumerate(zip(saved_groups, extra["groups"], strict=True)):
             label = f"param group {index}"

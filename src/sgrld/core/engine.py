@@ -95,24 +95,27 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
             )
 
 
-def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
-    """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
-    present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
-    if not present or bool(torch.isfinite(torch.stack([g.sum() for _, g in present])).all()):
+def _refuse_nonfinite(total: Tensor, named: Sequence[tuple[str, Tensor]]) -> None:
+    """The ``"sync"`` check: one host read of ``total`` (a sum over the gradients: NaN/Inf
+    anywhere makes it non-finite); only then each tensor is looked at, to name the first bad one.
+    A sum that overflowed although every element is finite refuses nothing."""
+    if bool(torch.isfinite(total).all()):
         return
-    for name, g in present:
+    for name, g in named:
         if not bool(torch.isfinite(g).all()):
             raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
 
+def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
+    """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
+    present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
+    if present:
+        _refuse_nonfinite(torch.stack([g.sum() for _, g in present]), present)
+
+
 def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
-    # One reduction and one host read: NaN/Inf anywhere makes the sum non-finite.
-    if bool(torch.isfinite(flat.sum())):
-        return
-    for name, seg in zip(names, layout.segments(flat), strict=True):
-        if not bool(torch.isfinite(seg).all()):
-            raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
-    # The sum overflowed although every element is finite: nothing to refuse.
+    """The ``"sync"`` check on the gathered flat gradient: one reduction, one host read."""
+    _refuse_nonfinite(flat.sum(), list(zip(names, layout.segments(flat), strict=True)))
 
 
 def _record_bad(
@@ -269,7 +272,7 @@ def advance(
 
     step = state.step + 1
     sigma = sigma_of(lr, num_data, temperature)
-    positive = bool(sigma > 0.0) if not isinstance(sigma, Tensor) else temperature > 0.0
+    positive = temperature > 0.0  # σ > 0 exactly then (ℓ > 0 and n > 0 are validated)
     # ξ first: the generator drives nothing else, so the order does not change the chain.
     xi = (
         work.noise.draw(state.generator, noise_source, state.keys, state.device_step)

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
 from sgrld.core.engine import NonFiniteGradientError, body, refresh_due, sigma_of
-from sgrld.core.noise import philox_normal_
+from sgrld.core.noise import philox_normal_, values_per_counter
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 
@@ -195,8 +195,6 @@ class BlockRunner:
 
     def _philox_rows(self, xi: Tensor) -> Tensor:
         """A ``(*batch, D)`` noise row as the (chains, rows, width) blocks Philox fills."""
-        from sgrld.core.noise import values_per_counter
-
         width = values_per_counter(xi.dtype)
         chains = math.prod(self.state.layout.batch_shape)
         size = self.state.layout.size

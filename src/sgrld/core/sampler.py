@@ -16,7 +16,14 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.engine import NonFiniteGradientError, advance, check, check_mode, in_graph
+from sgrld.core.engine import (
+    NonFiniteGradientError,
+    advance,
+    check,
+    check_mode,
+    in_graph,
+    refresh_due,
+)
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
@@ -217,8 +224,7 @@ class Sampler:
 
     def refresh_if_due(self, state: SamplerState) -> bool:
         """Run the metric's scheduled refresh if due at ``state.step`` (capturable samplers)."""
-        interval = self.metric.refresh_interval
-        if interval is None or state.step % interval != 0:
+        if not refresh_due(self.metric, state.step):
             return False
         self.metric.refresh(state.stats, state.layout)
         return True

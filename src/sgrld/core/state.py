@@ -123,11 +123,7 @@ class SamplerState:
                 v, mine = sd[name], getattr(self, name)
                 if not isinstance(v, Tensor) or v.shape != mine.shape or v.dtype != mine.dtype:
                     raise ValueError(f"{label}: {name} do not match this sampler's chains")
-        probe = torch.Generator(device=self.generator.device)
-        try:
-            probe.set_state(sd["generator"])
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"{label}: invalid generator state ({exc})") from None
+        check_generator_state(self.generator, sd["generator"], label)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         """Validate everything (:meth:`validate_state_dict`), then restore in place, keeping
@@ -146,6 +142,16 @@ class SamplerState:
             self.keys.copy_(sd["keys"])
         if "flags" in sd:
             self.flags.copy_(sd["flags"])
+
+
+def check_generator_state(generator: torch.Generator, saved: Any, label: str) -> None:
+    """Refuse a saved state that ``generator`` would not accept (tried on a scratch generator of
+    its device, so ``generator`` itself is untouched)."""
+    probe = torch.Generator(device=generator.device)
+    try:
+        probe.set_state(saved)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{label}: invalid generator state ({exc})") from None
 
 
 def new_generator(
