@@ -68,11 +68,14 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         other = Path(tmp) / "tree"
-        subprocess.run(
+        added = subprocess.run(
             ["git", "-C", str(REPO), "worktree", "add", "--detach", str(other), args.rev],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if added.returncode != 0:
+            last = (added.stderr.strip().splitlines() or ["git failed"])[-1]
+            sys.exit(f"compare_revisions: cannot check out {args.rev!r}: {last}")
         try:
             pairs = []
             for r in range(args.rounds):
