@@ -20,7 +20,8 @@ class Workspace:
     noise: NoiseBuffer
     layout: FlatLayout
     # parameter-shaped views of the two buffers, made once (an eager step's Python overhead)
-    _views: dict[int, list[Tensor]] = field(default_factory=dict, repr=False)
+    _grad_views: list[Tensor] | None = field(default=None, repr=False)
+    _noise_views: list[Tensor] | None = field(default=None, repr=False)
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:
@@ -32,14 +33,19 @@ class Workspace:
         )
 
     def views(self, flat: Tensor) -> list[Tensor]:
-        """``layout.views(flat)``, cached when ``flat`` is one of this workspace's buffers (the
-        metrics return the buffer they were given when they work in place)."""
-        if flat is not self.grad and flat is not self.noise.flat:
+        """``layout.views(flat)``, made once when ``flat`` is one of this workspace's buffers
+        (the metrics return the buffer they were given when they work in place)."""
+        if torch.compiler.is_compiling():  # a traced step: views are free, the cache is not
             return self.layout.views(flat)
-        key = id(flat)
-        if key not in self._views:
-            self._views[key] = self.layout.views(flat)
-        return self._views[key]
+        if flat is self.grad:
+            if self._grad_views is None:
+                self._grad_views = self.layout.views(flat)
+            return self._grad_views
+        if flat is self.noise.flat:
+            if self._noise_views is None:
+                self._noise_views = self.layout.views(flat)
+            return self._noise_views
+        return self.layout.views(flat)
 
 
 @dataclass
