@@ -61,12 +61,18 @@ class SampleTrace:
         if start < self.num_probe:
             self._probe += picked[: self.num_probe - start].tolist()
 
-    def commit(self, model: nn.Module | None = None) -> None:
-        """Close the current sample: record its values and ``model``'s scalar hyper-parameters."""
+    def commit(
+        self, model: nn.Module | None = None, *, scalars: Mapping[str, float] | None = None
+    ) -> None:
+        """Close the current sample: record its values and the scalar hyper-parameters of
+        ``model`` (:func:`scalar_hyperparameters`), or ``scalars`` measured by the caller (a
+        chain of a stacked model)."""
         self.test_loglik.append(self._sum / self.num_points)
         self.probe_logp.append(self._probe)
-        for name, value in scalar_hyperparameters(model).items() if model is not None else ():
-            self.scalars.setdefault(name, []).append(value)
+        if model is not None:
+            scalars = scalar_hyperparameters(model)
+        for name, value in (scalars or {}).items():
+            self.scalars.setdefault(name, []).append(float(value))
         self._sum, self._probe = 0.0, []
 
     def draws(self) -> dict[str, np.ndarray]:
