@@ -66,13 +66,13 @@ class _Bound(nn.Module):
         return self._fn[0](self.model, *args)
 
 
-def _check_seeds(seeds: Sequence[int]) -> list[int]:
+def _check_seeds(seeds: Sequence[int], bits: int = 63) -> list[int]:
     out = list(seeds)
     if not out:
         raise ValueError("seeds is empty: give one seed per chain")
     for s in out:
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63:
-            raise ValueError(f"invalid seed: {s!r} (expected an int in [0, 2**63))")
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**bits:
+            raise ValueError(f"invalid seed: {s!r} (expected an int in [0, 2**{bits}))")
     return out
 
 
@@ -101,8 +101,9 @@ class Chains:
         lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
         alpha2: α² per chain (a metric with an ``alpha2`` option, i.e. Monge). Each run of
             equal consecutive values is stepped by one sampler call.
-        noise_seeds: the chains' Philox seeds where they differ from ``seeds`` (e.g. a runner
-            that derives independent init and noise streams from one master seed).
+        noise_seeds: the chains' Philox seeds (ints in [0, 2⁶⁴), the key's two words) where they
+            differ from ``seeds`` (e.g. a runner that derives independent init and noise
+            streams from one master seed).
         chain_batch: at most this many chains per vmapped forward/backward and sampler call
             (default: all). On CPU a few chains at a time keep the working set in cache: with
             2.4M parameters per chain, stacking 10 costs ~1.9x per chain (``benchmarks/chains.py``).
@@ -174,7 +175,7 @@ class Chains:
         self.model = modules[0]  # template of the forward: its own tensors are not used
         del modules
         self._host_checks = False  # see *Checks* in the class docstring
-        keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds)
+        keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds, bits=64)
         if len(keys) != k:
             raise ValueError(f"noise_seeds: {len(keys)} for {k} chains (give one per chain)")
         if chain_batch is not None and (
@@ -402,6 +403,16 @@ class Chains:
         (one host read)."""
         first = torch.cat([g.state.flags[..., 0] for g in self.groups]).tolist()
         return {k: int(s) for k, s in enumerate(first) if s != 0}
+
+    def failure_details(self) -> dict[int, tuple[int, str]]:
+        """Chains that broke down: ``chain index -> (first bad step, name of the first parameter
+        whose gradient was non-finite)`` (one host read per group)."""
+        out: dict[int, tuple[int, str]] = {}
+        for g in self.groups:
+            for i, (step, tensor) in enumerate(g.state.flags.reshape(-1, 2).tolist()):
+                if step != 0:
+                    out[g.start + i] = (int(step), g.state.layout.names[int(tensor)])
+        return out
 
     def check(self) -> None:
         """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down."""

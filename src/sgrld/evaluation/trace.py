@@ -107,8 +107,9 @@ class SampleTrace:
         return diagnostics_of([self.state_dict()])
 
 
-def scalar_hyperparameters(model: nn.Module) -> dict[str, float]:
-    """``scale:<parameter>`` → the effective scale of each prior that has one (horseshoe)."""
+def scalar_hyperparameter_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """``scale:<parameter>`` → the effective scale (a 1-element tensor) of each prior that has
+    one (horseshoe); a function of the model's tensors, so it also works under ``vmap``."""
     named = getattr(model, "named_priors", None)
     if named is None:
         return {}
@@ -116,8 +117,13 @@ def scalar_hyperparameters(model: nn.Module) -> dict[str, float]:
     for name, prior in named():
         scale = getattr(prior, "effective_scale", None)
         if isinstance(scale, Tensor) and scale.numel() == 1:
-            out[f"scale:{name}"] = float(scale.detach())
+            out[f"scale:{name}"] = scale.reshape(())
     return out
+
+
+def scalar_hyperparameters(model: nn.Module) -> dict[str, float]:
+    """``scale:<parameter>`` → the effective scale of each prior that has one (horseshoe)."""
+    return {k: float(v.detach()) for k, v in scalar_hyperparameter_tensors(model).items()}
 
 
 def _stacked(traces: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:

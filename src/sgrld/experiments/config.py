@@ -64,8 +64,10 @@ class RunConfig:
             n in the potential is then ``max_train``.
         max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
         eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
-        noise: the sampler's noise source, ``"torch"`` (default) or ``"philox"``
-            (:mod:`sgrld.core.noise`; a different random stream, faster on some CPUs only).
+        noise: the sampler's noise source, ``"philox"`` (default: counter-based keys drawn
+            from the chain's seed, so that chain s of a multi-chain run is the single run of
+            seed s; :mod:`sgrld.core.noise`) or ``"torch"`` (``normal_`` from the chain's
+            generator; the default before multi-chain runs).
         compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
             wenzel and rmsprop only).
         alpha2_rule: Monge's ``"fixed"`` α² (the paper's) or ``"normalized"`` (α²_t = c/‖m_t‖²
@@ -96,7 +98,7 @@ class RunConfig:
     max_train: int | None = None
     max_eval: int | None = None
     eval_batch_size: int = 1000
-    noise: str = "torch"
+    noise: str = "philox"
     compile: bool = False
     alpha2_rule: str = "fixed"
     schedule: str = "constant"

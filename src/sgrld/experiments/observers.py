@@ -110,3 +110,71 @@ class ProgressBar(RunObserver):
             self._bar = None
         if run.broken_down is not None and self.report_breakdown:
             print(breakdown_message(run.broken_down), file=self.stream)
+
+
+class ChainsProgressBar(RunObserver):
+    """Progress of a multi-chain run (:class:`~sgrld.experiments.multichain.ChainsRun`) on
+    stderr: a tqdm bar over the process's updates on a terminal, and one line per epoch with how
+    many chains run, completed and broke down and the spread of their ensemble metrics."""
+
+    def __init__(self, stream: TextIO | None = None, *, interval: float = 0.5) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar: tqdm | None = None
+
+    @staticmethod
+    def _spread(values: list[float]) -> str:
+        ordered = sorted(v for v in values if v == v)  # NaN (no sample yet) left out
+        if not ordered:
+            return "n/a"
+        middle = ordered[len(ordered) // 2]
+        return f"{middle:.4f} [{ordered[0]:.4f}, {ordered[-1]:.4f}]"
+
+    def _line(self, run: Any) -> str:
+        records = run.records
+        status = [r.status for r in records]
+        parts = [
+            f"epoch {run.epoch}/{run.config.epochs} step {run.global_step}",
+            f"{len(records)} chains: {status.count('running')} running, "
+            f"{status.count('completed')} completed, {status.count('broken_down')} broken down",
+        ]
+        live = [r for r in records if r.status != "broken_down" and r.curves["epoch"]]
+        if live and live[0].ensembles["val"].num_samples:
+            val_lp = [r.curves["val_lp"][-1] for r in live]
+            parts.append("val LP median [min, max] " + self._spread(val_lp))
+            parts.append("test acc " + self._spread([r.curves["test_accuracy"][-1] for r in live]))
+        if live and live[0].timing["sampling_seconds"]:
+            seconds = live[0].timing["sampling_seconds"][-1] * len(records)
+            parts.append(f"{seconds:.1f} s/epoch (all chains)")
+        return " | ".join(parts)
+
+    def on_start(self, run: Any) -> None:
+        if run.epoch:
+            print(f"resuming {len(run.records)} chains after epoch {run.epoch}", file=self.stream)
+        if self.live:
+            self._bar = tqdm(
+                total=run.config.epochs * run.steps_per_epoch,
+                initial=run.global_step,
+                file=self.stream,
+                mininterval=self.interval,
+                dynamic_ncols=True,
+                unit="step",
+                desc=f"{len(run.records)} chains",
+            )
+
+    def on_step(self, run: Any) -> None:
+        if self._bar is not None:
+            self._bar.update(run.global_step - self._bar.n)
+
+    def on_epoch(self, run: Any) -> None:
+        line = self._line(run)
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def on_finish(self, run: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -58,12 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--prior", choices=PRIOR_CHOICES, default="gaussian")
     what.add_argument("--sampler", choices=SAMPLER_CHOICES, required=True)
     what.add_argument(
-        "--lr", type=float, help="learning rate ℓ (h = ℓ/n); default: the paper's for the setting"
+        "--lr",
+        type=float_list,
+        metavar="LR[,LR...]",
+        help="learning rate ℓ (h = ℓ/n); default: the paper's for the setting. A comma list "
+        "runs one chain per value (crossed with --alpha2 and the seeds of --chains)",
     )
     what.add_argument(
         "--alpha2",
-        type=float,
-        help=f"Monge's α²; default: the paper's for the setting, else {DEFAULT_ALPHA2}",
+        type=float_list,
+        metavar="A[,A...]",
+        help=f"Monge's α²; default: the paper's for the setting, else {DEFAULT_ALPHA2}. A comma "
+        "list runs one chain per value",
     )
     what.add_argument(
         "--alpha2-rule",
@@ -76,11 +82,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
     what.add_argument("--seed", type=int, default=0, help="master seed >= 0 (0)")
     what.add_argument(
+        "--chains",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run seeds --seed .. --seed+K-1 as K chains in one process (1); each chain writes "
+        "OUT/<run name>/results.json as its single run would",
+    )
+    what.add_argument(
+        "--chain-batch",
+        type=int,
+        metavar="B",
+        help="at most B chains per vectorised call (default: all; fewer bound the memory)",
+    )
+    what.add_argument(
         "--noise",
         choices=NOISE_CHOICES,
-        default="torch",
-        help="noise source: torch (normal_) or philox (compiled; faster on some CPUs, slower on "
-        "others: README)",
+        default="philox",
+        help="noise source: philox (counter-based, per-chain keys; the default, needed by "
+        "--chains) or torch (normal_ from a generator)",
     )
     what.add_argument(
         "--compile",
@@ -142,18 +162,69 @@ class UsageError(ValueError):
     """Bad command-line input (reported with exit status 2)."""
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`~sgrld.experiments.runner.RunConfig` of the command line.
+def float_list(text: str) -> list[float]:
+    """An argparse ``type``: ``0.1,0.25`` → ``[0.1, 0.25]`` (one value or more)."""
+    values = []
+    for part in text.split(","):
+        try:
+            values.append(float(part.strip()))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {part.strip()!r}") from None
+    return values
+
+
+float_list.item_type = float  # type: ignore[attr-defined]  # what a sweep's comma list holds
+
+
+def _values(value: Any) -> list[Any]:
+    """A flag's values: ``None`` → ``[None]``, a number → ``[number]``, a list → itself."""
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def is_multichain(args: argparse.Namespace) -> bool:
+    """Whether the command line asks for more than one chain."""
+    chains = getattr(args, "chains", 1)
+    return chains != 1 or len(_values(args.lr)) > 1 or len(_values(args.alpha2)) > 1
+
+
+def configs_from_args(args: argparse.Namespace) -> list[Any]:
+    """The runs of the command line: every α² × ℓ × seed (α² outermost, so that chains with
+    equal α² are neighbours and share a sampler call).
 
     Raises:
         UsageError: invalid or inconsistent options.
     """
+    chains = getattr(args, "chains", 1)
+    if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
+        raise UsageError(f"--chains must be >= 1, got {chains}")
+    batch = getattr(args, "chain_batch", None)
+    if batch is not None and batch < 1:
+        raise UsageError(f"--chain-batch must be >= 1, got {batch}")
+    return [
+        _config(args, lr, alpha2, args.seed + k)
+        for alpha2 in _values(args.alpha2)
+        for lr in _values(args.lr)
+        for k in range(chains)
+    ]
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~sgrld.experiments.runner.RunConfig` of a single-run command line.
+
+    Raises:
+        UsageError: invalid or inconsistent options, or more than one run asked for.
+    """
+    if is_multichain(args):
+        raise UsageError("more than one run asked for (--chains or comma lists)")
+    return _config(args, _values(args.lr)[0], _values(args.alpha2)[0], args.seed)
+
+
+def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, seed: int) -> Any:
     from sgrld.experiments.choices import MODEL_FOR_DATASET
     from sgrld.experiments.config import RunConfig
     from sgrld.experiments.paper import paper_entry
 
     model = args.model or MODEL_FOR_DATASET[args.dataset]
-    lr, alpha2 = args.lr, args.alpha2
     paper = paper_entry(args.dataset, args.prior, args.width, args.sampler)
     if lr is None and paper is not None:
         lr = paper.lr
@@ -170,7 +241,12 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.schedule != "cyclical" and (args.cycles, args.explore_fraction) != (1, 0.0):
         raise UsageError("--cycles and --explore-fraction need --schedule cyclical")
     # every other field comes from its flag (one table, _FLAGS, for names that differ)
-    computed = {"model": model, "lr": 1.0 if lr is None else lr, "alpha2": alpha2}
+    computed: dict[str, Any] = {
+        "model": model,
+        "lr": 1.0 if lr is None else lr,
+        "alpha2": alpha2,
+        "seed": seed,
+    }
     values = {
         f.name: computed[f.name] if f.name in computed else getattr(args, _dest(f.name))
         for f in dataclasses.fields(RunConfig)
@@ -342,17 +418,28 @@ def run(args: argparse.Namespace) -> int:
     with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
         import torch  # noqa: F401
     try:
-        config = config_from_args(args)
+        configs = configs_from_args(args)
+        multi = is_multichain(args)
+        if multi:
+            from sgrld.experiments.multichain import check_chain_configs
+
+            try:
+                check_chain_configs(configs)
+            except ValueError as exc:
+                raise UsageError(_cli_names(str(exc))) from exc
         device = _device(args.device)
         if args.threads is not None and args.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
         data_dir = _data_dir(args)
-        out = Path(args.out) if args.out else default_out_dir(config)
+        default = default_chains_out_dir(configs) if multi else default_out_dir(configs[0])
+        out = Path(args.out) if args.out else default
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} exists and is not a directory")
         # Held until the run ends: a second run on this --out is refused, not interleaved.
         with DirectoryLock(out, "sgrld sample"):
-            return _run_locked(args, config, device, data_dir, out)
+            if multi:
+                return _run_chains_locked(args, configs, device, data_dir, out)
+            return _run_locked(args, configs[0], device, data_dir, out)
     except (UsageError, DirectoryLockedError) as exc:
         print(f"sgrld sample: error: {exc}", file=sys.stderr)
         return 2
@@ -361,18 +448,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_IO_ERROR
 
 
-def _run_locked(
-    args: argparse.Namespace, config: Any, device: Any, data_dir: Path, out: Path
-) -> int:
-    from sgrld.experiments._io import remove_stale_temporaries
-
-    remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
-    _check_out_dir(out, config, args.resume)
-
+def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Path) -> Any:
+    """The dataset (and a writable ``out``), or ``None`` after reporting why not."""
     import torch
 
     from sgrld.data import DownloadError, load_dataset
-    from sgrld.experiments.runner import CheckpointError, ProgressBar, run_sampling
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -391,8 +471,23 @@ def _run_locked(
         _make_out_dir(out)
     except (OSError, ValueError, DownloadError) as exc:
         print(f"sgrld sample: error: {_cli_names(str(exc))}", file=sys.stderr)
-        return 2
+        return None
+    return splits
 
+
+def _run_locked(
+    args: argparse.Namespace, config: Any, device: Any, data_dir: Path, out: Path
+) -> int:
+    from sgrld.experiments._io import remove_stale_temporaries
+
+    remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
+    _check_out_dir(out, config, args.resume)
+
+    from sgrld.experiments.runner import CheckpointError, ProgressBar, run_sampling
+
+    splits = _load_splits(args, config, data_dir, out)
+    if splits is None:
+        return 2
     observer = None if args.no_progress else ProgressBar(report_breakdown=False)
     try:
         results = run_sampling(
@@ -411,6 +506,125 @@ def _run_locked(
         _plot(results, out)
     _summary(results, out)
     return 0 if results["status"] == "completed" else 3
+
+
+def default_chains_out_dir(configs: list[Any]) -> Path:
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-a2<α²,...>]-seed<first>-<last>``
+    for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
+    first = configs[0]
+    model = f"fc{first.width}" if first.model == "fc" else first.model
+
+    def values(name: str) -> str:
+        return ",".join(dict.fromkeys(f"{getattr(c, name):g}" for c in configs))
+
+    alpha = f"-a2{values('alpha2')}" if first.alpha2 is not None else ""
+    if first.alpha2_rule == "normalized":
+        alpha = f"-c{values('alpha2')}"
+    subset = f"-sub{first.max_train}" if first.max_train is not None else ""
+    seeds = sorted({c.seed for c in configs})
+    name = (
+        f"{first.dataset}-{model}-{first.prior}-{first.sampler}-lr{values('lr')}{alpha}"
+        f"{subset}-seed{seeds[0]}-{seeds[-1]}"
+    )
+    return Path("runs") / name
+
+
+def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
+    from sgrld.experiments._io import CheckpointError
+    from sgrld.experiments.config import (
+        CHECKPOINT_FILE,
+        RESULTS_FILE,
+        RunConfig,
+        config_differences,
+    )
+    from sgrld.experiments.multichain import chain_label, load_chains_checkpoint
+
+    checkpoint = out / CHECKPOINT_FILE
+    if not resume:
+        held = [c for c in configs if (out / chain_label(c) / RESULTS_FILE).exists()]
+        if checkpoint.exists() or held:
+            raise UsageError(
+                f"{out} already holds a run; pass --resume to continue it or choose another --out"
+            )
+        return
+    if not checkpoint.exists():
+        return
+    try:  # a damaged, foreign or misfitting checkpoint is refused before any work
+        state = load_chains_checkpoint(checkpoint)
+        saved = [RunConfig.from_dict(c) for c in state["configs"]]
+    except (CheckpointError, ValueError, TypeError) as exc:
+        raise UsageError(f"cannot resume: {exc}") from exc
+    if [chain_label(c) for c in saved] != [chain_label(c) for c in configs]:
+        raise UsageError(
+            f"cannot resume {checkpoint}: it holds other chains ("
+            + ", ".join(c.label() for c in saved)
+            + ")"
+        )
+    for old, new in zip(saved, configs, strict=True):
+        differences = config_differences(old, new)
+        if differences:
+            raise UsageError(
+                f"cannot resume {checkpoint}: it was made with other options ("
+                + "; ".join(differences)
+                + ")"
+            )
+    if int(state["epoch"]) > configs[0].epochs:
+        raise UsageError(
+            f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
+        )
+
+
+def _run_chains_locked(
+    args: argparse.Namespace, configs: list[Any], device: Any, data_dir: Path, out: Path
+) -> int:
+    from sgrld.experiments._io import CheckpointError, remove_stale_temporaries
+
+    remove_stale_temporaries(out)
+    _check_chains_out_dir(out, configs, args.resume)
+
+    from sgrld.experiments.multichain import chain_label, run_chains
+    from sgrld.experiments.observers import ChainsProgressBar, breakdown_message
+
+    splits = _load_splits(args, configs[0], data_dir, out)
+    if splits is None:
+        return 2
+    observer = None if args.no_progress else ChainsProgressBar()
+    try:
+        results = run_chains(
+            configs,
+            splits,
+            out,
+            device=device,
+            resume=args.resume,
+            observer=observer,
+            chain_batch=args.chain_batch,
+        )
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from exc
+    for config, result in zip(configs, results, strict=True):
+        folder = out / chain_label(config)
+        if result["broken_down"] is not None:
+            message = _cli_names(breakdown_message(result["broken_down"]))
+            print(f"sgrld sample: {config.label()}: {message}", file=sys.stderr)
+        if not args.no_plot:
+            _plot(result, folder)
+    _chains_summary(configs, results, out)
+    return 0 if all(r["status"] == "completed" for r in results) else 3
+
+
+def _chains_summary(configs: list[Any], results: list[dict[str, Any]], out: Path) -> None:
+    def fmt(value: float | None) -> str:
+        return "nan" if value is None else f"{value:.4f}"
+
+    done = sum(r["status"] == "completed" for r in results)
+    print(f"{done} of {len(results)} chains completed; results: {out}/<run>/results.json")
+    width = max(len(c.label()) for c in configs)
+    for config, r in zip(configs, results, strict=True):
+        val, test = r["final"]["val"], r["final"]["test"]
+        print(
+            f"  {config.label():<{width}}  {r['status']:<11} val LP {fmt(val['lp'])}  "
+            f"test LP {fmt(test['lp'])}  acc {fmt(test['accuracy'])}"
+        )
 
 
 def _plot(results: dict[str, Any], out: Path) -> None:

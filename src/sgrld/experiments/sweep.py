@@ -85,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if action.dest in grid.AXES:
             choices = f" ({', '.join(action.choices)})" if action.choices else ""
             item_type = action.type if callable(action.type) else str
+            item_type = getattr(item_type, "item_type", item_type)  # sample's lists of floats
             action.type = _argument_type(grid.comma_list(item_type, action.choices))
             action.choices = None
             action.metavar = "A,B,..."
