@@ -421,3 +421,54 @@ def test_a_preempted_submitit_job_is_requeued_and_resumes(
     theirs = json.loads((tmp_path / "fresh" / run.path / "results.json").read_text())
     assert ours["curves"]["val_lp"] == theirs["curves"]["val_lp"]
     assert ours["final"] == theirs["final"]
+
+
+def test_packed_sweep_runs_chains_that_equal_the_single_runs(
+    mnist_dir_module: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--chains 4``: the 4 runs of a setting in one process, each results.json as the
+    process-per-run sweep writes it; a rerun does nothing; a pack is refused torch noise."""
+    grid_argv = ["--sampler", "identity", "--lr", "0.01,0.02", "--seeds", "0-1", *TINY]
+    common = [*grid_argv, "--data-dir", str(mnist_dir_module)]
+    assert main(["sweep", *common, "--out", str(tmp_path / "single")]) == 0
+    assert main(["sweep", *common, "--out", str(tmp_path / "packed"), "--chains", "4"]) == 0
+    capsys.readouterr()
+    packs = list((tmp_path / "packed" / ".packs").iterdir())
+    assert len(packs) == 1 and (packs[0] / "checkpoint.pt").is_file()
+    found = sorted((tmp_path / "single").rglob("results.json"))
+    assert len(found) == 4
+    for path in found:
+        single = json.loads(path.read_text())
+        packed = json.loads(
+            (tmp_path / "packed" / path.relative_to(tmp_path / "single")).read_text()
+        )
+        assert packed["config"] == single["config"] and packed["status"] == "completed"
+        for metric in ("lp", "accuracy", "ece"):
+            assert packed["final"]["test"][metric] == pytest.approx(
+                single["final"]["test"][metric], abs=1e-4
+            )
+        assert packed["timing"]["chains_in_process"] == 4
+    assert main(["sweep", *common, "--out", str(tmp_path / "packed"), "--chains", "4"]) == 0
+    assert "nothing to do" in capsys.readouterr().err
+    torch_noise = [*common, "--noise", "torch", "--chains", "2", "--out", str(tmp_path / "t")]
+    assert main(["sweep", *torch_noise]) == 2
+    assert "philox" in capsys.readouterr().err
+
+
+def test_packs_are_formed_over_the_whole_grid(tmp_path: Path) -> None:
+    """A pack stays the same pack when some of its runs are finished (its checkpoint holds all),
+    and equal α² are neighbours."""
+    from sgrld.experiments.jobs import make_jobs
+
+    runs = planned("--sampler", "monge", "--alpha2", "1,2", "--lr", "0.1", "--seeds", "0-2")
+    machine = Machine(data_dir="unused")
+    jobs = make_jobs(runs, tmp_path, machine, chains=4)
+    assert [len(j.runs) for j in jobs] == [4, 2] and all(j.pack for j in jobs)
+    assert [r.config["alpha2"] for r in jobs[0].runs] == [1.0, 1.0, 1.0, 2.0]
+    first = jobs[0].runs[0]
+    (tmp_path / first.path).mkdir(parents=True)
+    results = {"config": first.config, "status": "completed"}
+    (tmp_path / first.path / "results.json").write_text(json.dumps(results))
+    again = make_jobs(runs, tmp_path, machine, chains=4)
+    assert [j.runs for j in again] == [j.runs for j in jobs]
+    assert [len(j.runs) for j in make_jobs(runs, tmp_path, machine)] == [1] * 5  # one per run

@@ -44,7 +44,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     state = _io.load_checkpoint(path)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"checkpoint {path} is not a sgrld sample checkpoint")
+        hint = ""
+        if isinstance(state, dict) and str(state.get("format", "")).startswith("sgrld-chains"):
+            hint = " (a multi-chain run made it: resume it with its --chains, --lr and --alpha2)"
+        raise CheckpointError(f"checkpoint {path} is not a sgrld sample checkpoint{hint}")
     missing = [key for key in CHECKPOINT_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")

@@ -7,17 +7,22 @@ every epoch and continues bit-identically), so a job that is preempted, timed ou
 run again loses at most one epoch per run. submitit calls :meth:`SweepJob.checkpoint` on
 preemption or timeout and requeues the same job.
 
-Today a job holds the runs of one process, run one after the other; packing the chains of one
-setting and sampler into one multi-chain process changes :meth:`SweepJob.__call__` only.
+A job holds one run, or (``sgrld sweep --chains K``) a *pack*: up to K runs of one setting and
+sampler that differ only in seed, ℓ and α², run as the chains of one process
+(:mod:`sgrld.experiments.multichain`). Each chain writes its run folder's ``results.json`` as a
+single run would; the pack's one checkpoint lives in ``OUT/.packs/<id>/``, so a pack resumes as a
+whole. Packs are formed over the whole grid (finished runs included), so a pack is the same pack
+on every rerun.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ from sgrld.experiments.grid import PlannedRun
 RESULTS_FILE = "results.json"  # == runner.RESULTS_FILE, without importing torch
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCK_FILE = ".lock"
+PACKS_DIR = ".packs"  # a pack's checkpoint: OUT/.packs/<id>/checkpoint.pt
 FINISHED = ("completed", "broken_down")
 
 
@@ -59,6 +65,7 @@ class Machine:
     verify: bool = True
     download: bool = False
     plot: bool = False
+    chain_batch: int | None = None  # chains per vectorised call in a pack
 
 
 @dataclass(frozen=True)
@@ -124,19 +131,71 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
         return RunOutcome(run.path, results["status"], results["epochs_completed"])
 
 
+def pack_id(runs: Sequence[PlannedRun]) -> str:
+    """A pack's folder name under ``OUT/.packs``: a digest of its runs' folders."""
+    return hashlib.sha256("\n".join(r.path for r in runs).encode()).hexdigest()[:16]
+
+
+def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> list[RunOutcome]:
+    """Run, resume or skip a pack of runs as the chains of one process.
+
+    Returns:
+        The outcomes of the runs that were not finished when the pack started.
+    """
+    open_runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]
+    if not open_runs:
+        return []
+    with ExitStack() as stack:
+        if not all([stack.enter_context(_locked(out / r.path)) for r in runs]):
+            return [RunOutcome(r.path, "busy") for r in open_runs]
+        import torch
+
+        from sgrld.experiments.multichain import run_chains
+        from sgrld.experiments.runner import RunConfig
+
+        if machine.threads is not None:
+            torch.set_num_threads(machine.threads)
+        configs = [RunConfig.from_dict(r.config) for r in runs]
+        first = configs[0]
+        splits = _splits(
+            first.dataset, machine.data_dir, first.num_val, machine.verify, machine.download
+        )
+        results = run_chains(
+            configs,
+            splits,
+            out / PACKS_DIR / pack_id(runs),
+            device=machine.device,
+            resume=True,
+            chain_batch=machine.chain_batch,
+            folders=[out / r.path for r in runs],
+        )
+        if machine.plot:
+            from sgrld.experiments.plots import plot_run_curves
+
+            for run, result in zip(runs, results, strict=True):
+                plot_run_curves(result, out / run.path / "curves.png")
+        status = {r.path: res for r, res in zip(runs, results, strict=True)}
+        return [
+            RunOutcome(r.path, status[r.path]["status"], status[r.path]["epochs_completed"])
+            for r in open_runs
+        ]
+
+
 @dataclass
 class SweepJob:
-    """Runs of one process, executed in order; callable by any engine, checkpointable by submitit.
+    """Runs of one process; callable by any engine, checkpointable by submitit.
 
     Attributes:
-        runs: the runs (one today; several chains of one setting and sampler later).
+        runs: the runs: one, or a pack (``pack``).
         out: the sweep folder.
         machine: data, device and threads.
+        pack: run ``runs`` as the chains of one process (:func:`execute_pack`), not in turn.
     """
 
     runs: Sequence[PlannedRun]
     out: str
     machine: Machine
+    pack: bool = False
 
     @property
     def name(self) -> str:
@@ -144,6 +203,8 @@ class SweepJob:
 
     def __call__(self) -> list[RunOutcome]:
         """Run every run that is not finished; an exception fails the job (and is reported)."""
+        if self.pack:
+            return execute_pack(self.runs, Path(self.out), self.machine)
         return [execute_run(run, Path(self.out), self.machine) for run in self.runs]
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -157,6 +218,38 @@ class SweepJob:
         return DelayedSubmission(self, *args, **kwargs)
 
 
-def make_jobs(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> list[SweepJob]:
-    """One job per run (one process per run until multi-chain processes exist)."""
-    return [SweepJob([run], str(out), machine) for run in runs]
+def _pack_key(config: dict[str, Any]) -> str:
+    """What the runs of one pack share: everything but seed, ℓ and α²."""
+    return repr(sorted((k, v) for k, v in config.items() if k not in ("seed", "lr", "alpha2")))
+
+
+def make_jobs(
+    runs: Sequence[PlannedRun], out: Path, machine: Machine, chains: int = 1
+) -> list[SweepJob]:
+    """The jobs of the runs that are not finished: one per run, or (``chains`` > 1) packs of up
+    to ``chains`` runs of one setting and sampler, formed over all of ``runs`` (α², then ℓ, then
+    seed, so that equal α² share a sampler call).
+
+    Raises:
+        ValueError: runs that cannot be chains of one process (e.g. torch noise).
+    """
+    todo = {r.path for r in runs if run_state(out / r.path, r.config) != "done"}
+    if chains == 1:
+        return [SweepJob([r], str(out), machine) for r in runs if r.path in todo]
+    from sgrld.experiments.multichain import check_chain_configs
+    from sgrld.experiments.runner import RunConfig
+
+    groups: dict[str, list[PlannedRun]] = {}
+    for r in runs:
+        groups.setdefault(_pack_key(r.config), []).append(r)
+    jobs = []
+    for group in groups.values():
+        group.sort(key=lambda r: (r.config["alpha2"] or 0.0, r.config["lr"], r.config["seed"]))
+        for start in range(0, len(group), chains):
+            pack = group[start : start + chains]
+            if not any(r.path in todo for r in pack):
+                continue
+            if len(pack) > 1:
+                check_chain_configs([RunConfig.from_dict(r.config) for r in pack])
+            jobs.append(SweepJob(pack, str(out), machine, pack=len(pack) > 1))
+    return jobs

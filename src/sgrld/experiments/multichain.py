@@ -145,6 +145,8 @@ class ChainsRun:
         device: where the stacked model, the data and the accumulators live.
         out_dir: ``OUT``: ``OUT/checkpoint.pt`` and ``OUT/<label>/results.json`` each epoch
             (``None``: nowhere).
+        folders: where each chain's ``results.json`` goes instead of ``OUT/<label>`` (a sweep's
+            run folders); the checkpoint stays in ``OUT``.
         observer: progress hooks; they see this object (``records``, ``epoch``, ...).
         chain_batch: at most this many chains per vmapped call (:class:`sgrld.Chains`).
     """
@@ -158,12 +160,20 @@ class ChainsRun:
         out_dir: str | os.PathLike[str] | None = None,
         observer: RunObserver | None = None,
         chain_batch: int | None = None,
+        folders: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         check_chain_configs(configs)
+        if folders is not None and len(folders) != len(configs):
+            raise ValueError(f"{len(folders)} folders for {len(configs)} chains")
         self.configs = list(configs)
         self.config = base = self.configs[0]  # the shared fields (observers read config.epochs)
         self.device = torch.device(device)
         self.out_dir = None if out_dir is None else Path(out_dir)
+        self.folders: list[Path] | None = None
+        if folders is not None:
+            self.folders = [Path(f) for f in folders]
+        elif self.out_dir is not None:
+            self.folders = [self.out_dir / chain_label(c) for c in configs]
         self.observer = observer if observer is not None else RunObserver()
         self.splits = restrict_splits(splits, base).to(self.device)
         k = len(self.configs)
@@ -401,9 +411,9 @@ class ChainsRun:
             self._save_results(r)
 
     def _save_results(self, record: RunRecord) -> None:
-        if self.out_dir is None:
+        if self.folders is None:
             return
-        folder = self.out_dir / chain_label(record.config)
+        folder = self.folders[self.records.index(record)]
         folder.mkdir(parents=True, exist_ok=True)
         text = json.dumps(record.results(), indent=1, allow_nan=False)
         _io.write_atomic(folder / RESULTS_FILE, text + "\n")
@@ -445,6 +455,7 @@ def run_chains(
     resume: bool = False,
     observer: RunObserver | None = None,
     chain_batch: int | None = None,
+    folders: Sequence[str | os.PathLike[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or, with ``resume``, continue) K chains in one process and return their results.
 
@@ -456,12 +467,19 @@ def run_chains(
         resume: continue from ``OUT/checkpoint.pt`` if it exists.
         observer: progress hooks.
         chain_batch: at most this many chains per vmapped call.
+        folders: each chain's results folder instead of ``OUT/<label>``.
 
     Returns:
         Every chain's results, in the order of ``configs``.
     """
     run = ChainsRun(
-        configs, splits, device=device, out_dir=out_dir, observer=observer, chain_batch=chain_batch
+        configs,
+        splits,
+        device=device,
+        out_dir=out_dir,
+        observer=observer,
+        chain_batch=chain_batch,
+        folders=folders,
     )
     checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
     if resume and checkpoint is not None and checkpoint.is_file():

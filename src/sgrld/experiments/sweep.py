@@ -35,7 +35,7 @@ from sgrld.experiments.grid import GridError, PlannedRun
 #: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
 MACHINE_OPTIONS = frozenset(
     {"data_dir", "no_verify", "download", "out", "resume", "device", "threads"}
-    | {"no_progress", "no_plot"}
+    | {"no_progress", "no_plot", "chains", "chain_batch"}
 )
 ENGINES = ("local", "submitit", "submitit-local")
 
@@ -102,6 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.help = "(always on: a sweep resumes its runs)"
         elif action.dest == "no_plot":
             action.default, action.help = True, "no curves.png per run (the default)"
+        elif action.dest == "chains":
+            action.help = (
+                "pack up to K runs of one setting and sampler (differing in seed, lr, alpha2) "
+                "into one process as chains (1: a process per run)"
+            )
 
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument(
@@ -200,6 +205,21 @@ def run(args: argparse.Namespace) -> int:
         data_dir = sample._data_dir(args)
         if args.engine != "submitit":  # a login node may have no GPU where the jobs will
             sample._device(args.device)
+        if args.chains < 1 or (args.chain_batch is not None and args.chain_batch < 1):
+            raise GridError("--chains and --chain-batch must be >= 1")
+        machine = Machine(
+            data_dir=os.fspath(data_dir.resolve()),
+            device=args.device,
+            threads=args.threads,
+            verify=not args.no_verify,
+            download=args.download,
+            plot=not args.no_plot,
+            chain_batch=args.chain_batch,
+        )
+        try:
+            jobs = make_jobs(runs, out.resolve(), machine, args.chains)
+        except ValueError as exc:
+            raise GridError(f"--chains {args.chains}: {exc}") from exc
         known = grid.check_out_folder(out, runs)
         if not known:
             grid.write_manifest(out, runs, source)
@@ -218,15 +238,6 @@ def run(args: argparse.Namespace) -> int:
     if not todo:
         print("nothing to do", file=sys.stderr)
         return 0
-    machine = Machine(
-        data_dir=os.fspath(data_dir.resolve()),
-        device=args.device,
-        threads=args.threads,
-        verify=not args.no_verify,
-        download=args.download,
-        plot=not args.no_plot,
-    )
-    jobs = make_jobs(todo, out.resolve(), machine)
     from sgrld.experiments.engines import ClusterOptions, GridProgress, run_local, run_submitit
 
     progress = GridProgress(len(runs), len(runs) - len(todo), enabled=not args.no_progress)
