@@ -220,3 +220,37 @@ def test_cli_resume_of_a_killed_run_is_bit_identical(tmp_path: Path, mnist_dir: 
     for a, b in zip(whole["samplers"], cut["samplers"], strict=True):
         for name, value in a["stats"].items():
             assert torch.equal(value, b["stats"][name]), name
+
+
+def test_chain_batch_plan_fits_the_state_and_one_call() -> None:
+    from sgrld.experiments.multichain import plan_chain_batch
+
+    mib = 2**20
+    # 100 chains of 10 MiB state leave 1000 MiB; 70 % of it over 50 MiB per chain's step: 14
+    assert plan_chain_batch(100, 2000 * mib, 10 * mib, 50 * mib) == 14
+    assert plan_chain_batch(4, 2000 * mib, 10 * mib, 1 * mib) == 4  # all fit in one call
+    with pytest.raises(MemoryError, match="need 1000 MiB of state"):
+        plan_chain_batch(100, 900 * mib, 10 * mib, 1 * mib)
+    with pytest.raises(MemoryError, match="one chain's step needs"):
+        plan_chain_batch(1, 100 * mib, 10 * mib, 500 * mib)
+
+
+def test_resume_keeps_the_call_groups_of_the_checkpoint(tmp_path: Path) -> None:
+    from sgrld.experiments._io import CheckpointError
+    from sgrld.experiments.multichain import run_chains
+
+    configs = [tiny_config(seed=s, epochs=2) for s in range(3)]
+    run_chains(configs, SPLITS, tmp_path, chain_batch=2)
+    more = [tiny_config(seed=s, epochs=3) for s in range(3)]
+    resumed = run_chains(more, SPLITS, tmp_path, resume=True)  # no --chain-batch: the saved one
+    assert all(r["epochs_completed"] == 3 for r in resumed)
+    with pytest.raises(CheckpointError, match="chain_batch 2, not 3"):
+        run_chains(more, SPLITS, tmp_path, resume=True, chain_batch=3)
+
+
+@pytest.mark.cuda
+def test_chain_batch_is_planned_from_measured_memory_on_cuda() -> None:
+    configs = [tiny_config(seed=s) for s in range(4)]
+    run = ChainsRun(configs, SPLITS, device="cuda")
+    assert run.chain_batch == 4  # tiny chains: all in one call
+    assert run.run()[0]["status"] == "completed"

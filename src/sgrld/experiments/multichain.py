@@ -63,6 +63,7 @@ __all__ = [
     "chain_label",
     "check_chain_configs",
     "load_chains_checkpoint",
+    "plan_chain_batch",
     "run_chains",
 ]
 
@@ -124,6 +125,54 @@ def _philox_seed(generator: torch.Generator) -> int:
     return int(low) | (int(high) << 32)
 
 
+def plan_chain_batch(
+    num_chains: int, free_bytes: int, state_bytes: int, step_bytes: int, headroom: float = 0.7
+) -> int:
+    """Chains per vectorised call so that K chains fit in ``free_bytes`` of device memory.
+
+    Every chain's state (parameters, buffers, sampler statistics: ``state_bytes`` per chain)
+    lives for the whole run; a step's transient memory (gradients, activations, workspace:
+    ``step_bytes`` per chain) only for the chains of one call. ``headroom`` of what is left
+    after the state may go to one call (the allocator fragments the rest).
+
+    Raises:
+        MemoryError: the K chains' state alone does not fit, or not even one chain's step.
+    """
+    left = free_bytes - num_chains * state_bytes
+    mib = 2**20
+    if left <= 0:
+        raise MemoryError(
+            f"{num_chains} chains need {num_chains * state_bytes / mib:.0f} MiB of state, "
+            f"{free_bytes / mib:.0f} MiB are free: run fewer chains per process"
+        )
+    batch = int(left * headroom // max(step_bytes, 1))
+    if batch < 1:
+        raise MemoryError(
+            f"one chain's step needs {step_bytes / mib:.0f} MiB, {left / mib:.0f} MiB are left "
+            "beside the chains' state: run fewer chains per process"
+        )
+    return min(batch, num_chains)
+
+
+def _probe_chain_memory(
+    make: Any, sampler: sgrld.Sampler, seed: int, loss: Any, x: Tensor, y: Tensor
+) -> tuple[int, int]:
+    """``(state_bytes, step_bytes)`` of one chain on a CUDA device, measured: the allocation of
+    a one-chain :class:`Chains` and the peak of one of its gradient passes above it."""
+    device = x.device
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    probe = Chains(make, sampler, seeds=[seed], device=device)
+    state = torch.cuda.memory_allocated(device) - base
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    probe.grads(loss, x[None], y[None], grad_clip=GRAD_MAX)  # BatchNorm buffers: the probe's
+    step = torch.cuda.max_memory_allocated(device) - before
+    del probe
+    torch.cuda.empty_cache()
+    return state, step
+
+
 def _poisoned_potential(num_data: int) -> Any:
     """The per-datum potential, its gradient made NaN where it is non-finite: the engine then
     freezes the chain at that update, as a single run stops before it (spec §4.8)."""
@@ -148,7 +197,9 @@ class ChainsRun:
         folders: where each chain's ``results.json`` goes instead of ``OUT/<label>`` (a sweep's
             run folders); the checkpoint stays in ``OUT``.
         observer: progress hooks; they see this object (``records``, ``epoch``, ...).
-        chain_batch: at most this many chains per vmapped call (:class:`sgrld.Chains`).
+        chain_batch: at most this many chains per vmapped call (:class:`sgrld.Chains`);
+            ``None``: all on a CPU, and on CUDA as many as fit beside every chain's state
+            (:func:`plan_chain_batch`, from one chain's memory measured before the run).
     """
 
     def __init__(
@@ -210,6 +261,20 @@ class ChainsRun:
             noise="philox",
             **options,
         )
+        self._loss = _poisoned_potential(self.num_data)
+        if chain_batch is None and self.device.type == "cuda":
+            batch = min(base.batch_size, self.num_data)
+            state_bytes, step_bytes = _probe_chain_memory(
+                model,
+                sampler,
+                self.records[0].seeds["init"],
+                self._loss,
+                self.splits.x_train[:batch],
+                self.splits.y_train[:batch],
+            )
+            free, _ = torch.cuda.mem_get_info(self.device)
+            chain_batch = plan_chain_batch(k, free, state_bytes, step_bytes)
+        self.chain_batch = chain_batch
         self.chains = Chains(
             model,
             sampler,
@@ -221,7 +286,6 @@ class ChainsRun:
             device=self.device,
         )
         self.chains.train()
-        self._loss = _poisoned_potential(self.num_data)
         self._pending: list[tuple[int, float]] = []  # (update, seconds) not yet credited
         self._scalar_names = list(scalar_hyperparameter_tensors(self.chains.model))
         self._refreshes = base.sampler == "wenzel"  # as the single run's WenzelSGLD
@@ -370,6 +434,7 @@ class ChainsRun:
             "configs": [c.to_dict() for c in self.configs],
             "epoch": self.epoch,
             "global_step": self.global_step,
+            "chain_batch": self.chain_batch,  # the sampler states are per call group
             "chains": self.chains.state_dict(),
             "records": [r.record_state() for r in self.records],
         }
@@ -472,6 +537,17 @@ def run_chains(
     Returns:
         Every chain's results, in the order of ``configs``.
     """
+    checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
+    state = None
+    if resume and checkpoint is not None and checkpoint.is_file():
+        state = load_chains_checkpoint(checkpoint)
+        saved = state.get("chain_batch") or len(configs)  # None: all in one call
+        if chain_batch is not None and min(chain_batch, len(configs)) != saved:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} was made with chain_batch {saved}, not {chain_batch}: "
+                "resume it with the same (or no) --chain-batch"
+            )
+        chain_batch = saved  # the same call groups, whatever memory is free now
     run = ChainsRun(
         configs,
         splits,
@@ -481,9 +557,7 @@ def run_chains(
         chain_batch=chain_batch,
         folders=folders,
     )
-    checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
-    if resume and checkpoint is not None and checkpoint.is_file():
-        state = load_chains_checkpoint(checkpoint)
+    if state is not None:
         try:
             run.load_state_dict(state)
         except CheckpointError as exc:
