@@ -10,8 +10,11 @@ order over the per-dim chunks, carries its own Kronecker factors.
 
 For speed, blocks are not handled one at a time: blocks of equal shape form a :class:`BlockGroup`
 (one choice of "full chunks" or "remainder" per dim), and a whole group is moved between the
-tensor and a stacked ``(batch, count, *sizes)`` buffer with one view + permute + copy, so that
-its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3).
+tensor and a stacked ``(count, batch, *sizes)`` buffer with one view + permute + copy, so that
+its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3). Across
+the tensors of a layout, the groups of equal block shape form one :class:`Bucket`
+(:func:`plan_buckets`), whose blocks are stacked in one buffer and handled by one batched
+matmul per axis.
 """
 
 from __future__ import annotations
@@ -109,14 +112,19 @@ class BlockGroup:
         region = x[index].view(x.shape[0], *split)
         return region.permute(0, *range(1, 2 * k, 2), *range(2, 2 * k + 1, 2))
 
+    def _blocks_first(self, x: Tensor) -> Tensor:
+        """The group's part of ``x`` (``(B, *merged)``) as ``(*counts, B, *sizes)`` (a view)."""
+        return self._region(x).movedim(0, len(self.counts))
+
     def gather(self, x: Tensor, out: Tensor) -> Tensor:
-        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(B, count, *sizes)``)."""
-        out.view(x.shape[0], *self.counts, *self.sizes).copy_(self._region(x))
+        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(count, B, *sizes)``,
+        blocks first: each block's B chains are adjacent)."""
+        out.view(*self.counts, x.shape[0], *self.sizes).copy_(self._blocks_first(x))
         return out
 
     def scatter(self, blocks: Tensor, x: Tensor) -> None:
-        """Write ``blocks`` (``(B, count, *sizes)`` or any view of it) back into ``x``."""
-        self._region(x).copy_(blocks.reshape(x.shape[0], *self.counts, *self.sizes))
+        """Write ``blocks`` (``(count, B, *sizes)`` or any view of it) back into ``x``."""
+        self._blocks_first(x).copy_(blocks.reshape(*self.counts, x.shape[0], *self.sizes))
 
 
 @dataclass(frozen=True)
@@ -165,3 +173,77 @@ def plan_blocks(shape: tuple[int, ...], block_size: int, tiling: Tiling = "refer
         for combo in itertools.product(*regions_per_dim)
     )
     return BlockPlan(tuple(shape), merged, groups)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One tensor's group of blocks inside a :class:`Bucket`.
+
+    Attributes:
+        tensor: the tensor's index in the layout.
+        index: the group's index in the tensor's plan (the ``<group>`` of its stat keys).
+        group: the blocks.
+        merged: the tensor's merged shape.
+        start: the bucket's first block that belongs to this member.
+        whole: the tensor is this single block (its data can be used in place).
+    """
+
+    tensor: int
+    index: int
+    group: BlockGroup
+    merged: tuple[int, ...]
+    start: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The groups of one block shape across the tensors of a layout, stacked block after block.
+
+    Members that must be copied come first and whole tensors last, so that the copied ones are one
+    contiguous range ``[0, stacked)`` of blocks and each whole tensor a range of its own.
+    """
+
+    sizes: tuple[int, ...]
+    members: tuple[Member, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(m.group.num_blocks for m in self.members)
+
+    @property
+    def block_numel(self) -> int:
+        return math.prod(self.sizes)
+
+
+def plan_buckets(plans: Sequence[tuple[int, BlockPlan]]) -> tuple[Bucket, ...]:
+    """Group the blocks of the tensors ``plans`` (``(index, plan)`` pairs) by block shape.
+
+    Buckets come in the order of their first block; within a bucket, copied members (in tensor
+    order) come before whole tensors (in tensor order).
+
+    Example:
+        >>> plans = [(0, plan_blocks((400, 784), 128)), (1, plan_blocks((400, 400), 128))]
+        >>> [(b.sizes, b.num_blocks, len(b.members)) for b in plan_buckets(plans)][:2]
+        [((128, 128), 27, 2), ((128, 16), 6, 2)]
+    """
+    found: dict[tuple[int, ...], list[tuple[int, int, BlockGroup, BlockPlan]]] = {}
+    for i, plan in plans:
+        for g, group in enumerate(plan.groups):
+            found.setdefault(group.sizes, []).append((i, g, group, plan))
+    buckets = []
+    for sizes, entries in found.items():
+        whole = [len(p.groups) == 1 and grp.num_blocks == 1 for _, _, grp, p in entries]
+        order = [e for e, w in zip(entries, whole, strict=True) if not w]
+        order += [e for e, w in zip(entries, whole, strict=True) if w]
+        members, start = [], 0
+        for i, g, group, plan in order:
+            is_whole = len(plan.groups) == 1 and group.num_blocks == 1
+            members.append(Member(i, g, group, plan.merged, start, is_whole))
+            start += group.num_blocks
+        buckets.append(Bucket(sizes, tuple(members)))
+    return tuple(buckets)

@@ -38,7 +38,15 @@ import torch
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics._blocking import TILINGS, BlockGroup, BlockPlan, Tiling, plan_blocks
+from sgrld.metrics._blocking import (
+    TILINGS,
+    BlockPlan,
+    Bucket,
+    Member,
+    Tiling,
+    plan_blocks,
+    plan_buckets,
+)
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
 from sgrld.metrics.base import Metric, Stats, check_range, register
 
@@ -116,6 +124,13 @@ class ShampooMetric(Metric):
     _scratch: dict[tuple[torch.dtype, torch.device], Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # Per layout (shapes, chains): its buckets, and the gather index per device (not state).
+    _stackings: dict[tuple[object, ...], _Stacking] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _indices: dict[tuple[object, ...], Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
@@ -158,30 +173,68 @@ class ShampooMetric(Metric):
                 out.append((i, plan))
         return out
 
-    def _work(self, layout: FlatLayout, like: Tensor) -> tuple[Tensor, Tensor]:
-        """Two reusable flat buffers, each large enough for the biggest block group."""
-        chains = math.prod(layout.batch_shape)
-        sizes = [g.num_blocks * g.block_numel for _, p in self._plans(layout) for g in p.groups]
-        need = chains * max(sizes, default=0)
+    def _stacking(self, layout: FlatLayout) -> _Stacking:
+        """The buckets of ``layout`` and where each lies in a work region (cached by shapes)."""
+        key = (layout.shapes, layout.batch_shape)
+        stacking = self._stackings.get(key)
+        if stacking is None:
+            stacking = _Stacking.build(plan_buckets(self._plans(layout)), layout.batch_shape)
+            self._stackings[key] = stacking
+        return stacking
+
+    def _work(self, stacking: _Stacking, like: Tensor) -> list[Tensor]:
+        """Three reusable flat regions, each holding every bucket's blocks (all chains)."""
+        need = stacking.size
         key = (like.dtype, like.device)
         buf = self._scratch.get(key)
-        if buf is None or buf.numel() < 2 * need:
-            buf = torch.empty(2 * need, dtype=like.dtype, device=like.device)
+        if buf is None or buf.numel() < 3 * need:
+            buf = torch.empty(3 * need, dtype=like.dtype, device=like.device)
             self._scratch[key] = buf
-        return buf[:need], buf[need : 2 * need]
+        return [buf[j * need : (j + 1) * need] for j in range(3)]
+
+    def _index(self, stacking: _Stacking, layout: FlatLayout, x: Tensor) -> Tensor | None:
+        """Flat positions in ``x`` of every bucket's blocks, in work-region order (the one-kernel
+        gather and scatter), or ``None`` where the copies per tensor are used instead: on CPU
+        (faster there: no index to read, whole tensors used in place), while traced (inductor
+        fuses the copies), for a strided ``x``, and while a CUDA graph is captured before the
+        index exists (it is made once, outside the graph)."""
+        if x.device.type == "cpu" or torch.compiler.is_compiling() or not x.is_contiguous():
+            return None
+        key = (layout.shapes, layout.batch_shape, x.device)
+        index = self._indices.get(key)
+        if index is None and not torch.cuda.is_current_stream_capturing():
+            index = stacking.positions(layout, x.device)
+            self._indices[key] = index
+        return index
 
     # ------------------------------------------------------------------ contract
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        """ε·I factors and identity roots, one key per tensor, group, axis and statistic.
+
+        Each statistic of a bucket's axis is one ``(blocks, *batch, s, s)`` tensor and the
+        per-tensor keys are views of it, so that a step updates and applies a whole bucket with one
+        batched matmul while state dicts keep their per-tensor keys and shapes.
+        """
+        stacking = self._stacking(layout)
+        batch, nb = layout.batch_shape, len(layout.batch_shape)
+        views: dict[tuple[str, int, int, int], Tensor] = {}
+        for bucket in stacking.buckets:
+            for a, s in enumerate(bucket.sizes):
+                eye = torch.eye(s, dtype=like.dtype, device=like.device)
+                eye = eye.expand(bucket.num_blocks, *batch, s, s)
+                for stat in _STATS:
+                    value = eye * self.eps if stat == "factor" else eye
+                    base = value.clone(memory_format=torch.contiguous_format)  # own memory
+                    for m in bucket.members:
+                        part = base.narrow(0, m.start, m.group.num_blocks).movedim(0, nb)
+                        views[stat, m.index, a, m.tensor] = part
         stats: Stats = {}
         for i, plan in self._plans(layout):
             for g, group in enumerate(plan.groups):
-                for a, s in enumerate(group.sizes):
-                    shape = (*layout.batch_shape, group.num_blocks, s, s)
-                    eye = torch.eye(s, dtype=like.dtype, device=like.device).expand(shape)
-                    stats[_key("factor", g, a, i)] = eye * self.eps
-                    stats[_key("grad_root", g, a, i)] = eye.clone()
-                    stats[_key("noise_root", g, a, i)] = eye.clone()
+                for a in range(len(group.sizes)):
+                    for stat in _STATS:
+                        stats[_key(stat, g, a, i)] = views[stat, g, a, i]
         return stats
 
     @property
@@ -194,16 +247,23 @@ class ShampooMetric(Metric):
         self.compute_roots(stats, layout)
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`)."""
-        chains = math.prod(layout.batch_shape)
-        segments = layout.segments(grad)
-        work, _ = self._work(layout, grad)
-        for i, plan in self._plans(layout):
-            x = segments[i].reshape(chains, *plan.merged)
-            for g, group in enumerate(plan.groups):
-                blocks = self._blocks(x, group, plan, work)
-                for a in range(plan.rank):
-                    self._fold(stats[_key("factor", g, a, i)], blocks, a)
+        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`).
+
+        One gather of the gradient's blocks, then per bucket and axis one batched matmul over the
+        bucket's blocks of every tensor (on CPU whole tensors are used in place, one each).
+        """
+        stacking = self._stacking(layout)
+        work = self._work(stacking, grad)
+        parts = self._gather(stacking, layout, grad, work[0])
+        nb = len(layout.batch_shape)
+        for bucket, pieces in zip(stacking.buckets, parts, strict=True):
+            for a in range(bucket.rank):
+                factor, written = _stacked(stats, "factor", bucket, a, nb)
+                for first, count, blocks, _ in pieces:
+                    lo = first * stacking.chains
+                    self._fold(factor[lo : lo + count * stacking.chains], blocks, a)
+                if written is not None:
+                    _write_back(written, factor)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""
@@ -252,19 +312,41 @@ class ShampooMetric(Metric):
 
     # ------------------------------------------------------------------ kernels
 
-    @staticmethod
-    def _blocks(x: Tensor, group: BlockGroup, plan: BlockPlan, work: Tensor) -> Tensor:
-        """The group's blocks of ``x`` (``(chains, *merged)``) as ``(chains·count, *sizes)``.
+    def _gather(
+        self, stacking: _Stacking, layout: FlatLayout, x: Tensor, out: Tensor
+    ) -> list[list[tuple[int, int, Tensor, bool]]]:
+        """The blocks of ``x`` per bucket, as pieces ``(first block, blocks, data, in place)``;
+        ``data`` is ``(blocks·chains, *sizes)``, block-major, a copy in ``out`` or ``x`` itself.
 
-        A tensor that is a single block is only viewed; otherwise the blocks are copied into
-        ``work`` (one permuted copy per group).
+        With a gather index (:meth:`_index`) every bucket is copied into ``out`` by one kernel
+        and is one piece. Otherwise the copied members of a bucket (several blocks per tensor) are
+        copied into ``out`` one tensor at a time and form one piece, and every whole tensor (one
+        block, the members at the end of the bucket) is its own piece, viewed in place.
         """
-        chains = x.shape[0]
-        if len(plan.groups) == 1 and group.num_blocks == 1:
-            return x  # sizes == merged
-        n = chains * group.num_blocks
-        out = work[: n * group.block_numel].view(chains, group.num_blocks, *group.sizes)
-        return group.gather(x, out).view(n, *group.sizes)
+        chains = stacking.chains
+        index = self._index(stacking, layout, x)
+        if index is not None:
+            torch.index_select(x.view(-1), 0, index, out=out)
+        segments = None if index is not None else layout.segments(x)
+        parts = []
+        for bucket, offset in zip(stacking.buckets, stacking.offsets, strict=True):
+            numel, pieces = bucket.block_numel, []
+            copied = bucket.num_blocks
+            if segments is not None:
+                copied = sum(m.group.num_blocks for m in bucket.members if not _in_place(bucket, m))
+            if copied:
+                region = out[offset : offset + copied * chains * numel]
+                pieces.append((0, copied, region.view(copied * chains, *bucket.sizes), False))
+            if segments is not None:
+                for m in bucket.members:
+                    xi = segments[m.tensor].view(chains, *m.merged)
+                    if _in_place(bucket, m):
+                        pieces.append((m.start, 1, xi.view(chains, *bucket.sizes), True))
+                    else:
+                        at = offset + m.start * chains * numel
+                        m.group.gather(xi, out[at : at + m.group.num_blocks * chains * numel])
+            parts.append(pieces)
+        return parts
 
     def _fold(self, factor: Tensor, blocks: Tensor, axis: int) -> None:
         """factor ← decay·factor + (1−decay)·X_(axis)X_(axis)ᵀ, batched over blocks.
@@ -273,14 +355,13 @@ class ShampooMetric(Metric):
         """
         n, sizes = blocks.shape[0], blocks.shape[1:]
         s = sizes[axis]
-        h = factor.view(n, s, s)
         if axis == 0:
             unfold = blocks.reshape(n, s, -1)
         elif axis == len(sizes) - 1:
             unfold = blocks.reshape(n, -1, s).mT
         else:  # a middle axis (rank ≥ 3, conv kernels: small)
             unfold = blocks.movedim(axis + 1, 1).reshape(n, s, -1)
-        h.baddbmm_(unfold, unfold.mT, beta=self.decay, alpha=1.0 - self.decay)
+        factor.baddbmm_(unfold, unfold.mT, beta=self.decay, alpha=1.0 - self.decay)
 
     def _precondition(self, stats: Stats, layout: FlatLayout, x: Tensor, root: str) -> Tensor:
         """Apply ⊗_i R_i to every block of ``x`` in place, R_i = ``stats[root_i]``.
@@ -288,23 +369,143 @@ class ShampooMetric(Metric):
         A block's axes are contracted one at a time with the cyclic trick of the reference:
         view the block as (s_0, rest), contract s_0 with R_0 into (rest, s_0), which is the block
         with its axes rotated by one; after k contractions the axis order is back. The transposed
-        operand is only a strided view, so each contraction is one batched GEMM.
+        operand is only a strided view, so each contraction is one batched GEMM over a bucket's
+        blocks of every tensor: one gather, k matmuls per bucket, one scatter.
         """
-        chains = math.prod(layout.batch_shape)
-        segments = layout.segments(x)
-        work = self._work(layout, x)
-        for i, plan in self._plans(layout):
-            xi = segments[i].view(chains, *plan.merged)  # a view: written in place below
-            for g, group in enumerate(plan.groups):
-                y = self._blocks(xi, group, plan, work[0])
-                n = y.shape[0]
-                numel = n * group.block_numel
-                for a, s in enumerate(group.sizes):
-                    r = stats[_key(root, g, a, i)].reshape(n, s, s)
-                    out = work[(a + 1) % 2][:numel].view(n, -1, s)
-                    y = torch.bmm(y.reshape(n, s, -1).mT, r, out=out)
-                if len(plan.groups) == 1 and group.num_blocks == 1:
-                    xi.copy_(y.view(xi.shape))
-                else:
-                    group.scatter(y, xi)
+        stacking = self._stacking(layout)
+        chains = stacking.chains
+        gathered, scratch, result = self._work(stacking, x)
+        parts = self._gather(stacking, layout, x, gathered)
+        nb = len(layout.batch_shape)
+        for bucket, offset, pieces in zip(stacking.buckets, stacking.offsets, parts, strict=True):
+            roots = [_stacked(stats, root, bucket, a, nb)[0] for a in range(bucket.rank)]
+            numel = bucket.block_numel
+            for first, count, y, in_place in pieces:
+                lo = offset + first * chains * numel
+                hi = lo + count * chains * numel
+                rs = [r[first * chains : (first + count) * chains] for r in roots]
+                if in_place:
+                    if bucket.rank == 1:  # a vector: one matmul into scratch, copied back
+                        y.copy_(_kron_apply(y, rs, (), scratch[lo:hi]).view(y.shape))
+                    else:  # intermediates in scratch, the last matmul writes the tensor
+                        _kron_apply(y, rs, (scratch[lo:hi], result[lo:hi]), y)
+                else:  # copied: intermediates in scratch and the gathered copy, result apart
+                    _kron_apply(y, rs, (scratch[lo:hi], gathered[lo:hi]), result[lo:hi])
+        self._scatter(stacking, layout, x, result)
         return x
+
+    def _scatter(self, stacking: _Stacking, layout: FlatLayout, x: Tensor, result: Tensor) -> None:
+        """Write the copied blocks in ``result`` back into ``x`` (inverse of :meth:`_gather`)."""
+        index = self._index(stacking, layout, x)
+        if index is not None:
+            x.view(-1).index_copy_(0, index, result)
+            return
+        chains = stacking.chains
+        segments = layout.segments(x)
+        for bucket, offset in zip(stacking.buckets, stacking.offsets, strict=True):
+            numel = bucket.block_numel
+            for m in bucket.members:
+                if not _in_place(bucket, m):
+                    at = offset + m.start * chains * numel
+                    blocks = result[at : at + m.group.num_blocks * chains * numel]
+                    m.group.scatter(blocks, segments[m.tensor].view(chains, *m.merged))
+
+
+_STATS = ("factor", "grad_root", "noise_root")
+STACK_WHOLE = False
+
+
+def _in_place(bucket: Bucket, member: Member) -> bool:
+    return member.whole and (len(bucket.members) == 1 or not STACK_WHOLE)
+
+
+def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out: Tensor) -> Tensor:
+    """(⊗_i R_i) applied to each block of ``y`` (``(n, *sizes)``), written into ``out``.
+
+    Contraction ``a`` reads the previous result and writes ``scratch[a % 2]`` (the last one
+    ``out``), so no matmul reads the memory it writes: ``scratch`` must not overlap ``out``, and
+    ``y`` may be one of them only where it is not written while read.
+    """
+    n, k = y.shape[0], len(roots)
+    for a, r in enumerate(roots):
+        s = r.shape[-1]
+        target = out if a == k - 1 else scratch[a % 2]
+        y = torch.bmm(y.reshape(n, s, -1).mT, r, out=target.view(n, -1, s))
+    return y
+
+
+def _stacked(
+    stats: Stats, stat: str, bucket: Bucket, axis: int, nbatch: int
+) -> tuple[Tensor, list[Tensor] | None]:
+    """A bucket's statistic of one axis as one ``(blocks·chains, s, s)`` tensor, block-major.
+
+    Normally the per-tensor statistics are the views of one tensor made by
+    :meth:`ShampooMetric.init`, which is returned (no copy). Statistics that are not (cloned,
+    stacked by a caller, or while ``torch.compile`` traces, where a view's base cannot be read)
+    are copied into one tensor; the views to write it back to are returned with it.
+    """
+    s = bucket.sizes[axis]
+    parts = [stats[_key(stat, m.index, axis, m.tensor)].movedim(nbatch, 0) for m in bucket.members]
+    if len(parts) == 1 and parts[0].is_contiguous():
+        return parts[0].view(-1, s, s), None
+    if not torch.compiler.is_compiling():
+        base = _common_base(parts, bucket)
+        if base is not None:
+            return base.view(-1, s, s), None
+    return torch.cat(parts).view(-1, s, s), parts
+
+
+def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
+    """The contiguous tensor that ``parts`` are consecutive block ranges of, or ``None``."""
+    base = parts[0]._base
+    if base is None or base.shape[0] != bucket.num_blocks or not base.is_contiguous():
+        return None
+    origin, per_block = base.storage_offset(), base.stride(0)
+    for m, part in zip(bucket.members, parts, strict=True):
+        if (
+            part._base is not base
+            or part.storage_offset() != origin + m.start * per_block
+            or part.shape[0] != m.group.num_blocks
+            or part.shape[1:] != base.shape[1:]
+            or part.stride() != base.stride()
+        ):
+            return None
+    return base
+
+
+def _write_back(parts: list[Tensor], stacked: Tensor) -> None:
+    """Copy a stacked statistic (``_stacked``'s copy) back into the per-tensor views."""
+    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
+    for part, value in zip(parts, stacked.split(rows), strict=True):
+        part.copy_(value.view(part.shape))
+
+
+@dataclass(frozen=True)
+class _Stacking:
+    """The buckets of a layout and the offset of each in a work region (all chains)."""
+
+    buckets: tuple[Bucket, ...]
+    offsets: tuple[int, ...]
+    size: int
+    chains: int
+
+    @staticmethod
+    def build(buckets: tuple[Bucket, ...], batch_shape: tuple[int, ...]) -> _Stacking:
+        chains = math.prod(batch_shape)
+        offsets, size = [], 0
+        for bucket in buckets:
+            offsets.append(size)
+            size += chains * bucket.num_blocks * bucket.block_numel
+        return _Stacking(buckets, tuple(offsets), size, chains)
+
+    def positions(self, layout: FlatLayout, device: torch.device) -> Tensor:
+        """The flat index into a contiguous ``(*batch, D)`` buffer of every element of a work
+        region: the blocks gathered by the same code from a buffer of positions."""
+        flat = torch.arange(self.chains * layout.size, device=device)
+        segments = layout.segments(flat.view(self.chains, layout.size))
+        pieces = [
+            m.group._blocks_first(segments[m.tensor].view(self.chains, *m.merged)).reshape(-1)
+            for bucket in self.buckets
+            for m in bucket.members
+        ]
+        return torch.cat(pieces)
