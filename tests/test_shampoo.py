@@ -574,7 +574,7 @@ def test_a_failing_float32_decomposition_is_retried_in_float64(
         ShampooMetric(root_dtype=torch.float16)
 
 
-# ----------------------------------------------------------------------------- buckets across tensors
+# ----------------------------------------------------------------------------- buckets
 
 # An MLP 36-20-20-10 (blocks of 8: 128×128-like full blocks shared by W1 and W2, remainders) and
 # a ResNet-20-like stack (equal convs, a 1×1 shortcut, BN vectors, the classifier).
@@ -692,9 +692,13 @@ def test_buckets_equal_the_per_tensor_computation(
     assert any(len(b.members) > 1 for b in stacking.buckets)  # the layout stacks across tensors
     grads = random_grads(layout, 3, torch.float64, seed=block_size)
     stats = run(metric, layout, grads)
-    for bucket in stacking.buckets:  # every bucket's statistics are views of one tensor
+    for b, bucket in enumerate(stacking.buckets):  # each statistic: views of one tensor
         for stat, a in itertools.product(("factor", "grad_root", "noise_root"), range(bucket.rank)):
-            assert _stacked(stats, stat, bucket, a, len(layout.batch_shape))[1] is None
+            keys = stacking.keys(stat, b, a)
+            assert _stacked(stats, keys, bucket, len(layout.batch_shape))[1] is None
+    g = grads[-1].clone()
+    metric.update(copy.deepcopy(stats), layout, g, 4)
+    assert torch.equal(g, grads[-1])  # the engine applies G⁻¹ to the same buffer next
     want = per_tensor_oracle(metric, layout, grads)
     for name, h in want.items():
         key, c, j = name.split("/")

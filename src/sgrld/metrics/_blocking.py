@@ -103,18 +103,14 @@ class BlockGroup:
     def block_numel(self) -> int:
         return math.prod(self.sizes)
 
-    def _region(self, x: Tensor) -> Tensor:
-        """The group's part of ``x`` (``(B, *merged)``) as ``(B, *counts, *sizes)`` (a view)."""
+    def _blocks_first(self, x: Tensor) -> Tensor:
+        """The group's part of ``x`` (``(B, *merged)``) as ``(*counts, B, *sizes)`` (a view)."""
         k = len(self.sizes)
         dims = zip(self.starts, self.counts, self.sizes, strict=True)
         index = (slice(None), *(slice(st, st + c * s) for st, c, s in dims))
         split = [d for cs in zip(self.counts, self.sizes, strict=True) for d in cs]
         region = x[index].view(x.shape[0], *split)
-        return region.permute(0, *range(1, 2 * k, 2), *range(2, 2 * k + 1, 2))
-
-    def _blocks_first(self, x: Tensor) -> Tensor:
-        """The group's part of ``x`` (``(B, *merged)``) as ``(*counts, B, *sizes)`` (a view)."""
-        return self._region(x).movedim(0, len(self.counts))
+        return region.permute(*range(1, 2 * k, 2), 0, *range(2, 2 * k + 1, 2))
 
     def gather(self, x: Tensor, out: Tensor) -> Tensor:
         """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(count, B, *sizes)``,

@@ -31,8 +31,9 @@ Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``upd
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -182,22 +183,26 @@ class ShampooMetric(Metric):
             self._stackings[key] = stacking
         return stacking
 
-    def _work(self, stacking: _Stacking, like: Tensor) -> list[Tensor]:
-        """Three reusable flat regions, each holding every bucket's blocks (all chains)."""
-        need = stacking.size
+    def _work(self, stacking: _Stacking, layout: FlatLayout, like: Tensor) -> _Work:
+        """The gather index (or ``None``) and three reusable flat regions for the blocks."""
+        index = self._index(stacking, layout, like)
+        # one region per gathered, intermediate and transformed blocks; without an index the
+        # transformed blocks end in one of the first two (and are scattered piece by piece)
+        need, count = (stacking.size, 3) if index is not None else (stacking.largest, 2)
         key = (like.dtype, like.device)
         buf = self._scratch.get(key)
-        if buf is None or buf.numel() < 3 * need:
-            buf = torch.empty(3 * need, dtype=like.dtype, device=like.device)
+        if buf is None or buf.numel() < count * need:
+            buf = torch.empty(count * need, dtype=like.dtype, device=like.device)
             self._scratch[key] = buf
-        return [buf[j * need : (j + 1) * need] for j in range(3)]
+        regions = [buf[j * need : (j + 1) * need] for j in range(count)]
+        return _Work(index, regions[0], regions[1], regions[-1] if index is not None else None)
 
     def _index(self, stacking: _Stacking, layout: FlatLayout, x: Tensor) -> Tensor | None:
-        """Flat positions in ``x`` of every bucket's blocks, in work-region order (the one-kernel
-        gather and scatter), or ``None`` where the copies per tensor are used instead: on CPU
-        (faster there: no index to read, whole tensors used in place), while traced (inductor
+        """Flat positions in ``x`` of every bucket's blocks in work-region order (the gather and
+        scatter of all buckets in one kernel each), or ``None`` where the blocks are copied one
+        tensor at a time: on CPU (faster there, see :meth:`_pieces`), while traced (inductor
         fuses the copies), for a strided ``x``, and while a CUDA graph is captured before the
-        index exists (it is made once, outside the graph)."""
+        index exists (it is made once, outside any graph)."""
         if x.device.type == "cpu" or torch.compiler.is_compiling() or not x.is_contiguous():
             return None
         key = (layout.shapes, layout.batch_shape, x.device)
@@ -249,21 +254,24 @@ class ShampooMetric(Metric):
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`).
 
-        One gather of the gradient's blocks, then per bucket and axis one batched matmul over the
-        bucket's blocks of every tensor (on CPU whole tensors are used in place, one each).
+        Per bucket and axis one batched matmul over the bucket's blocks of every tensor (see
+        :meth:`_pieces` for how the blocks are gathered on each device).
         """
-        stacking = self._stacking(layout)
-        work = self._work(stacking, grad)
-        parts = self._gather(stacking, layout, grad, work[0])
         nb = len(layout.batch_shape)
-        for bucket, pieces in zip(stacking.buckets, parts, strict=True):
-            for a in range(bucket.rank):
-                factor, written = _stacked(stats, "factor", bucket, a, nb)
-                for first, count, blocks, _ in pieces:
-                    lo = first * stacking.chains
-                    self._fold(factor[lo : lo + count * stacking.chains], blocks, a)
-                if written is not None:
-                    _write_back(written, factor)
+        stacking = self._stacking(layout)
+        work = self._work(stacking, layout, grad)
+        factors: list[tuple[Tensor, list[Tensor] | None]] = []
+        number = -1
+        for piece, blocks, _ in self._pieces(stacking, layout, grad, work, scatter=False):
+            if piece.number != number:  # the pieces of a bucket are consecutive
+                _write_back(factors)
+                number = piece.number
+                keys = [stacking.keys("factor", number, a) for a in range(piece.bucket.rank)]
+                factors = [_stacked(stats, k, piece.bucket, nb) for k in keys]
+            rows = piece.rows(stacking.chains)
+            for a, (factor, _) in enumerate(factors):
+                self._fold(factor[rows], blocks, a)
+        _write_back(factors)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""
@@ -312,41 +320,52 @@ class ShampooMetric(Metric):
 
     # ------------------------------------------------------------------ kernels
 
-    def _gather(
-        self, stacking: _Stacking, layout: FlatLayout, x: Tensor, out: Tensor
-    ) -> list[list[tuple[int, int, Tensor, bool]]]:
-        """The blocks of ``x`` per bucket, as pieces ``(first block, blocks, data, in place)``;
-        ``data`` is ``(blocks·chains, *sizes)``, block-major, a copy in ``out`` or ``x`` itself.
+    def _pieces(
+        self, stacking: _Stacking, layout: FlatLayout, x: Tensor, work: _Work, scatter: bool
+    ) -> Iterator[tuple[_Piece, Tensor, Tensor | None]]:
+        """Each piece's blocks of ``x`` as ``(piece, blocks, result)``: ``blocks`` is
+        ``(count·chains, *sizes)``, block-major; ``result`` is where the caller's k cyclic
+        matmuls, alternating between the scratch and the gathered region, write the transformed
+        blocks so that they reach ``x`` (``None`` for a piece used in place, which the caller
+        writes itself). Only with ``scatter`` are the results written back into ``x``.
 
-        With a gather index (:meth:`_index`) every bucket is copied into ``out`` by one kernel
-        and is one piece. Otherwise the copied members of a bucket (several blocks per tensor) are
-        copied into ``out`` one tensor at a time and form one piece, and every whole tensor (one
-        block, the members at the end of the bucket) is its own piece, viewed in place.
+        With a gather index (accelerators) a piece is a whole bucket: one kernel gathers every
+        bucket before the first piece and one scatters them all after the last. Without one (CPU,
+        traced steps) a piece is a bucket's copied members, gathered just before and scattered
+        just after it is used (the data stays in cache), or one whole tensor used in place: on
+        CPU stacking whole tensors costs a copy of each and saved nothing (docs/performance.md).
         """
         chains = stacking.chains
-        index = self._index(stacking, layout, x)
-        if index is not None:
-            torch.index_select(x.view(-1), 0, index, out=out)
-        segments = None if index is not None else layout.segments(x)
-        parts = []
-        for bucket, offset in zip(stacking.buckets, stacking.offsets, strict=True):
-            numel, pieces = bucket.block_numel, []
-            copied = bucket.num_blocks
-            if segments is not None:
-                copied = sum(m.group.num_blocks for m in bucket.members if not _in_place(bucket, m))
-            if copied:
-                region = out[offset : offset + copied * chains * numel]
-                pieces.append((0, copied, region.view(copied * chains, *bucket.sizes), False))
-            if segments is not None:
-                for m in bucket.members:
-                    xi = segments[m.tensor].view(chains, *m.merged)
-                    if _in_place(bucket, m):
-                        pieces.append((m.start, 1, xi.view(chains, *bucket.sizes), True))
-                    else:
-                        at = offset + m.start * chains * numel
-                        m.group.gather(xi, out[at : at + m.group.num_blocks * chains * numel])
-            parts.append(pieces)
-        return parts
+        if work.positions is not None:
+            assert work.result is not None
+            torch.index_select(x.view(-1), 0, work.positions, out=work.gathered)
+            for piece in stacking.stacked:
+                span = piece.span(chains)
+                yield piece, work.gathered[span].view(-1, *piece.bucket.sizes), work.result[span]
+            if scatter:
+                x.view(-1).index_copy_(0, work.positions, work.result)
+            return
+        segments = layout.segments(x)
+        for piece in stacking.split:
+            sizes = piece.bucket.sizes
+            if piece.whole is not None:
+                m = piece.whole
+                yield piece, segments[m.tensor].view(chains, *sizes), None
+                continue
+            numel = piece.bucket.block_numel
+            views = []
+            for m in piece.members:
+                at = (m.start - piece.first) * chains * numel
+                view = slice(at, at + m.group.num_blocks * chains * numel)
+                xi = segments[m.tensor].view(chains, *m.merged)
+                m.group.gather(xi, work.gathered[view])
+                views.append((m, view, xi))
+            # the last of the k matmuls that alternate between the two regions writes this one
+            result = (work.scratch, work.gathered)[(piece.bucket.rank - 1) % 2]
+            span = slice(0, piece.count * chains * numel)
+            yield piece, work.gathered[span].view(-1, *sizes), result[span]
+            for m, view, xi in views if scatter else ():
+                m.group.scatter(result[view], xi)
 
     def _fold(self, factor: Tensor, blocks: Tensor, axis: int) -> None:
         """factor ← decay·factor + (1−decay)·X_(axis)X_(axis)ᵀ, batched over blocks.
@@ -370,53 +389,32 @@ class ShampooMetric(Metric):
         view the block as (s_0, rest), contract s_0 with R_0 into (rest, s_0), which is the block
         with its axes rotated by one; after k contractions the axis order is back. The transposed
         operand is only a strided view, so each contraction is one batched GEMM over a bucket's
-        blocks of every tensor: one gather, k matmuls per bucket, one scatter.
+        blocks of every tensor (:meth:`_pieces`).
         """
-        stacking = self._stacking(layout)
-        chains = stacking.chains
-        gathered, scratch, result = self._work(stacking, x)
-        parts = self._gather(stacking, layout, x, gathered)
         nb = len(layout.batch_shape)
-        for bucket, offset, pieces in zip(stacking.buckets, stacking.offsets, parts, strict=True):
-            roots = [_stacked(stats, root, bucket, a, nb)[0] for a in range(bucket.rank)]
-            numel = bucket.block_numel
-            for first, count, y, in_place in pieces:
-                lo = offset + first * chains * numel
-                hi = lo + count * chains * numel
-                rs = [r[first * chains : (first + count) * chains] for r in roots]
-                if in_place:
-                    if bucket.rank == 1:  # a vector: one matmul into scratch, copied back
-                        y.copy_(_kron_apply(y, rs, (), scratch[lo:hi]).view(y.shape))
-                    else:  # intermediates in scratch, the last matmul writes the tensor
-                        _kron_apply(y, rs, (scratch[lo:hi], result[lo:hi]), y)
-                else:  # copied: intermediates in scratch and the gathered copy, result apart
-                    _kron_apply(y, rs, (scratch[lo:hi], gathered[lo:hi]), result[lo:hi])
-        self._scatter(stacking, layout, x, result)
+        stacking = self._stacking(layout)
+        work = self._work(stacking, layout, x)
+        roots: list[Tensor] = []
+        number = -1
+        for piece, y, result in self._pieces(stacking, layout, x, work, scatter=True):
+            bucket = piece.bucket
+            if piece.number != number:  # the pieces of a bucket are consecutive
+                number = piece.number
+                keys = [stacking.keys(root, number, a) for a in range(bucket.rank)]
+                roots = [_stacked(stats, k, bucket, nb)[0] for k in keys]
+            rows = piece.rows(stacking.chains)
+            rs = [r[rows] for r in roots]
+            span = piece.span(stacking.chains)
+            if result is not None:  # intermediates in scratch and the gathered copy
+                _kron_apply(y, rs, (work.scratch[span], work.gathered[span]), result)
+            elif bucket.rank == 1:  # in place, a vector: one matmul into scratch, copied back
+                y.copy_(_kron_apply(y, rs, (), work.scratch[span]).view(y.shape))
+            else:  # in place: intermediates in the two regions, the last matmul writes the tensor
+                _kron_apply(y, rs, (work.scratch[span], work.gathered[span]), y)
         return x
-
-    def _scatter(self, stacking: _Stacking, layout: FlatLayout, x: Tensor, result: Tensor) -> None:
-        """Write the copied blocks in ``result`` back into ``x`` (inverse of :meth:`_gather`)."""
-        index = self._index(stacking, layout, x)
-        if index is not None:
-            x.view(-1).index_copy_(0, index, result)
-            return
-        chains = stacking.chains
-        segments = layout.segments(x)
-        for bucket, offset in zip(stacking.buckets, stacking.offsets, strict=True):
-            numel = bucket.block_numel
-            for m in bucket.members:
-                if not _in_place(bucket, m):
-                    at = offset + m.start * chains * numel
-                    blocks = result[at : at + m.group.num_blocks * chains * numel]
-                    m.group.scatter(blocks, segments[m.tensor].view(chains, *m.merged))
 
 
 _STATS = ("factor", "grad_root", "noise_root")
-STACK_WHOLE = False
-
-
-def _in_place(bucket: Bucket, member: Member) -> bool:
-    return member.whole and (len(bucket.members) == 1 or not STACK_WHOLE)
 
 
 def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out: Tensor) -> Tensor:
@@ -435,17 +433,20 @@ def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out
 
 
 def _stacked(
-    stats: Stats, stat: str, bucket: Bucket, axis: int, nbatch: int
+    stats: Stats, keys: list[str], bucket: Bucket, nbatch: int
 ) -> tuple[Tensor, list[Tensor] | None]:
-    """A bucket's statistic of one axis as one ``(blocks·chains, s, s)`` tensor, block-major.
+    """A bucket's statistic of one axis (``keys``: one per member) as one
+    ``(blocks·chains, s, s)`` tensor, block-major.
 
     Normally the per-tensor statistics are the views of one tensor made by
     :meth:`ShampooMetric.init`, which is returned (no copy). Statistics that are not (cloned,
     stacked by a caller, or while ``torch.compile`` traces, where a view's base cannot be read)
     are copied into one tensor; the views to write it back to are returned with it.
     """
-    s = bucket.sizes[axis]
-    parts = [stats[_key(stat, m.index, axis, m.tensor)].movedim(nbatch, 0) for m in bucket.members]
+    parts = [stats[k] for k in keys]
+    s = parts[0].shape[-1]
+    if nbatch:
+        parts = [p.movedim(nbatch, 0) for p in parts]
     if len(parts) == 1 and parts[0].is_contiguous():
         return parts[0].view(-1, s, s), None
     if not torch.compiler.is_compiling():
@@ -460,43 +461,96 @@ def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
     base = parts[0]._base
     if base is None or base.shape[0] != bucket.num_blocks or not base.is_contiguous():
         return None
-    origin, per_block = base.storage_offset(), base.stride(0)
+    origin, per_block, stride = base.storage_offset(), base.stride(0), base.stride()
     for m, part in zip(bucket.members, parts, strict=True):
         if (
             part._base is not base
             or part.storage_offset() != origin + m.start * per_block
             or part.shape[0] != m.group.num_blocks
+            or part.stride() != stride
             or part.shape[1:] != base.shape[1:]
-            or part.stride() != base.stride()
         ):
             return None
     return base
 
 
-def _write_back(parts: list[Tensor], stacked: Tensor) -> None:
-    """Copy a stacked statistic (``_stacked``'s copy) back into the per-tensor views."""
-    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
-    for part, value in zip(parts, stacked.split(rows), strict=True):
-        part.copy_(value.view(part.shape))
+def _write_back(resolved: list[tuple[Tensor, list[Tensor] | None]]) -> None:
+    """Copy stacked statistics that are copies (``_stacked``) back into the per-tensor views."""
+    for stacked, parts in resolved:
+        if parts is not None:
+            rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
+            for part, value in zip(parts, stacked.split(rows), strict=True):
+                part.copy_(value.view(part.shape))
+
+
+class _Work(NamedTuple):
+    positions: Tensor | None
+    gathered: Tensor
+    scratch: Tensor
+    result: Tensor | None
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Consecutive blocks ``[first, first + count)`` of a bucket, handled by one matmul per axis:
+    copied ``members``, or one ``whole`` tensor used in place; ``offset`` in a work region;
+    ``number``: the bucket's index in the layout's buckets."""
+
+    bucket: Bucket
+    number: int
+    first: int
+    count: int
+    members: tuple[Member, ...]
+    whole: Member | None
+    offset: int
+
+    def rows(self, chains: int) -> slice:
+        """The piece's rows of its bucket's stacked statistics."""
+        return slice(self.first * chains, (self.first + self.count) * chains)
+
+    def span(self, chains: int) -> slice:
+        """The piece's elements in a work region."""
+        return slice(self.offset, self.offset + self.count * chains * self.bucket.block_numel)
 
 
 @dataclass(frozen=True)
 class _Stacking:
-    """The buckets of a layout and the offset of each in a work region (all chains)."""
+    """How a layout's blocks are stacked: its buckets, as pieces with a gather index
+    (``stacked``: a bucket each, back to back in ``size`` elements) and without one (``split``:
+    copied members per bucket, whole tensors alone, each from offset 0 of ``largest``)."""
 
     buckets: tuple[Bucket, ...]
-    offsets: tuple[int, ...]
+    stacked: tuple[_Piece, ...]
+    split: tuple[_Piece, ...]
     size: int
+    largest: int
     chains: int
+    _keys: dict[tuple[str, int, int], list[str]]
 
     @staticmethod
     def build(buckets: tuple[Bucket, ...], batch_shape: tuple[int, ...]) -> _Stacking:
         chains = math.prod(batch_shape)
-        offsets, size = [], 0
-        for bucket in buckets:
-            offsets.append(size)
+        stacked, split, size = [], [], 0
+        for b, bucket in enumerate(buckets):
+            stacked.append(_Piece(bucket, b, 0, bucket.num_blocks, bucket.members, None, size))
             size += chains * bucket.num_blocks * bucket.block_numel
-        return _Stacking(buckets, tuple(offsets), size, chains)
+            copied = tuple(m for m in bucket.members if not m.whole)
+            if copied:
+                count = sum(m.group.num_blocks for m in copied)
+                split.append(_Piece(bucket, b, 0, count, copied, None, 0))
+            split += [_Piece(bucket, b, m.start, 1, (), m, 0) for m in bucket.members if m.whole]
+        largest = max((chains * p.count * p.bucket.block_numel for p in split), default=0)
+        keys = {
+            (stat, b, a): [_key(stat, m.index, a, m.tensor) for m in bucket.members]
+            for b, bucket in enumerate(buckets)
+            for stat in _STATS
+            for a in range(bucket.rank)
+        }
+        return _Stacking(buckets, tuple(stacked), tuple(split), size, largest, chains, keys)
+
+    def keys(self, stat: str, bucket: int, axis: int) -> list[str]:
+        """The per-member keys of statistic ``stat`` of bucket number ``bucket``, one axis."""
+        return self._keys[stat, bucket, axis]
 
     def positions(self, layout: FlatLayout, device: torch.device) -> Tensor:
         """The flat index into a contiguous ``(*batch, D)`` buffer of every element of a work
