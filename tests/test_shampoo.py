@@ -19,7 +19,7 @@ from sgrld.core.engine import update_metric
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks
 from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
-from sgrld.metrics.shampoo import ShampooMetric, _stacked
+from sgrld.metrics.shampoo import ShampooMetric
 
 # ----------------------------------------------------------------------------- oracle
 
@@ -694,8 +694,7 @@ def test_buckets_equal_the_per_tensor_computation(
     stats = run(metric, layout, grads)
     for b, bucket in enumerate(stacking.buckets):  # each statistic: views of one tensor
         for stat, a in itertools.product(("factor", "grad_root", "noise_root"), range(bucket.rank)):
-            keys = stacking.keys(stat, b, a)
-            assert _stacked(stats, keys, bucket, len(layout.batch_shape))[1] is None
+            assert stacking.stacked_stat(stats, stat, b, a, len(layout.batch_shape))[1] is None
     g = grads[-1].clone()
     metric.update(copy.deepcopy(stats), layout, g, 4)
     assert torch.equal(g, grads[-1])  # the engine applies G⁻¹ to the same buffer next
@@ -709,3 +708,123 @@ def test_buckets_equal_the_per_tensor_computation(
         expected = per_tensor_apply(metric, layout, stats, v, root)
         got = getattr(metric, fn)(stats, layout, v.clone()).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+
+
+def _bucket_case(chains: int | None = 2) -> tuple[ShampooMetric, FlatLayout, list[torch.Tensor]]:
+    metric = ShampooMetric(
+        decay=0.8, eps=1e-3, block_size=8, update_interval=2, precondition_vectors=True
+    )
+    layout = _layout([*MLP, (16, 16, 3, 3), (16, 16, 3, 3)], chains)
+    return metric, layout, random_grads(layout, 3, torch.float64, seed=4)
+
+
+def _steps(metric: ShampooMetric, layout: FlatLayout, stats: dict, grads: list) -> list:
+    """update (+ refresh when due), G⁻¹ and G^{-1/2} of every gradient, as the engine calls them."""
+    outs = []
+    for t, g in enumerate(grads, start=1):
+        update_metric(metric, stats, layout, g.clone(), t)
+        outs += [
+            metric.inverse(stats, layout, g.clone()),
+            metric.inverse_sqrt(stats, layout, g * 2),
+        ]
+    return outs
+
+
+def test_statistics_that_are_not_views_give_the_same_numbers() -> None:
+    """Cloned statistics (clone_state, a caller's own tensors) are stacked by copies and written
+    back: the same numbers, bit for bit, and the same keys and shapes in a state dict."""
+    metric, layout, grads = _bucket_case()
+    views = metric.init(layout, grads[0])
+    clones = {k: v.clone() for k, v in views.items()}
+    assert views[next(iter(views))]._base is not None
+    assert all(v._base is None for v in clones.values())
+    got = _steps(metric, layout, clones, grads)
+    for a, b in zip(_steps(metric, layout, views, grads), got, strict=True):
+        assert torch.equal(a, b)
+    assert list(views) == list(clones)
+    assert all(torch.equal(views[k], clones[k]) for k in views)
+
+
+def test_checkpoint_of_per_tensor_statistics_loads_into_the_stacked_state() -> None:
+    """A state dict holds one plain tensor per key, as before the buckets: loading it copies
+    into the views (the buckets stay stacked) and the run continues as if never stopped."""
+    metric, layout, grads = _bucket_case(None)
+    stats = metric.init(layout, grads[0])
+    _steps(metric, layout, stats, grads[:2])
+    saved = {k: v.clone() for k, v in stats.items()}  # SamplerState.state_dict's format
+    assert all(v.is_contiguous() and v._base is None for v in saved.values())
+    after = _steps(metric, layout, stats, grads[2:])
+    fresh = ShampooMetric(
+        **{f: getattr(metric, f) for f in ("decay", "eps", "block_size")},
+        update_interval=2,
+        precondition_vectors=True,
+    )
+    loaded = fresh.init(layout, grads[0])
+    for k, v in saved.items():
+        loaded[k].copy_(v)  # SamplerState.apply_state_dict
+    stacking = fresh._stacking(layout)
+    assert all(
+        stacking.stacked_stat(loaded, "factor", b, 0, 0)[1] is None
+        for b in range(len(stacking.buckets))
+    )
+    resumed = []
+    for t, g in enumerate(grads[2:], start=3):
+        update_metric(fresh, loaded, layout, g.clone(), t)
+        resumed += [
+            fresh.inverse(loaded, layout, g.clone()),
+            fresh.inverse_sqrt(loaded, layout, g * 2),
+        ]
+    assert all(torch.equal(a, b) for a, b in zip(after, resumed, strict=True))
+    assert all(torch.equal(stats[k], loaded[k]) for k in stats)
+
+
+def test_one_gather_and_scatter_path_gives_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The accelerator path (every bucket gathered and scattered by one index kernel each,
+    whole tensors stacked too) equals the CPU path, here forced on CPU."""
+    metric, layout, grads = _bucket_case()
+    expected = _steps(metric, layout, metric.init(layout, grads[0]), grads)
+
+    def index(self: ShampooMetric, stacking: object, lay: FlatLayout, x: torch.Tensor) -> object:
+        return stacking.positions(lay, x.device)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(ShampooMetric, "_index", index)
+    indexed = ShampooMetric(
+        **{f: getattr(metric, f) for f in ("decay", "eps", "block_size")},
+        update_interval=2,
+        precondition_vectors=True,
+    )
+    got = _steps(indexed, layout, indexed.init(layout, grads[0]), grads)
+    assert any(len(p.members) > 1 for p in indexed._stacking(layout).stacked)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_traced_step_with_stacked_buckets_has_no_graph_break() -> None:
+    """Under torch.compile(fullgraph=True) the views' base cannot be read: the buckets are
+    stacked by copies and written back, with the eager numbers."""
+    metric = ShampooMetric(
+        decay=0.8, eps=1e-3, block_size=8, update_interval=2, precondition_vectors=True
+    )
+    layout = _layout([(8, 16), (8,), (8, 8), (8,), (2, 8, 3), (2, 8, 3)])
+    grads = random_grads(layout, 3, torch.float64, seed=5)
+    assert all(len(b.members) > 1 for b in metric._stacking(layout).buckets)
+    eager = metric.init(layout, grads[0])
+    traced = copy.deepcopy(eager)
+    _steps(metric, layout, eager, grads[:2])
+    _steps(metric, layout, traced, grads[:2])
+
+    def step(stats: dict, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        metric.update(stats, layout, g, 3)
+        return metric.inverse(stats, layout, g.clone()), metric.inverse_sqrt(stats, layout, g * 2)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    want = step(eager, grads[2].clone())
+    got = compiled(traced, grads[2].clone())
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for k in eager:
+        torch.testing.assert_close(traced[k], eager[k], rtol=1e-12, atol=1e-12)

@@ -31,6 +31,7 @@ Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``upd
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -266,8 +267,10 @@ class ShampooMetric(Metric):
             if piece.number != number:  # the pieces of a bucket are consecutive
                 _write_back(factors)
                 number = piece.number
-                keys = [stacking.keys("factor", number, a) for a in range(piece.bucket.rank)]
-                factors = [_stacked(stats, k, piece.bucket, nb) for k in keys]
+                factors = [
+                    stacking.stacked_stat(stats, "factor", number, a, nb)
+                    for a in range(piece.bucket.rank)
+                ]
             rows = piece.rows(stacking.chains)
             for a, (factor, _) in enumerate(factors):
                 self._fold(factor[rows], blocks, a)
@@ -400,8 +403,9 @@ class ShampooMetric(Metric):
             bucket = piece.bucket
             if piece.number != number:  # the pieces of a bucket are consecutive
                 number = piece.number
-                keys = [stacking.keys(root, number, a) for a in range(bucket.rank)]
-                roots = [_stacked(stats, k, bucket, nb)[0] for k in keys]
+                roots = [
+                    stacking.stacked_stat(stats, root, number, a, nb)[0] for a in range(bucket.rank)
+                ]
             rows = piece.rows(stacking.chains)
             rs = [r[rows] for r in roots]
             span = piece.span(stacking.chains)
@@ -432,30 +436,6 @@ def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out
     return y
 
 
-def _stacked(
-    stats: Stats, keys: list[str], bucket: Bucket, nbatch: int
-) -> tuple[Tensor, list[Tensor] | None]:
-    """A bucket's statistic of one axis (``keys``: one per member) as one
-    ``(blocks·chains, s, s)`` tensor, block-major.
-
-    Normally the per-tensor statistics are the views of one tensor made by
-    :meth:`ShampooMetric.init`, which is returned (no copy). Statistics that are not (cloned,
-    stacked by a caller, or while ``torch.compile`` traces, where a view's base cannot be read)
-    are copied into one tensor; the views to write it back to are returned with it.
-    """
-    parts = [stats[k] for k in keys]
-    s = parts[0].shape[-1]
-    if nbatch:
-        parts = [p.movedim(nbatch, 0) for p in parts]
-    if len(parts) == 1 and parts[0].is_contiguous():
-        return parts[0].view(-1, s, s), None
-    if not torch.compiler.is_compiling():
-        base = _common_base(parts, bucket)
-        if base is not None:
-            return base.view(-1, s, s), None
-    return torch.cat(parts).view(-1, s, s), parts
-
-
 def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
     """The contiguous tensor that ``parts`` are consecutive block ranges of, or ``None``."""
     base = parts[0]._base
@@ -475,7 +455,7 @@ def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
 
 
 def _write_back(resolved: list[tuple[Tensor, list[Tensor] | None]]) -> None:
-    """Copy stacked statistics that are copies (``_stacked``) back into the per-tensor views."""
+    """Copy stacked statistics that are copies (``stacked_stat``) back into their views."""
     for stacked, parts in resolved:
         if parts is not None:
             rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
@@ -526,6 +506,9 @@ class _Stacking:
     largest: int
     chains: int
     _keys: dict[tuple[str, int, int], list[str]]
+    # per statistic: the per-tensor tensors last found to be views of one base, and that base
+    # (weak references: a state that is dropped is not kept alive by its metric)
+    _verified: dict[tuple[str, int, int], tuple[list[weakref.ref[Tensor]], weakref.ref[Tensor]]]
 
     @staticmethod
     def build(buckets: tuple[Bucket, ...], batch_shape: tuple[int, ...]) -> _Stacking:
@@ -546,11 +529,38 @@ class _Stacking:
             for stat in _STATS
             for a in range(bucket.rank)
         }
-        return _Stacking(buckets, tuple(stacked), tuple(split), size, largest, chains, keys)
+        return _Stacking(buckets, tuple(stacked), tuple(split), size, largest, chains, keys, {})
 
-    def keys(self, stat: str, bucket: int, axis: int) -> list[str]:
-        """The per-member keys of statistic ``stat`` of bucket number ``bucket``, one axis."""
-        return self._keys[stat, bucket, axis]
+    def stacked_stat(
+        self, stats: Stats, stat: str, bucket: int, axis: int, nbatch: int
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """Statistic ``stat`` of bucket number ``bucket``, one axis, as one
+        ``(blocks·chains, s, s)`` tensor, block-major.
+
+        Normally the per-tensor statistics are the views of one tensor made by
+        :meth:`ShampooMetric.init`, which is returned (no copy; checked once, then by identity).
+        Statistics that are not (cloned, stacked by a caller, or while ``torch.compile`` traces,
+        where a view's base cannot be read) are copied into one tensor, returned with the views
+        to write it back to.
+        """
+        slot = (stat, bucket, axis)
+        raw = [stats[k] for k in self._keys[slot]]
+        s = raw[0].shape[-1]
+        tracing = torch.compiler.is_compiling()
+        seen = None if tracing else self._verified.get(slot)
+        if seen is not None:
+            base = seen[1]()
+            if base is not None and all(r() is t for r, t in zip(seen[0], raw, strict=True)):
+                return base.view(-1, s, s), None
+        parts = [p.movedim(nbatch, 0) for p in raw] if nbatch else raw
+        if len(parts) == 1 and parts[0].is_contiguous():
+            return parts[0].view(-1, s, s), None
+        if not tracing:
+            base = _common_base(parts, self.buckets[bucket])
+            if base is not None:
+                self._verified[slot] = ([weakref.ref(t) for t in raw], weakref.ref(base))
+                return base.view(-1, s, s), None
+        return torch.cat(parts).view(-1, s, s), parts
 
     def positions(self, layout: FlatLayout, device: torch.device) -> Tensor:
         """The flat index into a contiguous ``(*batch, D)`` buffer of every element of a work
