@@ -694,7 +694,8 @@ def test_buckets_equal_the_per_tensor_computation(
     stats = run(metric, layout, grads)
     for b, bucket in enumerate(stacking.buckets):  # each statistic: views of one tensor
         for stat, a in itertools.product(("factor", "grad_root", "noise_root"), range(bucket.rank)):
-            assert stacking.stacked_stat(stats, stat, b, a, len(layout.batch_shape))[1] is None
+            piece = stacking.stacked[b]
+            assert stacking.piece_stat(stats, stat, piece, a, len(layout.batch_shape))[1] is None
     g = grads[-1].clone()
     metric.update(copy.deepcopy(stats), layout, g, 4)
     assert torch.equal(g, grads[-1])  # the engine applies G⁻¹ to the same buffer next
@@ -764,8 +765,7 @@ def test_checkpoint_of_per_tensor_statistics_loads_into_the_stacked_state() -> N
         loaded[k].copy_(v)  # SamplerState.apply_state_dict
     stacking = fresh._stacking(layout)
     assert all(
-        stacking.stacked_stat(loaded, "factor", b, 0, 0)[1] is None
-        for b in range(len(stacking.buckets))
+        stacking.piece_stat(loaded, "factor", piece, 0, 0)[1] is None for piece in stacking.stacked
     )
     resumed = []
     for t, g in enumerate(grads[2:], start=3):
@@ -796,7 +796,9 @@ def test_one_gather_and_scatter_path_gives_the_same_numbers(
         precondition_vectors=True,
     )
     got = _steps(indexed, layout, indexed.init(layout, grads[0]), grads)
-    assert any(len(p.members) > 1 for p in indexed._stacking(layout).stacked)
+    stacking = indexed._stacking(layout)
+    assert any(len(b.members) > 1 for b in stacking.buckets)
+    assert indexed._work(stacking, layout, grads[0]).positions is not None
     for a, b in zip(expected, got, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 

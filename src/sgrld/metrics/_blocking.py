@@ -194,11 +194,8 @@ class Member:
 
 @dataclass(frozen=True)
 class Bucket:
-    """The groups of one block shape across the tensors of a layout, stacked block after block.
-
-    Members that must be copied come first and whole tensors last, so that the copied ones are one
-    contiguous range ``[0, stacked)`` of blocks and each whole tensor a range of its own.
-    """
+    """The groups of one block shape across the tensors of a layout, stacked block after block
+    in tensor order (member ``j`` holds blocks ``[start_j, start_j + count_j)``)."""
 
     sizes: tuple[int, ...]
     members: tuple[Member, ...]
@@ -219,27 +216,18 @@ class Bucket:
 def plan_buckets(plans: Sequence[tuple[int, BlockPlan]]) -> tuple[Bucket, ...]:
     """Group the blocks of the tensors ``plans`` (``(index, plan)`` pairs) by block shape.
 
-    Buckets come in the order of their first block; within a bucket, copied members (in tensor
-    order) come before whole tensors (in tensor order).
+    Buckets come in the order of their first block.
 
     Example:
         >>> plans = [(0, plan_blocks((400, 784), 128)), (1, plan_blocks((400, 400), 128))]
         >>> [(b.sizes, b.num_blocks, len(b.members)) for b in plan_buckets(plans)][:2]
         [((128, 128), 27, 2), ((128, 16), 6, 2)]
     """
-    found: dict[tuple[int, ...], list[tuple[int, int, BlockGroup, BlockPlan]]] = {}
+    found: dict[tuple[int, ...], list[Member]] = {}
     for i, plan in plans:
+        whole = plan.num_blocks == 1
         for g, group in enumerate(plan.groups):
-            found.setdefault(group.sizes, []).append((i, g, group, plan))
-    buckets = []
-    for sizes, entries in found.items():
-        whole = [len(p.groups) == 1 and grp.num_blocks == 1 for _, _, grp, p in entries]
-        order = [e for e, w in zip(entries, whole, strict=True) if not w]
-        order += [e for e, w in zip(entries, whole, strict=True) if w]
-        members, start = [], 0
-        for i, g, group, plan in order:
-            is_whole = len(plan.groups) == 1 and group.num_blocks == 1
-            members.append(Member(i, g, group, plan.merged, start, is_whole))
-            start += group.num_blocks
-        buckets.append(Bucket(sizes, tuple(members)))
-    return tuple(buckets)
+            members = found.setdefault(group.sizes, [])
+            start = sum(m.group.num_blocks for m in members)
+            members.append(Member(i, g, group, plan.merged, start, whole))
+    return tuple(Bucket(sizes, tuple(members)) for sizes, members in found.items())

@@ -261,20 +261,12 @@ class ShampooMetric(Metric):
         nb = len(layout.batch_shape)
         stacking = self._stacking(layout)
         work = self._work(stacking, layout, grad)
-        factors: list[tuple[Tensor, list[Tensor] | None]] = []
-        number = -1
         for piece, blocks, _ in self._pieces(stacking, layout, grad, work, scatter=False):
-            if piece.number != number:  # the pieces of a bucket are consecutive
-                _write_back(factors)
-                number = piece.number
-                factors = [
-                    stacking.stacked_stat(stats, "factor", number, a, nb)
-                    for a in range(piece.bucket.rank)
-                ]
-            rows = piece.rows(stacking.chains)
-            for a, (factor, _) in enumerate(factors):
-                self._fold(factor[rows], blocks, a)
-        _write_back(factors)
+            for a in range(piece.bucket.rank):
+                factor, copied_from = stacking.piece_stat(stats, "factor", piece, a, nb)
+                self._fold(factor, blocks, a)
+                if copied_from is not None:
+                    _write_back(factor, copied_from)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""
@@ -334,41 +326,36 @@ class ShampooMetric(Metric):
 
         With a gather index (accelerators) a piece is a whole bucket: one kernel gathers every
         bucket before the first piece and one scatters them all after the last. Without one (CPU,
-        traced steps) a piece is a bucket's copied members, gathered just before and scattered
-        just after it is used (the data stays in cache), or one whole tensor used in place: on
-        CPU stacking whole tensors costs a copy of each and saved nothing (docs/performance.md).
+        traced steps) a piece is one tensor's group of blocks, gathered just before and scattered
+        just after it is used, or one whole tensor used in place, as before the buckets: on CPU,
+        where launches are cheap, stacking saved nothing and cost up to 5 % in cache misses and
+        copies of whole tensors (docs/performance.md, "Shampoo: blocks stacked across
+        tensors").
         """
-        chains = stacking.chains
         if work.positions is not None:
             assert work.result is not None
             torch.index_select(x.view(-1), 0, work.positions, out=work.gathered)
             for piece in stacking.stacked:
-                span = piece.span(chains)
-                yield piece, work.gathered[span].view(-1, *piece.bucket.sizes), work.result[span]
+                blocks = work.gathered[piece.span].view(piece.rows_count, *piece.bucket.sizes)
+                yield piece, blocks, work.result[piece.span]
             if scatter:
                 x.view(-1).index_copy_(0, work.positions, work.result)
             return
         segments = layout.segments(x)
         for piece in stacking.split:
-            sizes = piece.bucket.sizes
-            if piece.whole is not None:
-                m = piece.whole
-                yield piece, segments[m.tensor].view(chains, *sizes), None
+            m = piece.member
+            assert m is not None
+            xi = segments[m.tensor].view(stacking.chains, *m.merged)
+            if m.whole:
+                yield piece, xi.view(piece.rows_count, *piece.bucket.sizes), None
                 continue
-            numel = piece.bucket.block_numel
-            views = []
-            for m in piece.members:
-                at = (m.start - piece.first) * chains * numel
-                view = slice(at, at + m.group.num_blocks * chains * numel)
-                xi = segments[m.tensor].view(chains, *m.merged)
-                m.group.gather(xi, work.gathered[view])
-                views.append((m, view, xi))
+            gathered = work.gathered[piece.span]
+            m.group.gather(xi, gathered)
             # the last of the k matmuls that alternate between the two regions writes this one
-            result = (work.scratch, work.gathered)[(piece.bucket.rank - 1) % 2]
-            span = slice(0, piece.count * chains * numel)
-            yield piece, work.gathered[span].view(-1, *sizes), result[span]
-            for m, view, xi in views if scatter else ():
-                m.group.scatter(result[view], xi)
+            result = (work.scratch, work.gathered)[(piece.bucket.rank - 1) % 2][piece.span]
+            yield piece, gathered.view(piece.rows_count, *piece.bucket.sizes), result
+            if scatter:
+                m.group.scatter(result, xi)
 
     def _fold(self, factor: Tensor, blocks: Tensor, axis: int) -> None:
         """factor ← decay·factor + (1−decay)·X_(axis)X_(axis)ᵀ, batched over blocks.
@@ -397,18 +384,10 @@ class ShampooMetric(Metric):
         nb = len(layout.batch_shape)
         stacking = self._stacking(layout)
         work = self._work(stacking, layout, x)
-        roots: list[Tensor] = []
-        number = -1
         for piece, y, result in self._pieces(stacking, layout, x, work, scatter=True):
             bucket = piece.bucket
-            if piece.number != number:  # the pieces of a bucket are consecutive
-                number = piece.number
-                roots = [
-                    stacking.stacked_stat(stats, root, number, a, nb)[0] for a in range(bucket.rank)
-                ]
-            rows = piece.rows(stacking.chains)
-            rs = [r[rows] for r in roots]
-            span = piece.span(stacking.chains)
+            rs = [stacking.piece_stat(stats, root, piece, a, nb)[0] for a in range(bucket.rank)]
+            span = piece.span
             if result is not None:  # intermediates in scratch and the gathered copy
                 _kron_apply(y, rs, (work.scratch[span], work.gathered[span]), result)
             elif bucket.rank == 1:  # in place, a vector: one matmul into scratch, copied back
@@ -454,13 +433,11 @@ def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
     return base
 
 
-def _write_back(resolved: list[tuple[Tensor, list[Tensor] | None]]) -> None:
-    """Copy stacked statistics that are copies (``stacked_stat``) back into their views."""
-    for stacked, parts in resolved:
-        if parts is not None:
-            rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
-            for part, value in zip(parts, stacked.split(rows), strict=True):
-                part.copy_(value.view(part.shape))
+def _write_back(stacked: Tensor, parts: list[Tensor]) -> None:
+    """Copy a statistic that was stacked by copying (``piece_stat``) back into ``parts``."""
+    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
+    for part, value in zip(parts, stacked.split(rows), strict=True):
+        part.copy_(value.view(part.shape))
 
 
 class _Work(NamedTuple):
@@ -472,32 +449,28 @@ class _Work(NamedTuple):
 
 @dataclass(frozen=True)
 class _Piece:
-    """Consecutive blocks ``[first, first + count)`` of a bucket, handled by one matmul per axis:
-    copied ``members``, or one ``whole`` tensor used in place; ``offset`` in a work region;
-    ``number``: the bucket's index in the layout's buckets."""
+    """Blocks of bucket number ``number`` handled by one matmul per axis: the whole bucket
+    (``member`` None) or one member's group (``member``; a whole tensor is used in place).
+
+    Attributes:
+        position: the member's index in the bucket's members (-1: the whole bucket).
+        span: the piece's elements in a work region.
+        rows_count: blocks × chains.
+    """
 
     bucket: Bucket
     number: int
-    first: int
-    count: int
-    members: tuple[Member, ...]
-    whole: Member | None
-    offset: int
-
-    def rows(self, chains: int) -> slice:
-        """The piece's rows of its bucket's stacked statistics."""
-        return slice(self.first * chains, (self.first + self.count) * chains)
-
-    def span(self, chains: int) -> slice:
-        """The piece's elements in a work region."""
-        return slice(self.offset, self.offset + self.count * chains * self.bucket.block_numel)
+    member: Member | None
+    position: int
+    span: slice
+    rows_count: int
 
 
 @dataclass(frozen=True)
 class _Stacking:
     """How a layout's blocks are stacked: its buckets, as pieces with a gather index
-    (``stacked``: a bucket each, back to back in ``size`` elements) and without one (``split``:
-    copied members per bucket, whole tensors alone, each from offset 0 of ``largest``)."""
+    (``stacked``: a bucket each, back to back in ``size`` elements of a work region) and
+    without one (``split``: one member each, from offset 0 of ``largest`` elements)."""
 
     buckets: tuple[Bucket, ...]
     stacked: tuple[_Piece, ...]
@@ -513,16 +486,15 @@ class _Stacking:
     @staticmethod
     def build(buckets: tuple[Bucket, ...], batch_shape: tuple[int, ...]) -> _Stacking:
         chains = math.prod(batch_shape)
-        stacked, split, size = [], [], 0
+        stacked, split, size, largest = [], [], 0, 0
         for b, bucket in enumerate(buckets):
-            stacked.append(_Piece(bucket, b, 0, bucket.num_blocks, bucket.members, None, size))
-            size += chains * bucket.num_blocks * bucket.block_numel
-            copied = tuple(m for m in bucket.members if not m.whole)
-            if copied:
-                count = sum(m.group.num_blocks for m in copied)
-                split.append(_Piece(bucket, b, 0, count, copied, None, 0))
-            split += [_Piece(bucket, b, m.start, 1, (), m, 0) for m in bucket.members if m.whole]
-        largest = max((chains * p.count * p.bucket.block_numel for p in split), default=0)
+            numel, rows = bucket.block_numel, chains * bucket.num_blocks
+            stacked.append(_Piece(bucket, b, None, -1, slice(size, size + rows * numel), rows))
+            size += rows * numel
+            for j, m in enumerate(bucket.members):
+                count = chains * m.group.num_blocks
+                split.append(_Piece(bucket, b, m, j, slice(0, count * numel), count))
+                largest = max(largest, count * numel)
         keys = {
             (stat, b, a): [_key(stat, m.index, a, m.tensor) for m in bucket.members]
             for b, bucket in enumerate(buckets)
@@ -531,23 +503,26 @@ class _Stacking:
         }
         return _Stacking(buckets, tuple(stacked), tuple(split), size, largest, chains, keys, {})
 
-    def stacked_stat(
-        self, stats: Stats, stat: str, bucket: int, axis: int, nbatch: int
+    def piece_stat(
+        self, stats: Stats, stat: str, piece: _Piece, axis: int, nbatch: int
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """Statistic ``stat`` of bucket number ``bucket``, one axis, as one
-        ``(blocks·chains, s, s)`` tensor, block-major.
+        """Statistic ``stat`` of ``piece``'s blocks, one axis, as one ``(rows, s, s)`` tensor
+        (block-major), and ``None``, or the views to write it back to where it is a copy.
 
-        Normally the per-tensor statistics are the views of one tensor made by
-        :meth:`ShampooMetric.init`, which is returned (no copy; checked once, then by identity).
-        Statistics that are not (cloned, stacked by a caller, or while ``torch.compile`` traces,
-        where a view's base cannot be read) are copied into one tensor, returned with the views
-        to write it back to.
+        A member's statistic is its own tensor (a view of the bucket's, as :meth:`ShampooMetric.
+        init` makes it: no copy). A whole bucket's is the tensor that its members' statistics
+        are views of (checked once, then by identity); statistics that are not views of one
+        tensor (cloned, stacked by a caller, or while ``torch.compile`` traces, where a view's
+        base cannot be read) are copied into one.
         """
-        slot = (stat, bucket, axis)
-        raw = [stats[k] for k in self._keys[slot]]
+        slot = (stat, piece.number, axis)
+        keys = self._keys[slot]
+        raw = (
+            [stats[keys[piece.position]]] if piece.member is not None else [stats[k] for k in keys]
+        )
         s = raw[0].shape[-1]
         tracing = torch.compiler.is_compiling()
-        seen = None if tracing else self._verified.get(slot)
+        seen = None if tracing or piece.member is not None else self._verified.get(slot)
         if seen is not None:
             base = seen[1]()
             if base is not None and all(r() is t for r, t in zip(seen[0], raw, strict=True)):
@@ -555,8 +530,8 @@ class _Stacking:
         parts = [p.movedim(nbatch, 0) for p in raw] if nbatch else raw
         if len(parts) == 1 and parts[0].is_contiguous():
             return parts[0].view(-1, s, s), None
-        if not tracing:
-            base = _common_base(parts, self.buckets[bucket])
+        if not tracing and piece.member is None:
+            base = _common_base(parts, piece.bucket)
             if base is not None:
                 self._verified[slot] = ([weakref.ref(t) for t in raw], weakref.ref(base))
                 return base.view(-1, s, s), None
