@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -801,6 +802,7 @@ def test_one_gather_and_scatter_path_gives_the_same_numbers(
     assert indexed._work(stacking, layout, grads[0]).positions is not None
     for a, b in zip(expected, got, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert pickle.loads(pickle.dumps(indexed)) == indexed  # its caches do not stop a pickle
 
 
 @pytest.mark.slow

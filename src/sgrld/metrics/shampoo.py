@@ -17,9 +17,15 @@ the step (ℓ, n, τ) is fixed once in ``docs/conventions.md``.
 
 Speed (performance.md): blocks of equal shape are stacked and handled with batched matmuls; each
 Kronecker product is applied by k matmuls contracting one axis at a time (the cyclic "tensordot"
-trick: no copy per axis, one gather and one scatter per group of blocks); work buffers are reused
-across steps; nothing in ``update``, ``inverse`` or ``inverse_sqrt`` syncs with the host, only
-the root refresh does.
+trick: no copy per axis); work buffers are reused across steps; nothing in ``update``,
+``inverse`` or ``inverse_sqrt`` syncs with the host, only the root refresh does. Blocks of one
+shape form a *bucket* across all tensors of the layout (:func:`~sgrld.metrics._blocking.
+plan_buckets`), and each statistic of a bucket's axis is one tensor whose per-tensor keys are
+views (state dicts unchanged). On an accelerator a step is then one gather of every bucket's
+blocks (an index kernel), k batched matmuls per bucket and one scatter: a few launches per
+bucket instead of per tensor. On CPU (launches are cheap, the work is GEMM-bound) the same
+kernels run one tensor group at a time, each gathered just before its matmuls, which measured
+fastest there (performance.md, "Shampoo: blocks stacked across tensors").
 
 Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``update`` 1.7 ms,
 ``inverse`` 1.9 ms, ``inverse_sqrt`` 1.9 ms per step, ≈ 150 GFLOP/s, near the GEMM rate (block
@@ -502,6 +508,10 @@ class _Stacking:
             for a in range(bucket.rank)
         }
         return _Stacking(buckets, tuple(stacked), tuple(split), size, largest, chains, keys, {})
+
+    def __getstate__(self) -> dict[str, object]:
+        # weak references do not pickle; the checks are redone after a copy
+        return {**self.__dict__, "_verified": {}}
 
     def piece_stat(
         self, stats: Stats, stat: str, piece: _Piece, axis: int, nbatch: int
