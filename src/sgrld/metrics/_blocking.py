@@ -13,8 +13,9 @@ For speed, blocks are not handled one at a time: blocks of equal shape form a :c
 tensor and a stacked ``(count, batch, *sizes)`` buffer with one view + permute + copy, so that
 its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3). Across
 the tensors of a layout, the groups of equal block shape form one :class:`Bucket`
-(:func:`plan_buckets`), whose blocks are stacked in one buffer and handled by one batched
-matmul per axis.
+(:func:`plan_buckets`): its statistics are one tensor per axis, and on an accelerator its blocks
+are stacked in one buffer and handled by one batched matmul per axis (:mod:`sgrld.metrics.
+shampoo`).
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ class ShampooMetric(Metric):
         return stacking
 
     def _work(self, stacking: _Stacking, layout: FlatLayout, like: Tensor) -> _Work:
-        """The gather index (or ``None``) and three reusable flat regions for the blocks."""
+        """The gather index (or ``None``) and the reusable flat regions for the blocks: three
+        holding every bucket with an index, two holding the largest tensor group without."""
         index = self._index(stacking, layout, like)
         # one region per gathered, intermediate and transformed blocks; without an index the
         # transformed blocks end in one of the first two (and are scattered piece by piece)
