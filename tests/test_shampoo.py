@@ -18,7 +18,7 @@ import torch
 
 from sgrld.core.engine import update_metric
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks
+from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks, plan_buckets
 from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
 from sgrld.metrics.shampoo import ShampooMetric
 
@@ -593,6 +593,31 @@ RESNET = [
     (10, 32),
     (10,),
 ]
+
+
+def test_buckets_group_equal_blocks_across_tensors() -> None:
+    """MLP 784-400-400-10: the 10 groups of W1, W2 and W3 in 6 buckets, members in tensor order,
+    each member's blocks right after the previous member's."""
+    plans = [(i, plan_blocks(s, 128)) for i, s in enumerate([(400, 784), (400, 400), (10, 400)])]
+    buckets = plan_buckets(plans)
+    assert [b.sizes for b in buckets] == [
+        (128, 128),
+        (128, 16),
+        (16, 128),
+        (16, 16),
+        (10, 128),
+        (10, 16),
+    ]
+    assert [b.num_blocks for b in buckets] == [27, 6, 9, 2, 3, 1]
+    for bucket in buckets:
+        starts = [m.start for m in bucket.members]
+        sizes = [m.group.num_blocks for m in bucket.members]
+        assert starts == [sum(sizes[:j]) for j in range(len(sizes))]
+        assert [m.tensor for m in bucket.members] == sorted(m.tensor for m in bucket.members)
+        assert not any(m.whole for m in bucket.members)
+    convs = [(i, plan_blocks((16, 16, 3, 3), 128)) for i in range(3)]
+    (bucket,) = plan_buckets(convs)
+    assert bucket.sizes == (16, 48, 3) and all(m.whole for m in bucket.members)
 
 
 def _oracle_blocks(shape: tuple[int, ...], metric: ShampooMetric) -> list[tuple[int, int, list]]:
