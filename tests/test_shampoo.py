@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import torch
 
 from sgrld.core.engine import update_metric
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks
+from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks, plan_buckets
 from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
 from sgrld.metrics.shampoo import ShampooMetric
 
@@ -572,3 +573,287 @@ def test_a_failing_float32_decomposition_is_retried_in_float64(
         assert torch.equal(a[key], b[key]), key
     with pytest.raises(ValueError, match="root_dtype"):
         ShampooMetric(root_dtype=torch.float16)
+
+
+# ----------------------------------------------------------------------------- buckets
+
+# An MLP 36-20-20-10 (blocks of 8: 128×128-like full blocks shared by W1 and W2, remainders) and
+# a ResNet-20-like stack (equal convs, a 1×1 shortcut, BN vectors, the classifier).
+MLP = [(20, 36), (20,), (20, 20), (20,), (10, 20), (10,)]
+RESNET = [
+    (16, 3, 3, 3),
+    (16,),
+    (16,),
+    *[(16, 16, 3, 3), (16,), (16,)] * 3,
+    (32, 16, 3, 3),
+    (32, 32, 3, 3),
+    (32, 32, 3, 3),
+    (32, 16, 1, 1),
+    (32,),
+    (10, 32),
+    (10,),
+]
+
+
+def test_buckets_group_equal_blocks_across_tensors() -> None:
+    """MLP 784-400-400-10: the 10 groups of W1, W2 and W3 in 6 buckets, members in tensor order,
+    each member's blocks right after the previous member's."""
+    plans = [(i, plan_blocks(s, 128)) for i, s in enumerate([(400, 784), (400, 400), (10, 400)])]
+    buckets = plan_buckets(plans)
+    assert [b.sizes for b in buckets] == [
+        (128, 128),
+        (128, 16),
+        (16, 128),
+        (16, 16),
+        (10, 128),
+        (10, 16),
+    ]
+    assert [b.num_blocks for b in buckets] == [27, 6, 9, 2, 3, 1]
+    for bucket in buckets:
+        starts = [m.start for m in bucket.members]
+        sizes = [m.group.num_blocks for m in bucket.members]
+        assert starts == [sum(sizes[:j]) for j in range(len(sizes))]
+        assert [m.tensor for m in bucket.members] == sorted(m.tensor for m in bucket.members)
+        assert not any(m.whole for m in bucket.members)
+    convs = [(i, plan_blocks((16, 16, 3, 3), 128)) for i in range(3)]
+    (bucket,) = plan_buckets(convs)
+    assert bucket.sizes == (16, 48, 3) and all(m.whole for m in bucket.members)
+
+
+def _oracle_blocks(shape: tuple[int, ...], metric: ShampooMetric) -> list[tuple[int, int, list]]:
+    """Per block of a tensor, in row-major order: (its group, its index in the group, ranges).
+
+    A tensor's groups are its distinct block shapes, numbered in order of first appearance."""
+    merged = merge_small_dims(shape, metric.block_size)
+    order: dict[tuple[int, ...], int] = {}
+    out = []
+    for ranges in _row_major_blocks(merged, metric.block_size, metric.tiling):
+        sizes = tuple(len(r) for r in ranges)
+        g = order.setdefault(sizes, len(order))
+        out.append((g, sum(1 for gg, _, _ in out if gg == g), ranges))
+    return out
+
+
+def per_tensor_oracle(
+    metric: ShampooMetric, layout: FlatLayout, grads: list[torch.Tensor]
+) -> dict[str, np.ndarray]:
+    """Each block's factors, one tensor, block, chain and axis at a time (float64 NumPy)."""
+    chains = math.prod(layout.batch_shape)
+    factors: dict[str, np.ndarray] = {}
+    for i, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets, strict=True)):
+        if metric.plan(shape) is None:
+            continue
+        merged = merge_small_dims(shape, metric.block_size)
+        numel = math.prod(shape)
+        for g, j, ranges in _oracle_blocks(shape, metric):
+            for c in range(chains):
+                hs = [metric.eps * np.eye(len(r)) for r in ranges]
+                for grad in grads:
+                    flat = grad.reshape(chains, -1)[c].numpy()
+                    x = flat[offset : offset + numel].reshape(merged)[np.ix_(*ranges)]
+                    for a in range(len(ranges)):
+                        xa = np.moveaxis(x, a, 0).reshape(len(ranges[a]), -1)
+                        hs[a] = metric.decay * hs[a] + (1 - metric.decay) * xa @ xa.T
+                for a, h in enumerate(hs):
+                    factors[f"factor_{g}_{a}@{i}/{c}/{j}"] = h
+    return factors
+
+
+def per_tensor_apply(
+    metric: ShampooMetric, layout: FlatLayout, stats: dict, v: torch.Tensor, root: str
+) -> np.ndarray:
+    """⊗_a R_a applied block by block with einsum, R_a read from ``stats`` (contracting R's
+    first index, as the cyclic matmuls do); tensors without a plan are left as they are."""
+    chains = math.prod(layout.batch_shape)
+    out = v.reshape(chains, -1).numpy().copy()
+    letters = "abcdefgh"
+    for i, (shape, offset) in enumerate(zip(layout.shapes, layout.offsets, strict=True)):
+        if metric.plan(shape) is None:
+            continue
+        merged = merge_small_dims(shape, metric.block_size)
+        numel = math.prod(shape)
+        for c in range(chains):
+            src = out[c, offset : offset + numel].reshape(merged).copy()
+            dst = out[c, offset : offset + numel].reshape(merged)
+            for g, j, ranges in _oracle_blocks(shape, metric):
+                k = len(ranges)
+                roots = []
+                for a in range(k):
+                    r = stats[f"{root}_{g}_{a}@{i}"].reshape(
+                        chains, -1, *stats[f"{root}_{g}_{a}@{i}"].shape[-2:]
+                    )
+                    roots.append(r[c, j].numpy())
+                ins = [f"{letters[a]}{letters[a].upper()}" for a in range(k)]
+                spec = ",".join(ins) + "," + letters[:k] + "->" + letters[:k].upper()
+                dst[np.ix_(*ranges)] = np.einsum(spec, *roots, src[np.ix_(*ranges)], optimize=True)
+    return out.reshape(v.shape)
+
+
+@pytest.mark.parametrize("tiling", ["reference", "even"])
+@pytest.mark.parametrize(
+    ("shapes", "block_size", "vectors", "chains"),
+    [
+        (MLP, 8, True, None),
+        (MLP, 8, False, 3),
+        (RESNET, 128, True, 2),
+        (RESNET, 16, False, None),
+    ],
+    ids=["mlp-vectors", "mlp-chains", "resnet-vectors-chains", "resnet-blocked"],
+)
+def test_buckets_equal_the_per_tensor_computation(
+    shapes: list, block_size: int, vectors: bool, chains: int | None, tiling: str
+) -> None:
+    """Blocks of equal shape stacked across tensors (one batched matmul per bucket and axis)
+    give each block's factors and G⁻¹, G^{-1/2} of a block-by-block computation to 1e-12."""
+    metric = ShampooMetric(
+        decay=0.8,
+        eps=1e-3,
+        block_size=block_size,
+        update_interval=2,
+        precondition_vectors=vectors,
+        tiling=tiling,  # type: ignore[arg-type]
+    )
+    layout = _layout(shapes, chains)
+    stacking = metric._stacking(layout)
+    assert any(len(b.members) > 1 for b in stacking.buckets)  # the layout stacks across tensors
+    grads = random_grads(layout, 3, torch.float64, seed=block_size)
+    stats = run(metric, layout, grads)
+    for b, bucket in enumerate(stacking.buckets):  # each statistic: views of one tensor
+        for stat, a in itertools.product(("factor", "grad_root", "noise_root"), range(bucket.rank)):
+            piece = stacking.stacked[b]
+            assert stacking.piece_stat(stats, stat, piece, a, len(layout.batch_shape))[1] is None
+    g = grads[-1].clone()
+    metric.update(copy.deepcopy(stats), layout, g, 4)
+    assert torch.equal(g, grads[-1])  # the engine applies G⁻¹ to the same buffer next
+    want = per_tensor_oracle(metric, layout, grads)
+    for name, h in want.items():
+        key, c, j = name.split("/")
+        got = stats[key].reshape(-1, *stats[key].shape[-3:])[int(c), int(j)].numpy()
+        np.testing.assert_allclose(got, h, rtol=1e-12, atol=1e-12 * np.abs(h).max())
+    v = torch.randn(grads[0].shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for fn, root in (("inverse", "grad_root"), ("inverse_sqrt", "noise_root")):
+        expected = per_tensor_apply(metric, layout, stats, v, root)
+        got = getattr(metric, fn)(stats, layout, v.clone()).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12 * np.abs(expected).max())
+
+
+def _bucket_case(chains: int | None = 2) -> tuple[ShampooMetric, FlatLayout, list[torch.Tensor]]:
+    metric = ShampooMetric(
+        decay=0.8, eps=1e-3, block_size=8, update_interval=2, precondition_vectors=True
+    )
+    layout = _layout([*MLP, (16, 16, 3, 3), (16, 16, 3, 3)], chains)
+    return metric, layout, random_grads(layout, 3, torch.float64, seed=4)
+
+
+def _steps(metric: ShampooMetric, layout: FlatLayout, stats: dict, grads: list) -> list:
+    """update (+ refresh when due), G⁻¹ and G^{-1/2} of every gradient, as the engine calls them."""
+    outs = []
+    for t, g in enumerate(grads, start=1):
+        update_metric(metric, stats, layout, g.clone(), t)
+        outs += [
+            metric.inverse(stats, layout, g.clone()),
+            metric.inverse_sqrt(stats, layout, g * 2),
+        ]
+    return outs
+
+
+def test_statistics_that_are_not_views_give_the_same_numbers() -> None:
+    """Cloned statistics (clone_state, a caller's own tensors) are stacked by copies and written
+    back: the same numbers, bit for bit, and the same keys and shapes in a state dict."""
+    metric, layout, grads = _bucket_case()
+    views = metric.init(layout, grads[0])
+    clones = {k: v.clone() for k, v in views.items()}
+    assert views[next(iter(views))]._base is not None
+    assert all(v._base is None for v in clones.values())
+    got = _steps(metric, layout, clones, grads)
+    for a, b in zip(_steps(metric, layout, views, grads), got, strict=True):
+        assert torch.equal(a, b)
+    assert list(views) == list(clones)
+    assert all(torch.equal(views[k], clones[k]) for k in views)
+
+
+def test_checkpoint_of_per_tensor_statistics_loads_into_the_stacked_state() -> None:
+    """A state dict holds one plain tensor per key, as before the buckets: loading it copies
+    into the views (the buckets stay stacked) and the run continues as if never stopped."""
+    metric, layout, grads = _bucket_case(None)
+    stats = metric.init(layout, grads[0])
+    _steps(metric, layout, stats, grads[:2])
+    saved = {k: v.clone() for k, v in stats.items()}  # SamplerState.state_dict's format
+    assert all(v.is_contiguous() and v._base is None for v in saved.values())
+    after = _steps(metric, layout, stats, grads[2:])
+    fresh = ShampooMetric(
+        **{f: getattr(metric, f) for f in ("decay", "eps", "block_size")},
+        update_interval=2,
+        precondition_vectors=True,
+    )
+    loaded = fresh.init(layout, grads[0])
+    for k, v in saved.items():
+        loaded[k].copy_(v)  # SamplerState.apply_state_dict
+    stacking = fresh._stacking(layout)
+    assert all(
+        stacking.piece_stat(loaded, "factor", piece, 0, 0)[1] is None for piece in stacking.stacked
+    )
+    resumed = []
+    for t, g in enumerate(grads[2:], start=3):
+        update_metric(fresh, loaded, layout, g.clone(), t)
+        resumed += [
+            fresh.inverse(loaded, layout, g.clone()),
+            fresh.inverse_sqrt(loaded, layout, g * 2),
+        ]
+    assert all(torch.equal(a, b) for a, b in zip(after, resumed, strict=True))
+    assert all(torch.equal(stats[k], loaded[k]) for k in stats)
+
+
+def test_one_gather_and_scatter_path_gives_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The accelerator path (every bucket gathered and scattered by one index kernel each,
+    whole tensors stacked too) equals the CPU path, here forced on CPU."""
+    metric, layout, grads = _bucket_case()
+    expected = _steps(metric, layout, metric.init(layout, grads[0]), grads)
+
+    def index(self: ShampooMetric, stacking: object, lay: FlatLayout, x: torch.Tensor) -> object:
+        return stacking.positions(lay, x.device)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(ShampooMetric, "_index", index)
+    indexed = ShampooMetric(
+        **{f: getattr(metric, f) for f in ("decay", "eps", "block_size")},
+        update_interval=2,
+        precondition_vectors=True,
+    )
+    got = _steps(indexed, layout, indexed.init(layout, grads[0]), grads)
+    stacking = indexed._stacking(layout)
+    assert any(len(b.members) > 1 for b in stacking.buckets)
+    assert indexed._work(stacking, layout, grads[0]).positions is not None
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert pickle.loads(pickle.dumps(indexed)) == indexed  # its caches do not stop a pickle
+
+
+@pytest.mark.slow
+def test_traced_step_with_stacked_buckets_has_no_graph_break() -> None:
+    """Under torch.compile(fullgraph=True) the views' base cannot be read: the buckets are
+    stacked by copies and written back, with the eager numbers."""
+    metric = ShampooMetric(
+        decay=0.8, eps=1e-3, block_size=8, update_interval=2, precondition_vectors=True
+    )
+    layout = _layout([(8, 16), (8,), (8, 8), (8,), (2, 8, 3), (2, 8, 3)])
+    grads = random_grads(layout, 3, torch.float64, seed=5)
+    assert all(len(b.members) > 1 for b in metric._stacking(layout).buckets)
+    eager = metric.init(layout, grads[0])
+    traced = copy.deepcopy(eager)
+    _steps(metric, layout, eager, grads[:2])
+    _steps(metric, layout, traced, grads[:2])
+
+    def step(stats: dict, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        metric.update(stats, layout, g, 3)
+        return metric.inverse(stats, layout, g.clone()), metric.inverse_sqrt(stats, layout, g * 2)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    want = step(eager, grads[2].clone())
+    got = compiled(traced, grads[2].clone())
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for k in eager:
+        torch.testing.assert_close(traced[k], eager[k], rtol=1e-12, atol=1e-12)

@@ -10,8 +10,12 @@ order over the per-dim chunks, carries its own Kronecker factors.
 
 For speed, blocks are not handled one at a time: blocks of equal shape form a :class:`BlockGroup`
 (one choice of "full chunks" or "remainder" per dim), and a whole group is moved between the
-tensor and a stacked ``(batch, count, *sizes)`` buffer with one view + permute + copy, so that
-its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3).
+tensor and a stacked ``(count, batch, *sizes)`` buffer with one view + permute + copy, so that
+its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3). Across
+the tensors of a layout, the groups of equal block shape form one :class:`Bucket`
+(:func:`plan_buckets`): its statistics are one tensor per axis, and on an accelerator its blocks
+are stacked in one buffer and handled by one batched matmul per axis (:mod:`sgrld.metrics.
+shampoo`).
 """
 
 from __future__ import annotations
@@ -100,23 +104,24 @@ class BlockGroup:
     def block_numel(self) -> int:
         return math.prod(self.sizes)
 
-    def _region(self, x: Tensor) -> Tensor:
-        """The group's part of ``x`` (``(B, *merged)``) as ``(B, *counts, *sizes)`` (a view)."""
+    def _blocks_first(self, x: Tensor) -> Tensor:
+        """The group's part of ``x`` (``(B, *merged)``) as ``(*counts, B, *sizes)`` (a view)."""
         k = len(self.sizes)
         dims = zip(self.starts, self.counts, self.sizes, strict=True)
         index = (slice(None), *(slice(st, st + c * s) for st, c, s in dims))
         split = [d for cs in zip(self.counts, self.sizes, strict=True) for d in cs]
         region = x[index].view(x.shape[0], *split)
-        return region.permute(0, *range(1, 2 * k, 2), *range(2, 2 * k + 1, 2))
+        return region.permute(*range(1, 2 * k, 2), 0, *range(2, 2 * k + 1, 2))
 
     def gather(self, x: Tensor, out: Tensor) -> Tensor:
-        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(B, count, *sizes)``)."""
-        out.view(x.shape[0], *self.counts, *self.sizes).copy_(self._region(x))
+        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(count, B, *sizes)``,
+        blocks first: each block's B chains are adjacent)."""
+        out.view(*self.counts, x.shape[0], *self.sizes).copy_(self._blocks_first(x))
         return out
 
     def scatter(self, blocks: Tensor, x: Tensor) -> None:
-        """Write ``blocks`` (``(B, count, *sizes)`` or any view of it) back into ``x``."""
-        self._region(x).copy_(blocks.reshape(x.shape[0], *self.counts, *self.sizes))
+        """Write ``blocks`` (``(count, B, *sizes)`` or any view of it) back into ``x``."""
+        self._blocks_first(x).copy_(blocks.reshape(*self.counts, x.shape[0], *self.sizes))
 
 
 @dataclass(frozen=True)
@@ -165,3 +170,65 @@ def plan_blocks(shape: tuple[int, ...], block_size: int, tiling: Tiling = "refer
         for combo in itertools.product(*regions_per_dim)
     )
     return BlockPlan(tuple(shape), merged, groups)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One tensor's group of blocks inside a :class:`Bucket`.
+
+    Attributes:
+        tensor: the tensor's index in the layout.
+        index: the group's index in the tensor's plan (the ``<group>`` of its stat keys).
+        group: the blocks.
+        merged: the tensor's merged shape.
+        start: the bucket's first block that belongs to this member.
+        whole: the tensor is this single block (its data can be used in place).
+    """
+
+    tensor: int
+    index: int
+    group: BlockGroup
+    merged: tuple[int, ...]
+    start: int
+    whole: bool
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The groups of one block shape across the tensors of a layout, stacked block after block
+    in tensor order (member ``j`` holds blocks ``[start_j, start_j + count_j)``)."""
+
+    sizes: tuple[int, ...]
+    members: tuple[Member, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(m.group.num_blocks for m in self.members)
+
+    @property
+    def block_numel(self) -> int:
+        return math.prod(self.sizes)
+
+
+def plan_buckets(plans: Sequence[tuple[int, BlockPlan]]) -> tuple[Bucket, ...]:
+    """Group the blocks of the tensors ``plans`` (``(index, plan)`` pairs) by block shape.
+
+    Buckets come in the order of their first block.
+
+    Example:
+        >>> plans = [(0, plan_blocks((400, 784), 128)), (1, plan_blocks((400, 400), 128))]
+        >>> [(b.sizes, b.num_blocks, len(b.members)) for b in plan_buckets(plans)][:2]
+        [((128, 128), 27, 2), ((128, 16), 6, 2)]
+    """
+    found: dict[tuple[int, ...], list[Member]] = {}
+    for i, plan in plans:
+        whole = plan.num_blocks == 1
+        for g, group in enumerate(plan.groups):
+            members = found.setdefault(group.sizes, [])
+            start = sum(m.group.num_blocks for m in members)
+            members.append(Member(i, g, group, plan.merged, start, whole))
+    return tuple(Bucket(sizes, tuple(members)) for sizes, members in found.items())

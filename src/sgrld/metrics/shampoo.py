@@ -17,9 +17,15 @@ the step (ℓ, n, τ) is fixed once in ``docs/conventions.md``.
 
 Speed (performance.md): blocks of equal shape are stacked and handled with batched matmuls; each
 Kronecker product is applied by k matmuls contracting one axis at a time (the cyclic "tensordot"
-trick: no copy per axis, one gather and one scatter per group of blocks); work buffers are reused
-across steps; nothing in ``update``, ``inverse`` or ``inverse_sqrt`` syncs with the host, only
-the root refresh does.
+trick: no copy per axis); work buffers are reused across steps; nothing in ``update``,
+``inverse`` or ``inverse_sqrt`` syncs with the host, only the root refresh does. Blocks of one
+shape form a *bucket* across all tensors of the layout (:func:`~sgrld.metrics._blocking.
+plan_buckets`), and each statistic of a bucket's axis is one tensor whose per-tensor keys are
+views (state dicts unchanged). On an accelerator a step is then one gather of every bucket's
+blocks (an index kernel), k batched matmuls per bucket and one scatter: a few launches per
+bucket instead of per tensor. On CPU (launches are cheap, the work is GEMM-bound) the same
+kernels run one tensor group at a time, each gathered just before its matmuls, which measured
+fastest there (performance.md, "Shampoo: blocks stacked across tensors").
 
 Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``update`` 1.7 ms,
 ``inverse`` 1.9 ms, ``inverse_sqrt`` 1.9 ms per step, ≈ 150 GFLOP/s, near the GEMM rate (block
@@ -31,14 +37,24 @@ Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``upd
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics._blocking import TILINGS, BlockGroup, BlockPlan, Tiling, plan_blocks
+from sgrld.metrics._blocking import (
+    TILINGS,
+    BlockPlan,
+    Bucket,
+    Member,
+    Tiling,
+    plan_blocks,
+    plan_buckets,
+)
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
 from sgrld.metrics.base import Metric, Stats, check_range, register
 
@@ -116,6 +132,13 @@ class ShampooMetric(Metric):
     _scratch: dict[tuple[torch.dtype, torch.device], Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    # Per layout (shapes, chains): its buckets, and the gather index per device (not state).
+    _stackings: dict[tuple[object, ...], _Stacking] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _indices: dict[tuple[object, ...], Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
@@ -158,30 +181,73 @@ class ShampooMetric(Metric):
                 out.append((i, plan))
         return out
 
-    def _work(self, layout: FlatLayout, like: Tensor) -> tuple[Tensor, Tensor]:
-        """Two reusable flat buffers, each large enough for the biggest block group."""
-        chains = math.prod(layout.batch_shape)
-        sizes = [g.num_blocks * g.block_numel for _, p in self._plans(layout) for g in p.groups]
-        need = chains * max(sizes, default=0)
+    def _stacking(self, layout: FlatLayout) -> _Stacking:
+        """The buckets of ``layout`` and where each lies in a work region (cached by shapes)."""
+        key = (layout.shapes, layout.batch_shape)
+        stacking = self._stackings.get(key)
+        if stacking is None:
+            stacking = _Stacking.build(plan_buckets(self._plans(layout)), layout.batch_shape)
+            self._stackings[key] = stacking
+        return stacking
+
+    def _work(self, stacking: _Stacking, layout: FlatLayout, like: Tensor) -> _Work:
+        """The gather index (or ``None``) and the reusable flat regions for the blocks: three
+        holding every bucket with an index, two holding the largest tensor group without."""
+        index = self._index(stacking, layout, like)
+        # one region per gathered, intermediate and transformed blocks; without an index the
+        # transformed blocks end in one of the first two (and are scattered piece by piece)
+        need, count = (stacking.size, 3) if index is not None else (stacking.largest, 2)
         key = (like.dtype, like.device)
         buf = self._scratch.get(key)
-        if buf is None or buf.numel() < 2 * need:
-            buf = torch.empty(2 * need, dtype=like.dtype, device=like.device)
+        if buf is None or buf.numel() < count * need:
+            buf = torch.empty(count * need, dtype=like.dtype, device=like.device)
             self._scratch[key] = buf
-        return buf[:need], buf[need : 2 * need]
+        regions = [buf[j * need : (j + 1) * need] for j in range(count)]
+        return _Work(index, regions[0], regions[1], regions[-1] if index is not None else None)
+
+    def _index(self, stacking: _Stacking, layout: FlatLayout, x: Tensor) -> Tensor | None:
+        """Flat positions in ``x`` of every bucket's blocks in work-region order (the gather and
+        scatter of all buckets in one kernel each), or ``None`` where the blocks are copied one
+        tensor at a time: on CPU (faster there, see :meth:`_pieces`), while traced (inductor
+        fuses the copies), for a strided ``x``, and while a CUDA graph is captured before the
+        index exists (it is made once, outside any graph)."""
+        if x.device.type == "cpu" or torch.compiler.is_compiling() or not x.is_contiguous():
+            return None
+        key = (layout.shapes, layout.batch_shape, x.device)
+        index = self._indices.get(key)
+        if index is None and not torch.cuda.is_current_stream_capturing():
+            index = stacking.positions(layout, x.device)
+            self._indices[key] = index
+        return index
 
     # ------------------------------------------------------------------ contract
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        """ε·I factors and identity roots, one key per tensor, group, axis and statistic.
+
+        Each statistic of a bucket's axis is one ``(blocks, *batch, s, s)`` tensor and the
+        per-tensor keys are views of it, so that a step updates and applies a whole bucket with one
+        batched matmul while state dicts keep their per-tensor keys and shapes.
+        """
+        stacking = self._stacking(layout)
+        batch, nb = layout.batch_shape, len(layout.batch_shape)
+        views: dict[tuple[str, int, int, int], Tensor] = {}
+        for bucket in stacking.buckets:
+            for a, s in enumerate(bucket.sizes):
+                eye = torch.eye(s, dtype=like.dtype, device=like.device)
+                eye = eye.expand(bucket.num_blocks, *batch, s, s)
+                for stat in _STATS:
+                    value = eye * self.eps if stat == "factor" else eye
+                    base = value.clone(memory_format=torch.contiguous_format)  # own memory
+                    for m in bucket.members:
+                        part = base.narrow(0, m.start, m.group.num_blocks).movedim(0, nb)
+                        views[stat, m.index, a, m.tensor] = part
         stats: Stats = {}
         for i, plan in self._plans(layout):
             for g, group in enumerate(plan.groups):
-                for a, s in enumerate(group.sizes):
-                    shape = (*layout.batch_shape, group.num_blocks, s, s)
-                    eye = torch.eye(s, dtype=like.dtype, device=like.device).expand(shape)
-                    stats[_key("factor", g, a, i)] = eye * self.eps
-                    stats[_key("grad_root", g, a, i)] = eye.clone()
-                    stats[_key("noise_root", g, a, i)] = eye.clone()
+                for a in range(len(group.sizes)):
+                    for stat in _STATS:
+                        stats[_key(stat, g, a, i)] = views[stat, g, a, i]
         return stats
 
     @property
@@ -194,16 +260,20 @@ class ShampooMetric(Metric):
         self.compute_roots(stats, layout)
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`)."""
-        chains = math.prod(layout.batch_shape)
-        segments = layout.segments(grad)
-        work, _ = self._work(layout, grad)
-        for i, plan in self._plans(layout):
-            x = segments[i].reshape(chains, *plan.merged)
-            for g, group in enumerate(plan.groups):
-                blocks = self._blocks(x, group, plan, work)
-                for a in range(plan.rank):
-                    self._fold(stats[_key("factor", g, a, i)], blocks, a)
+        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`).
+
+        Per bucket and axis one batched matmul over the bucket's blocks of every tensor (see
+        :meth:`_pieces` for how the blocks are gathered on each device).
+        """
+        nb = len(layout.batch_shape)
+        stacking = self._stacking(layout)
+        work = self._work(stacking, layout, grad)
+        for piece, blocks, _ in self._pieces(stacking, layout, grad, work, scatter=False):
+            for a in range(piece.bucket.rank):
+                factor, copied_from = stacking.piece_stat(stats, "factor", piece, a, nb)
+                self._fold(factor, blocks, a)
+                if copied_from is not None:
+                    _write_back(factor, copied_from)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""
@@ -252,19 +322,47 @@ class ShampooMetric(Metric):
 
     # ------------------------------------------------------------------ kernels
 
-    @staticmethod
-    def _blocks(x: Tensor, group: BlockGroup, plan: BlockPlan, work: Tensor) -> Tensor:
-        """The group's blocks of ``x`` (``(chains, *merged)``) as ``(chains·count, *sizes)``.
+    def _pieces(
+        self, stacking: _Stacking, layout: FlatLayout, x: Tensor, work: _Work, scatter: bool
+    ) -> Iterator[tuple[_Piece, Tensor, Tensor | None]]:
+        """Each piece's blocks of ``x`` as ``(piece, blocks, result)``: ``blocks`` is
+        ``(count·chains, *sizes)``, block-major; ``result`` is where the caller's k cyclic
+        matmuls, alternating between the scratch and the gathered region, write the transformed
+        blocks so that they reach ``x`` (``None`` for a piece used in place, which the caller
+        writes itself). Only with ``scatter`` are the results written back into ``x``.
 
-        A tensor that is a single block is only viewed; otherwise the blocks are copied into
-        ``work`` (one permuted copy per group).
+        With a gather index (accelerators) a piece is a whole bucket: one kernel gathers every
+        bucket before the first piece and one scatters them all after the last. Without one (CPU,
+        traced steps) a piece is one tensor's group of blocks, gathered just before and scattered
+        just after it is used, or one whole tensor used in place, as before the buckets: on CPU,
+        where launches are cheap, stacking saved nothing and cost up to 5 % in cache misses and
+        copies of whole tensors (docs/performance.md, "Shampoo: blocks stacked across
+        tensors").
         """
-        chains = x.shape[0]
-        if len(plan.groups) == 1 and group.num_blocks == 1:
-            return x  # sizes == merged
-        n = chains * group.num_blocks
-        out = work[: n * group.block_numel].view(chains, group.num_blocks, *group.sizes)
-        return group.gather(x, out).view(n, *group.sizes)
+        if work.positions is not None:
+            assert work.result is not None
+            torch.index_select(x.view(-1), 0, work.positions, out=work.gathered)
+            for piece in stacking.stacked:
+                blocks = work.gathered[piece.span].view(piece.rows_count, *piece.bucket.sizes)
+                yield piece, blocks, work.result[piece.span]
+            if scatter:
+                x.view(-1).index_copy_(0, work.positions, work.result)
+            return
+        segments = layout.segments(x)
+        for piece in stacking.split:
+            m = piece.member
+            assert m is not None
+            xi = segments[m.tensor].view(stacking.chains, *m.merged)
+            if m.whole:
+                yield piece, xi.view(piece.rows_count, *piece.bucket.sizes), None
+                continue
+            gathered = work.gathered[piece.span]
+            m.group.gather(xi, gathered)
+            # the last of the k matmuls that alternate between the two regions writes this one
+            result = (work.scratch, work.gathered)[(piece.bucket.rank - 1) % 2][piece.span]
+            yield piece, gathered.view(piece.rows_count, *piece.bucket.sizes), result
+            if scatter:
+                m.group.scatter(result, xi)
 
     def _fold(self, factor: Tensor, blocks: Tensor, axis: int) -> None:
         """factor ← decay·factor + (1−decay)·X_(axis)X_(axis)ᵀ, batched over blocks.
@@ -273,14 +371,13 @@ class ShampooMetric(Metric):
         """
         n, sizes = blocks.shape[0], blocks.shape[1:]
         s = sizes[axis]
-        h = factor.view(n, s, s)
         if axis == 0:
             unfold = blocks.reshape(n, s, -1)
         elif axis == len(sizes) - 1:
             unfold = blocks.reshape(n, -1, s).mT
         else:  # a middle axis (rank ≥ 3, conv kernels: small)
             unfold = blocks.movedim(axis + 1, 1).reshape(n, s, -1)
-        h.baddbmm_(unfold, unfold.mT, beta=self.decay, alpha=1.0 - self.decay)
+        factor.baddbmm_(unfold, unfold.mT, beta=self.decay, alpha=1.0 - self.decay)
 
     def _precondition(self, stats: Stats, layout: FlatLayout, x: Tensor, root: str) -> Tensor:
         """Apply ⊗_i R_i to every block of ``x`` in place, R_i = ``stats[root_i]``.
@@ -288,23 +385,177 @@ class ShampooMetric(Metric):
         A block's axes are contracted one at a time with the cyclic trick of the reference:
         view the block as (s_0, rest), contract s_0 with R_0 into (rest, s_0), which is the block
         with its axes rotated by one; after k contractions the axis order is back. The transposed
-        operand is only a strided view, so each contraction is one batched GEMM.
+        operand is only a strided view, so each contraction is one batched GEMM over a bucket's
+        blocks of every tensor (:meth:`_pieces`).
         """
-        chains = math.prod(layout.batch_shape)
-        segments = layout.segments(x)
-        work = self._work(layout, x)
-        for i, plan in self._plans(layout):
-            xi = segments[i].view(chains, *plan.merged)  # a view: written in place below
-            for g, group in enumerate(plan.groups):
-                y = self._blocks(xi, group, plan, work[0])
-                n = y.shape[0]
-                numel = n * group.block_numel
-                for a, s in enumerate(group.sizes):
-                    r = stats[_key(root, g, a, i)].reshape(n, s, s)
-                    out = work[(a + 1) % 2][:numel].view(n, -1, s)
-                    y = torch.bmm(y.reshape(n, s, -1).mT, r, out=out)
-                if len(plan.groups) == 1 and group.num_blocks == 1:
-                    xi.copy_(y.view(xi.shape))
-                else:
-                    group.scatter(y, xi)
+        nb = len(layout.batch_shape)
+        stacking = self._stacking(layout)
+        work = self._work(stacking, layout, x)
+        for piece, y, result in self._pieces(stacking, layout, x, work, scatter=True):
+            bucket = piece.bucket
+            rs = [stacking.piece_stat(stats, root, piece, a, nb)[0] for a in range(bucket.rank)]
+            span = piece.span
+            if result is not None:  # intermediates in scratch and the gathered copy
+                _kron_apply(y, rs, (work.scratch[span], work.gathered[span]), result)
+            elif bucket.rank == 1:  # in place, a vector: one matmul into scratch, copied back
+                y.copy_(_kron_apply(y, rs, (), work.scratch[span]).view(y.shape))
+            else:  # in place: intermediates in the two regions, the last matmul writes the tensor
+                _kron_apply(y, rs, (work.scratch[span], work.gathered[span]), y)
         return x
+
+
+_STATS = ("factor", "grad_root", "noise_root")
+
+
+def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out: Tensor) -> Tensor:
+    """(⊗_i R_i) applied to each block of ``y`` (``(n, *sizes)``), written into ``out``.
+
+    Contraction ``a`` reads the previous result and writes ``scratch[a % 2]`` (the last one
+    ``out``), so no matmul reads the memory it writes: ``scratch`` must not overlap ``out``, and
+    ``y`` may be one of them only where it is not written while read.
+    """
+    n, k = y.shape[0], len(roots)
+    for a, r in enumerate(roots):
+        s = r.shape[-1]
+        target = out if a == k - 1 else scratch[a % 2]
+        y = torch.bmm(y.reshape(n, s, -1).mT, r, out=target.view(n, -1, s))
+    return y
+
+
+def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
+    """The contiguous tensor that ``parts`` are consecutive block ranges of, or ``None``."""
+    base = parts[0]._base
+    if base is None or base.shape[0] != bucket.num_blocks or not base.is_contiguous():
+        return None
+    origin, per_block, stride = base.storage_offset(), base.stride(0), base.stride()
+    for m, part in zip(bucket.members, parts, strict=True):
+        if (
+            part._base is not base
+            or part.storage_offset() != origin + m.start * per_block
+            or part.shape[0] != m.group.num_blocks
+            or part.stride() != stride
+            or part.shape[1:] != base.shape[1:]
+        ):
+            return None
+    return base
+
+
+def _write_back(stacked: Tensor, parts: list[Tensor]) -> None:
+    """Copy a statistic that was stacked by copying (``piece_stat``) back into ``parts``."""
+    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
+    for part, value in zip(parts, stacked.split(rows), strict=True):
+        part.copy_(value.view(part.shape))
+
+
+class _Work(NamedTuple):
+    positions: Tensor | None
+    gathered: Tensor
+    scratch: Tensor
+    result: Tensor | None
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Blocks of bucket number ``number`` handled by one matmul per axis: the whole bucket
+    (``member`` None) or one member's group (``member``; a whole tensor is used in place).
+
+    Attributes:
+        position: the member's index in the bucket's members (-1: the whole bucket).
+        span: the piece's elements in a work region.
+        rows_count: blocks × chains.
+    """
+
+    bucket: Bucket
+    number: int
+    member: Member | None
+    position: int
+    span: slice
+    rows_count: int
+
+
+@dataclass(frozen=True)
+class _Stacking:
+    """How a layout's blocks are stacked: its buckets, as pieces with a gather index
+    (``stacked``: a bucket each, back to back in ``size`` elements of a work region) and
+    without one (``split``: one member each, from offset 0 of ``largest`` elements)."""
+
+    buckets: tuple[Bucket, ...]
+    stacked: tuple[_Piece, ...]
+    split: tuple[_Piece, ...]
+    size: int
+    largest: int
+    chains: int
+    _keys: dict[tuple[str, int, int], list[str]]
+    # per statistic: the per-tensor tensors last found to be views of one base, and that base
+    # (weak references: a state that is dropped is not kept alive by its metric)
+    _verified: dict[tuple[str, int, int], tuple[list[weakref.ref[Tensor]], weakref.ref[Tensor]]]
+
+    @staticmethod
+    def build(buckets: tuple[Bucket, ...], batch_shape: tuple[int, ...]) -> _Stacking:
+        chains = math.prod(batch_shape)
+        stacked, split, size, largest = [], [], 0, 0
+        for b, bucket in enumerate(buckets):
+            numel, rows = bucket.block_numel, chains * bucket.num_blocks
+            stacked.append(_Piece(bucket, b, None, -1, slice(size, size + rows * numel), rows))
+            size += rows * numel
+            for j, m in enumerate(bucket.members):
+                count = chains * m.group.num_blocks
+                split.append(_Piece(bucket, b, m, j, slice(0, count * numel), count))
+                largest = max(largest, count * numel)
+        keys = {
+            (stat, b, a): [_key(stat, m.index, a, m.tensor) for m in bucket.members]
+            for b, bucket in enumerate(buckets)
+            for stat in _STATS
+            for a in range(bucket.rank)
+        }
+        return _Stacking(buckets, tuple(stacked), tuple(split), size, largest, chains, keys, {})
+
+    def __getstate__(self) -> dict[str, object]:
+        # weak references do not pickle; the checks are redone after a copy
+        return {**self.__dict__, "_verified": {}}
+
+    def piece_stat(
+        self, stats: Stats, stat: str, piece: _Piece, axis: int, nbatch: int
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """Statistic ``stat`` of ``piece``'s blocks, one axis, as one ``(rows, s, s)`` tensor
+        (block-major), and ``None``, or the views to write it back to where it is a copy.
+
+        A member's statistic is its own tensor (a view of the bucket's, as :meth:`ShampooMetric.
+        init` makes it: no copy). A whole bucket's is the tensor that its members' statistics
+        are views of (checked once, then by identity); statistics that are not views of one
+        tensor (cloned, stacked by a caller, or while ``torch.compile`` traces, where a view's
+        base cannot be read) are copied into one.
+        """
+        slot = (stat, piece.number, axis)
+        keys = self._keys[slot]
+        raw = (
+            [stats[keys[piece.position]]] if piece.member is not None else [stats[k] for k in keys]
+        )
+        s = raw[0].shape[-1]
+        tracing = torch.compiler.is_compiling()
+        seen = None if tracing or piece.member is not None else self._verified.get(slot)
+        if seen is not None:
+            base = seen[1]()
+            if base is not None and all(r() is t for r, t in zip(seen[0], raw, strict=True)):
+                return base.view(-1, s, s), None
+        parts = [p.movedim(nbatch, 0) for p in raw] if nbatch else raw
+        if len(parts) == 1 and parts[0].is_contiguous():
+            return parts[0].view(-1, s, s), None
+        if not tracing and piece.member is None:
+            base = _common_base(parts, piece.bucket)
+            if base is not None:
+                self._verified[slot] = ([weakref.ref(t) for t in raw], weakref.ref(base))
+                return base.view(-1, s, s), None
+        return torch.cat(parts).view(-1, s, s), parts
+
+    def positions(self, layout: FlatLayout, device: torch.device) -> Tensor:
+        """The flat index into a contiguous ``(*batch, D)`` buffer of every element of a work
+        region: the blocks gathered by the same code from a buffer of positions."""
+        flat = torch.arange(self.chains * layout.size, device=device)
+        segments = layout.segments(flat.view(self.chains, layout.size))
+        pieces = [
+            m.group._blocks_first(segments[m.tensor].view(self.chains, *m.merged)).reshape(-1)
+            for bucket in self.buckets
+            for m in bucket.members
+        ]
+        return torch.cat(pieces)
