@@ -261,11 +261,28 @@ def _compiling() -> Iterator[None]:
     """:func:`~sgrld.core._compile.quiet_compile`, and inductor's eigh C-shim note dropped."""
     logger = logging.getLogger("torch._inductor.ir")
     logger.addFilter(_drop_cshim_note)
+    _forget_vec_isa()
     try:
         with quiet_compile():
             yield
     finally:
         logger.removeFilter(_drop_cshim_note)
+        _forget_vec_isa()
+
+
+def _forget_vec_isa() -> None:
+    """Drop inductor's per-process list of usable SIMD ISAs around a compile with our options.
+
+    Inductor caches that list the first time it is asked, under the ``cpp.vec_isa_ok`` of that
+    compile: compiled here first (``vec_isa_ok=False``, no ISA), every later default compile in
+    the process (e.g. the Philox noise kernel) emitted vector code without its header and failed
+    to build ("'at::vec' has not been declared"; torch 2.13).
+    """
+    from torch._inductor import cpu_vec_isa
+
+    cache_clear = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
 
 
 def _drop_cshim_note(record: logging.LogRecord) -> bool:
