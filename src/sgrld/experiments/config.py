@@ -266,7 +266,7 @@ def make_sampler(
     """
     lr: float | Tensor = config.lr
     if capturable:
-        lr = torch.tensor(config.lr, dtype=torch.float64, device=params[0].device)
+        lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
     common: dict[str, Any] = {
         "lr": lr,
         "num_data": num_data,
