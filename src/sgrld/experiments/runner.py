@@ -439,13 +439,6 @@ class SamplingRun(RunRecord):
 
     # --- state ------------------------------------------------------------------------------
 
-    def results(self) -> dict[str, Any]:
-        """The run's results (:meth:`RunRecord.results`), with the loop that ran in
-        ``timing.step_mode``."""
-        results = super().results()
-        results["timing"]["step_mode"] = self.step_mode
-        return results
-
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue the run exactly (in any step mode: ℓ is saved as a
         float)."""
