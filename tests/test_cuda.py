@@ -278,3 +278,27 @@ def test_runner_graph_breakdown_and_resume(tmp_path: Any) -> None:
     # the resumed run's warm-up steps run eagerly on a side stream where the straight run
     # replays: the same kernels, compared within float32 rounding in case cuBLAS picks others
     assert gap(resumed, straight) < 1e-6
+
+
+def test_runner_nan_gradient_under_a_finite_potential_on_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A NaN gradient whose potential is finite: every loop on CUDA records the breakdown at its
+    update (the eager loop refuses the step at once, the deferred and captured loops read the
+    device flags before the next sample) and writes its checkpoint."""
+    from sgrld.experiments.runner import SamplingRun
+    from test_runner_graph import MarkAfter, counts, failing_update, patch_potential
+
+    patch_potential(monkeypatch)
+    results = {
+        mode: SamplingRun(
+            _runner_config("identity"),
+            _runner_splits(),
+            device=DEVICE,
+            observer=MarkAfter(2, 1),
+            step_mode=mode,
+        ).run()
+        for mode in ("eager", "deferred", "graph")
+    }
+    assert results["eager"]["broken_down"]["update"] == failing_update(2, 1)
+    assert counts(results["eager"]) == counts(results["deferred"]) == counts(results["graph"])

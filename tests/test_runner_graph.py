@@ -187,6 +187,64 @@ def test_breakdown_mid_epoch_after_samples_is_recorded_as_by_the_eager_loop(
     assert deterministic(again) == deterministic(b)
 
 
+MARK = -7.0  # a training input whose first pixel is MARK gets a NaN gradient
+
+
+class _NaNGradientIfMarked(torch.autograd.Function):
+    """The potential itself in the forward pass; a NaN gradient when the batch holds MARK."""
+
+    @staticmethod
+    def forward(ctx: Any, u: torch.Tensor, marked: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(marked)
+        return u.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (marked,) = ctx.saved_tensors
+        return grad * torch.where(marked, math.nan, 1.0), None
+
+
+def nan_gradient_potential(model: Any, x: torch.Tensor, y: torch.Tensor, n: int) -> torch.Tensor:
+    """A finite potential whose gradient is NaN on a marked batch (no host read: capturable)."""
+    from sgrld.models import potential
+
+    return _NaNGradientIfMarked.apply(potential(model, x, y, n), (x[:, 0] == MARK).any())
+
+
+class MarkAfter(PoisonAfter):
+    def on_epoch(self, run: SamplingRun) -> None:
+        if run.epoch == self.epoch:
+            run.splits.x_train[self.point, 0] = MARK
+
+
+def patch_potential(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both loops' potential (the eager loop's and the deferred loop's poisoned one)."""
+    from sgrld.experiments import multichain
+
+    monkeypatch.setattr(runner_module, "potential", nan_gradient_potential)
+    monkeypatch.setattr(multichain, "potential", nan_gradient_potential)
+
+
+@pytest.mark.parametrize("sampler", ["identity", "shampoo"])
+def test_nan_gradient_under_a_finite_potential_breaks_down_at_its_update(
+    sampler: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patch_potential(monkeypatch)
+    results = {
+        mode: SamplingRun(
+            config(sampler),
+            synthetic_splits(num_train=NUM_TRAIN),
+            observer=MarkAfter(2, 1),
+            step_mode=mode,
+        ).run()
+        for mode in ("eager", "deferred")
+    }
+    assert counts(results["eager"]) == counts(results["deferred"])
+    assert results["deferred"]["broken_down"]["update"] == failing_update(2, 1)
+    assert "contains NaN or Inf" in results["eager"]["broken_down"]["reason"]  # the sync check
+    assert "'net.fc1.weight'" in results["deferred"]["broken_down"]["reason"]
+
+
 # --- resume -----------------------------------------------------------------------------------
 
 

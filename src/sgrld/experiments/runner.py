@@ -308,7 +308,7 @@ class SamplingRun(RunRecord):
                 if p.grad is not None:
                     p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
             exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
-            try:
+            try:  # sync_checks: a NaN/Inf gradient is refused at once, on every device
                 self.optimizer.step()
             except NonFiniteGradientError as exc:
                 raise _BrokeDown(str(exc)) from exc
@@ -320,10 +320,6 @@ class SamplingRun(RunRecord):
             if sample and not exploring:
                 self._evaluate_sample()
             self.observer.on_step(self)
-        try:  # deferred NaN/Inf checks (CUDA) are read once per epoch, before the checkpoint
-            self.optimizer.check()
-        except NonFiniteGradientError as exc:
-            raise _BrokeDown(str(exc)) from exc
         if isinstance(self.optimizer, WenzelSGLD):  # refresh at each epoch end (spec §2.2)
             started = self._clock()
             self.optimizer.update_preconditioner()
