@@ -281,24 +281,29 @@ def test_runner_graph_breakdown_and_resume(tmp_path: Any) -> None:
 
 
 def test_runner_nan_gradient_under_a_finite_potential_on_cuda(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """A NaN gradient whose potential is finite: every loop on CUDA records the breakdown at its
     update (the eager loop refuses the step at once, the deferred and captured loops read the
     device flags before the next sample) and writes its checkpoint."""
-    from sgrld.experiments.runner import SamplingRun
+    from sgrld.experiments.runner import CHECKPOINT_FILE, load_checkpoint, run_sampling
     from test_runner_graph import MarkAfter, counts, failing_update, patch_potential
 
     patch_potential(monkeypatch)
     results = {
-        mode: SamplingRun(
+        mode: run_sampling(
             _runner_config("identity"),
             _runner_splits(),
+            tmp_path / mode,
             device=DEVICE,
             observer=MarkAfter(2, 1),
             step_mode=mode,
-        ).run()
+        )
         for mode in ("eager", "deferred", "graph")
     }
-    assert results["eager"]["broken_down"]["update"] == failing_update(2, 1)
+    update = failing_update(2, 1)
+    assert results["eager"]["broken_down"]["update"] == update
+    for mode in results:
+        checkpoint = load_checkpoint(tmp_path / mode / CHECKPOINT_FILE)
+        assert checkpoint["status"] == "broken_down" and checkpoint["global_step"] == update - 1
     assert counts(results["eager"]) == counts(results["deferred"]) == counts(results["graph"])
