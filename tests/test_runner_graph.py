@@ -4,6 +4,7 @@ CPU: the same chain, samples, breakdowns and checkpoints as the eager loop; the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ import sgrld
 from sgrld.capture import GraphedStep
 from sgrld.cli import main
 from sgrld.experiments import runner as runner_module
+from sgrld.experiments import sweep
 from sgrld.experiments.config import derive_seed
 from sgrld.experiments.jobs import Machine
 from sgrld.experiments.runner import (
@@ -344,5 +346,11 @@ def test_cli_no_graph_on_cpu(tmp_path: Path, mnist_dir: Path) -> None:
 
 
 def test_sweep_keeps_no_graph_out_of_the_grid() -> None:
+    """A machine option: parsed by ``sgrld sweep``, not a grid axis, carried by its Machine."""
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    argv = ["--sampler", "identity", "--lr", "0.1", "--out", "unused"]
+    assert parser.parse_args([*argv, "--no-graph"]).no_graph
+    assert not parser.parse_args(argv).no_graph
     assert "no_graph" in MACHINE_OPTIONS and "no_graph" not in run_defaults()
     assert Machine(data_dir="d").graph and not Machine(data_dir="d", graph=False).graph
