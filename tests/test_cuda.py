@@ -216,6 +216,7 @@ def test_runner_graph_has_no_host_sync_between_samples() -> None:
     """Between two samples a captured step reads nothing on the host: torch's sync debug mode
     set to "error" for updates 16-19 (samples at 15 and 20; no refresh due) raises on any."""
     from sgrld.experiments.runner import RunObserver, SamplingRun
+    from test_runner import synthetic_splits, tiny_config
 
     class NoSync(RunObserver):
         def __init__(self) -> None:
@@ -228,8 +229,6 @@ def test_runner_graph_has_no_host_sync_between_samples() -> None:
                 self.checked.append(run.global_step)
                 if run.global_step == 19:  # before update 20's sample reads the flags
                     torch.cuda.set_sync_debug_mode("default")
-
-    from test_runner import synthetic_splits, tiny_config
 
     for sampler in ("identity", "wenzel", "rmsprop", "monge", "shampoo"):
         observer = NoSync()
