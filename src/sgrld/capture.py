@@ -129,11 +129,13 @@ class GraphedStep:
         opt = self.optimizer
         counts = [None if state is None else state.step for state in opt._group_states]
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.output = self.step_fn()
-        for state, count in zip(opt._group_states, counts, strict=True):
-            if state is not None and count is not None:
-                state.step = count
+        try:
+            with torch.cuda.graph(graph):
+                self.output = self.step_fn()
+        finally:  # also when the capture fails: no step was taken
+            for state, count in zip(opt._group_states, counts, strict=True):
+                if state is not None and count is not None:
+                    state.step = count
         self.graph = graph
 
     def _replay(self) -> Tensor | None:
