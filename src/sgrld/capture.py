@@ -4,7 +4,8 @@ A step of the MNIST MLP is launch-bound on a GPU: ~0.3 GFLOP spread over a few h
 whose launches take longer than their arithmetic. Replaying a captured CUDA graph launches them
 all at once. :class:`GraphedStep` follows ``torch.cuda.make_graphed_callables``' recipe (warm-up
 on a side stream, static inputs, one capture) for a training step that ends in a ``capturable``
-sgrld optimizer's ``step()``:
+sgrld optimizer's ``step()``; every call, warm-up and capture included, is exactly one step of
+the chain on the data in the static inputs, so a loop can use it from its first step:
 
 * the sampler's noise is counter-based (``noise="philox"``: a function of the chain's key and the
   device step count), so every replay draws fresh noise and a resumed run draws what the
@@ -12,9 +13,11 @@ sgrld optimizer's ``step()``:
 * ℓ must be a tensor (``lr=torch.tensor(...)``): a scheduler that changes it in place changes
   every later replay (a float would be baked into the graph);
 * NaN/Inf checks are deferred (device flags, read by ``opt.check()``);
-* what the host schedules stays on the host: a step that makes Shampoo's root refresh due runs
-  eagerly instead of replaying (so the chain is exactly the eager one), and the optimizer's host
-  step counter and Wenzel's refresh schedule are advanced after each replay.
+* what the host schedules stays on the host: a step that makes a refresh due (Shampoo's roots,
+  Wenzel's ``refresh_every``) runs eagerly instead of replaying (so the chain is exactly the
+  eager one), and the optimizer's host step counter is advanced after each replay. A refresh the
+  caller runs between replays (Wenzel's ``update_preconditioner()``) writes the statistics in
+  place, so the next replay reads it.
 
 Example (CUDA only)::
 
@@ -44,7 +47,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.engine import refresh_due
-from sgrld.optim import SGRLDOptimizer
+from sgrld.optim import SGRLDOptimizer, WenzelSGLD
 
 __all__ = ["GraphedStep"]
 
@@ -52,14 +55,23 @@ __all__ = ["GraphedStep"]
 class GraphedStep:
     """Run ``step_fn`` as a replayed CUDA graph; see the module docstring.
 
+    Every call is one training step on the data the caller put in the static inputs: the first
+    ``warmup`` calls run eagerly on a side stream (CUDA libraries initialise their workspaces
+    there, the optimizer creates its state), the next one captures the step and replays it
+    (capturing records the kernels without running them), later ones replay. A call whose step
+    makes a scheduled refresh due (Shampoo's roots, a :class:`~sgrld.WenzelSGLD`
+    ``refresh_every``) runs eagerly instead, at any point. Make a new ``GraphedStep`` after
+    ``optimizer.load_state_dict`` (it replaces the state tensors the graph writes).
+
     Args:
         step_fn: the whole training step (forward, backward, ``optimizer.step()``), reading its
             data from static tensors that the caller refills before each call; returns a tensor
-            (e.g. the loss) or ``None``.
+            (e.g. the loss) or ``None``. Its gradients should persist across calls
+            (``zero_grad(set_to_none=False)``), so that eager and replayed steps write the same
+            tensors.
         optimizer: the ``capturable=True`` sgrld optimizer that ``step_fn`` steps, with tensor
             learning rates.
-        warmup: eager steps on a side stream before capture (they advance the chain as any
-            step does; CUDA libraries initialise their workspaces here).
+        warmup: eager calls before the capture (each one a real step of the chain).
     """
 
     def __init__(
@@ -80,48 +92,54 @@ class GraphedStep:
             device = group["params"][0].device
             if device.type != "cuda":
                 raise ValueError(f"CUDA graphs need parameters on a CUDA device, not {device}")
-        if not isinstance(warmup, int) or warmup < 1:
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"invalid warmup: {warmup!r} (expected an integer >= 1)")
         self.step_fn, self.optimizer = step_fn, optimizer
         self.warmup = warmup
+        self.warmed = 0  # eager warm-up calls so far
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: Tensor | None = None
         self.replays = 0
+        self._side: torch.cuda.Stream | None = None
 
     def _refresh_next(self) -> bool:
-        """Whether the coming step makes a scheduled refresh due in some group."""
+        """Whether the coming step makes a host-scheduled refresh due (it then runs eagerly)."""
         opt = self.optimizer
         for index, state in enumerate(opt._group_states):
             metric = opt._group_metrics[index]
             if state is not None and metric is not None and refresh_due(metric, state.step + 1):
                 return True
-        return False
+        every = opt.refresh_every if isinstance(opt, WenzelSGLD) else None
+        return every is not None and (opt.num_steps + 1) % every == 0
 
-    def _eager(self) -> Tensor | None:
-        return self.step_fn()  # an eager step refreshes on schedule itself
+    def _warm(self) -> Tensor | None:
+        """One eager step on a side stream (the recipe of ``make_graphed_callables``)."""
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        self._side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._side):
+            output = self.step_fn()
+        torch.cuda.current_stream().wait_stream(self._side)
+        self.warmed += 1
+        return output
 
     def _capture(self) -> None:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(self.warmup):
-                self._eager()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        # the captured step runs once while capturing: its host-side effects (the step count)
-        # happen here, exactly as for an eager step
-        with torch.cuda.graph(self.graph):
-            self.output = self.step_fn()
+        """Record the step. Nothing runs on the device, but the step's host side does (the
+        optimizer's host step counts advance): undo that, so the replay that follows counts it."""
+        opt = self.optimizer
+        counts = [None if state is None else state.step for state in opt._group_states]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                self.output = self.step_fn()
+        finally:  # also when the capture fails: no step was taken
+            for state, count in zip(opt._group_states, counts, strict=True):
+                if state is not None and count is not None:
+                    state.step = count
+        self.graph = graph
 
-    def __call__(self) -> Tensor | None:
-        """One training step: replay, or eagerly when a refresh is due or before capture."""
-        if self.graph is None:
-            if self._refresh_next():
-                return self._eager()
-            self._capture()
-            return self.output
-        if self._refresh_next():
-            return self._eager()
+    def _replay(self) -> Tensor | None:
+        assert self.graph is not None
         self.graph.replay()
         self.replays += 1
         opt = self.optimizer
@@ -130,3 +148,13 @@ class GraphedStep:
                 state.step += 1  # the device count advanced inside the graph
         opt._after_step()
         return self.output
+
+    def __call__(self) -> Tensor | None:
+        """One training step: eager (warm-up, due refresh), or captured and replayed."""
+        if self._refresh_next():
+            return self.step_fn()  # an eager step refreshes on schedule itself
+        if self.graph is None:
+            if self.warmed < self.warmup:
+                return self._warm()
+            self._capture()
+        return self._replay()

@@ -251,16 +251,31 @@ def num_samples_after(num_steps: int, burnin: int = 1000, thinning: int = 100) -
 
 
 def make_sampler(
-    config: RunConfig, params: list[Tensor], num_data: int, generator: torch.Generator
+    config: RunConfig,
+    params: list[Tensor],
+    num_data: int,
+    generator: torch.Generator,
+    *,
+    capturable: bool = False,
 ) -> SGRLDOptimizer:
-    """The config's sampler over ``params`` in one parameter group (spec §1.1)."""
+    """The config's sampler over ``params`` in one parameter group (spec §1.1).
+
+    With ``capturable`` (the runner's deferred and captured loops) ℓ is a 0-d tensor on the
+    parameters' device and NaN/Inf checks are device flags read by ``check()``; without, ℓ is a
+    float and a step with a NaN/Inf gradient is refused at once on every device.
+    """
+    lr: float | Tensor = config.lr
+    if capturable:
+        lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
     common: dict[str, Any] = {
-        "lr": config.lr,
+        "lr": lr,
         "num_data": num_data,
         "temperature": config.temperature,
         "generator": generator,
         "noise": config.noise,
         "compile": config.compile,
+        "capturable": capturable,
+        "sync_checks": None if capturable else True,
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig

@@ -66,6 +66,7 @@ class Machine:
     download: bool = False
     plot: bool = False
     chain_batch: int | None = None  # chains per vectorised call in a pack
+    graph: bool = True  # CUDA: replay a single run's captured step (sgrld sample --no-graph)
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,14 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
         splits = _splits(
             config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
         )
-        results = run_sampling(config, splits, folder, device=machine.device, resume=True)
+        results = run_sampling(
+            config,
+            splits,
+            folder,
+            device=machine.device,
+            resume=True,
+            step_mode="auto" if machine.graph else "eager",
+        )
         if machine.plot:
             from sgrld.experiments.plots import plot_run_curves
 

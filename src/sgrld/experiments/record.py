@@ -113,6 +113,10 @@ class RunRecord:
         chains_in_process: chains sharing the process's steps (timing divides by it).
     """
 
+    #: The loop that stepped the chain (``timing.step_mode``): a multi-chain run's reads its
+    #: flags only at samples and epoch ends; a single run sets its own (``SamplingRun``).
+    step_mode = "deferred"
+
     def __init__(
         self,
         config: RunConfig,
@@ -356,6 +360,7 @@ class RunRecord:
             "hardware": hardware(self.device),
             "threads": torch.get_num_threads(),
             "chains_in_process": self.chains_in_process,
+            "step_mode": self.step_mode,
         }
         return nan_to_none(
             {

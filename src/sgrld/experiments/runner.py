@@ -19,11 +19,26 @@ exactly reproducible and resumable (spec §10 items 3, 7, 8, 9, 11, 13):
   cumulative ensemble's log-probability, accuracy, ECE (30 bins) and confidence are recorded.
 - **Curvature** (optional, spec §4.5, §10.3): C(θ) of every sample on the first 1,000 test
   points, with its own generator, so that measuring never perturbs the chain.
-- **Timing** (spec §4.6, §10.9). Each step (forward, backward, clamp, sampler step) is timed on
-  its own, synchronised on CUDA; evaluation is excluded. ``seconds_per_epoch`` is the mean step
-  time after the first 1,000 steps times the steps per epoch, plus Wenzel's mean refresh time.
+- **Timing** (spec §4.6, §10.9). A step is forward, backward, clamp and sampler step; evaluation
+  is excluded. The eager loop times each step on its own (synchronised on CUDA); the deferred
+  loop times each block of steps between two host reads and credits each step its share.
+  ``seconds_per_epoch`` is the mean step time after the first 1,000 steps times the steps per
+  epoch, plus Wenzel's mean refresh time.
 - **Failure** (spec §1.1, §4.8). A non-finite potential (or gradient) stops the run; it is recorded
-  as broken down, like a failed run of the reference.
+  as broken down, like a failed run of the reference, at the update where it happened.
+- **Step modes** (:class:`SamplingRun`'s ``step_mode``; ``timing.step_mode`` in the results).
+  ``"eager"``: the loop above, with a host read per step (the potential's finiteness).
+  ``"deferred"``: no host read in a step. The minibatch is gathered into static buffers, the
+  optimizer is ``capturable`` (ℓ a 0-d tensor on the device, Philox noise, NaN/Inf in device
+  flags), the potential poisons its own gradient when it is non-finite so that the flags freeze
+  the chain at that update, and the flags are read only before a sample is evaluated and at the
+  epoch end; a breakdown is then recorded exactly as the eager loop records it. ``"graph"``
+  (CUDA): the deferred step captured once in a CUDA graph and replayed
+  (:class:`sgrld.capture.GraphedStep`); Shampoo's refresh steps and a short last batch run
+  eagerly, and Wenzel's refresh runs between replays, writing its statistics in place.
+  ``"auto"`` (default): ``"graph"`` on CUDA, else ``"eager"``; configs the deferred loop cannot
+  honour (``noise="torch"``, the cyclical schedule, ``compile``) always run eagerly. The modes
+  give the same chain up to float rounding (with ℓ a tensor, σ and the move round differently).
 - **Checkpoints.** At each epoch end the model, the sampler (statistics and noise generator), the
   data-order and curvature generators, the accumulators and the curves are written atomically,
   with the SHA-256 of the payload (:mod:`sgrld.experiments._io`); :func:`run_sampling` with
@@ -38,6 +53,7 @@ The gradient handed to the sampler is that of the per-datum potential (``docs/co
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -46,7 +62,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from sgrld.capture import GraphedStep
 from sgrld.core import NonFiniteGradientError
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
@@ -73,6 +91,7 @@ from sgrld.experiments.config import (
     make_sampler,
     num_samples_after,
 )
+from sgrld.experiments.multichain import _poisoned_potential
 from sgrld.experiments.observers import (
     ProgressBar,
     RunObserver,
@@ -80,12 +99,13 @@ from sgrld.experiments.observers import (
 )
 from sgrld.experiments.record import RunRecord, restrict_splits
 from sgrld.models import build_model, potential
-from sgrld.optim import WenzelSGLD
+from sgrld.optim import SGRLDOptimizer, WenzelSGLD
 from sgrld.schedules import CyclicalLR
 
 __all__ = [
     "CHECKPOINT_FILE",
     "RESULTS_FILE",
+    "STEP_MODES",
     "CheckpointError",
     "OutputError",
     "ProgressBar",
@@ -101,12 +121,73 @@ __all__ = [
     "load_checkpoint",
     "make_sampler",
     "num_samples_after",
+    "resolve_step_mode",
     "run_sampling",
 ]
+
+#: ``SamplingRun``'s step modes (module docstring); ``"auto"`` resolves to one of the others.
+STEP_MODES = ("auto", "eager", "deferred", "graph")
 
 
 class _BrokeDown(Exception):
     """The chain hit a non-finite potential or gradient (spec §4.8)."""
+
+
+def deferred_refusal(config: RunConfig) -> str | None:
+    """Why the deferred loop cannot honour ``config`` (``None``: it can)."""
+    if config.noise != "philox":
+        return "noise 'torch' draws from a generator on the host; use noise 'philox'"
+    if config.schedule != "constant":
+        return "the cyclical schedule sets ℓ and τ on the host every step"
+    if config.compile:
+        return "compile fuses a step of its own; drop it"
+    return None
+
+
+def resolve_step_mode(step_mode: str, config: RunConfig, device: torch.device) -> str:
+    """The loop a run uses: ``"auto"`` is ``"graph"`` on CUDA when the config allows, else
+    ``"eager"``; an explicit mode is checked.
+
+    Raises:
+        ValueError: an unknown mode, a deferred mode for a config it cannot honour
+            (:func:`deferred_refusal`), or ``"graph"`` off CUDA.
+    """
+    if step_mode not in STEP_MODES:
+        raise ValueError(f"unknown step_mode {step_mode!r}; valid: {', '.join(STEP_MODES)}")
+    refusal = deferred_refusal(config)
+    if step_mode == "auto":
+        return "graph" if device.type == "cuda" and refusal is None else "eager"
+    if step_mode != "eager" and refusal is not None:
+        raise ValueError(f"step_mode {step_mode!r} cannot run this config: {refusal}")
+    if step_mode == "graph" and device.type != "cuda":
+        raise ValueError(
+            f"step_mode 'graph' needs a CUDA device, not {device}; 'deferred' runs the same "
+            "loop without capture"
+        )
+    return step_mode
+
+
+def _first_failure(optimizer: SGRLDOptimizer) -> tuple[int, int] | None:
+    """The first failing update and the index of its first non-finite tensor, from the
+    optimizer's deferred device flags (one host read), or ``None``."""
+    for state in optimizer._group_states:  # one group (make_sampler)
+        if state is not None:
+            step, tensor = (int(v) for v in state.flags.tolist())
+            if step:
+                return step, tensor
+    return None
+
+
+def _rewind(optimizer: SGRLDOptimizer, update: int) -> None:
+    """After a breakdown at ``update`` found in the flags: the engine froze the chain there
+    (parameters and statistics untouched), only the step counters ran on. Set them back to the
+    last good update and clear the flags, so that the checkpoint holds the state after update
+    ``update - 1`` as the eager loop's does (and ``state_dict`` does not refuse it)."""
+    for state in optimizer._group_states:
+        if state is not None:
+            state.flags.zero_()
+            state.step = update - 1
+            state.device_step.fill_(update - 1)
 
 
 class SamplingRun(RunRecord):
@@ -119,6 +200,11 @@ class SamplingRun(RunRecord):
         device: where the model, the data, the chain's noise and the accumulators live.
         out_dir: where ``checkpoint.pt`` and ``results.json`` go each epoch (``None``: nowhere).
         observer: progress hooks (e.g. :class:`ProgressBar`).
+        step_mode: ``"auto"`` (default: ``"graph"`` on CUDA when the config allows it, else
+            ``"eager"``), ``"eager"``, ``"deferred"`` (no host read in a step; on CPU the
+            tests' way to run the loop that CUDA captures) or ``"graph"`` (CUDA); see the
+            module docstring. Configs with ``noise="torch"``, the cyclical schedule or
+            ``compile`` run the eager loop (an explicit deferred mode is refused for them).
     """
 
     def __init__(
@@ -129,8 +215,10 @@ class SamplingRun(RunRecord):
         device: torch.device | str = "cpu",
         out_dir: str | os.PathLike[str] | None = None,
         observer: RunObserver | None = None,
+        step_mode: str = "auto",
     ) -> None:
         device = torch.device(device)
+        self.step_mode = resolve_step_mode(step_mode, config, device)
         super().__init__(config, restrict_splits(splits, config).to(device), device)
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.observer = observer if observer is not None else RunObserver()
@@ -144,9 +232,22 @@ class SamplingRun(RunRecord):
         ).to(self.device)
         self.model.train()
         chain_generator = torch.Generator(self.device).manual_seed(self.seeds["chain"])
+        deferred = self.step_mode != "eager"
         self.optimizer = make_sampler(
-            config, list(self.model.parameters()), self.num_data, chain_generator
+            config,
+            list(self.model.parameters()),
+            self.num_data,
+            chain_generator,
+            capturable=deferred,
         )
+        # the deferred loop's state: the potential that poisons its own gradient, the static
+        # minibatch buffers (by batch size), the captured step and the updates not yet credited
+        self._lr = self.optimizer.param_groups[0]["lr"]
+        self._loss = _poisoned_potential(self.num_data)
+        self._batches: dict[int, tuple[Tensor, Tensor]] = {}
+        self._graphed: GraphedStep | None = None
+        self._pending: list[int] = []
+        self._block_started = 0.0
         if config.schedule == "cyclical":
             total = config.epochs * self.steps_per_epoch
             self.schedule = CyclicalLR(
@@ -184,6 +285,9 @@ class SamplingRun(RunRecord):
         return self.results()
 
     def _run_epoch(self) -> None:
+        if self.step_mode != "eager":
+            self._run_epoch_deferred()
+            return
         x_train, y_train = self.splits.x_train, self.splits.y_train
         order = torch.randperm(self.num_data, generator=self.order_generator).to(self.device)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -204,7 +308,7 @@ class SamplingRun(RunRecord):
                 if p.grad is not None:
                     p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
             exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
-            try:
+            try:  # sync_checks: a NaN/Inf gradient is refused at once, on every device
                 self.optimizer.step()
             except NonFiniteGradientError as exc:
                 raise _BrokeDown(str(exc)) from exc
@@ -216,10 +320,6 @@ class SamplingRun(RunRecord):
             if sample and not exploring:
                 self._evaluate_sample()
             self.observer.on_step(self)
-        try:  # deferred NaN/Inf checks (CUDA) are read once per epoch, before the checkpoint
-            self.optimizer.check()
-        except NonFiniteGradientError as exc:
-            raise _BrokeDown(str(exc)) from exc
         if isinstance(self.optimizer, WenzelSGLD):  # refresh at each epoch end (spec §2.2)
             started = self._clock()
             self.optimizer.update_preconditioner()
@@ -227,6 +327,86 @@ class SamplingRun(RunRecord):
         self.end_epoch()
         self._save()
         self.observer.on_epoch(self)
+
+    def _run_epoch_deferred(self) -> None:
+        """One epoch without a host read per step: the flags are read (and the steps timed)
+        only before a sample is evaluated and at the epoch end (:meth:`_credit`)."""
+        order = torch.randperm(self.num_data, generator=self.order_generator).to(self.device)
+        self.start_epoch()
+        batch = self.config.batch_size
+        self._pending = []
+        self._block_started = self._clock()
+        for step, start in enumerate(range(0, self.num_data, batch), 1):
+            self.step_in_epoch = step
+            self._deferred_step(order[start : start + batch])
+            self.global_step += 1
+            self._pending.append(self.global_step)
+            if is_sample_step(self.global_step, self.config.burnin, self.config.thinning):
+                self._credit()
+                self._evaluate_sample()
+                self._block_started = self._clock()
+            self.observer.on_step(self)
+        self._credit()
+        if isinstance(self.optimizer, WenzelSGLD):  # in place: later replays see it
+            started = self._clock()
+            self.optimizer.update_preconditioner()
+            self.record_refresh_time(self._clock() - started)
+        self.end_epoch()
+        self._save()
+        self.observer.on_epoch(self)
+
+    def _deferred_step(self, index: Tensor) -> None:
+        """Gather the minibatch into its static buffers and take the step (replayed in
+        ``"graph"`` mode, except for a batch of another size: the short last one)."""
+        size = len(index)
+        if size not in self._batches:
+            x, y = self.splits.x_train, self.splits.y_train
+            self._batches[size] = (x.new_empty((size, *x.shape[1:])), y.new_empty((size,)))
+        x, y = self._batches[size]
+        torch.index_select(self.splits.x_train, 0, index, out=x)
+        torch.index_select(self.splits.y_train, 0, index, out=y)
+        if self.step_mode != "graph" or size != min(self.config.batch_size, self.num_data):
+            self._train_step(x, y)
+            return
+        if self._graphed is None:
+            self._graphed = GraphedStep(functools.partial(self._train_step, x, y), self.optimizer)
+        self._graphed()
+
+    def _train_step(self, x: Tensor, y: Tensor) -> None:
+        """Forward, backward, clamp, sampler step: no host read. The gradients persist
+        (zeroed, not freed) so that a captured step writes the same tensors every replay."""
+        self.optimizer.zero_grad(set_to_none=False)
+        self._loss(self.model, x, y).backward()
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
+        self.optimizer.step()
+
+    def _credit(self) -> None:
+        """Read the flags (one host read) and credit the pending updates' time up to the
+        failing one; on a breakdown, close the record as the eager loop does (its state is
+        the last good update's).
+
+        Raises:
+            _BrokeDown: a non-finite potential or gradient at one of the pending updates.
+        """
+        seconds = self._clock() - self._block_started
+        failure = _first_failure(self.optimizer)
+        share = seconds / max(len(self._pending), 1)
+        for update in self._pending:
+            if failure is not None and update >= failure[0]:
+                break
+            self.global_step = update
+            self.record_step_time(share)
+        self._pending = []
+        if failure is None:
+            return
+        update, tensor = failure
+        name = [n for n, _ in self.model.named_parameters()][tensor]
+        self.global_step = update - 1
+        _rewind(self.optimizer, update)
+        raise _BrokeDown(f"non-finite potential or gradient (first in {name!r}) at update {update}")
 
     def _evaluate_sample(self) -> None:
         """Fold the current state into the ensembles (eval mode), then back to train mode."""
@@ -256,12 +436,17 @@ class SamplingRun(RunRecord):
     # --- state ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue the run exactly."""
+        """Everything needed to continue the run exactly (in any step mode: ℓ is saved as a
+        float)."""
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:
+            if isinstance(group["lr"], Tensor):
+                group["lr"] = float(group["lr"])
         return {
             "format": CHECKPOINT_FORMAT,
             "config": self.config.to_dict(),
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
             **self.record_state(),
         }
@@ -291,6 +476,10 @@ class SamplingRun(RunRecord):
     def _restore(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.step_mode != "eager":  # ℓ is the config's (constant), as a device tensor
+            for group in self.optimizer.param_groups:
+                group["lr"] = self._lr
+        self._graphed = None  # the optimizer's state tensors are new: capture again
         if self.schedule is not None:  # same epochs (config_differences), same cycles
             self.schedule.load_state_dict(state["schedule"])
         self.restore_record(state)
@@ -317,6 +506,7 @@ def run_sampling(
     device: torch.device | str = "cpu",
     resume: bool = False,
     observer: RunObserver | None = None,
+    step_mode: str = "auto",
 ) -> dict[str, Any]:
     """Run (or, with ``resume``, continue) a sampling run and return its results.
 
@@ -328,11 +518,14 @@ def run_sampling(
         resume: continue from ``out_dir/checkpoint.pt`` if it exists (its config must equal
             ``config`` except for ``epochs``, which may grow).
         observer: progress hooks.
+        step_mode: the loop (:class:`SamplingRun`); ``"auto"`` captures the step on CUDA.
 
     Returns:
         The results dict, also in ``out_dir/results.json``.
     """
-    run = SamplingRun(config, splits, device=device, out_dir=out_dir, observer=observer)
+    run = SamplingRun(
+        config, splits, device=device, out_dir=out_dir, observer=observer, step_mode=step_mode
+    )
     checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
     if resume and checkpoint is not None and checkpoint.is_file():
         state = load_checkpoint(checkpoint)

@@ -154,6 +154,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--resume", action="store_true", help="continue the run in --out")
     io.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K (cpu)")
     io.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    io.add_argument(
+        "--no-graph",
+        action="store_true",
+        help="CUDA: take each step eagerly, with a host sync per step, instead of replaying the "
+        "step captured in a CUDA graph (the default when the run allows it: philox noise, "
+        "constant schedule, no --compile); single runs only",
+    )
     io.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     io.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
 
@@ -491,7 +498,13 @@ def _run_locked(
     observer = None if args.no_progress else ProgressBar(report_breakdown=False)
     try:
         results = run_sampling(
-            config, splits, out, device=device, resume=args.resume, observer=observer
+            config,
+            splits,
+            out,
+            device=device,
+            resume=args.resume,
+            observer=observer,
+            step_mode="eager" if getattr(args, "no_graph", False) else "auto",
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc

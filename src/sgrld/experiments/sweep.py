@@ -35,7 +35,7 @@ from sgrld.experiments.grid import GridError, PlannedRun
 #: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
 MACHINE_OPTIONS = frozenset(
     {"data_dir", "no_verify", "download", "out", "resume", "device", "threads"}
-    | {"no_progress", "no_plot", "chains", "chain_batch"}
+    | {"no_progress", "no_plot", "chains", "chain_batch", "no_graph"}
 )
 ENGINES = ("local", "submitit", "submitit-local")
 
@@ -215,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
             download=args.download,
             plot=not args.no_plot,
             chain_batch=args.chain_batch,
+            graph=not args.no_graph,
         )
         try:
             jobs = make_jobs(runs, out.resolve(), machine, args.chains)
