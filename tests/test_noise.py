@@ -205,3 +205,25 @@ def test_rows_beyond_2_to_the_32_use_the_counters_high_word() -> None:
     low = torch.empty(1, 4)
     _philox_normal(key, low, first_row=5)
     assert not torch.equal(low[0], blocks[0])
+
+
+def test_kernel_ignores_the_default_dtype() -> None:
+    """A caller running with float64 as default dtype gets the same numbers and no second
+    compile of the kernel (dynamo guards on the default dtype)."""
+    from torch._dynamo.utils import counters
+
+    from sgrld.core.noise import keys_from_seeds, philox_normal_
+
+    keys = keys_from_seeds([5], torch.device("cpu"))
+    blocks = torch.empty(1, 16, 4)
+    philox_normal_(blocks, keys)
+    expected = blocks.clone()
+    graphs = counters["stats"]["unique_graphs"]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        philox_normal_(blocks, keys)
+    finally:
+        torch.set_default_dtype(previous)
+    assert torch.equal(blocks, expected)
+    assert counters["stats"]["unique_graphs"] == graphs

@@ -22,9 +22,10 @@ faster than ``"torch"`` depends on the machine: measure (``benchmarks/step_time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -120,6 +121,22 @@ def _kernel() -> Callable[..., None]:
     return _compiled
 
 
+@contextlib.contextmanager
+def _float32_default() -> Iterator[None]:
+    """Call the kernel under one default dtype: dynamo guards on it, so a caller that runs in
+    float64 by default (``torch.set_default_dtype``) would otherwise compile it once more; its
+    arithmetic names every dtype, so the numbers do not depend on it."""
+    previous = torch.get_default_dtype()
+    if previous == torch.float32:
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def philox_normal_(
     blocks: Tensor, key: Tensor, step: Tensor | None = None, *, compile: bool = True
 ) -> None:
@@ -137,7 +154,7 @@ def philox_normal_(
         keys2 = key.reshape(-1, 2)
         steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
         try:
-            with quiet_compile(), torch.no_grad():
+            with quiet_compile(), torch.no_grad(), _float32_default():
                 _kernel()(keys2, blocks3, 0, steps)
             return
         except Exception as exc:  # no C++ toolchain, unsupported backend, ...
