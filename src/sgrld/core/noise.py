@@ -150,7 +150,9 @@ def philox_normal_(
         # One input form for the one compiled kernel — blocks (chains, n, width), keys
         # (chains, 2), a 0-d step, grad mode off — so that dtype and device, not the callers'
         # ranks, a missing step or their grad mode, make it recompile: far below dynamo's limit.
-        blocks3 = blocks.view(-1, *blocks.shape[-2:])
+        # detached: the same storage, but no view of the caller's buffer, whose base's layout
+        # dynamo would otherwise guard on (one recompile per kind of caller)
+        blocks3 = blocks.view(-1, *blocks.shape[-2:]).detach()
         keys2 = key.reshape(-1, 2)
         steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
         try:
