@@ -15,7 +15,7 @@ GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x SGD (MLP
 (ResNet-20), captured ≤ 0.3x eager SGD.
 
     .venv/bin/python benchmarks/step_time.py [--device cpu|cuda] [--model mlp400|mlp1200|resnet20]
-        [--rounds 15] [--steps 40] [--threads 2]
+        [--rounds 15] [--steps 40] [--threads 2] [--only SGLD,RMSprop] [--defaults-only]
 """
 
 from __future__ import annotations
@@ -202,6 +202,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", default="", help="comma list of row prefixes to keep")
     parser.add_argument(
+        "--defaults-only",
+        action="store_true",
+        help="only the samplers with default options (no philox, capturable, compile rows)",
+    )
+    parser.add_argument(
         "--compiled-step",
         action="store_true",
         help="add rows with the whole training step under torch.compile (capturable=True)",
@@ -215,6 +220,8 @@ def main() -> None:
     if args.only:
         keep = ("SGD", "floor", *args.only.split(","))
         makes = {k: v for k, v in makes.items() if k.startswith(keep)}
+    if args.defaults_only:
+        makes = {k: v for k, v in makes.items() if "/" not in k}
     pool = 16
     xs, ys = batches(args.model, device, pool)
     rows = {name: Row(name, factory, args.model, device) for name, factory in makes.items()}
