@@ -7,7 +7,8 @@ call the same function, so an option either works on every path or is refused on
 One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``):
 
 1. validate the gradients against the parameters (shape, dtype, device: host metadata only);
-2. gather them into the flat buffer and check them (see *checks* below);
+2. gather them into the flat buffer and check them (see *checks* below); SGLD (G = I) skips the
+   copy: its check and move read the gradients themselves (the same numbers, bit for bit);
 3. draw ξ (:mod:`sgrld.core.noise`);
 4. :func:`body`: ``metric.update`` → ``metric.inverse`` → ``metric.inverse_sqrt`` → the
    Euler–Maruyama move (:func:`~sgrld.core.integrator.euler_maruyama`);
@@ -112,7 +113,12 @@ def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> Non
     """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
     present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
     if present:
-        _refuse_nonfinite(torch.stack([g.sum() for _, g in present]).sum(), lambda: present)
+        _check_each(present)
+
+
+def _check_each(named: list[tuple[str, Tensor]]) -> None:
+    """The ``"sync"`` check on parameter-shaped gradients: one sum each, one host read."""
+    _refuse_nonfinite(torch.stack([g.sum() for _, g in named]).sum(), lambda: named)
 
 
 def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
@@ -292,11 +298,7 @@ def advance(
         # exactly as the flat buffer's views, so every number is the general path's.
         grad = None
         if checks == "sync":
-            names = sub_layout.names
-            _refuse_nonfinite(
-                torch.stack([g.sum() for g in present]).sum(),
-                lambda: list(zip(names, present, strict=True)),
-            )
+            _check_each(list(zip(sub_layout.names, present, strict=True)))
     else:
         grad = work.gather(present)
         if checks == "sync":
