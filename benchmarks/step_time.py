@@ -15,7 +15,8 @@ GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x SGD (MLP
 (ResNet-20), captured ≤ 0.3x eager SGD.
 
     .venv/bin/python benchmarks/step_time.py [--device cpu|cuda] [--model mlp400|mlp1200|resnet20]
-        [--rounds 15] [--steps 40] [--threads 2]
+        [--rounds 15] [--steps 40] [--threads 2] [--only SGLD,RMSprop] [--defaults-only]
+        [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -202,6 +203,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", default="", help="comma list of row prefixes to keep")
     parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: this process's CPU time (time.process_time), which other jobs' load does not "
+        "inflate; with --threads 1 on a shared machine (OpenMP workers spin on CPU time)",
+    )
+    parser.add_argument(
+        "--defaults-only",
+        action="store_true",
+        help="only the samplers with default options (no philox, capturable, compile rows)",
+    )
+    parser.add_argument(
         "--compiled-step",
         action="store_true",
         help="add rows with the whole training step under torch.compile (capturable=True)",
@@ -210,11 +223,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = args.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     makes = {"floor": None, **samplers(device, args.compiled_step)}
     if args.only:
         keep = ("SGD", "floor", *args.only.split(","))
         makes = {k: v for k, v in makes.items() if k.startswith(keep)}
+    if args.defaults_only:
+        makes = {k: v for k, v in makes.items() if "/" not in k}
     pool = 16
     xs, ys = batches(args.model, device, pool)
     rows = {name: Row(name, factory, args.model, device) for name, factory in makes.items()}
@@ -235,19 +251,20 @@ def main() -> None:
         for name in order:
             row = rows[name]
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(args.steps):
                 counter = (counter + 1) % pool
                 row(xs[counter], ys[counter])
             sync()
-            times[name].append((time.perf_counter() - t0) / args.steps)
+            times[name].append((clock() - t0) / args.steps)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     goal = targets(device, args.model)
     num_params = sum(p.numel() for p in rows["SGD"].model.parameters())
     print(
         f"{args.model}, {num_params:,} parameters, {device} "
         f"({torch.cuda.get_device_name() if device == 'cuda' else f'{args.threads} threads'}), "
-        f"torch {torch.__version__}; median of {args.rounds} interleaved rounds x {args.steps} "
+        f"torch {torch.__version__}, {args.clock} clock; median of {args.rounds} interleaved "
+        f"rounds x {args.steps} "
         "steps. ratio: median of the paired per-round ratios to the target's reference "
         "[quartiles]; ok: the median meets the target (yes!: so does the upper quartile)"
     )

@@ -571,3 +571,163 @@ def test_deferred_checks_handle_parameters_without_gradient(spec: SamplerSpec) -
     assert _same(before, _copy(state))
     with pytest.raises(NonFiniteGradientError, match="'c'"):
         sampler.check(state)
+
+
+# --------------------------------------------------------------------- SGLD's direct path
+
+# sizes that are not multiples of any vector width, so the kernels' vector bodies and scalar
+# tails both run on every tensor
+_SHAPES = {"w": (37, 29), "b": (29,), "c": (3, 5, 7)}
+
+
+def _sgld_problem(
+    dtype: torch.dtype, num_chains: int | None
+) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor | None]]]:
+    """Parameters and 8 steps of gradients; "b" has none at steps 2 and 5 (a group with some
+    gradients None)."""
+    gen = torch.Generator().manual_seed(7)
+    lead = () if num_chains is None else (num_chains,)
+    params = {k: torch.randn(*lead, *s, generator=gen, dtype=dtype) for k, s in _SHAPES.items()}
+    steps: list[dict[str, torch.Tensor | None]] = []
+    for t in range(8):
+        grads: dict[str, torch.Tensor | None] = {
+            k: torch.randn(*lead, *s, generator=gen, dtype=dtype) for k, s in _SHAPES.items()
+        }
+        if t in (2, 5):
+            grads["b"] = None
+        steps.append(grads)
+    return params, steps
+
+
+def _engine_step(
+    sampler: sgrld.Sampler,
+    state: sgrld.SamplerState,
+    grads: dict[str, torch.Tensor | None],
+    direct: bool,
+) -> None:
+    from sgrld.core.engine import advance
+
+    advance(
+        sampler.metric,
+        state,
+        [grads.get(n) for n in state.params],
+        lr=sampler.lr,
+        num_data=sampler.num_data,
+        temperature=sampler.temperature,
+        direct=direct,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(
+    ("num_chains", "lr", "temperature"),
+    [(None, 0.05, 1.0), (None, 0.05, 0.0), (3, 0.05, 1.0), (3, "per-chain", 1.0)],
+)
+def test_sgld_direct_path_is_the_flat_path_bit_for_bit(
+    dtype: torch.dtype, num_chains: int | None, lr: float | str, temperature: float
+) -> None:
+    """SGLD moves θ by its gradients directly (no flat copy): the same numbers as the general
+    path through the flat buffers, with some gradients None, K chains, a per-chain ℓ, τ = 0."""
+    step_size = torch.tensor([0.05, 0.02, 0.01], dtype=dtype) if lr == "per-chain" else lr
+    sampler = sgrld.build("identity", lr=step_size, num_data=N, temperature=temperature)
+    params, steps = _sgld_problem(dtype, num_chains)
+    states = [
+        sampler.init(
+            {k: v.clone() for k, v in params.items()},
+            num_chains=num_chains,
+            generator=torch.Generator().manual_seed(3),
+        )
+        for _ in range(3)
+    ]
+    for grads in steps:
+        _engine_step(sampler, states[0], grads, direct=True)
+        _engine_step(sampler, states[1], grads, direct=False)
+        sampler.step(states[2], grads)
+    assert _same(_copy(states[0]), _copy(states[1])) and _same(_copy(states[0]), _copy(states[2]))
+    assert not _same(_copy(states[0]), {f"p.{k}": v for k, v in params.items()})
+    gens = [s.generator.get_state() for s in states]
+    assert torch.equal(gens[0], gens[1]) and torch.equal(gens[0], gens[2])
+
+
+def test_sgld_steps_take_the_direct_path_unless_a_gradient_is_not_contiguous(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The public step never copies contiguous gradients into the flat buffer; a strided one
+    goes through it (the direct path is bit-identical for contiguous gradients only)."""
+    from sgrld.core.state import Workspace
+
+    sampler = sgrld.build("identity", lr=0.05, num_data=N)
+    params, steps = _sgld_problem(torch.float32, None)
+    a, b = (
+        sampler.init({k: v.clone() for k, v in params.items()}, generator=torch.Generator())
+        for _ in range(2)
+    )
+    gather = Workspace.gather
+    calls = []
+    monkeypatch.setattr(Workspace, "gather", lambda self, ts: calls.append(1) or gather(self, ts))
+    sampler.step(a, steps[0])
+    assert not calls
+    strided = dict(steps[0])
+    strided["w"] = torch.empty(29, 37).t().copy_(steps[0]["w"])  # type: ignore[arg-type]
+    assert not strided["w"].is_contiguous()  # type: ignore[union-attr]
+    sampler.step(b, strided)
+    assert calls and _same(_copy(a), _copy(b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sgld_direct_path_refuses_nan_at_once_and_moves_nothing(dtype: torch.dtype) -> None:
+    """An eager CPU step with a NaN (or Inf) gradient raises at once naming the tensor, and no
+    parameter, step count or generator state changes, also with a gradient None beside it."""
+    sampler = sgrld.build("identity", lr=0.05, num_data=N)
+    params, steps = _sgld_problem(dtype, None)
+    state = sampler.init(params, generator=torch.Generator().manual_seed(1))
+    sampler.step(state, steps[0])
+    for bad, value in (("w", math.nan), ("c", math.inf), ("c", -math.inf)):
+        grads = dict(steps[2])  # "b" is None
+        poisoned = grads[bad].clone()  # type: ignore[union-attr]
+        poisoned.view(-1)[5] = value
+        grads[bad] = poisoned
+        before, gen = _copy(state), state.generator.get_state()
+        with pytest.raises(NonFiniteGradientError, match=f"'{bad}'"):
+            sampler.step(state, grads)
+        assert _same(before, _copy(state)) and state.step == 1 and int(state.device_step) == 1
+        assert torch.equal(gen, state.generator.get_state())
+    # a sum that overflows although every entry is finite refuses nothing
+    huge = {k: torch.full_like(v, torch.finfo(dtype).max) for k, v in state.params.items()}
+    sampler.step(state, huge)
+    assert state.step == 2
+
+
+def test_sgld_facade_with_unused_parameters_equals_the_flat_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Facade steps of a group where one parameter never gets a gradient (grad None), float32:
+    the direct path and the general path give the same parameters bit for bit."""
+    import functools
+
+    import sgrld.optim
+    from sgrld.core.engine import advance
+
+    runs = []
+    for direct in (True, False):
+        monkeypatch.setattr(sgrld.optim, "advance", functools.partial(advance, direct=direct))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(13, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3)
+        )
+        unused = torch.nn.Parameter(torch.ones(5))
+        opt = sgrld.SGLD(
+            [*model.parameters(), unused],
+            lr=0.01,
+            num_data=N,
+            generator=torch.Generator().manual_seed(2),
+        )
+        gen = torch.Generator().manual_seed(5)
+        for _ in range(6):
+            opt.zero_grad()
+            x = torch.randn(8, 13, generator=gen)
+            model(x).square().mean().backward()
+            opt.step()
+        assert unused.grad is None and torch.equal(unused.detach(), torch.ones(5))
+        runs.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))

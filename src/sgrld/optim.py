@@ -130,6 +130,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         }
         self._group_states: list[SamplerState | None] = []
         self._group_metrics: list[Metric | None] = []
+        # the group options each group's metric was made from (a step compares, not rebuilds)
+        self._group_options: list[dict[str, Any] | None] = []
         super().__init__(params, defaults)
         self.check_finite = check_finite
         self.noise: NoiseSource = noise
@@ -161,6 +163,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._group_metric(group)  # validates the group's metric options now
         self._group_states.append(None)
         self._group_metrics.append(None)
+        self._group_options.append(None)
 
     def _names(self, index: int) -> list[str]:
         group = self.param_groups[index]
@@ -196,8 +199,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _group_state(self, index: int) -> SamplerState:
         state = self._group_states[index]
         group = self.param_groups[index]
-        metric = self._group_metric(group, self._group_metrics[index])
-        self._group_metrics[index] = metric
+        options = {k: group[k] for k in self._options}
+        metric = self._group_metrics[index]
+        if metric is None or options != self._group_options[index]:
+            metric = self._group_metric(group, metric)
+            self._group_metrics[index], self._group_options[index] = metric, options
         if state is None:
             validate_hyperparameters(group["lr"], group["num_data"], group["temperature"])
             state = self._new_state(index, metric)
@@ -362,6 +368,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.generator.set_state(extra["generator"])
         self._group_states = [None] * len(self.param_groups)
         self._group_metrics = list(metrics)
+        self._group_options = [None] * len(self.param_groups)
         for index, saved in enumerate(extra["groups"]):
             if saved is not None:
                 self._group_state(index).apply_state_dict(saved)

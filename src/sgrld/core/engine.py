@@ -7,7 +7,8 @@ call the same function, so an option either works on every path or is refused on
 One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``):
 
 1. validate the gradients against the parameters (shape, dtype, device: host metadata only);
-2. gather them into the flat buffer and check them (see *checks* below);
+2. gather them into the flat buffer and check them (see *checks* below); SGLD (G = I) skips the
+   copy: its check and move read the gradients themselves (the same numbers, bit for bit);
 3. draw ξ (:mod:`sgrld.core.noise`);
 4. :func:`body`: ``metric.update`` → ``metric.inverse`` → ``metric.inverse_sqrt`` → the
    Euler–Maruyama move (:func:`~sgrld.core.integrator.euler_maruyama`);
@@ -45,6 +46,7 @@ from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
 from sgrld.core.state import SamplerState, Workspace
 from sgrld.metrics.base import Metric, Stats
+from sgrld.metrics.identity import IdentityMetric
 
 CheckMode = Literal["sync", "deferred", "off"]
 Scalar = float | Tensor
@@ -95,13 +97,14 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
             )
 
 
-def _refuse_nonfinite(total: Tensor, named: Sequence[tuple[str, Tensor]]) -> None:
+def _refuse_nonfinite(total: Tensor, named: Callable[[], Sequence[tuple[str, Tensor]]]) -> None:
     """The ``"sync"`` check: one host read of ``total`` (a sum over the gradients: NaN/Inf
-    anywhere makes it non-finite); only then each tensor is looked at, to name the first bad one.
-    A sum that overflowed although every element is finite refuses nothing."""
-    if bool(torch.isfinite(total).all()):
+    anywhere makes it non-finite); only then each tensor of ``named()`` is looked at, to name the
+    first bad one. A sum that overflowed although every element is finite refuses nothing."""
+    # one ``item`` (free on CPU) instead of isfinite → all → bool, five small kernels
+    if math.isfinite(total.item()):
         return
-    for name, g in named:
+    for name, g in named():
         if not bool(torch.isfinite(g).all()):
             raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
@@ -110,12 +113,17 @@ def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> Non
     """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
     present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
     if present:
-        _refuse_nonfinite(torch.stack([g.sum() for _, g in present]), present)
+        _check_each(present)
+
+
+def _check_each(named: list[tuple[str, Tensor]]) -> None:
+    """The ``"sync"`` check on parameter-shaped gradients: one sum each, one host read."""
+    _refuse_nonfinite(torch.stack([g.sum() for _, g in named]).sum(), lambda: named)
 
 
 def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
     """The ``"sync"`` check on the gathered flat gradient: one reduction, one host read."""
-    _refuse_nonfinite(flat.sum(), list(zip(names, layout.segments(flat), strict=True)))
+    _refuse_nonfinite(flat.sum(), lambda: list(zip(names, layout.segments(flat), strict=True)))
 
 
 def _record_bad(
@@ -211,6 +219,18 @@ def body(
     shape = layout.views if views is None else views  # eager steps reuse the buffers' views
     drift = shape(metric.inverse(stats, layout, grad))
     noise = None if xi is None else shape(metric.inverse_sqrt(stats, layout, xi))
+    move(layout, params, drift, noise, lr, sigma)
+
+
+def move(
+    layout: FlatLayout,
+    params: list[Tensor],
+    drift: Sequence[Tensor],
+    noise: Sequence[Tensor] | None,
+    lr: Scalar,
+    sigma: Scalar,
+) -> None:
+    """θ ← θ − ℓ·drift + σ·noise per tensor (drift = G⁻¹ĝ, noise = G^{-½}ξ, parameter-shaped)."""
     if isinstance(lr, Tensor) and lr.dim() > 0:  # per chain: (K, 1) → (K, 1, ..., 1) per tensor
         nb = len(layout.batch_shape)
         lrs = [lr.reshape(*lr.shape[:nb], *([1] * (d.dim() - nb))) for d in drift]
@@ -238,6 +258,7 @@ def advance(
     noise_source: NoiseSource = "torch",
     compiled: object | None = None,
     refresh: bool = True,
+    direct: bool = True,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -245,7 +266,9 @@ def advance(
     check mode (module docstring); with ``adapt=False`` the metric's statistics are not updated
     (a frozen G); ``compiled`` is a :class:`~sgrld.core.compiled.CompiledMove` that runs the
     body as one compiled call; ``refresh=False`` leaves a due scheduled refresh (Shampoo's
-    roots) to the caller (captured steps: see :func:`refresh_due`).
+    roots) to the caller (captured steps: see :func:`refresh_due`). ``direct=False`` sends
+    SGLD (G = I) through the flat buffers like every other metric instead of its direct path
+    (the same numbers, bit for bit; tests compare the two).
     """
     layout = state.layout
     params = list(state.params.values())
@@ -262,13 +285,27 @@ def advance(
         stats, sub_layout = _restrict(metric, state.stats, layout, active)
         work = Workspace.for_layout(sub_layout, params[0])
         params = [params[i] for i in active]
-    grad = sub_layout.gather(present, work.grad)
     ok: Tensor | None = None
-    if checks == "sync":
-        _check_now(sub_layout.names, sub_layout, grad)
-    elif checks == "deferred":
-        ok = _record_bad(state, sub_layout, grad, None if sub_layout is layout else active)
-        grad.masked_fill_(~ok, 0.0)  # a bad chain's move is then exactly zero
+    if (
+        direct
+        and type(metric) is IdentityMetric
+        and checks != "deferred"
+        and compiled is None
+        and all(g.is_contiguous() for g in present)
+    ):
+        # G = I: the drift is the gradient itself, so no flat copy of it (one read and one
+        # write of D saved). Contiguous gradients only: the move's kernels then iterate them
+        # exactly as the flat buffer's views, so every number is the general path's.
+        grad = None
+        if checks == "sync":
+            _check_each(list(zip(sub_layout.names, present, strict=True)))
+    else:
+        grad = work.gather(present)
+        if checks == "sync":
+            _check_now(sub_layout.names, sub_layout, grad)
+        elif checks == "deferred":
+            ok = _record_bad(state, sub_layout, grad, None if sub_layout is layout else active)
+            grad.masked_fill_(~ok, 0.0)  # a bad chain's move is then exactly zero
 
     step = state.step + 1
     sigma = sigma_of(lr, num_data, temperature)
@@ -279,6 +316,14 @@ def advance(
         if positive
         else None
     )
+    if grad is None:  # the direct path of G = I
+        noise = None if xi is None else work.views(xi)
+        like = present[0]
+        lr_arg, sigma_arg = _per_chain(lr, sub_layout, like), _per_chain(sigma, sub_layout, like)
+        move(sub_layout, params, present, noise, lr_arg, sigma_arg)
+        state.step = step
+        state.device_step.add_(1)
+        return
     if xi is not None and ok is not None:
         xi.masked_fill_(~ok, 0.0)
     saved = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,17 @@ class Workspace:
             NoiseBuffer(shape, like.dtype, like.device),
             layout,
         )
+
+    def gather(self, tensors: Sequence[Tensor]) -> Tensor:
+        """Copy the parameter-shaped ``tensors`` into ``grad`` and return it.
+
+        Eagerly one ``_foreach_copy_`` into the cached views: a parallel copy, where ``cat``
+        into a flat ``out`` copies on one thread (75 against 45 µs for 478k float32).
+        """
+        if torch.compiler.is_compiling():  # a traced step: the one cat node inductor fuses
+            return self.layout.gather(tensors, self.grad)
+        torch._foreach_copy_(self.views(self.grad), list(tensors))
+        return self.grad
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """``layout.views(flat)``, made once when ``flat`` is one of this workspace's buffers

@@ -101,21 +101,36 @@ class MongeMetric(Metric):
 
     def coefficients(self, sq_norm: Tensor) -> tuple[Tensor, Tensor]:
         """(f₋₁, f₋½) for s = ``sq_norm``: G⁻¹ = I + f₋₁ m mᵀ, G^{-1/2} = I + f₋½ m mᵀ."""
+        return self._inverse_coefficient(sq_norm), self._inverse_sqrt_coefficient(sq_norm)
+
+    # each step needs one of the two in inverse and the other in inverse_sqrt: computed apart,
+    # a step runs half the small kernels (the same expressions, so the same numbers)
+    def _inverse_coefficient(self, sq_norm: Tensor) -> Tensor:
+        a2 = self.alpha2
+        if self.alpha2_rule == "fixed":
+            return -a2 / (1.0 + a2 * sq_norm)
+        return self._inverse_norm(sq_norm) * (-a2 / (1.0 + a2))
+
+    def _inverse_sqrt_coefficient(self, sq_norm: Tensor) -> Tensor:
         a2 = self.alpha2
         if self.alpha2_rule == "fixed":
             root = torch.sqrt(1.0 + a2 * sq_norm)
-            return -a2 / (1.0 + a2 * sq_norm), -a2 / (root * (1.0 + root))
-        tiny = torch.finfo(sq_norm.dtype).tiny
-        inv_s = torch.where(sq_norm >= tiny, sq_norm.clamp(min=tiny).reciprocal(), 0.0)
+            return -a2 / (root * (1.0 + root))
         c_root = math.sqrt(1.0 + a2)
-        return inv_s * (-a2 / (1.0 + a2)), inv_s * (-a2 / (c_root * (1.0 + c_root)))
+        return self._inverse_norm(sq_norm) * (-a2 / (c_root * (1.0 + c_root)))
+
+    @staticmethod
+    def _inverse_norm(sq_norm: Tensor) -> Tensor:
+        """1/s, and 0 where s is below the smallest normal number (the normalized rule's guard)."""
+        tiny = torch.finfo(sq_norm.dtype).tiny
+        return torch.where(sq_norm >= tiny, sq_norm.clamp(min=tiny).reciprocal(), 0.0)
 
     def coefficient_slope(self, sq_norm: Tensor) -> Tensor:
         """dβ/ds with β = −f₋₁ = α²/(1+α²s): −β² (fixed), −β/s (normalized, 0 where guarded).
 
         The exact Riemannian drift needs it (:mod:`sgrld.core.riemann`).
         """
-        beta = -self.coefficients(sq_norm)[0]
+        beta = -self._inverse_coefficient(sq_norm)
         if self.alpha2_rule == "fixed":
             return -beta * beta
         tiny = torch.finfo(sq_norm.dtype).tiny
@@ -131,7 +146,7 @@ class MongeMetric(Metric):
         s = stats["sq_norm"]
         ms, gs = self._segments(layout, stats["exp_avg"]), self._segments(layout, grad)
         a = _dots(ms, gs)
-        coef = a * self.coefficients(s)[0]  # f₋₁ ⟨m, g⟩
+        coef = a * self._inverse_coefficient(s)  # f₋₁ ⟨m, g⟩
         if self.fallback_threshold is not None:
             # ‖G⁻¹g‖² = ‖g + c m‖² = ‖g‖² + c(2a + c s), c = f₋₁a: no extra pass over D.
             gg = _dots(gs, gs)
@@ -149,7 +164,7 @@ class MongeMetric(Metric):
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
         s = stats["sq_norm"]
         ms, xs = self._segments(layout, stats["exp_avg"]), self._segments(layout, noise)
-        coef = _dots(ms, xs) * self.coefficients(s)[1]  # f₋½ ⟨m, ξ⟩
+        coef = _dots(ms, xs) * self._inverse_sqrt_coefficient(s)  # f₋½ ⟨m, ξ⟩
         if self.fallback_threshold is not None:
             inv_c = stats["fallback"]
             fire = inv_c > 0
