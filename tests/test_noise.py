@@ -227,3 +227,45 @@ def test_kernel_ignores_the_default_dtype() -> None:
         torch.set_default_dtype(previous)
     assert torch.equal(blocks, expected)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+_AFTER_BLOCK_RUNNER = """
+import sys, torch, sgrld
+from sgrld.core.multistep import BlockRunner
+from sgrld.core.noise import keys_from_seeds, philox_normal_
+
+if sys.argv[1] == "after":  # a compiled multi-step run first, as the funnel does
+    sampler = sgrld.build("identity", lr=0.01, num_data=1.0)
+    state = sampler.init({"theta": torch.zeros(2, 2, dtype=torch.float64)}, num_chains=2)
+    runner = BlockRunner(
+        sampler, state, lambda theta, noise: theta + noise,
+        grad_generator=torch.Generator().manual_seed(0), block=2, chunk=4,
+    )
+    runner.run(4, lambda start, chunk: None)
+    assert runner.compile_error is None
+for dtype, width in ((torch.float32, 4), (torch.float64, 2)):
+    blocks = torch.empty(2, 64, width, dtype=dtype)
+    philox_normal_(blocks, keys_from_seeds([1, 2], torch.device("cpu")))
+    print(repr(blocks.sum().item()), repr(blocks.abs().max().item()))
+"""
+
+
+@pytest.mark.slow
+def test_kernel_is_right_after_a_compiled_block_runner() -> None:
+    """Regression: BlockRunner once compiled with ``cpp.vec_isa_ok=False``, which left inductor's
+    cached SIMD state inconsistent for the process: the Philox kernel compiled after it failed to
+    build, or (with that cache cleared) built and returned garbage (up to 2.6e38 off)."""
+    import subprocess
+    import sys
+
+    def draw(mode: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", _AFTER_BLOCK_RUNNER, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
+        return done.stdout
+
+    assert draw("after") == draw("alone")

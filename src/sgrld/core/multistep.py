@@ -46,10 +46,12 @@ from sgrld.core.state import SamplerState
 
 __all__ = ["BlockRunner", "GradFn"]
 
-#: inductor option sets tried in turn by default: the C++ wrapper, then the Python one; no SIMD.
+#: inductor option sets tried in turn by default: the C++ wrapper, then the Python one. Never
+#: ``cpp.vec_isa_ok=False``: it leaves inductor's per-process SIMD state inconsistent, and the
+#: next default compile in the process (the Philox kernel) built garbage (tests/test_noise.py).
 _ATTEMPTS: tuple[dict[str, Any], ...] = (
-    {"cpp_wrapper": True, "cpp.vec_isa_ok": False},
-    {"cpp.vec_isa_ok": False},
+    {"cpp_wrapper": True},
+    {},
 )
 
 #: ``grad_fn(theta, grad_noise) -> ĝ``: the potential gradient at ``theta`` (shape ``(K, D)``)
@@ -71,10 +73,9 @@ class BlockRunner:
         compile: use ``torch.compile`` (inductor); ``False`` runs the same code eagerly.
         inductor_options: the inductor options to compile with. By default inductor's C++
             wrapper is tried first (it halves the per-step cost of the tiny kernels), then the
-            default Python wrapper, both without SIMD code (``cpp.vec_isa_ok=False``: the
-            tensors hold a few numbers, and it spares inductor's per-process ISA probe, about
-            10 s); if both fail the runner says so on stderr and continues eagerly
-            (``compile_error`` holds the reason).
+            default Python wrapper; if both fail the runner says so on stderr and continues
+            eagerly (``compile_error`` holds the reason). Options are not private to one
+            compile: some (``cpp.vec_isa_ok``) leave process-wide caches behind.
         noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream); with
             the sampler's ``noise="philox"`` every draw is the eager stream.
         chunk: steps whose noise is drawn at once (rounded down to a multiple of ``block``).
@@ -261,28 +262,11 @@ def _compiling() -> Iterator[None]:
     """:func:`~sgrld.core._compile.quiet_compile`, and inductor's eigh C-shim note dropped."""
     logger = logging.getLogger("torch._inductor.ir")
     logger.addFilter(_drop_cshim_note)
-    _forget_vec_isa()
     try:
         with quiet_compile():
             yield
     finally:
         logger.removeFilter(_drop_cshim_note)
-        _forget_vec_isa()
-
-
-def _forget_vec_isa() -> None:
-    """Drop inductor's per-process list of usable SIMD ISAs around a compile with our options.
-
-    Inductor caches that list the first time it is asked, under the ``cpp.vec_isa_ok`` of that
-    compile: compiled here first (``vec_isa_ok=False``, no ISA), every later default compile in
-    the process (e.g. the Philox noise kernel) emitted vector code without its header and failed
-    to build ("'at::vec' has not been declared"; torch 2.13).
-    """
-    from torch._inductor import cpu_vec_isa
-
-    cache_clear = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_clear", None)
-    if cache_clear is not None:
-        cache_clear()
 
 
 def _drop_cshim_note(record: logging.LogRecord) -> bool:
