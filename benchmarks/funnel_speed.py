@@ -104,8 +104,8 @@ def main() -> None:
     torch.set_num_threads(1)
     options: dict[str, Any] | None = {
         "default": None,
-        "cpp": {"cpp_wrapper": True, "cpp.vec_isa_ok": False},
-        "python": {"cpp.vec_isa_ok": False},
+        "cpp": {"cpp_wrapper": True},
+        "python": {},
     }[args.wrapper]
 
     print(
