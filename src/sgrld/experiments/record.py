@@ -37,21 +37,6 @@ from sgrld.schedules import CyclicalLR
 
 __all__ = ["RunRecord", "restrict_splits"]
 
-#: The record's entries of a checkpoint (a single run's checkpoint adds model, optimizer, ...).
-RECORD_KEYS = (
-    "epoch",
-    "global_step",
-    "status",
-    "broken_down",
-    "data_order_generator",
-    "curvature_generator",
-    "ensembles",
-    "curves",
-    "curvature_means",
-    "timing",
-    "trace",
-)
-
 
 def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
     """The data of a run: the first ``max_train`` training and ``max_eval`` evaluation points."""
@@ -283,7 +268,7 @@ class RunRecord:
     # --- state ------------------------------------------------------------------------------
 
     def record_state(self) -> dict[str, Any]:
-        """The record's part of a checkpoint (:data:`RECORD_KEYS`)."""
+        """The record's part of a checkpoint (a single run's adds model, optimizer, ...)."""
         return {
             "epoch": self.epoch,
             "global_step": self.global_step,
