@@ -287,3 +287,17 @@ def test_chain_batch_is_planned_from_measured_memory_on_cuda() -> None:
     run = ChainsRun(configs, SPLITS, device="cuda")
     assert run.chain_batch == 4  # tiny chains: all in one call
     assert run.run()[0]["status"] == "completed"
+
+
+def test_progress_shows_every_chain() -> None:
+    import io
+
+    from sgrld.experiments.observers import ChainsProgressBar
+
+    stream = io.StringIO()
+    configs = [tiny_config(seed=0, epochs=2), tiny_config(seed=1, lr=1e9, epochs=2)]
+    ChainsRun(configs, SPLITS, observer=ChainsProgressBar(stream)).run()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2  # one per epoch (not a terminal: no bar)
+    assert lines[-1].startswith("epoch 2/2 step 20 | 2 chains: 0 running, 1 completed, 1 broken")
+    assert "val LP median [min, max]" in lines[-1] and "s/epoch (all chains)" in lines[-1]

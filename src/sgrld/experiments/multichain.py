@@ -54,7 +54,7 @@ from sgrld.experiments.config import (
     is_sample_step,
 )
 from sgrld.experiments.observers import RunObserver
-from sgrld.experiments.record import RunRecord, restrict_splits
+from sgrld.experiments.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.models import build_model, potential
 
 __all__ = [
@@ -365,17 +365,9 @@ class ChainsRun:
             if r.status != "running":
                 continue
             bad = failed.get(i)
-            for update, seconds in self._pending:
-                if bad is not None and update >= bad[0]:
-                    break
-                r.global_step = update
-                r.record_step_time(seconds)
+            r.credit_updates(self._pending, None if bad is None else bad[0])
             if bad is not None:
-                step, name = bad
-                r.global_step = step - 1
-                r.record_breakdown(
-                    f"non-finite potential or gradient (first in {name!r}) at update {step}"
-                )
+                r.record_breakdown(deferred_breakdown_reason(*bad))
                 self._save_results(r)
         self._pending = []
 

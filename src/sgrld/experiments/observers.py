@@ -41,21 +41,51 @@ def breakdown_message(broken_down: Mapping[str, Any]) -> str:
     return text
 
 
-class ProgressBar(RunObserver):
-    """Progress of a run on stderr: a tqdm bar over its updates with the running ensemble metrics
-    on a terminal, and one line per epoch (on a terminal written above the bar; elsewhere, e.g.
-    logs, the only output). A breakdown is reported with :func:`breakdown_message` unless
-    ``report_breakdown`` is off (``sgrld sample`` reports it itself, progress bar or not).
+class _StepBar(RunObserver):
+    """What both progress displays share: a tqdm bar over the process's updates on a terminal,
+    one line per epoch (above the bar on a terminal; elsewhere, e.g. logs, the only output)."""
+
+    def __init__(self, stream: TextIO | None, interval: float) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar: tqdm | None = None
+
+    def _open(self, run: Any, desc: str | None = None) -> None:
+        if self.live:
+            self._bar = tqdm(
+                total=run.config.epochs * run.steps_per_epoch,
+                initial=run.global_step,
+                file=self.stream,
+                mininterval=self.interval,
+                dynamic_ncols=True,
+                unit="step",
+                desc=desc,
+            )
+
+    def _write(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def _close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class ProgressBar(_StepBar):
+    """Progress of a run on stderr: the bar with the running ensemble metrics, and a line per
+    epoch. A breakdown is reported with :func:`breakdown_message` unless ``report_breakdown``
+    is off (``sgrld sample`` reports it itself, progress bar or not).
     """
 
     def __init__(
         self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True
     ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval = interval
+        super().__init__(stream, interval)
         self.report_breakdown = report_breakdown
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._bar: tqdm | None = None
         self._last = 0.0
 
     def _line(self, run: SamplingRun, *, epoch_done: bool = False) -> str:
@@ -78,15 +108,7 @@ class ProgressBar(RunObserver):
     def on_start(self, run: SamplingRun) -> None:
         if run.epoch:
             print(f"resuming {run.config.label()} after epoch {run.epoch}", file=self.stream)
-        if self.live:
-            self._bar = tqdm(
-                total=run.config.epochs * run.steps_per_epoch,
-                initial=run.global_step,
-                file=self.stream,
-                mininterval=self.interval,
-                dynamic_ncols=True,
-                unit="step",
-            )
+        self._open(run)
 
     def on_step(self, run: SamplingRun) -> None:
         if self._bar is None:
@@ -98,30 +120,21 @@ class ProgressBar(RunObserver):
             self._bar.set_description_str(self._line(run), refresh=False)
 
     def on_epoch(self, run: SamplingRun) -> None:
-        line = self._line(run, epoch_done=True)
-        if self._bar is not None:
-            self._bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
+        self._write(self._line(run, epoch_done=True))
 
     def on_finish(self, run: SamplingRun) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        self._close()
         if run.broken_down is not None and self.report_breakdown:
             print(breakdown_message(run.broken_down), file=self.stream)
 
 
-class ChainsProgressBar(RunObserver):
+class ChainsProgressBar(_StepBar):
     """Progress of a multi-chain run (:class:`~sgrld.experiments.multichain.ChainsRun`) on
-    stderr: a tqdm bar over the process's updates on a terminal, and one line per epoch with how
-    many chains run, completed and broke down and the spread of their ensemble metrics."""
+    stderr: the bar over the process's updates, and a line per epoch with how many chains run,
+    completed and broke down and the spread of their ensemble metrics."""
 
     def __init__(self, stream: TextIO | None = None, *, interval: float = 0.5) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval = interval
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._bar: tqdm | None = None
+        super().__init__(stream, interval)
 
     @staticmethod
     def _spread(values: list[float]) -> str:
@@ -152,29 +165,14 @@ class ChainsProgressBar(RunObserver):
     def on_start(self, run: Any) -> None:
         if run.epoch:
             print(f"resuming {len(run.records)} chains after epoch {run.epoch}", file=self.stream)
-        if self.live:
-            self._bar = tqdm(
-                total=run.config.epochs * run.steps_per_epoch,
-                initial=run.global_step,
-                file=self.stream,
-                mininterval=self.interval,
-                dynamic_ncols=True,
-                unit="step",
-                desc=f"{len(run.records)} chains",
-            )
+        self._open(run, desc=f"{len(run.records)} chains")
 
     def on_step(self, run: Any) -> None:
         if self._bar is not None:
             self._bar.update(run.global_step - self._bar.n)
 
     def on_epoch(self, run: Any) -> None:
-        line = self._line(run)
-        if self._bar is not None:
-            self._bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
+        self._write(self._line(run))
 
     def on_finish(self, run: Any) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        self._close()

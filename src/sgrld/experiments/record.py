@@ -88,6 +88,11 @@ def hardware(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def deferred_breakdown_reason(update: int, name: str) -> str:
+    """The reason of a breakdown found by the device flags of a deferred loop."""
+    return f"non-finite potential or gradient (first in {name!r}) at update {update}"
+
+
 class RunRecord:
     """The record of one chain: what it has sampled, measured and reported.
 
@@ -253,6 +258,18 @@ class RunRecord:
         self.epoch += 1
         if self.epoch >= self.config.epochs:
             self.status = "completed"
+
+    def credit_updates(self, updates: list[tuple[int, float]], failed_at: int | None) -> None:
+        """Credit the step times of ``(update, seconds)`` read back together (a deferred loop),
+        in order and up to, not including, ``failed_at``; after a failure :attr:`global_step`
+        is the last good update, as in a loop that stopped there."""
+        for update, seconds in updates:
+            if failed_at is not None and update >= failed_at:
+                break
+            self.global_step = update
+            self.record_step_time(seconds)
+        if failed_at is not None:
+            self.global_step = failed_at - 1
 
     def record_breakdown(self, reason: str) -> None:
         """The chain hit a non-finite potential or gradient at update ``global_step + 1``."""

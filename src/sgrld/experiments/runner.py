@@ -97,7 +97,7 @@ from sgrld.experiments.observers import (
     RunObserver,
     breakdown_message,
 )
-from sgrld.experiments.record import RunRecord, restrict_splits
+from sgrld.experiments.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.models import build_model, potential
 from sgrld.optim import SGRLDOptimizer, WenzelSGLD
 from sgrld.schedules import CyclicalLR
@@ -320,7 +320,12 @@ class SamplingRun(RunRecord):
             if sample and not exploring:
                 self._evaluate_sample()
             self.observer.on_step(self)
-        if isinstance(self.optimizer, WenzelSGLD):  # refresh at each epoch end (spec §2.2)
+        self._finish_epoch()
+
+    def _finish_epoch(self) -> None:
+        """Wenzel's refresh at each epoch end (spec §2.2; in place, so later replays of a
+        captured step see it), the epoch's curves, the checkpoint, the observer."""
+        if isinstance(self.optimizer, WenzelSGLD):
             started = self._clock()
             self.optimizer.update_preconditioner()
             self.record_refresh_time(self._clock() - started)
@@ -347,13 +352,7 @@ class SamplingRun(RunRecord):
                 self._block_started = self._clock()
             self.observer.on_step(self)
         self._credit()
-        if isinstance(self.optimizer, WenzelSGLD):  # in place: later replays see it
-            started = self._clock()
-            self.optimizer.update_preconditioner()
-            self.record_refresh_time(self._clock() - started)
-        self.end_epoch()
-        self._save()
-        self.observer.on_epoch(self)
+        self._finish_epoch()
 
     def _deferred_step(self, index: Tensor) -> None:
         """Gather the minibatch into its static buffers and take the step (replayed in
@@ -394,19 +393,15 @@ class SamplingRun(RunRecord):
         seconds = self._clock() - self._block_started
         failure = _first_failure(self.optimizer)
         share = seconds / max(len(self._pending), 1)
-        for update in self._pending:
-            if failure is not None and update >= failure[0]:
-                break
-            self.global_step = update
-            self.record_step_time(share)
+        pending = [(update, share) for update in self._pending]
         self._pending = []
+        self.credit_updates(pending, None if failure is None else failure[0])
         if failure is None:
             return
         update, tensor = failure
         name = [n for n, _ in self.model.named_parameters()][tensor]
-        self.global_step = update - 1
         _rewind(self.optimizer, update)
-        raise _BrokeDown(f"non-finite potential or gradient (first in {name!r}) at update {update}")
+        raise _BrokeDown(deferred_breakdown_reason(update, name))
 
     def _evaluate_sample(self) -> None:
         """Fold the current state into the ensembles (eval mode), then back to train mode."""

@@ -362,21 +362,40 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return path
 
 
+def _refuse_held(out: Path, held: bool) -> None:
+    """Without ``--resume``, an ``--out`` that holds a run is refused."""
+    if held:
+        raise UsageError(
+            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+        )
+
+
+def _refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) -> None:
+    """A checkpoint made with other options than these runs' (``epochs`` may grow)."""
+    from sgrld.experiments.config import config_differences
+
+    for old, new in zip(saved, wanted, strict=True):
+        differences = config_differences(old, new)
+        if differences:
+            raise UsageError(
+                f"cannot resume {checkpoint}: it was made with other options ("
+                + "; ".join(differences)
+                + ")"
+            )
+
+
+def _refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
+    if done > epochs:
+        raise UsageError(f"cannot resume {checkpoint}: it already has {done} epochs > --epochs")
+
+
 def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
     from sgrld.experiments.checkpoint import check_checkpoint_fits, load_checkpoint
-    from sgrld.experiments.config import (
-        CHECKPOINT_FILE,
-        RESULTS_FILE,
-        RunConfig,
-        config_differences,
-    )
+    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
 
     checkpoint = out / CHECKPOINT_FILE
     if not resume:
-        if checkpoint.exists() or (out / RESULTS_FILE).exists():
-            raise UsageError(
-                f"{out} already holds a run; pass --resume to continue it or choose another --out"
-            )
+        _refuse_held(out, checkpoint.exists() or (out / RESULTS_FILE).exists())
         return
     if not checkpoint.exists():
         return
@@ -385,22 +404,13 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
         saved = RunConfig.from_dict(state["config"])
     except (ValueError, TypeError) as exc:
         raise UsageError(f"cannot resume: {exc}") from exc
-    differences = config_differences(saved, config)
-    if differences:
-        raise UsageError(
-            f"cannot resume {checkpoint}: it was made with other options ("
-            + "; ".join(differences)
-            + ")"
-        )
+    _refuse_other_options(checkpoint, [saved], [config])
     try:
         check_checkpoint_fits(state, config)
     except ValueError as exc:
         message = f"cannot resume: checkpoint {checkpoint} does not fit this run: {exc}"
         raise UsageError(message) from exc
-    if int(state["epoch"]) > config.epochs:
-        raise UsageError(
-            f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
-        )
+    _refuse_more_epochs(checkpoint, int(state["epoch"]), config.epochs)
 
 
 def _make_out_dir(out: Path) -> None:
@@ -544,21 +554,13 @@ def default_chains_out_dir(configs: list[Any]) -> Path:
 
 def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     from sgrld.experiments._io import CheckpointError
-    from sgrld.experiments.config import (
-        CHECKPOINT_FILE,
-        RESULTS_FILE,
-        RunConfig,
-        config_differences,
-    )
+    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
     from sgrld.experiments.multichain import chain_label, load_chains_checkpoint
 
     checkpoint = out / CHECKPOINT_FILE
     if not resume:
-        held = [c for c in configs if (out / chain_label(c) / RESULTS_FILE).exists()]
-        if checkpoint.exists() or held:
-            raise UsageError(
-                f"{out} already holds a run; pass --resume to continue it or choose another --out"
-            )
+        held = any((out / chain_label(c) / RESULTS_FILE).exists() for c in configs)
+        _refuse_held(out, checkpoint.exists() or held)
         return
     if not checkpoint.exists():
         return
@@ -573,18 +575,8 @@ def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
             + ", ".join(c.label() for c in saved)
             + ")"
         )
-    for old, new in zip(saved, configs, strict=True):
-        differences = config_differences(old, new)
-        if differences:
-            raise UsageError(
-                f"cannot resume {checkpoint}: it was made with other options ("
-                + "; ".join(differences)
-                + ")"
-            )
-    if int(state["epoch"]) > configs[0].epochs:
-        raise UsageError(
-            f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
-        )
+    _refuse_other_options(checkpoint, saved, configs)
+    _refuse_more_epochs(checkpoint, int(state["epoch"]), configs[0].epochs)
 
 
 def _run_chains_locked(
