@@ -109,6 +109,22 @@ def check_resume_is_bit_identical(
     return opt, opt2
 
 
+def state_tensors(state_dict: dict) -> dict[str, torch.Tensor]:
+    """Copies of every tensor of an optimizer state dict's per-parameter state, keyed
+    ``"<param id>.<entry>"`` (state dicts hold the optimizer's live tensors, as torch's do)."""
+    return {
+        f"{pid}.{key}": value.clone()
+        for pid, entry in state_dict["state"].items()
+        for key, value in entry.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def statistics(state_dict: dict) -> dict[str, torch.Tensor]:
+    """The floating-point entries of :func:`state_tensors`: the metric's statistics."""
+    return {k: v for k, v in state_tensors(state_dict).items() if v.is_floating_point()}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``cuda`` are skipped on a machine without a CUDA device."""
     if torch.cuda.is_available():

@@ -298,8 +298,13 @@ def test_chain_s_of_a_k_chain_run_is_the_single_run_with_seed_s(spec: SamplerSpe
 
 
 def test_capturable_needs_counter_based_noise() -> None:
+    """capturable=True alone chooses it; asking for torch's generator as well is refused."""
+    opt = sgrld.SGLD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, num_data=N, capturable=True)
+    assert opt.noise == "philox"
     with pytest.raises(ValueError, match="noise='philox'"):
-        sgrld.SGLD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, num_data=N, capturable=True)
+        sgrld.SGLD(
+            [torch.nn.Parameter(torch.zeros(2))], lr=0.1, num_data=N, capturable=True, noise="torch"
+        )
     with pytest.raises(ValueError, match="sync_checks"):
         sgrld.build(
             "identity", lr=0.1, num_data=N, noise="philox", capturable=True, sync_checks=True
@@ -448,38 +453,49 @@ def _mutate(sd: dict, fault: str) -> dict:
         return new
 
     def first_stat(new: dict) -> tuple[dict, str]:
-        stats = new["sgrld"]["groups"][0]["stats"]
-        return stats, next(iter(stats))
+        entry = new["state"][0]
+        return entry, next(k for k, v in entry.items() if v.is_floating_point())
 
     def nan(new: dict) -> None:
-        stats, k = first_stat(new)
-        stats[k] = stats[k].clone()
-        stats[k].view(-1)[0] = math.nan
+        entry, k = first_stat(new)
+        entry[k] = entry[k].clone()
+        entry[k].view(-1)[0] = math.nan
 
-    def dtype(new: dict) -> None:
-        stats, k = first_stat(new)
-        stats[k] = stats[k].float()
+    def dtype(new: dict) -> None:  # floating point is cast as torch does; integers are refused
+        entry, k = first_stat(new)
+        entry[k] = entry[k].round().long()
 
     def shapes(new: dict) -> None:
-        new["sgrld"]["groups"][0]["shapes"][0] = [6, 5]  # transposed
+        entry, k = first_stat(new)
+        entry[k] = entry[k].reshape(-1)[:-1].clone() if entry[k].numel() > 1 else entry[k][None]
+
+    def params(new: dict) -> None:
+        new["param_groups"][0]["params"].pop()
 
     edits = {
-        "step": lambda n: n["sgrld"]["groups"][0].__setitem__("step", "abc"),
-        "generator": lambda n: n["sgrld"].__setitem__("generator", torch.zeros(3)),
+        "step": lambda n: n["state"][0].__setitem__("step", "abc"),
+        "negative_step": lambda n: n["state"][1].__setitem__("step", torch.tensor(-1)),
+        "generator": lambda n: n["state"][0].__setitem__("generator", torch.zeros(3)),
         "nan": nan,
         "dtype": dtype,
         "shapes": shapes,
-        "missing": lambda n: n["sgrld"]["groups"][0]["stats"].popitem(),
-        "foreign": lambda n: n.pop("sgrld"),
+        "params": params,
+        "missing": lambda n: n["state"][0].pop(first_stat(n)[1]),
+        "unknown": lambda n: n["state"][1].__setitem__("foreign", torch.zeros(1)),
+        "foreign": lambda n: n.pop("state"),
+        "no_state": lambda n: n["state"].pop(2),
     }
     return edit(edits[fault])
 
 
-@pytest.mark.parametrize(
-    "fault", ["step", "generator", "nan", "dtype", "shapes", "missing", "foreign"]
-)
+FAULTS = ["step", "negative_step", "generator", "nan", "dtype", "shapes", "params", "missing"]
+FAULTS += ["unknown", "foreign", "no_state"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
 def test_load_state_dict_is_atomic(spec: SamplerSpec, fault: str) -> None:
-    if spec.name == "sgld" and fault in ("nan", "dtype", "missing"):
+    """A refused dict leaves the optimizer byte-identical (state, groups, generator)."""
+    if spec.name == "sgld" and fault in ("nan", "dtype", "missing", "shapes"):
         pytest.skip("the identity metric has no statistics")
     source, _ = _trained(spec)
     target, _ = _trained(spec)
@@ -496,15 +512,17 @@ def test_load_state_dict_is_atomic(spec: SamplerSpec, fault: str) -> None:
     assert buf.getvalue() == buf2.getvalue()
 
 
-def test_wenzel_of_other_sizes_is_refused() -> None:
-    a = sgrld.WenzelSGLD([torch.nn.Parameter(torch.zeros(4, 5))], lr=0.1, num_data=N)
-    b = sgrld.WenzelSGLD([torch.nn.Parameter(torch.zeros(3, 5))], lr=0.1, num_data=N)
+def test_state_of_other_sizes_is_refused_naming_the_shapes() -> None:
+    """Element-wise statistics fit only parameters of their shape. (Wenzel's per-tensor
+    scalars fit any shape: its state, like torch's, carries no parameter shapes.)"""
+    a = sgrld.RMSpropSGLD([torch.nn.Parameter(torch.zeros(4, 5))], lr=0.1, num_data=N)
+    b = sgrld.RMSpropSGLD([torch.nn.Parameter(torch.zeros(3, 5))], lr=0.1, num_data=N)
     for opt in (a, b):
         for group in opt.param_groups:
             for p in group["params"]:
                 p.grad = torch.ones_like(p)
         opt.step()
-    with pytest.raises(ValueError, match="shapes"):
+    with pytest.raises(ValueError, match=r"shape \(4, 5\), expected \(3, 5\)"):
         b.load_state_dict(a.state_dict())
 
 
@@ -528,7 +546,7 @@ def test_wenzel_refreshes_once_per_epoch_from_the_batch_size() -> None:
         if (t + 1) % 3 == 0:
             manual.update_preconditioner()
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    scale = auto._group_states[0].stats["scale"]  # type: ignore[union-attr]
+    scale = auto._group_states[0].stats["scale"]
     assert not torch.equal(scale, torch.ones_like(scale))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,7 +33,13 @@ from sgrld.core.engine import (
     validate_grads,
 )
 from sgrld.core.layout import FlatLayout
-from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator
+from sgrld.core.noise import (
+    NoiseSource,
+    check_noise_source,
+    keys_from_generator,
+    keys_from_seeds,
+)
+from sgrld.core.param_state import GENERATOR, apply_load, plan_load, publish
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
 from sgrld.metrics import (
@@ -48,6 +55,9 @@ ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, A
 
 #: metric fields that fix the layout of the statistics: not changeable after the first step
 _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "scope")
+
+#: group options of the facade itself (beside ℓ, n, τ and the metric's options)
+_FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
@@ -67,8 +77,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             error messages then use the names) or parameter groups. A group may override ``lr``,
             ``num_data``, ``temperature`` and any option of the metric (``alpha2``, ``decay``,
             ...), as torch.optim groups override ``lr``; each group has its own statistics.
-        lr: learning rate ℓ > 0 (the SDE step is h = ℓ / num_data): a float or a 0-d tensor
-            (``capturable=True``: a scheduler then changes it on the device).
+        lr: learning rate ℓ ≥ 0 (the SDE step is h = ℓ / num_data; ℓ = 0 is a step that moves
+            nothing, e.g. the first of a warm-up schedule): a float or a one-element tensor (a
+            scheduler then changes it on the device, and a compiled step does not recompile).
         num_data: number of training data n > 0.
         temperature: τ ≥ 0; 0 gives deterministic preconditioned descent (no noise drawn).
         metric: the metric G (see :mod:`sgrld.metrics`).
@@ -76,25 +87,47 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             default. Its state is saved in :meth:`state_dict`.
         check_finite: refuse a step whose gradient holds NaN/Inf, naming the parameter and step;
             nothing changes in any group (see :mod:`sgrld.core.engine` for the modes).
-        sync_checks: ``None`` (default): read the check at once on CPU, defer it on CUDA to
-            :meth:`check`, :meth:`state_dict` and refreshes (no host sync per step); ``True``
-            read at once everywhere; ``False`` always defer.
-        noise: the source of ξ: ``"torch"`` (``normal_``, default) or ``"philox"`` (a compiled
-            counter-based generator; see :mod:`sgrld.core.noise`).
+        sync_checks: ``None`` (default): read the check at once on CPU, defer it on CUDA and
+            while a step is traced by ``torch.compile`` to :meth:`check`, :meth:`state_dict` and
+            refreshes (no host sync per step); ``True`` read at once everywhere (eager steps);
+            ``False`` always defer.
+        noise: the source of ξ: ``"torch"`` (``normal_`` with ``generator``) or ``"philox"`` (a
+            compiled counter-based generator; see :mod:`sgrld.core.noise`). ``None`` (default):
+            ``"philox"`` with ``capturable=True``, else ``"torch"``. A ``"torch"`` step traced by
+            ``torch.compile`` draws from the counter-based generator keyed by ``generator``'s
+            seed, since ``normal_`` with a generator would break the graph.
         compile: run each step's metric update, preconditioning and move as one
             ``torch.compile``d call (:mod:`sgrld.core.compiled`; identity, RMSprop and Wenzel).
         capturable: make :meth:`step` free of host reads and Python randomness, as torch.optim's
             ``capturable``: it can be captured in a CUDA graph or traced by ``torch.compile``
-            (``opt.step(); sched.step()`` in one compiled function). Needs ``noise="philox"``;
-            checks are deferred; while a step is traced or captured, Shampoo's root refresh is
-            left to :meth:`refresh_if_due` on the host (:class:`sgrld.capture.GraphedStep` calls
-            it; eager steps refresh themselves as usual).
+            (``opt.step(); sched.step()`` in one compiled function). Needs counter-based noise
+            (chosen unless ``noise`` says otherwise); checks are deferred; while a step is traced
+            or captured, Shampoo's root refresh is left to :meth:`refresh_if_due` on the host
+            (:class:`sgrld.capture.GraphedStep` calls it; eager steps refresh themselves).
 
     Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
     after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
 
+    State: as every ``torch.optim`` optimizer, in ``optimizer.state[p]`` — every tensor a step
+    depends on (the statistics, the step count, the group's noise key and deferred-check flags
+    on its first parameter, the generator's state on the first parameter of the first group;
+    layout in :mod:`sgrld.core.param_state`), so that :meth:`state_dict`, ``copy.deepcopy``,
+    pickling and ``torch.distributed.checkpoint`` carry it all. It exists from construction
+    (statistics at their initial values), so no tool needs a step to create it.
+
     References: Yu et al., Scalable SGRLD in Non-Diagonal Metrics, TMLR 2023, eq. 4.
     """
+
+    #: attributes besides torch's (defaults, state, param_groups) that a copy carries
+    _config_attrs: tuple[str, ...] = (
+        "metric",
+        "_options",
+        "check_finite",
+        "noise",
+        "compile",
+        "capturable",
+        "sync_checks",
+    )
 
     def __init__(
         self,
@@ -106,32 +139,33 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         metric: Metric,
         generator: torch.Generator | None = None,
         check_finite: bool = True,
-        noise: NoiseSource = "torch",
+        noise: NoiseSource | None = None,
         compile: bool = False,
         capturable: bool = False,
         sync_checks: bool | None = None,
     ) -> None:
-        validate_hyperparameters(lr, num_data, temperature)
+        _validate_group(lr, num_data, temperature)
+        if noise is None:
+            noise = "philox" if capturable is True else "torch"
         check_noise_source(noise)
         check_compile(compile, metric)
         check_flags(check_finite, capturable, sync_checks, noise)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        if isinstance(lr, Tensor) and lr.dim() != 0:
-            raise ValueError(f"invalid lr: a tensor of shape {tuple(lr.shape)} (expected 0-d)")
         self.metric = metric
         self._options = _metric_options(metric)
         defaults = {
             "lr": lr,
             "num_data": num_data,
             "temperature": temperature,
-            "adapt_metric": True,
+            **_FACADE_DEFAULTS,
             **self._options,
         }
-        self._group_states: list[SamplerState | None] = []
-        self._group_metrics: list[Metric | None] = []
+        self._group_states: list[SamplerState] = []
+        self._group_metrics: list[Metric] = []
         # the group options each group's metric was made from (a step compares, not rebuilds)
-        self._group_options: list[dict[str, Any] | None] = []
+        self._group_options: list[dict[str, Any]] = []
+        self._ready = False  # groups get their state once the generator exists
         super().__init__(params, defaults)
         self.check_finite = check_finite
         self.noise: NoiseSource = noise
@@ -141,6 +175,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._compiled: dict[int, CompiledMove] = {}  # per param group (compile=True)
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
+        self._ready = True
+        for index in range(len(self.param_groups)):
+            self._build(index)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -159,11 +196,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 )
             if not p.is_floating_point():
                 raise ValueError(f"parameter {name!r} is {p.dtype}: expected floating point")
-        validate_hyperparameters(group["lr"], group["num_data"], group["temperature"])
+        _validate_group(group["lr"], group["num_data"], group["temperature"])
         self._group_metric(group)  # validates the group's metric options now
-        self._group_states.append(None)
-        self._group_metrics.append(None)
-        self._group_options.append(None)
+        if self._ready:
+            self._build(index)
 
     def _names(self, index: int) -> list[str]:
         group = self.param_groups[index]
@@ -189,6 +225,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return dataclasses.replace(self.metric, **options)  # type: ignore[type-var]
 
     def _new_state(self, index: int, metric: Metric) -> SamplerState:
+        """Fresh state of group ``index`` (its statistics at their initial values); the group's
+        noise key is a function of the generator's seed (for traced ``"torch"`` steps) until
+        :meth:`_build` draws a Philox key."""
         group = self.param_groups[index]
         params: list[Tensor] = group["params"]
         names = self._names(index)
@@ -196,25 +235,67 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         stats = metric.init(layout, params[0])
         return SamplerState(dict(zip(names, params, strict=True)), stats, 0, self.generator, layout)
 
+    def _seed_key(self, device: torch.device) -> Tensor:
+        return keys_from_seeds([self.generator.initial_seed() % 2**64], device)[0]
+
+    def _build(self, index: int) -> None:
+        """Create group ``index``'s state and publish it in ``self.state``."""
+        group = self.param_groups[index]
+        metric = self._group_metric(group)
+        state = self._new_state(index, metric)
+        if self.noise == "philox":
+            state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
+        else:
+            state.keys.copy_(self._seed_key(state.keys.device))
+        self._install(index, state, metric, publish(metric, state))
+
+    def _install(
+        self, index: int, state: SamplerState, metric: Metric, entries: list[dict[str, Tensor]]
+    ) -> None:
+        group = self.param_groups[index]
+        options = {k: group[k] for k in self._options}
+        if index < len(self._group_states):
+            self._group_states[index] = state
+            self._group_metrics[index] = metric
+            self._group_options[index] = options
+        else:
+            self._group_states.append(state)
+            self._group_metrics.append(metric)
+            self._group_options.append(options)
+        for p, entry in zip(group["params"], entries, strict=True):
+            self.state[p] = entry
+        if index == 0:
+            self._snapshot_generator()
+        self._compiled.pop(index, None)
+
+    def _snapshot_generator(self) -> None:
+        """Write the generator's state into the first parameter's state (read by state_dict)."""
+        first = self.param_groups[0]["params"][0]
+        self.state[first][GENERATOR] = self.generator.get_state()
+
     def _group_state(self, index: int) -> SamplerState:
         state = self._group_states[index]
         group = self.param_groups[index]
         options = {k: group[k] for k in self._options}
-        metric = self._group_metrics[index]
-        if metric is None or options != self._group_options[index]:
-            metric = self._group_metric(group, metric)
-            self._group_metrics[index], self._group_options[index] = metric, options
-        if state is None:
-            validate_hyperparameters(group["lr"], group["num_data"], group["temperature"])
-            state = self._new_state(index, metric)
-            if self.noise == "philox":
-                state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
-            self._group_states[index] = state
+        if options != self._group_options[index]:
+            current = self._group_metrics[index]
+            if state.step == 0:  # nothing to keep yet: a layout may still change
+                metric = self._group_metric(group)
+                keys = state.keys.clone()
+                state = self._new_state(index, metric)
+                state.keys.copy_(keys)
+                self._install(index, state, metric, publish(metric, state))
+            else:
+                self._group_metrics[index] = self._group_metric(group, current)
+                self._group_options[index] = options
         return state
 
     def _checks(self, state: SamplerState) -> CheckMode:
         device = next(iter(state.params.values())).device
-        return check_mode(self.check_finite, self.sync_checks, device, self.capturable)
+        mode = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
+        if mode == "sync" and self.sync_checks is None and in_graph():
+            return "deferred"  # a traced step cannot read the host: checked at check()
+        return mode
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -236,20 +317,21 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 if modes[index] == "sync":
                     check_finite_now(state, gs)
                     modes[index] = "off"  # checked just now: not again inside the step
+        traced = in_graph()
+        noise: NoiseSource = "philox" if traced else self.noise
         for index, group in enumerate(self.param_groups):
-            state = states[index]
             advance(
-                self._group_metrics[index] or self.metric,
-                state,
+                self._group_metrics[index],
+                states[index],
                 grads[index],
-                lr=group["lr"],
+                lr=_as_scalar(group["lr"]),
                 num_data=group["num_data"],
                 temperature=group["temperature"],
                 checks=modes[index],
                 adapt=group["adapt_metric"],
-                noise_source=self.noise,
+                noise_source=noise,
                 compiled=self._compiled_move(index),
-                refresh=not (self.capturable and in_graph()),
+                refresh=not (self.capturable and traced),
             )
         self._after_step()
         return loss
@@ -266,11 +348,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def check(self) -> None:
         """Raise :class:`~sgrld.core.NonFiniteGradientError` if a deferred check (CUDA,
-        ``capturable=True`` or ``sync_checks=False``) recorded a NaN/Inf gradient: the one host
-        read of the flags, naming the first bad step and parameter."""
+        ``capturable=True``, a traced step or ``sync_checks=False``) recorded a NaN/Inf
+        gradient: the one host read of the flags, naming the first bad step and parameter."""
         for index, state in enumerate(self._group_states):
-            if state is not None:
-                check(state, f"param group {index}: " if len(self._group_states) > 1 else "")
+            check(state, f"param group {index}: " if len(self._group_states) > 1 else "")
 
     def refresh_if_due(self) -> bool:
         """Run a due scheduled refresh (Shampoo's roots) in every group; for ``capturable``
@@ -278,7 +359,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         ran = False
         for index, state in enumerate(self._group_states):
             metric = self._group_metrics[index]
-            if state is None or metric is None or not refresh_due(metric, state.step):
+            if not refresh_due(metric, state.step):
                 continue
             metric.refresh(state.stats, state.layout)
             ran = True
@@ -292,86 +373,238 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     @property
     def num_steps(self) -> int:
         """Steps taken by the first parameter group (the optimizer's own counter)."""
-        state = self._group_states[0]
-        return 0 if state is None else state.step
+        return self._group_states[0].step
 
     def refresh_metric(self) -> None:
         """Recompute the explicitly scheduled part of the metric in every group."""
         for index in range(len(self.param_groups)):
             state = self._group_state(index)
-            (self._group_metrics[index] or self.metric).refresh(state.stats, state.layout)
+            self._group_metrics[index].refresh(state.stats, state.layout)
+
+    # --- state dicts and copies -------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """torch.optim's state dict plus ``"sgrld"``: the generator state and every group's
-        :meth:`SamplerState.state_dict` with its parameters' names and shapes. Deferred checks
-        are read first: a chain with a non-finite gradient is not checkpointed."""
+        """torch.optim's state dict (``state`` by parameter index, ``param_groups``), holding
+        every tensor a step depends on (see the class docstring). Deferred checks are read
+        first: a chain with a non-finite gradient is not checkpointed. As in torch, the tensors
+        are the optimizer's own (not copies) and the state-dict hooks see the whole dict."""
         self.check()
-        sd = super().state_dict()
-        groups: list[dict[str, Any] | None] = []
-        for state in self._group_states:
-            if state is None:
-                groups.append(None)
-                continue
-            entry = state.state_dict()
-            entry["shapes"] = [list(s) for s in state.layout.shapes]
-            groups.append(entry)
-        sd["sgrld"] = {"generator": self.generator.get_state(), "groups": groups}
-        return sd
+        self._snapshot_generator()
+        return super().state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a :meth:`state_dict`: everything is validated first (groups, parameter shapes,
-        statistics' keys, shapes, dtypes and finiteness, step, generator state), then applied;
-        a refused dict leaves the optimizer exactly as it was."""
+        """Load a :meth:`state_dict` (or one of sgrld's first format, converted).
+
+        The load pre-hooks run first and may replace the dict; then everything is validated
+        (groups, options, every parameter's state: keys, shapes, finiteness, step, generator
+        state) before anything is applied, so a refused dict leaves the optimizer exactly as it
+        was. Group options missing from an older dict take their defaults; floating-point state
+        is cast to the parameters' dtype and device, as torch.optim does. The post-hooks run
+        after everything, step counts and noise state included, is restored.
+        """
         if not isinstance(state_dict, dict):
             raise ValueError(f"not an optimizer state dict: a {type(state_dict).__name__}")
         state_dict = dict(state_dict)
-        extra = state_dict.pop("sgrld", None)
-        if not isinstance(extra, dict) or not {"generator", "groups"} <= set(extra):
-            raise ValueError("not an sgrld optimizer state dict (no valid 'sgrld' entry)")
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        apply = self._plan_load(state_dict)
+        apply()
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    def _plan_load(self, state_dict: dict[str, Any]) -> Callable[[], None]:
+        """Validate ``state_dict`` completely; return the function that applies it."""
         saved_groups = state_dict.get("param_groups")
         if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups):
+            have = len(saved_groups) if isinstance(saved_groups, list) else 0
             raise ValueError(
-                f"the state dict has {len(saved_groups) if isinstance(saved_groups, list) else 0}"
-                f" parameter groups, this optimizer {len(self.param_groups)}"
+                f"the state dict has {have} parameter groups, this optimizer "
+                f"{len(self.param_groups)}"
             )
-        if not isinstance(extra["groups"], list) or len(extra["groups"]) != len(saved_groups):
+        saved_state = state_dict.get("state")
+        if not isinstance(saved_state, dict):
+            raise ValueError("not an optimizer state dict (no 'state' entry)")
+        groups, metrics = [], []
+        for index, saved in enumerate(saved_groups):
+            group, metric = self._load_group(index, saved)
+            groups.append(group)
+            metrics.append(metric)
+        if "sgrld" in state_dict:  # the first format: the sampler state beside torch's
+            return self._plan_legacy(state_dict["sgrld"], groups, metrics)
+        fresh, copies = [], []
+        generator_state: Tensor | None = None
+        for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
+            label = f"param group {index}"
+            state = self._new_state_for(index, metric, groups[index])
+            mine = publish(metric, state)
+            entries = [saved_state.get(pid) for pid in saved["params"]]
+            extra = (GENERATOR,) if index == 0 else ()
+            copies += plan_load(mine, entries, self._names(index), label, extra)
+            if index == 0:
+                first = entries[0] if entries else None
+                generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
+                if generator_state is None:
+                    raise ValueError(f"{label}: the state dict has no generator state")
+                check_generator_state(self.generator, generator_state, "the state dict")
+            fresh.append((state, mine))
+
+        def apply() -> None:
+            self._apply_groups(groups)
+            apply_load(copies)
+            assert generator_state is not None
+            self.generator.set_state(generator_state.to("cpu", torch.uint8))
+            for index, ((state, mine), metric) in enumerate(zip(fresh, metrics, strict=True)):
+                state.step = int(state.device_step.item())
+                self._install(index, state, metric, mine)
+
+        return apply
+
+    def _load_group(self, index: int, saved: Any) -> tuple[dict[str, Any], Metric]:
+        """The group as it will be after loading ``saved`` (validated, missing options filled
+        with their defaults) and its metric."""
+        label = f"param group {index}"
+        mine = self.param_groups[index]
+        if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
+            raise ValueError(f"{label}: not a parameter group")
+        if len(saved["params"]) != len(mine["params"]):
+            raise ValueError(
+                f"{label}: the state dict has {len(saved['params'])} parameters, this optimizer "
+                f"{len(mine['params'])}"
+            )
+        group = {k: v for k, v in saved.items() if k != "params"}
+        for key in mine:
+            if key not in group and key != "params":
+                group[key] = self._default_of(key, mine[key])
+        group["params"] = mine["params"]
+        if "param_names" in mine:
+            group["param_names"] = mine["param_names"]
+        try:
+            _validate_group(group["lr"], group["num_data"], group["temperature"])
+            metric = self._group_metric(group)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{label}: {exc}") from None
+        return group, metric
+
+    def _default_of(self, key: str, current: Any) -> Any:
+        """The value an option missing from an older state dict had before it existed."""
+        if key in _FACADE_DEFAULTS:
+            return _FACADE_DEFAULTS[key]
+        for f in dataclasses.fields(self.metric):  # type: ignore[arg-type]
+            if f.name == key and f.default is not dataclasses.MISSING:
+                return f.default
+        return current
+
+    def _new_state_for(self, index: int, metric: Metric, group: dict[str, Any]) -> SamplerState:
+        names = self._names(index)
+        layout = FlatLayout.from_tensors(names, group["params"])
+        stats = metric.init(layout, group["params"][0])
+        return SamplerState(
+            dict(zip(names, group["params"], strict=True)), stats, 0, self.generator, layout
+        )
+
+    def _apply_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.param_groups = groups
+        self.state = defaultdict(dict)
+        self._compiled = {}
+
+    def _plan_legacy(
+        self, extra: Any, groups: list[dict[str, Any]], metrics: list[Metric]
+    ) -> Callable[[], None]:
+        """The first format: ``{"sgrld": {"generator", "groups": [flat state or None]}}``."""
+        if not isinstance(extra, dict) or not {"generator", "groups"} <= set(extra):
+            raise ValueError("not an sgrld optimizer state dict (no valid 'sgrld' entry)")
+        if not isinstance(extra["groups"], list) or len(extra["groups"]) != len(groups):
             raise ValueError("the state dict's sgrld entry does not match its parameter groups")
         check_generator_state(self.generator, extra["generator"], "the state dict")
-        metrics: list[Metric] = []
-        for index, (group, saved) in enumerate(zip(saved_groups, extra["groups"], strict=True)):
+        fresh = []
+        for index, (saved, metric) in enumerate(zip(extra["groups"], metrics, strict=True)):
             label = f"param group {index}"
-            if len(group.get("params", [])) != len(self.param_groups[index]["params"]):
-                raise ValueError(f"{label}: the state dict has a different number of parameters")
-            merged = {
-                **self.param_groups[index],
-                **{k: v for k, v in group.items() if k != "params"},
-            }
-            try:
-                metric = self._group_metric(merged)
-                validate_hyperparameters(merged["lr"], merged["num_data"], merged["temperature"])
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{label}: {exc}") from None
-            metrics.append(metric)
-            if saved is None:
-                continue
-            fresh = self._new_state(index, metric)
-            shapes = saved.get("shapes") if isinstance(saved, dict) else None
-            mine = [list(s) for s in fresh.layout.shapes]
-            if shapes is not None and shapes != mine:
-                raise ValueError(
-                    f"{label}: the state dict is for parameters of shapes {shapes}, these are "
-                    f"{mine}"
-                )
-            fresh.validate_state_dict(saved, label)
-        # everything fits: apply
-        super().load_state_dict(state_dict)
-        self.generator.set_state(extra["generator"])
-        self._group_states = [None] * len(self.param_groups)
-        self._group_metrics = list(metrics)
-        self._group_options = [None] * len(self.param_groups)
-        for index, saved in enumerate(extra["groups"]):
+            state = self._new_state_for(index, metric, groups[index])
             if saved is not None:
-                self._group_state(index).apply_state_dict(saved)
+                shapes = saved.get("shapes") if isinstance(saved, dict) else None
+                mine = [list(s) for s in state.layout.shapes]
+                if shapes is not None and shapes != mine:
+                    raise ValueError(
+                        f"{label}: the state dict is for parameters of shapes {shapes}, these "
+                        f"are {mine}"
+                    )
+                state.validate_state_dict(saved, label)
+            fresh.append(state)
+
+        def apply() -> None:
+            self._apply_groups(groups)
+            self.generator.set_state(extra["generator"])
+            for index, (state, saved) in enumerate(zip(fresh, extra["groups"], strict=True)):
+                if saved is not None:
+                    state.apply_state_dict(saved)
+                    state.step = int(saved["step"])
+                elif self.noise == "philox":  # the first format drew it at the first step
+                    state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
+                if self.noise != "philox":
+                    state.keys.copy_(self._seed_key(state.keys.device))
+                self._install(index, state, metrics[index], publish(metrics[index], state))
+
+        return apply
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._snapshot_generator()
+        state = super().__getstate__()
+        state["_sgrld"] = {name: getattr(self, name) for name in self._config_attrs}
+        state["_sgrld"]["generator_device"] = str(self.generator.device)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``, pickle, ``torch.save(optimizer)``): the configuration is
+        restored, and the per-parameter state is loaded into fresh flat buffers."""
+        config = dict(state.pop("_sgrld"))
+        super().__setstate__(state)
+        device = config.pop("generator_device")
+        for name, value in config.items():
+            setattr(self, name, value)
+        self._compiled = {}
+        self._ready = True
+        self.generator = torch.Generator(device=device)
+        self._group_states, self._group_metrics, self._group_options = [], [], []
+        saved = {i: self.state[p] for i, p in enumerate(self._all_params())}
+        sd = {"state": saved, "param_groups": self._packed_groups()}
+        self._plan_load(sd)()
+
+    def _all_params(self) -> list[Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _packed_groups(self) -> list[dict[str, Any]]:
+        out, start = [], 0
+        for g in self.param_groups:
+            n = len(g["params"])
+            out.append(
+                {
+                    **{k: v for k, v in g.items() if k != "params"},
+                    "params": list(range(start, start + n)),
+                }
+            )
+            start += n
+        return out
+
+
+def _validate_group(lr: float | Tensor, num_data: float, temperature: float) -> None:
+    """ℓ, n and τ of a group, as torch.optim takes ℓ: a float or any one-element tensor."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1:
+            raise ValueError(
+                f"invalid lr: a tensor of shape {tuple(lr.shape)} (expected a float or a "
+                "one-element tensor)"
+            )
+        lr = lr.reshape(())
+    validate_hyperparameters(lr, num_data, temperature)
+
+
+def _as_scalar(lr: float | Tensor) -> float | Tensor:
+    """ℓ as the engine takes it: a float, or a 0-d view of any one-element tensor."""
+    if isinstance(lr, Tensor) and lr.dim() > 0:
+        return lr.view(())
+    return lr
 
 
 class SGLD(SGRLDOptimizer):
@@ -431,6 +664,8 @@ class WenzelSGLD(SGRLDOptimizer):
     steps; without either, call :meth:`update_preconditioner` yourself (as the runner does at each
     epoch end) — a warning says so once if more than ``num_data`` steps go by without it.
     """
+
+    _config_attrs = (*SGRLDOptimizer._config_attrs, "refresh_every", "_last_refresh", "_warned")
 
     def __init__(
         self,
@@ -543,7 +778,7 @@ class ShampooSGLD(SGRLDOptimizer):
         generator: torch.Generator | None = None,
         *,
         check_finite: bool = True,
-        noise: NoiseSource = "torch",
+        noise: NoiseSource | None = None,
         compile: bool = False,
         capturable: bool = False,
         sync_checks: bool | None = None,

@@ -81,6 +81,11 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
             continue
         if not isinstance(g, Tensor):
             raise TypeError(f"gradient of parameter {name!r} is a {type(g).__name__}, not a tensor")
+        if g.layout != torch.strided:
+            raise RuntimeError(
+                f"gradient of parameter {name!r} is {g.layout}: SGRLD samplers do not support "
+                "sparse gradients (the metric's statistics and the noise are dense)"
+            )
         if g.shape != p.shape:
             raise ValueError(
                 f"gradient of parameter {name!r} has shape {tuple(g.shape)}, the parameter "
@@ -309,7 +314,8 @@ def advance(
 
     step = state.step + 1
     sigma = sigma_of(lr, num_data, temperature)
-    positive = temperature > 0.0  # σ > 0 exactly then (ℓ > 0 and n > 0 are validated)
+    # σ > 0 exactly then (n > 0 is validated); a float ℓ = 0 (a warm-up's start) draws nothing
+    positive = temperature > 0.0 and not (isinstance(lr, (int, float)) and lr == 0.0)
     # ξ first: the generator drives nothing else, so the order does not change the chain.
     xi = (
         work.noise.draw(state.generator, noise_source, state.keys, state.device_step)

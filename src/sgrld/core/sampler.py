@@ -36,13 +36,14 @@ def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: f
     if isinstance(lr, Tensor):
         check_lr_tensor(lr)
     else:
-        check_range("lr", lr, lambda v: v > 0.0, "lr > 0, a float or a tensor")
+        check_range("lr", lr, lambda v: v >= 0.0, "lr >= 0, a float or a tensor")
     check_range("num_data", num_data, lambda v: v > 0.0, "num_data > 0")
     check_range("temperature", temperature, lambda v: v >= 0.0, "temperature >= 0")
 
 
 def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
-    """A tensor ℓ: floating point, 0-d or one per chain, every entry > 0 (read once here).
+    """A tensor ℓ: floating point, 0-d or one per chain, every entry >= 0 (read once here; ℓ = 0
+    is a step that moves nothing, as in torch.optim, e.g. the start of a warm-up schedule).
 
     ``num_chains``: the state's chain count (``None``: a single chain, so ℓ must be 0-d);
     ``True``: not known yet (a 1-d ℓ is accepted and checked at ``init``).
@@ -53,10 +54,15 @@ def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
         isinstance(num_chains, int) and lr.dim() == 1 and lr.numel() == num_chains
     )
     if lr.dim() > 1 or (lr.dim() == 1 and not per_chain_ok):
-        want = "0-d" if num_chains is None else f"0-d or shape ({num_chains},), one per chain"
+        if num_chains is None:
+            want = "0-d"
+        elif num_chains is True:
+            want = "0-d, or 1-d with one entry per chain"
+        else:
+            want = f"0-d or shape ({num_chains},), one per chain"
         raise ValueError(f"invalid lr: a tensor of shape {tuple(lr.shape)} (expected {want})")
-    if not bool((lr > 0).all()):
-        raise ValueError("invalid lr: every entry must be > 0")
+    if not bool((lr >= 0).all()):
+        raise ValueError("invalid lr: every entry must be >= 0")
 
 
 @dataclass(frozen=True)

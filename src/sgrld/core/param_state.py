@@ -1,0 +1,119 @@
+"""A group's sampler state as ``torch.optim`` keeps state: one dict of tensors per parameter.
+
+The engine steps a group through flat ``(D,)`` buffers (:mod:`sgrld.core.layout`); the facade
+publishes *views* of those buffers in ``optimizer.state[p]``, so that torch's tools
+(``state_dict``, ``torch.distributed.checkpoint``, Lightning, FSDP) see every tensor a step
+depends on, in torch's layout, with no copy per step. Loading goes the other way: a dict of
+per-parameter tensors is validated against a fresh state and copied into its flat buffers.
+
+Where each statistic goes (its kind, :mod:`sgrld.metrics.base`):
+
+* ``"element"`` (one entry per parameter element): a parameter-shaped view, in every parameter;
+* ``"tensor"`` (one entry per parameter tensor): a 0-d view, in every parameter;
+* ``"<stat>@<i>"`` (belongs to tensor ``i``, e.g. Shampoo's factors): ``<stat>`` of parameter i;
+* ``"global"`` (shared by the group, e.g. Monge's ‖m‖² with ``scope="global"``): the group's
+  first parameter.
+
+Besides the statistics every parameter holds ``step`` (a view of the group's step count) and the
+group's first parameter ``noise_key`` (the Philox key) and ``check_flags`` (deferred checks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sgrld.core.state import SamplerState
+from sgrld.metrics.base import Metric
+
+#: per-parameter entries that are not statistics (the group's own on its first parameter)
+STEP, NOISE_KEY, CHECK_FLAGS, GENERATOR = "step", "noise_key", "check_flags", "generator"
+GROUP_ENTRIES = (NOISE_KEY, CHECK_FLAGS)
+
+
+def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
+    """Per-parameter dicts of views of ``state`` (single chain), in the layout order."""
+    layout = state.layout
+    if layout.batch_shape:
+        raise ValueError("optimizer state holds one chain (use sgrld.Chains for many)")
+    entries: list[dict[str, Tensor]] = [{STEP: state.device_step.view(())} for _ in layout.names]
+    kinds = metric.stat_kinds(state.stats)
+    for key, value in state.stats.items():
+        if "@" in key:
+            stat, i = key.rsplit("@", 1)
+            entries[int(i)][stat] = value
+        elif kinds[key] == "element":
+            for entry, view in zip(entries, layout.views(value), strict=True):
+                entry[key] = view
+        elif kinds[key] == "tensor":
+            for j, entry in enumerate(entries):
+                entry[key] = value.select(-1, j)
+        else:
+            entries[0][key] = value
+    entries[0][NOISE_KEY] = state.keys
+    entries[0][CHECK_FLAGS] = state.flags
+    return entries
+
+
+def plan_load(
+    mine: list[dict[str, Tensor]],
+    saved: list[Any],
+    names: list[str],
+    label: str,
+    extra: tuple[str, ...] = (),
+) -> list[tuple[Tensor, Tensor]]:
+    """Validate ``saved`` per-parameter dicts against ``mine`` (:func:`publish` of a fresh
+    state) and return the ``(target, value)`` copies that load them; changes nothing.
+
+    Keys must match exactly (``extra`` keys of the first parameter are allowed and skipped),
+    shapes too; floating-point statistics are cast to the parameter's dtype and device, as
+    torch.optim does, and must be finite; integer entries (step, key, flags) must be integers.
+    """
+    copies: list[tuple[Tensor, Tensor]] = []
+    for i, (entry, got, name) in enumerate(zip(mine, saved, names, strict=True)):
+        where = f"{label}, parameter {name!r}"
+        if not isinstance(got, Mapping):
+            raise ValueError(f"{where}: no state (expected a dict of tensors)")
+        allowed = set(entry) | (set(extra) if i == 0 else set())
+        missing, unknown = sorted(set(entry) - set(got)), sorted(set(got) - allowed)
+        if missing or unknown:
+            raise ValueError(
+                f"{where}: the state does not match this sampler (missing {missing}, "
+                f"unknown {unknown})"
+            )
+        for key, target in entry.items():
+            value = got[key]
+            if key == STEP and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = torch.tensor(value)
+            if not isinstance(value, Tensor):
+                raise ValueError(f"{where}: {key!r} is a {type(value).__name__}, not a tensor")
+            if value.is_sparse or value.shape != target.shape:
+                raise ValueError(
+                    f"{where}: {key!r} has shape {tuple(value.shape)}, expected "
+                    f"{tuple(target.shape)}"
+                )
+            if target.is_floating_point():
+                if not value.is_floating_point():
+                    raise ValueError(f"{where}: {key!r} is {value.dtype}, expected floating point")
+                if not bool(torch.isfinite(value).all()):
+                    raise ValueError(f"{where}: {key!r} holds NaN or Inf (damaged state)")
+            else:
+                if value.is_floating_point() and not bool((value == value.round()).all()):
+                    raise ValueError(f"{where}: {key!r} holds non-integers")
+                if key == STEP and int(value) < 0:
+                    raise ValueError(f"{where}: step is {int(value)}, expected >= 0")
+            copies.append((target, value))
+    steps = {int(got[STEP]) for got in saved}
+    if len(steps) > 1:
+        raise ValueError(f"{label}: the parameters of one group disagree on the step ({steps})")
+    return copies
+
+
+def apply_load(copies: list[tuple[Tensor, Tensor]]) -> None:
+    """Copy validated values into place (casting dtype and device; cannot fail)."""
+    with torch.no_grad():
+        for target, value in copies:
+            target.copy_(value.to(device=target.device, dtype=target.dtype))
