@@ -148,7 +148,7 @@ def test_hutchinson_is_unbiased() -> None:
         ({"metric": MongeMetric(fallback_threshold=10.0)}, "no fallback"),
         ({"trace": "stochastic"}, "invalid trace"),
         ({"probes": 0}, "invalid probes"),
-        ({"lr": 0.0}, "invalid lr"),
+        ({"lr": -1.0}, "invalid lr"),
     ],
 )
 def test_bad_values_are_refused(kwargs: dict[str, object], message: str) -> None:

@@ -174,7 +174,7 @@ def exact_monge_move(
         grad: ∇u(θ), same shape (the per-datum potential's gradient, ``docs/conventions.md``).
         hvp: v ↦ ∇²u(θ) v per chain, for ``v`` of ``theta``'s shape (used only with ``correction``).
         metric: a ``scope="global"`` Monge metric without ``fallback_threshold``.
-        lr, num_data, temperature: ℓ > 0, n > 0, τ ≥ 0 (``docs/conventions.md``).
+        lr, num_data, temperature: ℓ ≥ 0, n > 0, τ ≥ 0 (``docs/conventions.md``).
         correction: add Γ (``False``: the SGRLD step with m = ∇u(θ), Γ dropped).
         trace: ``"exact"`` (D Hessian–vector products, which also give Hm), ``"hutchinson"``
             (``probes`` products plus one for Hm) or ``None``: exact for D ≤ 64.
