@@ -39,7 +39,15 @@ from sgrld.core.noise import (
     keys_from_generator,
     keys_from_seeds,
 )
-from sgrld.core.param_state import GENERATOR, apply_load, plan_load, publish
+from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load, publish
+from sgrld.core.precision import (
+    LowPrecision,
+    Rounding,
+    check_low_precision,
+    is_low_precision,
+    resync_masters,
+    write_back,
+)
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
 from sgrld.metrics import (
@@ -127,6 +135,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         "compile",
         "capturable",
         "sync_checks",
+        "low_precision",
+        "master_dtype",
     )
 
     def __init__(
@@ -143,8 +153,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         compile: bool = False,
         capturable: bool = False,
         sync_checks: bool | None = None,
+        low_precision: LowPrecision = "master",
+        master_dtype: torch.dtype = torch.float32,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        check_low_precision(low_precision, master_dtype)
         if noise is None:
             noise = "philox" if capturable is True else "torch"
         check_noise_source(noise)
@@ -166,6 +179,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         # the group options each group's metric was made from (a step compares, not rebuilds)
         self._group_options: list[dict[str, Any]] = []
         self._ready = False  # groups get their state once the generator exists
+        self.low_precision: LowPrecision = low_precision
+        self.master_dtype = master_dtype
+        # per group with low-precision parameters: the tensors stepped in their place (master
+        # copies, or scratch for stochastic rounding) and the rounding's uniforms
+        self._lowp: dict[int, tuple[list[Tensor], Rounding | None]] = {}
+        self._warned_nearest = False
         super().__init__(params, defaults)
         self.check_finite = check_finite
         self.noise: NoiseSource = noise
@@ -198,6 +217,17 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"parameter {name!r} is {p.dtype}: expected floating point")
         _validate_group(group["lr"], group["num_data"], group["temperature"])
         self._group_metric(group)  # validates the group's metric options now
+        low = is_low_precision(first.dtype, self.master_dtype)
+        if low and self.low_precision == "nearest" and not self._warned_nearest:
+            self._warned_nearest = True
+            warnings.warn(
+                f"parameters in {first.dtype} with low_precision='nearest': every move is rounded "
+                "to nearest in that dtype, so moves smaller than half a unit in the last place "
+                "are lost (the chain freezes or samples the wrong variance); low_precision="
+                "'master' (the default) keeps a float32 copy, 'stochastic' rounds without bias",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if self._ready:
             self._build(index)
 
@@ -224,16 +254,31 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     )
         return dataclasses.replace(self.metric, **options)  # type: ignore[type-var]
 
-    def _new_state(self, index: int, metric: Metric) -> SamplerState:
-        """Fresh state of group ``index`` (its statistics at their initial values); the group's
-        noise key is a function of the generator's seed (for traced ``"torch"`` steps) until
-        :meth:`_build` draws a Philox key."""
-        group = self.param_groups[index]
+    def _new_state(
+        self, index: int, metric: Metric, group: dict[str, Any] | None = None
+    ) -> SamplerState:
+        """Fresh state of group ``index`` (or of ``group``, its future self on a load): its
+        statistics at their initial values, over the parameters or, for low-precision ones,
+        their copies in ``master_dtype``; the group's noise key is a function of the generator's
+        seed (for traced ``"torch"`` steps) until :meth:`_build` draws a Philox key."""
+        group = self.param_groups[index] if group is None else group
         params: list[Tensor] = group["params"]
+        if self.low_precision != "nearest" and is_low_precision(params[0].dtype, self.master_dtype):
+            params = [p.detach().to(self.master_dtype, copy=True) for p in params]
         names = self._names(index)
         layout = FlatLayout.from_tensors(names, params)
         stats = metric.init(layout, params[0])
         return SamplerState(dict(zip(names, params, strict=True)), stats, 0, self.generator, layout)
+
+    def _publish(self, index: int, metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
+        """:func:`publish` plus the master copies of low-precision parameters."""
+        entries = publish(metric, state)
+        params = self.param_groups[index]["params"]
+        work = list(state.params.values())
+        if self.low_precision == "master" and work[0] is not params[0]:
+            for entry, master in zip(entries, work, strict=True):
+                entry[MASTER] = master
+        return entries
 
     def _seed_key(self, device: torch.device) -> Tensor:
         return keys_from_seeds([self.generator.initial_seed() % 2**64], device)[0]
@@ -247,7 +292,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
         else:
             state.keys.copy_(self._seed_key(state.keys.device))
-        self._install(index, state, metric, publish(metric, state))
+        self._install(index, state, metric, self._publish(index, metric, state))
 
     def _install(
         self, index: int, state: SamplerState, metric: Metric, entries: list[dict[str, Tensor]]
@@ -264,6 +309,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._group_options.append(options)
         for p, entry in zip(group["params"], entries, strict=True):
             self.state[p] = entry
+        work = list(state.params.values())
+        if work[0] is group["params"][0]:
+            self._lowp.pop(index, None)
+        else:
+            rounding = None
+            if self.low_precision == "stochastic":
+                rounding = Rounding(state.layout.size, work[0].dtype, work[0].device)
+            self._lowp[index] = (work, rounding)
         if index == 0:
             self._snapshot_generator()
         self._compiled.pop(index, None)
@@ -284,7 +337,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 keys = state.keys.clone()
                 state = self._new_state(index, metric)
                 state.keys.copy_(keys)
-                self._install(index, state, metric, publish(metric, state))
+                self._install(index, state, metric, self._publish(index, metric, state))
             else:
                 self._group_metrics[index] = self._group_metric(group, current)
                 self._group_options[index] = options
@@ -309,7 +362,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         states = [self._group_state(i) for i in range(len(self.param_groups))]
-        grads = [[p.grad for p in g["params"]] for g in self.param_groups]
+        grads = [self._grads(i) for i in range(len(self.param_groups))]
         modes = [self._checks(state) for state in states]
         if len(states) > 1:  # refuse before the first group moves
             for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
@@ -320,6 +373,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         traced = in_graph()
         noise: NoiseSource = "philox" if traced else self.noise
         for index, group in enumerate(self.param_groups):
+            lowp = self._lowp.get(index)
+            if lowp is not None:  # step the master copies (or scratch) in the parameters' place
+                if self.low_precision == "master":
+                    resync_masters(group["params"], lowp[0])
+                else:
+                    torch._foreach_copy_(lowp[0], group["params"])
             advance(
                 self._group_metrics[index],
                 states[index],
@@ -333,8 +392,31 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
             )
+            if lowp is not None:
+                work, rounding = lowp
+                uniforms = None
+                if rounding is not None:
+                    uniforms = rounding.uniforms(states[index].keys, states[index].device_step)
+                write_back(group["params"], work, self.low_precision, uniforms)
         self._after_step()
         return loss
+
+    def _grads(self, index: int) -> list[Tensor | None]:
+        """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
+        params = self.param_groups[index]["params"]
+        grads: list[Tensor | None] = [p.grad for p in params]
+        lowp = self._lowp.get(index)
+        if lowp is None:
+            return grads
+        names, out = self._names(index), []
+        for name, p, g, w in zip(names, params, grads, lowp[0], strict=True):
+            if g is not None and g.dtype != p.dtype:
+                raise ValueError(
+                    f"gradient of parameter {name!r} is {g.dtype}, the parameter {p.dtype}: "
+                    "a gradient must have its parameter's dtype"
+                )
+            out.append(None if g is None else g.to(w.dtype))
+        return out
 
     def _after_step(self) -> None:
         """Hook for facades with a host-side schedule (Wenzel's refresh)."""
@@ -369,6 +451,20 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Stop (or resume) updating the metric's statistics in every group."""
         for group in self.param_groups:
             group["adapt_metric"] = not frozen
+
+    def state_bytes(self) -> dict[str, int]:
+        """Bytes of optimizer state per parameter (by name; statistics, master copies, step and
+        keys; the generator's state on the first parameter), to size block sizes and precision
+        before a run rather than after it fails. ``sum(opt.state_bytes().values())`` is the
+        total."""
+        out: dict[str, int] = {}
+        for index, group in enumerate(self.param_groups):
+            for name, p in zip(self._names(index), group["params"], strict=True):
+                entry = self.state[p]
+                out[name] = sum(
+                    v.numel() * v.element_size() for v in entry.values() if isinstance(v, Tensor)
+                )
+        return out
 
     @property
     def num_steps(self) -> int:
@@ -437,11 +533,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         generator_state: Tensor | None = None
         for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
             label = f"param group {index}"
-            state = self._new_state_for(index, metric, groups[index])
-            mine = publish(metric, state)
+            state = self._new_state(index, metric, groups[index])
+            mine = self._publish(index, metric, state)
             entries = [saved_state.get(pid) for pid in saved["params"]]
             extra = (GENERATOR,) if index == 0 else ()
-            copies += plan_load(mine, entries, self._names(index), label, extra)
+            copies += plan_load(mine, entries, self._names(index), label, extra, (MASTER,))
             if index == 0:
                 first = entries[0] if entries else None
                 generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
@@ -496,18 +592,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 return f.default
         return current
 
-    def _new_state_for(self, index: int, metric: Metric, group: dict[str, Any]) -> SamplerState:
-        names = self._names(index)
-        layout = FlatLayout.from_tensors(names, group["params"])
-        stats = metric.init(layout, group["params"][0])
-        return SamplerState(
-            dict(zip(names, group["params"], strict=True)), stats, 0, self.generator, layout
-        )
-
     def _apply_groups(self, groups: list[dict[str, Any]]) -> None:
         self.param_groups = groups
         self.state = defaultdict(dict)
         self._compiled = {}
+        self._lowp = {}
 
     def _plan_legacy(
         self, extra: Any, groups: list[dict[str, Any]], metrics: list[Metric]
@@ -521,7 +610,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         fresh = []
         for index, (saved, metric) in enumerate(zip(extra["groups"], metrics, strict=True)):
             label = f"param group {index}"
-            state = self._new_state_for(index, metric, groups[index])
+            state = self._new_state(index, metric, groups[index])
             if saved is not None:
                 shapes = saved.get("shapes") if isinstance(saved, dict) else None
                 mine = [list(s) for s in state.layout.shapes]
@@ -544,7 +633,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
                 if self.noise != "philox":
                     state.keys.copy_(self._seed_key(state.keys.device))
-                self._install(index, state, metrics[index], publish(metrics[index], state))
+                self._install(
+                    index, state, metrics[index], self._publish(index, metrics[index], state)
+                )
 
         return apply
 
@@ -564,6 +655,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         for name, value in config.items():
             setattr(self, name, value)
         self._compiled = {}
+        self._lowp = {}
+        self._warned_nearest = True
         self._ready = True
         self.generator = torch.Generator(device=device)
         self._group_states, self._group_metrics, self._group_options = [], [], []
@@ -782,6 +875,8 @@ class ShampooSGLD(SGRLDOptimizer):
         compile: bool = False,
         capturable: bool = False,
         sync_checks: bool | None = None,
+        low_precision: LowPrecision = "master",
+        master_dtype: torch.dtype = torch.float32,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -803,4 +898,6 @@ class ShampooSGLD(SGRLDOptimizer):
             compile=compile,
             capturable=capturable,
             sync_checks=sync_checks,
+            low_precision=low_precision,
+            master_dtype=master_dtype,
         )

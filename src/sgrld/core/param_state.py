@@ -31,6 +31,8 @@ from sgrld.metrics.base import Metric
 
 #: per-parameter entries that are not statistics (the group's own on its first parameter)
 STEP, NOISE_KEY, CHECK_FLAGS, GENERATOR = "step", "noise_key", "check_flags", "generator"
+#: a low-precision parameter's master copy (:mod:`sgrld.core.precision`)
+MASTER = "master"
 GROUP_ENTRIES = (NOISE_KEY, CHECK_FLAGS)
 
 
@@ -64,13 +66,15 @@ def plan_load(
     names: list[str],
     label: str,
     extra: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
 ) -> list[tuple[Tensor, Tensor]]:
     """Validate ``saved`` per-parameter dicts against ``mine`` (:func:`publish` of a fresh
     state) and return the ``(target, value)`` copies that load them; changes nothing.
 
-    Keys must match exactly (``extra`` keys of the first parameter are allowed and skipped),
-    shapes too; floating-point statistics are cast to the parameter's dtype and device, as
-    torch.optim does, and must be finite; integer entries (step, key, flags) must be integers.
+    Keys must match exactly (``extra`` keys of the first parameter are allowed and skipped,
+    ``optional`` ones may be missing: e.g. a master copy, then kept as it is), shapes too;
+    floating-point statistics are cast to the parameter's dtype and device, as torch.optim
+    does, and must be finite; integer entries (step, key, flags) must be integers.
     """
     copies: list[tuple[Tensor, Tensor]] = []
     for i, (entry, got, name) in enumerate(zip(mine, saved, names, strict=True)):
@@ -78,13 +82,16 @@ def plan_load(
         if not isinstance(got, Mapping):
             raise ValueError(f"{where}: no state (expected a dict of tensors)")
         allowed = set(entry) | (set(extra) if i == 0 else set())
-        missing, unknown = sorted(set(entry) - set(got)), sorted(set(got) - allowed)
+        missing = sorted(set(entry) - set(got) - set(optional))
+        unknown = sorted(set(got) - allowed)
         if missing or unknown:
             raise ValueError(
                 f"{where}: the state does not match this sampler (missing {missing}, "
                 f"unknown {unknown})"
             )
         for key, target in entry.items():
+            if key not in got:
+                continue  # an optional entry
             value = got[key]
             if key == STEP and isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = torch.tensor(value)
