@@ -16,7 +16,7 @@ GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x SGD (MLP
 
     .venv/bin/python benchmarks/step_time.py [--device cpu|cuda] [--model mlp400|mlp1200|resnet20]
         [--rounds 15] [--steps 40] [--threads 2] [--only SGLD,RMSprop] [--defaults-only]
-        [--clock wall|cpu]
+        [--clock wall|cpu] [--telemetry] [--compiled-step]
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def make(name: str, device: str, variant: str = "", **kw: Any) -> Callable[..., 
 
 
 def samplers(
-    device: str, compiled_step: bool = False
+    device: str, compiled_step: bool = False, telemetry: bool = False
 ) -> dict[str, Callable[[list[nn.Parameter]], Any]]:
     out: dict[str, Callable[[list[nn.Parameter]], Any]] = {
         "SGD": lambda p: torch.optim.SGD(p, lr=1e-3, foreach=True),
@@ -78,6 +78,8 @@ def samplers(
             out[f"{name}/graph"] = make(name, device, "graph")
         if compiled_step:
             out[f"{name}/compiled-step"] = make(name, device, "capturable")
+        if telemetry:
+            out[f"{name}/telemetry"] = make(name, device, telemetry=True)
     out["Shampoo/even"] = make("Shampoo", device, tiling="even")
     return out
 
@@ -85,6 +87,8 @@ def samplers(
 def targets(device: str, model: str) -> dict[str, tuple[str, float]]:
     """(reference row, maximum ratio) of each row (issue 9)."""
     compiled = {f"{name}/compiled-step": (name, 1.0) for name in BASE}  # no slower than eager
+    # per-step telemetry: three reductions over D, a few percent of a step
+    compiled |= {f"{name}/telemetry": (name, 1.10) for name in BASE}
     if device == "cpu":
         return {
             "SGLD": ("floor", 1.10),
@@ -219,13 +223,18 @@ def main() -> None:
         action="store_true",
         help="add rows with the whole training step under torch.compile (capturable=True)",
     )
+    parser.add_argument(
+        "--telemetry",
+        action="store_true",
+        help="add rows with telemetry=True (per-step drift/noise/θ norms on the device)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = args.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
-    makes = {"floor": None, **samplers(device, args.compiled_step)}
+    makes = {"floor": None, **samplers(device, args.compiled_step, args.telemetry)}
     if args.only:
         keep = ("SGD", "floor", *args.only.split(","))
         makes = {k: v for k, v in makes.items() if k.startswith(keep)}

@@ -137,6 +137,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         "sync_checks",
         "low_precision",
         "master_dtype",
+        "telemetry_enabled",
     )
 
     def __init__(
@@ -155,8 +156,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         sync_checks: bool | None = None,
         low_precision: LowPrecision = "master",
         master_dtype: torch.dtype = torch.float32,
+        telemetry: bool = False,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        if not isinstance(telemetry, bool):
+            raise ValueError(f"invalid telemetry: {telemetry!r} (expected True or False)")
         check_low_precision(low_precision, master_dtype)
         if noise is None:
             noise = "philox" if capturable is True else "torch"
@@ -185,6 +189,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         # copies, or scratch for stochastic rounding) and the rounding's uniforms
         self._lowp: dict[int, tuple[list[Tensor], Rounding | None]] = {}
         self._warned_nearest = False
+        self.telemetry_enabled = telemetry
+        self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
         super().__init__(params, defaults)
         self.check_finite = check_finite
         self.noise: NoiseSource = noise
@@ -391,6 +397,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 noise_source=noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
+                telemetry=self._accumulator(index),
             )
             if lowp is not None:
                 work, rounding = lowp
@@ -400,6 +407,50 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 write_back(group["params"], work, self.low_precision, uniforms)
         self._after_step()
         return loss
+
+    def _accumulator(self, index: int) -> Tensor | None:
+        if not self.telemetry_enabled:
+            return None
+        if index not in self._telemetry:
+            device = self.param_groups[index]["params"][0].device
+            self._telemetry[index] = torch.zeros(4, dtype=torch.float64, device=device)
+        return self._telemetry[index]
+
+    def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
+        """Per-step health figures of every group since the last read (``telemetry=True``).
+
+        Summed on the device in each step (no host read there) and read here, once: ``steps``;
+        ``drift_rms`` and ``noise_rms``, the root-mean-square of ‖ℓG⁻¹ĝ‖ and ‖σG^{-½}ξ‖ per
+        step; ``theta_rms`` (‖θ‖ before each move); ``drift_to_noise``, their ratio — far
+        above 1: ℓ is large for this posterior (the chain is close to descent, breakdowns
+        loom); far below: the gradient barely acts (slow mixing, or a too small ℓ) —; and the
+        metric's own figures of the current G (:meth:`Metric.diagnostics`: Monge's
+        ``stretch`` α²‖m‖², Shampoo's ``factor_condition``). ``reset`` starts new sums.
+        """
+        if not self.telemetry_enabled:
+            raise RuntimeError("telemetry is off: build the optimizer with telemetry=True")
+        out = []
+        for index in range(len(self.param_groups)):
+            acc = self._accumulator(index)
+            assert acc is not None
+            drift_sq, noise_sq, theta_sq, steps = acc.tolist()
+            n = max(steps, 1.0)
+            figures = {
+                "steps": steps,
+                "drift_rms": math.sqrt(drift_sq / n),
+                "noise_rms": math.sqrt(noise_sq / n),
+                "theta_rms": math.sqrt(theta_sq / n),
+                "drift_to_noise": math.sqrt(drift_sq / noise_sq) if noise_sq > 0 else math.inf,
+            }
+            state = self._group_states[index]
+            for key, value in (
+                self._group_metrics[index].diagnostics(state.stats, state.layout).items()
+            ):
+                figures[key] = float(value)
+            out.append(figures)
+            if reset:
+                acc.zero_()
+        return out
 
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
@@ -656,6 +707,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             setattr(self, name, value)
         self._compiled = {}
         self._lowp = {}
+        self._telemetry = {}
         self._warned_nearest = True
         self._ready = True
         self.generator = torch.Generator(device=device)
@@ -877,6 +929,7 @@ class ShampooSGLD(SGRLDOptimizer):
         sync_checks: bool | None = None,
         low_precision: LowPrecision = "master",
         master_dtype: torch.dtype = torch.float32,
+        telemetry: bool = False,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -900,4 +953,5 @@ class ShampooSGLD(SGRLDOptimizer):
             sync_checks=sync_checks,
             low_precision=low_precision,
             master_dtype=master_dtype,
+            telemetry=telemetry,
         )

@@ -209,6 +209,7 @@ def body(
     adapt: bool,
     refresh: bool = False,
     views: Callable[[Tensor], list[Tensor]] | None = None,
+    telemetry: Tensor | None = None,
 ) -> None:
     """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ.
 
@@ -224,7 +225,39 @@ def body(
     shape = layout.views if views is None else views  # eager steps reuse the buffers' views
     drift = shape(metric.inverse(stats, layout, grad))
     noise = None if xi is None else shape(metric.inverse_sqrt(stats, layout, xi))
+    if telemetry is not None:
+        record_telemetry(telemetry, params, drift, noise, lr, sigma)
     move(layout, params, drift, noise, lr, sigma)
+
+
+#: what :func:`record_telemetry` sums per step, in this order (then the step count)
+TELEMETRY = ("drift_sq", "noise_sq", "theta_sq")
+
+
+def record_telemetry(
+    acc: Tensor,
+    params: Sequence[Tensor],
+    drift: Sequence[Tensor],
+    noise: Sequence[Tensor] | None,
+    lr: Scalar,
+    sigma: Scalar,
+) -> None:
+    """Add this step's ‖ℓG⁻¹ĝ‖², ‖σG^{-½}ξ‖², ‖θ‖² (before the move) and 1 to the device
+    accumulator ``acc`` (float64, shape (4,)): three reductions, no host read."""
+
+    def sq(xs: Sequence[Tensor]) -> Tensor:
+        return torch.stack(torch._foreach_norm(list(xs))).to(torch.float64).square().sum()
+
+    zero = acc.new_zeros(())
+    lr_t = torch.as_tensor(lr, dtype=torch.float64, device=acc.device)
+    sigma_t = torch.as_tensor(sigma, dtype=torch.float64, device=acc.device)
+    parts = [
+        sq(drift) * lr_t.square(),
+        zero if noise is None else sq(noise) * sigma_t.square(),
+        sq(params),
+        acc.new_ones(()),
+    ]
+    acc.add_(torch.stack(parts))
 
 
 def move(
@@ -264,6 +297,7 @@ def advance(
     compiled: object | None = None,
     refresh: bool = True,
     direct: bool = True,
+    telemetry: Tensor | None = None,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -273,7 +307,8 @@ def advance(
     body as one compiled call; ``refresh=False`` leaves a due scheduled refresh (Shampoo's
     roots) to the caller (captured steps: see :func:`refresh_due`). ``direct=False`` sends
     SGLD (G = I) through the flat buffers like every other metric instead of its direct path
-    (the same numbers, bit for bit; tests compare the two).
+    (the same numbers, bit for bit; tests compare the two). ``telemetry``: a float64 (4,)
+    device accumulator that :func:`record_telemetry` adds this step's figures to.
     """
     layout = state.layout
     params = list(state.params.values())
@@ -326,6 +361,8 @@ def advance(
         noise = None if xi is None else work.views(xi)
         like = present[0]
         lr_arg, sigma_arg = _per_chain(lr, sub_layout, like), _per_chain(sigma, sub_layout, like)
+        if telemetry is not None:
+            record_telemetry(telemetry, params, present, noise, lr, sigma)
         move(sub_layout, params, present, noise, lr_arg, sigma_arg)
         state.step = step
         state.device_step.add_(1)
@@ -340,13 +377,13 @@ def advance(
     due = refresh and adapt and refresh_due(metric, step)
     fused = False
     # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
-    if compiled is not None and stats is state.stats and not due:
+    if compiled is not None and stats is state.stats and not due and telemetry is None:
         fused = compiled(  # type: ignore[operator]
             metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg, adapt
         )
     if not fused:
         args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
-        body(*args, adapt, due, work.views)
+        body(*args, adapt, due, work.views, telemetry)
     if saved is not None and ok is not None:
         for k, v in stats.items():  # a bad chain's statistics as they were
             keep = ok.reshape(*ok.shape[:-1], *([1] * (v.dim() - ok.dim() + 1)))

@@ -79,6 +79,11 @@ class Metric(abc.ABC):
         """Recompute an explicitly scheduled part of G (Wenzel's preconditioner at an epoch end,
         Shampoo's inverse roots every :attr:`refresh_interval` steps)."""
 
+    def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
+        """Health figures of the current G for telemetry (read at sample or epoch boundaries,
+        never inside a step), e.g. Monge's stretch α²‖m‖², Shampoo's factor conditioning."""
+        return {}
+
 
 _REGISTRY: dict[str, type[Metric]] = {}
 

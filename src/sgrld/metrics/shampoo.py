@@ -259,6 +259,17 @@ class ShampooMetric(Metric):
         """Recompute the inverse roots (the engine calls this every ``update_interval`` steps)."""
         self.compute_roots(stats, layout)
 
+    def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
+        """``factor_condition``: the largest condition number λ_max/λ_min of any factor H_i
+        (float64 eigenvalues; a singular factor gives inf): how hard the roots' ridge works."""
+        worst = torch.zeros((), dtype=torch.float64)
+        for key, value in stats.items():
+            if key.startswith("factor_"):
+                lam = torch.linalg.eigvalsh(value.detach().to("cpu", torch.float64))
+                cond = lam[..., -1] / lam[..., 0].clamp_min(0.0)
+                worst = torch.maximum(worst, cond.nan_to_num(torch.inf).amax())
+        return {"factor_condition": worst}
+
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`).
 

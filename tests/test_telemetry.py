@@ -1,0 +1,96 @@
+"""Per-step telemetry: summed on the device, read once; its figures and its cost."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sgrld
+from conftest import SAMPLERS, SamplerSpec
+
+N = 100
+
+
+def _params() -> list[torch.nn.Parameter]:
+    torch.manual_seed(0)
+    return [
+        torch.nn.Parameter(torch.randn(8, 6, dtype=torch.float64)),
+        torch.nn.Parameter(torch.randn(6, dtype=torch.float64)),
+    ]
+
+
+def test_steps_read_nothing_on_the_host(spec: SamplerSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With deferred checks a step with telemetry makes no host read: any item/tolist/bool
+    of a tensor inside the steps would raise here."""
+    params = _params()
+    opt = spec.make_optimizer(params, lr=0.01, num_data=N, telemetry=True, sync_checks=False)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()  # first step: lazily built buffers
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("host read inside a step")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__"):
+            m.setattr(torch.Tensor, name, refuse)
+        for _ in range(2):  # not on a Shampoo refresh step (update_interval 3)
+            opt.step()
+    figures = opt.telemetry()
+    assert figures[0]["steps"] == 3.0
+    assert opt.telemetry()[0]["steps"] == 0.0  # reset by the read
+
+
+def test_sgld_figures_are_exact() -> None:
+    params = _params()
+    lr, temperature = 0.01, 1.0
+    opt = sgrld.SGLD(params, lr=lr, num_data=N, telemetry=True)
+    theta_sq = []
+    for _ in range(5):
+        for p in params:
+            p.grad = torch.full_like(p, 2.0)
+        theta_sq.append(sum(float(p.detach().square().sum()) for p in params))
+        opt.step()
+    d = sum(p.numel() for p in params)
+    (f,) = opt.telemetry()
+    assert f["drift_rms"] == pytest.approx(lr * 2.0 * math.sqrt(d), rel=1e-12)
+    assert f["theta_rms"] == pytest.approx(math.sqrt(sum(theta_sq) / 5), rel=1e-12)
+    sigma = math.sqrt(2 * lr * temperature / N)
+    # ‖ξ‖² ~ χ²_D: 5 steps of D = 54 — within 5 of its standard deviations
+    assert abs(f["noise_rms"] ** 2 / sigma**2 - d) < 5 * math.sqrt(2 * d / 5)
+
+
+def test_metric_figures() -> None:
+    params = _params()
+    monge = sgrld.MongeSGLD(params, lr=0.01, num_data=N, alpha2=0.5, telemetry=True)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    monge.step()
+    m_sq = sum(float((0.1 * torch.ones_like(p)).square().sum()) for p in params)  # m = (1−λ)g
+    assert monge.telemetry()[0]["stretch"] == pytest.approx(0.5 * m_sq, rel=1e-12)
+    shampoo = sgrld.ShampooSGLD(
+        _params(), lr=0.01, num_data=N, telemetry=True, eps=1e-4, block_size=4
+    )
+    assert shampoo.telemetry()[0]["factor_condition"] == pytest.approx(1.0)  # ε·I
+    with pytest.raises(RuntimeError, match="telemetry=True"):
+        sgrld.SGLD(_params(), lr=0.01, num_data=N).telemetry()
+
+
+def test_telemetry_does_not_change_the_chain(spec: SamplerSpec) -> None:
+    runs = []
+    for on in (False, True):
+        params = _params()
+        opt = spec.make_optimizer(
+            params, lr=0.01, num_data=N, telemetry=on, generator=torch.Generator().manual_seed(1)
+        )
+        for t in range(4):
+            for i, p in enumerate(params):
+                p.grad = torch.sin(p.detach() + t + i)
+            opt.step()
+        runs.append(params)
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+assert [s.name for s in SAMPLERS]  # the registry fixture drives the parametrised tests
