@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from precision import OPTIMIZERS, run
 
 LOW = [torch.bfloat16, torch.float16]
+N_DATA = 100
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -185,3 +186,44 @@ def test_gradient_accumulation_equals_one_large_batch(spec: SamplerSpec) -> None
 
     for a, b in zip(run(1), run(4), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_masked_elements_stay_fixed_and_the_rest_is_its_own_chain(spec: SamplerSpec) -> None:
+    """A mask samples the selected elements as a parameter of their own would be sampled (same
+    noise, same metric over them), and leaves the others bit-identical."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(6, 5, dtype=torch.float64))
+    mask = torch.rand(6, 5) < 0.5
+    alone = torch.nn.Parameter(w.detach()[mask].clone())
+    fixed = w.detach()[~mask].clone()
+    options = {"block_size": 4} if spec.name == "shampoo" else {}
+    opt = spec.make_optimizer(
+        [w],
+        lr=0.01,
+        num_data=N_DATA,
+        masks={w: mask},
+        generator=torch.Generator().manual_seed(2),
+        **options,
+    )
+    ref = spec.make_optimizer(
+        [alone], lr=0.01, num_data=N_DATA, generator=torch.Generator().manual_seed(2), **options
+    )
+    for t in range(5):
+        g = torch.sin(w.detach() * (t + 1))
+        w.grad = g
+        alone.grad = g[mask].clone()
+        opt.step()
+        ref.step()
+    assert torch.equal(w.detach()[~mask], fixed)
+    assert torch.equal(w.detach()[mask], alone.detach())
+    assert opt.state[w]["step"] == 5
+
+
+def test_masks_are_validated() -> None:
+    w = torch.nn.Parameter(torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="bool tensor"):
+        sgrld.SGLD([w], lr=0.1, num_data=10, masks={w: torch.ones(3, 2)})
+    with pytest.raises(ValueError, match="parameter of this optimizer"):
+        sgrld.SGLD(
+            [w], lr=0.1, num_data=10, masks={torch.zeros(1): torch.ones(1, dtype=torch.bool)}
+        )

@@ -15,7 +15,7 @@ import dataclasses
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -42,11 +42,9 @@ from sgrld.core.noise import (
 from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load, publish
 from sgrld.core.precision import (
     LowPrecision,
-    Rounding,
+    StandIns,
     check_low_precision,
     is_low_precision,
-    resync_masters,
-    write_back,
 )
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
@@ -113,6 +111,15 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             or captured, Shampoo's root refresh is left to :meth:`refresh_if_due` on the host
             (:class:`sgrld.capture.GraphedStep` calls it; eager steps refresh themselves).
 
+        low_precision: how parameters of fewer bits than ``master_dtype`` (bfloat16, float16)
+            are stepped: ``"master"`` (default: a ``master_dtype`` copy in the state carries the
+            chain), ``"stochastic"`` (unbiased rounding of each move) or ``"nearest"`` (plain,
+            warns: small moves are lost). See :mod:`sgrld.core.precision`.
+        master_dtype: the dtype of master copies and of low-precision arithmetic (float32).
+        telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
+        masks: ``{parameter: bool tensor of its shape}``: only the ``True`` elements are
+            sampled (the metric acts on them alone), the others stay fixed bit for bit.
+
     Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
     after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
 
@@ -138,6 +145,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         "low_precision",
         "master_dtype",
         "telemetry_enabled",
+        "_masks",
     )
 
     def __init__(
@@ -157,6 +165,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         low_precision: LowPrecision = "master",
         master_dtype: torch.dtype = torch.float32,
         telemetry: bool = False,
+        masks: Mapping[Tensor, Tensor] | None = None,
     ) -> None:
         _validate_group(lr, num_data, temperature)
         if not isinstance(telemetry, bool):
@@ -187,11 +196,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.master_dtype = master_dtype
         # per group with low-precision parameters: the tensors stepped in their place (master
         # copies, or scratch for stochastic rounding) and the rounding's uniforms
-        self._lowp: dict[int, tuple[list[Tensor], Rounding | None]] = {}
+        self._standins: dict[int, StandIns] = {}
         self._warned_nearest = False
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
+        self._masks: dict[Tensor, Tensor] = dict(masks or {})
         super().__init__(params, defaults)
+        _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         self.check_finite = check_finite
         self.noise: NoiseSource = noise
         self.compile = compile
@@ -262,27 +273,36 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def _new_state(
         self, index: int, metric: Metric, group: dict[str, Any] | None = None
-    ) -> SamplerState:
+    ) -> tuple[SamplerState, StandIns | None]:
         """Fresh state of group ``index`` (or of ``group``, its future self on a load): its
-        statistics at their initial values, over the parameters or, for low-precision ones,
-        their copies in ``master_dtype``; the group's noise key is a function of the generator's
-        seed (for traced ``"torch"`` steps) until :meth:`_build` draws a Philox key."""
+        statistics at their initial values, over the parameters or their stand-ins (master
+        copies of low-precision parameters, masked parameters' selected elements); the group's
+        noise key is a function of the generator's seed (for traced ``"torch"`` steps) until
+        :meth:`_build` draws a Philox key."""
         group = self.param_groups[index] if group is None else group
         params: list[Tensor] = group["params"]
-        if self.low_precision != "nearest" and is_low_precision(params[0].dtype, self.master_dtype):
-            params = [p.detach().to(self.master_dtype, copy=True) for p in params]
+        masks = [self._masks.get(p) for p in params]
+        standins = None
+        if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
+            standins = StandIns(params, masks, self.low_precision, self.master_dtype)
+            params = standins.work
         names = self._names(index)
         layout = FlatLayout.from_tensors(names, params)
         stats = metric.init(layout, params[0])
-        return SamplerState(dict(zip(names, params, strict=True)), stats, 0, self.generator, layout)
+        state = SamplerState(
+            dict(zip(names, params, strict=True)), stats, 0, self.generator, layout
+        )
+        return state, standins
 
-    def _publish(self, index: int, metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
+    @staticmethod
+    def _publish(
+        metric: Metric, state: SamplerState, standins: StandIns | None
+    ) -> list[dict[str, Tensor]]:
         """:func:`publish` plus the master copies of low-precision parameters."""
         entries = publish(metric, state)
-        params = self.param_groups[index]["params"]
-        work = list(state.params.values())
-        if self.low_precision == "master" and work[0] is not params[0]:
-            for entry, master in zip(entries, work, strict=True):
+        masters = None if standins is None else standins.masters
+        if masters is not None:
+            for entry, master in zip(entries, masters, strict=True):
                 entry[MASTER] = master
         return entries
 
@@ -293,15 +313,20 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Create group ``index``'s state and publish it in ``self.state``."""
         group = self.param_groups[index]
         metric = self._group_metric(group)
-        state = self._new_state(index, metric)
+        state, standins = self._new_state(index, metric)
         if self.noise == "philox":
             state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
         else:
             state.keys.copy_(self._seed_key(state.keys.device))
-        self._install(index, state, metric, self._publish(index, metric, state))
+        self._install(index, state, metric, self._publish(metric, state, standins), standins)
 
     def _install(
-        self, index: int, state: SamplerState, metric: Metric, entries: list[dict[str, Tensor]]
+        self,
+        index: int,
+        state: SamplerState,
+        metric: Metric,
+        entries: list[dict[str, Tensor]],
+        standins: StandIns | None,
     ) -> None:
         group = self.param_groups[index]
         options = {k: group[k] for k in self._options}
@@ -315,14 +340,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._group_options.append(options)
         for p, entry in zip(group["params"], entries, strict=True):
             self.state[p] = entry
-        work = list(state.params.values())
-        if work[0] is group["params"][0]:
-            self._lowp.pop(index, None)
+        if standins is None:
+            self._standins.pop(index, None)
         else:
-            rounding = None
-            if self.low_precision == "stochastic":
-                rounding = Rounding(state.layout.size, work[0].dtype, work[0].device)
-            self._lowp[index] = (work, rounding)
+            self._standins[index] = standins
         if index == 0:
             self._snapshot_generator()
         self._compiled.pop(index, None)
@@ -341,9 +362,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if state.step == 0:  # nothing to keep yet: a layout may still change
                 metric = self._group_metric(group)
                 keys = state.keys.clone()
-                state = self._new_state(index, metric)
+                state, standins = self._new_state(index, metric)
                 state.keys.copy_(keys)
-                self._install(index, state, metric, self._publish(index, metric, state))
+                entries = self._publish(metric, state, standins)
+                self._install(index, state, metric, entries, standins)
             else:
                 self._group_metrics[index] = self._group_metric(group, current)
                 self._group_options[index] = options
@@ -379,12 +401,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         traced = in_graph()
         noise: NoiseSource = "philox" if traced else self.noise
         for index, group in enumerate(self.param_groups):
-            lowp = self._lowp.get(index)
-            if lowp is not None:  # step the master copies (or scratch) in the parameters' place
-                if self.low_precision == "master":
-                    resync_masters(group["params"], lowp[0])
-                else:
-                    torch._foreach_copy_(lowp[0], group["params"])
+            standins = self._standins.get(index)
+            if standins is not None:  # step master copies, scratch or selected elements
+                standins.pull()
             advance(
                 self._group_metrics[index],
                 states[index],
@@ -399,12 +418,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 refresh=not (self.capturable and traced),
                 telemetry=self._accumulator(index),
             )
-            if lowp is not None:
-                work, rounding = lowp
-                uniforms = None
-                if rounding is not None:
-                    uniforms = rounding.uniforms(states[index].keys, states[index].device_step)
-                write_back(group["params"], work, self.low_precision, uniforms)
+            if standins is not None:
+                standins.push(states[index].keys, states[index].device_step)
         self._after_step()
         return loss
 
@@ -456,17 +471,17 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
         params = self.param_groups[index]["params"]
         grads: list[Tensor | None] = [p.grad for p in params]
-        lowp = self._lowp.get(index)
-        if lowp is None:
+        standins = self._standins.get(index)
+        if standins is None:
             return grads
-        names, out = self._names(index), []
-        for name, p, g, w in zip(names, params, grads, lowp[0], strict=True):
-            if g is not None and g.dtype != p.dtype:
+        for name, p, g in zip(self._names(index), params, grads, strict=True):
+            if g is not None and (g.dtype != p.dtype or g.shape != p.shape):
                 raise ValueError(
-                    f"gradient of parameter {name!r} is {g.dtype}, the parameter {p.dtype}: "
-                    "a gradient must have its parameter's dtype"
+                    f"gradient of parameter {name!r} is {g.dtype} of shape {tuple(g.shape)}, "
+                    f"the parameter {p.dtype} of shape {tuple(p.shape)}: a gradient must have "
+                    "its parameter's dtype and shape"
                 )
-            out.append(None if g is None else g.to(w.dtype))
+        out = standins.grads(grads)
         return out
 
     def _after_step(self) -> None:
@@ -584,8 +599,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         generator_state: Tensor | None = None
         for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
             label = f"param group {index}"
-            state = self._new_state(index, metric, groups[index])
-            mine = self._publish(index, metric, state)
+            state, standins = self._new_state(index, metric, groups[index])
+            mine = self._publish(metric, state, standins)
             entries = [saved_state.get(pid) for pid in saved["params"]]
             extra = (GENERATOR,) if index == 0 else ()
             copies += plan_load(mine, entries, self._names(index), label, extra, (MASTER,))
@@ -595,16 +610,18 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 if generator_state is None:
                     raise ValueError(f"{label}: the state dict has no generator state")
                 check_generator_state(self.generator, generator_state, "the state dict")
-            fresh.append((state, mine))
+            fresh.append((state, mine, standins))
 
         def apply() -> None:
             self._apply_groups(groups)
             apply_load(copies)
             assert generator_state is not None
             self.generator.set_state(generator_state.to("cpu", torch.uint8))
-            for index, ((state, mine), metric) in enumerate(zip(fresh, metrics, strict=True)):
+            for index, ((state, mine, standins), metric) in enumerate(
+                zip(fresh, metrics, strict=True)
+            ):
                 state.step = int(state.device_step.item())
-                self._install(index, state, metric, mine)
+                self._install(index, state, metric, mine, standins)
 
         return apply
 
@@ -647,7 +664,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.param_groups = groups
         self.state = defaultdict(dict)
         self._compiled = {}
-        self._lowp = {}
+        self._standins = {}
 
     def _plan_legacy(
         self, extra: Any, groups: list[dict[str, Any]], metrics: list[Metric]
@@ -661,7 +678,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         fresh = []
         for index, (saved, metric) in enumerate(zip(extra["groups"], metrics, strict=True)):
             label = f"param group {index}"
-            state = self._new_state(index, metric, groups[index])
+            state, standins = self._new_state(index, metric, groups[index])
             if saved is not None:
                 shapes = saved.get("shapes") if isinstance(saved, dict) else None
                 mine = [list(s) for s in state.layout.shapes]
@@ -671,12 +688,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                         f"are {mine}"
                     )
                 state.validate_state_dict(saved, label)
-            fresh.append(state)
+            fresh.append((state, standins))
 
         def apply() -> None:
             self._apply_groups(groups)
             self.generator.set_state(extra["generator"])
-            for index, (state, saved) in enumerate(zip(fresh, extra["groups"], strict=True)):
+            for index, ((state, standins), saved) in enumerate(
+                zip(fresh, extra["groups"], strict=True)
+            ):
                 if saved is not None:
                     state.apply_state_dict(saved)
                     state.step = int(saved["step"])
@@ -684,9 +703,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
                 if self.noise != "philox":
                     state.keys.copy_(self._seed_key(state.keys.device))
-                self._install(
-                    index, state, metrics[index], self._publish(index, metrics[index], state)
-                )
+                entries = self._publish(metrics[index], state, standins)
+                self._install(index, state, metrics[index], entries, standins)
 
         return apply
 
@@ -706,7 +724,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         for name, value in config.items():
             setattr(self, name, value)
         self._compiled = {}
-        self._lowp = {}
+        self._standins = {}
         self._telemetry = {}
         self._warned_nearest = True
         self._ready = True
@@ -731,6 +749,22 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             )
             start += n
         return out
+
+
+def _check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:
+    """Masks: boolean, of their parameter's shape and device, for parameters of this optimizer."""
+    mine = {id(p) for p in params}
+    for p, mask in masks.items():
+        if not isinstance(p, Tensor) or id(p) not in mine:
+            raise ValueError("masks: every key must be a parameter of this optimizer")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != p.shape:
+            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else mask
+            raise ValueError(
+                f"masks: a mask must be a bool tensor of its parameter's shape {tuple(p.shape)}, "
+                f"got {got}"
+            )
+        if mask.device != p.device:
+            raise ValueError(f"masks: a mask on {mask.device} for a parameter on {p.device}")
 
 
 def _validate_group(lr: float | Tensor, num_data: float, temperature: float) -> None:
@@ -930,6 +964,7 @@ class ShampooSGLD(SGRLDOptimizer):
         low_precision: LowPrecision = "master",
         master_dtype: torch.dtype = torch.float32,
         telemetry: bool = False,
+        masks: Mapping[Tensor, Tensor] | None = None,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -954,4 +989,5 @@ class ShampooSGLD(SGRLDOptimizer):
             low_precision=low_precision,
             master_dtype=master_dtype,
             telemetry=telemetry,
+            masks=masks,
         )

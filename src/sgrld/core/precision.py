@@ -77,27 +77,80 @@ class Rounding:
         return torch.special.ndtr(self.buffer.flat)
 
 
-def write_back(
-    params: Sequence[Tensor],
-    work: Sequence[Tensor],
-    mode: LowPrecision,
-    uniforms: Tensor | None = None,
-) -> None:
-    """Write the stepped ``work`` tensors (master dtype) into the low-precision ``params``."""
-    if mode == "master":
-        torch._foreach_copy_(list(params), list(work))
-        return
-    assert uniforms is not None
-    offset = 0
-    for p, w in zip(params, work, strict=True):
-        n = p.numel()
-        stochastic_round_(p, w, uniforms[offset : offset + n].view_as(p))
-        offset += n
+class StandIns:
+    """The tensors a group's step moves in place of its parameters, and the way back.
 
+    A parameter is stood in for when it is of low precision (a ``master_dtype`` copy, kept
+    across steps in ``"master"`` mode, refilled each step in ``"stochastic"`` mode) or when it
+    has an element mask (only the selected elements, a 1-d tensor: the others stay fixed bit for
+    bit, and the metric acts on the selected ones only). Others are their own stand-ins.
+    """
 
-def resync_masters(params: Sequence[Tensor], masters: Sequence[Tensor]) -> None:
-    """Keep a master element unless its parameter no longer is its rounded image (the user
-    assigned the parameter, e.g. loaded weights): then the master takes the parameter's value.
-    Element-wise, with no host read."""
-    for p, m in zip(params, masters, strict=True):
-        torch.where(p == m.to(p.dtype), m, p.to(m.dtype), out=m)
+    def __init__(
+        self,
+        params: Sequence[Tensor],
+        masks: Sequence[Tensor | None],
+        mode: LowPrecision,
+        master_dtype: torch.dtype,
+    ) -> None:
+        self.params, self.masks, self.mode = list(params), list(masks), mode
+        self.low = mode != "nearest" and is_low_precision(params[0].dtype, master_dtype)
+        self.dtype = master_dtype if self.low else params[0].dtype
+        self.work = [
+            self._values(p, m).to(self.dtype, copy=True) for p, m in zip(params, masks, strict=True)
+        ]
+        self.rounding = None
+        if self.low and mode == "stochastic":
+            self.rounding = Rounding(
+                sum(w.numel() for w in self.work), self.dtype, params[0].device
+            )
+
+    @staticmethod
+    def needed(params: Sequence[Tensor], masks: Sequence[Tensor | None], mode: str,
+               master_dtype: torch.dtype) -> bool:  # fmt: skip
+        low = mode != "nearest" and is_low_precision(params[0].dtype, master_dtype)
+        return low or any(m is not None for m in masks)
+
+    @staticmethod
+    def _values(p: Tensor, mask: Tensor | None) -> Tensor:
+        return p.detach() if mask is None else p.detach()[mask]
+
+    @property
+    def masters(self) -> list[Tensor] | None:
+        """The master copies (state to save), or ``None`` when the stand-ins are scratch."""
+        return self.work if self.low and self.mode == "master" else None
+
+    def pull(self) -> None:
+        """Before a step: masters keep their elements unless the parameter no longer is their
+        rounded image (the user assigned it, e.g. loaded weights); scratch is refilled. No host
+        read."""
+        for p, m, w in zip(self.params, self.masks, self.work, strict=True):
+            values = self._values(p, m)
+            if self.masters is not None:
+                torch.where(values == w.to(values.dtype), w, values.to(w.dtype), out=w)
+            else:
+                w.copy_(values)
+
+    def grads(self, grads: Sequence[Tensor | None]) -> list[Tensor | None]:
+        """The gradients of the stand-ins (selected elements, in their dtype)."""
+        return [
+            None if g is None else self._values(g, m).to(self.dtype)
+            for g, m in zip(grads, self.masks, strict=True)
+        ]
+
+    def push(self, keys: Tensor, step: Tensor) -> None:
+        """After a step: write the stand-ins into the parameters (rounded to nearest, or
+        stochastically under the chain's derived key at this step)."""
+        uniforms = None if self.rounding is None else self.rounding.uniforms(keys, step)
+        offset = 0
+        for p, m, w in zip(self.params, self.masks, self.work, strict=True):
+            value = w
+            if uniforms is not None:
+                value = torch.empty(w.shape, dtype=p.dtype, device=w.device)
+                stochastic_round_(value, w, uniforms[offset : offset + w.numel()].view_as(w))
+            offset += w.numel()
+            with torch.no_grad():
+                if m is None:
+                    p.copy_(value)
+                else:
+                    p[m] = value.to(p.dtype)
