@@ -276,3 +276,17 @@ def test_sparse_gradients_are_refused_naming_the_parameter(spec: SamplerSpec) ->
     emb(torch.tensor([1, 2])).sum().backward()
     with pytest.raises(RuntimeError, match=r"'weight'.*sparse"):
         opt.step()
+
+
+@pytest.mark.parametrize(
+    "module", ["sgrld.metrics", "sgrld.core", "sgrld.core.engine", "sgrld.metrics.shampoo"]
+)
+def test_every_room_imports_on_its_own(module: str) -> None:
+    """No import circle: each module imports first in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-500:]

@@ -1,10 +1,29 @@
-"""The functional core: flat layout, state, the step engine and the functional sampler."""
+"""The functional core: flat layout, state, the step engine and the functional sampler.
 
-from sgrld.core.engine import NonFiniteGradientError, advance, body, check
-from sgrld.core.integrator import euler_maruyama, noise_scale
-from sgrld.core.layout import FlatLayout
-from sgrld.core.sampler import Sampler, clone_state
-from sgrld.core.state import SamplerState
+Names are imported on first use (PEP 562): the metrics import ``sgrld.core.layout``, and the
+engine imports the metrics' contract, so importing every core module here would make
+``import sgrld.metrics`` circular.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sgrld.core.engine import NonFiniteGradientError, advance, body, check
+    from sgrld.core.integrator import euler_maruyama, noise_scale
+    from sgrld.core.layout import FlatLayout
+    from sgrld.core.sampler import Sampler, clone_state
+    from sgrld.core.state import SamplerState
+
+_LAZY = {
+    **dict.fromkeys(("NonFiniteGradientError", "advance", "body", "check"), "sgrld.core.engine"),
+    **dict.fromkeys(("euler_maruyama", "noise_scale"), "sgrld.core.integrator"),
+    "FlatLayout": "sgrld.core.layout",
+    **dict.fromkeys(("Sampler", "clone_state"), "sgrld.core.sampler"),
+    "SamplerState": "sgrld.core.state",
+}
 
 __all__ = [
     "FlatLayout",
@@ -18,3 +37,11 @@ __all__ = [
     "euler_maruyama",
     "noise_scale",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sgrld.core' has no attribute {name!r}")
