@@ -157,12 +157,13 @@ def main() -> None:
     print(
         f"{args.model} on {args.device} ({args.threads} threads), torch {torch.__version__}: "
         "the user's step (forward, backward, step, zero_grad) under torch.compile.\n"
-        "breaks: graph breaks (torch._dynamo.explain, no scheduler) with a float / a tensor lr; "
+        "breaks: graph breaks (torch._dynamo.explain, no scheduler) with a float / a tensor lr, "
+        "- SGD: the float-lr count less SGD's; "
         "recompiles: graphs added while a LinearLR changes a tensor lr inside the compiled "
         f"step; compiled/eager: median of {args.rounds} paired rounds x {args.steps} steps "
         "[quartiles]"
     )
-    print(f"{'row':<20}{'breaks':>8}{'x SGD':>7}{'recompiles':>11}  compiled/eager")
+    print(f"{'row':<20}{'breaks':>8}{'- SGD':>7}{'recompiles':>11}  compiled/eager")
     reasons_seen: dict[str, list[str]] = {}
     sgd_breaks = None
     for name, factory in rows.items():
@@ -190,7 +191,7 @@ def main() -> None:
         sgd_breaks = float_breaks if sgd_breaks is None else sgd_breaks
         reasons_seen[name] = reasons
         print(
-            f"{name:<20}{f'{float_breaks} / {breaks}':>8}{float_breaks / max(sgd_breaks, 1):>7.1f}"
+            f"{name:<20}{f'{float_breaks} / {breaks}':>8}{float_breaks - sgd_breaks:>+7d}"
             f"{again:>11}  {med:.2f} [{q1:.2f}, {q3:.2f}]"
         )
     print("\ngraph-break reasons (float lr):")

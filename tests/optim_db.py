@@ -74,9 +74,9 @@ class OptimizerInfo:
 
     @property
     def facade(self) -> Callable[..., sgrld.SGRLDOptimizer]:
-        return FACADES.get(self.metric) or self._generic
+        return FACADES.get(self.metric) or self.generic
 
-    def _generic(self, params: Any, **kw: Any) -> sgrld.SGRLDOptimizer:
+    def generic(self, params: Any, **kw: Any) -> sgrld.SGRLDOptimizer:
         """SGRLDOptimizer with the metric built from the options that are its fields."""
         fields = {f.name for f in dataclasses.fields(sgrld.get_metric(self.metric))}  # type: ignore[arg-type]
         metric_kw = {k: kw.pop(k) for k in list(kw) if k in fields}

@@ -10,6 +10,7 @@ sampler, the others over every sampler with its default options.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 import pickle
@@ -36,6 +37,7 @@ from optim_db import (
     CASES,
     LR,
     NEWER_GROUP_KEYS,
+    NUM_DATA,
     OPTIMIZERS,
     Net,
     OptimizerInfo,
@@ -127,6 +129,21 @@ def test_registry_covers_every_metric() -> None:
     assert sorted(i.metric for i in OPTIMIZERS) == sgrld.metric_names()
     for info in OPTIMIZERS:
         assert {"default", "philox", "capturable"} <= set(info.option_sets)
+
+
+def test_named_facade_equals_the_generic_optimizer(info: OptimizerInfo) -> None:
+    """A metric without a facade class runs through ``SGRLDOptimizer(metric=...)``: for those
+    with one, both make the same chain (the registry's fallback is the same sampler)."""
+    fields = {f.name for f in dataclasses.fields(sgrld.get_metric(info.metric))}  # type: ignore[arg-type]
+    options = {k: v for k, v in info.option_sets["default"].items() if k in fields}
+    runs = []
+    for make in (info.facade, info.generic):
+        model = Net()
+        gen = torch.Generator().manual_seed(1)
+        opt = make(model.parameters(), lr=LR, num_data=NUM_DATA, generator=gen, **options)
+        train(opt, model, range(3))
+        runs.append(snapshot(model))
+    assert same(runs[0], runs[1])
 
 
 def test_optimizer_can_be_printed(info: OptimizerInfo) -> None:
@@ -464,6 +481,23 @@ def test_resume_is_bit_identical(case: tuple[OptimizerInfo, str]) -> None:
     train(opt2, model2, range(4, 9))
     assert same(snapshot(model), snapshot(model2))
     assert same(opt.state_dict(), opt2.state_dict())
+
+
+def test_named_parameters(info: OptimizerInfo) -> None:
+    """``model.named_parameters()`` as torch ≥ 2.6 takes them: the names are in the group and
+    its state dict, and such a dict resumes the chain."""
+    model, opt = fresh(info, named=True)
+    names = [n for n, _ in model.named_parameters()]
+    assert opt.param_groups[0]["param_names"] == names
+    train(opt, model, range(3))
+    saved = roundtrip({"model": model.state_dict(), "opt": opt.state_dict()})
+    assert saved["opt"]["param_groups"][0]["param_names"] == names
+    train(opt, model, range(3, 6))
+    model2, opt2 = fresh(info, seed=99, named=True)
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    train(opt2, model2, range(3, 6))
+    assert same(snapshot(model), snapshot(model2))
 
 
 def test_resume_with_two_groups_into_a_used_optimizer(info: OptimizerInfo) -> None:
