@@ -28,6 +28,7 @@ import time
 import warnings
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,7 +97,11 @@ class Run:
 def graph_breaks(run: Run, x: torch.Tensor, y: torch.Tensor) -> tuple[int, list[str]]:
     torch._dynamo.reset()
     explained = torch._dynamo.explain(run.step)(x, y)
-    reasons = [r.reason.splitlines()[0][:90] for r in explained.break_reasons]
+    reasons = []
+    for r in explained.break_reasons:
+        where = r.user_stack[-1] if r.user_stack else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        reasons.append(f"{r.reason.splitlines()[0][:80]}{at}")
     return explained.graph_break_count, reasons
 
 

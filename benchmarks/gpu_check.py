@@ -39,27 +39,33 @@ class Section:
 
 def sections(device: str, dry_run: bool) -> list[Section]:
     """The plan; ``dry_run`` shrinks every size to check the plumbing on a CPU."""
-    timing = ("--rounds", "2", "--steps", "2") if dry_run else ()
+
+    def sizes(rounds: int, steps: int) -> tuple[str, ...]:
+        return (
+            ("--rounds", "2", "--steps", "2")
+            if dry_run
+            else ("--rounds", f"{rounds}", "--steps", f"{steps}")
+        )
+
     return [
         Section("CUDA tests (`pytest -m cuda`)", ("-m", "pytest", "-q", "-m", "cuda"), 1.5),
         Section(
             "Step time per sampler against SGD, host syncs per step, captured vs eager "
             "(`benchmarks/step_time.py`)",
-            ("benchmarks/step_time.py", "--device", device, "--rounds", "10", "--steps", "40")
-            + ((*timing, "--defaults-only") if dry_run else ()),
+            ("benchmarks/step_time.py", "--device", device, *sizes(10, 40))
+            + (("--defaults-only", "--only", "SGLD") if dry_run else ()),
             1.5,
         ),
         Section(
             "Chains K = 1 … 100 (`benchmarks/chains.py`)",
-            ("benchmarks/chains.py", "--device", device, "--rounds", "3", "--steps", "10")
-            + (("--ks", "1,2", *timing, "--samplers", "identity") if dry_run else ())
-            + (() if dry_run else ("--ks", "1,2,4,10,30,100")),
+            ("benchmarks/chains.py", "--device", device, *sizes(3, 10), "--ks")
+            + (("1,2", "--samplers", "identity") if dry_run else ("1,2,4,10,30,100",)),
             1.5,
         ),
         Section(
             "The whole training step under torch.compile (`benchmarks/compile_step.py`)",
-            ("benchmarks/compile_step.py", "--device", device, "--rounds", "5", "--steps", "20")
-            + ((*timing, "--only", "SGLD") if dry_run else ()),
+            ("benchmarks/compile_step.py", "--device", device, *sizes(5, 20))
+            + (("--only", "SGLD") if dry_run else ()),
             1.0,
         ),
     ]
@@ -69,7 +75,7 @@ def run(section: Section, timeout: float) -> tuple[str, str, float]:
     """(status, output, seconds) of one section, cut off after ``timeout`` seconds."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, *section.args],
+        [sys.executable, "-u", *section.args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -132,7 +138,7 @@ def main() -> int:
         status, out, spent = run(section, timeout)
         failed |= not status.startswith("passed")
         print(f"gpu-check:   {status}, {spent:.0f} s", flush=True)
-        command = " ".join(("python", *section.args))
+        command = " ".join(("python", "-u", *section.args))
         parts.append(
             f"\n## {section.title}\n\n`{command}`: {status}, {spent:.0f} s\n\n"
             f"```text\n{out.rstrip()}\n```\n"
