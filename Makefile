@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # the package itself only asks for torch>=2.3.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: all venv demo test check lint types unit test-slow test-cuda bench bench-funnel clean
+.PHONY: all venv demo test check lint types unit test-slow test-cuda gpu-check bench bench-funnel clean
 
 all: test
 
@@ -42,6 +42,9 @@ test-slow: venv
 
 test-cuda: venv  # on a machine with a CUDA build of torch and a GPU
 	$(BIN)/pytest -q -m cuda
+
+gpu-check: venv  # CUDA tests + every GPU benchmark, < 10 min, one report; skips without a GPU
+	$(BIN)/python benchmarks/gpu_check.py $(or $(REPORT),out/gpu-check.md)
 
 bench: venv
 	$(BIN)/python benchmarks/step_time.py
