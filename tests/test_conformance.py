@@ -514,28 +514,43 @@ def test_resume_with_two_groups_into_a_used_optimizer(info: OptimizerInfo) -> No
     assert same(snapshot(model), snapshot(model2))
 
 
+def _before_it_existed(opt: torch.optim.Optimizer, key: str) -> object:
+    """The value a group option had before it existed: the metric field's default."""
+    if key == "adapt_metric":
+        return True
+    field = next(f for f in dataclasses.fields(opt.metric) if f.name == key)  # type: ignore[attr-defined, arg-type]
+    return field.default
+
+
 def test_state_dict_without_newer_group_keys_loads_with_defaults(
     case: tuple[OptimizerInfo, str],
 ) -> None:
-    """A dict written before a group option existed: the missing keys take the loading
-    optimizer's defaults (torch's ``setdefault``), and the chain goes on."""
+    """A dict written before a group option existed: the missing keys take the value the
+    option had before it existed (as torch's ``setdefault`` in ``__setstate__``), and where
+    those are the values the dict's chain ran with, the chain goes on."""
     info, option_set = case
     model, opt = fresh(info, option_set)
     train(opt, model, range(3))
     saved = roundtrip({"model": model.state_dict(), "opt": opt.state_dict()})
     removed = [k for k in NEWER_GROUP_KEYS if k in saved["opt"]["param_groups"][0]]
     assert removed
+    before = {k: _before_it_existed(opt, k) for k in removed}
     for group in saved["opt"]["param_groups"]:
         for k in removed:
             del group[k]
     train(opt, model, range(3, 6))
     model2, opt2 = fresh(info, option_set, seed=99)
     model2.load_state_dict(saved["model"])
-    opt2.load_state_dict(saved["opt"])
-    for k in removed:
-        assert k in opt2.param_groups[0], k
-    train(opt2, model2, range(3, 6))
-    assert same(snapshot(model), snapshot(model2))
+    try:
+        opt2.load_state_dict(saved["opt"])
+    except ValueError as exc:  # an option that shaped the state (tiling) cannot be guessed
+        assert any(opt.param_groups[0][k] != v for k, v in before.items()), exc
+        return
+    for k, v in before.items():
+        assert opt2.param_groups[0][k] == v, k
+    if all(opt.param_groups[0][k] == v for k, v in before.items()):
+        train(opt2, model2, range(3, 6))
+        assert same(snapshot(model), snapshot(model2))
 
 
 @pytest.mark.parametrize("metric", sorted(torch.load(V0, weights_only=True)["samplers"]))
