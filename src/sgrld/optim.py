@@ -46,6 +46,7 @@ from sgrld.core.precision import (
     check_low_precision,
     is_low_precision,
 )
+from sgrld.core.replicas import check_same_noise, refuse_sharded
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
 from sgrld.metrics import (
@@ -201,6 +202,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
         self._masks: dict[Tensor, Tensor] = dict(masks or {})
+        self._replicas_checked = False
         super().__init__(params, defaults)
         _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         self.check_finite = check_finite
@@ -390,6 +392,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         states = [self._group_state(i) for i in range(len(self.param_groups))]
+        if not self._replicas_checked and not in_graph():
+            self._check_replicas()
         grads = [self._grads(i) for i in range(len(self.param_groups))]
         modes = [self._checks(state) for state in states]
         if len(states) > 1:  # refuse before the first group moves
@@ -483,6 +487,16 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 )
         out = standins.grads(grads)
         return out
+
+    def _check_replicas(self) -> None:
+        """Before the first step: sharded parameters are refused, and under a process group
+        (DistributedDataParallel) every rank must draw the same noise (one all-gather)."""
+        refuse_sharded([p for g in self.param_groups for p in g["params"]])
+        keys = [state.keys.reshape(-1).cpu() for state in self._group_states]
+        generator = self.generator.get_state().to(torch.int64)
+        device = self.param_groups[0]["params"][0].device
+        check_same_noise(torch.cat([*keys, generator]).to(device))
+        self._replicas_checked = True
 
     def _after_step(self) -> None:
         """Hook for facades with a host-side schedule (Wenzel's refresh)."""
@@ -726,6 +740,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._compiled = {}
         self._standins = {}
         self._telemetry = {}
+        self._replicas_checked = False
         self._warned_nearest = True
         self._ready = True
         self.generator = torch.Generator(device=device)
