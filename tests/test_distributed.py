@@ -73,6 +73,11 @@ def _worker(rank: int, world: int, store: str, out: str, case: str) -> None:
                 result = {"error": None}
             except ValueError as exc:
                 result = {"error": str(exc)}
+            model = _model()  # independent chains per rank, on purpose: allowed
+            opt = sgrld.SGLD(model.parameters(), lr=0.01, num_data=10, data_parallel=False,
+                             generator=torch.Generator().manual_seed(rank))  # fmt: skip
+            model(torch.randn(2, 5, dtype=torch.float64)).sum().backward()
+            opt.step()
     except Exception:
         result = {"crash": traceback.format_exc()}
     finally:

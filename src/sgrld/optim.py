@@ -120,6 +120,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
         masks: ``{parameter: bool tensor of its shape}``: only the ``True`` elements are
             sampled (the metric acts on them alone), the others stay fixed bit for bit.
+        data_parallel: whether the ranks of a ``torch.distributed`` process group hold replicas
+            of one chain (``DistributedDataParallel``): the first step then refuses ranks that
+            would draw different noise. ``None`` (default): whenever a group of several ranks
+            exists (every rank must then step); ``False`` for independent chains per rank.
 
     Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
     after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
@@ -147,6 +151,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         "master_dtype",
         "telemetry_enabled",
         "_masks",
+        "data_parallel",
     )
 
     def __init__(
@@ -167,8 +172,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         master_dtype: torch.dtype = torch.float32,
         telemetry: bool = False,
         masks: Mapping[Tensor, Tensor] | None = None,
+        data_parallel: bool | None = None,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        if data_parallel is not None and not isinstance(data_parallel, bool):
+            raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
         if not isinstance(telemetry, bool):
             raise ValueError(f"invalid telemetry: {telemetry!r} (expected True or False)")
         check_low_precision(low_precision, master_dtype)
@@ -202,7 +210,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
         self._masks: dict[Tensor, Tensor] = dict(masks or {})
-        self._replicas_checked = False
+        self.data_parallel = data_parallel
+        self._replicas_checked = data_parallel is False
         super().__init__(params, defaults)
         _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         self.check_finite = check_finite
@@ -740,7 +749,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._compiled = {}
         self._standins = {}
         self._telemetry = {}
-        self._replicas_checked = False
+        self._replicas_checked = self.data_parallel is False
         self._warned_nearest = True
         self._ready = True
         self.generator = torch.Generator(device=device)
@@ -980,6 +989,7 @@ class ShampooSGLD(SGRLDOptimizer):
         master_dtype: torch.dtype = torch.float32,
         telemetry: bool = False,
         masks: Mapping[Tensor, Tensor] | None = None,
+        data_parallel: bool | None = None,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -1005,4 +1015,5 @@ class ShampooSGLD(SGRLDOptimizer):
             master_dtype=master_dtype,
             telemetry=telemetry,
             masks=masks,
+            data_parallel=data_parallel,
         )

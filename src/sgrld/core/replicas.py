@@ -52,5 +52,6 @@ def check_same_noise(fingerprint: Tensor) -> None:
             "data-parallel chain must draw the same noise, else they drift apart and no "
             "average of them is a correct chain; give every rank the same generator seed "
             "(generator=torch.Generator().manual_seed(seed), or torch.manual_seed(seed) before "
-            "building the optimizer)"
+            "building the optimizer); ranks that run independent chains on purpose build their "
+            "optimizers with data_parallel=False"
         )
