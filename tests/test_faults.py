@@ -619,3 +619,31 @@ def test_sample_with_an_unwritable_out_after_its_lock_exits_74(
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
     argv = ["sample", "--sampler", "identity", "--lr", "0.05", *TINY, "--no-plot"]
     assert main([*argv, "--data-dir", str(mnist_dir), "--out", str(tmp_path / "o")]) == 74
+
+
+@pytest.mark.slow
+def test_sample_resume_with_other_threads_is_refused(
+    tmp_path: Path, mnist_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sample", "--sampler", "identity", "--lr", "0.05", *TINY, "--no-plot"]
+    argv += ["--data-dir", str(mnist_dir), "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    threads = argv.index("--threads") + 1
+    other = [*argv[:threads], "2", *argv[threads + 1 :]]
+    epochs = other.index("--epochs") + 1
+    other[epochs] = "2"
+    before = (tmp_path / "run" / "results.json").read_bytes()
+    capsys.readouterr()
+    assert main([*other, "--resume"]) == 2
+    one_line_error(capsys.readouterr().err, "ran with --threads 1", "pass --threads 1")
+    assert (tmp_path / "run" / "results.json").read_bytes() == before
+
+
+def test_sweep_help_does_not_contradict_itself() -> None:
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    text = parser.format_help()
+    assert "chain per value" not in text and "a comma list sweeps it" not in text
+    assert "--no-plot" not in text.split("usage:")[-1].split("options:")[1]
+    assert "--resume" not in text and "--plot" in text
+    assert parser.parse_args(["--out", "o", "--resume", "--no-plot"]).no_plot  # still accepted
