@@ -647,3 +647,49 @@ def test_sweep_help_does_not_contradict_itself() -> None:
     assert "--no-plot" not in text.split("usage:")[-1].split("options:")[1]
     assert "--resume" not in text and "--plot" in text
     assert parser.parse_args(["--out", "o", "--resume", "--no-plot"]).no_plot  # still accepted
+
+
+def test_a_run_folder_planted_as_a_link_is_never_written_through(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "results.json").write_text("precious\n")
+    out = tmp_path / "out"
+    (out / RUN).parent.mkdir(parents=True)
+    (out / RUN).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(_io.OutputError, match="symbolic link"), _locked(out, RUN):
+        pass
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["results.json"]
+
+
+def test_runs_held_elsewhere_that_finished_meanwhile_are_done(tmp_path: Path) -> None:
+    from sgrld.experiments.engines import Tally
+
+    (run,) = sweep.plan(parse("--sampler", "identity", "--lr", "0.05", *TINY))[0]
+    held = Tally(busy=[run.path])
+    assert sweep._summary(held, [run], tmp_path, 1.0) == exits.BUSY
+    fake_finished(tmp_path, run)  # the other sweep finished it before this one ended
+    assert sweep._summary(held, [run], tmp_path, 1.0) == exits.OK
+    failed = Tally(failed=[(run.path, "boom")])
+    assert sweep._summary(failed, [run], tmp_path, 1.0) == exits.FAILED
+
+
+def test_a_kill_between_geodesic_figures_never_leaves_a_listed_mixed_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sgrld.experiments import geodesics
+
+    files = {"geodesics_neck.png": b"new neck", "geodesics_flat.png": b"new flat"}
+    geodesics.write_set(tmp_path, {k: b"old" for k in files}, {"alpha2": 1.0})
+    written = []
+
+    def killed_after_one(path: Any, data: Any) -> None:
+        if written:
+            raise KeyboardInterrupt  # the kill
+        written.append(path)
+        _io.write_atomic(path, data)
+
+    monkeypatch.setattr(geodesics, "write_atomic", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        geodesics.write_set(tmp_path, files, {"alpha2": 2.0})
+    assert (tmp_path / "geodesics_neck.png").read_bytes() == b"new neck"
+    assert not (tmp_path / geodesics.MANIFEST).exists()  # no listing beside a mixed set

@@ -127,10 +127,14 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
     other way round. A second lock outside the folder, ``OUT/.locks/<digest>``, survives the
     folder's deletion: a run folder deleted mid-sweep is not run by a second sweep at once.
     Temporaries that killed writers left in the folder are removed once both are held.
+
+    Raises:
+        OutputError: a folder on the way is a symbolic link (never written through).
     """
     from sgrld.experiments._io import DirectoryLock, DirectoryLockedError, remove_stale_temporaries
 
     digest = hashlib.sha256(run_path.encode()).hexdigest()[:16]
+    refuse_linked_folders(out, run_path, LOCKS_DIR)
     with ExitStack() as stack:
         try:
             stack.enter_context(DirectoryLock(out / LOCKS_DIR / digest, f"sgrld sweep {run_path}"))
@@ -140,6 +144,26 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
             return
         remove_stale_temporaries(out / run_path)
         yield True
+
+
+def refuse_linked_folders(out: Path, *paths: str) -> None:
+    """Refuse a symbolic link planted at a folder a job writes into under ``out`` (a run
+    folder or one of its parents, ``.locks``, ``.packs``): its files would land where the link
+    points.
+
+    Raises:
+        OutputError: naming the link.
+    """
+    from sgrld.experiments._io import OutputError
+
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(1, len(parts) + 1):
+            folder = out.joinpath(*parts[:depth])
+            if folder.is_symlink():
+                raise OutputError(
+                    None, f"cannot write in {folder}: it is a symbolic link; refusing to follow it"
+                )
 
 
 def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
@@ -198,6 +222,7 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             return [RunOutcome(r.path, "busy") for r in open_runs]
         from sgrld.experiments._io import remove_stale_temporaries
 
+        refuse_linked_folders(out, f"{PACKS_DIR}/{pack_id(runs)}")
         remove_stale_temporaries(out / PACKS_DIR / pack_id(runs))  # of a killed pack process
         if not (out / PACKS_DIR / pack_id(runs) / CHECKPOINT_FILE).is_file():
             runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]
