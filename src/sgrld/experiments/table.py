@@ -231,7 +231,7 @@ def load_checked(
         if results["status"] in ("running", "failed") and not include_partial:
             print(f"sgrld table: skipping unfinished run {path.parent}", file=sys.stderr)
             continue
-        bad = impossible_values(results) if results["status"] == "completed" else []
+        bad = impossible_values(results)  # NaN counts only in a completed run
         bad = bad or _folder_mismatch(path, results["config"], manifests)
         key = json.dumps(results["config"], sort_keys=True)
         if not bad and key in seen:
