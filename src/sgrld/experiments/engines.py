@@ -1,8 +1,9 @@
 """Engines that execute a sweep's jobs: local processes, or submitit (SLURM or its local executor).
 
-No scheduler is written here: :func:`run_local` hands jobs to a
-:class:`concurrent.futures.ProcessPoolExecutor` (or runs them in this process with one job at a
-time), :func:`run_submitit` to submitit's executors. Both report to one :class:`GridProgress`
+No scheduler is written here: :func:`run_local` hands jobs to one-process
+:class:`concurrent.futures.ProcessPoolExecutor` s, one per worker, so that a worker's death breaks
+its own job only (or runs them in this process with one job at a time), :func:`run_submitit` to
+submitit's executors. Both report to one :class:`GridProgress`
 (tqdm): runs done, running and failed over the whole grid, with tqdm's ETA.
 """
 
