@@ -330,7 +330,7 @@ def test_cli_rejects_an_unwritable_out_dir(
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     code = main(["funnel", "--out", str(blocker / "sub"), "--steps", "10"])
-    assert code == 2
+    assert code == 74  # EX_IOERR, as sample and every command
     assert "cannot write to --out" in capsys.readouterr().err
 
 

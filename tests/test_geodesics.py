@@ -89,6 +89,7 @@ def test_cli_writes_both_panels(tmp_path: Path) -> None:
     for name in ("neck", "flat"):
         assert (tmp_path / f"geodesics_{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "geodesics.json",  # written last: the set's listing
         "geodesics_flat.png",
         "geodesics_neck.png",
     ]
@@ -98,4 +99,4 @@ def test_cli_rejects_bad_input(tmp_path: Path) -> None:
     assert main(["geodesics", "--out", str(tmp_path), "--alpha2", "-1"]) == 2
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    assert main(["geodesics", "--out", str(blocker / "sub")]) == 2
+    assert main(["geodesics", "--out", str(blocker / "sub")]) == 74  # EX_IOERR, as every command

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from sgrld.cli import main
-from sgrld.experiments import grid, sample, sweep
+from sgrld.experiments import exits, grid, sample, sweep
+from sgrld.experiments._io import DirectoryLock
 from sgrld.experiments.jobs import Machine, SweepJob
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,8 +178,9 @@ def test_a_folder_of_another_grid_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
-    runs, source = sweep.plan(parse("--sampler", "identity", "--lr", "0.1,0.2"))
-    grid.write_manifest(out, runs, source)
+    args = parse("--sampler", "identity", "--lr", "0.1,0.2")
+    runs, source = sweep.plan(args)
+    grid.write_manifest(out, runs, source, sweep.chain_options(args))
     before = (out / grid.MANIFEST_FILE).read_bytes()
     argv = ["sweep", "--sampler", "identity", "--lr", "0.1", "--data-dir", str(tmp_path)]
     _refused([*argv, "--out", str(out)], capsys, "another grid", "1 of its 2 runs")
@@ -358,17 +360,16 @@ def test_a_failing_run_is_reported_and_the_others_go_on(
 def test_a_run_held_by_another_job_is_not_run_twice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import fcntl
-
+    """The run's lock is sample's own: a cluster job or a ``sample --resume`` holding the run
+    folder keeps the sweep off it; the sweep says so with 75 (try again later), not 1."""
     out = tmp_path / "out"
     argv = ["sweep", "--sampler", "identity", "--lr", "0.1", *TINY]
     argv += ["--data-dir", str(tmp_path), "--out", str(out)]
     folder = out / "mnist-fc16-gaussian/identity/lr0.1-seed0"
-    folder.mkdir(parents=True)
-    with open(folder / ".lock", "w") as held:  # a cluster job still running this run
-        fcntl.flock(held, fcntl.LOCK_EX)
-        assert main(argv) == 1
-    assert "1 running elsewhere" in capsys.readouterr().err
+    with DirectoryLock(folder, "sgrld sample"):  # e.g. sgrld sample --resume on this run
+        assert main(argv) == exits.BUSY
+    err = capsys.readouterr().err
+    assert "1 running elsewhere" in err and "run this sweep again" in err
     assert not (folder / "checkpoint.pt").exists()
 
 
@@ -467,7 +468,8 @@ def test_packs_are_formed_over_the_whole_grid(tmp_path: Path) -> None:
     assert [r.config["alpha2"] for r in jobs[0].runs] == [1.0, 1.0, 1.0, 2.0]
     first = jobs[0].runs[0]
     (tmp_path / first.path).mkdir(parents=True)
-    results = {"config": first.config, "status": "completed"}
+    final = {split: {"lp": -0.3, "accuracy": 0.9} for split in ("val", "test")}
+    results = {"config": first.config, "status": "completed", "final": final}
     (tmp_path / first.path / "results.json").write_text(json.dumps(results))
     again = make_jobs(runs, tmp_path, machine, chains=4)
     assert [j.runs for j in again] == [j.runs for j in jobs]

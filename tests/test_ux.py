@@ -355,7 +355,7 @@ def test_table_reports_rhat_and_ess_with_seeds_as_chains(
 
     agree = [_traced(seed, 0.0) for seed in range(3)]
     apart = [
-        {**_traced(seed, 4.0 * seed), "config": {**agree[0]["config"], "lr": 0.5}}
+        {**_traced(seed, 4.0 * seed), "config": {**agree[0]["config"], "lr": 0.5, "seed": seed}}
         for seed in range(3)
     ]
     write_runs(tmp_path, agree + apart)

@@ -12,6 +12,9 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
+from sgrld.experiments import exits
+from sgrld.experiments.exits import Terminated
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("sgrld.experiments.demo", "short demo of all samplers (the README's main job)"),
     "funnel": ("sgrld.experiments.funnel", "the paper's funnel experiment (Figure 2)"),
@@ -30,9 +33,12 @@ def _available() -> dict[str, tuple[str, str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     try:  # Ctrl-C at any point, start-up (imports, data loading) included: no traceback
         return _main(argv)
+    except Terminated:  # a command that turns SIGTERM into an exception (sweep, funnel)
+        print("terminated", file=sys.stderr)
+        return exits.TERMINATED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return exits.INTERRUPTED
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -15,6 +15,7 @@ The guarantees per fault are listed in ``docs/experiments.md``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -22,6 +23,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -29,6 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from sgrld.experiments import exits
+from sgrld.experiments.exits import Terminated
 
 try:
     import fcntl
@@ -46,6 +51,7 @@ __all__ = [
     "load_checkpoint",
     "remove_stale_temporaries",
     "save_checkpoint",
+    "save_figure",
     "sha256_hex",
     "sigint_deferred",
     "sigterm_raises",
@@ -53,7 +59,7 @@ __all__ = [
 ]
 
 #: Exit status when an output cannot be written (BSD sysexits ``EX_IOERR``).
-EXIT_IO_ERROR = 74
+EXIT_IO_ERROR = exits.IO_ERROR
 LOCK_FILE = ".sgrld.lock"
 _TEMP_SUFFIX = ".sgrld-tmp"
 _MAGIC = b"sgrld-checkpoint\n"  # then one JSON header line, then the torch.save payload
@@ -72,10 +78,6 @@ class DirectoryLockedError(RuntimeError):
 
 class CheckpointError(ValueError):
     """A checkpoint is damaged, truncated, empty, foreign or does not fit the run."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (see :func:`sigterm_raises`)."""
 
 
 def _reason(exc: OSError) -> str:
@@ -123,6 +125,14 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
             os.close(dir_fd)
 
 
+def save_figure(fig: Any, path: str | os.PathLike[str], **options: Any) -> None:
+    """A matplotlib figure rendered as PNG in memory, then written with :func:`write_atomic`
+    (never through a file or link already at ``path``)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **options)
+    write_atomic(path, buffer.getvalue())
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -142,6 +152,28 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
 def sha256_hex(data: bytes) -> str:
     """The SHA-256 of ``data`` in hex."""
     return hashlib.sha256(data).hexdigest()
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (or create) a lock file without following a link planted at its name.
+
+    Raises:
+        OutputError: ``path`` is a symbolic link or not a regular file (the message says so).
+        OSError: it cannot be opened or created.
+    """
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            message = f"cannot lock {path}: it is a symbolic link; refusing to follow it"
+            raise OutputError(exc.errno, message) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        message = f"cannot lock {path}: it is not a regular file; refusing to use it"
+        raise OutputError(errno.EINVAL, message)
+    return fd
 
 
 class DirectoryLock:
@@ -172,7 +204,7 @@ class DirectoryLock:
             self._created = not self.directory.exists()
             self.directory.mkdir(parents=True, exist_ok=True)
             while True:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = _open_lock_file(self.path)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -192,6 +224,8 @@ class DirectoryLock:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} on {host}, {self.command}, since {stamp}\n".encode())
+        except OutputError:
+            raise
         except OSError as exc:
             raise OutputError(exc.errno, f"cannot lock {self.path}: {_reason(exc)}") from exc
         self._fd = fd

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from sgrld.experiments import funnel
+from sgrld.experiments import exits, funnel
 
 DEMO_STEPS = 200_000
 
@@ -25,6 +25,7 @@ DEMO_STEPS = 200_000
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``sgrld funnel``'s options with demo defaults (``--steps 200000 --out out/demo``)."""
     funnel.add_arguments(parser, default_steps=DEMO_STEPS, default_out="out/demo")
+    parser.epilog = exits.epilog("demo")
 
 
 def run(args: argparse.Namespace) -> int:

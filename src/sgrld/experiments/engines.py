@@ -1,24 +1,30 @@
 """Engines that execute a sweep's jobs: local processes, or submitit (SLURM or its local executor).
 
-No scheduler is written here: :func:`run_local` hands jobs to a
-:class:`concurrent.futures.ProcessPoolExecutor` (or runs them in this process with one job at a
-time), :func:`run_submitit` to submitit's executors. Both report to one :class:`GridProgress`
+No scheduler is written here: :func:`run_local` hands jobs to one-process
+:class:`concurrent.futures.ProcessPoolExecutor` s, one per worker, so that a worker's death breaks
+its own job only (or runs them in this process with one job at a time), :func:`run_submitit` to
+submitit's executors. Both report to one :class:`GridProgress`
 (tqdm): runs done, running and failed over the whole grid, with tqdm's ETA.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments._process import die_with_parent
+from sgrld.experiments.exits import Terminated
 from sgrld.experiments.jobs import RunOutcome, SweepJob
 
 
@@ -31,6 +37,7 @@ class Tally:
     skipped: int = 0
     busy: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (run, error)
+    retried: list[tuple[str, str]] = field(default_factory=list)  # (run, why)
 
 
 class GridProgress:
@@ -69,6 +76,13 @@ class GridProgress:
             self.running = count
             self._show()
 
+    def retried(self, job: SweepJob, reason: str) -> None:
+        """A job that ended without outcomes and goes back to the queue (``reason``)."""
+        self.running -= 1
+        self.tally.retried += [(run.path, reason) for run in job.runs]
+        self.bar.write(f"retrying {job.name}: {reason}", file=sys.stderr)
+        self._show()
+
     def finished(
         self, job: SweepJob, outcomes: Sequence[RunOutcome] | None, error: str = ""
     ) -> None:
@@ -94,14 +108,15 @@ class GridProgress:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the sweep like Ctrl-C, so that worker processes are stopped too."""
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM ends the sweep like Ctrl-C, so that worker processes are stopped too; the command
+    then exits with 143 (:class:`~sgrld.experiments.exits.Terminated`)."""
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = signal.signal(signal.SIGTERM, terminate)
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
@@ -115,13 +130,27 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+#: How often a job whose worker process died (OOM killer, a stray kill) is run again before its
+#: runs count as failed. A run resumes from its last checkpoint, so a retry loses an epoch at most.
+WORKER_RETRIES = 1
+WORKER_DIED = "its worker process died (killed, e.g. by the out-of-memory killer)"
+
+
+def _init_worker(parent: int) -> None:
+    die_with_parent(parent)
+
+
 def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) -> None:
     """Execute the jobs in ``workers`` processes (in this process when ``workers`` is 1).
 
-    On Ctrl-C or SIGTERM the worker processes are terminated; each run keeps its last epoch's
-    checkpoint, so the next sweep resumes it.
+    Each worker is a one-process pool of its own, so a worker that dies (OOM killer, a kill)
+    breaks only its job: that job is run again once in a new worker (it resumes from its
+    checkpoints), then counted as failed; the others go on. Workers die with the sweep, even
+    when it is killed with SIGKILL (:func:`~sgrld.experiments._process.die_with_parent`). On
+    Ctrl-C or SIGTERM the workers are terminated; each run keeps its last epoch's checkpoint,
+    so the next sweep resumes it.
     """
-    with _sigterm_as_interrupt():
+    with _sigterm_raises():
         if workers == 1:
             for job in jobs:
                 progress.started()
@@ -135,29 +164,53 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
                     progress.finished(job, outcomes)
             return
         context = multiprocessing.get_context("spawn")  # no forked torch/CUDA state
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+
+        def new_pool() -> ProcessPoolExecutor:
+            return ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=context,
+                initializer=_init_worker,
+                initargs=(os.getpid(),),
+            )
+
+        pools: list[ProcessPoolExecutor] = []
         try:
-            pending: dict[Future[list[RunOutcome]], SweepJob] = {}
-            queue = list(jobs)
+            pools += [new_pool() for _ in range(min(workers, len(jobs)))]
+            free = list(range(len(pools)))
+            pending: dict[Future[list[RunOutcome]], tuple[int, SweepJob]] = {}
+            queue = deque(jobs)
+            deaths: dict[int, int] = {}
             while queue or pending:
-                while queue and len(pending) < workers:  # keep the "running" count honest
-                    job = queue.pop(0)
-                    pending[pool.submit(job)] = job
+                while queue and free:  # keep the "running" count honest
+                    slot, job = free.pop(), queue.popleft()
+                    pending[pools[slot].submit(job)] = (slot, job)
                     progress.started()
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    job = pending.pop(future)
+                    slot, job = pending.pop(future)
+                    free.append(slot)
                     error = future.exception()
-                    if error is None:
-                        progress.finished(job, future.result())
-                    else:
+                    if isinstance(error, BrokenProcessPool):
+                        pools[slot].shutdown(wait=True)
+                        pools[slot] = new_pool()
+                        deaths[id(job)] = deaths.get(id(job), 0) + 1
+                        if deaths[id(job)] <= WORKER_RETRIES:
+                            progress.retried(job, WORKER_DIED)
+                            queue.appendleft(job)
+                        else:
+                            progress.finished(job, None, WORKER_DIED)
+                    elif error is not None:
                         progress.finished(job, None, _error(error))
+                    else:
+                        progress.finished(job, future.result())
         except BaseException:
             for child in multiprocessing.active_children():
                 child.terminate()
-            pool.shutdown(wait=False, cancel_futures=True)
+            for pool in pools:
+                pool.shutdown(wait=False, cancel_futures=True)
             raise
-        pool.shutdown()
+        for pool in pools:
+            pool.shutdown()
 
 
 @dataclass(frozen=True)
@@ -198,6 +251,31 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
     return executor
 
 
+@contextmanager
+def _output_to(log: Path, redirect: bool) -> Iterator[None]:
+    """With ``redirect``, the processes started in the block write their stdout and stderr to
+    ``log``: submitit's local controllers inherit this process's terminal, and a cancelled one
+    (Ctrl-C, SIGTERM of the sweep) prints a traceback there."""
+    if not redirect:
+        yield
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    handle = os.open(log, flags, 0o644)  # never through a link planted at its name
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(handle, 1)
+        os.dup2(handle, 2)
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(handle)
+
+
 def run_submitit(
     jobs: Sequence[SweepJob], out: Path, options: ClusterOptions, progress: GridProgress
 ) -> None:
@@ -211,13 +289,14 @@ def run_submitit(
     window = len(jobs) if not options.local else (options.parallel or 1)
     queue = list(jobs)
     pending: list[tuple[Any, SweepJob]] = []
-    with _sigterm_as_interrupt():
+    with _sigterm_raises():
         try:
             while queue or pending:
                 if len(pending) < window and queue:
                     batch = queue[: window - len(pending)]
                     del queue[: len(batch)]
-                    with executor.batch():
+                    log = out / ".submitit" / "controllers.log"
+                    with _output_to(log, options.local), executor.batch():
                         submitted = [executor.submit(job) for job in batch]
                     pending += zip(submitted, batch, strict=True)
                     progress.started(len(batch))
@@ -235,7 +314,7 @@ def run_submitit(
                 if pending:
                     progress.set_running(sum(job.state == "RUNNING" for job, _ in pending))
                     time.sleep(options.poll_seconds)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated)
             if options.local:
                 for job, _ in pending:
                     job.cancel(check=False)

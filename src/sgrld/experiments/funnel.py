@@ -39,16 +39,12 @@ iterate, 74 the outputs could not be written, 130 interrupted, 143 terminated.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import io
 import json
 import math
 import multiprocessing as mp
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -58,6 +54,7 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
+from sgrld.experiments import exits
 from sgrld.experiments._io import (
     EXIT_IO_ERROR,
     LOCK_FILE,
@@ -71,6 +68,7 @@ from sgrld.experiments._io import (
     sigterm_raises,
     write_atomic,
 )
+from sgrld.experiments._process import die_with_parent
 from sgrld.experiments._progress import Progress
 
 __all__ = [
@@ -290,38 +288,12 @@ _COUNTERS: Any = None  # per-worker progress counters (a shared array), set by _
 def _init_worker(counters: Any, parent: int) -> None:
     global _COUNTERS
     _COUNTERS = counters
-    _die_with_parent(parent)
+    die_with_parent(parent)
     import torch._inductor.config
 
     # Compile in this process: a pool of compile workers per sampler process only competes
     # for the same cores (and takes seconds to start).
     torch._inductor.config.compile_threads = 1
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with_parent(parent: int) -> None:
-    """End this worker when the parent process ends, even by SIGKILL (which it cannot handle).
-
-    Linux delivers SIGKILL to the worker when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
-    elsewhere, and as a fallback, a daemon thread polls the parent's pid. Ctrl-C is left to the
-    parent, which terminates its workers itself.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # it died before prctl took effect
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="sgrld-parent-watch", daemon=True).start()
 
 
 def _stop_workers(others: set[Any]) -> None:
@@ -686,11 +658,7 @@ def add_arguments(
     default_out: str | None = None,
 ) -> None:
     """The ``sgrld funnel`` options (``demo`` reuses them with other defaults)."""
-    parser.epilog = (
-        "Exit status: 0 done; 2 bad input, a non-empty --out without --force or an --out in use "
-        "by another run (refused before any work); 3 non-finite iterate; 74 the outputs could "
-        "not be written (e.g. disk full); 130 interrupted; 143 terminated (SIGTERM)."
-    )
+    parser.epilog = exits.epilog("funnel")
     if default_out is None:
         parser.add_argument("--out", required=True, type=Path, help="output directory")
     else:
@@ -805,18 +773,18 @@ def execute(args: argparse.Namespace, command: str) -> int:
     except DirectoryLockedError as exc:
         print(f"sgrld {command}: error: {exc}", file=sys.stderr)
         return 2
-    except OutputError as exc:
+    except OutputError as exc:  # e.g. a read-only --out: as sample, EX_IOERR
         print(
             f"sgrld {command}: error: cannot write to --out {str(args.out)!r}: {exc}",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_IO_ERROR
     try:
         with sigterm_raises():
             return _execute_locked(args, command, names, config)
     except Terminated:
         print(f"sgrld {command}: terminated; workers stopped", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        return exits.TERMINATED
     finally:
         lock.__exit__(None, None, None)
 

@@ -16,7 +16,8 @@ integrated as in the reference (``scipy.integrate.solve_ivp``, RK45, default tol
 Base points: x̂ = (2, −4) in the narrow neck and x̂ = (5, 10) in the flat region, α² = 1, the
 funnel of :class:`~sgrld.data.funnel.FunnelTarget` (μ = 2, σ² = 80) with its clipped exact
 gradient and Hessian–vector product. Outputs ``geodesics_neck.png`` and ``geodesics_flat.png``
-(6×6 in, 200 dpi, log-density contours at −10, −7.5, −5, −2.5 on a 0.05 grid).
+(6×6 in, 200 dpi, log-density contours at −10, −7.5, −5, −2.5 on a 0.05 grid) and, written last,
+``geodesics.json`` (the settings and each figure's SHA-256: a set is never mixed).
 
 scipy is needed (``pip install scipy``); matplotlib for the figures (``sgrld[plots]``).
 """
@@ -24,6 +25,8 @@ scipy is needed (``pip install scipy``); matplotlib for the figures (``sgrld[plo
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import math
 import os
 import sys
@@ -33,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sgrld.experiments import exits
+from sgrld.experiments._io import sha256_hex, write_atomic
+
+MANIFEST = "geodesics.json"  # the settings and each figure's SHA-256, written last
 
 __all__ = ["BASE_POINTS", "add_arguments", "geodesic", "geodesic_rhs", "run"]
 
@@ -126,7 +134,10 @@ def compute_panel(
 
 
 def plot_panel(
-    base: tuple[float, float], ends: np.ndarray, paths: list[np.ndarray], path: Path | str
+    base: tuple[float, float],
+    ends: np.ndarray,
+    paths: list[np.ndarray],
+    path: Path | str | io.BytesIO,
 ) -> None:
     """One panel of Figure 1: contours, the red end-point curve and the arrowed geodesics."""
     import matplotlib
@@ -157,13 +168,13 @@ def plot_panel(
     ax.set_ylim(-25.0, 25.0)
     ax.set_xlabel("θ₁")
     ax.set_ylabel("v")
-    fig.savefig(path, dpi=200, bbox_inches="tight")
+    fig.savefig(path, dpi=200, bbox_inches="tight", format="png")
     plt.close(fig)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld geodesics`` options."""
-    parser.epilog = "Exit status: 0 done, 2 bad input or missing scipy/matplotlib, 1 write error."
+    parser.epilog = exits.epilog("geodesics")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--alpha2", type=float, default=1.0, help="α² of the metric (1.0)")
     parser.add_argument(
@@ -195,28 +206,36 @@ def run(args: argparse.Namespace) -> int:
             f"sgrld geodesics: error: cannot write to --out {str(args.out)!r}: {exc}",
             file=sys.stderr,
         )
-        return 2
+        return exits.IO_ERROR
     panels = {}
     for name, base in BASE_POINTS.items():
         print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
         panels[name] = (base, *compute_panel(base, args.alpha2, args.directions))
-    written = []
+    files = {}
+    for name, (base, ends, paths) in panels.items():  # every figure first, in memory
+        buffer = io.BytesIO()
+        plot_panel(base, ends, paths, buffer)
+        files[f"geodesics_{name}.png"] = buffer.getvalue()
     try:
-        for name, (base, ends, paths) in panels.items():
-            final = args.out / f"geodesics_{name}.png"
-            fd, tmp = tempfile.mkstemp(prefix=f".{final.stem}-", suffix=".png", dir=args.out)
-            os.close(fd)
-            try:
-                plot_panel(base, ends, paths, tmp)
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(tmp, 0o666 & ~umask)
-                os.replace(tmp, final)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-            written.append(final)
+        written = write_set(args.out, files, {"alpha2": args.alpha2, "directions": args.directions})
     except OSError as exc:
         print(f"sgrld geodesics: error: writing failed: {exc}", file=sys.stderr)
-        return 1
+        return exits.IO_ERROR
     print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+    return exits.OK
+
+
+def write_set(out: Path, files: dict[str, bytes], settings: dict[str, Any]) -> list[Path]:
+    """Write the figures as one set: ``geodesics.json`` (the settings and each figure's
+    SHA-256) is removed first and written last, so a kill in between never leaves a listing
+    beside figures of another run; each file is replaced atomically (never through a link).
+    """
+    listing = out / MANIFEST
+    listing.unlink(missing_ok=True)
+    written = []
+    for name, data in files.items():
+        write_atomic(out / name, data)
+        written.append(out / name)
+    record = {**settings, "files": {name: sha256_hex(data) for name, data in files.items()}}
+    write_atomic(listing, json.dumps(record, indent=2) + "\n")
+    return [*written, listing]

@@ -40,7 +40,21 @@ else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version mark
 #: Options that take a list in a sweep (``seeds`` also takes ranges such as ``0-9``).
 AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds")
 MANIFEST_FILE = "sweep.json"
-MANIFEST_FORMAT = "sgrld-sweep/1"
+MANIFEST_FORMAT = "sgrld-sweep/2"
+#: Older manifests still read (they record no machine options, see :data:`CHAIN_OPTIONS`).
+OLD_MANIFEST_FORMATS = ("sgrld-sweep/1",)
+#: More seeds than this in one grid is a typo (``0-999999999999``), refused before building it.
+MAX_SEEDS = 1_000_000
+#: Options outside a run's config that still shape its chain's numbers (the float reductions of
+#: the thread count, the packing of runs into one vectorised process, the device, the CUDA
+#: graph): recorded in the manifest, and a rerun with other values is refused. Name → flag.
+CHAIN_OPTIONS = {
+    "chains": "--chains",
+    "chain_batch": "--chain-batch",
+    "threads": "--threads",
+    "device": "--device",
+    "graph": "--no-graph",
+}
 #: Config fields that name a run's folder: ``<setting>/<sampler>/<label>``.
 PATH_FIELDS = ("dataset", "model", "width", "prior", "sampler", "lr", "alpha2", "seed")
 
@@ -65,10 +79,11 @@ def parse_seeds(text: str | int | Sequence[int | str]) -> list[int]:
     else:
         items = list(text)
     seeds: set[int] = set()
+    count = 0
     for item in items:
         if isinstance(item, int) and not isinstance(item, bool):
-            if item < 0:
-                raise GridError(f"seeds must be >= 0, got {item}")
+            if not 0 <= item < 2**63:
+                raise GridError(f"seeds must be >= 0 and below 2**63, got {item}")
             seeds.add(item)
             continue
         if not isinstance(item, str) or not item:
@@ -79,6 +94,12 @@ def parse_seeds(text: str | int | Sequence[int | str]) -> list[int]:
         first, last = int(start), int(stop) if sep else int(start)
         if last < first:
             raise GridError(f"seeds: the range {item} is empty (its end is below its start)")
+        count += last - first + 1
+        if count > MAX_SEEDS or last >= 2**63:
+            raise GridError(
+                f"seeds: {text!r} asks for {count} seeds up to {last}; a grid takes at most "
+                f"{MAX_SEEDS} seeds below 2**63"
+            )
         seeds.update(range(first, last + 1))
     if not seeds:
         raise GridError("seeds: no seed given")
@@ -181,7 +202,10 @@ def read_config(name: str) -> tuple[str, Path | str]:
     """
     path = Path(name)
     if path.is_file():
-        return path.read_text(encoding="utf-8"), path
+        try:
+            return path.read_text(encoding="utf-8"), path
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GridError(f"--config {name}: cannot read it ({exc})") from exc
     shipped = name.removesuffix(".toml")
     resource = resources.files("sgrld.configs").joinpath(*f"{shipped}.toml".split("/"))
     if resource.is_file():
@@ -191,13 +215,18 @@ def read_config(name: str) -> tuple[str, Path | str]:
     )
 
 
-def parse_config(text: str, source: object, known: Iterable[str]) -> list[dict[str, Any]]:
-    """The blocks of a TOML config, defaults merged in; keys checked against ``known``.
+def parse_config(
+    text: str, source: object, known: Iterable[str], kinds: Mapping[str, Kind] | None = None
+) -> list[dict[str, Any]]:
+    """The blocks of a TOML config, defaults merged in; keys checked against ``known`` and, where
+    ``kinds`` names them, values against their kind (:func:`check_value`).
 
     Option names may use ``-`` or ``_`` (``burn-in`` or ``burn_in``).
 
     Raises:
-        GridError: invalid TOML, an unknown section or key, no ``[[grid]]`` block.
+        GridError: invalid TOML, an unknown section or key, a value of the wrong kind
+            (``lr = "0.1"``, ``lr = true``, a list for a single-valued option), no ``[[grid]]``
+            block.
     """
     try:
         data = tomllib.loads(text)
@@ -208,7 +237,9 @@ def parse_config(text: str, source: object, known: Iterable[str]) -> list[dict[s
         raise GridError(f"{source}: unknown top-level keys {sorted(unknown)}")
     allowed = set(known)
 
-    def options(table: Mapping[str, Any], where: str) -> dict[str, Any]:
+    def options(table: Any, where: str) -> dict[str, Any]:
+        if not isinstance(table, dict):
+            raise GridError(f"{source}: {where} must be a table of options, got {table!r}")
         values = {k.replace("-", "_"): v for k, v in table.items()}
         bad = sorted(set(values) - allowed)
         if bad:
@@ -216,6 +247,9 @@ def parse_config(text: str, source: object, known: Iterable[str]) -> list[dict[s
                 f"{source}: unknown key(s) {bad} in {where}; "
                 f"valid keys: {', '.join(sorted(allowed))}"
             )
+        for key, value in values.items():
+            if kinds is not None and key in kinds:
+                check_value(key, value, kinds[key], f"{source}: {where}")
         return values
 
     defaults = options(data.get("defaults", {}), "[defaults]")
@@ -223,6 +257,51 @@ def parse_config(text: str, source: object, known: Iterable[str]) -> list[dict[s
     if not isinstance(blocks, list) or not blocks:
         raise GridError(f"{source}: no [[grid]] block, so the grid is empty")
     return [{**defaults, **options(b, f"[[grid]] block {i + 1}")} for i, b in enumerate(blocks)]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a config key takes: ``type`` one of ``bool``, ``int``, ``float``, ``str``;
+    ``choices`` for names; ``axis`` whether a list of values is allowed."""
+
+    type: str
+    choices: tuple[str, ...] | None = None
+    axis: bool = False
+
+
+def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
+    """Refuse a config value of the wrong kind, e.g. ``lr = true`` (which TOML reads as 1) or
+    ``lr = "0.1"`` (a string), naming the key.
+
+    Raises:
+        GridError: the value, or an item of an axis' list, is not of ``kind``.
+    """
+    if key == "seeds":
+        return  # parse_seeds checks ranges and integers
+    if isinstance(value, list):
+        if not kind.axis:
+            raise GridError(
+                f"{where}: {key} takes one value, got a list {value!r} (only "
+                f"{', '.join(a for a in AXES)} take lists)"
+            )
+        for item in value:
+            check_value(key, item, Kind(kind.type, kind.choices), where)
+        return
+    if value is None:
+        return
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }[kind.type]
+    expected = {"bool": "true or false", "int": "an integer", "float": "a number"}.get(
+        kind.type, "a string"
+    )
+    if not ok:
+        raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
+    if kind.choices is not None and value not in kind.choices:
+        raise GridError(f"{where}: {key} must be one of {', '.join(kind.choices)}, got {value!r}")
 
 
 # --- run folders and the manifest -------------------------------------------------------------
@@ -267,56 +346,167 @@ def place_runs(configs: Sequence[dict[str, Any]]) -> list[PlannedRun]:
     runs = [
         PlannedRun(c, f"{setting_name(c, varying)}/{c['sampler']}/{run_label(c)}") for c in configs
     ]
+    by_path: dict[str, PlannedRun] = {}
+    for run in runs:
+        other = by_path.setdefault(run.path, run)
+        if other is not run:
+            differ = [k for k in run.config if run.config[k] != other.config.get(k)]
+            values = ", ".join(f"{k} {other.config[k]!r} and {run.config[k]!r}" for k in differ)
+            raise GridError(
+                f"two runs of the grid would share the folder {run.path} ({values}): values "
+                "that agree in 6 significant digits name one folder; make them differ more"
+            )
     return sorted(runs, key=lambda r: r.path)
 
 
-def manifest(runs: Sequence[PlannedRun], source: str) -> dict[str, Any]:
-    """The JSON manifest that pins a folder to one grid."""
+def manifest(runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON manifest that pins a folder to one grid and to its :data:`CHAIN_OPTIONS`."""
     return {
         "format": MANIFEST_FORMAT,
         "source": source,
+        "options": dict(options),
         "num_runs": len(runs),
         "runs": [{"path": r.path, "config": r.config} for r in runs],
     }
 
 
-def check_out_folder(out: Path, runs: Sequence[PlannedRun]) -> bool:
-    """Whether ``out`` already holds this grid's manifest (``False``: a new or empty folder).
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest's contents, checked for shape.
 
     Raises:
-        GridError: ``out`` holds another grid's manifest, or runs without a manifest.
+        GridError: unreadable, not JSON, not a sgrld sweep manifest (of a known format).
+    """
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(saved, dict) or saved.get("format") not in (
+            MANIFEST_FORMAT,
+            *OLD_MANIFEST_FORMATS,
+        ):
+            raise ValueError(f"not a sgrld sweep manifest ({MANIFEST_FORMAT})")
+        runs = saved["runs"]
+        if not isinstance(runs, list) or not all(
+            isinstance(r, dict)
+            and isinstance(r.get("path"), str)
+            and isinstance(r.get("config"), dict)
+            for r in runs
+        ):
+            raise ValueError("its runs are not a list of {path, config}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GridError(
+            f"cannot read {path}: {exc}; delete it and run the sweep again to rebuild it "
+            "from the run folders"
+        ) from exc
+    return saved
+
+
+def _flag_of(field: str) -> str:
+    from sgrld.experiments.sample import _flag
+
+    return _flag(field)
+
+
+def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The fields (as flags) in which a run's saved config differs from the planned one, other
+    than a grown ``epochs``; and whether ``epochs`` grew."""
+    grown = False
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        growable = key == "epochs" and new.get("schedule") != "cyclical"
+        if growable and isinstance(a, int) and isinstance(b, int) and b > a:
+            grown = True
+            continue
+        changed.append(f"{_flag_of(key)} {a!r} there, {b!r} here")
+    return changed, grown
+
+
+def check_out_folder(out: Path, runs: Sequence[PlannedRun], options: Mapping[str, Any]) -> str:
+    """How ``out`` stands to this grid, before any work.
+
+    Returns:
+        ``"new"`` (no manifest: a new folder, or one whose lost manifest is rebuilt from its
+        runs), ``"same"`` (this grid's manifest) or ``"grown"`` (this grid with a larger
+        ``--epochs``: its finished runs are extended, as ``sgrld sample --resume`` does).
+
+    Raises:
+        GridError: ``out`` holds another grid, the same grid with other options (named by
+            flag), runs of no manifest that are not this grid's, or an unreadable manifest.
     """
     path = out / MANIFEST_FILE
     if out.exists() and not out.is_dir():
         raise GridError(f"--out {out} exists and is not a directory")
-    if not path.is_file():
-        if out.is_dir() and next(out.rglob("results.json"), None) is not None:
-            raise GridError(
-                f"--out {out} holds runs that no sweep manifest ({MANIFEST_FILE}) describes; "
-                "choose an empty or new folder"
-            )
-        return False
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved.get("format") != MANIFEST_FORMAT:
-            raise ValueError("not a sgrld sweep manifest")
-        theirs = {json.dumps(r, sort_keys=True) for r in saved["runs"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise GridError(f"cannot read {path}: {exc}") from exc
-    ours = {json.dumps({"path": r.path, "config": r.config}, sort_keys=True) for r in runs}
-    if theirs != ours:
+    if not path.exists() and not path.is_symlink():
+        _check_orphan_runs(out, runs)
+        return "new"
+    saved = read_manifest(path)
+    mismatched = [
+        f"{flag} {saved['options'].get(name)!r} there, {options.get(name)!r} here"
+        for name, flag in CHAIN_OPTIONS.items()
+        if "options" in saved and saved["options"].get(name) != options.get(name)
+    ]
+    if mismatched:
+        raise GridError(
+            f"--out {out} was swept with other options that shape its chains ("
+            + "; ".join(mismatched)
+            + "): give the same values, or choose another --out"
+        )
+    theirs = {r["path"]: r["config"] for r in saved["runs"]}
+    ours = {r.path: r.config for r in runs}
+    if set(theirs) != set(ours):
         raise GridError(
             f"--out {out} holds another grid (from {saved.get('source')}): "
-            f"{len(theirs - ours)} of its {len(theirs)} runs are not in this grid and "
-            f"{len(ours - theirs)} of this grid's {len(ours)} runs are not in it; "
+            f"{len(set(theirs) - set(ours))} of its {len(theirs)} runs are not in this grid and "
+            f"{len(set(ours) - set(theirs))} of this grid's {len(ours)} runs are not in it; "
             "choose another --out (sgrld report reads several folders)"
         )
-    return True
+    any_grown = False
+    for run_path in sorted(ours):
+        changed, grown = _config_changes(theirs[run_path], ours[run_path])
+        if changed:
+            raise GridError(
+                f"--out {out} holds this grid's runs made with other options ({run_path}: "
+                + "; ".join(changed)
+                + "): give the same values (--epochs may only grow), or choose another --out"
+            )
+        any_grown |= grown
+    return "grown" if any_grown else "same"
 
 
-def write_manifest(out: Path, runs: Sequence[PlannedRun], source: str) -> None:
-    """Write ``out/sweep.json`` atomically."""
+def _check_orphan_runs(out: Path, runs: Sequence[PlannedRun]) -> None:
+    """Runs in ``out`` without a manifest are accepted only if they are this grid's own (a lost
+    ``sweep.json`` is rebuilt from them); anything else is refused."""
+    if not out.is_dir():
+        return
+    ours = {r.path: r.config for r in runs}
+    for results in sorted(out.rglob("results.json")):
+        where = results.parent.relative_to(out).as_posix()
+        if where.split("/")[0] == ".packs":
+            continue
+        try:
+            config = json.loads(results.read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            config = None
+        if where not in ours or (config is not None and _config_changes(config, ours[where])[0]):
+            raise GridError(
+                f"--out {out} holds runs that no sweep manifest ({MANIFEST_FILE}) describes and "
+                f"that are not runs of this grid (e.g. {where}); choose an empty or new folder, "
+                f"or, if its {MANIFEST_FILE} was lost, run the sweep with the grid (flags or "
+                "--config) that made these runs: it rebuilds the manifest from them"
+            )
+
+
+def write_manifest(
+    out: Path, runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]
+) -> None:
+    """Write ``out/sweep.json`` atomically (a temporary unique to this process, renamed).
+
+    Raises:
+        OSError: it cannot be written (e.g. a read-only ``out``).
+    """
+    from sgrld.experiments._io import write_atomic
+
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(manifest(runs, source), indent=1) + "\n", encoding="utf-8")
-    tmp.replace(out / MANIFEST_FILE)
+    text = json.dumps(manifest(runs, source, options), indent=1) + "\n"
+    write_atomic(out / MANIFEST_FILE, text)

@@ -17,10 +17,10 @@ on every rerun.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from sgrld.experiments.grid import PlannedRun
 
 RESULTS_FILE = "results.json"  # == runner.RESULTS_FILE, without importing torch
 CHECKPOINT_FILE = "checkpoint.pt"
-LOCK_FILE = ".lock"
+LOCKS_DIR = ".locks"  # OUT/.locks/<digest>/: a run's lock that outlives its folder
 PACKS_DIR = ".packs"  # a pack's checkpoint: OUT/.packs/<id>/checkpoint.pt
 FINISHED = ("completed", "broken_down")
 
@@ -39,20 +39,52 @@ FINISHED = ("completed", "broken_down")
 def run_state(folder: Path, config: dict[str, Any]) -> str:
     """``"done"`` (completed or broken down), ``"partial"`` (a checkpoint to resume) or ``"todo"``.
 
-    A run counts as done when its ``results.json`` has this config and a final status; a
-    broken-down run is a result of the protocol (spec §4.8), so it is not run again.
+    A run counts as done when its ``results.json`` has this config, a final status and
+    possible final values (:func:`impossible_values`; otherwise resuming from the checkpoint
+    writes it again). A broken-down run is a result of the protocol (spec §4.8), so it is not
+    run again, not even when ``epochs`` grew; a completed one is then extended.
     """
     try:
         results = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         results = None
-    if (
-        isinstance(results, dict)
-        and results.get("config") == config
-        and results.get("status") in FINISHED
-    ):
-        return "done"
+    if isinstance(results, dict) and results.get("status") in FINISHED:
+        saved = results.get("config")
+        same = saved == config
+        if not same and results["status"] == "broken_down" and isinstance(saved, dict):
+            same = {**saved, "epochs": config.get("epochs")} == config
+        if same and not impossible_values(results):
+            return "done"
     return "partial" if (folder / CHECKPOINT_FILE).is_file() else "todo"
+
+
+def impossible_values(results: dict[str, Any]) -> list[str]:
+    """What no run can have produced in a ``results.json``'s final metrics: a log-probability of
+    a class label above 0 (a probability above 1), an accuracy, ECE or confidence outside
+    [0, 1], or NaN/Inf in a completed run. Each as ``"test lp 5.0"``.
+    """
+    found = []
+    final = results.get("final")
+    if not isinstance(final, dict):
+        return ["no final metrics"]
+    for split in ("val", "test"):
+        metrics = final.get(split)
+        if not isinstance(metrics, dict) or not {"lp", "accuracy"} <= set(metrics):
+            return [f"no final {split} lp and accuracy"]
+        for name, value in metrics.items():
+            if value is None:
+                if results.get("status") == "completed" and name in ("lp", "accuracy"):
+                    found.append(f"{split} {name} NaN")
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                found.append(f"{split} {name} {value!r}")
+            elif not math.isfinite(value):
+                found.append(f"{split} {name} {value}")
+            elif name == "lp" and value > 0.0:
+                found.append(f"{split} {name} {value} > 0")
+            elif name in ("accuracy", "ece", "confidence") and not 0.0 <= value <= 1.0:
+                found.append(f"{split} {name} {value} outside [0, 1]")
+    return found
 
 
 @dataclass(frozen=True)
@@ -87,23 +119,51 @@ def _splits(dataset: str, data_dir: str, num_val: int, verify: bool, download: b
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[bool]:
-    """Hold ``folder/.lock`` (non-blocking); yields whether this process got it.
+def _locked(out: Path, run_path: str) -> Iterator[bool]:
+    """Hold the run's locks (non-blocking); yields whether this process got them.
 
-    Two jobs of the same run (a rerun sweep while a cluster job still runs it) never write the
-    same folder at once: the second one skips the run.
+    The run folder's lock is ``sgrld sample``'s own (:class:`~sgrld.experiments._io.
+    DirectoryLock`), so a ``sample --resume`` of a run a sweep executes is refused and the
+    other way round. A second lock outside the folder, ``OUT/.locks/<digest>``, survives the
+    folder's deletion: a run folder deleted mid-sweep is not run by a second sweep at once.
+    Temporaries that killed writers left in the folder are removed once both are held.
+
+    Raises:
+        OutputError: a folder on the way is a symbolic link (never written through).
     """
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK_FILE, "a+", encoding="utf-8") as handle:
+    from sgrld.experiments._io import DirectoryLock, DirectoryLockedError, remove_stale_temporaries
+
+    digest = hashlib.sha256(run_path.encode()).hexdigest()[:16]
+    refuse_linked_folders(out, run_path, LOCKS_DIR)
+    with ExitStack() as stack:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            stack.enter_context(DirectoryLock(out / LOCKS_DIR / digest, f"sgrld sweep {run_path}"))
+            stack.enter_context(DirectoryLock(out / run_path, "sgrld sweep"))
+        except DirectoryLockedError:
             yield False
             return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        remove_stale_temporaries(out / run_path)
+        yield True
+
+
+def refuse_linked_folders(out: Path, *paths: str) -> None:
+    """Refuse a symbolic link planted at a folder a job writes into under ``out`` (a run
+    folder or one of its parents, ``.locks``, ``.packs``): its files would land where the link
+    points.
+
+    Raises:
+        OutputError: naming the link.
+    """
+    from sgrld.experiments._io import OutputError
+
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(1, len(parts) + 1):
+            folder = out.joinpath(*parts[:depth])
+            if folder.is_symlink():
+                raise OutputError(
+                    None, f"cannot write in {folder}: it is a symbolic link; refusing to follow it"
+                )
 
 
 def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
@@ -111,7 +171,7 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
     folder = out / run.path
     if run_state(folder, run.config) == "done":
         return RunOutcome(run.path, "skipped")
-    with _locked(folder) as mine:
+    with _locked(out, run.path) as mine:
         if not mine:
             return RunOutcome(run.path, "busy")
         import torch
@@ -147,6 +207,10 @@ def pack_id(runs: Sequence[PlannedRun]) -> str:
 def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> list[RunOutcome]:
     """Run, resume or skip a pack of runs as the chains of one process.
 
+    A finished run is never written again: when the pack's checkpoint is missing (a lost
+    ``.packs`` folder) and some of its runs are finished, only the open ones run, as a pack
+    of their own.
+
     Returns:
         The outcomes of the runs that were not finished when the pack started.
     """
@@ -154,8 +218,16 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
     if not open_runs:
         return []
     with ExitStack() as stack:
-        if not all([stack.enter_context(_locked(out / r.path)) for r in runs]):
+        if not all([stack.enter_context(_locked(out, r.path)) for r in runs]):
             return [RunOutcome(r.path, "busy") for r in open_runs]
+        from sgrld.experiments._io import remove_stale_temporaries
+
+        refuse_linked_folders(out, f"{PACKS_DIR}/{pack_id(runs)}")
+        remove_stale_temporaries(out / PACKS_DIR / pack_id(runs))  # of a killed pack process
+        if not (out / PACKS_DIR / pack_id(runs) / CHECKPOINT_FILE).is_file():
+            runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]
+        if not runs:  # finished by another job meanwhile
+            return [RunOutcome(r.path, "skipped") for r in open_runs]
         import torch
 
         from sgrld.experiments.multichain import run_chains
@@ -185,6 +257,8 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
         status = {r.path: res for r, res in zip(runs, results, strict=True)}
         return [
             RunOutcome(r.path, status[r.path]["status"], status[r.path]["epochs_completed"])
+            if r.path in status
+            else RunOutcome(r.path, "skipped")
             for r in open_runs
         ]
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from sgrld.experiments._io import save_figure
+
 
 def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
@@ -33,7 +35,7 @@ def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) ->
         results: a run's ``results.json`` content.
         path: output file.
     """
-    run_curves_figure(results).savefig(path, dpi=90)
+    save_figure(run_curves_figure(results), path, dpi=90)
 
 
 def run_curves_figure(results: Mapping[str, Any]) -> Any:
@@ -107,4 +109,4 @@ def plot_convergence(
         ax.set_title(f"cumulative ensemble {title}")
         ax.set_xlabel("epoch")
     axes[0].legend()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)

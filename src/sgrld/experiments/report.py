@@ -14,7 +14,9 @@ allow, ``tableK.md`` and ``tableK.csv``:
   ``report.md`` (everything, with the edge-of-grid warnings).
 
 With ``--paper`` the paper's numbers stand beside ours (``sgrld/configs/paper_numbers.csv``).
-Exit status: 0, or 2 for unreadable or missing runs (before anything is written).
+Runs that would make a table wrong (duplicates, a config unlike its folder, impossible or
+non-finite values) are left out and listed; ``--strict`` then exits with 1. Exit statuses:
+:mod:`sgrld.experiments.exits`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from sgrld.experiments import exits
+from sgrld.experiments._io import write_atomic
 from sgrld.experiments.paper import paper_entry
 from sgrld.experiments.selection import Choice, select_cell, val_lp
 from sgrld.experiments.table import (
@@ -46,9 +50,11 @@ from sgrld.experiments.table import (
     TableError,
     _fmt,
     _markdown,
+    add_strict_argument,
     aggregate,
     find_results,
-    load_runs,
+    load_checked,
+    report_problems,
 )
 
 #: A table cell: (mean, std), a number, or text.
@@ -520,10 +526,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for tables and figures")
     parser.add_argument("--paper", action="store_true", help="the paper's numbers beside ours")
     parser.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
+    add_strict_argument(parser)
+    parser.epilog = exits.epilog("report")
 
 
-def write_report(groups: Sequence[Group], out: Path, *, paper: bool, figures: bool) -> list[Path]:
-    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``out``."""
+def write_report(
+    groups: Sequence[Group],
+    out: Path,
+    *,
+    paper: bool,
+    figures: bool,
+    left_out: Sequence[str] = (),
+) -> list[Path]:
+    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``out``
+    (each file atomically, never through a link planted at its name); ``left_out`` lists the
+    runs left out and why."""
     choices = select_all(groups)
     tables = build_tables(choices, paper=paper)
     out.mkdir(parents=True, exist_ok=True)
@@ -531,9 +548,9 @@ def write_report(groups: Sequence[Group], out: Path, *, paper: bool, figures: bo
     for table in tables:
         for suffix, text in (("md", table.markdown() + "\n"), ("csv", table.csv())):
             path = out / f"table{table.number}.{suffix}"
-            path.write_text(text, encoding="utf-8")
+            write_atomic(path, text)
             written.append(path)
-    (out / "selection.csv").write_text(selection_csv(choices), encoding="utf-8")
+    write_atomic(out / "selection.csv", selection_csv(choices))
     written.append(out / "selection.csv")
     if figures:
         from sgrld.experiments.report_figures import draw_figures
@@ -547,11 +564,13 @@ def write_report(groups: Sequence[Group], out: Path, *, paper: bool, figures: bo
     body = "\n\n".join(t.markdown() for t in tables)
     notes = "\n".join(warnings) if warnings else "none"
     figure_list = "\n".join(f"- {p.name}" for p in written if p.suffix == ".png") or "none"
+    dropped = "\n".join(f"- {line}" for line in left_out) or "none"
     text = (
         f"# Report of {sum(len(g.runs) for g in groups)} runs\n\n{body}\n\n"
-        f"## Selection warnings\n\n{notes}\n\n## Figures\n\n{figure_list}\n"
+        f"## Selection warnings\n\n{notes}\n\n## Runs left out\n\n{dropped}\n\n"
+        f"## Figures\n\n{figure_list}\n"
     )
-    (out / "report.md").write_text(text, encoding="utf-8")
+    write_atomic(out / "report.md", text)
     written.append(out / "report.md")
     for line in warnings:
         print(f"sgrld report: warning: {line[2:]}", file=sys.stderr)
@@ -561,18 +580,20 @@ def write_report(groups: Sequence[Group], out: Path, *, paper: bool, figures: bo
 def run(args: argparse.Namespace) -> int:
     """Load the runs, write the report, list what was written."""
     try:
-        runs = load_runs(find_results(args.runs))
+        runs, problems = load_checked(find_results(args.runs))
+        report_problems("report", problems)
         if not runs:
-            raise TableError("every run found is unfinished")
+            raise TableError("no usable run (every run found is unfinished or left out)")
     except TableError as exc:
         print(f"sgrld report: error: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     try:
+        groups = aggregate(runs)
         written = write_report(
-            aggregate(runs), args.out, paper=args.paper, figures=not args.no_figures
+            groups, args.out, paper=args.paper, figures=not args.no_figures, left_out=problems
         )
     except OSError as exc:
         print(f"sgrld report: error: {exc}", file=sys.stderr)
-        return 2
+        return exits.IO_ERROR
     print(f"{len(runs)} runs; wrote {', '.join(p.name for p in written)} to {args.out}")
-    return 0
+    return exits.FAILED if args.strict and problems else exits.OK

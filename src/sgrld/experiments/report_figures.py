@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sgrld.experiments._io import save_figure
 from sgrld.experiments.plots import _figure, plot_convergence
 from sgrld.experiments.report import Choice, _curves, _lr_text, _setting_key, setting_label
 from sgrld.experiments.table import PRIOR_SHORT, SAMPLER_TITLES, Group
@@ -62,7 +63,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path) -> None:
         ax.set_xlabel("α²")
         ax.set_title(f"final ensemble {title}")
     axes[0].legend()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
 
 
 def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:

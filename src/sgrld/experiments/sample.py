@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments import exits
 from sgrld.experiments.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.choices import MODELS as MODEL_CHOICES
 from sgrld.experiments.choices import NOISE as NOISE_CHOICES
@@ -37,13 +38,8 @@ PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default (spec §1.2)
-EXIT_IO_ERROR = 74  # sgrld.experiments._io.EXIT_IO_ERROR, without importing torch
-EXIT_STATUS = (
-    "Exit status: 0 completed; 2 bad input, a damaged checkpoint or --out in use by another run "
-    "(refused before any work); 3 the chain broke down (results still written); 74 an output "
-    "could not be written, e.g. disk full (the last good checkpoint is kept; --resume continues); "
-    "130 interrupted."
-)
+EXIT_IO_ERROR = exits.IO_ERROR
+EXIT_STATUS = exits.epilog("sample")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -384,6 +380,26 @@ def _refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any])
             )
 
 
+def _refuse_other_threads(results: list[Path], threads: int | None) -> None:
+    """A run resumed with another thread count than it ran with: float reductions split
+    differently, so the chain would not continue bit-identically (``timing.threads``)."""
+    import json
+
+    import torch
+
+    wanted = torch.get_num_threads() if threads is None else threads
+    for path in results:
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))["timing"]["threads"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(saved, int) and saved != wanted:
+            raise UsageError(
+                f"cannot resume {path.parent}: it ran with --threads {saved}, this run would use "
+                f"{wanted} and not continue bit-identically; pass --threads {saved}"
+            )
+
+
 def _refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
     if done > epochs:
         raise UsageError(f"cannot resume {checkpoint}: it already has {done} epochs > --epochs")
@@ -414,13 +430,19 @@ def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
 
 
 def _make_out_dir(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be written (a read-only one: exit 74, as every command)."""
+    import tempfile
+
+    from sgrld.experiments._io import OutputError
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)  # O_EXCL: never a link
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"cannot write to --out {out}: {exc}") from exc
+        reason = exc.strerror or str(exc)
+        raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -473,6 +495,7 @@ def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Pat
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    _make_out_dir(out)  # OutputError: exit 74
     try:
         splits = load_dataset(
             config.dataset,
@@ -485,7 +508,6 @@ def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Pat
             raise UsageError(
                 f"--subset {config.max_train} exceeds the {splits.num_train} training points"
             )
-        _make_out_dir(out)
     except (OSError, ValueError, DownloadError) as exc:
         print(f"sgrld sample: error: {_cli_names(str(exc))}", file=sys.stderr)
         return None
@@ -499,6 +521,8 @@ def _run_locked(
 
     remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
     _check_out_dir(out, config, args.resume)
+    if args.resume:
+        _refuse_other_threads([out / "results.json"], args.threads)
 
     from sgrld.experiments.runner import CheckpointError, ProgressBar, run_sampling
 
@@ -588,6 +612,11 @@ def _run_chains_locked(
     _check_chains_out_dir(out, configs, args.resume)
 
     from sgrld.experiments.multichain import chain_label, run_chains
+
+    if args.resume:
+        _refuse_other_threads(
+            [out / chain_label(c) / "results.json" for c in configs], args.threads
+        )
     from sgrld.experiments.observers import ChainsProgressBar, breakdown_message
 
     splits = _load_splits(args, configs[0], data_dir, out)

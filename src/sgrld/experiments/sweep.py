@@ -15,8 +15,8 @@ run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint
 ``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
 
 Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
-a finished sweep does nothing. Exit status: 0 every run finished (completed or broken down),
-1 some run failed or is still running elsewhere, 2 bad input (refused before any work).
+a finished sweep does nothing; a larger ``--epochs`` extends finished runs. Exit statuses:
+:mod:`sgrld.experiments.exits`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments import grid, sample
-from sgrld.experiments.grid import GridError, PlannedRun
+from sgrld.experiments import exits, grid, sample
+from sgrld.experiments.grid import GridError, Kind, PlannedRun
 
 #: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
 MACHINE_OPTIONS = frozenset(
@@ -53,6 +53,27 @@ def run_defaults() -> dict[str, Any]:
     return defaults
 
 
+def option_kinds() -> dict[str, Kind]:
+    """What each config key takes (its ``sgrld sample`` flag's type), to refuse ``lr = true``."""
+    kinds = {}
+    for action in _sample_actions():
+        if action.dest in MACHINE_OPTIONS:
+            continue
+        parse = getattr(action.type, "item_type", action.type)
+        if action.nargs == 0:
+            kind = "bool"
+        elif parse is int:
+            kind = "int"
+        elif parse is float:
+            kind = "float"
+        else:
+            kind = "str"
+        choices = tuple(action.choices) if action.choices else None
+        name = "seeds" if action.dest == "seed" else action.dest
+        kinds[name] = Kind(kind, choices, axis=name in grid.AXES)
+    return kinds
+
+
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """``parse`` with its message shown by argparse (which hides plain ValueErrors)."""
 
@@ -73,10 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags actually typed; sample's defaults fill the rest (:func:`run_defaults`).
     """
     sample.add_arguments(parser)
-    parser.epilog = (
-        "Exit status: 0 every run finished (completed or broken down), 1 a run failed, "
-        "2 bad input (refused before any work)."
-    )
+    parser.epilog = exits.epilog("sweep")
     for action in parser._actions:
         if not action.option_strings or action.dest in MACHINE_OPTIONS:
             continue
@@ -89,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.type = _argument_type(grid.comma_list(item_type, action.choices))
             action.choices = None
             action.metavar = "A,B,..."
-            action.help = f"{action.help or action.dest}{choices}; a comma list sweeps it"
+            action.help = f"{_AXIS_HELP.get(action.dest, action.dest)}{choices}"
         if action.dest == "seed":  # --seed N and --seeds 0-9,12 are one option
             action.dest, action.type = "seeds", _argument_type(grid.parse_seeds)
             action.option_strings = ["--seeds", *action.option_strings]
@@ -98,15 +116,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.dest == "out":
             action.required, action.help = True, "the sweep folder (required)"
-        elif action.dest == "resume":
-            action.help = "(always on: a sweep resumes its runs)"
-        elif action.dest == "no_plot":
-            action.default, action.help = True, "no curves.png per run (the default)"
+        elif action.dest == "resume":  # accepted (a sample flag), but a sweep always resumes
+            action.help = argparse.SUPPRESS
+        elif action.dest == "no_plot":  # the default; --plot turns the plots on
+            action.default, action.help = True, argparse.SUPPRESS
         elif action.dest == "chains":
             action.help = (
                 "pack up to K runs of one setting and sampler (differing in seed, lr, alpha2) "
-                "into one process as chains (1: a process per run)"
+                "into one process as chains (1: a process per run)" + _RECORDED
             )
+        elif action.dest == "chain_batch":
+            action.help = (
+                "at most B chains of a pack per vectorised call (default: all)" + _RECORDED
+            )
+        elif action.dest == "threads":
+            action.help = "torch CPU threads per job (default: torch's choice)" + _RECORDED
+        elif action.dest == "device":
+            action.help = "cpu, cuda or cuda:K (cpu); its kind is" + _RECORDED[1:]
+        elif action.dest == "no_graph":
+            action.help = "CUDA: eager steps instead of replaying a captured step" + _RECORDED
 
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument(
@@ -114,7 +142,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a TOML grid, by path or shipped name: " + ", ".join(grid.shipped_configs()),
     )
-    sweep.add_argument("--plot", dest="no_plot", action="store_false", help="draw curves.png")
+    sweep.add_argument(
+        "--plot", dest="no_plot", action="store_false", help="draw each run's curves.png (off)"
+    )
     sweep.add_argument("--engine", choices=ENGINES, default="local", help="how jobs run (local)")
     sweep.add_argument(
         "--jobs",
@@ -134,6 +164,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sweep.add_argument("--dry-run", action="store_true", help="list the grid's runs and stop")
 
 
+_RECORDED = "; recorded in sweep.json: a rerun must give the same"
+
+#: Help of the options that take comma lists in a sweep (sample's speak of one run's chains).
+_AXIS_HELP = {
+    "sampler": "samplers to sweep, comma-separated",
+    "width": "hidden widths N of fc to sweep",
+    "prior": "priors to sweep",
+    "lr": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting",
+    "alpha2": "Monge's α² values to sweep (Monge's runs only); default: the paper's, else 1",
+}
+
+
 def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
     """The grid's blocks (config file and typed flags merged) and where they came from.
 
@@ -145,7 +187,7 @@ def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], st
     if args.config is None:
         return [{**defaults, **typed}], "command line"
     text, source = grid.read_config(args.config)
-    blocks = grid.parse_config(text, source, defaults)
+    blocks = grid.parse_config(text, source, defaults, option_kinds())
     return [{**defaults, **grid.narrow(block, typed)} for block in blocks], str(source)
 
 
@@ -189,6 +231,18 @@ def _check(args: argparse.Namespace) -> None:
             ) from exc
 
 
+def chain_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options outside the runs' configs that shape their chains (recorded in the manifest:
+    :data:`sgrld.experiments.grid.CHAIN_OPTIONS`)."""
+    return {
+        "chains": args.chains,
+        "chain_batch": args.chain_batch,
+        "threads": args.threads,
+        "device": str(args.device).split(":")[0],
+        "graph": not args.no_graph,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan and check everything, then run what is missing and summarise."""
     from sgrld.experiments.jobs import Machine, make_jobs, run_state
@@ -197,16 +251,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check(args)
         runs, source = plan(args)
+        if args.chains < 1 or (args.chain_batch is not None and args.chain_batch < 1):
+            raise GridError("--chains and --chain-batch must be >= 1")
+        options = chain_options(args)
+        standing = grid.check_out_folder(out, runs, options)
         if args.dry_run:
             for r in runs:
                 print(f"{run_state(out / r.path, r.config):<8} {r.path}")
-            print(f"{len(runs)} runs")
-            return 0
+            print(
+                f"{len(runs)} runs"
+                + (" (--epochs grew: finished runs extend)" * (standing == "grown"))
+            )
+            return exits.OK
         data_dir = sample._data_dir(args)
         if args.engine != "submitit":  # a login node may have no GPU where the jobs will
             sample._device(args.device)
-        if args.chains < 1 or (args.chain_batch is not None and args.chain_batch < 1):
-            raise GridError("--chains and --chain-batch must be >= 1")
         machine = Machine(
             data_dir=os.fspath(data_dir.resolve()),
             device=args.device,
@@ -221,12 +280,17 @@ def run(args: argparse.Namespace) -> int:
             jobs = make_jobs(runs, out.resolve(), machine, args.chains)
         except ValueError as exc:
             raise GridError(f"--chains {args.chains}: {exc}") from exc
-        known = grid.check_out_folder(out, runs)
-        if not known:
-            grid.write_manifest(out, runs, source)
-    except (GridError, sample.UsageError, OSError) as exc:
+    except (GridError, sample.UsageError) as exc:
         print(f"sgrld sweep: error: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
+    try:
+        if standing != "same":  # new, a lost manifest rebuilt, or --epochs grown
+            grid.write_manifest(out, runs, source, options)
+    except OSError as exc:  # e.g. a read-only --out
+        print(
+            f"sgrld sweep: error: cannot write {out / grid.MANIFEST_FILE}: {exc}", file=sys.stderr
+        )
+        return exits.IO_ERROR
 
     states = [run_state(out / r.path, r.config) for r in runs]
     todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
@@ -238,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if not todo:
         print("nothing to do", file=sys.stderr)
-        return 0
+        return exits.OK
     from sgrld.experiments.engines import ClusterOptions, GridProgress, run_local, run_submitit
 
     progress = GridProgress(len(runs), len(runs) - len(todo), enabled=not args.no_progress)
@@ -247,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         if args.engine == "local":
             run_local(jobs, args.jobs or 1, progress)
         else:
-            options = ClusterOptions(
+            cluster = ClusterOptions(
                 local=args.engine == "submitit-local",
                 partition=args.partition,
                 gpus_per_job=args.gpus_per_job,
@@ -256,17 +320,37 @@ def run(args: argparse.Namespace) -> int:
                 parallel=args.jobs,
                 wait=not args.no_wait,
             )
-            run_submitit(jobs, out, options, progress)
+            run_submitit(jobs, out, cluster, progress)
     finally:
         progress.close()
     if args.no_wait:
-        return 0
-    t = progress.tally
+        return exits.OK
+    return _summary(progress.tally, runs, out, time.perf_counter() - started)
+
+
+def _summary(tally: Any, runs: list[PlannedRun], out: Path, seconds: float) -> int:
+    """Print how the runs ended; the exit status: 1 a run failed, 75 runs still held elsewhere."""
+    from sgrld.experiments.jobs import run_state
+
+    configs = {r.path: r.config for r in runs}
+    # A run held by another sweep or job may have finished meanwhile: then it is done.
+    busy = [path for path in tally.busy if run_state(out / path, configs[path]) != "done"]
     print(
-        f"{t.completed} completed, {t.broken_down} broke down, {len(t.failed)} failed, "
-        f"{len(t.busy)} running elsewhere, in {time.perf_counter() - started:.1f} s",
+        f"{tally.completed} completed, {tally.broken_down} broke down, {len(tally.failed)} "
+        f"failed, {len(busy)} running elsewhere, in {seconds:.1f} s",
         file=sys.stderr,
     )
-    for path, error in t.failed:
+    for path, why in tally.retried:
+        print(f"  retried {path}: {why}", file=sys.stderr)
+    for path, error in tally.failed:
         print(f"  failed {path}: {error}", file=sys.stderr)
-    return 1 if t.failed or t.busy else 0
+    if tally.failed:
+        return exits.FAILED
+    if busy:
+        print(
+            f"  {len(busy)} runs are held by another sweep or job (e.g. {busy[0]}); "
+            "run this sweep again when it ends",
+            file=sys.stderr,
+        )
+        return exits.BUSY
+    return exits.OK

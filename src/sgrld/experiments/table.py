@@ -25,6 +25,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from sgrld.evaluation.trace import diagnostics_of
+from sgrld.experiments import exits
+from sgrld.experiments._io import write_atomic
 from sgrld.experiments.paper import paper_entry
 
 SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
@@ -147,28 +150,135 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
+#: The ``results.json`` formats this version reads.
+RESULTS_FORMATS = ("sgrld-sample-results/1",)
+STATUSES = ("running", "failed", "completed", "broken_down")
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """One ``results.json``, checked for the fields the tables read.
+
+    Raises:
+        TableError: unreadable, not UTF-8, not JSON, not a sgrld results file, a format this
+            version does not know (a newer sgrld's), or a missing or malformed field; one line
+            naming the file.
+    """
+    try:
+        results = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise TableError(f"{path}: cannot read results ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError:
+        raise TableError(f"{path}: not a sgrld results file (not UTF-8 text)") from None
+    except ValueError as exc:
+        raise TableError(f"{path}: not a sgrld results file (not JSON: {exc})") from None
+    if not isinstance(results, dict) or not str(results.get("format", "")).startswith(
+        "sgrld-sample-results/"
+    ):
+        raise TableError(f"{path}: not a sgrld sample results file")
+    if results["format"] not in RESULTS_FORMATS:
+        raise TableError(
+            f"{path}: results format {results['format']!r} is newer than this sgrld reads "
+            f"({', '.join(RESULTS_FORMATS)}); upgrade sgrld"
+        )
+    config, final = results.get("config"), results.get("final")
+    if results.get("status") not in STATUSES:
+        raise TableError(f"{path}: no valid status (one of {', '.join(STATUSES)})")
+    if not isinstance(config, dict) or not isinstance(config.get("seed"), int):
+        raise TableError(f"{path}: no valid config (with its seed)")
+    if not isinstance(final, dict) or not all(isinstance(final.get(s), dict) for s in SPLITS):
+        raise TableError(f"{path}: no final val and test metrics")
+    return results
+
+
+SPLITS = ("val", "test")
+
+
 def load_runs(files: Iterable[Path], *, include_partial: bool = False) -> list[dict[str, Any]]:
     """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``.
 
     Raises:
         TableError: a file is not a sgrld sampling result.
     """
-    runs = []
+    return load_checked(files, include_partial=include_partial)[0]
+
+
+def load_checked(
+    files: Iterable[Path], *, include_partial: bool = False
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Read ``results.json`` files and leave out what would make a table wrong.
+
+    Left out, each with a line in the returned problems: a run whose final values no run can
+    produce (a log-probability above 0, an accuracy outside [0, 1], NaN in a completed run:
+    :func:`~sgrld.experiments.jobs.impossible_values`); a run whose config disagrees with its
+    folder (its sweep manifest's entry, or a sweep folder name such as ``lr0.1-seed0``); a
+    second copy of a run (the same config and seed in another folder), which would count as
+    an extra seed. Unfinished runs are left out unless ``include_partial`` (not a problem).
+
+    Returns:
+        The runs to aggregate, and the problems as ``"PATH: why"``.
+
+    Raises:
+        TableError: a file is not a readable sgrld sampling result.
+    """
+    from sgrld.experiments.jobs import impossible_values
+
+    runs, problems = [], []
+    seen: dict[str, Path] = {}
+    manifests: dict[Path, dict[str, Any] | None] = {}
     for path in files:
-        try:
-            results = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise TableError(f"{path}: cannot read results ({exc})") from exc
-        if not str(results.get("format", "")).startswith("sgrld-sample-results/"):
-            raise TableError(f"{path}: not a sgrld sample results file")
+        results = read_results(path)
         # a failed run (an output could not be written) stopped unfinished, like a running one
         if results["status"] in ("running", "failed") and not include_partial:
             print(f"sgrld table: skipping unfinished run {path.parent}", file=sys.stderr)
             continue
+        bad = impossible_values(results)  # NaN counts only in a completed run
+        bad = bad or _folder_mismatch(path, results["config"], manifests)
+        key = json.dumps(results["config"], sort_keys=True)
+        if not bad and key in seen:
+            bad = [f"the same run (config and seed) as {seen[key].parent}"]
+        if bad:
+            problems.append(f"{path.parent}: left out: {'; '.join(bad)}")
+            continue
+        seen[key] = path
         if results["status"] in ("running", "failed"):
             results = {**results, "status": "completed"}
         runs.append(results)
-    return runs
+    return runs, problems
+
+
+_SWEEP_LABEL = re.compile(r"^lr[^/]*-seed\d+$")
+
+
+def _folder_mismatch(
+    path: Path, config: dict[str, Any], manifests: dict[Path, dict[str, Any] | None]
+) -> list[str]:
+    """How a run's config disagrees with where it lies: its sweep manifest's entry for the
+    folder, or (in a sweep's layout) the folder's name."""
+    from sgrld.experiments import grid
+
+    folder = path.parent
+    for root in folder.parents:
+        if root not in manifests:
+            try:
+                manifests[root] = grid.read_manifest(root / grid.MANIFEST_FILE)
+            except grid.GridError:
+                manifests[root] = None
+        saved = manifests[root]
+        if saved is None:
+            continue
+        entries = {r["path"]: r["config"] for r in saved["runs"]}
+        expected = entries.get(folder.relative_to(root).as_posix())
+        if expected is not None and expected != config:
+            differ = sorted(k for k in expected if expected[k] != config.get(k))
+            return [f"its config differs from {root / grid.MANIFEST_FILE}'s in {', '.join(differ)}"]
+        break
+    try:
+        label = grid.run_label(config)
+    except (KeyError, TypeError, ValueError):
+        return []
+    if _SWEEP_LABEL.match(folder.name) and folder.name != label:
+        return [f"its config is run {label}, not the {folder.name} its folder names"]
+    return []
 
 
 def aggregate(runs: Iterable[dict[str, Any]]) -> list[Group]:
@@ -433,8 +543,25 @@ def csv_table(groups: Sequence[Group]) -> str:
     return out.getvalue()
 
 
+def add_strict_argument(parser: argparse.ArgumentParser) -> None:
+    """``--strict`` (``table`` and ``report``): exit 1 when a run was left out or flagged."""
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit with status 1 when a run was left out (a duplicate, a config unlike its "
+        "folder, impossible or non-finite values); the outputs are still written. For CI",
+    )
+
+
+def report_problems(command: str, problems: Sequence[str]) -> None:
+    """Each left-out run as a warning line on stderr."""
+    for problem in problems:
+        print(f"sgrld {command}: warning: {problem}", file=sys.stderr)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld table`` options."""
+    parser.epilog = exits.epilog("table")
     parser.add_argument(
         "runs", nargs="+", metavar="RUN_DIR", help="run directories, or folders holding them"
     )
@@ -457,17 +584,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draw every configuration's test LP / accuracy per epoch, mean ± 1.96 std "
         "(Figure 3 layout), to this PNG",
     )
+    add_strict_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Aggregate, print the Markdown, write the requested files."""
     try:
-        runs = load_runs(find_results(args.runs), include_partial=args.include_partial)
+        runs, problems = load_checked(find_results(args.runs), include_partial=args.include_partial)
+        report_problems("table", problems)
         if not runs:
-            raise TableError("every run found is unfinished (see --include-partial)")
+            raise TableError("no usable run (see --include-partial for unfinished ones)")
     except TableError as exc:
         print(f"sgrld table: error: {exc}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     groups = aggregate(runs)
     if args.layout == "paper":
         text = markdown_paper_layout(groups, paper=args.paper)
@@ -479,9 +608,9 @@ def run(args: argparse.Namespace) -> int:
     print(text, end="")
     try:
         if args.markdown is not None:
-            args.markdown.write_text(text, encoding="utf-8")
+            write_atomic(args.markdown, text)
         if args.csv is not None:
-            args.csv.write_text(csv_table(groups), encoding="utf-8")
+            write_atomic(args.csv, csv_table(groups))
         if args.plot is not None:
             from sgrld.experiments.plots import plot_convergence
 
@@ -490,5 +619,5 @@ def run(args: argparse.Namespace) -> int:
             )
     except OSError as exc:
         print(f"sgrld table: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+        return exits.IO_ERROR
+    return exits.FAILED if args.strict and problems else exits.OK
