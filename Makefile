@@ -24,8 +24,8 @@ demo: venv
 	$(BIN)/sgrld demo --force  # replaces the previous demo outputs in out/demo
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 types: venv
 	$(BIN)/mypy

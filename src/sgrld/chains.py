@@ -108,6 +108,10 @@ class Chains:
             (default: all). On CPU a few chains at a time keep the working set in cache: with
             2.4M parameters per chain, stacking 10 costs ~1.9x per chain (``benchmarks/chains.py``).
         device: where the stacked tensors live (default: where ``model`` builds them).
+        sample: ``name -> bool``: sample only the parameters it selects (e.g. low-rank
+            adapters: ``lambda n: "lora" in n``); the others are frozen and held once, shared
+            by every chain (chain 0's; every chain's model must build them alike), so memory is
+            the base model once plus K times the sampled subset.
 
     **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
     (parameters, statistics and buffers) and reported by :meth:`failures` and :meth:`check`,
@@ -149,6 +153,7 @@ class Chains:
         noise_seeds: Sequence[int] | None = None,
         chain_batch: int | None = None,
         device: torch.device | str | None = None,
+        sample: Callable[[str], bool] | None = None,
     ) -> None:
         if not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a sgrld.Sampler, got {type(sampler).__name__}")
@@ -159,21 +164,25 @@ class Chains:
             )
         self.seeds = _check_seeds(seeds)
         k = self.num_chains = len(self.seeds)
-        if isinstance(model, nn.Module):
-            modules = [copy.deepcopy(model) for _ in range(k)]
-        elif callable(model):
-            modules = [model(s) for s in self.seeds]
+        if sample is None:
+            if isinstance(model, nn.Module):
+                modules = [copy.deepcopy(model) for _ in range(k)]
+            elif callable(model):
+                modules = [model(s) for s in self.seeds]
+            else:
+                raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
+            if device is not None:
+                modules = [m.to(device) for m in modules]
+            params, buffers = stack_module_state(modules)
+            self.model = modules[0]  # template of the forward: its own tensors are not used
+            self.frozen: dict[str, Tensor] = {}
+            del modules
         else:
-            raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
-        if device is not None:
-            modules = [m.to(device) for m in modules]
-        params, buffers = stack_module_state(modules)
+            self.model, params, buffers, self.frozen = _subset(model, self.seeds, sample, device)
         self.params: dict[str, Tensor] = {n: p.detach() for n, p in params.items()}
         self.buffers: dict[str, Tensor] = {n: b.detach() for n, b in buffers.items()}
         if not self.params:
-            raise ValueError("the model has no parameters")
-        self.model = modules[0]  # template of the forward: its own tensors are not used
-        del modules
+            raise ValueError("the model has no parameters" + (" selected by sample" * bool(sample)))
         self._host_checks = False  # see *Checks* in the class docstring
         keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds, bits=64)
         if len(keys) != k:
@@ -267,14 +276,19 @@ class Chains:
         tensors = {f"model.{n}": p for n, p in params.items()}
         # views: BatchNorm's in-place running-statistics updates land in the stacked buffers
         buffers = {f"model.{n}": b[part] for n, b in self.buffers.items()}
+        frozen = {f"model.{n}": t for n, t in self.frozen.items()}  # one copy, every chain's
 
-        def one(p: dict[str, Tensor], b: dict[str, Tensor], *a: Tensor) -> Tensor:
-            return functional_call(bound, (p, b), a, strict=True)
+        def one(
+            p: dict[str, Tensor], f: dict[str, Tensor], b: dict[str, Tensor], *a: Tensor
+        ) -> Tensor:
+            return functional_call(bound, (p, f, b), a, strict=True)
 
-        in_dims = (0, 0, *([None if shared else 0] * len(args)))
+        in_dims = (0, None, 0, *([None if shared else 0] * len(args)))
         # "different": a random layer (dropout) draws independently per chain (from torch's
         # global generator, so such a model is not keyed by the chains' seeds)
-        return torch.vmap(one, in_dims=in_dims, randomness="different")(tensors, buffers, *args)
+        return torch.vmap(one, in_dims=in_dims, randomness="different")(
+            tensors, frozen, buffers, *args
+        )
 
     def __call__(self, x: Tensor, *, shared: bool = False) -> Tensor:
         """Every chain's forward pass: ``x`` is ``(K, B, ...)`` (or ``(B, ...)`` if shared)."""
@@ -442,9 +456,10 @@ class Chains:
         if not 0 <= chain < self.num_chains:
             raise IndexError(f"chain {chain} of {self.num_chains}")
         module = copy.deepcopy(self.model)
-        tensors = {**self.params, **self.buffers}
+        tensors = {n: t[chain] for n, t in {**self.params, **self.buffers}.items()}
+        tensors |= self.frozen
         module.load_state_dict(
-            {n: t[chain] for n, t in tensors.items() if n in module.state_dict()}, strict=True
+            {n: t for n, t in tensors.items() if n in module.state_dict()}, strict=True
         )
         return module
 
@@ -479,6 +494,50 @@ class Chains:
             g.state.apply_state_dict(s)
         for g in self.groups:  # frozen chains stay frozen
             g.broken = bool((g.state.flags[..., 0] != 0).any())
+
+
+def _subset(
+    model: nn.Module | ModelFactory,
+    seeds: list[int],
+    sample: Callable[[str], bool],
+    device: torch.device | str | None,
+) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """Chains over the parameters that ``sample(name)`` selects; the others are one shared,
+    frozen copy (chain 0's), so that memory is the base once plus K times the subset. The
+    chains' models are built one at a time, keeping only their sampled parameters."""
+    template: nn.Module | None = None
+    sampled: dict[str, list[Tensor]] = {}
+    buffers: dict[str, list[Tensor]] = {}
+    frozen: dict[str, Tensor] = {}
+    for s in seeds:
+        if isinstance(model, nn.Module):
+            m = model  # every chain starts at the same point
+        elif callable(model):
+            m = model(s)
+        else:
+            raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
+        if device is not None:
+            m = m.to(device)
+        for name, p in m.named_parameters():
+            if sample(name):
+                sampled.setdefault(name, []).append(p.detach().clone())
+            elif template is None:
+                frozen[name] = p.detach()
+            elif not torch.equal(p.detach(), frozen[name]):
+                raise ValueError(
+                    f"the parameter {name!r} is not sampled but differs between chains: the "
+                    "frozen parameters are shared, so the model must build them alike for every "
+                    "seed (e.g. load the same pretrained weights)"
+                )
+        for name, b in m.named_buffers():
+            buffers.setdefault(name, []).append(b.detach().clone())
+        if template is None:
+            template = (
+                m if callable(model) and not isinstance(model, nn.Module) else copy.deepcopy(m)
+            )
+    assert template is not None
+    stack = {n: torch.stack(ts) for n, ts in sampled.items()}
+    return template, stack, {n: torch.stack(ts) for n, ts in buffers.items()}, frozen
 
 
 def chain_batches(
