@@ -295,3 +295,17 @@ def test_seeds_recorded_and_distinct_per_stream() -> None:
 def test_config_validation(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         tiny_config(**overrides)
+
+
+@pytest.mark.parametrize("sampler", ["monge", "shampoo"])
+def test_results_hold_per_epoch_telemetry_and_the_state_size(tmp_path: Path, sampler: str) -> None:
+    """results.json: the optimizer's telemetry of every epoch (drift, noise, their ratio and the
+    metric's own figure) and the sampler state's bytes."""
+    config = tiny_config(sampler=sampler, epochs=2)
+    results = run_sampling(config, synthetic_splits(), tmp_path)
+    per_epoch = results["telemetry"]["per_epoch"]
+    assert per_epoch["steps"] == [10.0, 10.0]
+    assert all(v > 0 for v in per_epoch["drift_rms"] + per_epoch["noise_rms"])
+    assert len(per_epoch["drift_to_noise"]) == 2
+    assert len(per_epoch["stretch" if sampler == "monge" else "factor_condition"]) == 2
+    assert results["telemetry"]["state_bytes"] > 0

@@ -276,6 +276,9 @@ def make_sampler(
         "compile": config.compile,
         "capturable": capturable,
         "sync_checks": None if capturable else True,
+        # per-step health figures on the device, read at epoch ends (results.json); the fused
+        # compile=True step has no place for them
+        "telemetry": not config.compile,
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig

@@ -101,6 +101,9 @@ class ProgressBar(_StepBar):
                 f" | test LP {run.curves['test_lp'][-1]:.4f}"
                 f" acc {run.curves['test_accuracy'][-1]:.4f}"
             )
+        ratio = run.telemetry.get("drift_to_noise")
+        if ratio:  # far from 1 either way: ℓ is large for this posterior, or barely acts
+            parts.append(f"drift/noise {ratio[-1]:.2g}")
         if run.timing["sampling_seconds"]:
             parts.append(f"{run.timing['sampling_seconds'][-1]:.1f} s/epoch")
         return " | ".join(parts)

@@ -163,6 +163,9 @@ class RunRecord:
         self._epoch_evaluation = 0.0
         self._epoch_curvatures: list[float] = []
         self.step_in_epoch = 0
+        # per epoch: the optimizer's telemetry (single runs; figure -> one value per epoch)
+        self.telemetry: dict[str, list[float]] = {}
+        self.state_bytes: int | None = None  # the sampler state's size (single runs)
 
     # --- timing -----------------------------------------------------------------------------
 
@@ -259,6 +262,12 @@ class RunRecord:
         if self.epoch >= self.config.epochs:
             self.status = "completed"
 
+    def record_telemetry(self, figures: Mapping[str, float]) -> None:
+        """Append one epoch's telemetry (``SGRLDOptimizer.telemetry``: drift, noise, θ, the
+        metric's own figures) to the per-epoch lists."""
+        for key, value in figures.items():
+            self.telemetry.setdefault(key, []).append(float(value))
+
     def credit_updates(self, updates: list[tuple[int, float]], failed_at: int | None) -> None:
         """Credit the step times of ``(update, seconds)`` read back together (a deferred loop),
         in order and up to, not including, ``failed_at``; after a failure :attr:`global_step`
@@ -298,6 +307,7 @@ class RunRecord:
             "curvature_means": self.curvature_means,
             "timing": self.timing,
             "trace": self.trace.state_dict(),
+            "telemetry": self.telemetry,
         }
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
@@ -320,6 +330,7 @@ class RunRecord:
         self.epoch = int(state["epoch"])
         self.global_step = int(state["global_step"])
         self.curves = {k: list(v) for k, v in state["curves"].items()}
+        self.telemetry = {k: list(v) for k, v in state.get("telemetry", {}).items()}
         self.curvature_means = list(state["curvature_means"])
         if "trace" in state:  # checkpoints from before the trace have none
             self.trace.load_state_dict(state["trace"])
@@ -384,6 +395,7 @@ class RunRecord:
                 "schedule": None if self.schedule is None else self.schedule.describe(),
                 "timing": timing,
                 "curves": self.curves,
+                "telemetry": {"per_epoch": self.telemetry, "state_bytes": self.state_bytes},
                 "trace": self.trace.state_dict(),
                 "diagnostics": self.trace.diagnostics(),
                 "environment": {

@@ -240,6 +240,7 @@ class SamplingRun(RunRecord):
             chain_generator,
             capturable=deferred,
         )
+        self.state_bytes = sum(self.optimizer.state_bytes().values())
         # the deferred loop's state: the potential that poisons its own gradient, the static
         # minibatch buffers (by batch size), the captured step and the updates not yet credited
         self._lr = self.optimizer.param_groups[0]["lr"]
@@ -329,6 +330,8 @@ class SamplingRun(RunRecord):
             started = self._clock()
             self.optimizer.update_preconditioner()
             self.record_refresh_time(self._clock() - started)
+        if self.optimizer.telemetry_enabled:  # the epoch's sums, read once
+            self.record_telemetry(self.optimizer.telemetry()[0])
         self.end_epoch()
         self._save()
         self.observer.on_epoch(self)
