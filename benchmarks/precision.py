@@ -4,8 +4,9 @@ Target N(μ = 1.01, s² = 0.05²) in each of D coordinates, per-datum potential 
 (num_data = 1), started at stationarity; ℓ is chosen per sampler so that the effective step
 h = ℓ·G⁻¹/s² is about 1e-3, where drift and noise of a step are both below half a bfloat16 ulp
 at 1 (the regime where round-to-nearest loses moves). The metric adapts for ``--warmup`` steps
-and is then frozen (a frozen G leaves N(μ, s²) invariant up to O(h)), so only the rounding is
-tested. Prints, per sampler, dtype and ``low_precision`` mode, the variance of the parameters
+and is then frozen, and θ restarts from the target (a frozen G leaves N(μ, s²) invariant up to
+O(h)), so only the rounding is tested; the restart also exercises the master copies' re-seeding
+from assigned parameters. Prints, per sampler, dtype and ``low_precision`` mode, the variance of the parameters
 (what the model sees) over the exact s²/(1 − h/2) of the float64 chain, with its Monte-Carlo
 standard error from batch means.
 
@@ -62,7 +63,14 @@ def run(
         p.grad = ((p.detach().double() - MU) / S**2).to(dtype)
         opt.step()
         if t == warmup - 1:
+            # freeze G, then restart θ from the target, independent of G: an adapted G is a
+            # function of where θ was (RMSprop's V ≈ g² there), and coordinates frozen far out
+            # with a small G⁻¹ would take many relaxation times to forget it (a transient, not
+            # the stationary law, which is N(μ, s²) up to O(h) for any frozen G)
             opt.freeze_metric()
+            with torch.no_grad():
+                fresh = MU + S * torch.randn(side, side, generator=gen, dtype=torch.float64)
+                p.copy_(fresh.to(dtype))
         if t >= warmup:
             b = min((t - warmup) // per, batches - 1)
             x = p.detach().double()
