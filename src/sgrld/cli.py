@@ -35,16 +35,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def version() -> str:
+    """``sgrld X (torch Y)`` from the installed distributions' metadata (no torch import)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        torch = installed("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    try:
+        own = installed("sgrld")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        own = "unknown"
+    return f"sgrld {own} (torch {torch}, Python {sys.version.split()[0]})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sgrld`` parser with every available sub-command (imports their modules)."""
     parser = argparse.ArgumentParser(
         prog="sgrld", description="Scalable SGRLD samplers and the paper's experiments."
     )
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in _available().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     return int(importlib.import_module(args._module).run(args))
 
 

@@ -666,13 +666,17 @@ def _positive_int(text: str) -> int:
 
 def parse_samplers(text: str) -> list[str]:
     """``"identity,monge"`` → ``["identity", "monge"]``; unknown or repeated names raise."""
+    from sgrld.metrics import resolve_metric_name
+
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise ValueError("--samplers is empty")
+    names = [resolve_metric_name(s) if s.lower() not in SETTINGS else s.lower() for s in names]
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
         raise ValueError(
-            f"unknown sampler(s) {', '.join(map(repr, unknown))}; choose from {', '.join(SETTINGS)}"
+            f"sampler(s) {', '.join(map(repr, unknown))} not in the funnel experiment; choose "
+            f"from {', '.join(SETTINGS)}"
         )
     if len(set(names)) != len(names):
         raise ValueError(f"repeated sampler in --samplers {text!r}")
@@ -710,7 +714,7 @@ def add_arguments(
     parser.add_argument(
         "--samplers",
         default=",".join(SETTINGS),
-        help="comma-separated subset of " + ",".join(SETTINGS),
+        help="comma-separated subset of " + ",".join(SETTINGS) + " (default: all of them)",
     )
     parser.add_argument(
         "--chains",
@@ -722,7 +726,8 @@ def add_arguments(
         "--start",
         choices=("reference", "exact"),
         default="reference",
-        help="(1, 1) as the paper, or exact funnel draws (stationarity check)",
+        help="(1, 1) as the paper (reference, the default), or exact funnel draws (exact: a "
+        "stationarity check)",
     )
     parser.add_argument(
         "--jobs",
@@ -751,7 +756,12 @@ def add_arguments(
     )
     exact.add_argument("--correction", action="store_true", help="add Γ to monge-current")
     exact.add_argument("--alpha2", type=float, help="both Monge metrics' α² or c (0.1)")
-    exact.add_argument("--alpha2-rule", choices=("fixed", "normalized"), default="fixed")
+    exact.add_argument(
+        "--alpha2-rule",
+        choices=("fixed", "normalized"),
+        default="fixed",
+        help="fixed α² (the default) or normalized α²_t = c/‖m_t‖²",
+    )
 
 
 def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelConfig] | int:

@@ -74,7 +74,8 @@ PER_CHAIN_FIELDS = ("seed", "lr", "alpha2")
 
 def chain_label(config: RunConfig) -> str:
     """The chain's folder name: the single run's default ``--out`` name (e.g.
-    ``mnist-fc400-horseshoe-monge-lr0.25-a21.25-seed0``)."""
+    ``mnist-fc400-horseshoe-monge-lr0.25-alpha1.25-seed0``, labelled as a sweep labels its
+    run folders: ``lr0.25-alpha1.25-seed0``)."""
     from sgrld.experiments.sample import default_out_dir
 
     return default_out_dir(config).name

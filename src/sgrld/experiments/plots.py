@@ -44,6 +44,11 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     """
     curves = results["curves"]
     epochs = np.asarray(curves["epoch"], dtype=np.float64) + 1
+    empty = "no sample yet: nothing to draw"
+    broken = results.get("broken_down")
+    if broken is not None:
+        update = broken.get("update", broken.get("global_step", -1) + 1)
+        empty = f"no sample: the chain broke down\nat update {update}, before its first sample"
     fig, axes = _figure(16, 3.6, 4)
     for ax, metric, title in zip(
         axes[:3],
@@ -60,7 +65,7 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
         if drawn:
             ax.legend()
         else:
-            ax.text(0.5, 0.5, "no sample yet: nothing to draw", ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
         ax.set_title(f"ensemble {title}")
         ax.set_xlabel("epoch")
     seconds = _values(results["timing"]["sampling_seconds"])

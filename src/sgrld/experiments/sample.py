@@ -31,7 +31,7 @@ from typing import Any
 from sgrld.experiments.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.choices import MODELS as MODEL_CHOICES
 from sgrld.experiments.choices import NOISE as NOISE_CHOICES
-from sgrld.experiments.choices import PRIORS, SAMPLERS
+from sgrld.experiments.choices import PRIORS, SAMPLERS, sampler_name
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
@@ -50,13 +50,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld sample`` options."""
     parser.epilog = EXIT_STATUS
     what = parser.add_argument_group("what to sample")
-    what.add_argument("--dataset", choices=DATASET_CHOICES, default="mnist")
+    what.add_argument("--dataset", choices=DATASET_CHOICES, default="mnist", help="(mnist)")
     what.add_argument(
         "--model", choices=MODEL_CHOICES, help="default: fc for mnist, resnet20 for cifar10"
     )
     what.add_argument("--width", type=int, default=400, help="hidden width N of fc (400)")
-    what.add_argument("--prior", choices=PRIOR_CHOICES, default="gaussian")
-    what.add_argument("--sampler", choices=SAMPLER_CHOICES, required=True)
+    what.add_argument(
+        "--prior",
+        choices=PRIOR_CHOICES,
+        default="gaussian",
+        help="(gaussian; the paper's MNIST tables use horseshoe too)",
+    )
+    what.add_argument(
+        "--sampler",
+        type=sampler_name,
+        choices=SAMPLER_CHOICES,
+        required=True,
+        help="the metric G (aliases: sgld = identity, psgld = rmsprop)",
+    )
     what.add_argument(
         "--lr",
         type=float_list,
@@ -75,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--alpha2-rule",
         choices=("fixed", "normalized"),
         default="fixed",
-        help="Monge: fixed α² (the paper's) or normalized α²_t = c/‖m_t‖² with c = --alpha2 "
-        f"(default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)",
+        help="Monge: fixed α² (the paper's; the default) or normalized α²_t = c/‖m_t‖² with "
+        f"c = --alpha2 (default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)",
     )
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
@@ -124,12 +135,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     schedule.add_argument("--batch-size", type=int, default=100, help="minibatch size (100)")
     schedule.add_argument("--burn-in", type=int, default=1000, help="burn-in updates (1000)")
-    schedule.add_argument("--thinning", type=int, default=100, help="a sample every K updates")
+    schedule.add_argument(
+        "--thinning", type=int, default=100, help="a sample every K updates (100)"
+    )
     schedule.add_argument(
         "--curvature", action="store_true", help="measure C(θ) of every sample (spec §4.5)"
     )
     schedule.add_argument("--curvature-points", type=int, default=1000, help="test points (1000)")
-    schedule.add_argument("--eval-batch-size", type=int, default=1000)
+    schedule.add_argument(
+        "--eval-batch-size", type=int, default=1000, help="points per evaluation batch (1000)"
+    )
     schedule.add_argument(
         "--subset",
         type=int,
@@ -315,9 +330,10 @@ def _cli_names(message: str) -> str:
 
 
 def default_out_dir(config: Any) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-a2<α²>|-c<c>][-cyc<M>r<r>]-seed<s>``."""
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>][-cyc<M>r<r>]
+    [-sub<N>]-seed<s>`` (``lr…-alpha…-seed…`` as in a sweep's run folders)."""
     model = f"fc{config.width}" if config.model == "fc" else config.model
-    alpha = f"-a2{config.alpha2:g}" if config.alpha2 is not None else ""
+    alpha = f"-alpha{config.alpha2:g}" if config.alpha2 is not None else ""
     if config.alpha2_rule == "normalized":
         alpha = f"-c{config.alpha2:g}"
     if config.schedule == "cyclical":
@@ -335,8 +351,11 @@ def _device(name: str) -> Any:
 
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise UsageError(f"--device {name!r} is not a device ({exc})") from exc
+    except RuntimeError:
+        hint = " (a GPU is cuda here)" if name.strip().lower().startswith("gpu") else ""
+        raise UsageError(
+            f"--device {name!r} is not a device: give cpu, cuda or cuda:K{hint}"
+        ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
@@ -532,7 +551,7 @@ def _run_locked(
 
 
 def default_chains_out_dir(configs: list[Any]) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-a2<α²,...>]-seed<first>-<last>``
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-alpha<α²,...>]-seed<first>-<last>``
     for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
     first = configs[0]
     model = f"fc{first.width}" if first.model == "fc" else first.model
@@ -540,7 +559,7 @@ def default_chains_out_dir(configs: list[Any]) -> Path:
     def values(name: str) -> str:
         return ",".join(dict.fromkeys(f"{getattr(c, name):g}" for c in configs))
 
-    alpha = f"-a2{values('alpha2')}" if first.alpha2 is not None else ""
+    alpha = f"-alpha{values('alpha2')}" if first.alpha2 is not None else ""
     if first.alpha2_rule == "normalized":
         alpha = f"-c{values('alpha2')}"
     subset = f"-sub{first.max_train}" if first.max_train is not None else ""
@@ -651,11 +670,9 @@ def _summary(results: dict[str, Any], out: Path) -> None:
         return "nan" if value is None else f"{value:.4f}"
 
     final = results["final"]
-    basis = results["timing"].get("seconds_per_epoch_basis", "")
-    estimated = f" ({basis})" if basis.startswith("estimated") else ""
     print(
         f"{results['status']}: {results['epochs_completed']} epochs, "
-        f"{results['num_samples']} samples, {fmt(results['seconds_per_epoch'])} s/epoch" + estimated
+        f"{results['num_samples']} samples, {_speed(results)}"
     )
     for split in ("val", "test"):
         m = final[split]
@@ -663,3 +680,20 @@ def _summary(results: dict[str, Any], out: Path) -> None:
     if results["curvature"] is not None:
         print(f"  curvature {fmt(results['curvature']['mean'])}")
     print(f"  results: {out / 'results.json'}")
+
+
+def _speed(results: dict[str, Any]) -> str:
+    """``0.1234 s/epoch``; for a run too short to time past the warm-up, why there is no rate."""
+    from sgrld.experiments.config import TIMING_SKIP_STEPS
+
+    timing = results["timing"]
+    basis = timing.get("seconds_per_epoch_basis", "")
+    if timing.get("steps_all") and not timing.get("steps_after_skip"):
+        return (
+            f"s/epoch not measured: all {timing['steps_all']} updates fall in the first "
+            f"{TIMING_SKIP_STEPS}, whose times include compilation and warm-up (results.json "
+            "keeps the raw estimate)"
+        )
+    value = results["seconds_per_epoch"]
+    estimated = f" ({basis})" if basis.startswith("estimated") else ""
+    return f"{'nan' if value is None else f'{value:.4f}'} s/epoch{estimated}"
