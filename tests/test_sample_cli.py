@@ -131,7 +131,7 @@ def test_bad_input_exits_before_any_work(
 @pytest.mark.parametrize(
     "argv",
     [
-        ["sample", "--sampler", "sgld"],
+        ["sample", "--sampler", "sgdl"],
         ["sample", "--sampler", "identity", "--dataset", "imagenet"],
         ["sample", "--sampler", "identity", "--prior", "laplace"],
         ["sample", "--sampler", "identity", "--lr", "fast"],

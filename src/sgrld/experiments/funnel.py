@@ -88,6 +88,11 @@ __all__ = [
 ]
 
 OUTPUT_FILES = ("funnel.json", "funnel_samples.npz", "funnel.png")
+#: Why the funnel runs four of the five samplers.
+WENZEL_NOTE = (
+    "wenzel is not run on the funnel: its metric is one scale per parameter tensor, divided by "
+    "the smallest, and the funnel's θ is one tensor, so Wenzel is Identity here step for step"
+)
 V_THRESHOLD = -5.0  # the neck: P(v < −5) = 0.288 under N(0, 80)
 
 
@@ -613,8 +618,23 @@ def read_outputs(out_dir: Path | str) -> dict[str, Any]:
     return record
 
 
-def print_table(runs: dict[str, SamplerRun], file: Any = None) -> None:
-    """One line per sampler: mean (± spread over chains) of each distance, and seconds."""
+#: What the table's columns mean, printed under it.
+LEGEND = """\
+How to read it (v is the funnel's log-scale coordinate; its exact law is N(0, 80)):
+  W1(v), KS(v)  Wasserstein-1 and Kolmogorov-Smirnov distance of the iterates of v to N(0, 80):
+                lower is better, 0 is exact (± the spread over chains)
+  P(v<-5)       fraction of iterates in the funnel's narrow neck: closer to the truth
+                ({truth:.3f}) is better; below it, the sampler misses the neck
+  min v         the deepest point of the neck reached (lower = explored further)
+  KSD(v)        kernel Stein discrepancy of v against N(0, 80): lower is better
+  ESS/s         effective sample size of v (ArviZ bulk ESS) per second of sampling: higher is
+                better ("-" without sgrld[diagnostics])
+  run s         seconds sampling; compile s: seconds in torch.compile (0 when run eagerly)"""
+
+
+def print_table(runs: dict[str, SamplerRun], file: Any = None, *, legend: bool = True) -> None:
+    """One line per sampler: mean (± spread over chains) of each distance, and seconds; then
+    (``legend``) what the columns mean and which direction is better."""
     from sgrld.data.funnel import FunnelTarget
 
     out = file if file is not None else sys.stdout
@@ -649,6 +669,8 @@ def print_table(runs: dict[str, SamplerRun], file: Any = None) -> None:
                 f"{d['frac_v_below_minus5']:>16.4f}{d['min_v']:>10.2f}",
                 file=out,
             )
+    if legend:
+        print(LEGEND.format(truth=truth), file=out)
 
 
 # ---------------------------------------------------------------------- command line
@@ -672,6 +694,8 @@ def parse_samplers(text: str) -> list[str]:
     if not names:
         raise ValueError("--samplers is empty")
     names = [resolve_metric_name(s) if s.lower() not in SETTINGS else s.lower() for s in names]
+    if "wenzel" in names:
+        raise ValueError(WENZEL_NOTE)
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
         raise ValueError(
@@ -688,8 +712,10 @@ def add_arguments(
     *,
     default_steps: int = 2_000_000,
     default_out: str | None = None,
+    default_compile: bool = True,
 ) -> None:
     """The ``sgrld funnel`` options (``demo`` reuses them with other defaults)."""
+    default_compile_text = "--compile" if default_compile else "--no-compile"
     parser.epilog = (
         "Exit status: 0 done; 2 bad input, a non-empty --out without --force or an --out in use "
         "by another run (refused before any work); 3 non-finite iterate; 74 the outputs could "
@@ -739,9 +765,12 @@ def add_arguments(
         "--block", type=_positive_int, default=10, help="steps per compiled call (default 10)"
     )
     parser.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="run the same step code eagerly (slow; no C++ compiler needed)",
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=default_compile,
+        help="compile --block steps at a time with torch.compile (pays off for long runs: "
+        "tens of seconds per sampler to compile, then ~10x faster steps); --no-compile runs the "
+        f"same step code eagerly (no C++ compiler needed). Default: {default_compile_text}",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace the funnel outputs already in --out"
@@ -794,7 +823,7 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
         chains=args.chains,
         start=args.start,
         block=args.block,
-        compile=not args.no_compile,
+        compile=args.compile,
     )
     return names, config
 
@@ -849,9 +878,12 @@ def _execute_locked(
         return 2
     print(
         f"funnel (μ = 2, σ² = 80): {', '.join(names)}; {config.steps} steps x "
-        f"{config.chains} chain(s), start {config.start}, seed {config.seed}",
+        f"{config.chains} chain(s), start {config.start}, seed {config.seed}; "
+        f"{'compiled' if config.compile else 'eager (no compilation)'}",
         flush=True,
     )
+    print(f"({WENZEL_NOTE})", flush=True)
+    started = time.perf_counter()
     try:
         if args.exact_metric:
             runs = _run_exact(names, config, args)
@@ -862,7 +894,14 @@ def _execute_locked(
     except NonFiniteGradientError as exc:
         print(f"sgrld {command}: error: {exc}; no outputs written", file=sys.stderr)
         return 3
+    wall = time.perf_counter() - started
+    compiled = sum(r.compile_seconds for r in runs.values())
     print_table(runs)
+    print(
+        f"{wall:.1f} s wall for the samplers ({args.jobs} at a time); summed over samplers "
+        f"{compiled:.1f} s compiling and "
+        f"{sum(r.wall_seconds for r in runs.values()) - compiled:.1f} s sampling"
+    )
     try:
         written = write_outputs(runs, config, args.out, plot=not args.no_plot)
     except OSError as exc:

@@ -691,8 +691,8 @@ def _speed(results: dict[str, Any]) -> str:
     if timing.get("steps_all") and not timing.get("steps_after_skip"):
         return (
             f"s/epoch not measured: all {timing['steps_all']} updates fall in the first "
-            f"{TIMING_SKIP_STEPS}, whose times include compilation and warm-up (results.json "
-            "keeps the raw estimate)"
+            f"{TIMING_SKIP_STEPS}, whose times include compilation and warm-up; sampling took "
+            f"{sum(timing.get('sampling_seconds', [])):.1f} s in all"
         )
     value = results["seconds_per_epoch"]
     estimated = f" ({basis})" if basis.startswith("estimated") else ""
