@@ -123,3 +123,65 @@ def test_curves_of_a_run_broken_down_before_its_first_sample_say_so() -> None:
     fig = run_curves_figure(results)
     texts = [ax.texts[0].get_text() for ax in fig.axes[:3]]
     assert all("broke down\nat update 8" in t for t in texts)
+
+
+# --- resume reads the run's options ----------------------------------------------------------
+
+
+def _small_run(mnist_dir: Path, out: Path, *extra: str) -> list[str]:
+    argv = ["sample", "--prior", "horseshoe", "--sampler", "monge", "--lr", "0.1", "--alpha2"]
+    argv += ["0.5", "--width", "8", "--subset", "300", "--eval-subset", "50", "--burn-in", "0"]
+    argv += ["--thinning", "1", "--data-dir", str(mnist_dir), "--out", str(out), "--no-progress"]
+    return [*argv, "--no-plot", "--threads", "1", *extra]
+
+
+def test_resume_reads_the_runs_options_and_refuses_other_flags_by_name(
+    mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    out = tmp_path / "run"
+    assert main(_small_run(mnist_dir, out, "--epochs", "1")) == 0
+    capsys.readouterr()
+    # Only --resume, --out and a larger --epochs: every other option comes from the checkpoint.
+    base = ["sample", "--resume", "--out", str(out), "--data-dir", str(mnist_dir)]
+    quiet = ["--no-progress", "--no-plot", "--threads", "1"]
+    assert main([*base, "--epochs", "2", *quiet]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["epochs_completed"] == 2 and results["config"]["prior"] == "horseshoe"
+    assert results["config"]["max_train"] == 300 and results["config"]["alpha2"] == 0.5
+    capsys.readouterr()
+    # Flags that disagree are named as flags, with the fix.
+    assert main([*base, "--prior", "gaussian", "--subset", "200", "--lr", "0.2", *quiet]) == 2
+    err = capsys.readouterr().err
+    assert "--prior gaussian (the run has --prior horseshoe)" in err
+    assert "--subset 200 (the run has --subset 300)" in err
+    assert "--lr 0.2 (the run has --lr 0.1)" in err
+    assert "drop these flags, or choose another --out" in err
+    assert "max_train" not in err and "burnin" not in err
+    # Flags that agree are fine.
+    assert main([*base, "--sampler", "monge", "--prior", "horseshoe", *quiet]) == 0
+
+
+def test_held_out_dir_advice_fits_the_runs_state(
+    mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = tmp_path / "done"
+    assert main(_small_run(mnist_dir, done, "--epochs", "1")) == 0
+    capsys.readouterr()
+    assert main(_small_run(mnist_dir, done, "--epochs", "1")) == 2
+    assert "holds a completed run; pass --resume with a larger --epochs" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    argv = _small_run(mnist_dir, broken, "--epochs", "1")
+    argv[argv.index("0.1")] = "1e9"
+    assert main(argv) == 3
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds a run that broke down" in err and "cannot be continued" in err
+    assert "pass --resume" not in err
+
+
+def test_sample_without_sampler_says_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sample", "--dataset", "mnist"]) == 2
+    assert "--sampler is required" in capsys.readouterr().err

@@ -137,7 +137,6 @@ def test_bad_input_exits_before_any_work(
         ["sample", "--sampler", "identity", "--lr", "fast"],
         ["sample", "--sampler", "identity", "--width", "1.5"],
         ["sample", "--sampler", "identity", "--noise", "numpy"],
-        ["sample", "--dataset", "mnist"],  # no sampler
     ],
 )
 def test_unknown_names_are_argparse_errors(

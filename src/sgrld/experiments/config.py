@@ -230,6 +230,16 @@ def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
     ]
 
 
+def config_fields_differing(saved: RunConfig, wanted: RunConfig) -> list[str]:
+    """The names of the fields :func:`config_differences` lists."""
+    free = "epochs" if wanted.schedule != "cyclical" else None
+    return [
+        f.name
+        for f in fields(RunConfig)
+        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
 def derive_seed(seed: int, stream: str) -> int:
     """An independent 63-bit seed for one of :data:`SEED_STREAMS`, derived from the master seed."""
     entropy = np.random.SeedSequence([seed, SEED_STREAMS.index(stream)])

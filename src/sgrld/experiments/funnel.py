@@ -688,19 +688,23 @@ def _positive_int(text: str) -> int:
 
 def parse_samplers(text: str) -> list[str]:
     """``"identity,monge"`` → ``["identity", "monge"]``; unknown or repeated names raise."""
-    from sgrld.metrics import resolve_metric_name
+    import difflib
+
+    from sgrld.metrics import ALIASES
 
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise ValueError("--samplers is empty")
-    names = [resolve_metric_name(s) if s.lower() not in SETTINGS else s.lower() for s in names]
+    names = [ALIASES.get(s.lower(), s.lower()) for s in names]
     if "wenzel" in names:
         raise ValueError(WENZEL_NOTE)
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
+        close = difflib.get_close_matches(unknown[0], SETTINGS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"sampler(s) {', '.join(map(repr, unknown))} not in the funnel experiment; choose "
-            f"from {', '.join(SETTINGS)}"
+            f"unknown sampler(s) {', '.join(map(repr, unknown))}{hint}; choose from "
+            f"{', '.join(SETTINGS)} (aliases: sgld = identity, psgld = rmsprop)"
         )
     if len(set(names)) != len(names):
         raise ValueError(f"repeated sampler in --samplers {text!r}")

@@ -21,7 +21,9 @@ fault.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -65,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sampler",
         type=sampler_name,
         choices=SAMPLER_CHOICES,
-        required=True,
-        help="the metric G (aliases: sgld = identity, psgld = rmsprop)",
+        help="the metric G (aliases: sgld = identity, psgld = rmsprop); required, except with "
+        "--resume --out OUT, which reads it and every other option from the run",
     )
     what.add_argument(
         "--lr",
@@ -166,7 +168,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument(
         "--out", help="output directory (default: runs/<dataset>-<model>-<prior>-<sampler>-...)"
     )
-    io.add_argument("--resume", action="store_true", help="continue the run in --out")
+    io.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue (or, with a larger --epochs, extend) the run in --out; its options are "
+        "read from its checkpoint, and flags given must agree with them",
+    )
     io.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K (cpu)")
     io.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     io.add_argument(
@@ -382,25 +389,144 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def _refuse_held(out: Path, held: bool) -> None:
-    """Without ``--resume``, an ``--out`` that holds a run is refused."""
-    if held:
+    """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
+    if not held:
+        return
+    from sgrld.experiments.config import RESULTS_FILE
+
+    status = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        status = json.loads((out / RESULTS_FILE).read_text()).get("status")
+    if status == "broken_down":
         raise UsageError(
-            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+            f"{out} holds a run that broke down ({out / RESULTS_FILE}); it cannot be continued: "
+            "start a new run in another --out (with a smaller --lr, for example)"
         )
+    if status == "completed":
+        raise UsageError(
+            f"{out} holds a completed run; pass --resume with a larger --epochs to extend it, "
+            "or choose another --out"
+        )
+    raise UsageError(
+        f"{out} already holds a run; pass --resume to continue it (its options are read from "
+        "its checkpoint) or choose another --out"
+    )
 
 
 def _refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) -> None:
     """A checkpoint made with other options than these runs' (``epochs`` may grow)."""
-    from sgrld.experiments.config import config_differences
+    from sgrld.experiments.config import config_fields_differing
 
     for old, new in zip(saved, wanted, strict=True):
-        differences = config_differences(old, new)
-        if differences:
+        names = config_fields_differing(old, new)
+        if names:
             raise UsageError(
-                f"cannot resume {checkpoint}: it was made with other options ("
-                + "; ".join(differences)
-                + ")"
+                f"cannot resume {checkpoint}: it was made with "
+                + "; ".join(
+                    f"{_option_text(n, getattr(old, n))}, not {_option_text(n, getattr(new, n))}"
+                    for n in names
+                )
+                + ". Drop these flags (--resume with --out reads the run's options from its "
+                "checkpoint), or choose another --out for a new run"
             )
+
+
+def _option_text(field: str, value: Any) -> str:
+    """A config value as written on the command line: ``--prior horseshoe``, ``no --subset``."""
+    flag = _flag(field)
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    if value is None:
+        return f"no {flag}"
+    if isinstance(value, (list, tuple)):
+        return f"{flag} {','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value)}"
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+
+
+def _saved_configs(out: Path) -> list[Any]:
+    """The configs of the run in ``out`` (its checkpoint's, else its ``results.json``'s)."""
+    from sgrld.experiments._io import CheckpointError, load_checkpoint
+    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+
+    checkpoint, results = out / CHECKPOINT_FILE, out / RESULTS_FILE
+    try:
+        if checkpoint.is_file():
+            state = load_checkpoint(checkpoint)
+            saved = state.get("configs", [state.get("config")]) if isinstance(state, dict) else []
+            return [RunConfig.from_dict(c) for c in saved]
+        if results.is_file():
+            return [RunConfig.from_dict(json.loads(results.read_text())["config"])]
+    except (CheckpointError, OSError, ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"cannot resume the run in {out}: {exc}") from exc
+    return []
+
+
+def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
+    """``--resume --out OUT``: take the run's options from its checkpoint (or results.json).
+
+    Flags given on the command line must agree with the run's, ``--epochs`` aside (a larger one
+    extends the run); a flag that disagrees is refused by name, with the fix. Flags not given
+    take the run's values. Nothing changes when ``out`` holds no run yet.
+
+    Raises:
+        UsageError: a given flag disagrees with the run, or its checkpoint cannot be read.
+    """
+    saved = _saved_configs(out)
+    if not saved:
+        return
+    given = _given_options(args)
+    values: dict[str, Any] = {}
+    first = saved[0]
+    for f in dataclasses.fields(first):
+        if f.name not in ("lr", "alpha2", "seed"):
+            values[_dest(f.name)] = getattr(first, f.name)
+    values["lr"] = list(dict.fromkeys(c.lr for c in saved))
+    alphas = list(dict.fromkeys(c.alpha2 for c in saved))
+    values["alpha2"] = None if alphas == [None] else alphas
+    seeds = sorted({c.seed for c in saved})
+    values["seed"], values["chains"] = seeds[0], len(seeds)
+    conflicts = []
+    for dest, value in values.items():
+        if dest not in given or dest == "epochs":
+            continue
+        mine = getattr(args, dest, None)
+        if dest in ("lr", "alpha2") and mine is not None:
+            same = value is not None and sorted(_values(mine)) == sorted(value)
+        else:
+            same = mine == value
+        if not same:
+            field = {"subset": "max_train", "eval_subset": "max_eval", "burn_in": "burnin"}.get(
+                dest, dest
+            )
+            flag = "--chains" if dest == "chains" else None
+            theirs = f"--chains {value}" if flag else _option_text(field, value)
+            yours = f"--chains {mine}" if flag else _option_text(field, mine)
+            conflicts.append(f"{yours} (the run has {theirs})")
+    if conflicts:
+        raise UsageError(
+            f"cannot resume the run in {out}: "
+            + "; ".join(conflicts)
+            + ". --resume reads the run's options from its checkpoint: drop these flags, or "
+            "choose another --out for a new run"
+        )
+    for dest, value in values.items():
+        if dest not in given:
+            setattr(args, dest, value)
+
+
+def _given_options(args: argparse.Namespace) -> set[str]:
+    """The options written on the command line (recorded by :mod:`sgrld.cli`); otherwise those
+    whose values differ from the defaults."""
+    given = getattr(args, "_given", None)
+    if given is not None:
+        return set(given)
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    return {
+        a.dest
+        for a in defaults._actions
+        if hasattr(args, a.dest) and getattr(args, a.dest) != a.default
+    }
 
 
 def _refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
@@ -454,6 +580,12 @@ def run(args: argparse.Namespace) -> int:
     with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
         import torch  # noqa: F401
     try:
+        if args.resume and args.out:
+            adopt_saved_options(args, Path(args.out))
+        if args.sampler is None:
+            raise UsageError(
+                "--sampler is required (with --resume --out OUT it comes from the run in OUT)"
+            )
         configs = configs_from_args(args)
         multi = is_multichain(args)
         if multi:
