@@ -185,3 +185,24 @@ def test_held_out_dir_advice_fits_the_runs_state(
 def test_sample_without_sampler_says_what_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["sample", "--dataset", "mnist"]) == 2
     assert "--sampler is required" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_documented_first_run_learns(
+    mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import re
+    import shlex
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text("utf-8")
+    block = re.search(r"## A first run\n.*?```bash\n(.*?)```", docs, re.S)
+    assert block is not None, "docs/experiments.md lost its first run"
+    argv = shlex.split(block.group(1).replace("\\\n", " "))
+    assert argv[:2] == ["sgrld", "sample"]
+    argv = [str(mnist_dir) if a == "DIR" else a for a in argv[1:]]
+    argv[argv.index("runs/first")] = str(tmp_path / "first")
+    assert main([*argv, "--no-progress", "--no-plot"]) == 0
+    results = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert results["num_samples"] == 10
+    assert results["final"]["test"]["accuracy"] > 0.94  # 0.957 measured

@@ -139,8 +139,10 @@ def test_breakdown_reported_without_progress_bar(
     assert f"broke down at update {broken['update']} (epoch {broken['epoch'] + 1})" in captured.err
     assert broken["reason"] in captured.err
     # 14: ℓ is per datum, so the subset's step is 125x the full data's at the same --lr.
-    assert "ℓ is per datum" in broken["hint"] and "--subset 400" in captured.err
-    assert "125x larger" in captured.err and "try --lr 8e+06" in captured.err
+    assert "ℓ scales with n: each step is h = ℓ/n" in broken["hint"]
+    assert "--subset 400" in captured.err and "125x larger" in captured.err
+    assert "--lr 8e+06 keeps the full data's step size" in captured.err
+    assert "only 4 updates per epoch" in captured.err and '"A first run"' in captured.err
     # Seconds per epoch from a handful of steps are reported as an estimate.
     basis = results["timing"]["seconds_per_epoch_basis"]
     assert basis.startswith(f"estimated from only {results['global_steps']} step times")
