@@ -404,3 +404,44 @@ def test_breakdown_message_of_results_written_before_the_update_field() -> None:
 
     old = {"epoch": 2, "global_step": 41, "reason": "potential is inf"}
     assert breakdown_message(old) == "the chain broke down at update 42 (epoch 3): potential is inf"
+
+
+def _traced_short(seed: int, draws: int) -> dict[str, Any]:
+    results = _traced(seed, 0.0)
+    results["trace"] = {
+        key: value[:draws] if isinstance(value, list) else value
+        for key, value in results["trace"].items()
+    }
+    results["trace"]["scalars"] = {k: v[:draws] for k, v in results["trace"]["scalars"].items()}
+    return results
+
+
+def test_table_shows_no_rhat_or_ess_from_a_handful_of_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_sample_cli import write_runs
+
+    write_runs(tmp_path, [_traced_short(seed, 7) for seed in range(3)])
+    assert main(["table", str(tmp_path), "--layout", "long"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("| fc400"))
+    assert row.split(" | ")[1:3] == ["3", "7"]
+    assert row.split(" | ")[3:].count("–") == 5 and row.endswith("– |")
+    assert "fewer than 20 draws per chain, too few for R̂ and ESS" in text
+
+
+def test_table_says_when_diagnostics_need_arviz(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.evaluation import diagnostics
+    from test_sample_cli import write_runs
+
+    def missing() -> None:
+        raise ImportError("MCMC diagnostics need ArviZ (No module named 'arviz'); install ...")
+
+    monkeypatch.setattr(diagnostics, "import_arviz", missing)
+    write_runs(tmp_path, [_traced(seed, 0.0) for seed in range(2)])
+    assert main(["table", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "MCMC diagnostics (R̂, ESS) left out: they need ArviZ" in out
+    assert 'pip install "sgrld[diagnostics]"' in out

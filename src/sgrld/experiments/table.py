@@ -369,7 +369,9 @@ def _num(value: Any, digits: int) -> str:
 
 def markdown_diagnostics(groups: Sequence[Group]) -> str:
     """One row per configuration: R-hat and bulk/tail ESS, seeds as chains ("" without ArviZ)."""
-    rows = []
+    from sgrld.evaluation.diagnostics import INSTALL_HINT, MIN_RELIABLE_DRAWS
+
+    rows, few = [], False
     for group in groups:
         d = group.diagnostics
         if not d["available"]:
@@ -377,6 +379,10 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
         ll = d["variables"]["test_loglik"]
         chains = d["chains"] if isinstance(d["chains"], int) else "1 (split)"
         worst = d["worst"]
+        if not d.get("reliable", d["draws_per_chain"] >= MIN_RELIABLE_DRAWS):
+            few = True
+            none = {"rhat": None, "ess_bulk": None, "ess_tail": None}
+            ll, worst = none, none
         rows.append(
             [
                 _group_label(group),
@@ -391,6 +397,9 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
             ]
         )
     if not rows:
+        missing = [g for g in groups if "ArviZ" in g.diagnostics.get("reason", "")]
+        if missing:
+            return f"MCMC diagnostics (R̂, ESS) left out: they need ArviZ; {INSTALL_HINT}\n"
         return ""
     header = ["configuration", "chains (seeds)", "draws/chain", "R̂ test LL", "bulk ESS test LL"]
     header += ["tail ESS test LL", "max R̂", "min bulk ESS", "min tail ESS"]
@@ -399,7 +408,13 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
         "log-likelihood and, in the max/min columns, of every traced quantity (probe "
         "predictions, horseshoe scales); seeds are the chains**"
     )
-    return f"{title}\n\n{_markdown(header, rows)}\n"
+    note = ""
+    if few:
+        note = (
+            f"\n– : fewer than {MIN_RELIABLE_DRAWS} draws per chain, too few for R̂ and ESS to "
+            "mean anything (more epochs, or a smaller --thinning, give more)\n"
+        )
+    return f"{title}\n\n{_markdown(header, rows)}\n{note}"
 
 
 def csv_table(groups: Sequence[Group]) -> str:
