@@ -83,7 +83,10 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
 
 
 def plot_convergence(
-    groups: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str]
+    groups: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "Test LP and accuracy per epoch (mean ± 1.96 std over seeds)",
 ) -> None:
     """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std over seeds.
 
@@ -91,7 +94,9 @@ def plot_convergence(
         groups: label → the ``results.json`` contents of that configuration's runs (runs of
             unequal length are cut to the shortest).
         path: output file.
+        title: the figure's title.
     """
+    figure_title = title
     fig, axes = _figure(12, 4, 2)
     for label, runs in groups.items():
         length = min(len(r["curves"]["epoch"]) for r in runs)
@@ -112,4 +117,5 @@ def plot_convergence(
         ax.set_title(f"cumulative ensemble {title}")
         ax.set_xlabel("epoch")
     axes[0].legend()
+    fig.suptitle(figure_title)
     fig.savefig(path, dpi=90)

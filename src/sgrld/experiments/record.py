@@ -63,7 +63,7 @@ def breakdown_hint(config: RunConfig, num_data: int) -> str | None:
         f"{full / num_data:.3g}x larger than on the full data. lr={config.lr * num_data / full:.3g}"
         f" keeps the full data's step size, but a subset also gives only {per_epoch} updates "
         "per epoch, so a short run then learns little; for a quick run that learns, keep the "
-        "full data and shrink the model instead (docs/experiments.md, \"A first run\")"
+        'full data and shrink the model instead (docs/experiments.md, "A first run")'
     )
 
 

@@ -105,6 +105,15 @@ class Choice:
     def warnings(self) -> list[str]:
         return [s.warning for s in self.stages if s.warning]
 
+    @property
+    def best_own(self) -> Group | None:
+        """The chosen configuration; for Monge when Identity is optimal, Monge's own best α²
+        (the α² whose chosen ℓ scores best), which the tables show beside the rule's choice."""
+        if not self.identity_optimal:
+            return self.chosen
+        own = [s.chosen for s in self.stages if s.kind == "lr" and s.chosen is not None]
+        return max(own, key=val_lp) if own else None
+
 
 def _choose_lr(candidates: Sequence[Group], alpha2: float | None) -> Stage:
     scores = {float(g.config["lr"]): val_lp(g) for g in candidates}

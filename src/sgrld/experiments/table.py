@@ -147,8 +147,11 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-def load_runs(files: Iterable[Path], *, include_partial: bool = False) -> list[dict[str, Any]]:
-    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``.
+def load_runs(
+    files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
+) -> list[dict[str, Any]]:
+    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``
+    (``command`` names who says so on stderr).
 
     Raises:
         TableError: a file is not a sgrld sampling result.
@@ -163,7 +166,7 @@ def load_runs(files: Iterable[Path], *, include_partial: bool = False) -> list[d
             raise TableError(f"{path}: not a sgrld sample results file")
         # a failed run (an output could not be written) stopped unfinished, like a running one
         if results["status"] in ("running", "failed") and not include_partial:
-            print(f"sgrld table: skipping unfinished run {path.parent}", file=sys.stderr)
+            print(f"{command}: skipping unfinished run {path.parent}", file=sys.stderr)
             continue
         if results["status"] in ("running", "failed"):
             results = {**results, "status": "completed"}
@@ -476,6 +479,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Aggregate, print the Markdown, write the requested files."""
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "sgrld table: error: --plot needs matplotlib: pip install 'sgrld[plots]', or "
+                "leave out --plot",
+                file=sys.stderr,
+            )
+            return 2
     try:
         runs = load_runs(find_results(args.runs), include_partial=args.include_partial)
         if not runs:
