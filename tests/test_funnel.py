@@ -1,4 +1,4 @@
-"""The funnel experiment (spec §5): target, exact draws, distances, fast path, CLI."""
+"""The funnel experiment: target, exact draws, distances, fast path, CLI."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _points(n: int = 64, seed: int = 0) -> torch.Tensor:
 
 def test_log_prob_is_the_papers_funnel() -> None:
     x = torch.tensor([[0.5, -1.5], [4.0, 3.0]], dtype=torch.float64)
-    var = torch.nn.functional.softplus(x[:, 1])  # the VARIANCE of θ₁ (spec §5.1)
+    var = torch.nn.functional.softplus(x[:, 1])  # the VARIANCE of θ₁
     normal = torch.distributions.Normal
     zero = torch.zeros((), dtype=torch.float64)
     expected = normal(zero + 2.0, var.sqrt()).log_prob(x[:, 0]) + normal(

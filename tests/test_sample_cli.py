@@ -185,7 +185,7 @@ def test_resume_with_other_options_is_refused(
         lr=0.05,
         epochs=1,
         width=8,
-        burnin=0,  # a run must collect a sample (issue 13.3)
+        burnin=0,  # a run must collect a sample
         thinning=1,
     )
     run_sampling(config, splits, tmp_path / "run")

@@ -25,7 +25,7 @@ PRIORS: dict[str, str] = {_PRIOR_ALIASES.get(name, name): name for name in prior
 MODELS: tuple[str, ...] = tuple(MODEL_NAMES)
 DATASETS: tuple[str, ...] = tuple(DATASET_NAMES)
 NOISE: tuple[str, ...] = tuple(NOISE_SOURCES)
-#: The architecture each dataset is run with in the paper (spec §3.2, §3.3).
+#: The architecture each dataset is run with in the paper.
 MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20"}
 
 

@@ -1,11 +1,11 @@
 """``sgrld funnel``: the paper's funnel experiment (Figure 2), measured against the ground truth.
 
-Reproduces ``sgmcmc/two_d.py`` of the reference code as it ran (reference §5): the funnel with
+Reproduces ``sgmcmc/two_d.py`` of the reference code as it ran: the funnel with
 μ = 2, σ² = 80 and softplus(v) the variance of θ₁ (:class:`~sgrld.data.funnel.FunnelTarget`), the
 clipped exact gradient plus N(0, 1) noise, start (1, 1), 2×10⁶ iterations with every iterate
-kept, and the per-sampler settings of §5.3 (:data:`SETTINGS`), on **the library's samplers**
-(``sgrld.build``; the update ascends log p with step η, i.e. ĝ = −∇log p, ``num_data = 1``,
-``lr = η``; see ``docs/conventions.md``).
+kept, and the per-sampler settings of the paper's App. A.4 (:data:`SETTINGS`), on **the
+library's samplers** (``sgrld.build``; the update ascends log p with step η, i.e.
+ĝ = −∇log p, ``num_data = 1``, ``lr = η``; see ``docs/conventions.md``).
 
 Where the paper only compares pictures, each sampler is scored against the exact v-marginal
 N(0, 80): Wasserstein-1 and Kolmogorov–Smirnov distances of all iterates of v
@@ -25,7 +25,7 @@ Outputs in ``--out DIR`` (rendered in memory, then written with ``funnel.json`` 
 ``funnel.json`` (settings, wall seconds, distances), ``funnel_samples.npz`` (per sampler
 ``(steps // 10, 2)`` array of (θ₁, v) at every 10th iterate of the first chain) and ``funnel.png``
 (per sampler: log-density contours with 1,000 iterates, beside a histogram of v against the true
-density; reference §5.4).
+density).
 
 Faults: ``--out`` is locked for the run (a second run on it is refused) and must hold no files
 unless ``--force``; workers die with the parent (Ctrl-C, SIGTERM, and SIGKILL through a
@@ -108,7 +108,7 @@ class SamplerSetting:
         return {"metric": self.metric, "lr": self.lr, "num_data": 1, **self.options}
 
 
-#: Reference §5.3 (paper App. A.4), in the library's terms.
+#: The paper's App. A.4, in the library's terms.
 SETTINGS: dict[str, SamplerSetting] = {
     "identity": SamplerSetting("identity", 0.001),
     "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0}),
@@ -181,7 +181,7 @@ def derive_seeds(seed: int) -> dict[str, int]:
 
 
 def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
-    """Distances of v-iterates to the exact marginal N(0, ``variance``) (spec §5.1).
+    """Distances of v-iterates to the exact marginal N(0, ``variance``).
 
     Args:
         v: the iterates of v (any shape; flattened).
@@ -205,7 +205,7 @@ def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
 def run_sampler(
     name: str, config: FunnelConfig, progress: Callable[[int], None] | None = None
 ) -> SamplerRun:
-    """Run one sampler of :data:`SETTINGS` on the funnel (spec §5.2-5.3).
+    """Run one sampler of :data:`SETTINGS` on the funnel.
 
     Args:
         name: a key of :data:`SETTINGS`.
@@ -481,7 +481,7 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
     target = FunnelTarget()
     return {
         "experiment": "funnel",
-        "reference": "spec §5 (sgmcmc/two_d.py, paper Figure 2)",
+        "reference": "the paper's Figure 2 (its code: sgmcmc/two_d.py)",
         "target": {
             "mean": target.mean,
             "v_variance": target.v_variance,
@@ -509,7 +509,7 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
 
 
 def plot_funnel(runs: dict[str, SamplerRun], path: Path | str | BinaryIO) -> None:
-    """The paper's Figure 2 (reference §5.4), one panel pair per sampler, saved as PNG."""
+    """The paper's Figure 2, one panel pair per sampler, saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -40,7 +40,7 @@ def run_state(folder: Path, config: dict[str, Any]) -> str:
     """``"done"`` (completed or broken down), ``"partial"`` (a checkpoint to resume) or ``"todo"``.
 
     A run counts as done when its ``results.json`` has this config and a final status; a
-    broken-down run is a result of the protocol (spec §4.8), so it is not run again.
+    broken-down run is a result of the protocol, so it is not run again.
     """
     try:
         results = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))

@@ -6,7 +6,7 @@ prior and sampler (:mod:`sgrld.experiments.selection`) and writes, for every tab
 allow, ``tableK.md`` and ``tableK.csv``:
 
 - MNIST: Table 1 (test LP, accuracy), 2 (curvature, seconds per epoch), 4 (chosen ℓ, α²),
-  6 (equal computation time, spec §7.3), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
+  6 (equal computation time), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
   Table 10 (mean confidence of the final ensemble);
 - ``figure3_<setting>.png`` (test LP and accuracy per epoch, ±1.96 std) and, where Monge ran
   with several α², ``figure4_<setting>.png`` (α² sensitivity);
@@ -323,7 +323,7 @@ def _wide_table(
     return Table(number, title, header, rows)
 
 
-# --- equal computation time (spec §7.3, Tables 6-7) -------------------------------------------
+# --- equal computation time (Tables 6-7) -------------------------------------------
 
 
 def _curves(group: Group, metric: str) -> np.ndarray:
@@ -344,7 +344,7 @@ class EqualTime:
 
 
 def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTime]:
-    """Re-select every sampler at ``epochs × T_fastest`` (spec §7.3) per setting and prior.
+    """Re-select every sampler at ``epochs × T_fastest`` per setting and prior.
 
     Each sampler's seconds per epoch is that of its chosen configuration (Tables 2-3), used for
     all its candidates as in the reference; broken-down configurations are left out.
@@ -471,14 +471,14 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
             6,
             mnist,
             "MNIST at equal computation time (epochs × the fastest sampler's s/epoch; "
-            "ℓ re-chosen on the interpolated validation LP, spec §7.3)",
+            "ℓ re-chosen on the interpolated validation LP)",
             timed_cols,
             p(from_paper(6, "LP", 4, "test_lp"), from_paper(6, "acc", 4, "test_accuracy")),
         ),
         (
             7,
             cifar,
-            "CIFAR-10 at equal computation time (spec §7.3)",
+            "CIFAR-10 at equal computation time",
             timed_cols,
             p(from_paper(7, "LP", 4, "test_lp"), from_paper(7, "acc", 4, "test_accuracy")),
         ),

@@ -9,7 +9,7 @@ writes ``OUT/results.json`` (config, seeds, per-epoch curves, final validation a
 accuracy, ECE, curvature if measured, seconds per epoch, number of samples), ``OUT/curves.png``
 and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exactly). Without
 ``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
-(spec §8, Tables 4-5). The protocol is in :mod:`sgrld.experiments.runner`.
+(Tables 4-5). The protocol is in :mod:`sgrld.experiments.runner`.
 
 Exit status: 0 when the run completed, 3 when the chain broke down (non-finite potential; the
 results are still written), 2 for bad input, a damaged checkpoint or an ``--out`` that another run
@@ -38,7 +38,7 @@ from sgrld.experiments.choices import PRIORS, SAMPLERS, sampler_name
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
 
-DEFAULT_ALPHA2 = 1.0  # the reference's config default (spec §1.2)
+DEFAULT_ALPHA2 = 1.0  # the reference's config default
 EXIT_IO_ERROR = 74  # sgrld.experiments._io.EXIT_IO_ERROR, without importing torch
 EXIT_STATUS = (
     "Exit status: 0 completed; 2 bad input, a damaged checkpoint or --out in use by another run "
@@ -140,9 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     schedule.add_argument(
         "--thinning", type=int, default=100, help="a sample every K updates (100)"
     )
-    schedule.add_argument(
-        "--curvature", action="store_true", help="measure C(θ) of every sample (spec §4.5)"
-    )
+    schedule.add_argument("--curvature", action="store_true", help="measure C(θ) of every sample")
     schedule.add_argument("--curvature-points", type=int, default=1000, help="test points (1000)")
     schedule.add_argument(
         "--eval-batch-size", type=int, default=1000, help="points per evaluation batch (1000)"

@@ -1,11 +1,11 @@
-"""The paper's tuning rule (spec §7.1, §7.2): ℓ, then α², by mean final validation LP over seeds.
+"""The paper's tuning rule: ℓ, then α², by mean final validation LP over seeds.
 
 For one cell (a setting, a prior and a sampler) the candidates are its configurations
 (:class:`~sgrld.experiments.table.Group`, one per ℓ and α²):
 
 1. for each α² (one pass for samplers without α²), the ℓ with the best mean final validation
    log-probability; a configuration with a broken-down run, or with no finite validation LP,
-   is never chosen (spec §4.8);
+   is never chosen;
 2. for Monge, the α² whose chosen ℓ scores best. Identity is Monge with α² = 0: when the
    Identity cell of the same setting scores at least as well, Monge's choice is α² = 0 and the
    tables say "Identity (α² = 0) is optimal", as the paper does.

@@ -2,12 +2,12 @@
 
 Runs (directories holding ``results.json``, or folders searched recursively for them) are grouped
 by their config without the seed. Each group gets the mean and the population std (ddof = 0, as
-the paper, spec §4.8 and §10.14) over its seeds of the final-epoch metrics. Output:
+the paper) over its seeds of the final-epoch metrics. Output:
 
 - Markdown on stdout (and ``--markdown FILE``), by default in the layout of the paper's Table 1:
   one table per setting (dataset, model, width, epochs, ...), a row per sampler and, per prior,
   the columns LP, accuracy, ECE, seconds per epoch and ℓ. Where a setting holds several ℓ (or α²)
-  for one sampler, the one with the best mean final validation LP is shown (spec §7.1); a
+  for one sampler, the one with the best mean final validation LP is shown; a
   configuration with a broken-down run is never selected and shows as "broke down". The best LP
   per column is in bold. ``--paper`` adds the paper's LP, accuracy and s/epoch beside it.
 - ``--layout long``: one row per configuration instead.
@@ -327,7 +327,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
             rows.append(row)
         title = _setting_title(config, setting_groups)
         if paper:
-            title += "; paper: 400 epochs, 10 seeds (spec §8)"
+            title += "; paper: 400 epochs, 10 seeds"
         blocks.append(f"**{title}**\n\n" + _markdown(header, rows))
     return "\n\n".join(blocks) + "\n"
 
@@ -463,7 +463,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="paper: Table 1 layout, best ℓ per sampler by validation LP (default); "
         "long: one row per configuration",
     )
-    parser.add_argument("--paper", action="store_true", help="add the paper's numbers (spec §8)")
+    parser.add_argument("--paper", action="store_true", help="add the paper's numbers")
     parser.add_argument("--markdown", type=Path, help="also write the Markdown to this file")
     parser.add_argument("--csv", type=Path, help="write every configuration as CSV to this file")
     parser.add_argument(

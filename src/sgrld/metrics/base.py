@@ -71,7 +71,7 @@ class Metric(abc.ABC):
         """Steps between the refreshes the step engine runs itself (``None``: never).
 
         A due refresh runs right after :meth:`update` of the step whose count is a multiple of
-        the interval (Shampoo's roots, reference §2.5); the engine decides on the host, so the
+        the interval (Shampoo's roots); the engine decides on the host, so the
         hot step never branches on the step count.
         """
         return None
