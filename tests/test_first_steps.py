@@ -206,3 +206,23 @@ def test_the_documented_first_run_learns(
     results = json.loads((tmp_path / "first" / "results.json").read_text())
     assert results["num_samples"] == 10
     assert results["final"]["test"]["accuracy"] > 0.94  # 0.957 measured
+
+
+def test_resume_of_a_multi_chain_run_reads_its_chains(
+    mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    out = tmp_path / "chains"
+    argv = _small_run(mnist_dir, out, "--epochs", "1", "--chains", "2")
+    argv[argv.index("0.1")] = "0.1,0.2"
+    assert main(argv) == 0
+    capsys.readouterr()
+    base = ["sample", "--resume", "--out", str(out), "--data-dir", str(mnist_dir), "--no-plot"]
+    assert main([*base, "--epochs", "2", "--no-progress", "--threads", "1"]) == 0
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(folders) == 4
+    for folder in folders:
+        assert json.loads((folder / "results.json").read_text())["epochs_completed"] == 2
+    assert main([*base, "--chains", "3", "--no-progress"]) == 2
+    assert "--chains 3 (the run has --chains 2)" in capsys.readouterr().err
