@@ -132,6 +132,9 @@ def _small_run(mnist_dir: Path, out: Path, *extra: str) -> list[str]:
     argv = ["sample", "--prior", "horseshoe", "--sampler", "monge", "--lr", "0.1", "--alpha2"]
     argv += ["0.5", "--width", "8", "--subset", "300", "--eval-subset", "50", "--burn-in", "0"]
     argv += ["--thinning", "1", "--data-dir", str(mnist_dir), "--out", str(out), "--no-progress"]
+    argv += ["--no-verify"]
+    if "--chains" not in extra:
+        argv += ["--noise", "torch"]  # no kernel to compile; chains need philox
     return [*argv, "--no-plot", "--threads", "1", *extra]
 
 
@@ -145,7 +148,7 @@ def test_resume_reads_the_runs_options_and_refuses_other_flags_by_name(
     capsys.readouterr()
     # Only --resume, --out and a larger --epochs: every other option comes from the checkpoint.
     base = ["sample", "--resume", "--out", str(out), "--data-dir", str(mnist_dir)]
-    quiet = ["--no-progress", "--no-plot", "--threads", "1"]
+    quiet = ["--no-progress", "--no-plot", "--threads", "1", "--no-verify"]
     assert main([*base, "--epochs", "2", *quiet]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["epochs_completed"] == 2 and results["config"]["prior"] == "horseshoe"
@@ -208,6 +211,7 @@ def test_the_documented_first_run_learns(
     assert results["final"]["test"]["accuracy"] > 0.94  # 0.957 measured
 
 
+@pytest.mark.slow
 def test_resume_of_a_multi_chain_run_reads_its_chains(
     mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
