@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld sample`` options."""
     parser.epilog = EXIT_STATUS
     what = parser.add_argument_group("what to sample")
-    what.add_argument("--dataset", choices=DATASET_CHOICES, default="mnist", help="(mnist)")
+    what.add_argument(
+        "--dataset", choices=DATASET_CHOICES, default="mnist", help="the data set (default mnist)"
+    )
     what.add_argument(
         "--model", choices=MODEL_CHOICES, help="default: fc for mnist, resnet20 for cifar10"
     )
@@ -61,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prior",
         choices=PRIOR_CHOICES,
         default="gaussian",
-        help="(gaussian; the paper's MNIST tables use horseshoe too)",
+        help="the prior on the weights (default gaussian; the paper's MNIST tables use "
+        "horseshoe too)",
     )
     what.add_argument(
         "--sampler",
