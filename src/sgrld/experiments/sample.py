@@ -70,8 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sampler",
         type=sampler_name,
         choices=SAMPLER_CHOICES,
-        help="the metric G (aliases: sgld = identity, psgld = rmsprop); required, except with "
-        "--resume --out OUT, which reads it and every other option from the run",
+        help="the metric G (aliases: sgld = identity, psgld = rmsprop)",
     )
     what.add_argument(
         "--lr",
@@ -172,8 +171,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument(
         "--resume",
         action="store_true",
-        help="continue (or, with a larger --epochs, extend) the run in --out; its options are "
-        "read from its checkpoint, and flags given must agree with them",
+        help="continue (or, with a larger --epochs, extend) the run in --out; its options "
+        "(--sampler included) are read from its checkpoint, and flags given must agree",
     )
     io.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K (cpu)")
     io.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
