@@ -803,8 +803,8 @@ def _summary(results: dict[str, Any], out: Path) -> None:
 
     final = results["final"]
     print(
-        f"{results['status']}: {results['epochs_completed']} epochs, "
-        f"{results['num_samples']} samples, {_speed(results)}"
+        f"{results['status']}: {_count(results['epochs_completed'], 'epoch')}, "
+        f"{_count(results['num_samples'], 'sample')}, {_speed(results)}"
     )
     for split in ("val", "test"):
         m = final[split]
@@ -829,3 +829,7 @@ def _speed(results: dict[str, Any]) -> str:
     value = results["seconds_per_epoch"]
     estimated = f" ({basis})" if basis.startswith("estimated") else ""
     return f"{'nan' if value is None else f'{value:.4f}'} s/epoch{estimated}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
