@@ -3,18 +3,29 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# torch is pinned here (a local CPU wheel) so that set-up never pulls CUDA packages;
-# the package itself only asks for torch>=2.3.
+# torch: a torch already importable in .venv is always kept (a CUDA build installed by hand
+# included), and so is one of $(PYTHON) with VENV_FLAGS=--system-site-packages. Otherwise
+# TORCH_PIN is installed: torch==2.13.0, the version CI tests. Which build pip picks depends on
+# its configuration: on an ordinary Linux machine the default PyPI build with its CUDA libraries
+# (several GB); TORCH_PIN='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' gets
+# the CPU build; TORCH_PIN= installs none here (then pip installs torch>=2.3 from the package's
+# dependencies). The package itself only asks for torch>=2.3.
 TORCH_PIN ?= torch==2.13.0
+VENV_FLAGS ?=
+HAS_TORCH = $(BIN)/python -c "import torch" 2>/dev/null
 
 .PHONY: all venv demo test check lint types unit test-slow test-cuda gpu-check bench bench-funnel clean
 
 all: test
 
 $(BIN)/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH_PIN)
+	@if $(HAS_TORCH); then \
+		echo "keeping the installed $$($(BIN)/python -c 'import torch; print("torch", torch.__version__)')"; \
+	elif [ -n "$(TORCH_PIN)" ]; then \
+		echo "installing $(TORCH_PIN)"; $(BIN)/pip install --quiet $(TORCH_PIN); \
+	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -40,7 +51,10 @@ test: check unit
 test-slow: venv
 	$(BIN)/pytest -q -m slow
 
-test-cuda: venv  # on a machine with a CUDA build of torch and a GPU
+test-cuda: venv  # on a machine with a CUDA build of torch and a GPU; never replaces that torch
+	@$(BIN)/python -c "import torch; torch.cuda.is_available() or print('make test-cuda: torch', \
+		torch.__version__, 'sees no CUDA device, so the cuda tests are skipped (a CUDA build: \
+	README, GPU set-up)')"
 	$(BIN)/pytest -q -m cuda
 
 gpu-check: venv  # CUDA tests + every GPU benchmark, < 10 min, one report; skips without a GPU

@@ -1,4 +1,4 @@
-"""Monge with m = ∇u(θ) on the funnel at other ℓ, with and without Γ (issue 14 §2).
+"""Monge with m = ∇u(θ) on the funnel at other ℓ, with and without Γ.
 
 Separates the dropped term from discretisation: if the bias left with Γ shrinks with ℓ, it is
 the Euler step's. Usage::

@@ -1,4 +1,4 @@
-"""Tables, JSON and figures of issue 14's experiments (docs/results/beyond.md).
+"""Tables, JSON and figures of the experiments beyond the paper (docs/results/beyond.md).
 
 Usage::
 

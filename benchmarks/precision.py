@@ -6,9 +6,9 @@ h = ℓ·G⁻¹/s² is about 1e-3, where drift and noise of a step are both belo
 at 1 (the regime where round-to-nearest loses moves). The metric adapts for ``--warmup`` steps
 and is then frozen, and θ restarts from the target (a frozen G leaves N(μ, s²) invariant up to
 O(h)), so only the rounding is tested; the restart also exercises the master copies' re-seeding
-from assigned parameters. Prints, per sampler, dtype and ``low_precision`` mode, the variance of the parameters
-(what the model sees) over the exact s²/(1 − h/2) of the float64 chain, with its Monte-Carlo
-standard error from batch means.
+from assigned parameters. Prints, per sampler, dtype and ``low_precision`` mode, the variance of
+the parameters (what the model sees) over the exact s²/(1 − h/2) of the float64 chain, with its
+Monte-Carlo standard error from batch means.
 
     python benchmarks/precision.py [--steps 30000] [--dim 4096] [--samplers sgld,rmsprop]
 """

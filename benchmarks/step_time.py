@@ -10,7 +10,7 @@ conditions. On CUDA each sampler also runs as a captured CUDA graph (:class:`sgr
 GraphedStep`), and host syncs per optimizer step are counted with
 ``torch.cuda.set_sync_debug_mode``.
 
-Targets are issue 9's: on CPU, SGLD ≤ 1.10x the floor and RMSprop, Wenzel, Monge ≤ 1.25x; on a
+Targets of the step engine: on CPU, SGLD ≤ 1.10x the floor and RMSprop, Wenzel, Monge ≤ 1.25x; on a
 GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x SGD (MLP 400) or 1.15x SGLD
 (ResNet-20), captured ≤ 0.3x eager SGD.
 
@@ -85,7 +85,7 @@ def samplers(
 
 
 def targets(device: str, model: str) -> dict[str, tuple[str, float]]:
-    """(reference row, maximum ratio) of each row (issue 9)."""
+    """(reference row, maximum ratio) of each row."""
     compiled = {f"{name}/compiled-step": (name, 1.0) for name in BASE}  # no slower than eager
     # per-step telemetry: three reductions over D, a few percent of a step
     compiled |= {f"{name}/telemetry": (name, 1.10) for name in BASE}

@@ -267,7 +267,7 @@ def test_freeze_metric_keeps_statistics(spec: SamplerSpec) -> None:
 
 def test_registry_names() -> None:
     assert sgrld.metric_names() == ["identity", "monge", "rmsprop", "shampoo", "wenzel"]
-    with pytest.raises(ValueError, match="unknown metric"):
+    with pytest.raises(ValueError, match="unknown sampler"):
         sgrld.build("adam", lr=0.1, num_data=1)
 
 

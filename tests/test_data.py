@@ -1,4 +1,4 @@
-"""Tests of sgrld.data: IDX and CIFAR-10 readers, the paper's splits, downloads (spec §4.1)."""
+"""Tests of sgrld.data: IDX and CIFAR-10 readers, the paper's splits, downloads."""
 
 from __future__ import annotations
 

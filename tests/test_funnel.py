@@ -1,10 +1,11 @@
-"""The funnel experiment (spec §5): target, exact draws, distances, fast path, CLI."""
+"""The funnel experiment: target, exact draws, distances, fast path, CLI."""
 
 from __future__ import annotations
 
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ def _points(n: int = 64, seed: int = 0) -> torch.Tensor:
 
 def test_log_prob_is_the_papers_funnel() -> None:
     x = torch.tensor([[0.5, -1.5], [4.0, 3.0]], dtype=torch.float64)
-    var = torch.nn.functional.softplus(x[:, 1])  # the VARIANCE of θ₁ (spec §5.1)
+    var = torch.nn.functional.softplus(x[:, 1])  # the VARIANCE of θ₁
     normal = torch.distributions.Normal
     zero = torch.zeros((), dtype=torch.float64)
     expected = normal(zero + 2.0, var.sqrt()).log_prob(x[:, 0]) + normal(
@@ -382,3 +383,23 @@ def test_demo_is_the_shortened_funnel(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "funnel.json").read_text())
     assert result["config"]["steps"] == 30 and list(result["samplers"]) == ["identity", "monge"]
     assert not (tmp_path / "funnel.png").exists()
+
+
+def test_demo_runs_eagerly_explains_its_columns_and_why_no_wenzel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.cli import build_parser
+
+    args = build_parser().parse_args(["demo"])
+    assert (args.steps, args.compile) == (30_000, False)  # no compile where it cannot pay off
+    assert build_parser().parse_args(["funnel", "--out", "x"]).compile is True
+    argv = ["demo", "--out", str(tmp_path), "--steps", "30", "--samplers", "sgld"]
+    assert main([*argv, "--jobs", "1", "--no-progress", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "eager (no compilation)" in out and "Wenzel is Identity here step for step" in out
+    for column in ("W1(v), KS(v)", "P(v<-5)", "KSD(v)", "ESS/s", "run s"):
+        assert column in out.split("How to read it")[1]
+    assert "lower is better" in out and "higher is" in out and "(0.288)" in out
+    assert re.search(r"s wall for the samplers \(1 at a time\); .* 0\.0 s compiling", out)
+    assert main(["demo", "--out", str(tmp_path / "w"), "--samplers", "wenzel"]) == 2
+    assert "Wenzel is Identity here" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Monge-metric geodesics on the funnel (spec §6, the paper's Figure 1)."""
+"""Monge-metric geodesics on the funnel (the paper's Figure 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of sgrld.models: architectures, prior attachment, He init and the potential (spec §3)."""
+"""Tests of sgrld.models: architectures, prior attachment, He init and the potential."""
 
 from __future__ import annotations
 

@@ -220,10 +220,11 @@ def test_cli_lr_list_resume_and_refusals(
     first = {p: (out / p / "results.json").read_bytes() for p in labels}
     assert main(_argv(mnist_dir, out, *grid)) == 2  # holds a run: needs --resume
     assert "already holds a run" in capsys.readouterr().err
-    assert main(_argv(mnist_dir, out, "--lr", "0.003", "--resume")) == 2  # a single run
-    assert "a multi-chain run made it" in capsys.readouterr().err
-    assert main(_argv(mnist_dir, out, "--lr", "0.003,0.002", "--resume")) == 2  # other chains
-    assert "other chains" in capsys.readouterr().err
+    # --resume reads the chains from the checkpoint: other ℓ are refused by flag name.
+    assert main(_argv(mnist_dir, out, "--lr", "0.003", "--resume")) == 2
+    assert "--lr 0.003 (the run has --lr 0.001,0.002)" in capsys.readouterr().err
+    assert main(_argv(mnist_dir, out, "--lr", "0.003,0.002", "--resume")) == 2
+    assert "--lr 0.003,0.002 (the run has --lr 0.001,0.002)" in capsys.readouterr().err
     assert main(_argv(mnist_dir, out, *grid, "--resume")) == 0  # completed: unchanged results
     for p in labels:
         again = json.loads((out / p / "results.json").read_bytes())

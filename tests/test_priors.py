@@ -1,4 +1,4 @@
-"""Tests of sgrld.priors against torch.distributions oracles (spec §3.1, §3.4)."""
+"""Tests of sgrld.priors against torch.distributions oracles."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_horseshoe_reference_density(gen: torch.Generator, raw: float) -> None:
         prior.raw_scale.fill_(raw)
     value = torch.randn(30, 4, generator=gen, dtype=torch.float64) * 0.05
     s = sigma * F.softplus(torch.tensor(raw, dtype=torch.float64))
-    # HC evaluated at s = σ·softplus(p), no Jacobian (spec §3.4)
+    # HC evaluated at s = σ·softplus(p), no Jacobian
     expected = D.Normal(0.0, s).log_prob(value).sum() + D.HalfCauchy(1.0).log_prob(s)
     torch.testing.assert_close(prior.log_prob(value), expected)
 
@@ -86,7 +86,7 @@ def test_horseshoe_hyperprior_in_p() -> None:
     lam_lo, lam_hi = F.softplus(grid[[0, -1]])
     exact = 2 / math.pi * (torch.arctan(lam_hi) - torch.arctan(lam_lo))
     torch.testing.assert_close(torch.trapezoid(density, grid), exact, atol=1e-6, rtol=0)
-    # reference: log HC(σ softplus(p)) → log(2/π) as p → −∞ (improper, spec §3.4)
+    # reference: log HC(σ softplus(p)) → log(2/π) as p → −∞ (improper)
     assert log_hyper(reference, -40.0) == pytest.approx(math.log(2 / math.pi), abs=1e-12)
 
 

@@ -1,5 +1,5 @@
 """Faults a cluster or a laptop injects: damaged checkpoints, two runs on one directory, killed
-funnel parents, a full disk, Ctrl-C during start-up (issue 12; ``docs/experiments.md``)."""
+funnel parents, a full disk, Ctrl-C during start-up (``docs/experiments.md``)."""
 
 from __future__ import annotations
 

@@ -145,8 +145,14 @@ def test_identity_optimal_when_no_alpha2_beats_it() -> None:
     runs += [fake_run("monge", 0.25, 0, v, alpha2=a) for a, v in ((0.1, -0.041), (1.0, -0.05))]
     monge = choices(runs)["monge"]
     assert monge.chosen is None and monge.identity_optimal
-    table1 = next(t for t in build_tables(select_all(aggregate(runs))) if t.number == 1)
-    assert "Identity (α² = 0) is optimal" in table1.markdown()
+    tables = {t.number: t for t in build_tables(select_all(aggregate(runs)))}
+    # Both: the rule's choice (Identity) and Monge's own best cell (α² 0.1), as sgrld table shows.
+    text = tables[1].markdown()
+    monge_row = next(line for line in text.splitlines() if "| Monge |" in line)
+    assert "-0.0510 †" in monge_row and "0.9300 †" in monge_row
+    assert "† The selection rule chooses Identity (α² = 0) for Monge here" in text
+    assert "α² = 0 (Monge's best: 0.25, α² 0.1)" in tables[4].markdown()
+    assert "†" not in tables[1].csv() and "-0.051" in tables[1].csv()
 
 
 def test_equal_time_reselects_at_the_fastest_budget() -> None:
@@ -201,8 +207,8 @@ def test_report_writes_tables_figures_and_selection(
     assert {"table1.md", "table1.csv", "table4.md", "table6.md", "table8.md", "table10.md"} <= names
     assert {"selection.csv", "report.md"} <= names
     assert {n for n in names if n.startswith("figure")} == {
-        "figure3_fc400_epochs_4_HS.png",
-        "figure4_fc400_epochs_4_HS.png",
+        "figure3_fc400-e4_HS.png",
+        "figure4_fc400-e4_HS.png",
     }
     table1 = (out / "table1.md").read_text()
     assert "-0.0629 (0.0009)" in table1  # the paper's Monge HS400 beside ours
@@ -229,7 +235,53 @@ def test_settings_in_the_papers_order() -> None:
     runs = [fake_run("identity", 0.1, 0, -0.1, width=w) for w in (1200, 400, 800)]
     (table1,) = [t for t in build_tables(select_all(aggregate(runs))) if t.number == 1]
     assert [row[0] for row in table1.rows] == [
-        "fc400 (epochs 4)",
-        "fc800 (epochs 4)",
-        "fc1200 (epochs 4)",
+        "fc400 (4 epochs)",
+        "fc800 (4 epochs)",
+        "fc1200 (4 epochs)",
+    ]
+
+
+def test_report_without_matplotlib_says_so_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    write_runs(tmp_path / "runs", [fake_run("identity", 0.1, 0, -0.1)])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "sgrld report: error: the figures need matplotlib: pip install 'sgrld[plots]', or pass "
+        "--no-figures for the tables alone"
+    ]
+    assert (
+        main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r"), "--no-figures"]) == 0
+    )
+    assert (tmp_path / "r" / "report.md").read_text().startswith("# Report of 1 run\n")
+    assert "1 run; wrote" in capsys.readouterr().out
+    plot = ["table", str(tmp_path / "runs"), "--plot", str(tmp_path / "c.png")]
+    assert main(plot) == 2
+    assert "--plot needs matplotlib: pip install 'sgrld[plots]'" in capsys.readouterr().err
+
+
+def test_report_names_itself_in_warnings_and_titles_its_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.experiments import plots
+
+    runs = [fake_run("identity", 0.1, s, -0.1) for s in (0, 1)]
+    runs.append(fake_run("identity", 0.1, 2, -0.1, status="running"))
+    write_runs(tmp_path / "runs", runs)
+    titles = []
+    monkeypatch.setattr(
+        plots, "plot_convergence", lambda groups, path, *, title: titles.append(title)
+    )
+    from sgrld.experiments import report_figures
+
+    monkeypatch.setattr(report_figures, "plot_convergence", plots.plot_convergence)
+    assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "sgrld report: skipping unfinished run" in err and "sgrld table" not in err
+    assert titles == [
+        "Figure 3: mnist fc400 (4 epochs), HS prior: the chosen configurations per epoch"
     ]

@@ -101,7 +101,7 @@ def test_first_sample_after_1100_updates_end_to_end() -> None:
     assert results["curves"]["global_step"][-1] == 1200
     assert results["curves"]["val_lp"][:10] == [None] * 10  # NaN before the first sample
     assert results["num_samples"] == 2
-    # Timing keeps only steps after the first 1,000 (spec §4.6).
+    # Timing keeps only steps after the first 1,000.
     assert results["timing"]["steps_after_skip"] == 200
     assert results["timing"]["steps_all"] == 1200
     assert results["seconds_per_epoch"] > 0

@@ -131,13 +131,12 @@ def test_bad_input_exits_before_any_work(
 @pytest.mark.parametrize(
     "argv",
     [
-        ["sample", "--sampler", "sgld"],
+        ["sample", "--sampler", "sgdl"],
         ["sample", "--sampler", "identity", "--dataset", "imagenet"],
         ["sample", "--sampler", "identity", "--prior", "laplace"],
         ["sample", "--sampler", "identity", "--lr", "fast"],
         ["sample", "--sampler", "identity", "--width", "1.5"],
         ["sample", "--sampler", "identity", "--noise", "numpy"],
-        ["sample", "--dataset", "mnist"],  # no sampler
     ],
 )
 def test_unknown_names_are_argparse_errors(
@@ -186,7 +185,7 @@ def test_resume_with_other_options_is_refused(
         lr=0.05,
         epochs=1,
         width=8,
-        burnin=0,  # a run must collect a sample (issue 13.3)
+        burnin=0,  # a run must collect a sample
         thinning=1,
     )
     run_sampling(config, splits, tmp_path / "run")

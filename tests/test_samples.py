@@ -151,3 +151,35 @@ def test_readme_example_trains_and_prints_ensemble_accuracy(
     assert int(match.group(1)) == 10  # steps 220, 240, ..., 400
     assert float(match.group(2)) > 0.9  # 0.936: 400 steps learn most of MNIST
     assert re.search(r"log p\(θ\|D\) \+ const ≈ -?\d+\.\d", printed), printed
+
+
+def test_readme_own_model_example_learns_and_reports_its_lp() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- example: own-model -->\n```python\n(.*?)```", readme, re.S)
+    assert block is not None, "README lost its own-model example"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block.group(1), "README.md", "exec"), {})
+    match = re.search(
+        r"(\d+) samples: held-out log predictive density (-\d\.\d+), accuracy (\S+)", out.getvalue()
+    )
+    assert match is not None, out.getvalue()
+    assert float(match.group(2)) > -1.0  # chance is log(1/3) = -1.10
+    assert float(match.group(3)) > 0.5  # chance 0.33
+
+
+def test_log_predictive_density_is_the_mean_log_of_the_averaged_true_class_probability() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    store = SampleStore(burnin=0, thinning=1, max_samples=5)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        store.observe(model)
+    x, y = torch.randn(7, 4), torch.randint(0, 3, (7,))
+    probs = posterior_predictive(model, store, x)
+    expected = probs[torch.arange(7), y].log().mean().item()
+    assert sgrld.log_predictive_density(model, store, x, y) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="targets must have shape"):
+        sgrld.log_predictive_density(model, store, x, y[:3])

@@ -1,7 +1,7 @@
 """Maths owned by the Shampoo metric: merge/block rules, dense oracles, refresh schedule, roots.
 
 The dense oracle rebuilds G⁻¹ and G^{-1/2} from the gradient history with NumPy in float64 and its
-own row-major blocking (reference §2.5, §12): every factor is an EMA from ε·I, every block's
+own row-major blocking: every factor is an EMA from ε·I, every block's
 operator is ⊗_i (H_i + rI)^{−e}, scattered at the block's flat indices.
 """
 
@@ -144,7 +144,7 @@ def test_mnist_block_counts(width: int) -> None:
 
 
 def test_mnist_w1_chunks() -> None:
-    """W1 of N = 400: chunks 128, 128, 128, 16 by 6 × 128, 16 (reference §2.5)."""
+    """W1 of N = 400: chunks 128, 128, 128, 16 by 6 × 128, 16."""
     blocks = block_slices((400, 784), 128)
     assert [b[0].stop - b[0].start for b in blocks[::7]] == [128, 128, 128, 16]
     assert [b[1].stop - b[1].start for b in blocks[:7]] == [128] * 6 + [16]
@@ -422,7 +422,7 @@ def test_newton_matches_eigh(dtype: torch.dtype, p: int) -> None:
     before = mat.clone()
     (exact,) = inverse_roots_eigh(mat, (1.0 / p,))
     newton = inverse_root_newton(mat, p)
-    assert torch.equal(mat, before)  # no in-place ridge (reference §10.2)
+    assert torch.equal(mat, before)  # no in-place ridge
     err = torch.linalg.matrix_norm(newton.double() - exact) / torch.linalg.matrix_norm(exact)
     assert err.max() < 1e-4
 

@@ -139,12 +139,15 @@ def test_breakdown_reported_without_progress_bar(
     assert f"broke down at update {broken['update']} (epoch {broken['epoch'] + 1})" in captured.err
     assert broken["reason"] in captured.err
     # 14: ℓ is per datum, so the subset's step is 125x the full data's at the same --lr.
-    assert "ℓ is per datum" in broken["hint"] and "--subset 400" in captured.err
-    assert "125x larger" in captured.err and "try --lr 8e+06" in captured.err
+    assert "ℓ scales with n: each step is h = ℓ/n" in broken["hint"]
+    assert "--subset 400" in captured.err and "125x larger" in captured.err
+    assert "--lr 8e+06 keeps the full data's step size" in captured.err
+    assert "only 4 updates per epoch" in captured.err and '"A first run"' in captured.err
     # Seconds per epoch from a handful of steps are reported as an estimate.
     basis = results["timing"]["seconds_per_epoch_basis"]
     assert basis.startswith(f"estimated from only {results['global_steps']} step times")
-    assert "estimated from only" in captured.out
+    # The summary does not pass warm-up time off as a rate.
+    assert "s/epoch not measured" in captured.out
 
 
 def test_conventions_explain_the_subset_step() -> None:
@@ -401,3 +404,44 @@ def test_breakdown_message_of_results_written_before_the_update_field() -> None:
 
     old = {"epoch": 2, "global_step": 41, "reason": "potential is inf"}
     assert breakdown_message(old) == "the chain broke down at update 42 (epoch 3): potential is inf"
+
+
+def _traced_short(seed: int, draws: int) -> dict[str, Any]:
+    results = _traced(seed, 0.0)
+    results["trace"] = {
+        key: value[:draws] if isinstance(value, list) else value
+        for key, value in results["trace"].items()
+    }
+    results["trace"]["scalars"] = {k: v[:draws] for k, v in results["trace"]["scalars"].items()}
+    return results
+
+
+def test_table_shows_no_rhat_or_ess_from_a_handful_of_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_sample_cli import write_runs
+
+    write_runs(tmp_path, [_traced_short(seed, 7) for seed in range(3)])
+    assert main(["table", str(tmp_path), "--layout", "long"]) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("| fc400"))
+    assert row.split(" | ")[1:3] == ["3", "7"]
+    assert row.split(" | ")[3:].count("–") == 5 and row.endswith("– |")
+    assert "fewer than 20 draws per chain, too few for R̂ and ESS" in text
+
+
+def test_table_says_when_diagnostics_need_arviz(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.evaluation import diagnostics
+    from test_sample_cli import write_runs
+
+    def missing() -> None:
+        raise ImportError("MCMC diagnostics need ArviZ (No module named 'arviz'); install ...")
+
+    monkeypatch.setattr(diagnostics, "import_arviz", missing)
+    write_runs(tmp_path, [_traced(seed, 0.0) for seed in range(2)])
+    assert main(["table", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "MCMC diagnostics (R̂, ESS) left out: they need ArviZ" in out
+    assert 'pip install "sgrld[diagnostics]"' in out

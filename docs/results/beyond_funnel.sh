@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 funnel experiment: Monge with m = ∇u(θ), with and without Γ, beside EMA-Monge and
+# Beyond the paper, funnel experiment: Monge with m = ∇u(θ), with and without Γ, beside EMA-Monge and
 # Identity, all on exact gradients at ℓ = 0.003 (Identity: its own ℓ = 0.001), both α² rules.
 #
 # Scaled-down defaults (what docs/results/beyond.md reports); the issue's scale is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 MNIST experiments: Monge's normalized α² rule against the fixed rule, and the
+# Beyond the paper, MNIST experiments: Monge's normalized α² rule against the fixed rule, and the
 # cyclical schedule against the constant one. One job at a time on one thread.
 #
 # Scaled-down defaults (what docs/results/beyond.md reports); the paper's scale is

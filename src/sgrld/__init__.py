@@ -41,7 +41,12 @@ if TYPE_CHECKING:
         ShampooSGLD,
         WenzelSGLD,
     )
-    from sgrld.samples import SampleStore, log_density, posterior_predictive
+    from sgrld.samples import (
+        SampleStore,
+        log_density,
+        log_predictive_density,
+        posterior_predictive,
+    )
     from sgrld.schedules import CyclicalLR
 
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
@@ -65,7 +70,10 @@ _LAZY = {
         ("SGLD", "MongeSGLD", "RMSpropSGLD", "SGRLDOptimizer", "ShampooSGLD", "WenzelSGLD"),
         "sgrld.optim",
     ),
-    **dict.fromkeys(("SampleStore", "log_density", "posterior_predictive"), "sgrld.samples"),
+    **dict.fromkeys(
+        ("SampleStore", "log_density", "log_predictive_density", "posterior_predictive"),
+        "sgrld.samples",
+    ),
     "CyclicalLR": "sgrld.schedules",
     "Chains": "sgrld.chains",
 }
@@ -150,6 +158,7 @@ __all__ = [
     "build",
     "get_metric",
     "log_density",
+    "log_predictive_density",
     "metric_names",
     "posterior_predictive",
 ]

@@ -41,17 +41,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exits.INTERRUPTED
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def version() -> str:
+    """``sgrld X (torch Y)`` from the installed distributions' metadata (no torch import)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        torch = installed("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    try:
+        own = installed("sgrld")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        own = "unknown"
+    return f"sgrld {own} (torch {torch}, Python {sys.version.split()[0]})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sgrld`` parser with every available sub-command (imports their modules)."""
     parser = argparse.ArgumentParser(
         prog="sgrld", description="Scalable SGRLD samplers and the paper's experiments."
     )
+    parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in _available().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args._given = given_options(parser, argv)
     return int(importlib.import_module(args._module).run(args))
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations of the options written in ``argv`` (sub-commands' included; a unique
+    prefix counts as argparse reads it), so that a command can tell a flag given from a
+    default (``sample --resume`` takes the others from the run)."""
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions += sub._actions
+    options = {s: a.dest for a in actions for s in a.option_strings if s.startswith("--")}
+    given = set()
+    for token in argv:
+        if not token.startswith("--"):
+            continue
+        name = token.split("=", 1)[0]
+        matches = {options[name]} if name in options else None
+        if matches is None:
+            matches = {dest for option, dest in options.items() if option.startswith(name)}
+        if len(matches) == 1:
+            given |= matches
+    return given
 
 
 if __name__ == "__main__":

@@ -834,7 +834,7 @@ class SGLD(SGRLDOptimizer):
 
 
 class RMSpropSGLD(SGRLDOptimizer):
-    """pSGLD (Li et al. 2016): G = diag(√V + eps), V an EMA of g² from zeros (reference §2.3).
+    """pSGLD (Li et al. 2016): G = diag(√V + eps), V an EMA of g² from zeros.
 
     Extra keyword options: ``bias_correction`` (default False, as the paper's code).
     """
@@ -859,7 +859,7 @@ class RMSpropSGLD(SGRLDOptimizer):
 
 
 class WenzelSGLD(SGRLDOptimizer):
-    """Layer-wise scalar metric (Wenzel et al. 2020, reference §2.2).
+    """Layer-wise scalar metric (Wenzel et al. 2020).
 
     G = I until the first :meth:`update_preconditioner`; the paper refreshes at every epoch end.
     Give the schedule with ``batch_size`` (refresh every ⌈num_data / batch_size⌉ steps, i.e.
@@ -924,7 +924,7 @@ class WenzelSGLD(SGRLDOptimizer):
 
 
 class MongeSGLD(SGRLDOptimizer):
-    """Monge metric G = I + α² m mᵀ, m an EMA of gradients (paper §4.1, reference §2.4).
+    """Monge metric G = I + α² m mᵀ, m an EMA of gradients (paper §4.1).
 
     Extra keyword options: ``scope`` (``"global"``, the paper's metric over the whole group, or
     ``"tensor"``), ``fallback_threshold`` (the funnel's explosion fallback, off by default) and
@@ -960,7 +960,7 @@ class MongeSGLD(SGRLDOptimizer):
 
 
 class ShampooSGLD(SGRLDOptimizer):
-    """Kronecker-factored Shampoo metric per parameter tensor (paper §4.2, reference §2.5).
+    """Kronecker-factored Shampoo metric per parameter tensor (paper §4.2).
 
     Statistics every step from eps·I; inverse roots refreshed every ``update_interval`` steps
     counted by the optimizer itself (identity until the first refresh). Extra keyword options

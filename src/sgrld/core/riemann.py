@@ -8,7 +8,7 @@ With s = ‖m‖², G⁻¹ = I − β(s) m mᵀ (β = −f₋₁ of :class:`~sgr
     Γ = −Σ_j ∂_j(β m_i m_j) = −2β'(s)(mᵀHm) m − β Hm − β tr(H) m.
 
 For the fixed rule β = α²/(1+α²s) and β' = −β², which gives Γ = 2β²(mᵀHm) m − β Hm − β tr(H) m
-(issue 14's formula, checked here against finite differences of the dense G⁻¹ in
+(checked against finite differences of the dense G⁻¹ in
 ``tests/test_riemann.py``); for the normalised rule β = c/((1+c)s) and β' = −β/s, so there Γ
 grows as 1/‖∇u‖ near critical points of u (on the funnel the corrected chain diverged:
 ``docs/results/beyond.md``; use the fixed rule with the correction). One Hessian–

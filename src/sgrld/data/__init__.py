@@ -1,6 +1,6 @@
 """Datasets of the paper: MNIST (IDX files), CIFAR-10 (python batches), splits and downloads.
 
-Entry point: :func:`load_dataset` (spec §4.1).
+Entry point: :func:`load_dataset`.
 """
 
 from sgrld.data.cifar10 import Cifar10FormatError, read_cifar10, standardise

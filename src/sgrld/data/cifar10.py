@@ -146,7 +146,7 @@ def read_cifar10(path: str | os.PathLike[str], *, verify: bool = True) -> Cifar1
 
 
 def standardise(train: Tensor, *others: Tensor) -> tuple[Tensor, ...]:
-    """Per-channel standardisation with the train images' mean and unbiased std (spec §4.1).
+    """Per-channel standardisation with the train images' mean and unbiased std.
 
     Statistics are taken in float64 over the (N, H, W) axes of the NCHW ``train`` batch (ddof = 1,
     as ``torch.std``); every returned tensor is float32.

@@ -1,4 +1,4 @@
-"""``load_dataset``: the paper's MNIST and CIFAR-10 splits as tensors on a device (spec §4.1)."""
+"""``load_dataset``: the paper's MNIST and CIFAR-10 splits as tensors on a device."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The paper's 2-D funnel target (reference §5.1): log density, gradient, Hessian, exact draws.
+"""The paper's 2-D funnel target: log density, gradient, Hessian, exact draws.
 
 θ = (θ₁, v), with v the funnel ("neck") coordinate:
 
     log p(θ) = log N(θ₁ | μ, sp(v)) + log N(v | 0, σ²),    μ = 2, σ² = 80, sp(x) = log(1 + eˣ)
 
 **softplus(v) is the variance of θ₁**, not its standard deviation, and σ² = 80 overrides the
-reference class default of 15 (reference §5.1, §9.8). The v-marginal is exactly N(0, σ²), the
+reference class default of 15. The v-marginal is exactly N(0, σ²), the
 ground truth every funnel distance is measured against.
 
 All functions take ``(..., 2)`` tensors (any batch shape, e.g. ``(K, 2)`` for K chains) and are
@@ -34,7 +34,7 @@ def _softplus(x: Tensor) -> Tensor:
 
 @dataclass(frozen=True, kw_only=True)
 class FunnelTarget:
-    """The funnel of reference §5.1 (defaults: the paper's constants).
+    """The paper's funnel (defaults: the paper's constants).
 
     Args:
         mean: μ, the mean of θ₁ (2).
@@ -83,7 +83,7 @@ class FunnelTarget:
         )
 
     def grad_log_prob(self, x: Tensor) -> Tensor:
-        """∇log p(θ), clipped by norm at ``clip_norm`` (reference §5.1, ``funnel.dlogp``).
+        """∇log p(θ), clipped by norm at ``clip_norm`` (``funnel.dlogp``).
 
         ∂/∂θ₁ = −(θ₁−μ)/sp(v),
         ∂/∂v = −½ sig(v)/sp(v) + ½ (θ₁−μ)² sig(v)/sp(v)² − v/σ²,
@@ -133,7 +133,7 @@ class FunnelTarget:
         return torch.where(clip, g * (self.clip_norm / norm), unclipped)
 
     def potential_grad(self, x: Tensor, noise: Tensor, noise_std: float = 1.0) -> Tensor:
-        """The sampler's input ĝ = −(∇log p(θ) + noise_std·noise) (reference §5.2).
+        """The sampler's input ĝ = −(∇log p(θ) + noise_std·noise).
 
         The stochastic gradient of the reference is the clipped exact gradient plus N(0, 1)
         noise per coordinate; sgrld *descends* a potential, so the sign is flipped here

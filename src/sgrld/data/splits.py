@@ -1,4 +1,4 @@
-"""The paper's train/validation/test splits (spec §4.1) and the container that holds them."""
+"""The paper's train/validation/test splits and the container that holds them."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def validation_indices(num_total: int, num_val: int = 10_000, seed: int = 1) -> 
 def split_indices(
     num_total: int, num_val: int = 10_000, seed: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(train, val)`` index arrays: val in draw order, train = the rest in sorted order (§4.1)."""
+    """``(train, val)`` index arrays: val in draw order, train = the rest in sorted order."""
     val = validation_indices(num_total, num_val, seed)
     train = np.setdiff1d(np.arange(num_total, dtype=np.int64), val, assume_unique=True)
     return train, val
@@ -41,7 +41,7 @@ def split_indices(
 class Splits:
     """Inputs and integer labels (int64) of the three splits, all on one device.
 
-    ``num_train`` is the ``n`` of the per-datum potential and of the step size h = ℓ/n (spec §1.1).
+    ``num_train`` is the ``n`` of the per-datum potential and of the step size h = ℓ/n.
     """
 
     x_train: Tensor

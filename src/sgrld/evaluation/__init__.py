@@ -1,14 +1,14 @@
-"""Evaluation: streaming ensemble predictive, calibration, curvature, MCMC diagnostics (spec §4).
+"""Evaluation: streaming ensemble predictive, calibration, curvature, MCMC diagnostics.
 
 - :mod:`~sgrld.evaluation.ensemble`: cumulative-ensemble LP, accuracy, ECE and confidence
-  from a float64 running log-sum-exp (spec §4.4, §4.7, §10.8).
+  from a float64 running log-sum-exp.
 - :mod:`~sgrld.evaluation.calibration`: 30-bin top-label ECE with the reference's binning.
-- :mod:`~sgrld.evaluation.curvature`: the input-Hessian curvature ``C(θ)`` (spec §4.5).
+- :mod:`~sgrld.evaluation.curvature`: the input-Hessian curvature ``C(θ)``.
 - :mod:`~sgrld.evaluation.diagnostics`: R-hat, bulk/tail ESS and InferenceData from ArviZ
   (optional extra ``sgrld[diagnostics]``).
 - :mod:`~sgrld.evaluation.trace`: per-sample test log-likelihood, probe predictions and scalar
   hyper-parameters of a run, and their diagnostics within a run and across seeds.
-- :mod:`~sgrld.evaluation.equal_time`: the equal-computation-time re-analysis (spec §7.3).
+- :mod:`~sgrld.evaluation.equal_time`: the equal-computation-time re-analysis.
 """
 
 from sgrld.evaluation.calibration import (

@@ -1,4 +1,4 @@
-"""Top-label expected calibration error (ECE) with the reference's binning (spec §4.4).
+"""Top-label expected calibration error (ECE) with the reference's binning.
 
 The reference scores calibration with the Google ``uncertainty_metrics`` implementation
 (``ece(labels, probs, num_bins=30)``): top-label, L1, 30 equal-width bins on [0, 1]. Two details
@@ -37,7 +37,7 @@ class ReliabilityBins:
     """Per-bin statistics of a top-label reliability diagram.
 
     All arrays have ``num_bins + 1`` entries; the last one is the extra bin that holds
-    confidences of exactly 1.0 (``np.digitize`` semantics, spec §4.4).
+    confidences of exactly 1.0 (``np.digitize`` semantics).
 
     Attributes:
         upper_edges: Upper edge of each regular bin, ``(1/B, 2/B, ..., 1)``, length ``num_bins``.
@@ -137,7 +137,8 @@ def expected_calibration_error(
         The ECE in [0, 1]; 0.0 for an empty input, as the reference.
 
     References:
-        Spec §4.4 and Tables 8-9.
+        The paper's Tables 8-9 (ECE); Guo et al. (2017), "On Calibration of Modern Neural
+        Networks", ICML.
 
     Example:
         >>> expected_calibration_error([[0.9, 0.1], [1.0, 0.0]], [0, 1])

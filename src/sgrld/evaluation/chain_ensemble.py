@@ -1,4 +1,4 @@
-"""The streaming ensemble predictive of K chains at once (spec §4.4, §10.8).
+"""The streaming ensemble predictive of K chains at once.
 
 :class:`~sgrld.evaluation.ensemble.EnsemblePredictive` for a leading chain dimension: one float64
 running log-sum-exp ``L[k, i, c] = logsumexp_s log p(c | x_i, θ_s^k)`` per chain, fed with the
@@ -42,7 +42,7 @@ class ChainEnsemble:
         device: where the accumulator lives (default CPU); logits are moved there.
 
     References:
-        Spec §4.4, §4.7, §10.8; the single-chain version
+        The single-chain version
         :class:`~sgrld.evaluation.ensemble.EnsemblePredictive`.
     """
 

@@ -1,4 +1,4 @@
-"""Input-space curvature ``C(θ)`` of a classifier (spec §4.5, after Srinivas et al. 2022).
+"""Input-space curvature ``C(θ)`` of a classifier (after Srinivas et al. 2022).
 
 For each test point the reference estimates the top eigenvalue of the input Hessian of the
 negative log-likelihood by power iteration with Hessian–vector products (double backprop), and
@@ -16,7 +16,7 @@ curvature is tiny. The reported ``|ρ|`` and ``‖g‖`` statistics are the ``1/
 the reference.
 
 Unlike the reference, the random start vectors come from a dedicated ``torch.Generator``, so
-measuring curvature never perturbs a chain's noise stream (spec §10.3).
+measuring curvature never perturbs a chain's noise stream.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _EPS = 1e-6  # the reference's stabiliser, in both the power iteration and c_i
 
 @dataclass(frozen=True, kw_only=True)
 class CurvatureStats:
-    """Curvature of one posterior sample over the evaluation points (spec §4.5).
+    """Curvature of one posterior sample over the evaluation points.
 
     Attributes:
         mean: Mean of ``c_i`` (the per-sample value averaged into the paper's "Curv.").
@@ -141,7 +141,7 @@ def measure_curvature(
         model: Maps inputs to logits.
         inputs: Evaluation inputs ``(N, ...)`` in their fixed order (the official test order).
         targets: Integer labels ``(N,)``.
-        generator: Dedicated generator for the power-iteration start vectors (spec §10.3).
+        generator: Dedicated generator for the power-iteration start vectors.
         num_points: How many leading points to use (1,000 = 10% of the test set in the paper).
         batch_size: Batch size ``B``; it enters ``c_i`` through the ``1/B`` scaling (100).
         num_iterations: Power iterations per batch before the final HVP (20).

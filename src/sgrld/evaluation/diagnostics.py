@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 __all__ = [
     "MIN_DRAWS",
+    "MIN_RELIABLE_DRAWS",
     "arviz_available",
     "import_arviz",
     "split_chain",
@@ -40,6 +41,10 @@ __all__ = [
 
 #: Fewest draws per chain ArviZ accepts for R-hat and ESS.
 MIN_DRAWS = 4
+#: Fewest draws per chain for which tables show R-hat and ESS. Both rest on autocorrelations and
+#: ranks estimated from the draws; from a handful they are noise (R̂ of 2 for a chain that is fine,
+#: an ESS that is only the number of draws, ArviZ's cap), so below this they are shown as "–".
+MIN_RELIABLE_DRAWS = 20
 INSTALL_HINT = 'install the optional extra: pip install "sgrld[diagnostics]"'
 
 

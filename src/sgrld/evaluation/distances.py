@@ -1,6 +1,6 @@
 """Distances between a 1-D sample and a normal distribution, by exact formulas.
 
-Used to measure the funnel samplers against the exact v-marginal N(0, 80) (reference §5; the
+Used to measure the funnel samplers against the exact v-marginal N(0, 80) (the
 paper compares only visually). Both statistics are computed from the sorted sample in float64,
 without binning or numerical integration:
 

@@ -1,4 +1,4 @@
-"""Streaming cumulative-ensemble predictive for classification (spec §4.4, §10.8).
+"""Streaming cumulative-ensemble predictive for classification.
 
 The reference stores float64 log-probabilities of every posterior sample (about 1.6 GB per split
 on MNIST) and reduces them after the run. The ensemble metrics only need, per point and class,
@@ -49,7 +49,8 @@ class EnsemblePredictive:
             moved there.
 
     References:
-        Spec §4.4 (metrics), §4.7 (confidence), §10.8 (streaming instead of storing samples).
+        The paper's Tables 1-3 (LP, accuracy), 8-9 (ECE) and 10 (confidence); the ensemble is
+        streamed instead of storing samples (``docs/experiments.md``, the protocol).
     """
 
     def __init__(
@@ -127,7 +128,7 @@ class EnsemblePredictive:
     def log_predictive(self) -> torch.Tensor:
         """Log of the ensemble-averaged class probabilities, ``L − log S``, shape ``(N, C)``.
 
-        Returns NaN everywhere while the ensemble is empty (spec §4.4: epochs with ``S ≤ 0``).
+        Returns NaN everywhere while the ensemble is empty (epochs with ``S ≤ 0``).
         """
         if self._num_samples == 0:
             return torch.full_like(self._log_sum, math.nan)
@@ -143,7 +144,7 @@ class EnsemblePredictive:
         Returns:
             A dict with
 
-            - ``lp``: ``(1/N) Σ_i [logsumexp_s log p(y_i | x_i, θ_s) − log S]`` (spec §4.4);
+            - ``lp``: ``(1/N) Σ_i [logsumexp_s log p(y_i | x_i, θ_s) − log S]``;
             - ``accuracy``: accuracy of the argmax of the averaged probabilities;
             - ``ece``: top-label 30-bin L1 ECE of the averaged probabilities
               (:func:`~sgrld.evaluation.calibration.expected_calibration_error`);

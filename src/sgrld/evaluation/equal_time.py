@@ -1,4 +1,4 @@
-"""Equal-computation-time re-analysis of per-epoch curves (spec §7.3, Tables 6-7).
+"""Equal-computation-time re-analysis of per-epoch curves (Tables 6-7).
 
 No new runs are needed: every sampler is compared at the wall-clock budget
 ``num_epochs × T_fastest``, assuming epoch ``e`` (0-based) of a sampler ends at ``(e + 1)·T`` with
@@ -42,7 +42,7 @@ __all__ = [
 
 
 def mean_std_over_runs(values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """Per-epoch mean and population std (ddof = 0, spec §10.14) over runs.
+    """Per-epoch mean and population std (ddof = 0) over runs.
 
     Args:
         values: ``(runs, epochs)`` array of a metric.
@@ -154,7 +154,7 @@ class EqualTimeEntry:
 def equal_time_table(
     curves: Mapping[str, SamplerCurves], *, budget_s: float | None = None
 ) -> dict[str, EqualTimeEntry]:
-    """Re-select and read off every sampler at a common wall-clock budget (spec §7.3).
+    """Re-select and read off every sampler at a common wall-clock budget.
 
     Args:
         curves: Sampler name → its curves. All curves must have the same number of epochs.

@@ -151,9 +151,11 @@ def diagnostics_of(traces: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             longer traces are cut to the shortest.
 
     Returns:
-        ``{"available": True, "chains", "draws_per_chain", "variables": {name: {rhat, ess_bulk,
-        ess_tail}}, "worst": {"rhat": max, "ess_bulk": min, "ess_tail": min}}`` over every
-        component; or ``{"available": False, "reason": ...}`` without ArviZ or without samples.
+        ``{"available": True, "chains", "draws_per_chain", "reliable", "variables": {name: {rhat,
+        ess_bulk, ess_tail}}, "worst": {"rhat": max, "ess_bulk": min, "ess_tail": min}}`` over
+        every component (``reliable``: at least
+        :data:`~sgrld.evaluation.diagnostics.MIN_RELIABLE_DRAWS` draws per chain, below which
+        tables show "–"); or ``{"available": False, "reason": ...}`` without ArviZ or samples.
     """
     from sgrld.evaluation import diagnostics
 
@@ -180,6 +182,7 @@ def diagnostics_of(traces: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "available": True,
         "chains": "two halves of this run (split R-hat)" if within else len(traces),
         "draws_per_chain": first["draws"],
+        "reliable": first["draws"] >= diagnostics.MIN_RELIABLE_DRAWS,
         "variables": {
             k: {m: s[m] for m in ("rhat", "ess_bulk", "ess_tail")} for k, s in stats.items()
         },

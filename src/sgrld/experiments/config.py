@@ -26,8 +26,8 @@ from sgrld.schedules import check_cyclical
 SAMPLER_NAMES = SAMPLERS  # the names live in sgrld.experiments.choices, read from the registries
 PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
 NUM_CLASSES = 10
-GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max (spec §1.1)
-TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times (spec §4.6)
+GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max
+TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times
 #: Size of the official training set each dataset's train/validation split is drawn from.
 OFFICIAL_TRAIN_SIZE = {"mnist": 60_000, "cifar10": 50_000}
 RESULTS_FILE = "results.json"
@@ -57,7 +57,7 @@ class RunConfig:
         batch_size: minibatch size (100).
         burnin: updates before the first sample can be taken (1,000).
         thinning: a sample every ``thinning`` updates by global step (100).
-        curvature: measure C(θ) of every sample (spec §4.5; costly).
+        curvature: measure C(θ) of every sample (costly).
         curvature_points: leading test points used for C(θ) (1,000).
         num_val: validation size drawn from the official training set (10,000).
         max_train: use only the first ``max_train`` training points (smoke tests; ``None`` = all).
@@ -158,7 +158,7 @@ class RunConfig:
         return num_data if self.max_train is None else min(num_data, self.max_train)
 
     def _check_beyond(self) -> None:
-        """The α² rule and the schedule (issue 14)."""
+        """The α² rule and the schedule."""
         choice = {"alpha2_rule": ("fixed", "normalized"), "schedule": ("constant", "cyclical")}
         for name, valid in choice.items():
             if getattr(self, name) not in valid:
@@ -230,6 +230,16 @@ def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
     ]
 
 
+def config_fields_differing(saved: RunConfig, wanted: RunConfig) -> list[str]:
+    """The names of the fields :func:`config_differences` lists."""
+    free = "epochs" if wanted.schedule != "cyclical" else None
+    return [
+        f.name
+        for f in fields(RunConfig)
+        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
 def derive_seed(seed: int, stream: str) -> int:
     """An independent 63-bit seed for one of :data:`SEED_STREAMS`, derived from the master seed."""
     entropy = np.random.SeedSequence([seed, SEED_STREAMS.index(stream)])
@@ -237,7 +247,7 @@ def derive_seed(seed: int, stream: str) -> int:
 
 
 def is_sample_step(global_step: int, burnin: int = 1000, thinning: int = 100) -> bool:
-    """Whether the state after update ``global_step`` (1-based) is a sample (spec §4.2).
+    """Whether the state after update ``global_step`` (1-based) is a sample.
 
     With the paper's values the first sample is taken after 1,100 updates, as in the reference
     (0-based step 1099 with ``(i + 1) % 100 == 0 and step > 1000``).
@@ -258,7 +268,7 @@ def make_sampler(
     *,
     capturable: bool = False,
 ) -> SGRLDOptimizer:
-    """The config's sampler over ``params`` in one parameter group (spec §1.1).
+    """The config's sampler over ``params`` in one parameter group.
 
     With ``capturable`` (the runner's deferred and captured loops) ℓ is a 0-d tensor on the
     parameters' device and NaN/Inf checks are device flags read by ``check()``; without, ℓ is a

@@ -1,11 +1,11 @@
 """``sgrld funnel``: the paper's funnel experiment (Figure 2), measured against the ground truth.
 
-Reproduces ``sgmcmc/two_d.py`` of the reference code as it ran (reference §5): the funnel with
+Reproduces ``sgmcmc/two_d.py`` of the reference code as it ran: the funnel with
 μ = 2, σ² = 80 and softplus(v) the variance of θ₁ (:class:`~sgrld.data.funnel.FunnelTarget`), the
 clipped exact gradient plus N(0, 1) noise, start (1, 1), 2×10⁶ iterations with every iterate
-kept, and the per-sampler settings of §5.3 (:data:`SETTINGS`), on **the library's samplers**
-(``sgrld.build``; the update ascends log p with step η, i.e. ĝ = −∇log p, ``num_data = 1``,
-``lr = η``; see ``docs/conventions.md``).
+kept, and the per-sampler settings of the paper's App. A.4 (:data:`SETTINGS`), on **the
+library's samplers** (``sgrld.build``; the update ascends log p with step η, i.e.
+ĝ = −∇log p, ``num_data = 1``, ``lr = η``; see ``docs/conventions.md``).
 
 Where the paper only compares pictures, each sampler is scored against the exact v-marginal
 N(0, 80): Wasserstein-1 and Kolmogorov–Smirnov distances of all iterates of v
@@ -25,7 +25,7 @@ Outputs in ``--out DIR`` (rendered in memory, then written with ``funnel.json`` 
 ``funnel.json`` (settings, wall seconds, distances), ``funnel_samples.npz`` (per sampler
 ``(steps // 10, 2)`` array of (θ₁, v) at every 10th iterate of the first chain) and ``funnel.png``
 (per sampler: log-density contours with 1,000 iterates, beside a histogram of v against the true
-density; reference §5.4).
+density).
 
 Faults: ``--out`` is locked for the run (a second run on it is refused) and must hold no files
 unless ``--force``; workers die with the parent (Ctrl-C, SIGTERM, and SIGKILL through a
@@ -86,6 +86,11 @@ __all__ = [
 ]
 
 OUTPUT_FILES = ("funnel.json", "funnel_samples.npz", "funnel.png")
+#: Why the funnel runs four of the five samplers.
+WENZEL_NOTE = (
+    "wenzel is not run on the funnel: its metric is one scale per parameter tensor, divided by "
+    "the smallest, and the funnel's θ is one tensor, so Wenzel is Identity here step for step"
+)
 V_THRESHOLD = -5.0  # the neck: P(v < −5) = 0.288 under N(0, 80)
 
 
@@ -101,7 +106,7 @@ class SamplerSetting:
         return {"metric": self.metric, "lr": self.lr, "num_data": 1, **self.options}
 
 
-#: Reference §5.3 (paper App. A.4), in the library's terms.
+#: The paper's App. A.4, in the library's terms.
 SETTINGS: dict[str, SamplerSetting] = {
     "identity": SamplerSetting("identity", 0.001),
     "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0}),
@@ -174,7 +179,7 @@ def derive_seeds(seed: int) -> dict[str, int]:
 
 
 def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
-    """Distances of v-iterates to the exact marginal N(0, ``variance``) (spec §5.1).
+    """Distances of v-iterates to the exact marginal N(0, ``variance``).
 
     Args:
         v: the iterates of v (any shape; flattened).
@@ -198,7 +203,7 @@ def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
 def run_sampler(
     name: str, config: FunnelConfig, progress: Callable[[int], None] | None = None
 ) -> SamplerRun:
-    """Run one sampler of :data:`SETTINGS` on the funnel (spec §5.2-5.3).
+    """Run one sampler of :data:`SETTINGS` on the funnel.
 
     Args:
         name: a key of :data:`SETTINGS`.
@@ -448,7 +453,7 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
     target = FunnelTarget()
     return {
         "experiment": "funnel",
-        "reference": "spec §5 (sgmcmc/two_d.py, paper Figure 2)",
+        "reference": "the paper's Figure 2 (its code: sgmcmc/two_d.py)",
         "target": {
             "mean": target.mean,
             "v_variance": target.v_variance,
@@ -476,7 +481,7 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
 
 
 def plot_funnel(runs: dict[str, SamplerRun], path: Path | str | BinaryIO) -> None:
-    """The paper's Figure 2 (reference §5.4), one panel pair per sampler, saved as PNG."""
+    """The paper's Figure 2, one panel pair per sampler, saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -585,8 +590,23 @@ def read_outputs(out_dir: Path | str) -> dict[str, Any]:
     return record
 
 
-def print_table(runs: dict[str, SamplerRun], file: Any = None) -> None:
-    """One line per sampler: mean (± spread over chains) of each distance, and seconds."""
+#: What the table's columns mean, printed under it.
+LEGEND = """\
+How to read it (v is the funnel's log-scale coordinate; its exact law is N(0, 80)):
+  W1(v), KS(v)  Wasserstein-1 and Kolmogorov-Smirnov distance of the iterates of v to N(0, 80):
+                lower is better, 0 is exact (± the spread over chains)
+  P(v<-5)       fraction of iterates in the funnel's narrow neck: closer to the truth
+                ({truth:.3f}) is better; below it, the sampler misses the neck
+  min v         the deepest point of the neck reached (lower = explored further)
+  KSD(v)        kernel Stein discrepancy of v against N(0, 80): lower is better
+  ESS/s         effective sample size of v (ArviZ bulk ESS) per second of sampling: higher is
+                better ("-" without sgrld[diagnostics])
+  run s         seconds sampling; compile s: seconds in torch.compile (0 when run eagerly)"""
+
+
+def print_table(runs: dict[str, SamplerRun], file: Any = None, *, legend: bool = True) -> None:
+    """One line per sampler: mean (± spread over chains) of each distance, and seconds; then
+    (``legend``) what the columns mean and which direction is better."""
     from sgrld.data.funnel import FunnelTarget
 
     out = file if file is not None else sys.stdout
@@ -621,6 +641,8 @@ def print_table(runs: dict[str, SamplerRun], file: Any = None) -> None:
                 f"{d['frac_v_below_minus5']:>16.4f}{d['min_v']:>10.2f}",
                 file=out,
             )
+    if legend:
+        print(LEGEND.format(truth=truth), file=out)
 
 
 # ---------------------------------------------------------------------- command line
@@ -638,13 +660,23 @@ def _positive_int(text: str) -> int:
 
 def parse_samplers(text: str) -> list[str]:
     """``"identity,monge"`` → ``["identity", "monge"]``; unknown or repeated names raise."""
+    import difflib
+
+    from sgrld.metrics import ALIASES
+
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise ValueError("--samplers is empty")
+    names = [ALIASES.get(s.lower(), s.lower()) for s in names]
+    if "wenzel" in names:
+        raise ValueError(WENZEL_NOTE)
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
+        close = difflib.get_close_matches(unknown[0], SETTINGS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown sampler(s) {', '.join(map(repr, unknown))}; choose from {', '.join(SETTINGS)}"
+            f"unknown sampler(s) {', '.join(map(repr, unknown))}{hint}; choose from "
+            f"{', '.join(SETTINGS)} (aliases: sgld = identity, psgld = rmsprop)"
         )
     if len(set(names)) != len(names):
         raise ValueError(f"repeated sampler in --samplers {text!r}")
@@ -656,8 +688,10 @@ def add_arguments(
     *,
     default_steps: int = 2_000_000,
     default_out: str | None = None,
+    default_compile: bool = True,
 ) -> None:
     """The ``sgrld funnel`` options (``demo`` reuses them with other defaults)."""
+    default_compile_text = "--compile" if default_compile else "--no-compile"
     parser.epilog = exits.epilog("funnel")
     if default_out is None:
         parser.add_argument("--out", required=True, type=Path, help="output directory")
@@ -678,7 +712,7 @@ def add_arguments(
     parser.add_argument(
         "--samplers",
         default=",".join(SETTINGS),
-        help="comma-separated subset of " + ",".join(SETTINGS),
+        help="comma-separated subset of " + ",".join(SETTINGS) + " (default: all of them)",
     )
     parser.add_argument(
         "--chains",
@@ -690,7 +724,8 @@ def add_arguments(
         "--start",
         choices=("reference", "exact"),
         default="reference",
-        help="(1, 1) as the paper, or exact funnel draws (stationarity check)",
+        help="(1, 1) as the paper (reference, the default), or exact funnel draws (exact: a "
+        "stationarity check)",
     )
     parser.add_argument(
         "--jobs",
@@ -702,9 +737,12 @@ def add_arguments(
         "--block", type=_positive_int, default=10, help="steps per compiled call (default 10)"
     )
     parser.add_argument(
-        "--no-compile",
-        action="store_true",
-        help="run the same step code eagerly (slow; no C++ compiler needed)",
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=default_compile,
+        help="compile --block steps at a time with torch.compile (pays off for long runs: "
+        "tens of seconds per sampler to compile, then ~10x faster steps); --no-compile runs the "
+        f"same step code eagerly (no C++ compiler needed). Default: {default_compile_text}",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace the funnel outputs already in --out"
@@ -719,7 +757,12 @@ def add_arguments(
     )
     exact.add_argument("--correction", action="store_true", help="add Γ to monge-current")
     exact.add_argument("--alpha2", type=float, help="both Monge metrics' α² or c (0.1)")
-    exact.add_argument("--alpha2-rule", choices=("fixed", "normalized"), default="fixed")
+    exact.add_argument(
+        "--alpha2-rule",
+        choices=("fixed", "normalized"),
+        default="fixed",
+        help="fixed α² (the default) or normalized α²_t = c/‖m_t‖²",
+    )
 
 
 def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelConfig] | int:
@@ -752,7 +795,7 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
         chains=args.chains,
         start=args.start,
         block=args.block,
-        compile=not args.no_compile,
+        compile=args.compile,
     )
     return names, config
 
@@ -807,9 +850,12 @@ def _execute_locked(
         return 2
     print(
         f"funnel (μ = 2, σ² = 80): {', '.join(names)}; {config.steps} steps x "
-        f"{config.chains} chain(s), start {config.start}, seed {config.seed}",
+        f"{config.chains} chain(s), start {config.start}, seed {config.seed}; "
+        f"{'compiled' if config.compile else 'eager (no compilation)'}",
         flush=True,
     )
+    print(f"({WENZEL_NOTE})", flush=True)
+    started = time.perf_counter()
     try:
         if args.exact_metric:
             runs = _run_exact(names, config, args)
@@ -820,7 +866,14 @@ def _execute_locked(
     except NonFiniteGradientError as exc:
         print(f"sgrld {command}: error: {exc}; no outputs written", file=sys.stderr)
         return 3
+    wall = time.perf_counter() - started
+    compiled = sum(r.compile_seconds for r in runs.values())
     print_table(runs)
+    print(
+        f"{wall:.1f} s wall for the samplers ({args.jobs} at a time); summed over samplers "
+        f"{compiled:.1f} s compiling and "
+        f"{sum(r.wall_seconds for r in runs.values()) - compiled:.1f} s sampling"
+    )
     try:
         written = write_outputs(runs, config, args.out, plot=not args.no_plot)
     except OSError as exc:

@@ -1,7 +1,7 @@
 """``sgrld funnel --exact-metric``: Monge with m = ∇u(θ) on the funnel, with or without Γ.
 
-How much of Monge's funnel bias is the dropped Γ term and how much is discretisation (issue 14
-§2)? Every sampler here gets the **exact** gradient (no gradient noise), so the EMA metric, the
+How much of Monge's funnel bias is the dropped Γ term and how much is discretisation? Every
+sampler here gets the **exact** gradient (no gradient noise), so the EMA metric, the
 current-gradient metric and the correction are compared on equal terms at the same ℓ:
 
 * the samplers of ``--samplers`` (:data:`~sgrld.experiments.funnel.SETTINGS`, e.g. Identity and

@@ -1,7 +1,7 @@
-"""``sgrld geodesics``: Monge-metric geodesics on the funnel (the paper's Figure 1, reference §6).
+"""``sgrld geodesics``: Monge-metric geodesics on the funnel (the paper's Figure 1).
 
 The Monge metric of ℓ = log p is G(x) = I + α² ∇ℓ ∇ℓᵀ, the metric that the graph
-x ↦ (x, α ℓ(x)) inherits from Euclidean space. Its geodesics solve (reference §6, Hartmann et al.
+x ↦ (x, α ℓ(x)) inherits from Euclidean space. Its geodesics solve (Hartmann et al.
 2022)
 
     ẍ = −( α² ⟨ẋ, ∇²ℓ(x) ẋ⟩ / (1 + α² ‖∇ℓ(x)‖²) ) · ∇ℓ(x),

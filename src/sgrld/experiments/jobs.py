@@ -41,8 +41,8 @@ def run_state(folder: Path, config: dict[str, Any]) -> str:
 
     A run counts as done when its ``results.json`` has this config, a final status and
     possible final values (:func:`impossible_values`; otherwise resuming from the checkpoint
-    writes it again). A broken-down run is a result of the protocol (spec §4.8), so it is not
-    run again, not even when ``epochs`` grew; a completed one is then extended.
+    writes it again). A broken-down run is a result of the protocol, so it is not run again,
+    not even when ``epochs`` grew; a completed one is then extended.
     """
     try:
         results = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))

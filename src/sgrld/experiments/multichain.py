@@ -10,7 +10,7 @@ single run of its config (``sgrld sample --seed s``), whatever K and its positio
   generator (:func:`sgrld.chain_batches`), curvature points from its ``curvature`` generator;
 * noise: Philox keys drawn from its ``chain`` generator exactly as the single run's optimizer
   draws them (so the runs need ``noise="philox"``, the runner's default);
-* evaluation at the same updates (spec §4.2), each sample folded into the chain's own ensembles.
+* evaluation at the same updates, each sample folded into the chain's own ensembles.
 
 A chain that breaks down (non-finite potential or gradient) is frozen by the engine's device
 flags at that update — the potential is made to poison its own gradient, so a non-finite loss
@@ -74,7 +74,8 @@ PER_CHAIN_FIELDS = ("seed", "lr", "alpha2")
 
 def chain_label(config: RunConfig) -> str:
     """The chain's folder name: the single run's default ``--out`` name (e.g.
-    ``mnist-fc400-horseshoe-monge-lr0.25-a21.25-seed0``)."""
+    ``mnist-fc400-horseshoe-monge-lr0.25-alpha1.25-seed0``, labelled as a sweep labels its
+    run folders: ``lr0.25-alpha1.25-seed0``)."""
     from sgrld.experiments.sample import default_out_dir
 
     return default_out_dir(config).name
@@ -175,7 +176,7 @@ def _probe_chain_memory(
 
 def _poisoned_potential(num_data: int) -> Any:
     """The per-datum potential, its gradient made NaN where it is non-finite: the engine then
-    freezes the chain at that update, as a single run stops before it (spec §4.8)."""
+    freezes the chain at that update, as a single run stops before it."""
 
     def loss(model: Any, x: Tensor, y: Tensor) -> Tensor:
         u = potential(model, x, y, num_data)
@@ -345,7 +346,7 @@ class ChainsRun:
                 self._evaluate_sample()
             self.observer.on_step(self)  # type: ignore[arg-type]
         self._credit()
-        if self._refreshes:  # Wenzel: refresh at each epoch end (spec §2.2)
+        if self._refreshes:  # Wenzel: refresh at each epoch end
             started = self._clock()
             self.chains.refresh()
             seconds = (self._clock() - started) / k

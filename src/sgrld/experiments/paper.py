@@ -1,4 +1,4 @@
-"""The paper's selected hyper-parameters and reference numbers (spec §8, Tables 1-5).
+"""The paper's selected hyper-parameters and reference numbers (Tables 1-5).
 
 Keys are ``(dataset, prior, width)`` with ``width=None`` for CIFAR-10's ResNet-20; values map a
 sampler name to its entry. Monge is absent where the paper found α² = 0 (Identity) optimal.

@@ -46,6 +46,11 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     """
     curves = results["curves"]
     epochs = np.asarray(curves["epoch"], dtype=np.float64) + 1
+    empty = "no sample yet: nothing to draw"
+    broken = results.get("broken_down")
+    if broken is not None:
+        update = broken.get("update", broken.get("global_step", -1) + 1)
+        empty = f"no sample: the chain broke down\nat update {update}, before its first sample"
     fig, axes = _figure(16, 3.6, 4)
     for ax, metric, title in zip(
         axes[:3],
@@ -62,7 +67,7 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
         if drawn:
             ax.legend()
         else:
-            ax.text(0.5, 0.5, "no sample yet: nothing to draw", ha="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
         ax.set_title(f"ensemble {title}")
         ax.set_xlabel("epoch")
     seconds = _values(results["timing"]["sampling_seconds"])
@@ -80,7 +85,10 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
 
 
 def plot_convergence(
-    groups: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike[str]
+    groups: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "Test LP and accuracy per epoch (mean ± 1.96 std over seeds)",
 ) -> None:
     """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std over seeds.
 
@@ -88,7 +96,9 @@ def plot_convergence(
         groups: label → the ``results.json`` contents of that configuration's runs (runs of
             unequal length are cut to the shortest).
         path: output file.
+        title: the figure's title.
     """
+    figure_title = title
     fig, axes = _figure(12, 4, 2)
     for label, runs in groups.items():
         length = min(len(r["curves"]["epoch"]) for r in runs)
@@ -109,4 +119,5 @@ def plot_convergence(
         ax.set_title(f"cumulative ensemble {title}")
         ax.set_xlabel("epoch")
     axes[0].legend()
+    fig.suptitle(figure_title)
     save_figure(fig, path, dpi=90)

@@ -52,14 +52,18 @@ def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
 
 
 def breakdown_hint(config: RunConfig, num_data: int) -> str | None:
-    """Why a subset run diverges at a learning rate the full data tolerates (issue 13.14)."""
+    """Why a subset run diverges at a learning rate the full data tolerates, and what to do."""
     full = OFFICIAL_TRAIN_SIZE[config.dataset] - config.num_val
     if config.max_train is None or num_data >= full:
         return None
+    per_epoch = max(1, num_data // config.batch_size)
     return (
-        f"ℓ is per datum (h = ℓ/n, docs/conventions.md): with max_train={num_data} instead of "
-        f"the full n = {full}, lr={config.lr:g} is a step {full / num_data:.3g}x larger than on "
-        f"the full data; try lr={config.lr * num_data / full:.3g} for the same step size"
+        f"ℓ scales with n: each step is h = ℓ/n (docs/conventions.md), so with max_train="
+        f"{num_data} instead of the full n = {full}, lr={config.lr:g} takes steps "
+        f"{full / num_data:.3g}x larger than on the full data. lr={config.lr * num_data / full:.3g}"
+        f" keeps the full data's step size, but a subset also gives only {per_epoch} updates "
+        "per epoch, so a short run then learns little; for a quick run that learns, keep the "
+        'full data and shrink the model instead (docs/experiments.md, "A first run")'
     )
 
 

@@ -6,7 +6,7 @@ prior and sampler (:mod:`sgrld.experiments.selection`) and writes, for every tab
 allow, ``tableK.md`` and ``tableK.csv``:
 
 - MNIST: Table 1 (test LP, accuracy), 2 (curvature, seconds per epoch), 4 (chosen ℓ, α²),
-  6 (equal computation time, spec §7.3), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
+  6 (equal computation time), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
   Table 10 (mean confidence of the final ensemble);
 - ``figure3_<setting>.png`` (test LP and accuracy per epoch, ±1.96 std) and, where Monge ran
   with several α², ``figure4_<setting>.png`` (α² sensitivity);
@@ -57,8 +57,24 @@ from sgrld.experiments.table import (
     report_problems,
 )
 
-#: A table cell: (mean, std), a number, or text.
-Cell = tuple[float, float] | float | str | None
+
+@dataclass(frozen=True)
+class Marked:
+    """A table cell with a mark after it in markdown (the CSV keeps the bare value)."""
+
+    cell: tuple[float, float] | float | str | None
+    mark: str
+
+
+#: A table cell: (mean, std), a number, or text, or one of them marked.
+Cell = tuple[float, float] | float | str | None | Marked
+
+
+def _marked(cell: Cell) -> Cell:
+    """``cell`` with :data:`IDENTITY_MARK` after it."""
+    return cell if isinstance(cell, Marked) else Marked(cell, IDENTITY_MARK)
+
+
 IDENTITY_OPTIMAL = "Identity (α² = 0) is optimal"
 
 
@@ -69,23 +85,40 @@ def _order(values: Sequence[str], order: Sequence[str]) -> list[str]:
     return sorted(set(values), key=lambda v: (order.index(v) if v in order else 99, v))
 
 
-def setting_label(setting: dict[str, Any]) -> str:
-    """``fc400`` or ``resnet20``, plus the fields that differ from the paper's protocol."""
+#: Fields that set a setting apart from the paper's protocol: (field, protocol value, how the
+#: label names it, how a file name names it).
+_SETTING_EXTRAS = (
+    ("epochs", 400, "{} epochs", "e{}"),
+    ("max_train", None, "--subset {}", "sub{}"),
+    ("max_eval", None, "--eval-subset {}", "ev{}"),
+    ("temperature", 1.0, "τ {}", "T{}"),
+    ("burnin", 1000, "--burn-in {}", "b{}"),
+    ("thinning", 100, "--thinning {}", "t{}"),
+    ("noise", "philox", "--noise {}", "{}"),
+)
+
+
+def setting_label(setting: dict[str, Any], *, short: bool = False) -> str:
+    """``fc400`` or ``resnet20``, plus the fields that differ from the paper's protocol, as
+    command-line flags (``fc400 (3 epochs, --subset 2000)``) or, ``short``, for a file name
+    (``fc400-e3-sub2000``)."""
     model = f"fc{setting['width']}" if setting["model"] == "fc" else str(setting["model"])
     extras = [
-        f"{name} {setting[name]}"
-        for name, default in (
-            ("epochs", 400),
-            ("max_train", None),
-            ("max_eval", None),
-            ("temperature", 1.0),
-            ("burnin", 1000),
-            ("thinning", 100),
-            ("noise", "torch"),
-        )
+        (long_form if not short else short_form).format(_value_text(setting[name]))
+        for name, default, long_form, short_form in _SETTING_EXTRAS
         if setting.get(name, default) != default
     ]
+    if short:
+        return "-".join([model, *extras])
     return model + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _value_text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _setting_key(config: dict[str, Any]) -> str:
@@ -174,6 +207,8 @@ class Table:
 
     def markdown(self) -> str:
         def text(cell: Cell, digits: int) -> str:
+            if isinstance(cell, Marked):
+                return text(cell.cell, digits) + cell.mark
             if cell is None:
                 return "–"
             if isinstance(cell, tuple):
@@ -185,19 +220,24 @@ class Table:
         rows = [
             [text(c, d) for c, (_, d) in zip(row, self.columns, strict=True)] for row in self.rows
         ]
-        return f"**Table {self.number}.** {self.title}\n\n" + _markdown(
-            [name for name, _ in self.columns], rows
+        marked = any(isinstance(c, Marked) for row in self.rows for c in row)
+        note = f"\n{IDENTITY_NOTE}\n" if marked else ""
+        return (
+            f"**Table {self.number}.** {self.title}\n\n"
+            + _markdown([name for name, _ in self.columns], rows)
+            + note
         )
 
     def csv(self) -> str:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        tuples = {i for row in self.rows for i, c in enumerate(row) if isinstance(c, tuple)}
+        bare = [[c.cell if isinstance(c, Marked) else c for c in row] for row in self.rows]
+        tuples = {i for row in bare for i, c in enumerate(row) if isinstance(c, tuple)}
         header: list[str] = []
         for i, (name, _) in enumerate(self.columns):
             header += [f"{name} mean", f"{name} std"] if i in tuples else [name]
         writer.writerow(header)
-        for row in self.rows:
+        for row in bare:
             values: list[Any] = []
             for i, cell in enumerate(row):
                 if i in tuples:
@@ -214,9 +254,10 @@ Column = tuple[str, int, Callable[[Choice], Cell]]
 
 def _stat(metric: str) -> Callable[[Choice], Cell]:
     def cell(choice: Choice) -> Cell:
-        if choice.chosen is None:
+        group = choice.chosen if choice.chosen is not None else choice.best_own
+        if group is None:
             return IDENTITY_OPTIMAL if choice.identity_optimal else "broke down"
-        mean, std = choice.chosen.stat(metric)
+        mean, std = group.stat(metric)
         return (mean, std) if metric.startswith(("test_", "val_")) else mean
 
     return cell
@@ -224,8 +265,19 @@ def _stat(metric: str) -> Callable[[Choice], Cell]:
 
 def _chosen_lr(choice: Choice) -> Cell:
     if choice.chosen is None:
+        if choice.identity_optimal and choice.best_own is not None:
+            return f"α² = 0 (Monge's best: {_lr_text(choice.best_own)})"
         return "α² = 0" if choice.identity_optimal else "–"
     return _lr_text(choice.chosen)
+
+
+#: Marks a cell of Monge whose rule's choice is Identity (α² = 0); explained under the table.
+IDENTITY_MARK = " †"
+IDENTITY_NOTE = (
+    "† The selection rule chooses Identity (α² = 0) for Monge here: Identity's validation LP is "
+    "at least as good as that of every α² tried. The cell shows Monge's own best α² (its ℓ and "
+    "α² are in Table 4), as `sgrld table` does."
+)
 
 
 def _paper_lr(choice: Choice) -> Cell:
@@ -266,8 +318,10 @@ def _wide_table(
             ]
             for prior in priors:
                 choice = by_key.get((setting, prior, sampler))
-                if choice is not None and choice.identity_optimal:  # one note, not one per column
+                if choice is not None and choice.identity_optimal and choice.best_own is None:
                     row += [IDENTITY_OPTIMAL] + [""] * (len(columns) - 1)
+                elif choice is not None and choice.identity_optimal:  # the rule's and Monge's
+                    row += [_marked(f(choice)) for _, _, f in columns]
                 else:
                     row += [f(choice) if choice else "–" for _, _, f in columns]
                 row += [f(choice) if choice else "–" for _, _, f in paper]
@@ -275,7 +329,7 @@ def _wide_table(
     return Table(number, title, header, rows)
 
 
-# --- equal computation time (spec §7.3, Tables 6-7) -------------------------------------------
+# --- equal computation time (Tables 6-7) -------------------------------------------
 
 
 def _curves(group: Group, metric: str) -> np.ndarray:
@@ -296,7 +350,7 @@ class EqualTime:
 
 
 def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTime]:
-    """Re-select every sampler at ``epochs × T_fastest`` (spec §7.3) per setting and prior.
+    """Re-select every sampler at ``epochs × T_fastest`` per setting and prior.
 
     Each sampler's seconds per epoch is that of its chosen configuration (Tables 2-3), used for
     all its candidates as in the reference; broken-down configurations are left out.
@@ -423,14 +477,14 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
             6,
             mnist,
             "MNIST at equal computation time (epochs × the fastest sampler's s/epoch; "
-            "ℓ re-chosen on the interpolated validation LP, spec §7.3)",
+            "ℓ re-chosen on the interpolated validation LP)",
             timed_cols,
             p(from_paper(6, "LP", 4, "test_lp"), from_paper(6, "acc", 4, "test_accuracy")),
         ),
         (
             7,
             cifar,
-            "CIFAR-10 at equal computation time (spec §7.3)",
+            "CIFAR-10 at equal computation time",
             timed_cols,
             p(from_paper(7, "LP", 4, "test_lp"), from_paper(7, "acc", 4, "test_accuracy")),
         ),
@@ -525,7 +579,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUNS", help="sweep or run folders")
     parser.add_argument("--out", type=Path, required=True, help="folder for tables and figures")
     parser.add_argument("--paper", action="store_true", help="the paper's numbers beside ours")
-    parser.add_argument("--no-figures", action="store_true", help="tables only (no matplotlib)")
+    parser.add_argument(
+        "--no-figures", action="store_true", help="tables only (no figures, no matplotlib needed)"
+    )
     add_strict_argument(parser)
     parser.epilog = exits.epilog("report")
 
@@ -566,7 +622,7 @@ def write_report(
     figure_list = "\n".join(f"- {p.name}" for p in written if p.suffix == ".png") or "none"
     dropped = "\n".join(f"- {line}" for line in left_out) or "none"
     text = (
-        f"# Report of {sum(len(g.runs) for g in groups)} runs\n\n{body}\n\n"
+        f"# Report of {_plural(sum(len(g.runs) for g in groups), 'run')}\n\n{body}\n\n"
         f"## Selection warnings\n\n{notes}\n\n## Runs left out\n\n{dropped}\n\n"
         f"## Figures\n\n{figure_list}\n"
     )
@@ -579,8 +635,18 @@ def write_report(
 
 def run(args: argparse.Namespace) -> int:
     """Load the runs, write the report, list what was written."""
+    if not args.no_figures:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "sgrld report: error: the figures need matplotlib: pip install 'sgrld[plots]', "
+                "or pass --no-figures for the tables alone",
+                file=sys.stderr,
+            )
+            return 2
     try:
-        runs, problems = load_checked(find_results(args.runs))
+        runs, problems = load_checked(find_results(args.runs), command="sgrld report")
         report_problems("report", problems)
         if not runs:
             raise TableError("no usable run (every run found is unfinished or left out)")
@@ -595,5 +661,5 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sgrld report: error: {exc}", file=sys.stderr)
         return exits.IO_ERROR
-    print(f"{len(runs)} runs; wrote {', '.join(p.name for p in written)} to {args.out}")
+    print(f"{_plural(len(runs), 'run')}; wrote {', '.join(p.name for p in written)} to {args.out}")
     return exits.FAILED if args.strict and problems else exits.OK

@@ -19,8 +19,14 @@ from sgrld.experiments.table import PRIOR_SHORT, SAMPLER_TITLES, Group
 
 
 def _slug(setting: str, prior: str) -> str:
-    label = setting_label(json.loads(setting)) + f" {PRIOR_SHORT.get(prior, prior)}"
-    return re.sub(r"[^A-Za-z0-9.]+", "_", label).strip("_")
+    """``fc400-e3-sub2000_HS``: the setting's short label and the prior, for a file name."""
+    label = setting_label(json.loads(setting), short=True) + f"_{PRIOR_SHORT.get(prior, prior)}"
+    return re.sub(r"[^A-Za-z0-9.\-]+", "_", label).strip("_")
+
+
+def _title(setting: str, prior: str) -> str:
+    data = json.loads(setting)
+    return f"{data['dataset']} {setting_label(data)}, {PRIOR_SHORT.get(prior, prior)} prior"
 
 
 def _final(group: Group, metric: str) -> tuple[float, float]:
@@ -28,7 +34,7 @@ def _final(group: Group, metric: str) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values))
 
 
-def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path) -> None:
+def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: str = "") -> None:
     """Test LP and accuracy against α², each α² at its chosen ℓ, ±1.96 std; other samplers as
     horizontal lines with bands; a dashed segment from α² = 0 (Identity) to the first α²."""
     points = sorted(
@@ -63,6 +69,8 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path) -> None:
         ax.set_xlabel("α²")
         ax.set_title(f"final ensemble {title}")
     axes[0].legend()
+    if title:
+        fig.suptitle(title)
     save_figure(fig, path, dpi=90)
 
 
@@ -80,12 +88,15 @@ def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:
         }
         if chosen:
             path = out / f"figure3_{_slug(setting, prior)}.png"
-            plot_convergence(chosen, path)
+            title = f"Figure 3: {_title(setting, prior)}: the chosen configurations per epoch"
+            plot_convergence(chosen, path, title=title)
             written.append(path)
         for monge in (c for c in members if c.sampler == "monge"):
             tried = {s.alpha2 for s in monge.stages if s.kind == "lr" and s.chosen is not None}
             if len(tried) >= 2:
                 path = out / f"figure4_{_slug(setting, prior)}.png"
-                draw_figure4(monge, [c for c in members if c.sampler != "monge"], path)
+                others = [c for c in members if c.sampler != "monge"]
+                title = f"Figure 4: {_title(setting, prior)}: Monge's α² at its chosen ℓ"
+                draw_figure4(monge, others, path, title=title)
                 written.append(path)
     return written

@@ -5,26 +5,26 @@ The loop of a run; its other rooms are :mod:`~sgrld.experiments.config` (what to
 :mod:`~sgrld.experiments.observers` (hooks and the progress display) and
 :mod:`~sgrld.experiments._io` (atomic writes, locks). Their names are re-exported here.
 
-The run loop of the paper's MNIST and CIFAR-10 experiments (spec §4), rebuilt so that a run is
-exactly reproducible and resumable (spec §10 items 3, 7, 8, 9, 11, 13):
+The run loop of the paper's MNIST and CIFAR-10 experiments, rebuilt so that a run is
+exactly reproducible and resumable:
 
-- **Schedule** (spec §4.2, §10.7). Minibatches of 100, reshuffled each epoch by a dedicated data-
+- **Schedule**. Minibatches of 100, reshuffled each epoch by a dedicated data-
   order generator. After update ``k`` (1-based, counted over the whole run) the current state is a
   posterior sample when ``k > burnin`` and ``k % thinning == 0``: with the paper's 1,000 / 100 the
   first sample comes after 1,100 updates, then one every 100 (1,990 samples in 400 MNIST epochs,
   1,590 on CIFAR-10). The chain is never reloaded from a sample.
-- **Streaming evaluation** (spec §4.4, §10.8). Each sample is evaluated at once, in eval mode, on
+- **Streaming evaluation**. Each sample is evaluated at once, in eval mode, on
   the validation and test sets and folded into float64 :class:`EnsemblePredictive` accumulators;
   the model then goes back to train mode and the chain continues. At every epoch end the
   cumulative ensemble's log-probability, accuracy, ECE (30 bins) and confidence are recorded.
-- **Curvature** (optional, spec §4.5, §10.3): C(θ) of every sample on the first 1,000 test
+- **Curvature** (optional): C(θ) of every sample on the first 1,000 test
   points, with its own generator, so that measuring never perturbs the chain.
-- **Timing** (spec §4.6, §10.9). A step is forward, backward, clamp and sampler step; evaluation
+- **Timing**. A step is forward, backward, clamp and sampler step; evaluation
   is excluded. The eager loop times each step on its own (synchronised on CUDA); the deferred
   loop times each block of steps between two host reads and credits each step its share.
   ``seconds_per_epoch`` is the mean step time after the first 1,000 steps times the steps per
   epoch, plus Wenzel's mean refresh time.
-- **Failure** (spec §1.1, §4.8). A non-finite potential (or gradient) stops the run; it is recorded
+- **Failure**. A non-finite potential (or gradient) stops the run; it is recorded
   as broken down, like a failed run of the reference, at the update where it happened.
 - **Step modes** (:class:`SamplingRun`'s ``step_mode``; ``timing.step_mode`` in the results).
   ``"eager"``: the loop above, with a host read per step (the potential's finiteness).
@@ -130,7 +130,7 @@ STEP_MODES = ("auto", "eager", "deferred", "graph")
 
 
 class _BrokeDown(Exception):
-    """The chain hit a non-finite potential or gradient (spec §4.8)."""
+    """The chain hit a non-finite potential or gradient."""
 
 
 def deferred_refusal(config: RunConfig) -> str | None:
@@ -324,7 +324,7 @@ class SamplingRun(RunRecord):
         self._finish_epoch()
 
     def _finish_epoch(self) -> None:
-        """Wenzel's refresh at each epoch end (spec §2.2; in place, so later replays of a
+        """Wenzel's refresh at each epoch end (in place, so later replays of a
         captured step see it), the epoch's curves, the checkpoint, the observer."""
         if isinstance(self.optimizer, WenzelSGLD):
             started = self._clock()

@@ -9,7 +9,7 @@ writes ``OUT/results.json`` (config, seeds, per-epoch curves, final validation a
 accuracy, ECE, curvature if measured, seconds per epoch, number of samples), ``OUT/curves.png``
 and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exactly). Without
 ``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
-(spec §8, Tables 4-5). The protocol is in :mod:`sgrld.experiments.runner`.
+(Tables 4-5). The protocol is in :mod:`sgrld.experiments.runner`.
 
 Exit status: 0 when the run completed, 3 when the chain broke down (non-finite potential; the
 results are still written), 2 for bad input, a damaged checkpoint or an ``--out`` that another run
@@ -21,7 +21,9 @@ fault.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -32,12 +34,12 @@ from sgrld.experiments import exits
 from sgrld.experiments.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.choices import MODELS as MODEL_CHOICES
 from sgrld.experiments.choices import NOISE as NOISE_CHOICES
-from sgrld.experiments.choices import PRIORS, SAMPLERS
+from sgrld.experiments.choices import PRIORS, SAMPLERS, sampler_name
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
 
-DEFAULT_ALPHA2 = 1.0  # the reference's config default (spec §1.2)
+DEFAULT_ALPHA2 = 1.0  # the reference's config default
 EXIT_IO_ERROR = exits.IO_ERROR
 EXIT_STATUS = exits.epilog("sample")
 
@@ -46,13 +48,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld sample`` options."""
     parser.epilog = EXIT_STATUS
     what = parser.add_argument_group("what to sample")
-    what.add_argument("--dataset", choices=DATASET_CHOICES, default="mnist")
+    what.add_argument(
+        "--dataset", choices=DATASET_CHOICES, default="mnist", help="the data set (default mnist)"
+    )
     what.add_argument(
         "--model", choices=MODEL_CHOICES, help="default: fc for mnist, resnet20 for cifar10"
     )
     what.add_argument("--width", type=int, default=400, help="hidden width N of fc (400)")
-    what.add_argument("--prior", choices=PRIOR_CHOICES, default="gaussian")
-    what.add_argument("--sampler", choices=SAMPLER_CHOICES, required=True)
+    what.add_argument(
+        "--prior",
+        choices=PRIOR_CHOICES,
+        default="gaussian",
+        help="the prior on the weights (default gaussian; the paper's MNIST tables use "
+        "horseshoe too)",
+    )
+    what.add_argument(
+        "--sampler",
+        type=sampler_name,
+        choices=SAMPLER_CHOICES,
+        help="the metric G (aliases: sgld = identity, psgld = rmsprop)",
+    )
     what.add_argument(
         "--lr",
         type=float_list,
@@ -71,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--alpha2-rule",
         choices=("fixed", "normalized"),
         default="fixed",
-        help="Monge: fixed α² (the paper's) or normalized α²_t = c/‖m_t‖² with c = --alpha2 "
-        f"(default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)",
+        help="Monge: fixed α² (the paper's; the default) or normalized α²_t = c/‖m_t‖² with "
+        f"c = --alpha2 (default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)",
     )
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
@@ -120,12 +135,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     schedule.add_argument("--batch-size", type=int, default=100, help="minibatch size (100)")
     schedule.add_argument("--burn-in", type=int, default=1000, help="burn-in updates (1000)")
-    schedule.add_argument("--thinning", type=int, default=100, help="a sample every K updates")
     schedule.add_argument(
-        "--curvature", action="store_true", help="measure C(θ) of every sample (spec §4.5)"
+        "--thinning", type=int, default=100, help="a sample every K updates (100)"
     )
+    schedule.add_argument("--curvature", action="store_true", help="measure C(θ) of every sample")
     schedule.add_argument("--curvature-points", type=int, default=1000, help="test points (1000)")
-    schedule.add_argument("--eval-batch-size", type=int, default=1000)
+    schedule.add_argument(
+        "--eval-batch-size", type=int, default=1000, help="points per evaluation batch (1000)"
+    )
     schedule.add_argument(
         "--subset",
         type=int,
@@ -147,7 +164,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument(
         "--out", help="output directory (default: runs/<dataset>-<model>-<prior>-<sampler>-...)"
     )
-    io.add_argument("--resume", action="store_true", help="continue the run in --out")
+    io.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue (or, with a larger --epochs, extend) the run in --out; its options "
+        "(--sampler included) are read from its checkpoint, and flags given must agree",
+    )
     io.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K (cpu)")
     io.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     io.add_argument(
@@ -311,9 +333,10 @@ def _cli_names(message: str) -> str:
 
 
 def default_out_dir(config: Any) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-a2<α²>|-c<c>][-cyc<M>r<r>]-seed<s>``."""
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>][-cyc<M>r<r>]
+    [-sub<N>]-seed<s>`` (``lr…-alpha…-seed…`` as in a sweep's run folders)."""
     model = f"fc{config.width}" if config.model == "fc" else config.model
-    alpha = f"-a2{config.alpha2:g}" if config.alpha2 is not None else ""
+    alpha = f"-alpha{config.alpha2:g}" if config.alpha2 is not None else ""
     if config.alpha2_rule == "normalized":
         alpha = f"-c{config.alpha2:g}"
     if config.schedule == "cyclical":
@@ -331,8 +354,11 @@ def _device(name: str) -> Any:
 
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise UsageError(f"--device {name!r} is not a device ({exc})") from exc
+    except RuntimeError:
+        hint = " (a GPU is cuda here)" if name.strip().lower().startswith("gpu") else ""
+        raise UsageError(
+            f"--device {name!r} is not a device: give cpu, cuda or cuda:K{hint}"
+        ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
@@ -359,24 +385,45 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def _refuse_held(out: Path, held: bool) -> None:
-    """Without ``--resume``, an ``--out`` that holds a run is refused."""
-    if held:
+    """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
+    if not held:
+        return
+    from sgrld.experiments.config import RESULTS_FILE
+
+    status = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        status = json.loads((out / RESULTS_FILE).read_text()).get("status")
+    if status == "broken_down":
         raise UsageError(
-            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+            f"{out} holds a run that broke down ({out / RESULTS_FILE}); it cannot be continued: "
+            "start a new run in another --out (with a smaller --lr, for example)"
         )
+    if status == "completed":
+        raise UsageError(
+            f"{out} holds a completed run; pass --resume with a larger --epochs to extend it, "
+            "or choose another --out"
+        )
+    raise UsageError(
+        f"{out} already holds a run; pass --resume to continue it (its options are read from "
+        "its checkpoint) or choose another --out"
+    )
 
 
 def _refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) -> None:
     """A checkpoint made with other options than these runs' (``epochs`` may grow)."""
-    from sgrld.experiments.config import config_differences
+    from sgrld.experiments.config import config_fields_differing
 
     for old, new in zip(saved, wanted, strict=True):
-        differences = config_differences(old, new)
-        if differences:
+        names = config_fields_differing(old, new)
+        if names:
             raise UsageError(
-                f"cannot resume {checkpoint}: it was made with other options ("
-                + "; ".join(differences)
-                + ")"
+                f"cannot resume {checkpoint}: it was made with "
+                + "; ".join(
+                    f"{_option_text(n, getattr(old, n))}, not {_option_text(n, getattr(new, n))}"
+                    for n in names
+                )
+                + ". Drop these flags (--resume with --out reads the run's options from its "
+                "checkpoint), or choose another --out for a new run"
             )
 
 
@@ -398,6 +445,104 @@ def _refuse_other_threads(results: list[Path], threads: int | None) -> None:
                 f"cannot resume {path.parent}: it ran with --threads {saved}, this run would use "
                 f"{wanted} and not continue bit-identically; pass --threads {saved}"
             )
+
+
+def _option_text(field: str, value: Any) -> str:
+    """A config value as written on the command line: ``--prior horseshoe``, ``no --subset``."""
+    flag = _flag(field)
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    if value is None:
+        return f"no {flag}"
+    if isinstance(value, (list, tuple)):
+        return f"{flag} {','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value)}"
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+
+
+def _saved_configs(out: Path) -> list[Any]:
+    """The configs of the run in ``out`` (its checkpoint's, else its ``results.json``'s)."""
+    from sgrld.experiments._io import CheckpointError, load_checkpoint
+    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+
+    checkpoint, results = out / CHECKPOINT_FILE, out / RESULTS_FILE
+    try:
+        if checkpoint.is_file():
+            state = load_checkpoint(checkpoint)
+            saved = state.get("configs", [state.get("config")]) if isinstance(state, dict) else []
+            return [RunConfig.from_dict(c) for c in saved]
+        if results.is_file():
+            return [RunConfig.from_dict(json.loads(results.read_text())["config"])]
+    except (CheckpointError, OSError, ValueError, TypeError, KeyError) as exc:
+        raise UsageError(f"cannot resume the run in {out}: {exc}") from exc
+    return []
+
+
+def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
+    """``--resume --out OUT``: take the run's options from its checkpoint (or results.json).
+
+    Flags given on the command line must agree with the run's, ``--epochs`` aside (a larger one
+    extends the run); a flag that disagrees is refused by name, with the fix. Flags not given
+    take the run's values. Nothing changes when ``out`` holds no run yet.
+
+    Raises:
+        UsageError: a given flag disagrees with the run, or its checkpoint cannot be read.
+    """
+    saved = _saved_configs(out)
+    if not saved:
+        return
+    given = _given_options(args)
+    values: dict[str, Any] = {}
+    first = saved[0]
+    for f in dataclasses.fields(first):
+        if f.name not in ("lr", "alpha2", "seed"):
+            values[_dest(f.name)] = getattr(first, f.name)
+    values["lr"] = list(dict.fromkeys(c.lr for c in saved))
+    alphas = list(dict.fromkeys(c.alpha2 for c in saved))
+    values["alpha2"] = None if alphas == [None] else alphas
+    seeds = sorted({c.seed for c in saved})
+    values["seed"], values["chains"] = seeds[0], len(seeds)
+    conflicts = []
+    for dest, value in values.items():
+        if dest not in given or dest == "epochs":
+            continue
+        mine = getattr(args, dest, None)
+        if dest in ("lr", "alpha2") and mine is not None:
+            same = value is not None and sorted(_values(mine)) == sorted(value)
+        else:
+            same = mine == value
+        if not same:
+            field = {"subset": "max_train", "eval_subset": "max_eval", "burn_in": "burnin"}.get(
+                dest, dest
+            )
+            flag = "--chains" if dest == "chains" else None
+            theirs = f"--chains {value}" if flag else _option_text(field, value)
+            yours = f"--chains {mine}" if flag else _option_text(field, mine)
+            conflicts.append(f"{yours} (the run has {theirs})")
+    if conflicts:
+        raise UsageError(
+            f"cannot resume the run in {out}: "
+            + "; ".join(conflicts)
+            + ". --resume reads the run's options from its checkpoint: drop these flags, or "
+            "choose another --out for a new run"
+        )
+    for dest, value in values.items():
+        if dest not in given:
+            setattr(args, dest, value)
+
+
+def _given_options(args: argparse.Namespace) -> set[str]:
+    """The options written on the command line (recorded by :mod:`sgrld.cli`); otherwise those
+    whose values differ from the defaults."""
+    given = getattr(args, "_given", None)
+    if given is not None:
+        return set(given)
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    return {
+        a.dest
+        for a in defaults._actions
+        if hasattr(args, a.dest) and getattr(args, a.dest) != a.default
+    }
 
 
 def _refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
@@ -457,6 +602,12 @@ def run(args: argparse.Namespace) -> int:
     with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
         import torch  # noqa: F401
     try:
+        if args.resume and args.out:
+            adopt_saved_options(args, Path(args.out))
+        if args.sampler is None:
+            raise UsageError(
+                "--sampler is required (with --resume --out OUT it comes from the run in OUT)"
+            )
         configs = configs_from_args(args)
         multi = is_multichain(args)
         if multi:
@@ -556,7 +707,7 @@ def _run_locked(
 
 
 def default_chains_out_dir(configs: list[Any]) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-a2<α²,...>]-seed<first>-<last>``
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-alpha<α²,...>]-seed<first>-<last>``
     for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
     first = configs[0]
     model = f"fc{first.width}" if first.model == "fc" else first.model
@@ -564,7 +715,7 @@ def default_chains_out_dir(configs: list[Any]) -> Path:
     def values(name: str) -> str:
         return ",".join(dict.fromkeys(f"{getattr(c, name):g}" for c in configs))
 
-    alpha = f"-a2{values('alpha2')}" if first.alpha2 is not None else ""
+    alpha = f"-alpha{values('alpha2')}" if first.alpha2 is not None else ""
     if first.alpha2_rule == "normalized":
         alpha = f"-c{values('alpha2')}"
     subset = f"-sub{first.max_train}" if first.max_train is not None else ""
@@ -680,11 +831,9 @@ def _summary(results: dict[str, Any], out: Path) -> None:
         return "nan" if value is None else f"{value:.4f}"
 
     final = results["final"]
-    basis = results["timing"].get("seconds_per_epoch_basis", "")
-    estimated = f" ({basis})" if basis.startswith("estimated") else ""
     print(
-        f"{results['status']}: {results['epochs_completed']} epochs, "
-        f"{results['num_samples']} samples, {fmt(results['seconds_per_epoch'])} s/epoch" + estimated
+        f"{results['status']}: {_count(results['epochs_completed'], 'epoch')}, "
+        f"{_count(results['num_samples'], 'sample')}, {_speed(results)}"
     )
     for split in ("val", "test"):
         m = final[split]
@@ -692,3 +841,24 @@ def _summary(results: dict[str, Any], out: Path) -> None:
     if results["curvature"] is not None:
         print(f"  curvature {fmt(results['curvature']['mean'])}")
     print(f"  results: {out / 'results.json'}")
+
+
+def _speed(results: dict[str, Any]) -> str:
+    """``0.1234 s/epoch``; for a run too short to time past the warm-up, why there is no rate."""
+    from sgrld.experiments.config import TIMING_SKIP_STEPS
+
+    timing = results["timing"]
+    basis = timing.get("seconds_per_epoch_basis", "")
+    if timing.get("steps_all") and not timing.get("steps_after_skip"):
+        return (
+            f"s/epoch not measured: all {timing['steps_all']} updates fall in the first "
+            f"{TIMING_SKIP_STEPS}, whose times include compilation and warm-up; sampling took "
+            f"{sum(timing.get('sampling_seconds', [])):.1f} s in all"
+        )
+    value = results["seconds_per_epoch"]
+    estimated = f" ({basis})" if basis.startswith("estimated") else ""
+    return f"{'nan' if value is None else f'{value:.4f}'} s/epoch{estimated}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"

@@ -1,11 +1,11 @@
-"""The paper's tuning rule (spec §7.1, §7.2): ℓ, then α², by mean final validation LP over seeds.
+"""The paper's tuning rule: ℓ, then α², by mean final validation LP over seeds.
 
 For one cell (a setting, a prior and a sampler) the candidates are its configurations
 (:class:`~sgrld.experiments.table.Group`, one per ℓ and α²):
 
 1. for each α² (one pass for samplers without α²), the ℓ with the best mean final validation
    log-probability; a configuration with a broken-down run, or with no finite validation LP,
-   is never chosen (spec §4.8);
+   is never chosen;
 2. for Monge, the α² whose chosen ℓ scores best. Identity is Monge with α² = 0: when the
    Identity cell of the same setting scores at least as well, Monge's choice is α² = 0 and the
    tables say "Identity (α² = 0) is optimal", as the paper does.
@@ -104,6 +104,15 @@ class Choice:
     @property
     def warnings(self) -> list[str]:
         return [s.warning for s in self.stages if s.warning]
+
+    @property
+    def best_own(self) -> Group | None:
+        """The chosen configuration; for Monge when Identity is optimal, Monge's own best α²
+        (the α² whose chosen ℓ scores best), which the tables show beside the rule's choice."""
+        if not self.identity_optimal:
+            return self.chosen
+        own = [s.chosen for s in self.stages if s.kind == "lr" and s.chosen is not None]
+        return max(own, key=val_lp) if own else None
 
 
 def _choose_lr(candidates: Sequence[Group], alpha2: float | None) -> Stage:

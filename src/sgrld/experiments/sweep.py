@@ -153,8 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
     )
     sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
-    sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job")
-    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C", help="CPUs per job")
+    sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job (0)")
+    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C", help="CPUs per job (1)")
     sweep.add_argument(
         "--timeout-min", type=int, default=60, metavar="T", help="job time limit in minutes (60)"
     )

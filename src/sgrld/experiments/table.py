@@ -2,12 +2,12 @@
 
 Runs (directories holding ``results.json``, or folders searched recursively for them) are grouped
 by their config without the seed. Each group gets the mean and the population std (ddof = 0, as
-the paper, spec §4.8 and §10.14) over its seeds of the final-epoch metrics. Output:
+the paper) over its seeds of the final-epoch metrics. Output:
 
 - Markdown on stdout (and ``--markdown FILE``), by default in the layout of the paper's Table 1:
   one table per setting (dataset, model, width, epochs, ...), a row per sampler and, per prior,
   the columns LP, accuracy, ECE, seconds per epoch and ℓ. Where a setting holds several ℓ (or α²)
-  for one sampler, the one with the best mean final validation LP is shown (spec §7.1); a
+  for one sampler, the one with the best mean final validation LP is shown; a
   configuration with a broken-down run is never selected and shows as "broke down". The best LP
   per column is in bold. ``--paper`` adds the paper's LP, accuracy and s/epoch beside it.
 - ``--layout long``: one row per configuration instead.
@@ -193,17 +193,20 @@ def read_results(path: Path) -> dict[str, Any]:
 SPLITS = ("val", "test")
 
 
-def load_runs(files: Iterable[Path], *, include_partial: bool = False) -> list[dict[str, Any]]:
-    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``.
+def load_runs(
+    files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
+) -> list[dict[str, Any]]:
+    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``
+    (``command`` names who says so on stderr).
 
     Raises:
         TableError: a file is not a sgrld sampling result.
     """
-    return load_checked(files, include_partial=include_partial)[0]
+    return load_checked(files, include_partial=include_partial, command=command)[0]
 
 
 def load_checked(
-    files: Iterable[Path], *, include_partial: bool = False
+    files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Read ``results.json`` files and leave out what would make a table wrong.
 
@@ -229,7 +232,7 @@ def load_checked(
         results = read_results(path)
         # a failed run (an output could not be written) stopped unfinished, like a running one
         if results["status"] in ("running", "failed") and not include_partial:
-            print(f"sgrld table: skipping unfinished run {path.parent}", file=sys.stderr)
+            print(f"{command}: skipping unfinished run {path.parent}", file=sys.stderr)
             continue
         bad = impossible_values(results)  # NaN counts only in a completed run
         bad = bad or _folder_mismatch(path, results["config"], manifests)
@@ -434,7 +437,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
             rows.append(row)
         title = _setting_title(config, setting_groups)
         if paper:
-            title += "; paper: 400 epochs, 10 seeds (spec §8)"
+            title += "; paper: 400 epochs, 10 seeds"
         blocks.append(f"**{title}**\n\n" + _markdown(header, rows))
     return "\n\n".join(blocks) + "\n"
 
@@ -479,7 +482,9 @@ def _num(value: Any, digits: int) -> str:
 
 def markdown_diagnostics(groups: Sequence[Group]) -> str:
     """One row per configuration: R-hat and bulk/tail ESS, seeds as chains ("" without ArviZ)."""
-    rows = []
+    from sgrld.evaluation.diagnostics import INSTALL_HINT, MIN_RELIABLE_DRAWS
+
+    rows, few = [], False
     for group in groups:
         d = group.diagnostics
         if not d["available"]:
@@ -487,6 +492,10 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
         ll = d["variables"]["test_loglik"]
         chains = d["chains"] if isinstance(d["chains"], int) else "1 (split)"
         worst = d["worst"]
+        if not d.get("reliable", d["draws_per_chain"] >= MIN_RELIABLE_DRAWS):
+            few = True
+            none = {"rhat": None, "ess_bulk": None, "ess_tail": None}
+            ll, worst = none, none
         rows.append(
             [
                 _group_label(group),
@@ -501,6 +510,9 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
             ]
         )
     if not rows:
+        missing = [g for g in groups if "ArviZ" in g.diagnostics.get("reason", "")]
+        if missing:
+            return f"MCMC diagnostics (R̂, ESS) left out: they need ArviZ; {INSTALL_HINT}\n"
         return ""
     header = ["configuration", "chains (seeds)", "draws/chain", "R̂ test LL", "bulk ESS test LL"]
     header += ["tail ESS test LL", "max R̂", "min bulk ESS", "min tail ESS"]
@@ -509,7 +521,13 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
         "log-likelihood and, in the max/min columns, of every traced quantity (probe "
         "predictions, horseshoe scales); seeds are the chains**"
     )
-    return f"{title}\n\n{_markdown(header, rows)}\n"
+    note = ""
+    if few:
+        note = (
+            f"\n– : fewer than {MIN_RELIABLE_DRAWS} draws per chain, too few for R̂ and ESS to "
+            "mean anything (more epochs, or a smaller --thinning, give more)\n"
+        )
+    return f"{title}\n\n{_markdown(header, rows)}\n{note}"
 
 
 def csv_table(groups: Sequence[Group]) -> str:
@@ -572,7 +590,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="paper: Table 1 layout, best ℓ per sampler by validation LP (default); "
         "long: one row per configuration",
     )
-    parser.add_argument("--paper", action="store_true", help="add the paper's numbers (spec §8)")
+    parser.add_argument("--paper", action="store_true", help="add the paper's numbers")
     parser.add_argument("--markdown", type=Path, help="also write the Markdown to this file")
     parser.add_argument("--csv", type=Path, help="write every configuration as CSV to this file")
     parser.add_argument(
@@ -589,6 +607,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Aggregate, print the Markdown, write the requested files."""
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "sgrld table: error: --plot needs matplotlib: pip install 'sgrld[plots]', or "
+                "leave out --plot",
+                file=sys.stderr,
+            )
+            return 2
     try:
         runs, problems = load_checked(find_results(args.runs), include_partial=args.include_partial)
         report_problems("table", problems)

@@ -1,6 +1,13 @@
 """Metric plug-ins G and their registry (see :mod:`sgrld.metrics.base` for the contract)."""
 
-from sgrld.metrics.base import Metric, get_metric, metric_names, register
+from sgrld.metrics.base import (
+    ALIASES,
+    Metric,
+    get_metric,
+    metric_names,
+    register,
+    resolve_metric_name,
+)
 from sgrld.metrics.identity import IdentityMetric
 from sgrld.metrics.monge import MongeMetric
 from sgrld.metrics.rmsprop import RMSpropMetric
@@ -8,6 +15,7 @@ from sgrld.metrics.shampoo import ShampooMetric
 from sgrld.metrics.wenzel import WenzelMetric
 
 __all__ = [
+    "ALIASES",
     "IdentityMetric",
     "Metric",
     "MongeMetric",
@@ -17,4 +25,5 @@ __all__ = [
     "get_metric",
     "metric_names",
     "register",
+    "resolve_metric_name",
 ]

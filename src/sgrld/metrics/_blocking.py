@@ -1,4 +1,4 @@
-"""Shape merging and blocking of the Shampoo metric (reference §2.5, Gupta et al. 2018 §5).
+"""Shape merging and blocking of the Shampoo metric (Gupta et al. 2018 §5).
 
 A parameter tensor is first reshaped to its *merged* shape (consecutive small dims fused, size-1
 dims dropped), then every merged dim larger than ``block_size`` is cut into chunks of
@@ -11,7 +11,7 @@ order over the per-dim chunks, carries its own Kronecker factors.
 For speed, blocks are not handled one at a time: blocks of equal shape form a :class:`BlockGroup`
 (one choice of "full chunks" or "remainder" per dim), and a whole group is moved between the
 tensor and a stacked ``(count, batch, *sizes)`` buffer with one view + permute + copy, so that
-its statistics and preconditioners are batched matmuls (performance.md §0, lesson 3). Across
+its statistics and preconditioners are batched matmuls. Across
 the tensors of a layout, the groups of equal block shape form one :class:`Bucket`
 (:func:`plan_buckets`): its statistics are one tensor per axis, and on an accelerator its blocks
 are stacked in one buffer and handled by one batched matmul per axis (:mod:`sgrld.metrics.
@@ -31,7 +31,7 @@ from torch import Tensor
 
 
 def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
-    """Fuse consecutive dims while their product stays ≤ ``max_dim`` (reference §2.5).
+    """Fuse consecutive dims while their product stays ≤ ``max_dim``.
 
     Walking left to right, a dim joins the running product if the product stays ≤ ``max_dim``;
     otherwise the product is emitted (if > 1) and restarts at that dim. Size-1 dims vanish, so
@@ -75,7 +75,7 @@ def _regions(n: int, block_size: int, tiling: Tiling) -> list[tuple[int, int, in
 def block_slices(
     merged: Sequence[int], block_size: int, tiling: Tiling = "reference"
 ) -> list[tuple[slice, ...]]:
-    """All blocks of a merged shape as index slices, in row-major product order (reference §2.5)."""
+    """All blocks of a merged shape as index slices, in row-major product order."""
     per_dim = []
     for n in merged:
         per_dim.append(

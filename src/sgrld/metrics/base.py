@@ -18,6 +18,7 @@ that the core can restrict the state to the parameters that have gradients this 
 from __future__ import annotations
 
 import abc
+import difflib
 from collections.abc import Callable
 from typing import ClassVar, Literal
 
@@ -70,7 +71,7 @@ class Metric(abc.ABC):
         """Steps between the refreshes the step engine runs itself (``None``: never).
 
         A due refresh runs right after :meth:`update` of the step whose count is a multiple of
-        the interval (Shampoo's roots, reference §2.5); the engine decides on the host, so the
+        the interval (Shampoo's roots); the engine decides on the host, so the
         hot step never branches on the step count.
         """
         return None
@@ -94,12 +95,47 @@ def register(cls: type[Metric]) -> type[Metric]:
     return cls
 
 
+#: Other names a sampler is known by: the facade classes' (``SGLD`` is ``identity``) and the
+#: literature's (pSGLD is RMSprop-preconditioned SGLD). Matched without regard to case.
+ALIASES: dict[str, str] = {
+    "sgld": "identity",
+    "psgld": "rmsprop",
+    "rmspropsgld": "rmsprop",
+    "wenzelsgld": "wenzel",
+    "mongesgld": "monge",
+    "shampoosgld": "shampoo",
+}
+
+
+def resolve_metric_name(name: str) -> str:
+    """The registry name of ``name``: itself, or the metric an alias (:data:`ALIASES`) names.
+
+    Raises:
+        ValueError: an unknown name; the message suggests the closest known one.
+    """
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in _REGISTRY:
+        return key
+    close = difflib.get_close_matches(key, [*_REGISTRY, *ALIASES], n=1)
+    hint = ""
+    if close:
+        target = ALIASES.get(close[0])
+        hint = f"did you mean {close[0]!r}{f' ({target})' if target else ''}? "
+    aliases = ", ".join(f"{a} = {m}" for a, m in ALIASES.items() if a != f"{m}sgld")
+    raise ValueError(
+        f"unknown sampler {name!r}; {hint}choose one of {', '.join(sorted(_REGISTRY))} "
+        f"(aliases: {aliases})"
+    )
+
+
 def get_metric(name: str) -> type[Metric]:
-    """Look a metric class up by name (identity, rmsprop, wenzel, monge, shampoo)."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown metric {name!r}; choose one of {sorted(_REGISTRY)}") from None
+    """Look a metric class up by name (identity, rmsprop, wenzel, monge, shampoo) or alias.
+
+    Raises:
+        ValueError: an unknown name (the message suggests the closest known one).
+    """
+    return _REGISTRY[resolve_metric_name(name)]
 
 
 def metric_names() -> list[str]:

@@ -1,4 +1,4 @@
-"""Identity metric G = I: plain SGLD (Welling & Teh 2011; reference §2.1)."""
+"""Identity metric G = I: plain SGLD (Welling & Teh 2011)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Monge metric G = I + α² m mᵀ with m an EMA of gradients (paper §4.1, reference §2.4)."""
+"""Monge metric G = I + α² m mᵀ with m an EMA of gradients (paper §4.1)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class MongeMetric(Metric):
         G^{-1/2}v = v + f₋½ ⟨m, v⟩ m,   f₋½ = −α² / (√(1+α²s) · (1 + √(1+α²s)))
 
     where f₋½ is the cancellation-free form of (1/√(1+α²s) − 1)/s: it needs no guard as ‖m‖ → 0
-    and equals −α²/2 there (reference §2.4, §10.4). α² = 0 gives exactly SGLD.
+    and equals −α²/2 there. α² = 0 gives exactly SGLD.
 
     With ``alpha2_rule="normalized"`` the option ``alpha2`` is a scale-free c > 0 and every step
     uses α²_t = c/s_t, so G's eigenvalue along m is always 1 + c, whatever ‖m‖ is (the fixed
@@ -49,7 +49,7 @@ class MongeMetric(Metric):
         scope: ``"global"`` (the paper's metric: inner products over all parameters of the
             group) or ``"tensor"`` (one rank-one metric per parameter tensor).
         fallback_threshold: if set, a step whose drift ‖G⁻¹g‖ exceeds it uses G = c·I with
-            c = ‖g‖/threshold instead (the funnel code's explosion fallback, reference §5.3; it
+            c = ‖g‖/threshold instead (the funnel code's explosion fallback; it
             compares the preconditioned norm but rescales by the raw one, as there).
     """
 

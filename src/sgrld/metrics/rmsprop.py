@@ -1,4 +1,4 @@
-"""Diagonal RMSprop metric: pSGLD (Li et al. 2016; paper §3.1, reference §2.3)."""
+"""Diagonal RMSprop metric: pSGLD (Li et al. 2016; paper §3.1)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class RMSpropMetric(Metric):
     """G = diag(√V + ε), V ← decay·V + (1−decay)·g² (V from zeros, current g included).
 
     As in the reference there is no bias correction, so at step 1 G⁻¹ = 1/(√(1−decay)|g| + ε),
-    i.e. 10/|g| for decay 0.99 (reference §2.3, §10.5). ``bias_correction=True`` divides V by
+    i.e. 10/|g| for decay 0.99. ``bias_correction=True`` divides V by
     1 − decay^t instead, which removes those huge first steps.
 
     Args:

@@ -1,4 +1,4 @@
-"""Shampoo metric: a blocked Kronecker-factored RMSprop metric (paper §3.2, reference §2.5).
+"""Shampoo metric: a blocked Kronecker-factored RMSprop metric (paper §3.2).
 
 Per parameter tensor, reshaped to its merged shape of rank k and cut into blocks
 (:mod:`sgrld.metrics._blocking`), every block X carries one factor H_i per axis i:
@@ -12,7 +12,7 @@ so
 
 The two roots of every factor are recomputed only when ``step % update_interval == 0`` and are
 the identity before the first refresh (so the first ``update_interval − 1`` steps are SGLD, as in
-the reference). Roots never modify the statistics (reference §10.2). How G⁻¹ and G^{-1/2} enter
+the reference). Roots never modify the statistics. How G⁻¹ and G^{-1/2} enter
 the step (ℓ, n, τ) is fixed once in ``docs/conventions.md``.
 
 Speed (performance.md): blocks of equal shape are stacked and handled with batched matmuls; each
@@ -74,11 +74,11 @@ def _key(stat: str, group: int, axis: int, index: int) -> str:
 class ShampooMetric(Metric):
     """Blocked Kronecker-factored metric G = ⊗_i H_i^{1/(2k)} per block (paper §3.2).
 
-    With the defaults this is the reference ``ShampooSGLD`` with its bugs fixed (reference §2.5,
-    §2.6, §10.1-2): an explicit step counter, roots computed on a copy, in float64 ``eigh``.
+    With the defaults this is the reference ``ShampooSGLD`` with its bugs fixed: an explicit
+    step counter, roots computed on a copy, in float64 ``eigh``.
     Tensors of merged rank ≤ 1 (biases, scalars) get G = I unless ``precondition_vectors``.
 
-    The funnel's full-matrix RMSprop (reference §5.3) is
+    The funnel's full-matrix RMSprop is
     ``ShampooMetric(decay=0.9995, eps=1e-6, update_interval=1, precondition_vectors=True,
     ridge="none")``: for a 2-vector G⁻¹ = H^{−1/2} and G^{-1/2} = H^{−1/4}.
 
@@ -94,7 +94,7 @@ class ShampooMetric(Metric):
         precondition_vectors: give tensors of merged rank 1 a full-matrix factor (full-matrix
             RMSprop, blocked like any other dim) instead of the identity.
         tiling: how a merged dim larger than ``block_size`` is cut: ``"reference"`` (chunks of
-            ``block_size`` plus a remainder, the paper's code and spec §2.5) or ``"even"`` (the
+            ``block_size`` plus a remainder, as in the paper's code) or ``"even"`` (the
             fewest chunks of ≤ ``block_size``, sizes differing by ≤ 1: 784 → 7 × 112; faster,
             a different but equally valid metric).
         ridge: r added to each factor before its root: ``"relative"`` r = ε·λ_max(H_i) (the

@@ -1,4 +1,4 @@
-"""Layer-wise scalar metric of Wenzel et al. (2020) as adapted in the reference (§2.2, §9.11)."""
+"""Layer-wise scalar metric of Wenzel et al. (2020) as adapted in the reference."""
 
 from __future__ import annotations
 

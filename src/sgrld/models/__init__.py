@@ -1,4 +1,4 @@
-"""The paper's networks (spec §3.2, §3.3) and the Bayesian wrapper with priors and potential."""
+"""The paper's networks and the Bayesian wrapper with priors and potential."""
 
 from sgrld.models.bayesian import BayesianModel, parameter_scales, potential
 from sgrld.models.build import MODEL_NAMES, build_model

@@ -3,11 +3,11 @@
 Every ``nn.Linear`` and ``nn.Conv*`` parameter gets a prior module attached next to it as
 ``<param>_prior`` (so a horseshoe's sampled scale appears as ``....weight_prior.raw_scale``, like
 the reference's ``weight_prior.scale.p``). BatchNorm and other parameters stay flat (improper
-prior) but are sampled like all others (spec §3.3). All parameters are plain ``nn.Parameter``s
+prior) but are sampled like all others. All parameters are plain ``nn.Parameter``s
 reachable through ``named_parameters()`` in a fixed order: each layer's weight and bias, then its
 priors' hyper-parameters.
 
-Scale rule (spec §3.1): σ = ``weight_scale``/sqrt(in_features) for dense weights,
+Scale rule: σ = ``weight_scale``/sqrt(in_features) for dense weights,
 ``weight_scale``/sqrt(C_in) for conv kernels (or /sqrt(C_in·k²) with ``conv_scale="fan_in"``),
 ``bias_scale`` for biases.
 """
@@ -29,7 +29,7 @@ PRIOR_SUFFIX = "_prior"
 
 
 def parameter_scales(module: nn.Module, config: PriorConfig) -> dict[str, float]:
-    """Base prior scale σ of each prior-carrying parameter of a Linear or conv layer (§3.1)."""
+    """Base prior scale σ of each prior-carrying parameter of a Linear or conv layer."""
     scales: dict[str, float] = {}
     if isinstance(module, nn.Linear):
         scales["weight"] = config.weight_scale / math.sqrt(module.in_features)
@@ -46,16 +46,16 @@ def parameter_scales(module: nn.Module, config: PriorConfig) -> dict[str, float]
 
 
 class BayesianModel(nn.Module):
-    """``net`` with a prior on every Linear/conv parameter and ``log_prior()`` (spec §3).
+    """``net`` with a prior on every Linear/conv parameter and ``log_prior()``.
 
-    The forward pass returns the logits of a Categorical likelihood (softmax temperature 1,
-    §3.5). Sample in ``train()`` mode and evaluate in ``eval()`` mode (BatchNorm, §3.3).
+    The forward pass returns the logits of a Categorical likelihood (softmax temperature 1).
+    Sample in ``train()`` mode and evaluate in ``eval()`` mode (BatchNorm).
 
     Args:
         net: the network; its layers get ``<param>_prior`` submodules attached.
         prior: prior family name (``gaussian``, ``horseshoe``, ``convcorrnormal``).
         config: scales and variants; the default reproduces the reference.
-        init: apply He initialisation (§3.6) now; otherwise keep the net's own values.
+        init: apply He initialisation now; otherwise keep the net's own values.
         generator: random generator for the initialisation.
 
     Raises:
@@ -105,7 +105,7 @@ class BayesianModel(nn.Module):
             yield full, site_prior
 
     def log_prior(self) -> Tensor:
-        """log p(θ): the sum of every prior's ``log_prob``, hyper-priors included (§1.1, §3.1)."""
+        """log p(θ): the sum of every prior's ``log_prob``, hyper-priors included."""
         terms = [p.log_prob(getattr(layer, name)) for _, layer, name, p in self._sites]
         if not terms:
             return torch.zeros(())
@@ -113,7 +113,7 @@ class BayesianModel(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """He initialisation (spec §3.6).
+        """He initialisation.
 
         Weights with a prior: Kaiming normal, fan_in, ReLU gain (std sqrt(2/fan_in), fan_in =
         C_in·k² for convs). Biases with a prior: U(±1/sqrt(out_features)). BatchNorm: weight 1,
@@ -138,7 +138,7 @@ class BayesianModel(nn.Module):
 
 
 def potential(model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
-    """Per-datum potential u_B(θ) = −mean_B log p(y|x, θ) − log p(θ)/n (spec §1.1).
+    """Per-datum potential u_B(θ) = −mean_B log p(y|x, θ) − log p(θ)/n.
 
     Its gradient is the paper's ĝ = ∇Û/n used by every sampler (``docs/conventions.md``).
 

@@ -24,8 +24,8 @@ def build_model(
     """A He-initialised :class:`BayesianModel` for one of the paper's settings.
 
     Args:
-        arch: ``"fc"`` (MNIST 784-N-N-10, §3.2) or ``"resnet20"`` (CIFAR-10, §3.3).
-        prior: ``gaussian``, ``horseshoe`` or ``convcorrnormal`` (§3.4); the paper uses G/HS for
+        arch: ``"fc"`` (MNIST 784-N-N-10) or ``"resnet20"`` (CIFAR-10).
+        prior: ``gaussian``, ``horseshoe`` or ``convcorrnormal``; the paper uses G/HS for
             ``fc`` and G/``convcorrnormal`` for ``resnet20``.
         width: hidden width N of ``fc`` (400, 800 or 1200 in the paper); ignored for resnet20.
         num_classes: number of logits.

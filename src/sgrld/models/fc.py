@@ -1,4 +1,4 @@
-"""The MNIST fully connected net 784-N-N-10 with ReLU (spec §3.2, `classificationdensenet`)."""
+"""The MNIST fully connected net 784-N-N-10 with ReLU (`classificationdensenet`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Google ResNet-20 for CIFAR-10 with BatchNorm (spec §3.3), without torchvision.
+"""Google ResNet-20 for CIFAR-10 with BatchNorm, without torchvision.
 
 Ported, like the reference, from google-research ``cold_posterior_bnn``: stem conv3×3(16) → BN →
 ReLU, three stages of three BasicBlocks (16, 32, 64 filters; stride 2 at the start of stages 2
@@ -47,7 +47,7 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-    """Google ResNet-20 (spec §3.3). Input NCHW (32×32 for CIFAR-10), output logits.
+    """Google ResNet-20. Input NCHW (32×32 for CIFAR-10), output logits.
 
     Sample in ``train()`` mode (batch statistics, running stats updated); evaluate in ``eval()``
     mode (running stats). Global average pooling equals the reference AvgPool2d(8) on 32×32 input.

@@ -1,4 +1,4 @@
-"""Priors over network parameters (spec §3.1, §3.4): Gaussian, horseshoe, correlated conv normal.
+"""Priors over network parameters: Gaussian, horseshoe, correlated conv normal.
 
 Look a family up with :func:`get_prior`; each family builds the prior for one parameter tensor
 with :meth:`Prior.for_parameter`.

@@ -1,9 +1,9 @@
-"""The prior contract, its configuration and the registry (spec §3.1).
+"""The prior contract, its configuration and the registry.
 
 A :class:`Prior` is a small ``nn.Module`` attached to one parameter tensor. It owns that tensor's
 hyper-parameters (e.g. the horseshoe scale, itself a sampled ``nn.Parameter``) and answers one
 question: the log density of a value, summed over elements, hyper-priors included. The model's
-``log p(θ)`` is the sum over its priors (spec §1.1).
+``log p(θ)`` is the sum over its priors.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ class PriorConfig:
     """How priors are scaled and which variants are used (defaults reproduce the reference).
 
     Attributes:
-        weight_scale: σ_w = ``weight_scale`` / sqrt(dim) (1.41 in every experiment, §3.1).
-        bias_scale: σ of every bias prior, not width-scaled (§3.1).
+        weight_scale: σ_w = ``weight_scale`` / sqrt(dim) (1.41 in every experiment).
+        bias_scale: σ of every bias prior, not width-scaled.
         conv_scale: ``"c_in"`` scales conv priors by the input channels only, as the reference
-            does (§3.3); ``"fan_in"`` uses C_in·k² (§10 item 15).
+            does; ``"fan_in"`` uses C_in·k².
         horseshoe_jacobian: ``False`` = reference horseshoe (half-Cauchy at s = σ·softplus(p), no
-            Jacobian); ``True`` = textbook λ = softplus(p) ~ HC(0, 1) with its Jacobian (§3.4).
-        lengthscale: ℓ of the correlated conv prior's exponential kernel (§3.4).
+            Jacobian); ``True`` = textbook λ = softplus(p) ~ HC(0, 1) with its Jacobian.
+        lengthscale: ℓ of the correlated conv prior's exponential kernel.
     """
 
     weight_scale: float = 1.41
@@ -68,7 +68,7 @@ class Prior(nn.Module, abc.ABC):
         """
 
     def reset_parameters(self) -> None:
-        """Put sampled hyper-parameters back at their initial values (spec §3.6)."""
+        """Put sampled hyper-parameters back at their initial values."""
 
 
 def standard_normal(

@@ -1,4 +1,4 @@
-"""Correlated Normal prior over conv filters (Fortuin et al. 2022; spec §3.4, ``convcorrnormal``).
+"""Correlated Normal prior over conv filters (Fortuin et al. 2022, ``convcorrnormal``).
 
 Each of the C_out·C_in filters of a (C_out, C_in, K_h, K_w) kernel is an independent
 K_h·K_w-dimensional N(0, Σ) with Σ_ab = σ² exp(−d_ab / ℓ), d_ab the Euclidean distance between

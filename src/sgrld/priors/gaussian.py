@@ -1,4 +1,4 @@
-"""Independent Normal prior N(0, σ²) on every element (spec §3.4, "Gaussian")."""
+"""Independent Normal prior N(0, σ²) on every element ("Gaussian")."""
 
 from __future__ import annotations
 

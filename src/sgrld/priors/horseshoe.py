@@ -1,4 +1,4 @@
-"""Horseshoe prior with one sampled scale per tensor, as in bnn_priors (spec §3.4).
+"""Horseshoe prior with one sampled scale per tensor, as in bnn_priors.
 
 Reference variant (default)::
 
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from sgrld.priors.base import Prior, PriorConfig, register, standard_normal
 from sgrld.priors.gaussian import normal_log_prob_sum
 
-#: softplus⁻¹(1) = log(e − 1) ≈ 0.5413, the initial raw scale (spec §3.6)
+#: softplus⁻¹(1) = log(e − 1) ≈ 0.5413, the initial raw scale
 INIT_RAW_SCALE = math.log(math.e - 1.0)
 
 

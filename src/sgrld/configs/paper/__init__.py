@@ -1,1 +1,1 @@
-"""The paper's grids: ``sgrld sweep --config paper/<name>`` (spec §7, §8)."""
+"""The paper's grids: ``sgrld sweep --config paper/<name>``."""
