@@ -94,3 +94,35 @@ def test_telemetry_does_not_change_the_chain(spec: SamplerSpec) -> None:
 
 
 assert [s.name for s in SAMPLERS]  # the registry fixture drives the parametrised tests
+
+
+@pytest.mark.parametrize("metric", ["identity", "monge", "shampoo"])
+def test_chains_telemetry_is_each_chains_own(metric: str) -> None:
+    """K chains' figures, one row per chain, equal those of each chain run alone."""
+
+    def make(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return torch.nn.Linear(6, 4, dtype=torch.float64)
+
+    options = {"block_size": 4} if metric == "shampoo" else {}
+    sampler = sgrld.build(metric, lr=0.01, num_data=N, noise="philox", **options)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 8, 6, generator=gen, dtype=torch.float64)
+    y = torch.randn(4, 3, 8, 4, generator=gen, dtype=torch.float64)
+
+    def loss(m: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return ((m(xs) - ys) ** 2).mean()
+
+    together = sgrld.Chains(make, sampler, [0, 1, 2], telemetry=True)
+    alone = [sgrld.Chains(make, sampler, [s], telemetry=True) for s in (0, 1, 2)]
+    for t in range(4):
+        together.step(loss, x[t], y[t])
+        for k, chain in enumerate(alone):
+            chain.step(loss, x[t, k : k + 1], y[t, k : k + 1])
+    figures = together.telemetry()
+    assert len(figures) == 3
+    for k, chain in enumerate(alone):
+        (own,) = chain.telemetry()
+        assert own.keys() == figures[k].keys()
+        for key, value in own.items():
+            assert figures[k][key] == pytest.approx(value, rel=1e-9), key

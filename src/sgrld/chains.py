@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -51,6 +52,7 @@ class _Group:
     state: SamplerState
     unchecked: Sampler  # the same sampler without checks: CPU steps whose host check passed
     broken: bool = False  # host-check mode: a chain of the group broke down (checked from then)
+    telemetry: Tensor | None = None  # (chains, 4) float64 sums of per-step figures
 
 
 class _Bound(nn.Module):
@@ -154,6 +156,7 @@ class Chains:
         chain_batch: int | None = None,
         device: torch.device | str | None = None,
         sample: Callable[[str], bool] | None = None,
+        telemetry: bool = False,
     ) -> None:
         if not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a sgrld.Sampler, got {type(sampler).__name__}")
@@ -193,6 +196,10 @@ class Chains:
             raise ValueError(f"invalid chain_batch: {chain_batch!r} (expected an int >= 1)")
         self.chain_batch = chain_batch or k
         self.groups = self._make_groups(sampler, lr, alpha2, keys)
+        if telemetry:
+            for g in self.groups:
+                g.telemetry = torch.zeros(g.stop - g.start, 4, dtype=torch.float64,
+                                          device=g.state.keys.device)  # fmt: skip
 
     # ------------------------------------------------------------------ construction
 
@@ -342,7 +349,9 @@ class Chains:
     def _apply_group(self, g: _Group, grads: dict[str, Tensor], adapt: bool) -> None:
         with torch.no_grad():
             checked = not self._host_checks or g.broken or not self._all_finite(grads)
-            (g.sampler if checked else g.unchecked).step(g.state, grads, adapt=adapt)
+            (g.sampler if checked else g.unchecked).step(
+                g.state, grads, adapt=adapt, telemetry=g.telemetry
+            )
             if self._host_checks and checked:
                 g.broken = bool((g.state.flags[..., 0] != 0).any())
 
@@ -406,6 +415,45 @@ class Chains:
         if not deferred or not self.model.training:
             return {}
         return {n: b.clone() for n, b in self.buffers.items()}
+
+    def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
+        """Every chain's per-step figures since the last read (``telemetry=True``), as
+        :meth:`sgrld.SGRLDOptimizer.telemetry` gives a single run's: summed on the device in
+        each step, read here once."""
+        if self.groups[0].telemetry is None:
+            raise RuntimeError("telemetry is off: build the Chains with telemetry=True")
+        out = []
+        for g in self.groups:
+            assert g.telemetry is not None
+            sums = g.telemetry.tolist()
+            extra = {
+                key: value.reshape(-1).tolist()
+                for key, value in g.sampler.metric.diagnostics(
+                    g.state.stats, g.state.layout
+                ).items()
+            }
+            for i, (drift_sq, noise_sq, theta_sq, steps) in enumerate(sums):
+                n = max(steps, 1.0)
+                figures = {
+                    "steps": steps,
+                    "drift_rms": math.sqrt(drift_sq / n),
+                    "noise_rms": math.sqrt(noise_sq / n),
+                    "theta_rms": math.sqrt(theta_sq / n),
+                    "drift_to_noise": math.sqrt(drift_sq / noise_sq) if noise_sq > 0 else math.inf,
+                }
+                figures |= {key: float(values[i]) for key, values in extra.items()}
+                out.append(figures)
+            if reset:
+                g.telemetry.zero_()
+        return out
+
+    def state_bytes(self) -> int:
+        """Bytes of sampler state (statistics, keys, flags) per chain."""
+        total = 0
+        for g in self.groups:
+            tensors = [*g.state.stats.values(), g.state.keys, g.state.flags]
+            total += sum(t.numel() * t.element_size() for t in tensors) // (g.stop - g.start)
+        return total // len(self.groups)
 
     # ------------------------------------------------------------------ failures
 

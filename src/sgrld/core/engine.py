@@ -243,21 +243,29 @@ def record_telemetry(
     sigma: Scalar,
 ) -> None:
     """Add this step's ‖ℓG⁻¹ĝ‖², ‖σG^{-½}ξ‖², ‖θ‖² (before the move) and 1 to the device
-    accumulator ``acc`` (float64, shape (4,)): three reductions, no host read."""
+    accumulator ``acc`` (float64, ``(*batch, 4)``: one row per chain): three reductions, no
+    host read."""
+    batch = acc.shape[:-1]
+    nb = len(batch)
 
     def sq(xs: Sequence[Tensor]) -> Tensor:
-        return torch.stack(torch._foreach_norm(list(xs))).to(torch.float64).square().sum()
+        if nb == 0:  # one chain: the fused foreach norms
+            return torch.stack(torch._foreach_norm(list(xs))).to(torch.float64).square().sum()
+        per = [x.reshape(*x.shape[:nb], -1).to(torch.float64).square().sum(-1) for x in xs]
+        return torch.stack(per).sum(0)
 
-    zero = acc.new_zeros(())
-    lr_t = torch.as_tensor(lr, dtype=torch.float64, device=acc.device)
-    sigma_t = torch.as_tensor(sigma, dtype=torch.float64, device=acc.device)
+    def per_chain(value: Scalar) -> Tensor:
+        t = torch.as_tensor(value, dtype=torch.float64, device=acc.device)
+        return t.reshape(batch) if nb and t.numel() == math.prod(batch) else t
+
+    zero = acc.new_zeros(batch)
     parts = [
-        sq(drift) * lr_t.square(),
-        zero if noise is None else sq(noise) * sigma_t.square(),
-        sq(params),
-        acc.new_ones(()),
+        sq(drift) * per_chain(lr).square(),
+        zero if noise is None else sq(noise) * per_chain(sigma).square(),
+        sq(params).expand(batch) if nb else sq(params),
+        acc.new_ones(batch),
     ]
-    acc.add_(torch.stack(parts))
+    acc.add_(torch.stack([p.expand(batch) for p in parts], dim=-1))
 
 
 def move(
@@ -307,8 +315,8 @@ def advance(
     body as one compiled call; ``refresh=False`` leaves a due scheduled refresh (Shampoo's
     roots) to the caller (captured steps: see :func:`refresh_due`). ``direct=False`` sends
     SGLD (G = I) through the flat buffers like every other metric instead of its direct path
-    (the same numbers, bit for bit; tests compare the two). ``telemetry``: a float64 (4,)
-    device accumulator that :func:`record_telemetry` adds this step's figures to.
+    (the same numbers, bit for bit; tests compare the two). ``telemetry``: a float64
+    ``(*batch, 4)`` device accumulator that :func:`record_telemetry` adds this step's figures to.
     """
     layout = state.layout
     params = list(state.params.values())

@@ -164,12 +164,15 @@ class Sampler:
         *,
         inplace: bool = True,
         adapt: bool = True,
+        telemetry: Tensor | None = None,
     ) -> SamplerState:
         """Advance ``state`` by one step given the gradients of the per-datum potential.
 
         ``grads`` maps parameter names to ĝ = ∇u_B (see ``docs/conventions.md``); a missing name
         or ``None`` skips that parameter. With ``inplace=False`` the input state is left
-        untouched and a new one is returned; ``adapt=False`` freezes the metric for this step.
+        untouched and a new one is returned; ``adapt=False`` freezes the metric for this step;
+        ``telemetry``: a float64 ``(*batch, 4)`` accumulator of per-step figures
+        (:func:`sgrld.core.engine.record_telemetry`).
         """
         if not isinstance(grads, Mapping):
             raise TypeError(
@@ -194,6 +197,7 @@ class Sampler:
             noise_source=self.noise,
             compiled=self._compiled_move(),
             refresh=not (self.capturable and in_graph()),
+            telemetry=telemetry,
         )
         return state
 

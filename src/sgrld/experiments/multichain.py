@@ -285,8 +285,11 @@ class ChainsRun:
             noise_seeds=noise_seeds,
             chain_batch=chain_batch,
             device=self.device,
+            telemetry=True,
         )
         self.chains.train()
+        for r in self.records:
+            r.state_bytes = self.chains.state_bytes()
         self._pending: list[tuple[int, float]] = []  # (update, seconds) not yet credited
         self._scalar_names = list(scalar_hyperparameter_tensors(self.chains.model))
         self._refreshes = base.sampler == "wenzel"  # as the single run's WenzelSGLD
@@ -352,7 +355,9 @@ class ChainsRun:
             seconds = (self._clock() - started) / k
             for r in self.running:
                 r.record_refresh_time(seconds)
+        figures = self.chains.telemetry()  # the epoch's sums, read once
         for r in self.running:
+            r.record_telemetry(figures[self.records.index(r)])
             r.end_epoch()
         self.epoch += 1
         self._save()

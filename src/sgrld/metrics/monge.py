@@ -91,15 +91,15 @@ class MongeMetric(Metric):
         return {"exp_avg": "element", "sq_norm": seg, "fallback": seg}
 
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
-        """``stretch``: G's eigenvalue along m minus 1, α²‖m‖² (largest over segments): how far
-        G is from I (the ``"normalized"`` rule holds it at c)."""
+        """``stretch``: G's eigenvalue along m minus 1, α²‖m‖² (largest over segments; one per
+        chain): how far G is from I (the ``"normalized"`` rule holds it at c)."""
         s = stats["sq_norm"]
         if self.alpha2_rule == "normalized":
             tiny = torch.finfo(s.dtype).tiny
             stretch = torch.where(s > tiny, torch.full_like(s, self.alpha2), torch.zeros_like(s))
         else:
             stretch = self.alpha2 * s
-        return {"stretch": stretch.amax()}
+        return {"stretch": stretch.amax(-1)}  # per chain
 
     def _segments(self, layout: FlatLayout, x: Tensor) -> list[Tensor]:
         return [x] if self.scope == "global" else layout.segments(x)

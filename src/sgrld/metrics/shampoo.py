@@ -260,14 +260,15 @@ class ShampooMetric(Metric):
         self.compute_roots(stats, layout)
 
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
-        """``factor_condition``: the largest condition number λ_max/λ_min of any factor H_i
-        (float64 eigenvalues; a singular factor gives inf): how hard the roots' ridge works."""
-        worst = torch.zeros((), dtype=torch.float64)
+        """``factor_condition``: the largest condition number λ_max/λ_min of any factor H_i, one
+        per chain (float64 eigenvalues; a singular factor gives inf): how hard the roots' ridge
+        works."""
+        worst = torch.zeros(layout.batch_shape, dtype=torch.float64)
         for key, value in stats.items():
-            if key.startswith("factor_"):
+            if key.startswith("factor_"):  # (*batch, blocks, s, s)
                 lam = torch.linalg.eigvalsh(value.detach().to("cpu", torch.float64))
-                cond = lam[..., -1] / lam[..., 0].clamp_min(0.0)
-                worst = torch.maximum(worst, cond.nan_to_num(torch.inf).amax())
+                cond = (lam[..., -1] / lam[..., 0].clamp_min(0.0)).nan_to_num(torch.inf)
+                worst = torch.maximum(worst, cond.amax(-1))
         return {"factor_condition": worst}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
