@@ -35,6 +35,7 @@ from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -90,8 +91,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             left to :meth:`refresh_if_due` on the host (:class:`sgrld.capture.GraphedStep` calls
             it; eager steps refresh themselves as usual).
 
-    Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
-    after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
+        adapt_until: the warm-up (:mod:`sgrld.core.warmup`): the metric adapts during the
+            first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
+            samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
+            stationary law is biased: ``docs/posterior.md``). A group option.
+
+    Each parameter group also carries ``adapt_metric`` (default True): set it to False to
+    freeze the metric's statistics at once (see :meth:`freeze_metric`).
 
     References: Yu et al., Scalable SGRLD in Non-Diagonal Metrics, TMLR 2023, eq. 4.
     """
@@ -110,6 +116,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         compile: bool = False,
         capturable: bool = False,
         sync_checks: bool | None = None,
+        adapt_until: int | None = DEFAULT_WARMUP,
     ) -> None:
         validate_hyperparameters(lr, num_data, temperature)
         check_noise_source(noise)
@@ -126,6 +133,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "num_data": num_data,
             "temperature": temperature,
             "adapt_metric": True,
+            "adapt_until": adapt_until,
             **self._options,
         }
         self._group_states: list[SamplerState | None] = []
@@ -160,6 +168,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if not p.is_floating_point():
                 raise ValueError(f"parameter {name!r} is {p.dtype}: expected floating point")
         validate_hyperparameters(group["lr"], group["num_data"], group["temperature"])
+        check_adapt_until(group["adapt_until"])
         self._group_metric(group)  # validates the group's metric options now
         self._group_states.append(None)
         self._group_metrics.append(None)
@@ -246,7 +255,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 num_data=group["num_data"],
                 temperature=group["temperature"],
                 checks=modes[index],
-                adapt=group["adapt_metric"],
+                adapt=self.adapts(index),
                 noise_source=self.noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and in_graph()),
@@ -280,9 +289,18 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             metric = self._group_metrics[index]
             if state is None or metric is None or not refresh_due(metric, state.step):
                 continue
+            if not adapting(state.step - 1, self.param_groups[index]["adapt_until"]):
+                continue  # that step was after the warm-up: G is frozen
             metric.refresh(state.stats, state.layout)
             ran = True
         return ran
+
+    def adapts(self, index: int = 0) -> bool:
+        """Whether group ``index``'s next step updates its metric (``adapt_metric`` and still
+        in the warm-up of ``adapt_until`` steps)."""
+        group, state = self.param_groups[index], self._group_states[index]
+        steps = 0 if state is None else state.step
+        return bool(group["adapt_metric"]) and adapting(steps, group["adapt_until"])
 
     def freeze_metric(self, frozen: bool = True) -> None:
         """Stop (or resume) updating the metric's statistics in every group."""
@@ -349,6 +367,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             try:
                 metric = self._group_metric(merged)
                 validate_hyperparameters(merged["lr"], merged["num_data"], merged["temperature"])
+                check_adapt_until(group.get("adapt_until"))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{label}: {exc}") from None
             metrics.append(metric)
@@ -365,6 +384,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             fresh.validate_state_dict(saved, label)
         # everything fits: apply
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # a dict saved before warm-ups: it adapted throughout
+            group.setdefault("adapt_until", None)
         self.generator.set_state(extra["generator"])
         self._group_states = [None] * len(self.param_groups)
         self._group_metrics = list(metrics)
@@ -547,6 +568,7 @@ class ShampooSGLD(SGRLDOptimizer):
         compile: bool = False,
         capturable: bool = False,
         sync_checks: bool | None = None,
+        adapt_until: int | None = DEFAULT_WARMUP,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -568,4 +590,5 @@ class ShampooSGLD(SGRLDOptimizer):
             compile=compile,
             capturable=capturable,
             sync_checks=sync_checks,
+            adapt_until=adapt_until,
         )

@@ -76,6 +76,7 @@ def setting_label(setting: dict[str, Any]) -> str:
             ("burnin", 1000),
             ("thinning", 100),
             ("noise", "torch"),
+            ("adapt", "always"),  # results written before the warm-up adapted throughout
         )
         if setting.get(name, default) != default
     ]
