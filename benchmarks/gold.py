@@ -11,7 +11,8 @@ W1/σ is reported (the issue's rule: ℓ chosen by the error itself), with:
 * mean W1/σ: the 1-Wasserstein distance of each marginal to NUTS's (over 199 quantiles), per σ.
 
 The reference summary is ``benchmarks/gold_nuts.json`` (``benchmarks/gold_reference.py``).
-``--survival`` instead counts the Shampoo chains that survive the first root refreshes at large ℓ.
+``--survival`` instead counts the Shampoo chains (``precondition_vectors=True``) that survive the
+first root refreshes at large ℓ, for each damping δ.
 
     python benchmarks/gold.py                  # the table (about 100k steps: long on a CPU)
     python benchmarks/gold.py --steps 20000    # a quicker table
@@ -238,13 +239,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--seeds", type=int, default=3, help="chains per ℓ (3)")
     parser.add_argument("--only", nargs="*", help="rows whose label contains one of these")
-    parser.add_argument("--survival", action="store_true", help="Shampoo at ℓ = 0.1, 0.2")
+    parser.add_argument(
+        "--survival", action="store_true", help="Shampoo chains alive at ℓ = 0.1, 0.2, 0.3"
+    )
     parser.add_argument("-v", action="store_true", help="print each row's seconds")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.survival:
-        for options in ({}, {"precondition_vectors": True}):
-            survival(10, 1000, [0.1, 0.2], options)
+        for damping in (0.0, 1e-3, 1e-2, 1e-1):  # docs/posterior.md's survival table
+            options = {"precondition_vectors": True, "damping": damping}
+            survival(10, 1000, [0.1, 0.2, 0.3], options)
         return
     table(args.steps, args.seeds, args.only)
 
