@@ -177,8 +177,8 @@ class RunConfig:
             MongeMetric(alpha2=self.alpha2, alpha2_rule=self.alpha2_rule)  # type: ignore[arg-type]
         if not (self.adapt in ADAPT_CHOICES or _is_count(self.adapt)):
             raise ValueError(
-                f"invalid adapt {self.adapt!r}; valid: 'burnin', 'always' or an integer >= 0 "
-                "(updates of warm-up)"
+                f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
+                "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
             )
         if self.schedule == "cyclical":
             check_cyclical(1, self.cycles, self.explore_fraction)
