@@ -1,4 +1,4 @@
-"""A user's whole training step under ``torch.compile``: graph breaks, recompiles, speed (issue 18).
+"""A user's whole training step under ``torch.compile``: graph breaks, recompiles, speed.
 
 For ``torch.optim.SGD`` and every sampler with its default options (``benchmarks/step_time.py``'s
 settings; ``--capturable`` adds each with ``capturable=True``), the step a user compiles:

@@ -39,7 +39,7 @@ from sgrld.experiments import funnel
 
 def eager_us_per_step(name: str, steps: int) -> float:
     s = funnel.SETTINGS[name]
-    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, **s.options)
+    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, adapt_until=None, **s.options)
     theta = torch.ones(1, 2, dtype=torch.float64)
     state = sampler.init({"theta": theta}, num_chains=1, generator=torch.Generator().manual_seed(0))
     target, gen = FunnelTarget(), torch.Generator().manual_seed(1)
@@ -54,7 +54,7 @@ def fast_us_per_step(
     name: str, steps: int, repeats: int, block: int, options: dict[str, Any] | None
 ) -> tuple[float, float, str | None]:
     s = funnel.SETTINGS[name]
-    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, **s.options)
+    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, adapt_until=None, **s.options)
     theta = torch.ones(1, 2, dtype=torch.float64)
     state = sampler.init({"theta": theta}, num_chains=1, generator=torch.Generator().manual_seed(0))
     runner = BlockRunner(

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.cuda
 DEVICE = "cuda"
 
 
-def _setup(spec: SamplerSpec, seed: int = 0) -> tuple[torch.nn.Module, sgrld.SGRLDOptimizer]:
+def _setup(
+    spec: SamplerSpec, seed: int = 0, **extra: Any
+) -> tuple[torch.nn.Module, sgrld.SGRLDOptimizer]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(20, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
@@ -34,6 +36,7 @@ def _setup(spec: SamplerSpec, seed: int = 0) -> tuple[torch.nn.Module, sgrld.SGR
         capturable=True,
         generator=torch.Generator(DEVICE).manual_seed(seed),
         **options,
+        **extra,
     )
     return model, opt
 
@@ -62,8 +65,8 @@ def _static_step(
     return x, y, train_step
 
 
-def _run(spec: SamplerSpec, steps: int, graphed: bool) -> list[torch.Tensor]:
-    model, opt = _setup(spec)
+def _run(spec: SamplerSpec, steps: int, graphed: bool, **extra: Any) -> list[torch.Tensor]:
+    model, opt = _setup(spec, **extra)
     xs, ys = _data(steps)
     x, y, train_step = _static_step(model, opt)
     step = GraphedStep(train_step, opt) if graphed else train_step
@@ -81,6 +84,18 @@ def test_captured_steps_equal_eager_steps(spec: SamplerSpec) -> None:
     graphed = _run(spec, 100, graphed=True)
     for a, b in zip(eager, graphed, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", SAMPLERS[1:], ids=[s.name for s in SAMPLERS[1:]])
+def test_captured_steps_freeze_after_the_warmup(spec: SamplerSpec) -> None:
+    """The warm-up ends at step 30 inside a replayed run: the step is captured anew (frozen),
+    so the chain is the eager one, which freezes G after step 30 too."""
+    eager = _run(spec, 100, graphed=False, adapt_until=30)
+    graphed = _run(spec, 100, graphed=True, adapt_until=30)
+    always = _run(spec, 100, graphed=False, adapt_until=None)
+    for a, b in zip(eager, graphed, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(a, c) for a, c in zip(eager, always, strict=True))
 
 
 def test_deferred_check_on_cuda_has_no_host_sync() -> None:

@@ -149,7 +149,9 @@ def _funnel_state(
     name: str, chains: int = 1, seed: int = 0, noise: str = "torch"
 ) -> tuple[sgrld.Sampler, sgrld.SamplerState]:
     s = funnel.SETTINGS[name]
-    sampler = sgrld.build(s.metric, lr=s.lr, num_data=1.0, noise=noise, **s.options)
+    sampler = sgrld.build(
+        s.metric, lr=s.lr, num_data=1.0, noise=noise, adapt_until=None, **s.options
+    )
     start = torch.ones(chains, 2, dtype=torch.float64)
     state = sampler.init(
         {"theta": start}, num_chains=chains, generator=torch.Generator().manual_seed(seed)

@@ -42,8 +42,14 @@ def _same_shape(a: Any, b: Any, path: str = "") -> None:
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_chain_is_its_single_run(sampler: str) -> None:
-    """Seeds 0-2 in one process = three single runs: same updates, samples, trace, metrics."""
-    configs = [tiny_config(sampler=sampler, seed=s, lr=0.01, epochs=3) for s in (0, 1, 2)]
+    """Seeds 0-2 in one process = three single runs: same updates, samples, trace, metrics.
+
+    The metric adapts throughout: frozen after a 5-update warm-up, RMSprop's G⁻¹ from five
+    gradients amplifies the float32 differences of vmapped and plain matmuls past these
+    tolerances (the warm-up's own equivalence: ``tests/test_warmup.py``)."""
+    configs = [
+        tiny_config(sampler=sampler, seed=s, lr=0.01, epochs=3, adapt="always") for s in (0, 1, 2)
+    ]
     together = ChainsRun(configs, SPLITS).run()
     for config, chain in zip(configs, together, strict=True):
         single = SamplingRun(config, SPLITS).run()

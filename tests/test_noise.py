@@ -235,7 +235,7 @@ from sgrld.core.multistep import BlockRunner
 from sgrld.core.noise import keys_from_seeds, philox_normal_
 
 if sys.argv[1] == "after":  # a compiled multi-step run first, as the funnel does
-    sampler = sgrld.build("identity", lr=0.01, num_data=1.0)
+    sampler = sgrld.build("identity", lr=0.01, num_data=1.0, adapt_until=None)
     state = sampler.init({"theta": torch.zeros(2, 2, dtype=torch.float64)}, num_chains=2)
     runner = BlockRunner(
         sampler, state, lambda theta, noise: theta + noise,

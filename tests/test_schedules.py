@@ -23,6 +23,7 @@ def _formula(k: int, base: float, total: int, cycles: int) -> float:
     return base / 2 * (math.cos(math.pi * ((k - 1) % length) / length) + 1)
 
 
+@pytest.mark.filterwarnings("ignore:ShampooMetric")  # a vector: Shampoo is SGLD here, as meant
 @pytest.mark.parametrize(("total", "cycles", "r"), [(20, 4, 0.25), (23, 3, 0.5), (7, 1, 0.0)])
 def test_lr_sequence_and_phases_follow_the_formula(
     spec: SamplerSpec, total: int, cycles: int, r: float

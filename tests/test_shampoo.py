@@ -857,3 +857,37 @@ def test_traced_step_with_stacked_buckets_has_no_graph_break() -> None:
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     for k in eager:
         torch.testing.assert_close(traced[k], eager[k], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("size", [2, 5])
+def test_damping_adds_the_mean_eigenvalue_times_delta(size: int) -> None:
+    """(A + (ε·λ_max + δ·tr(A)/s)·I)^(−e), on the general and the 2 × 2 closed-form paths."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, size, size + 1, generator=gen, dtype=torch.float64)
+    mat = x @ x.mT
+    (root,) = inverse_roots_eigh(mat, (0.5,), ridge="relative", eps=1e-3, damping=0.1)
+    evals = torch.linalg.eigvalsh(mat)
+    r = 1e-3 * evals[..., -1:] + 0.1 * evals.mean(-1, keepdim=True)
+    damped = mat + r[..., None] * torch.eye(size, dtype=torch.float64)
+    torch.testing.assert_close(
+        root @ root @ damped, torch.eye(size, dtype=torch.float64).expand_as(mat)
+    )
+
+
+def test_damping_is_validated_and_needs_eigh() -> None:
+    with pytest.raises(ValueError, match="damping"):
+        ShampooMetric(damping=-1.0)
+    with pytest.raises(ValueError, match="damping needs root_method='eigh'"):
+        ShampooMetric(damping=0.1, root_method="newton")
+
+
+def test_warns_once_when_every_tensor_gets_the_identity() -> None:
+    """A (1, 30) weight and a bias merge to rank 1: without precondition_vectors G = I, i.e.
+    SGLD; the user is told once per metric and layout, and not when any tensor is factored."""
+    layout = FlatLayout(("weight", "bias"), ((1, 30), (1,)))
+    metric = ShampooMetric()
+    with pytest.warns(UserWarning, match="G = I everywhere"):
+        metric.init(layout, torch.zeros(31))
+    metric.init(layout, torch.zeros(31))  # once: filterwarnings=error would raise here
+    ShampooMetric(precondition_vectors=True).init(layout, torch.zeros(31))
+    ShampooMetric(block_size=4).init(FlatLayout(("w",), ((3, 4),)), torch.zeros(12))

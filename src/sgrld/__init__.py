@@ -105,6 +105,7 @@ def build(
     compile: bool = False,
     capturable: bool = False,
     sync_checks: bool | None = None,
+    adapt_until: int | None = 1000,  # sgrld.core.warmup.DEFAULT_WARMUP (torch-free import here)
     **metric_options: Any,
 ) -> Sampler:
     """A functional sampler for ``metric`` (a registry name or a :class:`Metric` instance).
@@ -131,7 +132,16 @@ def build(
     elif metric_options:
         raise TypeError("metric options are only accepted with a metric name")
     return Sampler(
-        metric, lr, num_data, temperature, check_finite, noise, compile, capturable, sync_checks
+        metric,
+        lr,
+        num_data,
+        temperature,
+        check_finite,
+        noise,
+        compile,
+        capturable,
+        sync_checks,
+        adapt_until,
     )
 
 

@@ -17,7 +17,10 @@ the chain on the data in the static inputs, so a loop can use it from its first 
   Wenzel's ``refresh_every``) runs eagerly instead of replaying (so the chain is exactly the
   eager one), and the optimizer's host step counter is advanced after each replay. A refresh the
   caller runs between replays (Wenzel's ``update_preconditioner()``) writes the statistics in
-  place, so the next replay reads it.
+  place, so the next replay reads it;
+* whether the metric adapts is baked into a capture, so the step after the warm-up
+  (``adapt_until``, :mod:`sgrld.core.warmup`) or a :meth:`~sgrld.SGRLDOptimizer.freeze_metric`
+  captures the step anew (one capture each way).
 
 Example (CUDA only)::
 
@@ -101,13 +104,16 @@ class GraphedStep:
         self.output: Tensor | None = None
         self.replays = 0
         self._side: torch.cuda.Stream | None = None
+        self._adapts: tuple[bool, ...] = ()  # whether each group adapted when captured
 
     def _refresh_next(self) -> bool:
         """Whether the coming step makes a host-scheduled refresh due (it then runs eagerly)."""
         opt = self.optimizer
         for index, state in enumerate(opt._group_states):
             metric = opt._group_metrics[index]
-            if state is not None and metric is not None and refresh_due(metric, state.step + 1):
+            if state is None or metric is None or not opt.adapts(index):
+                continue  # a frozen metric is not refreshed
+            if refresh_due(metric, state.step + 1):
                 return True
         every = opt.refresh_every if isinstance(opt, WenzelSGLD) else None
         return every is not None and (opt.num_steps + 1) % every == 0
@@ -137,6 +143,11 @@ class GraphedStep:
                 if state is not None and count is not None:
                     state.step = count
         self.graph = graph
+        self._adapts = self._adapting()
+
+    def _adapting(self) -> tuple[bool, ...]:
+        opt = self.optimizer
+        return tuple(opt.adapts(i) for i in range(len(opt.param_groups)))
 
     def _replay(self) -> Tensor | None:
         assert self.graph is not None
@@ -153,6 +164,8 @@ class GraphedStep:
         """One training step: eager (warm-up, due refresh), or captured and replayed."""
         if self._refresh_next():
             return self.step_fn()  # an eager step refreshes on schedule itself
+        if self.graph is not None and self._adapting() != self._adapts:
+            self.graph = None  # the warm-up ended (or the metric was frozen): capture anew
         if self.graph is None:
             if self.warmed < self.warmup:
                 return self._warm()

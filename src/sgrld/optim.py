@@ -49,6 +49,7 @@ from sgrld.core.precision import (
 from sgrld.core.replicas import check_same_noise, refuse_sharded
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -63,8 +64,10 @@ ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, A
 #: metric fields that fix the layout of the statistics: not changeable after the first step
 _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "scope")
 
-#: group options of the facade itself (beside ℓ, n, τ and the metric's options)
+#: group options of the facade itself (beside ℓ, n, τ, the metric's options and adapt_until)
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
+#: the value each facade option had before it existed (what an older state dict ran with)
+_BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None}
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
@@ -125,8 +128,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             would draw different noise. ``None`` (default): whenever a group of several ranks
             exists (every rank must then step); ``False`` for independent chains per rank.
 
-    Each parameter group also carries ``adapt_metric`` (default True): set it to False, e.g.
-    after burn-in, to freeze the metric's statistics (see :meth:`freeze_metric`).
+        adapt_until: the warm-up (:mod:`sgrld.core.warmup`): the metric adapts during the
+            first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
+            samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
+            stationary law is biased: ``docs/posterior.md``). A group option.
+
+    Each parameter group also carries ``adapt_metric`` (default True): set it to False to
+    freeze the metric's statistics at once (see :meth:`freeze_metric`).
 
     State: as every ``torch.optim`` optimizer, in ``optimizer.state[p]`` — every tensor a step
     depends on (the statistics, the step count, the group's noise key and deferred-check flags
@@ -173,6 +181,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         telemetry: bool = False,
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
+        adapt_until: int | None = DEFAULT_WARMUP,
     ) -> None:
         _validate_group(lr, num_data, temperature)
         if data_parallel is not None and not isinstance(data_parallel, bool):
@@ -194,6 +203,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "num_data": num_data,
             "temperature": temperature,
             **_FACADE_DEFAULTS,
+            "adapt_until": adapt_until,
             **self._options,
         }
         self._group_states: list[SamplerState] = []
@@ -244,6 +254,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if not p.is_floating_point():
                 raise ValueError(f"parameter {name!r} is {p.dtype}: expected floating point")
         _validate_group(group["lr"], group["num_data"], group["temperature"])
+        check_adapt_until(group["adapt_until"])
         self._group_metric(group)  # validates the group's metric options now
         low = is_low_precision(first.dtype, self.master_dtype)
         if low and self.low_precision == "nearest" and not self._warned_nearest:
@@ -425,7 +436,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 num_data=group["num_data"],
                 temperature=group["temperature"],
                 checks=modes[index],
-                adapt=group["adapt_metric"],
+                adapt=self.adapts(index),
                 noise_source=noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
@@ -532,9 +543,18 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             metric = self._group_metrics[index]
             if not refresh_due(metric, state.step):
                 continue
+            if not adapting(state.step - 1, self.param_groups[index]["adapt_until"]):
+                continue  # that step was after the warm-up: G is frozen
             metric.refresh(state.stats, state.layout)
             ran = True
         return ran
+
+    def adapts(self, index: int = 0) -> bool:
+        """Whether group ``index``'s next step updates its metric (``adapt_metric`` and still
+        in the warm-up of ``adapt_until`` steps)."""
+        group, state = self.param_groups[index], self._group_states[index]
+        steps = 0 if state is None else state.step
+        return bool(group["adapt_metric"]) and adapting(steps, group["adapt_until"])
 
     def freeze_metric(self, frozen: bool = True) -> None:
         """Stop (or resume) updating the metric's statistics in every group."""
@@ -669,6 +689,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             group["param_names"] = mine["param_names"]
         try:
             _validate_group(group["lr"], group["num_data"], group["temperature"])
+            check_adapt_until(group["adapt_until"])
             metric = self._group_metric(group)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{label}: {exc}") from None
@@ -676,8 +697,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def _default_of(self, key: str, current: Any) -> Any:
         """The value an option missing from an older state dict had before it existed."""
-        if key in _FACADE_DEFAULTS:
-            return _FACADE_DEFAULTS[key]
+        if key in _BEFORE_IT_EXISTED:  # e.g. no adapt_until: it adapted throughout
+            return _BEFORE_IT_EXISTED[key]
         for f in dataclasses.fields(self.metric):  # type: ignore[arg-type]
             if f.name == key and f.default is not dataclasses.MISSING:
                 return f.default
@@ -990,6 +1011,7 @@ class ShampooSGLD(SGRLDOptimizer):
         telemetry: bool = False,
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
+        adapt_until: int | None = DEFAULT_WARMUP,
         **metric_options: Any,
     ) -> None:
         metric = ShampooMetric(
@@ -1016,4 +1038,5 @@ class ShampooSGLD(SGRLDOptimizer):
             telemetry=telemetry,
             masks=masks,
             data_parallel=data_parallel,
+            adapt_until=adapt_until,
         )

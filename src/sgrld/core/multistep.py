@@ -79,7 +79,9 @@ class BlockRunner:
         noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream); with
             the sampler's ``noise="philox"`` every draw is the eager stream.
         chunk: steps whose noise is drawn at once (rounded down to a multiple of ``block``).
-        adapt: update the metric's statistics (``False``: a frozen G, as ``adapt=False`` in
+        adapt: update the metric's statistics at every step (the sampler must then be built
+            with ``adapt_until=None``: blocks do not stop at a warm-up's end) or never
+            (``False``: a frozen G, as ``adapt=False`` in
             :meth:`~sgrld.core.sampler.Sampler.step`).
     """
 
@@ -112,6 +114,12 @@ class BlockRunner:
         self.block, self.noise = block, noise
         if isinstance(sampler.lr, torch.Tensor) or sampler.capturable:
             raise ValueError("BlockRunner needs a sampler with a float lr and capturable=False")
+        if adapt and sampler.adapt_until is not None:
+            raise ValueError(
+                f"BlockRunner adapts the metric at every step or never, not for a warm-up of "
+                f"{sampler.adapt_until} steps: build the sampler with adapt_until=None, or pass "
+                "adapt=False"
+            )
         self.adapt = adapt
         self.sigma = float(sigma_of(sampler.lr, sampler.num_data, sampler.temperature))
         self.compile_seconds = 0.0

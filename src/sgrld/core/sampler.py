@@ -27,6 +27,7 @@ from sgrld.core.engine import (
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
 from sgrld.metrics.base import Metric, check_range
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
@@ -76,6 +77,10 @@ class Sampler:
     ``torch.compile`` without a graph break (it needs ``noise="philox"``, the counter-based
     source; while a step is traced or captured, a due Shampoo refresh is left to
     :meth:`refresh_if_due` on the host, while eager steps refresh themselves as usual).
+    ``adapt_until`` (:mod:`sgrld.core.warmup`): the metric adapts during the first
+    ``adapt_until`` steps of a state (1,000 by default), then G is frozen, so that the chain
+    samples the posterior; ``None`` adapts at every step (the paper's protocol, which biases the
+    stationary law: ``docs/posterior.md``).
 
     Example:
         >>> import torch, sgrld
@@ -95,6 +100,7 @@ class Sampler:
     compile: bool = False
     capturable: bool = False
     sync_checks: bool | None = None
+    adapt_until: int | None = DEFAULT_WARMUP
     # the compiled step (compile=True), shared by the states this sampler steps; not state
     _compiled: list[CompiledMove] = field(
         default_factory=list, init=False, repr=False, compare=False
@@ -105,6 +111,7 @@ class Sampler:
         check_noise_source(self.noise)
         check_compile(self.compile, self.metric)
         check_flags(self.check_finite, self.capturable, self.sync_checks, self.noise)
+        check_adapt_until(self.adapt_until)
 
     def init(
         self,
@@ -170,8 +177,9 @@ class Sampler:
 
         ``grads`` maps parameter names to ĝ = ∇u_B (see ``docs/conventions.md``); a missing name
         or ``None`` skips that parameter. With ``inplace=False`` the input state is left
-        untouched and a new one is returned; ``adapt=False`` freezes the metric for this step;
-        ``telemetry``: a float64 ``(*batch, 4)`` accumulator of per-step figures
+        untouched and a new one is returned; ``adapt=False`` freezes the metric for this step
+        (after the warm-up, ``state.step >= adapt_until``, it is frozen anyway); ``telemetry``: a
+        float64 ``(*batch, 4)`` accumulator of per-step figures
         (:func:`sgrld.core.engine.record_telemetry`).
         """
         if not isinstance(grads, Mapping):
@@ -193,7 +201,7 @@ class Sampler:
             num_data=self.num_data,
             temperature=self.temperature,
             checks=check_mode(self.check_finite, self.sync_checks, device, self.capturable),
-            adapt=adapt,
+            adapt=adapt and adapting(state.step, self.adapt_until),
             noise_source=self.noise,
             compiled=self._compiled_move(),
             refresh=not (self.capturable and in_graph()),

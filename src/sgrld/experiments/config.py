@@ -37,6 +37,8 @@ CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
 SEED_STREAMS = ("init", "chain", "data_order", "curvature")
 SPLITS = ("val", "test")
 METRICS = ("lp", "accuracy", "ece", "confidence")
+#: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates).
+ADAPT_CHOICES = ("burnin", "always")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +79,11 @@ class RunConfig:
             each noise-free and without samples).
         cycles: M ≥ 1 (cyclical only).
         explore_fraction: r in [0, 1) (cyclical only).
+        adapt: when the metric adapts (:mod:`sgrld.core.warmup`): ``"burnin"`` (default)
+            during the burn-in's ``burnin`` updates, then frozen, so that the chain samples the
+            posterior; ``"always"`` at every update (the paper's protocol, which the ``paper/``
+            configs keep); or an integer N ≥ 0: during the first N updates.
+            ``docs/posterior.md`` measures what each costs.
     """
 
     dataset: str
@@ -104,6 +111,7 @@ class RunConfig:
     schedule: str = "constant"
     cycles: int = 1
     explore_fraction: float = 0.0
+    adapt: str | int = "burnin"
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -167,10 +175,22 @@ class RunConfig:
             if self.sampler != "monge":
                 raise ValueError(f"alpha2_rule is a Monge option; leave it for {self.sampler}")
             MongeMetric(alpha2=self.alpha2, alpha2_rule=self.alpha2_rule)  # type: ignore[arg-type]
+        if not (self.adapt in ADAPT_CHOICES or _is_count(self.adapt)):
+            raise ValueError(
+                f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
+                "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
+            )
         if self.schedule == "cyclical":
             check_cyclical(1, self.cycles, self.explore_fraction)
         elif (self.cycles, self.explore_fraction) != (1, 0.0):
             raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
+
+    @property
+    def adapt_until(self) -> int | None:
+        """The sampler's ``adapt_until``: updates of warm-up, ``None`` to adapt throughout."""
+        if self.adapt == "always":
+            return None
+        return self.burnin if self.adapt == "burnin" else int(self.adapt)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain JSON values."""
@@ -178,7 +198,9 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Inverse of :meth:`to_dict` (unknown keys are an error)."""
+        """Inverse of :meth:`to_dict` (unknown keys are an error). A config without ``adapt``
+        was written before the warm-up existed, when the metric adapted throughout."""
+        values = {"adapt": "always", **values}
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known
         if unknown:
@@ -189,6 +211,10 @@ class RunConfig:
         """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
         extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
         return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -289,6 +315,7 @@ def make_sampler(
         # per-step health figures on the device, read at epoch ends (results.json); the fused
         # compile=True step has no place for them
         "telemetry": not config.compile,
+        "adapt_until": config.adapt_until,
     }
     if config.sampler == "monge":
         assert config.alpha2 is not None  # validated by RunConfig

@@ -229,7 +229,9 @@ def run_sampler(
         start = target.sample(k, generator=torch.Generator().manual_seed(seeds["start"]))
     else:
         start = torch.ones(k, 2, dtype=torch.float64)
-    sampler = sgrld.build(setting.metric, lr=setting.lr, num_data=1.0, **setting.options)
+    sampler = sgrld.build(
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
+    )
     state = sampler.init(
         {"theta": start.clone()},
         num_chains=k,

@@ -126,7 +126,9 @@ def run_baseline(
     from sgrld.core.multistep import BlockRunner
 
     target, seeds = FunnelTarget(), derive_seeds(config.seed)
-    sampler = sgrld.build(setting.metric, lr=setting.lr, num_data=1.0, **setting.options)
+    sampler = sgrld.build(
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
+    )
     state = sampler.init(
         {"theta": _start(config, target)},
         num_chains=config.chains,

@@ -44,7 +44,7 @@ MANIFEST = "geodesics.json"  # the settings and each figure's SHA-256, written l
 
 __all__ = ["BASE_POINTS", "add_arguments", "geodesic", "geodesic_rhs", "run"]
 
-#: name → base point x̂ (reference §6: ``g_contours_funnel_1.png`` and ``_2.png``).
+#: name → base point x̂ (the paper's Figure 1: the two panels of the funnel's contours).
 BASE_POINTS: dict[str, tuple[float, float]] = {"neck": (2.0, -4.0), "flat": (5.0, 10.0)}
 SPEED = 10.0  # |ẋ(0)| (the reference's ``multiplier``)
 

@@ -38,7 +38,7 @@ else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version mark
     import tomli as tomllib
 
 #: Options that take a list in a sweep (``seeds`` also takes ranges such as ``0-9``).
-AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds")
+AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds", "adapt")
 MANIFEST_FILE = "sweep.json"
 MANIFEST_FORMAT = "sgrld-sweep/2"
 #: Older manifests still read (they record no machine options, see :data:`CHAIN_OPTIONS`).

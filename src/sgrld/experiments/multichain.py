@@ -260,6 +260,7 @@ class ChainsRun:
             num_data=self.num_data,
             temperature=base.temperature,
             noise="philox",
+            adapt_until=base.adapt_until,
             **options,
         )
         self._loss = _poisoned_potential(self.num_data)

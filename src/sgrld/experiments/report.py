@@ -95,6 +95,8 @@ _SETTING_EXTRAS = (
     ("burnin", 1000, "--burn-in {}", "b{}"),
     ("thinning", 100, "--thinning {}", "t{}"),
     ("noise", "philox", "--noise {}", "{}"),
+    # results written before the warm-up existed adapted throughout: the paper's protocol
+    ("adapt", "always", "--adapt {}", "a{}"),
 )
 
 

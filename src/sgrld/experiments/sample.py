@@ -138,6 +138,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     schedule.add_argument(
         "--thinning", type=int, default=100, help="a sample every K updates (100)"
     )
+    schedule.add_argument(
+        "--adapt",
+        type=adapt_choice,
+        default="burnin",
+        metavar="{burnin,always,N}",
+        help="when the metric adapts: during the burn-in, then frozen (burnin, the default: the "
+        "chain samples the posterior), at every update (always: the paper's protocol, biased; "
+        "docs/posterior.md) or during the first N updates",
+    )
     schedule.add_argument("--curvature", action="store_true", help="measure C(θ) of every sample")
     schedule.add_argument("--curvature-points", type=int, default=1000, help="test points (1000)")
     schedule.add_argument(
@@ -196,6 +205,15 @@ def float_list(text: str) -> list[float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {part.strip()!r}") from None
     return values
+
+
+def adapt_choice(text: str) -> str | int:
+    """An argparse ``type``: ``burnin``, ``always`` or a count of warm-up updates N >= 0."""
+    if text in ("burnin", "always"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected burnin, always or an integer >= 0, not {text!r}")
 
 
 float_list.item_type = float  # type: ignore[attr-defined]  # what a sweep's comma list holds

@@ -52,6 +52,7 @@ def inverse_roots_eigh(
     ridge: Ridge = "relative",
     eps: float = 1e-8,
     dtype: torch.dtype = torch.float64,
+    damping: float = 0.0,
 ) -> list[Tensor]:
     """[(A + rI)^(−e) for e in exponents] for a batch ``A`` of symmetric PSD matrices.
 
@@ -59,7 +60,10 @@ def inverse_roots_eigh(
     are clamped to 0 (Meta ``distributed_shampoo`` style), then the ridge r is added (r =
     eps·λ_max for ``"relative"``, eps for ``"absolute"``, 0 for ``"none"``). Eigenvalues still
     ≤ 0 after the ridge (an all-zero matrix, or a singular one with ``ridge="none"``) get the
-    root 1: those directions are left unpreconditioned instead of turning into inf. If the
+    root 1: those directions are left unpreconditioned instead of turning into inf. ``damping``
+    δ adds δ·tr(A)/n (δ times the mean eigenvalue) on top of the ridge: it bounds the condition
+    number of A + rI by about n/δ, so that directions the statistics have barely seen (e.g.
+    where only the prior acts) do not get a huge G⁻¹ (``docs/posterior.md``). If the
     decomposition fails in a lower precision (LAPACK/cuSOLVER does not converge, or a root comes
     out non-finite), the whole batch is recomputed in float64.
 
@@ -69,35 +73,39 @@ def inverse_roots_eigh(
         ridge: how the ridge r is chosen.
         eps: ε of the ridge.
         dtype: the precision of the decomposition.
+        damping: δ ≥ 0, the damping relative to the mean eigenvalue.
 
     Returns:
         One tensor of ``dtype`` (float64 after a fallback) shaped like ``mat`` per exponent.
     """
     if mat.shape[-1] == 2:
-        return _inverse_roots_2x2(mat, exponents, ridge, eps)
+        return _inverse_roots_2x2(mat, exponents, ridge, eps, damping)
     if dtype != torch.float64:
         try:
-            roots = _roots_by_eigh(mat.to(dtype), exponents, ridge, eps)
+            roots = _roots_by_eigh(mat.to(dtype), exponents, ridge, eps, damping)
         except torch.linalg.LinAlgError:
             roots = []
         if roots and all(bool(torch.isfinite(r).all()) for r in roots):
             return roots
-    return _roots_by_eigh(mat.to(torch.float64), exponents, ridge, eps)
+    return _roots_by_eigh(mat.to(torch.float64), exponents, ridge, eps, damping)
 
 
 def _roots_by_eigh(
-    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float
+    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float, damping: float = 0.0
 ) -> list[Tensor]:
     evals, evecs = torch.linalg.eigh(mat)
     evals = evals.clamp_(min=0.0)
-    evals = evals + _ridge(evals[..., -1:], ridge, eps)
+    r = _ridge(evals[..., -1:], ridge, eps)
+    if damping:
+        r = r + damping * evals.mean(-1, keepdim=True)
+    evals = evals + r
     positive = evals > 0
     safe = torch.where(positive, evals, torch.ones_like(evals))
     return [(evecs * safe.pow(-e).unsqueeze(-2)) @ evecs.mT for e in exponents]
 
 
 def _inverse_roots_2x2(
-    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float
+    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float, damping: float = 0.0
 ) -> list[Tensor]:
     """:func:`inverse_roots_eigh` for 2 × 2 matrices in closed form (the funnel's factors).
 
@@ -116,6 +124,8 @@ def _inverse_roots_2x2(
     hi = (half_trace + radius).clamp(min=0.0)  # the eigenvalue of (cos, sin)
     lo = (half_trace - radius).clamp(min=0.0)
     r = _ridge(hi, ridge, eps)
+    if damping:
+        r = r + damping * 0.5 * (hi + lo)
     hi, lo = hi + r, lo + r
     cc, ss, sc = cos * cos, sin * sin, sin * cos
     roots = []

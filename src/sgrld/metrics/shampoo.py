@@ -37,6 +37,7 @@ Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``upd
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -99,6 +100,9 @@ class ShampooMetric(Metric):
             a different but equally valid metric).
         ridge: r added to each factor before its root: ``"relative"`` r = ε·λ_max(H_i) (the
             reference), ``"absolute"`` r = ε, or ``"none"`` r = 0 (the funnel).
+        damping: δ ≥ 0 adds δ·tr(H_i)/s_i (δ times the mean eigenvalue) to the ridge, so that
+            directions the statistics have barely seen do not get a huge G⁻¹; 0 (the paper's)
+            by default; ``docs/posterior.md`` measures what it buys (``root_method="eigh"``).
         root_dtype: the precision of ``eigh`` (float64, the default; float32 is much faster on
             a GPU and is retried in float64 for a bucket whose decomposition fails).
 
@@ -126,6 +130,7 @@ class ShampooMetric(Metric):
     root_method: Literal["eigh", "newton"] = "eigh"
     precondition_vectors: bool = False
     ridge: Ridge = "relative"
+    damping: float = 0.0
     tiling: Tiling = "reference"
     root_dtype: torch.dtype = torch.float64
     # Work buffers reused across steps (not state: results never depend on them).
@@ -143,6 +148,9 @@ class ShampooMetric(Metric):
     def __post_init__(self) -> None:
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
+        check_range("damping", self.damping, lambda v: v >= 0.0, "damping >= 0")
+        if self.damping and self.root_method != "eigh":
+            raise ValueError("damping needs root_method='eigh' (Newton's iteration has no damping)")
         _check_int("block_size", self.block_size, 1)
         _check_int("update_interval", self.update_interval, 1)
         if self.root_method not in ("eigh", "newton"):
@@ -229,6 +237,18 @@ class ShampooMetric(Metric):
         per-tensor keys are views of it, so that a step updates and applies a whole bucket with one
         batched matmul while state dicts keep their per-tensor keys and shapes.
         """
+        if (
+            not self._plans(layout)
+            and self._stackings.get((layout.shapes, layout.batch_shape)) is None
+        ):
+            warnings.warn(
+                "ShampooMetric: every parameter tensor has merged rank <= 1 "
+                f"(shapes {[tuple(sh) for sh in layout.shapes]}, block_size {self.block_size}) "
+                "and precondition_vectors=False, so G = I everywhere: this is SGLD. Pass "
+                "precondition_vectors=True to give them full-matrix factors",
+                UserWarning,
+                stacklevel=2,
+            )
         stacking = self._stacking(layout)
         batch, nb = layout.batch_shape, len(layout.batch_shape)
         views: dict[tuple[str, int, int, int], Tensor] = {}
@@ -321,6 +341,7 @@ class ShampooMetric(Metric):
                     (1.0 / (2 * k), 1.0 / (4 * k)),
                     ridge=self.ridge,
                     eps=self.eps,
+                    damping=self.damping,
                     dtype=self.root_dtype,
                 )
             else:
