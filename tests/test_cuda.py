@@ -113,6 +113,28 @@ def test_deferred_check_on_cuda_has_no_host_sync() -> None:
     opt.check()
 
 
+@pytest.mark.parametrize("low_precision", ["master", "stochastic"])
+def test_telemetry_and_bfloat16_steps_have_no_host_sync(
+    spec: SamplerSpec, low_precision: str
+) -> None:
+    """Telemetry sums and bfloat16 master copies / stochastic rounding stay on the device."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 4).to(DEVICE, torch.bfloat16)
+    opt = spec.make_optimizer(
+        model.parameters(), lr=0.01, num_data=100, telemetry=True, noise="philox",
+        low_precision=low_precision, generator=torch.Generator(DEVICE).manual_seed(0),
+    )  # fmt: skip
+    x = torch.randn(16, 20, device=DEVICE, dtype=torch.bfloat16)
+    model(x).float().square().mean().backward()
+    opt.step()  # state created, the first-step checks made
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()  # step 2: no Shampoo refresh due (conftest's interval is 3)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert opt.telemetry()[0]["steps"] == 2.0
+
+
 def test_resume_after_replay_is_bit_identical() -> None:
     spec = SAMPLERS[3]
     model, opt = _setup(spec)
