@@ -84,6 +84,16 @@ def run(
     return float(ratios.mean()), float(ratios.std() / math.sqrt(batches))
 
 
+def safe_run(
+    name: str, dtype: torch.dtype, mode: str, dim: int, steps: int, warmup: int
+) -> tuple[float | None, float | None]:
+    """:func:`run`, or ``(None, None)`` where the chain breaks down (a non-finite gradient)."""
+    try:
+        return run(name, dtype, mode, dim, steps, warmup)
+    except sgrld.NonFiniteGradientError:
+        return None, None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30_000)
@@ -99,8 +109,10 @@ def main() -> None:
         ref = run(name, torch.float32, "master", args.dim, args.steps, args.warmup)
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
-            cells = [run(name, dtype, m, args.dim, args.steps, args.warmup) for m in MODES]
-            text = " | ".join(f"{r:.3f} ± {e:.3f}" for r, e in [ref, *cells])
+            cells = [safe_run(name, dtype, m, args.dim, args.steps, args.warmup) for m in MODES]
+            text = " | ".join(
+                "breaks down" if r is None else f"{r:.3f} ± {e:.3f}" for r, e in [ref, *cells]
+            )
             print(f"| {name} | {dtype_name} | {text} |", flush=True)
 
 
