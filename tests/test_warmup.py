@@ -205,7 +205,8 @@ def test_defaults_agree() -> None:
     assert sgrld.build("monge", lr=0.1, num_data=1.0).adapt_until == DEFAULT_WARMUP
     opt = sgrld.MongeSGLD([torch.zeros(2)], lr=0.1, num_data=1.0)
     assert opt.param_groups[0]["adapt_until"] == DEFAULT_WARMUP
-    shampoo = sgrld.ShampooSGLD([torch.zeros(2, 2)], lr=0.1, num_data=1.0)
+    with pytest.warns(UserWarning, match="this is SGLD"):  # said when built (2x2 merges to 4)
+        shampoo = sgrld.ShampooSGLD([torch.zeros(2, 2)], lr=0.1, num_data=1.0)
     assert shampoo.param_groups[0]["adapt_until"] == DEFAULT_WARMUP
     config = RunConfig(dataset="mnist", model="fc", prior="gaussian", sampler="identity", lr=0.1,
                        epochs=3)  # fmt: skip
