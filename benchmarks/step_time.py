@@ -238,8 +238,8 @@ def main() -> None:
     if args.only:
         keep = ("SGD", "floor", *args.only.split(","))
         makes = {k: v for k, v in makes.items() if k.startswith(keep)}
-    if args.defaults_only:
-        makes = {k: v for k, v in makes.items() if "/" not in k}
+    if args.defaults_only:  # (the telemetry rows, when asked for, are default options + it)
+        makes = {k: v for k, v in makes.items() if "/" not in k or k.endswith("/telemetry")}
     pool = 16
     xs, ys = batches(args.model, device, pool)
     rows = {name: Row(name, factory, args.model, device) for name, factory in makes.items()}
