@@ -400,9 +400,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def _flag_of(field: str) -> str:
-    from sgrld.experiments.sample import _flag
+    from sgrld.experiments.sample import flag_of  # the flags are the sample command's
 
-    return _flag(field)
+    return flag_of(field)
 
 
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], bool]:

@@ -307,14 +307,14 @@ def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, se
     return config
 
 
-def _flag(field: str) -> str:
+def flag_of(field: str) -> str:
     """The command-line flag of a config field."""
     return _FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 def _dest(field: str) -> str:
     """The argparse attribute of a config field's flag."""
-    return _flag(field)[2:].replace("-", "_")
+    return flag_of(field)[2:].replace("-", "_")
 
 
 #: Config fields whose command-line flag is not ``--`` + the field name.
@@ -467,7 +467,7 @@ def _refuse_other_threads(results: list[Path], threads: int | None) -> None:
 
 def _option_text(field: str, value: Any) -> str:
     """A config value as written on the command line: ``--prior horseshoe``, ``no --subset``."""
-    flag = _flag(field)
+    flag = flag_of(field)
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
     if value is None:
