@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -32,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state
 
-from sgrld.core.engine import NonFiniteGradientError
+from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 
@@ -432,16 +431,10 @@ class Chains:
                     g.state.stats, g.state.layout
                 ).items()
             }
-            for i, (drift_sq, noise_sq, theta_sq, steps) in enumerate(sums):
-                n = max(steps, 1.0)
-                figures = {
-                    "steps": steps,
-                    "drift_rms": math.sqrt(drift_sq / n),
-                    "noise_rms": math.sqrt(noise_sq / n),
-                    "theta_rms": math.sqrt(theta_sq / n),
-                    "drift_to_noise": math.sqrt(drift_sq / noise_sq) if noise_sq > 0 else math.inf,
-                }
-                figures |= {key: float(values[i]) for key, values in extra.items()}
+            for i, chain_sums in enumerate(sums):
+                figures = telemetry_figures(
+                    chain_sums, {key: float(values[i]) for key, values in extra.items()}
+                )
                 out.append(figures)
             if reset:
                 g.telemetry.zero_()

@@ -30,6 +30,7 @@ from sgrld.core.engine import (
     check_mode,
     in_graph,
     refresh_due,
+    telemetry_figures,
     validate_grads,
 )
 from sgrld.core.layout import FlatLayout
@@ -472,20 +473,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         for index in range(len(self.param_groups)):
             acc = self._accumulator(index)
             assert acc is not None
-            drift_sq, noise_sq, theta_sq, steps = acc.tolist()
-            n = max(steps, 1.0)
-            figures = {
-                "steps": steps,
-                "drift_rms": math.sqrt(drift_sq / n),
-                "noise_rms": math.sqrt(noise_sq / n),
-                "theta_rms": math.sqrt(theta_sq / n),
-                "drift_to_noise": math.sqrt(drift_sq / noise_sq) if noise_sq > 0 else math.inf,
-            }
             state = self._group_states[index]
-            for key, value in (
-                self._group_metrics[index].diagnostics(state.stats, state.layout).items()
-            ):
-                figures[key] = float(value)
+            diagnostics = self._group_metrics[index].diagnostics(state.stats, state.layout)
+            figures = telemetry_figures(
+                acc.tolist(), {key: float(value) for key, value in diagnostics.items()}
+            )
             out.append(figures)
             if reset:
                 acc.zero_()

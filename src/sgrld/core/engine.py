@@ -234,6 +234,22 @@ def body(
 TELEMETRY = ("drift_sq", "noise_sq", "theta_sq")
 
 
+def telemetry_figures(sums: Sequence[float], extra: dict[str, float]) -> dict[str, float]:
+    """One chain's figures from its :func:`record_telemetry` sums (drift², noise², θ², steps)
+    and the metric's own (``extra``): the step count, root-mean-square drift, noise and θ per
+    step, and the drift-to-noise ratio (inf without noise)."""
+    drift_sq, noise_sq, theta_sq, steps = sums
+    n = max(steps, 1.0)
+    return {
+        "steps": steps,
+        "drift_rms": math.sqrt(drift_sq / n),
+        "noise_rms": math.sqrt(noise_sq / n),
+        "theta_rms": math.sqrt(theta_sq / n),
+        "drift_to_noise": math.sqrt(drift_sq / noise_sq) if noise_sq > 0 else math.inf,
+        **extra,
+    }
+
+
 def record_telemetry(
     acc: Tensor,
     params: Sequence[Tensor],
