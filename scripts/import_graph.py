@@ -42,7 +42,9 @@ def imports(root: Path) -> dict[str, set[str]]:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*up, base] if base else up)
                 # ``from pkg import mod`` names a module when pkg.mod is one
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
+                ]
             if isinstance(node, ast.If) and _is_type_checking(node.test):
                 continue
             for target in targets:
@@ -146,8 +148,10 @@ def report(graph: dict[str, set[str]], title: str) -> int:
     level = levels(graph)
     found = circles(graph)
     up = [(v, w) for v in graph for w in graph[v] if level[w] >= level[v]]
-    print(f"{title}: {len(graph)} nodes on {max(level.values()) + 1} levels, "
-          f"{len(found)} circles, {len(up)} arrows up")
+    print(
+        f"{title}: {len(graph)} nodes on {max(level.values()) + 1} levels, "
+        f"{len(found)} circles, {len(up)} arrows up"
+    )
     for c in found:
         print("  circle:", " ↔ ".join(c))
     for v, w in sorted(up):
@@ -168,7 +172,9 @@ def main() -> int:
         for n in range(max(level.values()) + 1):
             print(f"  level {n}:", ", ".join(sorted(v for v in graph if level[v] == n)))
     if args.rooms:
-        packages = {module_name(args.root, p.parent / "__init__.py") for p in args.root.rglob("__init__.py")}
+        packages = {
+            module_name(args.root, p.parent / "__init__.py") for p in args.root.rglob("__init__.py")
+        }
         count += report(rooms(graph, packages), "rooms (packages)")
     return 1 if count else 0
 

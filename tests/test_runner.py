@@ -15,7 +15,7 @@ import torch
 
 from conftest import state_tensors
 from sgrld.data import Splits
-from sgrld.experiments.runner import (
+from sgrld.experiments.run.single import (
     CHECKPOINT_FILE,
     RESULTS_FILE,
     ProgressBar,

@@ -15,7 +15,7 @@ import pytest
 
 import sgrld.data
 from sgrld.cli import main
-from sgrld.experiments.table import aggregate, csv_table, markdown_paper_layout
+from sgrld.experiments.report.tables import aggregate, csv_table, markdown_paper_layout
 
 # --- end to end -------------------------------------------------------------------------------
 
@@ -173,7 +173,7 @@ def test_resume_with_other_options_is_refused(
     import torch
 
     from sgrld.data import Splits
-    from sgrld.experiments.runner import RunConfig, run_sampling
+    from sgrld.experiments.run.single import RunConfig, run_sampling
 
     x, y = torch.rand(100, 784), torch.arange(100) % 10
     splits = Splits(x_train=x, y_train=y, x_val=x, y_val=y, x_test=x, y_test=y)

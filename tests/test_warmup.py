@@ -200,7 +200,7 @@ def test_adapting_counts_the_warmup_steps() -> None:
 
 def test_defaults_agree() -> None:
     """The functional API, the facade and the runner freeze after the same default warm-up."""
-    from sgrld.experiments.config import RunConfig
+    from sgrld.experiments.run.config import RunConfig
 
     assert sgrld.build("monge", lr=0.1, num_data=1.0).adapt_until == DEFAULT_WARMUP
     opt = sgrld.MongeSGLD([torch.zeros(2)], lr=0.1, num_data=1.0)
@@ -302,8 +302,8 @@ def test_chains_freeze_after_the_warmup() -> None:
 def test_runner_warmup_is_the_burnin_and_is_recorded(tmp_path: Path) -> None:
     """``adapt="burnin"`` is ``adapt=burnin`` updates; ``"always"`` (the paper's) differs; the
     choice is in results.json; the CLI flag parses to the same values."""
-    from sgrld.experiments import sample
-    from sgrld.experiments.runner import run_sampling
+    from sgrld.experiments.commands import sample
+    from sgrld.experiments.run.single import run_sampling
     from test_runner import deterministic, synthetic_splits, tiny_config
 
     splits = synthetic_splits()
@@ -335,8 +335,8 @@ def test_chains_run_freezes_where_the_single_run_does() -> None:
     gradients, up to ~3e-4), far closer than a warm-up one update longer (≥ 1e-2)."""
     from dataclasses import replace
 
-    from sgrld.experiments.multichain import ChainsRun
-    from sgrld.experiments.runner import SamplingRun
+    from sgrld.experiments.run.chains import ChainsRun
+    from sgrld.experiments.run.single import SamplingRun
     from test_multichain import SPLITS, tiny_config
 
     config = tiny_config(sampler="rmsprop", seed=0, lr=0.01, epochs=3)

@@ -38,6 +38,9 @@ class Metric(abc.ABC):
     #: whether ``compile=True`` samplers may trace this metric; opt-in, for metrics whose code
     #: traces and measurably gains (identity, RMSprop, Wenzel; :mod:`sgrld.core.compiled`)
     compilable: ClassVar[bool] = False
+    #: whether runners refresh G at each epoch end (Wenzel's layer-wise scales, as the paper's
+    #: code does); the facade's users call ``refresh_metric()`` themselves
+    refresh_per_epoch: ClassVar[bool] = False
 
     @abc.abstractmethod
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:

@@ -35,6 +35,7 @@ class WenzelMetric(Metric):
     """
 
     name = "wenzel"
+    refresh_per_epoch = True
     compilable = True
     decay: float = 0.99
     eps: float = 1e-8

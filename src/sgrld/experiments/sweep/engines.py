@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments._process import die_with_parent
-from sgrld.experiments.exits import Terminated
-from sgrld.experiments.jobs import RunOutcome, SweepJob
+from sgrld.experiments.base.exits import Terminated
+from sgrld.experiments.base.process import die_with_parent
+from sgrld.experiments.sweep.jobs import RunOutcome, SweepJob
 
 
 @dataclass
@@ -110,7 +110,7 @@ class GridProgress:
 @contextmanager
 def _sigterm_raises() -> Iterator[None]:
     """SIGTERM ends the sweep like Ctrl-C, so that worker processes are stopped too; the command
-    then exits with 143 (:class:`~sgrld.experiments.exits.Terminated`)."""
+    then exits with 143 (:class:`~sgrld.experiments.base.exits.Terminated`)."""
 
     def terminate(signum: int, frame: Any) -> None:
         raise Terminated
@@ -146,7 +146,7 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
     Each worker is a one-process pool of its own, so a worker that dies (OOM killer, a kill)
     breaks only its job: that job is run again once in a new worker (it resumes from its
     checkpoints), then counted as failed; the others go on. Workers die with the sweep, even
-    when it is killed with SIGKILL (:func:`~sgrld.experiments._process.die_with_parent`). On
+    when it is killed with SIGKILL (:func:`~sgrld.experiments.base.process.die_with_parent`). On
     Ctrl-C or SIGTERM the workers are terminated; each run keeps its last epoch's checkpoint,
     so the next sweep resumes it.
     """

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from sgrld.experiments import exits, funnel
+from sgrld.experiments.base import exits
+from sgrld.experiments.commands import funnel
 
 DEMO_STEPS = 30_000
 

@@ -9,14 +9,14 @@ Examples::
 
 The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
 ``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
-(``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.grid`); flags
+(``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.sweep.grid`); flags
 given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
 run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint.pt``), which
 ``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
 
 Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
 a finished sweep does nothing; a larger ``--epochs`` extends finished runs. Exit statuses:
-:mod:`sgrld.experiments.exits`.
+:mod:`sgrld.experiments.base.exits`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments import exits, grid, sample
-from sgrld.experiments.grid import GridError, Kind, PlannedRun
+from sgrld.experiments.base import exits
+from sgrld.experiments.commands import sample
+from sgrld.experiments.sweep import grid
+from sgrld.experiments.sweep.grid import GridError, Kind, PlannedRun
 
 #: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
 MACHINE_OPTIONS = frozenset(
@@ -60,7 +62,9 @@ def option_kinds() -> dict[str, Kind]:
         if action.dest in MACHINE_OPTIONS:
             continue
         parse = getattr(action.type, "item_type", action.type)
-        if action.nargs == 0:
+        if getattr(action, "kind", None) is not None:
+            kind = action.kind  # type: ignore[attr-defined]
+        elif action.nargs == 0:
             kind = "bool"
         elif parse is int:
             kind = "int"
@@ -233,7 +237,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def chain_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options outside the runs' configs that shape their chains (recorded in the manifest:
-    :data:`sgrld.experiments.grid.CHAIN_OPTIONS`)."""
+    :data:`sgrld.experiments.sweep.grid.CHAIN_OPTIONS`)."""
     return {
         "chains": args.chains,
         "chain_batch": args.chain_batch,
@@ -245,7 +249,7 @@ def chain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Plan and check everything, then run what is missing and summarise."""
-    from sgrld.experiments.jobs import Machine, make_jobs, run_state
+    from sgrld.experiments.sweep.jobs import Machine, make_jobs, run_state
 
     out = Path(args.out)
     try:
@@ -303,7 +307,12 @@ def run(args: argparse.Namespace) -> int:
     if not todo:
         print("nothing to do", file=sys.stderr)
         return exits.OK
-    from sgrld.experiments.engines import ClusterOptions, GridProgress, run_local, run_submitit
+    from sgrld.experiments.sweep.engines import (
+        ClusterOptions,
+        GridProgress,
+        run_local,
+        run_submitit,
+    )
 
     progress = GridProgress(len(runs), len(runs) - len(todo), enabled=not args.no_progress)
     started = time.perf_counter()
@@ -330,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _summary(tally: Any, runs: list[PlannedRun], out: Path, seconds: float) -> int:
     """Print how the runs ended; the exit status: 1 a run failed, 75 runs still held elsewhere."""
-    from sgrld.experiments.jobs import run_state
+    from sgrld.experiments.sweep.jobs import run_state
 
     configs = {r.path: r.config for r in runs}
     # A run held by another sweep or job may have finished meanwhile: then it is done.

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sgrld.experiments._io import save_figure
+from sgrld.experiments.base.files import save_figure
 
 
 def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:

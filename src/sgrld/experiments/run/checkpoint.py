@@ -8,9 +8,9 @@ from typing import Any
 
 from torch import Tensor
 
-from sgrld.experiments import _io
-from sgrld.experiments._io import CheckpointError
-from sgrld.experiments.config import CHECKPOINT_FORMAT, NUM_CLASSES, PRIOR_NAMES, RunConfig
+from sgrld.experiments.base import files as _io
+from sgrld.experiments.base.files import CheckpointError
+from sgrld.experiments.run.config import CHECKPOINT_FORMAT, NUM_CLASSES, PRIOR_NAMES, RunConfig
 from sgrld.models import build_model
 
 #: Top-level entries of a checkpoint; all must be present before anything is restored.
@@ -35,7 +35,7 @@ CHECKPOINT_KEYS = (
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU), checking it first.
 
-    The file's SHA-256 must match (:func:`sgrld.experiments._io.load_checkpoint`), every entry
+    The file's SHA-256 must match (:func:`~.base.files.load_checkpoint`), every entry
     must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
     sample aside; a broken-down run's model and sampler may be non-finite: that is why it stopped).
 

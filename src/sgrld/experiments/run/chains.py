@@ -2,7 +2,7 @@
 
 :class:`ChainsRun` runs the configs of K single runs that differ only in seed, ℓ and α² as one
 :class:`sgrld.Chains` (stacked parameters, one vmapped forward/backward and one sampler call per
-step), and keeps one :class:`~sgrld.experiments.record.RunRecord` per chain, so that each chain
+step), and keeps one :class:`~sgrld.experiments.run.record.RunRecord` per chain, so that each chain
 writes ``OUT/<label>/results.json`` in exactly the single-run format. What makes chain k *the*
 single run of its config (``sgrld sample --seed s``), whatever K and its position:
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -41,9 +40,10 @@ from sgrld.chains import Chains, chain_batches
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
-from sgrld.experiments import _io
-from sgrld.experiments._io import CheckpointError, OutputError
-from sgrld.experiments.config import (
+from sgrld.experiments.base import files as _io
+from sgrld.experiments.base.files import CheckpointError, OutputError
+from sgrld.experiments.run.build import build_metric, poisoned_potential
+from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     GRAD_MAX,
     NUM_CLASSES,
@@ -53,14 +53,14 @@ from sgrld.experiments.config import (
     config_differences,
     is_sample_step,
 )
-from sgrld.experiments.observers import RunObserver
-from sgrld.experiments.record import RunRecord, deferred_breakdown_reason, restrict_splits
-from sgrld.models import build_model, potential
+from sgrld.experiments.run.naming import chain_label
+from sgrld.experiments.run.observers import RunObserver
+from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
+from sgrld.models import build_model
 
 __all__ = [
     "CHAINS_CHECKPOINT_FORMAT",
     "ChainsRun",
-    "chain_label",
     "check_chain_configs",
     "load_chains_checkpoint",
     "plan_chain_batch",
@@ -70,15 +70,6 @@ __all__ = [
 CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
 #: The fields in which the chains of one process may differ.
 PER_CHAIN_FIELDS = ("seed", "lr", "alpha2")
-
-
-def chain_label(config: RunConfig) -> str:
-    """The chain's folder name: the single run's default ``--out`` name (e.g.
-    ``mnist-fc400-horseshoe-monge-lr0.25-alpha1.25-seed0``, labelled as a sweep labels its
-    run folders: ``lr0.25-alpha1.25-seed0``)."""
-    from sgrld.experiments.sample import default_out_dir
-
-    return default_out_dir(config).name
 
 
 def check_chain_configs(configs: Sequence[RunConfig]) -> None:
@@ -174,17 +165,6 @@ def _probe_chain_memory(
     return state, step
 
 
-def _poisoned_potential(num_data: int) -> Any:
-    """The per-datum potential, its gradient made NaN where it is non-finite: the engine then
-    freezes the chain at that update, as a single run stops before it."""
-
-    def loss(model: Any, x: Tensor, y: Tensor) -> Tensor:
-        u = potential(model, x, y, num_data)
-        return u * torch.where(torch.isfinite(u), 1.0, math.nan)  # NaN·∂u is NaN everywhere
-
-    return loss
-
-
 class ChainsRun:
     """K runs of one setting as one stacked model; see the module docstring.
 
@@ -251,19 +231,15 @@ class ChainsRun:
             _philox_seed(torch.Generator(self.device).manual_seed(r.seeds["chain"]))
             for r in self.records
         ]
-        options: dict[str, Any] = {}
-        if base.sampler == "monge":
-            options["alpha2"], options["alpha2_rule"] = base.alpha2, base.alpha2_rule
         sampler = sgrld.build(
-            base.sampler,
+            build_metric(base.sampler, base.sampler_options, base.alpha2, base.alpha2_rule),
             lr=base.lr,
             num_data=self.num_data,
             temperature=base.temperature,
             noise="philox",
             adapt_until=base.adapt_until,
-            **options,
         )
-        self._loss = _poisoned_potential(self.num_data)
+        self._loss = poisoned_potential(self.num_data)
         if chain_batch is None and self.device.type == "cuda":
             batch = min(base.batch_size, self.num_data)
             state_bytes, step_bytes = _probe_chain_memory(
@@ -293,7 +269,7 @@ class ChainsRun:
             r.state_bytes = self.chains.state_bytes()
         self._pending: list[tuple[int, float]] = []  # (update, seconds) not yet credited
         self._scalar_names = list(scalar_hyperparameter_tensors(self.chains.model))
-        self._refreshes = base.sampler == "wenzel"  # as the single run's WenzelSGLD
+        self._refreshes = sampler.metric.refresh_per_epoch  # as the single run refreshes
 
     # --- the loop ---------------------------------------------------------------------------
 

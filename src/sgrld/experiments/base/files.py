@@ -32,8 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from sgrld.experiments import exits
-from sgrld.experiments.exits import Terminated
+from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import Terminated
 
 try:
     import fcntl

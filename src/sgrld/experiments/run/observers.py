@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tqdm import tqdm
 
 if TYPE_CHECKING:
-    from sgrld.experiments.runner import SamplingRun
+    from sgrld.experiments.run.single import SamplingRun
 
 
 class RunObserver:
@@ -132,7 +132,7 @@ class ProgressBar(_StepBar):
 
 
 class ChainsProgressBar(_StepBar):
-    """Progress of a multi-chain run (:class:`~sgrld.experiments.multichain.ChainsRun`) on
+    """Progress of a multi-chain run (:class:`~sgrld.experiments.run.chains.ChainsRun`) on
     stderr: the bar over the process's updates, and a line per epoch with how many chains run,
     completed and broke down and the spread of their ensemble metrics."""
 

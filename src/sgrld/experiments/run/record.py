@@ -1,8 +1,8 @@
 """What one chain's run records and reports: accumulators, curves, timing, ``results.json``.
 
-:class:`RunRecord` is the bookkeeping shared by a single run (:class:`~sgrld.experiments.runner.
+:class:`RunRecord` is the bookkeeping shared by a single run (:class:`~sgrld.experiments.run.single.
 SamplingRun`, which also owns the model and the optimizer) and every chain of a multi-chain run
-(:class:`~sgrld.experiments.multichain.ChainsRun`, where K records share one stacked model): its
+(:class:`~sgrld.experiments.run.chains.ChainsRun`, where K records share one stacked model): its
 seeds and generators, the streaming ensembles and the sample trace, the per-epoch curves, the
 step timing and the breakdown record, and :meth:`RunRecord.results`, the one writer of the
 ``results.json`` format (so a chain of a K-chain run reports exactly as a single run does).
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
-from sgrld.experiments.config import (
+from sgrld.experiments.run.config import (
     METRICS,
     NUM_CLASSES,
     OFFICIAL_TRAIN_SIZE,
@@ -316,7 +316,7 @@ class RunRecord:
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
         """What in a saved record does not fit these accumulators (checked before restoring)."""
-        from sgrld.experiments.checkpoint import tensor_mismatches
+        from sgrld.experiments.run.checkpoint import tensor_mismatches
 
         wrong: list[str] = []
         for split, ensemble in self.ensembles.items():

@@ -32,13 +32,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.run.naming import flag_of, run_label, setting_name
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version marker)
     import tomli as tomllib
 
 #: Options that take a list in a sweep (``seeds`` also takes ranges such as ``0-9``).
-AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds", "adapt")
+AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds", "adapt", "sampler_options")
 MANIFEST_FILE = "sweep.json"
 MANIFEST_FORMAT = "sgrld-sweep/2"
 #: Older manifests still read (they record no machine options, see :data:`CHAIN_OPTIONS`).
@@ -261,7 +263,7 @@ def parse_config(
 
 @dataclass(frozen=True)
 class Kind:
-    """What a config key takes: ``type`` one of ``bool``, ``int``, ``float``, ``str``;
+    """What a config key takes: ``type`` one of ``bool``, ``int``, ``float``, ``str``, ``table``;
     ``choices`` for names; ``axis`` whether a list of values is allowed."""
 
     type: str
@@ -294,10 +296,14 @@ def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "str": isinstance(value, str),
+        "table": isinstance(value, dict),
     }[kind.type]
-    expected = {"bool": "true or false", "int": "an integer", "float": "a number"}.get(
-        kind.type, "a string"
-    )
+    expected = {
+        "bool": "true or false",
+        "int": "an integer",
+        "float": "a number",
+        "table": "a table such as {decay = 0.95}",
+    }.get(kind.type, "a string")
     if not ok:
         raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
     if kind.choices is not None and value not in kind.choices:
@@ -305,19 +311,6 @@ def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
 
 
 # --- run folders and the manifest -------------------------------------------------------------
-
-
-def setting_name(config: Mapping[str, Any], varying: Iterable[str] = ()) -> str:
-    """``mnist-fc400-horseshoe``, plus ``-<field><value>`` for other fields the grid varies."""
-    model = f"fc{config['width']}" if config["model"] == "fc" else config["model"]
-    extra = "".join(f"-{name}{config[name]}" for name in sorted(varying))
-    return f"{config['dataset']}-{model}-{config['prior']}{extra}"
-
-
-def run_label(config: Mapping[str, Any]) -> str:
-    """``lr0.25-alpha1.25-seed0`` (the α² part only for Monge)."""
-    alpha = f"-alpha{config['alpha2']:g}" if config.get("alpha2") is not None else ""
-    return f"lr{config['lr']:g}{alpha}-seed{config['seed']}"
 
 
 @dataclass(frozen=True)
@@ -399,12 +392,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return saved
 
 
-def _flag_of(field: str) -> str:
-    from sgrld.experiments.sample import flag_of  # the flags are the sample command's
-
-    return flag_of(field)
-
-
 def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], bool]:
     """The fields (as flags) in which a run's saved config differs from the planned one, other
     than a grown ``epochs``; and whether ``epochs`` grew."""
@@ -418,7 +405,7 @@ def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[lis
         if growable and isinstance(a, int) and isinstance(b, int) and b > a:
             grown = True
             continue
-        changed.append(f"{_flag_of(key)} {a!r} there, {b!r} here")
+        changed.append(f"{flag_of(key)} {a!r} there, {b!r} here")
     return changed, grown
 
 
@@ -505,7 +492,7 @@ def write_manifest(
     Raises:
         OSError: it cannot be written (e.g. a read-only ``out``).
     """
-    from sgrld.experiments._io import write_atomic
+    from sgrld.experiments.base.files import write_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(manifest(runs, source, options), indent=1) + "\n"

@@ -1,8 +1,8 @@
 """``sgrld report RUNS --out DIR [--paper]``: the paper's selection rule, every table and figure.
 
 Reads ``results.json`` files (a sweep folder, run folders, or folders holding them), groups them
-by config without the seed (:mod:`sgrld.experiments.table`), chooses ℓ then α² per setting,
-prior and sampler (:mod:`sgrld.experiments.selection`) and writes, for every table the runs
+by config without the seed (:mod:`sgrld.experiments.report.tables`), chooses ℓ then α² per setting,
+prior and sampler (:mod:`sgrld.experiments.report.selection`) and writes, for every table the runs
 allow, ``tableK.md`` and ``tableK.csv``:
 
 - MNIST: Table 1 (test LP, accuracy), 2 (curvature, seconds per epoch), 4 (chosen ℓ, α²),
@@ -16,12 +16,11 @@ allow, ``tableK.md`` and ``tableK.csv``:
 With ``--paper`` the paper's numbers stand beside ours (``sgrld/configs/paper_numbers.csv``).
 Runs that would make a table wrong (duplicates, a config unlike its folder, impossible or
 non-finite values) are left out and listed; ``--strict`` then exits with 1. Exit statuses:
-:mod:`sgrld.experiments.exits`.
+:mod:`sgrld.experiments.base.exits`.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -31,30 +30,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sgrld.experiments import exits
-from sgrld.experiments._io import write_atomic
-from sgrld.experiments.paper import paper_entry
-from sgrld.experiments.selection import Choice, select_cell, val_lp
-from sgrld.experiments.table import (
+from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.report.selection import Choice, select_cell, val_lp
+from sgrld.experiments.report.tables import (
     PRIOR_ORDER,
     PRIOR_SHORT,
     SAMPLER_ORDER,
     SAMPLER_TITLES,
     WITHIN_SETTING,
     Group,
-    TableError,
     _fmt,
     _markdown,
-    add_strict_argument,
-    aggregate,
-    find_results,
-    load_checked,
-    report_problems,
 )
 
 
@@ -119,11 +109,11 @@ def _value_text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _plural(count: int, noun: str) -> str:
+def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _setting_key(config: dict[str, Any]) -> str:
+def setting_key(config: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
 
 
@@ -138,18 +128,18 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
     cells: dict[tuple[str, str, str], list[Group]] = {}
     for group in groups:
         c = group.config
-        cells.setdefault((_setting_key(c), c["prior"], c["sampler"]), []).append(group)
+        cells.setdefault((setting_key(c), c["prior"], c["sampler"]), []).append(group)
     choices: dict[tuple[str, str, str], Choice] = {}
     keys = sorted(cells, key=lambda k: (k[0], *_rank(k[1], k[2])))
     for key in keys:
-        setting_key, prior, sampler = key
-        identity = choices.get((setting_key, prior, "identity"))
+        key_text, prior, sampler = key
+        identity = choices.get((key_text, prior, "identity"))
         identity_score = None
         if sampler == "monge" and identity is not None and identity.chosen is not None:
             identity_score = val_lp(identity.chosen)
         chosen, stages, zero = select_cell(cells[key], identity_score=identity_score)
         choices[key] = Choice(
-            json.loads(setting_key), prior, sampler, chosen, stages, cells[key], zero
+            json.loads(key_text), prior, sampler, chosen, stages, cells[key], zero
         )
     return list(choices.values())
 
@@ -160,7 +150,7 @@ def _rank(prior: str, sampler: str) -> tuple[int, int]:
     return p, s
 
 
-def _lr_text(group: Group) -> str:
+def lr_text(group: Group) -> str:
     a2 = group.config.get("alpha2")
     return f"{group.config['lr']:g}" + (f", α² {a2:g}" if a2 is not None else "")
 
@@ -268,9 +258,9 @@ def _stat(metric: str) -> Callable[[Choice], Cell]:
 def _chosen_lr(choice: Choice) -> Cell:
     if choice.chosen is None:
         if choice.identity_optimal and choice.best_own is not None:
-            return f"α² = 0 (Monge's best: {_lr_text(choice.best_own)})"
+            return f"α² = 0 (Monge's best: {lr_text(choice.best_own)})"
         return "α² = 0" if choice.identity_optimal else "–"
-    return _lr_text(choice.chosen)
+    return lr_text(choice.chosen)
 
 
 #: Marks a cell of Monge whose rule's choice is Identity (α² = 0); explained under the table.
@@ -301,8 +291,8 @@ def _wide_table(
     if not choices:
         return None
     priors = _order([c.prior for c in choices], PRIOR_ORDER)
-    by_key = {(_setting_key(c.setting), c.prior, c.sampler): c for c in choices}
-    settings = sorted({_setting_key(c.setting) for c in choices}, key=_setting_order)
+    by_key = {(setting_key(c.setting), c.prior, c.sampler): c for c in choices}
+    settings = sorted({setting_key(c.setting) for c in choices}, key=_setting_order)
     header: list[tuple[str, int]] = [("setting", 0), ("sampler", 0)]
     for prior in priors:
         short = PRIOR_SHORT.get(prior, prior)
@@ -311,7 +301,7 @@ def _wide_table(
     rows: list[list[Cell]] = []
     for setting in settings:
         samplers = _order(
-            [c.sampler for c in choices if _setting_key(c.setting) == setting], SAMPLER_ORDER
+            [c.sampler for c in choices if setting_key(c.setting) == setting], SAMPLER_ORDER
         )
         for sampler in samplers:
             row: list[Cell] = [
@@ -334,7 +324,7 @@ def _wide_table(
 # --- equal computation time (Tables 6-7) -------------------------------------------
 
 
-def _curves(group: Group, metric: str) -> np.ndarray:
+def curves(group: Group, metric: str) -> np.ndarray:
     """``(runs, epochs)`` of a per-epoch metric over the group's completed runs."""
     return np.array(
         [[np.nan if v is None else v for v in r["curves"][metric]] for r in group.completed],
@@ -369,22 +359,22 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
             continue
         key: Callable[[Group], Any] = lambda g: (g.config["lr"], g.config.get("alpha2"))  # noqa: E731
         stats = {
-            key(g): {m: mean_std_over_runs(_curves(g, f"test_{m}")) for m in ("lp", "accuracy")}
+            key(g): {m: mean_std_over_runs(curves(g, f"test_{m}")) for m in ("lp", "accuracy")}
             for g in usable
         }
-        cells.setdefault((_setting_key(choice.setting), choice.prior), {})[choice.sampler] = (
+        cells.setdefault((setting_key(choice.setting), choice.prior), {})[choice.sampler] = (
             SamplerCurves(
                 seconds_per_epoch=seconds,
-                selection={key(g): _curves(g, "val_lp").mean(axis=0) for g in usable},
+                selection={key(g): curves(g, "val_lp").mean(axis=0) for g in usable},
                 test_mean={k: {m: v[0] for m, v in s.items()} for k, s in stats.items()},
                 test_std={k: {m: v[1] for m, v in s.items()} for k, s in stats.items()},
             )
         )
     result = {}
-    for (setting, prior), curves in cells.items():
-        epochs = {np.asarray(c).size for s in curves.values() for c in s.selection.values()}
-        budget = max(epochs) * min(s.seconds_per_epoch for s in curves.values())
-        for sampler, sampler_curves in curves.items():
+    for (setting, prior), cell in cells.items():
+        epochs = {np.asarray(c).size for s in cell.values() for c in s.selection.values()}
+        budget = max(epochs) * min(s.seconds_per_epoch for s in cell.values())
+        for sampler, sampler_curves in cell.items():
             try:  # per sampler: one whose curves do not reach the budget loses only its row
                 entry = equal_time_table({sampler: sampler_curves}, budget_s=budget)[sampler]
             except ValueError as exc:  # the budget outside its curve, or nothing finite there
@@ -418,7 +408,7 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
 
     def at_budget(metric: str) -> Callable[[Choice], Cell]:
         def cell(c: Choice) -> Cell:
-            entry = timed.get((_setting_key(c.setting), c.prior, c.sampler))
+            entry = timed.get((setting_key(c.setting), c.prior, c.sampler))
             if entry is None:
                 return IDENTITY_OPTIMAL if c.identity_optimal else "–"
             if metric == "lr":
@@ -518,7 +508,7 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
             columns = [col for col in columns if col[0] != "curv"]
             paper_columns = [col for col in paper_columns if col[0] != "curv"]
         table = _wide_table(number, title, members, columns, paper_columns)
-        cells = {(_setting_key(c.setting), c.prior, c.sampler) for c in members}
+        cells = {(setting_key(c.setting), c.prior, c.sampler) for c in members}
         if table is not None and (number not in (6, 7) or cells & set(timed)):
             tables.append(table)
     return tables
@@ -571,97 +561,3 @@ def selection_csv(choices: Sequence[Choice]) -> str:
                 ]
             )
     return out.getvalue()
-
-
-# --- the command ------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``sgrld report`` options."""
-    parser.add_argument("runs", nargs="+", metavar="RUNS", help="sweep or run folders")
-    parser.add_argument("--out", type=Path, required=True, help="folder for tables and figures")
-    parser.add_argument("--paper", action="store_true", help="the paper's numbers beside ours")
-    parser.add_argument(
-        "--no-figures", action="store_true", help="tables only (no figures, no matplotlib needed)"
-    )
-    add_strict_argument(parser)
-    parser.epilog = exits.epilog("report")
-
-
-def write_report(
-    groups: Sequence[Group],
-    out: Path,
-    *,
-    paper: bool,
-    figures: bool,
-    left_out: Sequence[str] = (),
-) -> list[Path]:
-    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``out``
-    (each file atomically, never through a link planted at its name); ``left_out`` lists the
-    runs left out and why."""
-    choices = select_all(groups)
-    tables = build_tables(choices, paper=paper)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for table in tables:
-        for suffix, text in (("md", table.markdown() + "\n"), ("csv", table.csv())):
-            path = out / f"table{table.number}.{suffix}"
-            write_atomic(path, text)
-            written.append(path)
-    write_atomic(out / "selection.csv", selection_csv(choices))
-    written.append(out / "selection.csv")
-    if figures:
-        from sgrld.experiments.report_figures import draw_figures
-
-        written += draw_figures(choices, out)
-    warnings = [
-        f"- {setting_label(c.setting)} {c.prior} {c.sampler}: {w}"
-        for c in choices
-        for w in c.warnings
-    ]
-    body = "\n\n".join(t.markdown() for t in tables)
-    notes = "\n".join(warnings) if warnings else "none"
-    figure_list = "\n".join(f"- {p.name}" for p in written if p.suffix == ".png") or "none"
-    dropped = "\n".join(f"- {line}" for line in left_out) or "none"
-    text = (
-        f"# Report of {_plural(sum(len(g.runs) for g in groups), 'run')}\n\n{body}\n\n"
-        f"## Selection warnings\n\n{notes}\n\n## Runs left out\n\n{dropped}\n\n"
-        f"## Figures\n\n{figure_list}\n"
-    )
-    write_atomic(out / "report.md", text)
-    written.append(out / "report.md")
-    for line in warnings:
-        print(f"sgrld report: warning: {line[2:]}", file=sys.stderr)
-    return written
-
-
-def run(args: argparse.Namespace) -> int:
-    """Load the runs, write the report, list what was written."""
-    if not args.no_figures:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(
-                "sgrld report: error: the figures need matplotlib: pip install 'sgrld[plots]', "
-                "or pass --no-figures for the tables alone",
-                file=sys.stderr,
-            )
-            return 2
-    try:
-        runs, problems = load_checked(find_results(args.runs), command="sgrld report")
-        report_problems("report", problems)
-        if not runs:
-            raise TableError("no usable run (every run found is unfinished or left out)")
-    except TableError as exc:
-        print(f"sgrld report: error: {exc}", file=sys.stderr)
-        return exits.USAGE
-    try:
-        groups = aggregate(runs)
-        written = write_report(
-            groups, args.out, paper=args.paper, figures=not args.no_figures, left_out=problems
-        )
-    except OSError as exc:
-        print(f"sgrld report: error: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
-    print(f"{_plural(len(runs), 'run')}; wrote {', '.join(p.name for p in written)} to {args.out}")
-    return exits.FAILED if args.strict and problems else exits.OK

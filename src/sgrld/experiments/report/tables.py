@@ -20,7 +20,6 @@ the paper) over its seeds of the final-epoch metrics. Output:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -36,9 +35,8 @@ from typing import Any
 import numpy as np
 
 from sgrld.evaluation.trace import diagnostics_of
-from sgrld.experiments import exits
-from sgrld.experiments._io import write_atomic
-from sgrld.experiments.paper import paper_entry
+from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.run.naming import run_label
 
 SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
 SAMPLER_TITLES = {
@@ -212,7 +210,7 @@ def load_checked(
 
     Left out, each with a line in the returned problems: a run whose final values no run can
     produce (a log-probability above 0, an accuracy outside [0, 1], NaN in a completed run:
-    :func:`~sgrld.experiments.jobs.impossible_values`); a run whose config disagrees with its
+    :func:`~sgrld.experiments.sweep.jobs.impossible_values`); a run whose config disagrees with its
     folder (its sweep manifest's entry, or a sweep folder name such as ``lr0.1-seed0``); a
     second copy of a run (the same config and seed in another folder), which would count as
     an extra seed. Unfinished runs are left out unless ``include_partial`` (not a problem).
@@ -223,7 +221,7 @@ def load_checked(
     Raises:
         TableError: a file is not a readable sgrld sampling result.
     """
-    from sgrld.experiments.jobs import impossible_values
+    from sgrld.experiments.sweep.jobs import impossible_values
 
     runs, problems = [], []
     seen: dict[str, Path] = {}
@@ -257,7 +255,7 @@ def _folder_mismatch(
 ) -> list[str]:
     """How a run's config disagrees with where it lies: its sweep manifest's entry for the
     folder, or (in a sweep's layout) the folder's name."""
-    from sgrld.experiments import grid
+    from sgrld.experiments.sweep import grid
 
     folder = path.parent
     for root in folder.parents:
@@ -276,7 +274,7 @@ def _folder_mismatch(
             return [f"its config differs from {root / grid.MANIFEST_FILE}'s in {', '.join(differ)}"]
         break
     try:
-        label = grid.run_label(config)
+        label = run_label(config)
     except (KeyError, TypeError, ValueError):
         return []
     if _SWEEP_LABEL.match(folder.name) and folder.name != label:
@@ -316,7 +314,7 @@ def _lr_text(config: dict[str, Any]) -> str:
     return f"{config['lr']:g}{alpha}"
 
 
-def _group_label(group: Group) -> str:
+def group_label(group: Group) -> str:
     c = group.config
     model = f"fc{c['width']}" if c["model"] == "fc" else c["model"]
     prior = PRIOR_SHORT.get(c["prior"], c["prior"])
@@ -498,7 +496,7 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
             ll, worst = none, none
         rows.append(
             [
-                _group_label(group),
+                group_label(group),
                 str(chains),
                 str(d["draws_per_chain"]),
                 _num(ll["rhat"], 3),
@@ -559,93 +557,3 @@ def csv_table(groups: Sequence[Group]) -> str:
         row += ["" if v is None or math.isnan(v) else repr(v) for v in values]
         writer.writerow(row)
     return out.getvalue()
-
-
-def add_strict_argument(parser: argparse.ArgumentParser) -> None:
-    """``--strict`` (``table`` and ``report``): exit 1 when a run was left out or flagged."""
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="exit with status 1 when a run was left out (a duplicate, a config unlike its "
-        "folder, impossible or non-finite values); the outputs are still written. For CI",
-    )
-
-
-def report_problems(command: str, problems: Sequence[str]) -> None:
-    """Each left-out run as a warning line on stderr."""
-    for problem in problems:
-        print(f"sgrld {command}: warning: {problem}", file=sys.stderr)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``sgrld table`` options."""
-    parser.epilog = exits.epilog("table")
-    parser.add_argument(
-        "runs", nargs="+", metavar="RUN_DIR", help="run directories, or folders holding them"
-    )
-    parser.add_argument(
-        "--layout",
-        choices=("paper", "long"),
-        default="paper",
-        help="paper: Table 1 layout, best ℓ per sampler by validation LP (default); "
-        "long: one row per configuration",
-    )
-    parser.add_argument("--paper", action="store_true", help="add the paper's numbers")
-    parser.add_argument("--markdown", type=Path, help="also write the Markdown to this file")
-    parser.add_argument("--csv", type=Path, help="write every configuration as CSV to this file")
-    parser.add_argument(
-        "--include-partial", action="store_true", help="use unfinished runs' last epoch too"
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        help="draw every configuration's test LP / accuracy per epoch, mean ± 1.96 std "
-        "(Figure 3 layout), to this PNG",
-    )
-    add_strict_argument(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Aggregate, print the Markdown, write the requested files."""
-    if args.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(
-                "sgrld table: error: --plot needs matplotlib: pip install 'sgrld[plots]', or "
-                "leave out --plot",
-                file=sys.stderr,
-            )
-            return 2
-    try:
-        runs, problems = load_checked(find_results(args.runs), include_partial=args.include_partial)
-        report_problems("table", problems)
-        if not runs:
-            raise TableError("no usable run (see --include-partial for unfinished ones)")
-    except TableError as exc:
-        print(f"sgrld table: error: {exc}", file=sys.stderr)
-        return exits.USAGE
-    groups = aggregate(runs)
-    if args.layout == "paper":
-        text = markdown_paper_layout(groups, paper=args.paper)
-    else:
-        text = markdown_long_layout(groups)
-    diagnostics = markdown_diagnostics(groups)
-    if diagnostics:
-        text += "\n" + diagnostics
-    print(text, end="")
-    try:
-        if args.markdown is not None:
-            write_atomic(args.markdown, text)
-        if args.csv is not None:
-            write_atomic(args.csv, csv_table(groups))
-        if args.plot is not None:
-            from sgrld.experiments.plots import plot_convergence
-
-            plot_convergence(
-                {_group_label(g): g.completed for g in groups if g.completed}, args.plot
-            )
-    except OSError as exc:
-        print(f"sgrld table: error: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
-    return exits.FAILED if args.strict and problems else exits.OK

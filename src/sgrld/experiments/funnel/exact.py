@@ -4,7 +4,7 @@ How much of Monge's funnel bias is the dropped Γ term and how much is discretis
 sampler here gets the **exact** gradient (no gradient noise), so the EMA metric, the
 current-gradient metric and the correction are compared on equal terms at the same ℓ:
 
-* the samplers of ``--samplers`` (:data:`~sgrld.experiments.funnel.SETTINGS`, e.g. Identity and
+* the samplers of ``--samplers`` (:data:`~sgrld.experiments.funnel.run.SETTINGS`, e.g. Identity and
   the paper's EMA-Monge with its fallback), run by the funnel's block runner on ĝ = −∇log p;
 * ``monge-current`` (or ``monge-current+Γ`` with ``--correction``): G = I + α² m mᵀ with
   m = ∇u(θ) at the current θ (Hartmann et al. 2022), the step of
@@ -14,7 +14,7 @@ current-gradient metric and the correction are compared on equal terms at the sa
   after 80-260 s of compiling).
 
 ``--alpha2`` and ``--alpha2-rule`` set both Monge metrics (default: the paper's fixed α² = 0.1).
-Distances, outputs and seeds are those of :mod:`sgrld.experiments.funnel`.
+Distances, outputs and seeds are those of :mod:`sgrld.experiments.funnel.run`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch import Tensor
 from sgrld.core.riemann import monge_move
 from sgrld.core.sampler import NonFiniteGradientError
 from sgrld.data.funnel import FunnelTarget
-from sgrld.experiments.funnel import (
+from sgrld.experiments.funnel.run import (
     SETTINGS,
     FunnelConfig,
     SamplerRun,

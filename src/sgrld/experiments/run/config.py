@@ -1,29 +1,28 @@
 """A run's configuration: :class:`RunConfig`, its validation, the seeds and the sampling schedule.
 
 The first room of a sampling run (``docs/experiments.md``): what to run, checked before any work.
-The loop is :mod:`sgrld.experiments.runner`, checkpoints :mod:`sgrld.experiments.checkpoint`,
-progress :mod:`sgrld.experiments.observers`, output :mod:`sgrld.experiments._io`.
+The loop is :mod:`~sgrld.experiments.run.single`, checkpoints :mod:`~.run.checkpoint`,
+progress :mod:`sgrld.experiments.run.observers`, output :mod:`sgrld.experiments.base.files`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
-from sgrld.experiments.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
+from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
 from sgrld.metrics import MongeMetric, get_metric
-from sgrld.optim import SGLD, MongeSGLD, RMSpropSGLD, SGRLDOptimizer, ShampooSGLD, WenzelSGLD
 from sgrld.schedules import check_cyclical
 
-SAMPLER_NAMES = SAMPLERS  # the names live in sgrld.experiments.choices, read from the registries
+SAMPLER_NAMES = (
+    SAMPLERS  # the names live in sgrld.experiments.run.choices, read from the registries
+)
 PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
 NUM_CLASSES = 10
 GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max
@@ -79,6 +78,9 @@ class RunConfig:
             each noise-free and without samples).
         cycles: M ≥ 1 (cyclical only).
         explore_fraction: r in [0, 1) (cyclical only).
+        sampler_options: the metric's other options by name (``{"decay": 0.95}``,
+            ``{"block_size": 64}``), validated by the metric itself (``--option KEY=VALUE``);
+            empty = its defaults, the paper's. Monge's α² and rule are fields of their own.
         adapt: when the metric adapts (:mod:`sgrld.core.warmup`): ``"burnin"`` (default)
             during the burn-in's ``burnin`` updates, then frozen, so that the chain samples the
             posterior; ``"always"`` at every update (the paper's protocol, which the ``paper/``
@@ -112,6 +114,7 @@ class RunConfig:
     cycles: int = 1
     explore_fraction: float = 0.0
     adapt: str | int = "burnin"
+    sampler_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -146,6 +149,7 @@ class RunConfig:
         elif self.alpha2 is not None:
             raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
         self._check_beyond()
+        self._check_sampler_options()
         minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
         minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
         for name, low in minimum.items():
@@ -185,6 +189,23 @@ class RunConfig:
         elif (self.cycles, self.explore_fraction) != (1, 0.0):
             raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
 
+    def _check_sampler_options(self) -> None:
+        """The metric takes the options (it validates them); JSON values only."""
+        from sgrld.experiments.run.build import build_metric
+
+        if not isinstance(self.sampler_options, Mapping):
+            raise ValueError(
+                f"sampler_options must be a table of options, got {self.sampler_options!r}"
+            )
+        for name, value in self.sampler_options.items():
+            if not isinstance(name, str) or not (
+                value is None or isinstance(value, (bool, int, float, str))
+            ):
+                raise ValueError(
+                    f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
+                )
+        build_metric(self.sampler, self.sampler_options, self.alpha2, self.alpha2_rule)
+
     @property
     def adapt_until(self) -> int | None:
         """The sampler's ``adapt_until``: updates of warm-up, ``None`` to adapt throughout."""
@@ -193,8 +214,13 @@ class RunConfig:
         return self.burnin if self.adapt == "burnin" else int(self.adapt)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON values."""
-        return asdict(self)
+        """The config as plain JSON values (``sampler_options`` only when given, so that a
+        config of the default metric reads as before the option existed)."""
+        values = asdict(self)
+        values["sampler_options"] = dict(sorted(self.sampler_options.items()))
+        if not values["sampler_options"]:
+            del values["sampler_options"]
+        return values
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -210,6 +236,7 @@ class RunConfig:
     def label(self) -> str:
         """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
         extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
+        extra += "".join(f" {k}={v}" for k, v in sorted(self.sampler_options.items()))
         return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
 
 
@@ -284,46 +311,3 @@ def is_sample_step(global_step: int, burnin: int = 1000, thinning: int = 100) ->
 def num_samples_after(num_steps: int, burnin: int = 1000, thinning: int = 100) -> int:
     """Number of samples taken in the first ``num_steps`` updates (1,990 for 200,000 on MNIST)."""
     return max(0, num_steps // thinning - burnin // thinning)
-
-
-def make_sampler(
-    config: RunConfig,
-    params: list[Tensor],
-    num_data: int,
-    generator: torch.Generator,
-    *,
-    capturable: bool = False,
-) -> SGRLDOptimizer:
-    """The config's sampler over ``params`` in one parameter group.
-
-    With ``capturable`` (the runner's deferred and captured loops) ℓ is a 0-d tensor on the
-    parameters' device and NaN/Inf checks are device flags read by ``check()``; without, ℓ is a
-    float and a step with a NaN/Inf gradient is refused at once on every device.
-    """
-    lr: float | Tensor = config.lr
-    if capturable:
-        lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
-    common: dict[str, Any] = {
-        "lr": lr,
-        "num_data": num_data,
-        "temperature": config.temperature,
-        "generator": generator,
-        "noise": config.noise,
-        "compile": config.compile,
-        "capturable": capturable,
-        "sync_checks": None if capturable else True,
-        # per-step health figures on the device, read at epoch ends (results.json); the fused
-        # compile=True step has no place for them
-        "telemetry": not config.compile,
-        "adapt_until": config.adapt_until,
-    }
-    if config.sampler == "monge":
-        assert config.alpha2 is not None  # validated by RunConfig
-        return MongeSGLD(params, alpha2=config.alpha2, alpha2_rule=config.alpha2_rule, **common)
-    classes: dict[str, type[SGRLDOptimizer]] = {
-        "identity": SGLD,
-        "wenzel": WenzelSGLD,
-        "rmsprop": RMSpropSGLD,
-        "shampoo": ShampooSGLD,
-    }
-    return classes[config.sampler](params, **common)

@@ -9,7 +9,7 @@ writes ``OUT/results.json`` (config, seeds, per-epoch curves, final validation a
 accuracy, ECE, curvature if measured, seconds per epoch, number of samples), ``OUT/curves.png``
 and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exactly). Without
 ``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
-(Tables 4-5). The protocol is in :mod:`sgrld.experiments.runner`.
+(Tables 4-5). The protocol is in :mod:`sgrld.experiments.run.single`.
 
 Exit status: 0 when the run completed, 3 when the chain broke down (non-finite potential; the
 results are still written), 2 for bad input, a damaged checkpoint or an ``--out`` that another run
@@ -25,16 +25,23 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments import exits
-from sgrld.experiments.choices import DATASETS as DATASET_CHOICES
-from sgrld.experiments.choices import MODELS as MODEL_CHOICES
-from sgrld.experiments.choices import NOISE as NOISE_CHOICES
-from sgrld.experiments.choices import PRIORS, SAMPLERS, sampler_name
+from sgrld.experiments.base import exits
+from sgrld.experiments.run.choices import DATASETS as DATASET_CHOICES
+from sgrld.experiments.run.choices import MODELS as MODEL_CHOICES
+from sgrld.experiments.run.choices import NOISE as NOISE_CHOICES
+from sgrld.experiments.run.choices import PRIORS, SAMPLERS, sampler_name
+from sgrld.experiments.run.naming import (
+    chain_label,
+    cli_names,
+    default_chains_out_dir,
+    default_out_dir,
+    dest_of,
+    flag_of,
+)
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
@@ -88,6 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="fixed",
         help="Monge: fixed α² (the paper's; the default) or normalized α²_t = c/‖m_t‖² with "
         f"c = --alpha2 (default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)",
+    )
+    what.add_argument(
+        "--option",
+        dest="sampler_options",
+        action=OptionAction,
+        metavar="KEY=VALUE",
+        help="any other option of the sampler's metric, e.g. decay=0.95 (rmsprop, wenzel, "
+        "monge, shampoo) or block_size=64 (shampoo); repeatable; the metric checks it",
     )
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
@@ -192,6 +207,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
 
 
+def option_value(text: str) -> bool | int | float | str | None:
+    """A ``--option`` value as JSON reads it (``0.95``, ``64``, ``true``, ``null``), else
+    the word itself (``eigh``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    return value if value is None or isinstance(value, (bool, int, float, str)) else text
+
+
+class OptionAction(argparse.Action):
+    """``--option KEY=VALUE``, repeatable, collected into one table."""
+
+    kind = "table"  # a sweep config takes a TOML table (or a list of them: an axis)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        key, sep, text = str(values).partition("=")
+        if not sep or not key.strip():
+            parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
+        options = dict(getattr(namespace, self.dest) or {})
+        options[key.strip().replace("-", "_")] = option_value(text.strip())
+        setattr(namespace, self.dest, options)
+
+
 class UsageError(ValueError):
     """Bad command-line input (reported with exit status 2)."""
 
@@ -252,7 +297,7 @@ def configs_from_args(args: argparse.Namespace) -> list[Any]:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`~sgrld.experiments.runner.RunConfig` of a single-run command line.
+    """The :class:`~sgrld.experiments.run.single.RunConfig` of a single-run command line.
 
     Raises:
         UsageError: invalid or inconsistent options, or more than one run asked for.
@@ -263,9 +308,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, seed: int) -> Any:
-    from sgrld.experiments.choices import MODEL_FOR_DATASET
-    from sgrld.experiments.config import RunConfig
-    from sgrld.experiments.paper import paper_entry
+    from sgrld.experiments.report.paper import paper_entry
+    from sgrld.experiments.run.choices import MODEL_FOR_DATASET
+    from sgrld.experiments.run.config import RunConfig
 
     model = args.model or MODEL_FOR_DATASET[args.dataset]
     paper = paper_entry(args.dataset, args.prior, args.width, args.sampler)
@@ -289,15 +334,16 @@ def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, se
         "lr": 1.0 if lr is None else lr,
         "alpha2": alpha2,
         "seed": seed,
+        "sampler_options": dict(getattr(args, "sampler_options", None) or {}),
     }
     values = {
-        f.name: computed[f.name] if f.name in computed else getattr(args, _dest(f.name))
+        f.name: computed[f.name] if f.name in computed else getattr(args, dest_of(f.name))
         for f in dataclasses.fields(RunConfig)
     }
     try:
         config = RunConfig(**values)  # ℓ is checked after the other options
     except ValueError as exc:
-        raise UsageError(_cli_names(str(exc))) from exc
+        raise UsageError(cli_names(str(exc))) from exc
     if lr is None:
         raise UsageError(
             f"no paper learning rate for {args.sampler} on {args.dataset} with the {args.prior} "
@@ -305,66 +351,6 @@ def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, se
             "give --lr"
         )
     return config
-
-
-def flag_of(field: str) -> str:
-    """The command-line flag of a config field."""
-    return _FLAGS.get(field, "--" + field.replace("_", "-"))
-
-
-def _dest(field: str) -> str:
-    """The argparse attribute of a config field's flag."""
-    return flag_of(field)[2:].replace("-", "_")
-
-
-#: Config fields whose command-line flag is not ``--`` + the field name.
-_FLAGS = {
-    "max_train": "--subset",
-    "max_eval": "--eval-subset",
-    "burnin": "--burn-in",
-    "batch_size": "--batch-size",
-    "eval_batch_size": "--eval-batch-size",
-    "curvature_points": "--curvature-points",
-    "num_val": "--num-val",
-    "explore_fraction": "--explore-fraction",
-    "alpha2_rule": "--alpha2-rule",
-    "cycles": "--cycles",  # named whole-word in messages ("invalid cycles: 0")
-}
-_PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
-
-
-def _cli_names(message: str) -> str:
-    """Config field names → their command-line flags in an error message.
-
-    Whole words only (``eval_batch_size`` is not ``eval_`` + ``batch_size``); ``name=value``
-    becomes ``--flag value``; a plain word (``epochs``) is a flag only where it starts the
-    message or is written ``epochs=``.
-    """
-    for field, flag in _FLAGS.items():
-        message = re.sub(rf"\b{field}=", flag + " ", message)
-        message = re.sub(rf"\b{field}\b", flag, message)
-    for word in _PLAIN:
-        message = re.sub(rf"(?<![-\w]){word}=", f"--{word} ", message)
-        if message.startswith(word + " "):
-            message = "--" + message
-    return message
-
-
-def default_out_dir(config: Any) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>][-cyc<M>r<r>]
-    [-sub<N>]-seed<s>`` (``lr…-alpha…-seed…`` as in a sweep's run folders)."""
-    model = f"fc{config.width}" if config.model == "fc" else config.model
-    alpha = f"-alpha{config.alpha2:g}" if config.alpha2 is not None else ""
-    if config.alpha2_rule == "normalized":
-        alpha = f"-c{config.alpha2:g}"
-    if config.schedule == "cyclical":
-        alpha += f"-cyc{config.cycles}r{config.explore_fraction:g}"
-    subset = f"-sub{config.max_train}" if config.max_train is not None else ""
-    name = (
-        f"{config.dataset}-{model}-{config.prior}-{config.sampler}-lr{config.lr:g}{alpha}"
-        f"{subset}-seed{config.seed}"
-    )
-    return Path("runs") / name
 
 
 def _device(name: str) -> Any:
@@ -406,7 +392,7 @@ def _refuse_held(out: Path, held: bool) -> None:
     """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
     if not held:
         return
-    from sgrld.experiments.config import RESULTS_FILE
+    from sgrld.experiments.run.config import RESULTS_FILE
 
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -429,7 +415,7 @@ def _refuse_held(out: Path, held: bool) -> None:
 
 def _refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) -> None:
     """A checkpoint made with other options than these runs' (``epochs`` may grow)."""
-    from sgrld.experiments.config import config_fields_differing
+    from sgrld.experiments.run.config import config_fields_differing
 
     for old, new in zip(saved, wanted, strict=True):
         names = config_fields_differing(old, new)
@@ -479,8 +465,8 @@ def _option_text(field: str, value: Any) -> str:
 
 def _saved_configs(out: Path) -> list[Any]:
     """The configs of the run in ``out`` (its checkpoint's, else its ``results.json``'s)."""
-    from sgrld.experiments._io import CheckpointError, load_checkpoint
-    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+    from sgrld.experiments.base.files import CheckpointError, load_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
 
     checkpoint, results = out / CHECKPOINT_FILE, out / RESULTS_FILE
     try:
@@ -513,7 +499,7 @@ def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
     first = saved[0]
     for f in dataclasses.fields(first):
         if f.name not in ("lr", "alpha2", "seed"):
-            values[_dest(f.name)] = getattr(first, f.name)
+            values[dest_of(f.name)] = getattr(first, f.name)
     values["lr"] = list(dict.fromkeys(c.lr for c in saved))
     alphas = list(dict.fromkeys(c.alpha2 for c in saved))
     values["alpha2"] = None if alphas == [None] else alphas
@@ -569,8 +555,8 @@ def _refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
 
 
 def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
-    from sgrld.experiments.checkpoint import check_checkpoint_fits, load_checkpoint
-    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+    from sgrld.experiments.run.checkpoint import check_checkpoint_fits, load_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
 
     checkpoint = out / CHECKPOINT_FILE
     if not resume:
@@ -596,7 +582,7 @@ def _make_out_dir(out: Path) -> None:
     """Refuse an ``--out`` that cannot be written (a read-only one: exit 74, as every command)."""
     import tempfile
 
-    from sgrld.experiments._io import OutputError
+    from sgrld.experiments.base.files import OutputError
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -610,7 +596,7 @@ def _make_out_dir(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything, lock ``--out``, load the data, run, write results and the plot."""
-    from sgrld.experiments._io import (
+    from sgrld.experiments.base.files import (
         DirectoryLock,
         DirectoryLockedError,
         OutputError,
@@ -629,12 +615,12 @@ def run(args: argparse.Namespace) -> int:
         configs = configs_from_args(args)
         multi = is_multichain(args)
         if multi:
-            from sgrld.experiments.multichain import check_chain_configs
+            from sgrld.experiments.run.chains import check_chain_configs
 
             try:
                 check_chain_configs(configs)
             except ValueError as exc:
-                raise UsageError(_cli_names(str(exc))) from exc
+                raise UsageError(cli_names(str(exc))) from exc
         device = _device(args.device)
         if args.threads is not None and args.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
@@ -678,7 +664,7 @@ def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Pat
                 f"--subset {config.max_train} exceeds the {splits.num_train} training points"
             )
     except (OSError, ValueError, DownloadError) as exc:
-        print(f"sgrld sample: error: {_cli_names(str(exc))}", file=sys.stderr)
+        print(f"sgrld sample: error: {cli_names(str(exc))}", file=sys.stderr)
         return None
     return splits
 
@@ -686,14 +672,14 @@ def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Pat
 def _run_locked(
     args: argparse.Namespace, config: Any, device: Any, data_dir: Path, out: Path
 ) -> int:
-    from sgrld.experiments._io import remove_stale_temporaries
+    from sgrld.experiments.base.files import remove_stale_temporaries
 
     remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
     _check_out_dir(out, config, args.resume)
     if args.resume:
         _refuse_other_threads([out / "results.json"], args.threads)
 
-    from sgrld.experiments.runner import CheckpointError, ProgressBar, run_sampling
+    from sgrld.experiments.run.single import CheckpointError, ProgressBar, run_sampling
 
     splits = _load_splits(args, config, data_dir, out)
     if splits is None:
@@ -712,10 +698,10 @@ def _run_locked(
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc
     if results["broken_down"] is not None:  # always on stderr, progress bar or not
-        from sgrld.experiments.runner import breakdown_message
+        from sgrld.experiments.run.single import breakdown_message
 
         print(
-            f"sgrld sample: {_cli_names(breakdown_message(results['broken_down']))}",
+            f"sgrld sample: {cli_names(breakdown_message(results['broken_down']))}",
             file=sys.stderr,
         )
     if not args.no_plot:
@@ -724,31 +710,10 @@ def _run_locked(
     return 0 if results["status"] == "completed" else 3
 
 
-def default_chains_out_dir(configs: list[Any]) -> Path:
-    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-alpha<α²,...>]-seed<first>-<last>``
-    for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
-    first = configs[0]
-    model = f"fc{first.width}" if first.model == "fc" else first.model
-
-    def values(name: str) -> str:
-        return ",".join(dict.fromkeys(f"{getattr(c, name):g}" for c in configs))
-
-    alpha = f"-alpha{values('alpha2')}" if first.alpha2 is not None else ""
-    if first.alpha2_rule == "normalized":
-        alpha = f"-c{values('alpha2')}"
-    subset = f"-sub{first.max_train}" if first.max_train is not None else ""
-    seeds = sorted({c.seed for c in configs})
-    name = (
-        f"{first.dataset}-{model}-{first.prior}-{first.sampler}-lr{values('lr')}{alpha}"
-        f"{subset}-seed{seeds[0]}-{seeds[-1]}"
-    )
-    return Path("runs") / name
-
-
 def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
-    from sgrld.experiments._io import CheckpointError
-    from sgrld.experiments.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
-    from sgrld.experiments.multichain import chain_label, load_chains_checkpoint
+    from sgrld.experiments.base.files import CheckpointError
+    from sgrld.experiments.run.chains import load_chains_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
 
     checkpoint = out / CHECKPOINT_FILE
     if not resume:
@@ -775,18 +740,18 @@ def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
 def _run_chains_locked(
     args: argparse.Namespace, configs: list[Any], device: Any, data_dir: Path, out: Path
 ) -> int:
-    from sgrld.experiments._io import CheckpointError, remove_stale_temporaries
+    from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
 
     remove_stale_temporaries(out)
     _check_chains_out_dir(out, configs, args.resume)
 
-    from sgrld.experiments.multichain import chain_label, run_chains
+    from sgrld.experiments.run.chains import run_chains
 
     if args.resume:
         _refuse_other_threads(
             [out / chain_label(c) / "results.json" for c in configs], args.threads
         )
-    from sgrld.experiments.observers import ChainsProgressBar, breakdown_message
+    from sgrld.experiments.run.observers import ChainsProgressBar, breakdown_message
 
     splits = _load_splits(args, configs[0], data_dir, out)
     if splits is None:
@@ -807,7 +772,7 @@ def _run_chains_locked(
     for config, result in zip(configs, results, strict=True):
         folder = out / chain_label(config)
         if result["broken_down"] is not None:
-            message = _cli_names(breakdown_message(result["broken_down"]))
+            message = cli_names(breakdown_message(result["broken_down"]))
             print(f"sgrld sample: {config.label()}: {message}", file=sys.stderr)
         if not args.no_plot:
             _plot(result, folder)
@@ -832,13 +797,13 @@ def _chains_summary(configs: list[Any], results: list[dict[str, Any]], out: Path
 
 def _plot(results: dict[str, Any], out: Path) -> None:
     try:
-        from sgrld.experiments.plots import plot_run_curves
+        from sgrld.experiments.run.plots import plot_run_curves
 
         plot_run_curves(results, out / "curves.png")
     except ImportError as exc:  # matplotlib is an optional dependency (extra "plots")
         print(f"sgrld sample: no curves.png ({exc}); install sgrld[plots]", file=sys.stderr)
     except OSError as exc:
-        from sgrld.experiments._io import OutputError
+        from sgrld.experiments.base.files import OutputError
 
         reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
@@ -863,7 +828,7 @@ def _summary(results: dict[str, Any], out: Path) -> None:
 
 def _speed(results: dict[str, Any]) -> str:
     """``0.1234 s/epoch``; for a run too short to time past the warm-up, why there is no rate."""
-    from sgrld.experiments.config import TIMING_SKIP_STEPS
+    from sgrld.experiments.run.config import TIMING_SKIP_STEPS
 
     timing = results["timing"]
     basis = timing.get("seconds_per_epoch_basis", "")

@@ -1,9 +1,10 @@
 """One Bayesian-neural-network sampling run: burn-in, thinning, streaming evaluation, checkpoints.
 
-The loop of a run; its other rooms are :mod:`~sgrld.experiments.config` (what to run, validated),
-:mod:`~sgrld.experiments.checkpoint` (reading and checking checkpoints),
-:mod:`~sgrld.experiments.observers` (hooks and the progress display) and
-:mod:`~sgrld.experiments._io` (atomic writes, locks). Their names are re-exported here.
+The loop of a run; its other rooms are :mod:`~sgrld.experiments.run.config` (what to run,
+validated),
+:mod:`~sgrld.experiments.run.checkpoint` (reading and checking checkpoints),
+:mod:`~sgrld.experiments.run.observers` (hooks and the progress display) and
+:mod:`~sgrld.experiments.base.files` (atomic writes, locks). Their names are re-exported here.
 
 The run loop of the paper's MNIST and CIFAR-10 experiments, rebuilt so that a run is
 exactly reproducible and resumable:
@@ -41,7 +42,7 @@ exactly reproducible and resumable:
   give the same chain up to float rounding (with ℓ a tensor, σ and the move round differently).
 - **Checkpoints.** At each epoch end the model, the sampler (statistics and noise generator), the
   data-order and curvature generators, the accumulators and the curves are written atomically,
-  with the SHA-256 of the payload (:mod:`sgrld.experiments._io`); :func:`run_sampling` with
+  with the SHA-256 of the payload (:mod:`sgrld.experiments.base.files`); :func:`run_sampling` with
   ``resume=True`` checks it, refuses a checkpoint that is damaged, does not fit or holds NaN/Inf
   (:class:`CheckpointError`), and continues from there with the same results as a run that was
   never interrupted (timings aside). An output that cannot be written (disk full) ends the run
@@ -69,14 +70,15 @@ from sgrld.core import NonFiniteGradientError
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
 from sgrld.evaluation.trace import scalar_hyperparameters
-from sgrld.experiments import _io
-from sgrld.experiments._io import CheckpointError, OutputError
-from sgrld.experiments.checkpoint import (
+from sgrld.experiments.base import files as _io
+from sgrld.experiments.base.files import CheckpointError, OutputError
+from sgrld.experiments.run.build import make_sampler, poisoned_potential
+from sgrld.experiments.run.checkpoint import (
     check_checkpoint_fits,
     load_checkpoint,
     tensor_mismatches,
 )
-from sgrld.experiments.config import (
+from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     GRAD_MAX,
@@ -88,18 +90,16 @@ from sgrld.experiments.config import (
     config_differences,
     derive_seed,
     is_sample_step,
-    make_sampler,
     num_samples_after,
 )
-from sgrld.experiments.multichain import _poisoned_potential
-from sgrld.experiments.observers import (
+from sgrld.experiments.run.observers import (
     ProgressBar,
     RunObserver,
     breakdown_message,
 )
-from sgrld.experiments.record import RunRecord, deferred_breakdown_reason, restrict_splits
+from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.models import build_model, potential
-from sgrld.optim import SGRLDOptimizer, WenzelSGLD
+from sgrld.optim import SGRLDOptimizer
 from sgrld.schedules import CyclicalLR
 
 __all__ = [
@@ -119,7 +119,6 @@ __all__ = [
     "derive_seed",
     "is_sample_step",
     "load_checkpoint",
-    "make_sampler",
     "num_samples_after",
     "resolve_step_mode",
     "run_sampling",
@@ -244,7 +243,7 @@ class SamplingRun(RunRecord):
         # the deferred loop's state: the potential that poisons its own gradient, the static
         # minibatch buffers (by batch size), the captured step and the updates not yet credited
         self._lr = self.optimizer.param_groups[0]["lr"]
-        self._loss = _poisoned_potential(self.num_data)
+        self._loss = poisoned_potential(self.num_data)
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}
         self._graphed: GraphedStep | None = None
         self._pending: list[int] = []
@@ -324,11 +323,11 @@ class SamplingRun(RunRecord):
         self._finish_epoch()
 
     def _finish_epoch(self) -> None:
-        """Wenzel's refresh at each epoch end (in place, so later replays of a
+        """The metric's per-epoch refresh (Wenzel's) (in place, so later replays of a
         captured step see it), the epoch's curves, the checkpoint, the observer."""
-        if isinstance(self.optimizer, WenzelSGLD):
+        if self.optimizer.metric.refresh_per_epoch:
             started = self._clock()
-            self.optimizer.update_preconditioner()
+            self.optimizer.refresh_metric()
             self.record_refresh_time(self._clock() - started)
         if self.optimizer.telemetry_enabled:  # the epoch's sums, read once
             self.record_telemetry(self.optimizer.telemetry()[0])

@@ -1,7 +1,7 @@
 """The paper's tuning rule: ℓ, then α², by mean final validation LP over seeds.
 
 For one cell (a setting, a prior and a sampler) the candidates are its configurations
-(:class:`~sgrld.experiments.table.Group`, one per ℓ and α²):
+(:class:`~sgrld.experiments.report.tables.Group`, one per ℓ and α²):
 
 1. for each α² (one pass for samplers without α²), the ℓ with the best mean final validation
    log-probability; a configuration with a broken-down run, or with no finite validation LP,
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgrld.experiments.table import Group
+from sgrld.experiments.report.tables import Group
 
 
 def val_lp(group: Group) -> float:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sgrld.experiments._io import save_figure
-from sgrld.experiments.plots import _figure, plot_convergence
-from sgrld.experiments.report import Choice, _curves, _lr_text, _setting_key, setting_label
-from sgrld.experiments.table import PRIOR_SHORT, SAMPLER_TITLES, Group
+from sgrld.experiments.base.files import save_figure
+from sgrld.experiments.report.build import Choice, curves, lr_text, setting_key, setting_label
+from sgrld.experiments.report.tables import PRIOR_SHORT, SAMPLER_TITLES, Group
+from sgrld.experiments.run.plots import _figure, plot_convergence
 
 
 def _slug(setting: str, prior: str) -> str:
@@ -30,7 +30,7 @@ def _title(setting: str, prior: str) -> str:
 
 
 def _final(group: Group, metric: str) -> tuple[float, float]:
-    values = _curves(group, metric)[:, -1]
+    values = curves(group, metric)[:, -1]
     return float(np.mean(values)), float(np.std(values))
 
 
@@ -78,11 +78,11 @@ def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:
     """Figure 3 per setting and prior; Figure 4 where Monge ran with several α²."""
     cells: dict[tuple[str, str], list[Choice]] = {}
     for choice in choices:
-        cells.setdefault((_setting_key(choice.setting), choice.prior), []).append(choice)
+        cells.setdefault((setting_key(choice.setting), choice.prior), []).append(choice)
     written = []
     for (setting, prior), members in cells.items():
         chosen = {
-            f"{SAMPLER_TITLES.get(c.sampler, c.sampler)} ℓ {_lr_text(c.chosen)}": c.chosen.completed
+            f"{SAMPLER_TITLES.get(c.sampler, c.sampler)} ℓ {lr_text(c.chosen)}": c.chosen.completed
             for c in members
             if c.chosen is not None
         }

@@ -9,7 +9,7 @@ preemption or timeout and requeues the same job.
 
 A job holds one run, or (``sgrld sweep --chains K``) a *pack*: up to K runs of one setting and
 sampler that differ only in seed, ℓ and α², run as the chains of one process
-(:mod:`sgrld.experiments.multichain`). Each chain writes its run folder's ``results.json`` as a
+(:mod:`sgrld.experiments.run.chains`). Each chain writes its run folder's ``results.json`` as a
 single run would; the pack's one checkpoint lives in ``OUT/.packs/<id>/``, so a pack resumes as a
 whole. Packs are formed over the whole grid (finished runs included), so a pack is the same pack
 on every rerun.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments.grid import PlannedRun
+from sgrld.experiments.sweep.grid import PlannedRun
 
 RESULTS_FILE = "results.json"  # == runner.RESULTS_FILE, without importing torch
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -122,7 +122,7 @@ def _splits(dataset: str, data_dir: str, num_val: int, verify: bool, download: b
 def _locked(out: Path, run_path: str) -> Iterator[bool]:
     """Hold the run's locks (non-blocking); yields whether this process got them.
 
-    The run folder's lock is ``sgrld sample``'s own (:class:`~sgrld.experiments._io.
+    The run folder's lock is ``sgrld sample``'s own (:class:`~sgrld.experiments.base.files.
     DirectoryLock`), so a ``sample --resume`` of a run a sweep executes is refused and the
     other way round. A second lock outside the folder, ``OUT/.locks/<digest>``, survives the
     folder's deletion: a run folder deleted mid-sweep is not run by a second sweep at once.
@@ -131,7 +131,11 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
     Raises:
         OutputError: a folder on the way is a symbolic link (never written through).
     """
-    from sgrld.experiments._io import DirectoryLock, DirectoryLockedError, remove_stale_temporaries
+    from sgrld.experiments.base.files import (
+        DirectoryLock,
+        DirectoryLockedError,
+        remove_stale_temporaries,
+    )
 
     digest = hashlib.sha256(run_path.encode()).hexdigest()[:16]
     refuse_linked_folders(out, run_path, LOCKS_DIR)
@@ -154,7 +158,7 @@ def refuse_linked_folders(out: Path, *paths: str) -> None:
     Raises:
         OutputError: naming the link.
     """
-    from sgrld.experiments._io import OutputError
+    from sgrld.experiments.base.files import OutputError
 
     for path in paths:
         parts = Path(path).parts
@@ -176,7 +180,7 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
             return RunOutcome(run.path, "busy")
         import torch
 
-        from sgrld.experiments.runner import RunConfig, run_sampling
+        from sgrld.experiments.run.single import RunConfig, run_sampling
 
         if machine.threads is not None:
             torch.set_num_threads(machine.threads)
@@ -193,7 +197,7 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
             step_mode="auto" if machine.graph else "eager",
         )
         if machine.plot:
-            from sgrld.experiments.plots import plot_run_curves
+            from sgrld.experiments.run.plots import plot_run_curves
 
             plot_run_curves(results, folder / "curves.png")
         return RunOutcome(run.path, results["status"], results["epochs_completed"])
@@ -220,7 +224,7 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
     with ExitStack() as stack:
         if not all([stack.enter_context(_locked(out, r.path)) for r in runs]):
             return [RunOutcome(r.path, "busy") for r in open_runs]
-        from sgrld.experiments._io import remove_stale_temporaries
+        from sgrld.experiments.base.files import remove_stale_temporaries
 
         refuse_linked_folders(out, f"{PACKS_DIR}/{pack_id(runs)}")
         remove_stale_temporaries(out / PACKS_DIR / pack_id(runs))  # of a killed pack process
@@ -230,8 +234,8 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             return [RunOutcome(r.path, "skipped") for r in open_runs]
         import torch
 
-        from sgrld.experiments.multichain import run_chains
-        from sgrld.experiments.runner import RunConfig
+        from sgrld.experiments.run.chains import run_chains
+        from sgrld.experiments.run.single import RunConfig
 
         if machine.threads is not None:
             torch.set_num_threads(machine.threads)
@@ -250,7 +254,7 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             folders=[out / r.path for r in runs],
         )
         if machine.plot:
-            from sgrld.experiments.plots import plot_run_curves
+            from sgrld.experiments.run.plots import plot_run_curves
 
             for run, result in zip(runs, results, strict=True):
                 plot_run_curves(result, out / run.path / "curves.png")
@@ -318,8 +322,8 @@ def make_jobs(
     todo = {r.path for r in runs if run_state(out / r.path, r.config) != "done"}
     if chains == 1:
         return [SweepJob([r], str(out), machine) for r in runs if r.path in todo]
-    from sgrld.experiments.multichain import check_chain_configs
-    from sgrld.experiments.runner import RunConfig
+    from sgrld.experiments.run.chains import check_chain_configs
+    from sgrld.experiments.run.single import RunConfig
 
     groups: dict[str, list[PlannedRun]] = {}
     for r in runs:
