@@ -21,8 +21,9 @@ from sgrld.cli import COMMANDS, main
 from sgrld.experiments.base import exits
 from sgrld.experiments.base import files as _io
 from sgrld.experiments.commands import sweep
+from sgrld.experiments.run.results import impossible_values
 from sgrld.experiments.sweep import grid
-from sgrld.experiments.sweep.jobs import RunOutcome, _locked, impossible_values, run_state
+from sgrld.experiments.sweep.jobs import RunOutcome, _locked, run_state
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--width", "8", "--epochs", "1", "--subset", "200", "--eval-subset", "50"]

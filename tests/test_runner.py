@@ -15,9 +15,9 @@ import torch
 
 from conftest import state_tensors
 from sgrld.data import Splits
+from sgrld.experiments.run.results import RESULTS_FILE
 from sgrld.experiments.run.single import (
     CHECKPOINT_FILE,
-    RESULTS_FILE,
     ProgressBar,
     RunConfig,
     RunObserver,

@@ -22,9 +22,9 @@ from sgrld.experiments.commands import sweep
 from sgrld.experiments.commands.sweep import MACHINE_OPTIONS, run_defaults
 from sgrld.experiments.run import single as runner_module
 from sgrld.experiments.run.config import derive_seed
+from sgrld.experiments.run.results import RESULTS_FILE
 from sgrld.experiments.run.single import (
     CHECKPOINT_FILE,
-    RESULTS_FILE,
     RunObserver,
     SamplingRun,
     load_checkpoint,
@@ -256,10 +256,10 @@ class MarkAfter(PoisonAfter):
 
 def patch_potential(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both loops' potential (the eager loop's and the deferred loop's poisoned one)."""
-    from sgrld.experiments.run import chains as multichain
+    from sgrld.experiments.run import build
 
     monkeypatch.setattr(runner_module, "potential", nan_gradient_potential)
-    monkeypatch.setattr(multichain, "potential", nan_gradient_potential)
+    monkeypatch.setattr(build, "potential", nan_gradient_potential)
 
 
 @pytest.mark.parametrize("sampler", ["identity", "shampoo"])

@@ -319,7 +319,8 @@ def test_readme_philox_claims_name_the_hardware() -> None:
 
 
 def test_run_results_carry_trace_and_within_run_diagnostics(tmp_path: Path) -> None:
-    from sgrld.experiments.run.single import RESULTS_FILE, run_sampling
+    from sgrld.experiments.run.results import RESULTS_FILE
+    from sgrld.experiments.run.single import run_sampling
     from test_runner import synthetic_splits, tiny_config
 
     results = run_sampling(tiny_config(epochs=6), synthetic_splits(), tmp_path)

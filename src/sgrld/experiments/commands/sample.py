@@ -42,6 +42,7 @@ from sgrld.experiments.run.naming import (
     dest_of,
     flag_of,
 )
+from sgrld.experiments.run.results import Results
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
@@ -392,7 +393,7 @@ def _refuse_held(out: Path, held: bool) -> None:
     """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
     if not held:
         return
-    from sgrld.experiments.run.config import RESULTS_FILE
+    from sgrld.experiments.run.results import RESULTS_FILE
 
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -466,7 +467,8 @@ def _option_text(field: str, value: Any) -> str:
 def _saved_configs(out: Path) -> list[Any]:
     """The configs of the run in ``out`` (its checkpoint's, else its ``results.json``'s)."""
     from sgrld.experiments.base.files import CheckpointError, load_checkpoint
-    from sgrld.experiments.run.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
+    from sgrld.experiments.run.results import RESULTS_FILE
 
     checkpoint, results = out / CHECKPOINT_FILE, out / RESULTS_FILE
     try:
@@ -556,7 +558,8 @@ def _refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
 
 def _check_out_dir(out: Path, config: Any, resume: bool) -> None:
     from sgrld.experiments.run.checkpoint import check_checkpoint_fits, load_checkpoint
-    from sgrld.experiments.run.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
+    from sgrld.experiments.run.results import RESULTS_FILE
 
     checkpoint = out / CHECKPOINT_FILE
     if not resume:
@@ -713,7 +716,8 @@ def _run_locked(
 def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     from sgrld.experiments.base.files import CheckpointError
     from sgrld.experiments.run.chains import load_chains_checkpoint
-    from sgrld.experiments.run.config import CHECKPOINT_FILE, RESULTS_FILE, RunConfig
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
+    from sgrld.experiments.run.results import RESULTS_FILE
 
     checkpoint = out / CHECKPOINT_FILE
     if not resume:
@@ -780,7 +784,7 @@ def _run_chains_locked(
     return 0 if all(r["status"] == "completed" for r in results) else 3
 
 
-def _chains_summary(configs: list[Any], results: list[dict[str, Any]], out: Path) -> None:
+def _chains_summary(configs: list[Any], results: list[Results], out: Path) -> None:
     def fmt(value: float | None) -> str:
         return "nan" if value is None else f"{value:.4f}"
 
@@ -795,7 +799,7 @@ def _chains_summary(configs: list[Any], results: list[dict[str, Any]], out: Path
         )
 
 
-def _plot(results: dict[str, Any], out: Path) -> None:
+def _plot(results: Results, out: Path) -> None:
     try:
         from sgrld.experiments.run.plots import plot_run_curves
 
@@ -809,7 +813,7 @@ def _plot(results: dict[str, Any], out: Path) -> None:
         raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
 
 
-def _summary(results: dict[str, Any], out: Path) -> None:
+def _summary(results: Results, out: Path) -> None:
     def fmt(value: float | None) -> str:
         return "nan" if value is None else f"{value:.4f}"
 
@@ -826,7 +830,7 @@ def _summary(results: dict[str, Any], out: Path) -> None:
     print(f"  results: {out / 'results.json'}")
 
 
-def _speed(results: dict[str, Any]) -> str:
+def _speed(results: Results) -> str:
     """``0.1234 s/epoch``; for a run too short to time past the warm-up, why there is no rate."""
     from sgrld.experiments.run.config import TIMING_SKIP_STEPS
 

@@ -1,39 +1,9 @@
-"""``sgrld funnel``: the paper's funnel experiment (Figure 2), measured against the ground truth.
+"""The paper's funnel experiment (Figure 2) on the library's samplers, scored against the truth.
 
-Reproduces ``sgmcmc/two_d.py`` of the reference code as it ran: the funnel with
-μ = 2, σ² = 80 and softplus(v) the variance of θ₁ (:class:`~sgrld.data.funnel.FunnelTarget`), the
-clipped exact gradient plus N(0, 1) noise, start (1, 1), 2×10⁶ iterations with every iterate
-kept, and the per-sampler settings of the paper's App. A.4 (:data:`SETTINGS`), on **the
-library's samplers** (``sgrld.build``; the update ascends log p with step η, i.e.
-ĝ = −∇log p, ``num_data = 1``, ``lr = η``; see ``docs/conventions.md``).
-
-Where the paper only compares pictures, each sampler is scored against the exact v-marginal
-N(0, 80): Wasserstein-1 and Kolmogorov–Smirnov distances of all iterates of v
-(:mod:`sgrld.evaluation.distances`), the fraction of iterates with v < −5 (truth 0.288, the mass
-of the neck) and the minimum v reached. ``--chains K`` runs K independent replicates in one
-batched state and reports the mean and spread over chains; ``--start exact`` starts every chain
-from an exact draw of the funnel instead of (1, 1), the stationarity check that separates "cannot
-explore from (1, 1)" from "does not preserve the target".
-
-Speed: the steps run through :class:`~sgrld.core.multistep.BlockRunner` (the library's
-metric code compiled ``--block`` steps at a time, noise pre-drawn per chunk), one process per
-sampler (``--jobs``). Randomness: from ``--seed`` three seeds are derived — the sampler noise ξ,
-the gradient noise and the exact start — and every sampler gets the same streams, as in the
-reference, which re-seeds before each sampler.
-
-Outputs in ``--out DIR`` (rendered in memory, then written with ``funnel.json`` last):
-``funnel.json`` (settings, wall seconds, distances), ``funnel_samples.npz`` (per sampler
-``(steps // 10, 2)`` array of (θ₁, v) at every 10th iterate of the first chain) and ``funnel.png``
-(per sampler: log-density contours with 1,000 iterates, beside a histogram of v against the true
-density).
-
-Faults: ``--out`` is locked for the run (a second run on it is refused) and must hold no files
-unless ``--force``; workers die with the parent (Ctrl-C, SIGTERM, and SIGKILL through a
-parent-death signal); ``funnel.json`` is written last and lists the SHA-256 of the files written
-with it (:func:`read_outputs`).
-
-Exit status: 0 done, 2 bad input (refused before any work), 3 a chain produced a non-finite
-iterate, 74 the outputs could not be written, 130 interrupted, 143 terminated.
+The reference's settings (App. A.4, :data:`SETTINGS`), its gradient noise and start, the
+library's samplers through :class:`~sgrld.core.multistep.BlockRunner`; each sampler's iterates
+of v against the exact marginal N(0, 80) (W1, KS, mass below −5, minimum v). Protocol, outputs,
+faults and exit statuses: ``docs/funnel.md``. The command line: :mod:`~.commands.funnel`.
 """
 
 from __future__ import annotations

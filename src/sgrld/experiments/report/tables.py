@@ -37,6 +37,7 @@ import numpy as np
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.naming import run_label
+from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
 
 SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
 SAMPLER_TITLES = {
@@ -49,7 +50,7 @@ SAMPLER_TITLES = {
 PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
 PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
 #: Aggregated quantities: name → how to read it from a results dict.
-METRICS = (
+COLUMNS = (
     "test_lp",
     "test_accuracy",
     "test_ece",
@@ -69,7 +70,7 @@ class TableError(ValueError):
     """No usable runs, or unreadable results."""
 
 
-def _metric(results: dict[str, Any], name: str) -> float:
+def _score(results: dict[str, Any], name: str) -> float:
     if name in ("seconds_per_epoch", "num_samples"):
         value = results.get(name)
     elif name == "curvature":
@@ -118,7 +119,7 @@ class Group:
         The mean is NaN without any value; the std is NaN with fewer than two (one run has no
         spread to report).
         """
-        values = np.array([_metric(r, name) for r in self.completed], dtype=np.float64)
+        values = np.array([_score(r, name) for r in self.completed], dtype=np.float64)
         if values.size == 0 or np.isnan(values).all():
             return math.nan, math.nan
         values = values[~np.isnan(values)]
@@ -148,49 +149,6 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-#: The ``results.json`` formats this version reads.
-RESULTS_FORMATS = ("sgrld-sample-results/1",)
-STATUSES = ("running", "failed", "completed", "broken_down")
-
-
-def read_results(path: Path) -> dict[str, Any]:
-    """One ``results.json``, checked for the fields the tables read.
-
-    Raises:
-        TableError: unreadable, not UTF-8, not JSON, not a sgrld results file, a format this
-            version does not know (a newer sgrld's), or a missing or malformed field; one line
-            naming the file.
-    """
-    try:
-        results = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise TableError(f"{path}: cannot read results ({exc.strerror or exc})") from exc
-    except UnicodeDecodeError:
-        raise TableError(f"{path}: not a sgrld results file (not UTF-8 text)") from None
-    except ValueError as exc:
-        raise TableError(f"{path}: not a sgrld results file (not JSON: {exc})") from None
-    if not isinstance(results, dict) or not str(results.get("format", "")).startswith(
-        "sgrld-sample-results/"
-    ):
-        raise TableError(f"{path}: not a sgrld sample results file")
-    if results["format"] not in RESULTS_FORMATS:
-        raise TableError(
-            f"{path}: results format {results['format']!r} is newer than this sgrld reads "
-            f"({', '.join(RESULTS_FORMATS)}); upgrade sgrld"
-        )
-    config, final = results.get("config"), results.get("final")
-    if results.get("status") not in STATUSES:
-        raise TableError(f"{path}: no valid status (one of {', '.join(STATUSES)})")
-    if not isinstance(config, dict) or not isinstance(config.get("seed"), int):
-        raise TableError(f"{path}: no valid config (with its seed)")
-    if not isinstance(final, dict) or not all(isinstance(final.get(s), dict) for s in SPLITS):
-        raise TableError(f"{path}: no final val and test metrics")
-    return results
-
-
-SPLITS = ("val", "test")
-
-
 def load_runs(
     files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
 ) -> list[dict[str, Any]]:
@@ -210,7 +168,7 @@ def load_checked(
 
     Left out, each with a line in the returned problems: a run whose final values no run can
     produce (a log-probability above 0, an accuracy outside [0, 1], NaN in a completed run:
-    :func:`~sgrld.experiments.sweep.jobs.impossible_values`); a run whose config disagrees with its
+    :func:`~sgrld.experiments.run.results.impossible_values`); a run whose config disagrees with its
     folder (its sweep manifest's entry, or a sweep folder name such as ``lr0.1-seed0``); a
     second copy of a run (the same config and seed in another folder), which would count as
     an extra seed. Unfinished runs are left out unless ``include_partial`` (not a problem).
@@ -221,13 +179,14 @@ def load_checked(
     Raises:
         TableError: a file is not a readable sgrld sampling result.
     """
-    from sgrld.experiments.sweep.jobs import impossible_values
-
     runs, problems = [], []
     seen: dict[str, Path] = {}
     manifests: dict[Path, dict[str, Any] | None] = {}
     for path in files:
-        results = read_results(path)
+        try:
+            results: dict[str, Any] = dict(read_results(path))
+        except ResultsError as exc:
+            raise TableError(str(exc)) from None
         # a failed run (an output could not be written) stopped unfinished, like a running one
         if results["status"] in ("running", "failed") and not include_partial:
             print(f"{command}: skipping unfinished run {path.parent}", file=sys.stderr)
@@ -534,7 +493,7 @@ def csv_table(groups: Sequence[Group]) -> str:
     for group in groups:
         config_keys += [k for k in group.config if k not in config_keys]
     header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
-    for metric in METRICS:
+    for metric in COLUMNS:
         header += [f"{metric}_mean", f"{metric}_std"]
     header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
     out = io.StringIO()
@@ -545,7 +504,7 @@ def csv_table(groups: Sequence[Group]) -> str:
         row = ["" if v is None else v for v in row]
         row += [len(group.runs), len(group.completed), group.num_broken]
         row.append(" ".join(map(str, group.seeds)))
-        for metric in METRICS:
+        for metric in COLUMNS:
             mean, std = group.stat(metric)
             row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
         d = group.diagnostics

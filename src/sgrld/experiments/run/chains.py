@@ -25,7 +25,6 @@ holds every chain; :func:`run_chains` with ``resume=True`` continues bit-identic
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -48,7 +47,6 @@ from sgrld.experiments.run.config import (
     GRAD_MAX,
     NUM_CLASSES,
     PRIOR_NAMES,
-    RESULTS_FILE,
     RunConfig,
     config_differences,
     is_sample_step,
@@ -56,6 +54,7 @@ from sgrld.experiments.run.config import (
 from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
+from sgrld.experiments.run.results import Results, write_results
 from sgrld.models import build_model
 
 __all__ = [
@@ -283,7 +282,7 @@ class ChainsRun:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def run(self, epochs: int | None = None) -> list[dict[str, Any]]:
+    def run(self, epochs: int | None = None) -> list[Results]:
         """Run until ``epochs`` epochs (default ``config.epochs``) or every chain broke down.
 
         Returns:
@@ -455,8 +454,7 @@ class ChainsRun:
             return
         folder = self.folders[self.records.index(record)]
         folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(record.results(), indent=1, allow_nan=False)
-        _io.write_atomic(folder / RESULTS_FILE, text + "\n")
+        write_results(folder, record.results())
 
 
 def load_chains_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -496,7 +494,7 @@ def run_chains(
     observer: RunObserver | None = None,
     chain_batch: int | None = None,
     folders: Sequence[str | os.PathLike[str]] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Results]:
     """Run (or, with ``resume``, continue) K chains in one process and return their results.
 
     Args:

@@ -29,13 +29,9 @@ GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max
 TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times
 #: Size of the official training set each dataset's train/validation split is drawn from.
 OFFICIAL_TRAIN_SIZE = {"mnist": 60_000, "cifar10": 50_000}
-RESULTS_FILE = "results.json"
 CHECKPOINT_FILE = "checkpoint.pt"
-RESULTS_FORMAT = "sgrld-sample-results/1"
 CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
 SEED_STREAMS = ("init", "chain", "data_order", "curvature")
-SPLITS = ("val", "test")
-METRICS = ("lp", "accuracy", "ece", "confidence")
 #: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates).
 ADAPT_CHOICES = ("burnin", "always")
 

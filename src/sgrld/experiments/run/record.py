@@ -22,16 +22,22 @@ from torch import Tensor
 from sgrld.data import Splits
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
 from sgrld.experiments.run.config import (
-    METRICS,
     NUM_CLASSES,
     OFFICIAL_TRAIN_SIZE,
-    RESULTS_FORMAT,
     SEED_STREAMS,
-    SPLITS,
     TIMING_SKIP_STEPS,
     RunConfig,
     check_collects_samples,
     derive_seed,
+)
+from sgrld.experiments.run.results import (
+    RESULTS_FORMAT,
+    SCORES,
+    SPLITS,
+    BrokenDown,
+    Curvature,
+    Results,
+    nan_to_none,
 )
 from sgrld.schedules import CyclicalLR
 
@@ -65,17 +71,6 @@ def breakdown_hint(config: RunConfig, num_data: int) -> str | None:
         "per epoch, so a short run then learns little; for a quick run that learns, keep the "
         'full data and shrink the model instead (docs/experiments.md, "A first run")'
     )
-
-
-def nan_to_none(value: Any) -> Any:
-    """JSON values: NaN and ±Inf become ``null`` (recursively)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [nan_to_none(v) for v in value]
-    return value
 
 
 def hardware(device: torch.device) -> str:
@@ -140,7 +135,7 @@ class RunRecord:
         self.epoch = 0  # epochs completed
         self.global_step = 0  # updates done
         self.status = "running"
-        self.broken_down: dict[str, Any] | None = None
+        self.broken_down: BrokenDown | None = None
         self.failure: str | None = None  # why an output could not be written (status "failed")
         self.curves: dict[str, list[Any]] = {
             key: []
@@ -148,7 +143,7 @@ class RunRecord:
                 "epoch",
                 "global_step",
                 "num_samples",
-                *(f"{s}_{m}" for s in SPLITS for m in METRICS),
+                *(f"{s}_{m}" for s in SPLITS for m in SCORES),
                 "curvature",
             )
         }
@@ -256,7 +251,7 @@ class RunRecord:
         self.curves["num_samples"].append(self.ensembles["val"].num_samples)
         for split, ensemble in self.ensembles.items():
             values = ensemble.metrics(getattr(self.splits, f"y_{split}"))
-            for metric in METRICS:
+            for metric in SCORES:
                 self.curves[f"{split}_{metric}"].append(float(values[metric]))
         curv = self._epoch_curvatures
         self.curves["curvature"].append(sum(curv) / len(curv) if curv else math.nan)
@@ -348,19 +343,19 @@ class RunRecord:
 
     # --- results ----------------------------------------------------------------------------
 
-    def final_metrics(self) -> dict[str, dict[str, float]]:
+    def final_scores(self) -> dict[str, dict[str, float]]:
         """The last recorded epoch's ensemble metrics per split (NaN before the first epoch)."""
         return {
             split: {
                 m: self.curves[f"{split}_{m}"][-1] if self.curves["epoch"] else math.nan
-                for m in METRICS
+                for m in SCORES
             }
             for split in SPLITS
         }
 
-    def results(self) -> dict[str, Any]:
+    def results(self) -> Results:
         """The run's results as JSON values (NaN written as ``null``)."""
-        curvature = None
+        curvature: Curvature | None = None
         if self.config.curvature:
             values = np.asarray(self.curvature_means, dtype=np.float64)
             curvature = {
@@ -379,33 +374,32 @@ class RunRecord:
             "chains_in_process": self.chains_in_process,
             "step_mode": self.step_mode,
         }
-        return nan_to_none(
-            {
-                "format": RESULTS_FORMAT,
-                "config": self.config.to_dict(),
-                "seed": self.config.seed,
-                "seeds": self.seeds,
-                "status": self.status,
-                "broken_down": self.broken_down,
-                "failure": self.failure,
-                "epochs_completed": self.epoch,
-                "global_steps": self.global_step,
-                "steps_per_epoch": self.steps_per_epoch,
-                "num_data": self.num_data,
-                "num_samples": self.ensembles["val"].num_samples,
-                "final": self.final_metrics(),
-                "curvature": curvature,
-                "seconds_per_epoch": self.seconds_per_epoch,
-                "schedule": None if self.schedule is None else self.schedule.describe(),
-                "timing": timing,
-                "curves": self.curves,
-                "telemetry": {"per_epoch": self.telemetry, "state_bytes": self.state_bytes},
-                "trace": self.trace.state_dict(),
-                "diagnostics": self.trace.diagnostics(),
-                "environment": {
-                    "torch": torch.__version__,
-                    "python": platform.python_version(),
-                    "platform": platform.platform(),
-                },
-            }
-        )
+        results: Results = {
+            "format": RESULTS_FORMAT,
+            "config": self.config.to_dict(),
+            "seed": self.config.seed,
+            "seeds": self.seeds,
+            "status": self.status,
+            "broken_down": self.broken_down,
+            "failure": self.failure,
+            "epochs_completed": self.epoch,
+            "global_steps": self.global_step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "num_data": self.num_data,
+            "num_samples": self.ensembles["val"].num_samples,
+            "final": self.final_scores(),
+            "curvature": curvature,
+            "seconds_per_epoch": self.seconds_per_epoch,
+            "schedule": None if self.schedule is None else self.schedule.describe(),
+            "timing": timing,
+            "curves": self.curves,
+            "telemetry": {"per_epoch": self.telemetry, "state_bytes": self.state_bytes},
+            "trace": self.trace.state_dict(),
+            "diagnostics": self.trace.diagnostics(),
+            "environment": {
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+        }
+        return nan_to_none(results)

@@ -1,53 +1,11 @@
 """One Bayesian-neural-network sampling run: burn-in, thinning, streaming evaluation, checkpoints.
 
-The loop of a run; its other rooms are :mod:`~sgrld.experiments.run.config` (what to run,
-validated),
-:mod:`~sgrld.experiments.run.checkpoint` (reading and checking checkpoints),
-:mod:`~sgrld.experiments.run.observers` (hooks and the progress display) and
-:mod:`~sgrld.experiments.base.files` (atomic writes, locks). Their names are re-exported here.
-
-The run loop of the paper's MNIST and CIFAR-10 experiments, rebuilt so that a run is
-exactly reproducible and resumable:
-
-- **Schedule**. Minibatches of 100, reshuffled each epoch by a dedicated data-
-  order generator. After update ``k`` (1-based, counted over the whole run) the current state is a
-  posterior sample when ``k > burnin`` and ``k % thinning == 0``: with the paper's 1,000 / 100 the
-  first sample comes after 1,100 updates, then one every 100 (1,990 samples in 400 MNIST epochs,
-  1,590 on CIFAR-10). The chain is never reloaded from a sample.
-- **Streaming evaluation**. Each sample is evaluated at once, in eval mode, on
-  the validation and test sets and folded into float64 :class:`EnsemblePredictive` accumulators;
-  the model then goes back to train mode and the chain continues. At every epoch end the
-  cumulative ensemble's log-probability, accuracy, ECE (30 bins) and confidence are recorded.
-- **Curvature** (optional): C(θ) of every sample on the first 1,000 test
-  points, with its own generator, so that measuring never perturbs the chain.
-- **Timing**. A step is forward, backward, clamp and sampler step; evaluation
-  is excluded. The eager loop times each step on its own (synchronised on CUDA); the deferred
-  loop times each block of steps between two host reads and credits each step its share.
-  ``seconds_per_epoch`` is the mean step time after the first 1,000 steps times the steps per
-  epoch, plus Wenzel's mean refresh time.
-- **Failure**. A non-finite potential (or gradient) stops the run; it is recorded
-  as broken down, like a failed run of the reference, at the update where it happened.
-- **Step modes** (:class:`SamplingRun`'s ``step_mode``; ``timing.step_mode`` in the results).
-  ``"eager"``: the loop above, with a host read per step (the potential's finiteness).
-  ``"deferred"``: no host read in a step. The minibatch is gathered into static buffers, the
-  optimizer is ``capturable`` (ℓ a 0-d tensor on the device, Philox noise, NaN/Inf in device
-  flags), the potential poisons its own gradient when it is non-finite so that the flags freeze
-  the chain at that update, and the flags are read only before a sample is evaluated and at the
-  epoch end; a breakdown is then recorded exactly as the eager loop records it. ``"graph"``
-  (CUDA): the deferred step captured once in a CUDA graph and replayed
-  (:class:`sgrld.capture.GraphedStep`); Shampoo's refresh steps and a short last batch run
-  eagerly, and Wenzel's refresh runs between replays, writing its statistics in place.
-  ``"auto"`` (default): ``"graph"`` on CUDA, else ``"eager"``; configs the deferred loop cannot
-  honour (``noise="torch"``, the cyclical schedule, ``compile``) always run eagerly. The modes
-  give the same chain up to float rounding (with ℓ a tensor, σ and the move round differently).
-- **Checkpoints.** At each epoch end the model, the sampler (statistics and noise generator), the
-  data-order and curvature generators, the accumulators and the curves are written atomically,
-  with the SHA-256 of the payload (:mod:`sgrld.experiments.base.files`); :func:`run_sampling` with
-  ``resume=True`` checks it, refuses a checkpoint that is damaged, does not fit or holds NaN/Inf
-  (:class:`CheckpointError`), and continues from there with the same results as a run that was
-  never interrupted (timings aside). An output that cannot be written (disk full) ends the run
-  with ``status: failed`` and an :class:`OutputError`; the last good checkpoint is kept.
-
+The protocol (schedule, streaming evaluation, curvature, timing, failure, checkpoints and
+resume) is tabulated in ``docs/experiments.md`` ("One run"); the step modes there too. In short:
+``"eager"`` reads the potential's finiteness every step; ``"deferred"`` never syncs inside a step
+(static minibatch buffers, a ``capturable`` optimizer whose flags are read before a sample and at
+the epoch end, the potential poisoning its own gradient so the flags freeze the chain at the
+failing update); ``"graph"`` (CUDA) captures the deferred step (:class:`sgrld.capture.GraphedStep`).
 The gradient handed to the sampler is that of the per-datum potential (``docs/conventions.md``).
 """
 
@@ -55,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import time
 from collections.abc import Mapping
@@ -84,7 +41,6 @@ from sgrld.experiments.run.config import (
     GRAD_MAX,
     NUM_CLASSES,
     PRIOR_NAMES,
-    RESULTS_FILE,
     RunConfig,
     check_collects_samples,
     config_differences,
@@ -98,13 +54,13 @@ from sgrld.experiments.run.observers import (
     breakdown_message,
 )
 from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
+from sgrld.experiments.run.results import Results, write_results
 from sgrld.models import build_model, potential
 from sgrld.optim import SGRLDOptimizer
 from sgrld.schedules import CyclicalLR
 
 __all__ = [
     "CHECKPOINT_FILE",
-    "RESULTS_FILE",
     "STEP_MODES",
     "CheckpointError",
     "OutputError",
@@ -261,7 +217,7 @@ class SamplingRun(RunRecord):
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def run(self, epochs: int | None = None) -> dict[str, Any]:
+    def run(self, epochs: int | None = None) -> Results:
         """Run until ``epochs`` epochs are complete (default ``config.epochs``) or a breakdown.
 
         Returns:
@@ -491,8 +447,7 @@ class SamplingRun(RunRecord):
 
     def _save_results(self) -> None:
         assert self.out_dir is not None
-        text = json.dumps(self.results(), indent=1, allow_nan=False)
-        _io.write_atomic(self.out_dir / RESULTS_FILE, text + "\n")
+        write_results(self.out_dir, self.results())
 
 
 def run_sampling(
@@ -504,7 +459,7 @@ def run_sampling(
     resume: bool = False,
     observer: RunObserver | None = None,
     step_mode: str = "auto",
-) -> dict[str, Any]:
+) -> Results:
     """Run (or, with ``resume``, continue) a sampling run and return its results.
 
     Args:

@@ -20,20 +20,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.run.results import FINISHED, RESULTS_FILE, impossible_values
 from sgrld.experiments.sweep.grid import PlannedRun
 
-RESULTS_FILE = "results.json"  # == runner.RESULTS_FILE, without importing torch
 CHECKPOINT_FILE = "checkpoint.pt"
 LOCKS_DIR = ".locks"  # OUT/.locks/<digest>/: a run's lock that outlives its folder
 PACKS_DIR = ".packs"  # a pack's checkpoint: OUT/.packs/<id>/checkpoint.pt
-FINISHED = ("completed", "broken_down")
 
 
 def run_state(folder: Path, config: dict[str, Any]) -> str:
@@ -56,35 +54,6 @@ def run_state(folder: Path, config: dict[str, Any]) -> str:
         if same and not impossible_values(results):
             return "done"
     return "partial" if (folder / CHECKPOINT_FILE).is_file() else "todo"
-
-
-def impossible_values(results: dict[str, Any]) -> list[str]:
-    """What no run can have produced in a ``results.json``'s final metrics: a log-probability of
-    a class label above 0 (a probability above 1), an accuracy, ECE or confidence outside
-    [0, 1], or NaN/Inf in a completed run. Each as ``"test lp 5.0"``.
-    """
-    found = []
-    final = results.get("final")
-    if not isinstance(final, dict):
-        return ["no final metrics"]
-    for split in ("val", "test"):
-        metrics = final.get(split)
-        if not isinstance(metrics, dict) or not {"lp", "accuracy"} <= set(metrics):
-            return [f"no final {split} lp and accuracy"]
-        for name, value in metrics.items():
-            if value is None:
-                if results.get("status") == "completed" and name in ("lp", "accuracy"):
-                    found.append(f"{split} {name} NaN")
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                found.append(f"{split} {name} {value!r}")
-            elif not math.isfinite(value):
-                found.append(f"{split} {name} {value}")
-            elif name == "lp" and value > 0.0:
-                found.append(f"{split} {name} {value} > 0")
-            elif name in ("accuracy", "ece", "confidence") and not 0.0 <= value <= 1.0:
-                found.append(f"{split} {name} {value} outside [0, 1]")
-    return found
 
 
 @dataclass(frozen=True)
