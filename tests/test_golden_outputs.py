@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from golden_outputs import CASES, Case, compare, differences, golden_path, normalise
+from golden_outputs import (
+    CASES,
+    UNSEEDED,
+    Case,
+    blank_fields,
+    compare,
+    differences,
+    golden_path,
+    normalise,
+)
 
 
 def _check(case: Case, data: Path | None) -> None:
@@ -58,3 +67,11 @@ def test_differences_compare_floats_bit_for_bit() -> None:
     assert list(differences({"x": 1}, {"x": 1.0})) == ["/x: golden 1, now 1.0"]
     renamed = ["/f: missing now (golden 1)", "/g: new (now 1)"]
     assert list(differences({"f": 1}, {"g": 1})) == renamed
+
+
+def test_unseeded_fields_are_blanked_where_the_pattern_says_only() -> None:
+    files = {"ck.pt": {"samplers": [{"generator": "a", "stats": "b"}, {"generator": "c"}]}}
+    blanked = blank_fields(files, ("ck.pt", "samplers", "*", "generator"))
+    assert blanked == {
+        "ck.pt": {"samplers": [{"generator": UNSEEDED, "stats": "b"}, {"generator": UNSEEDED}]}
+    }
