@@ -73,7 +73,7 @@ def test_learned_sigma_is_a_model_parameter_with_its_prior_and_the_right_gradien
     assert names[-1] == "likelihood.log_scale" and names[:-1] == [
         "net." + name for name, _ in model.net.named_parameters()
     ]
-    log_scale = model.likelihood.log_scale
+    log_scale = learned.log_scale  # the model holds this module: .double() converted it
     assert log_scale is not None
     with torch.no_grad():
         log_scale.fill_(-0.4)
