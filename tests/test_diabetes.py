@@ -125,15 +125,14 @@ def test_sgld_through_the_gaussian_likelihood_samples_the_exact_linear_posterior
     config = PriorConfig(weight_scale=math.sqrt(10), bias_scale=1.0)
 
     def make(seed: int) -> nn.Module:
-        model = BayesianModel(
-            nn.Linear(10, 1), config=config, likelihood=Gaussian(math.sqrt(NOISE_VAR))
-        ).double()
         gen = torch.Generator().manual_seed(seed)
         draw = mu + root @ torch.randn(11, dtype=torch.float64, generator=gen)
+        linear = nn.Linear(10, 1, dtype=torch.float64)
         with torch.no_grad():
-            model.net.weight.copy_(draw[None, :10])
-            model.net.bias.copy_(draw[10:])
-        return model
+            linear.weight.copy_(draw[None, :10])
+            linear.bias.copy_(draw[10:])
+        gaussian = Gaussian(math.sqrt(NOISE_VAR))
+        return BayesianModel(linear, config=config, init=False, likelihood=gaussian)
 
     sampler = sgrld.build("identity", lr=LR, num_data=n, noise="philox")
     chains = sgrld.Chains(make, sampler, seeds=list(range(K)))
