@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -84,6 +87,15 @@ def test_fc_for_diabetes_gives_mean_and_log_sigma() -> None:
     assert eta.shape == (88, 2)
     assert torch.equal(eta[:, 1], torch.full((88,), math.log(0.5)))
     assert potential(model, splits.x_train, splits.y_train, splits.num_train).isfinite()
+
+
+def test_the_documented_regression_example_runs() -> None:
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "likelihoods.md").read_text("utf-8")
+    block = re.search(r"## Data and models\n.*?```python\n(.*?)```", docs, re.S)
+    assert block is not None, "docs/likelihoods.md lost its regression example"
+    scope: dict[str, Any] = {}
+    exec(compile(block.group(1), "likelihoods.md", "exec"), scope)
+    assert scope["u"].isfinite() and scope["u"].requires_grad
 
 
 NOISE_VAR, K, LR, STEPS = 0.5, 400, 0.1, 400
