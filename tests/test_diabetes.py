@@ -15,6 +15,8 @@ from torch import nn
 import sgrld
 from linear_gaussian import linear_posterior, lyapunov
 from sgrld.data import DATASET_NAMES, dataset_info, load_dataset
+from sgrld.evaluation import EnsemblePredictive
+from sgrld.evaluation.chain_ensemble import ChainEnsemble, evaluate_chains
 from sgrld.likelihoods import Gaussian
 from sgrld.models import BayesianModel, build_model, potential
 from sgrld.priors import PriorConfig
@@ -53,6 +55,8 @@ def test_diabetes_splits_are_disjoint_deterministic_and_standardised_on_train_on
     sizes = [len(splits.x_train), len(splits.x_val), len(splits.x_test)]
     assert sizes == [310, 44, 88] and splits.x_train.shape[1:] == (10,)
     assert splits.y_train.dtype == torch.float32 and splits.likelihood == "gaussian"
+    with pytest.raises(ValueError, match="has targets, not classes"):
+        _ = splits.num_classes
     # every split is an affine image of raw rows: recover the map from all 442, then the rows
     whole = torch.cat([splits.x_train, splits.x_val, splits.x_test]).double()
     std = raw_x.std(0) / whole.std(0)
@@ -87,6 +91,40 @@ def test_fc_for_diabetes_gives_mean_and_log_sigma() -> None:
     assert eta.shape == (88, 2)
     assert torch.equal(eta[:, 1], torch.full((88,), math.log(0.5)))
     assert potential(model, splits.x_train, splits.y_train, splits.num_train).isfinite()
+
+
+def test_chains_sample_a_learned_sigma_and_stream_the_mixture_per_chain() -> None:
+    """log σ is stacked and stepped per chain; the chain ensemble equals one ensemble per chain.
+
+    Alone this takes ~10 s: the first Philox step of a process compiles its noise kernel (paid
+    once per session, by test_chains.py too); the test's own work is a few milliseconds.
+    """
+    splits = load_dataset("diabetes")
+    k, n, x_test = 3, splits.num_train, splits.x_test
+
+    def make(seed: int) -> BayesianModel:
+        gen = torch.Generator().manual_seed(seed)
+        likelihood = Gaussian(None, target_scale=splits.target_scale)
+        return build_model("fc", width=16, in_features=10, generator=gen, likelihood=likelihood)
+
+    sampler = sgrld.build("identity", lr=1e-2, num_data=n, noise="philox")
+    chains = sgrld.Chains(make, sampler, seeds=[0, 1, 2])
+    assert chains.params["likelihood.log_scale"].shape == (k,)
+    batch = (splits.x_train[:64].expand(k, 64, 10), splits.y_train[:64].expand(k, 64))
+    likelihood = make(0).likelihood
+    ensemble = ChainEnsemble(k, len(x_test), likelihood=likelihood)
+    singles = [EnsemblePredictive(len(x_test), likelihood=likelihood) for _ in range(k)]
+    for _ in range(3):
+        chains.step(lambda m, u, v: potential(m, u, v, n), *batch)
+        evaluate_chains(lambda v: chains(v, shared=True), ensemble, x_test)
+        with torch.no_grad():
+            for i, single in enumerate(singles):
+                single.add(chains.module(i)(x_test))
+    log_scale = chains.params["likelihood.log_scale"]
+    assert bool((log_scale != 0).all()) and len(set(log_scale.tolist())) == k
+    for metrics, single in zip(ensemble.metrics(splits.y_test), singles, strict=True):
+        assert metrics == pytest.approx(single.metrics(splits.y_test), rel=1e-5)
+        assert 0 < metrics["rmse"] < 3 * splits.target_scale
 
 
 def test_the_documented_regression_example_runs() -> None:

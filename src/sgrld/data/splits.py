@@ -74,7 +74,9 @@ class Splits:
 
     @property
     def num_classes(self) -> int:
-        """Number of classes, from the largest label of any split."""
+        """Number of classes, from the largest label of any split (classification only)."""
+        if self.likelihood != "categorical":
+            raise ValueError(f"a {self.likelihood!r} data set has targets, not classes")
         return 1 + max(int(getattr(self, f"y_{s}").max()) for s in ("train", "val", "test"))
 
     def to(self, device: torch.device | str) -> Splits:
