@@ -11,10 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from sgrld.evaluation.calibration import (
-    expected_calibration_error,
-    reliability_bins,
-)
 from sgrld.evaluation.curvature import measure_curvature
 from sgrld.evaluation.ensemble import EnsemblePredictive
 from sgrld.evaluation.equal_time import (
@@ -23,6 +19,10 @@ from sgrld.evaluation.equal_time import (
     interpolate_at_time,
     mean_std_over_runs,
     select_at_time,
+)
+from sgrld.likelihoods.calibration import (
+    expected_calibration_error,
+    reliability_bins,
 )
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from sgrld.data.cifar10 import locate_cifar10, read_cifar10, standardise
+from sgrld.data.diabetes import NUM_TEST as DIABETES_NUM_TEST
 from sgrld.data.diabetes import NUM_VAL as DIABETES_NUM_VAL
 from sgrld.data.diabetes import load_diabetes_splits
 from sgrld.data.download import MNIST_FILES, download_dataset, missing_files_message
@@ -17,6 +18,9 @@ from sgrld.data.idx import find_mnist_file, read_mnist
 from sgrld.data.splits import Splits, split_indices
 
 DATA_DIR_ENV = "SGRLD_DATA_DIR"
+
+#: The 442 diabetes patients less the test split.
+DIABETES_TRAIN_POOL = 442 - DIABETES_NUM_TEST
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,23 +32,41 @@ class DatasetInfo:
         input_shape: the shape of one input.
         num_outputs: how many outputs the network needs (the classes; 1 for a scalar target).
         num_val: the default validation size.
+        train_pool: the points the training and validation splits are drawn from (the
+            official training set; diabetes: all but its 88 test points).
+        bundled: shipped with an installed package (no data directory, no download).
     """
 
     likelihood: str
     input_shape: tuple[int, ...]
     num_outputs: int
     num_val: int
+    train_pool: int
+    bundled: bool = False
 
 
 DATASETS: dict[str, DatasetInfo] = {
     "mnist": DatasetInfo(
-        likelihood="categorical", input_shape=(784,), num_outputs=10, num_val=10_000
+        likelihood="categorical",
+        input_shape=(784,),
+        num_outputs=10,
+        num_val=10_000,
+        train_pool=60_000,
     ),
     "cifar10": DatasetInfo(
-        likelihood="categorical", input_shape=(3, 32, 32), num_outputs=10, num_val=10_000
+        likelihood="categorical",
+        input_shape=(3, 32, 32),
+        num_outputs=10,
+        num_val=10_000,
+        train_pool=50_000,
     ),
     "diabetes": DatasetInfo(
-        likelihood="gaussian", input_shape=(10,), num_outputs=1, num_val=DIABETES_NUM_VAL
+        likelihood="gaussian",
+        input_shape=(10,),
+        num_outputs=1,
+        num_val=DIABETES_NUM_VAL,
+        train_pool=DIABETES_TRAIN_POOL,
+        bundled=True,
     ),
 }
 DATASET_NAMES = tuple(DATASETS)

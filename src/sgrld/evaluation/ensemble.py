@@ -175,7 +175,7 @@ class EnsemblePredictive:
             - ``lp``: ``(1/N) Σ_i [logsumexp_s log p(y_i | x_i, θ_s) − log S]``;
             - ``accuracy``: accuracy of the argmax of the averaged probabilities;
             - ``ece``: top-label 30-bin L1 ECE of the averaged probabilities
-              (:func:`~sgrld.evaluation.calibration.expected_calibration_error`);
+              (:func:`~sgrld.likelihoods.calibration.expected_calibration_error`);
             - ``confidence``: mean over points of the max averaged probability (Table 10);
             - ``num_samples``: ``S``.
 

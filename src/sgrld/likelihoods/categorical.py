@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sgrld.evaluation.calibration import expected_calibration_error
 from sgrld.likelihoods.base import Likelihood, register
+from sgrld.likelihoods.calibration import expected_calibration_error
 
 
 @register

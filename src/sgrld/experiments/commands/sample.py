@@ -42,7 +42,7 @@ from sgrld.experiments.run.naming import (
     dest_of,
     flag_of,
 )
-from sgrld.experiments.run.results import Results
+from sgrld.experiments.run.results import SHORT, Results, second_score
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
@@ -104,6 +104,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any other option of the sampler's metric, e.g. decay=0.95 (rmsprop, wenzel, "
         "monge, shampoo) or block_size=64 (shampoo); repeatable; the metric checks it",
+    )
+    what.add_argument(
+        "--likelihood-scale",
+        type=float,
+        help="regression data: the Gaussian likelihood's σ (standardised units), fixed; "
+        "default: learned, sampled with the weights",
     )
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
     what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
@@ -179,7 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eval-subset", type=int, metavar="M", help="evaluate on the first M val/test points"
     )
     schedule.add_argument(
-        "--num-val", type=int, default=10_000, help="validation size (10000; less for tiny data)"
+        "--num-val",
+        type=int,
+        help="validation size (the data set's: 10000 for mnist and cifar10, 44 for diabetes)",
     )
 
     io = parser.add_argument_group("data, output and machine")
@@ -309,6 +317,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, seed: int) -> Any:
+    from sgrld.data import dataset_info
     from sgrld.experiments.report.paper import paper_entry
     from sgrld.experiments.run.choices import MODEL_FOR_DATASET
     from sgrld.experiments.run.config import RunConfig
@@ -336,6 +345,7 @@ def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, se
         "alpha2": alpha2,
         "seed": seed,
         "sampler_options": dict(getattr(args, "sampler_options", None) or {}),
+        "num_val": dataset_info(args.dataset).num_val if args.num_val is None else args.num_val,
     }
     values = {
         f.name: computed[f.name] if f.name in computed else getattr(args, dest_of(f.name))
@@ -371,10 +381,13 @@ def _device(name: str) -> Any:
     return device
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
-    from sgrld.data import DATA_DIR_ENV
+def _data_dir(args: argparse.Namespace, datasets: set[str] | None = None) -> Path | None:
+    """The data directory; ``None`` when every data set of ``datasets`` ships with a package."""
+    from sgrld.data import DATA_DIR_ENV, dataset_info
 
     value = args.data_dir or os.environ.get(DATA_DIR_ENV)
+    if datasets is not None and all(dataset_info(d).bundled for d in datasets):
+        return Path(value) if value else None
     if not value:
         raise UsageError(f"no data directory: give --data-dir or set {DATA_DIR_ENV}")
     path = Path(value)
@@ -627,7 +640,7 @@ def run(args: argparse.Namespace) -> int:
         device = _device(args.device)
         if args.threads is not None and args.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
-        data_dir = _data_dir(args)
+        data_dir = _data_dir(args, {c.dataset for c in configs})
         default = default_chains_out_dir(configs) if multi else default_out_dir(configs[0])
         out = Path(args.out) if args.out else default
         if out.exists() and not out.is_dir():
@@ -645,7 +658,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_IO_ERROR
 
 
-def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Path) -> Any:
+def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path | None, out: Path) -> Any:
     """The dataset (and a writable ``out``), or ``None`` after reporting why not."""
     import torch
 
@@ -673,7 +686,7 @@ def _load_splits(args: argparse.Namespace, config: Any, data_dir: Path, out: Pat
 
 
 def _run_locked(
-    args: argparse.Namespace, config: Any, device: Any, data_dir: Path, out: Path
+    args: argparse.Namespace, config: Any, device: Any, data_dir: Path | None, out: Path
 ) -> int:
     from sgrld.experiments.base.files import remove_stale_temporaries
 
@@ -742,7 +755,7 @@ def _check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
 
 
 def _run_chains_locked(
-    args: argparse.Namespace, configs: list[Any], device: Any, data_dir: Path, out: Path
+    args: argparse.Namespace, configs: list[Any], device: Any, data_dir: Path | None, out: Path
 ) -> int:
     from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
 
@@ -795,7 +808,8 @@ def _chains_summary(configs: list[Any], results: list[Results], out: Path) -> No
         val, test = r["final"]["val"], r["final"]["test"]
         print(
             f"  {config.label():<{width}}  {r['status']:<11} val LP {fmt(val['lp'])}  "
-            f"test LP {fmt(test['lp'])}  acc {fmt(test['accuracy'])}"
+            f"test LP {fmt(test['lp'])}  {SHORT[second_score(test)]} "
+            f"{fmt(test[second_score(test)])}"
         )
 
 
@@ -824,7 +838,9 @@ def _summary(results: Results, out: Path) -> None:
     )
     for split in ("val", "test"):
         m = final[split]
-        print(f"  {split:<4} LP {fmt(m['lp'])}  acc {fmt(m['accuracy'])}  ECE {fmt(m['ece'])}")
+        third = "ece" if "ece" in m else "coverage_90"
+        line = f"LP {fmt(m['lp'])}  {SHORT[second_score(m)]} {fmt(m[second_score(m)])}"
+        print(f"  {split:<4} {line}  {SHORT[third]} {fmt(m[third])}")
     if results["curvature"] is not None:
         print(f"  curvature {fmt(results['curvature']['mean'])}")
     print(f"  results: {out / 'results.json'}")

@@ -267,11 +267,11 @@ def run(args: argparse.Namespace) -> int:
                 + (" (--epochs grew: finished runs extend)" * (standing == "grown"))
             )
             return exits.OK
-        data_dir = sample._data_dir(args)
+        data_dir = sample._data_dir(args, {r.config["dataset"] for r in runs})
         if args.engine != "submitit":  # a login node may have no GPU where the jobs will
             sample._device(args.device)
         machine = Machine(
-            data_dir=os.fspath(data_dir.resolve()),
+            data_dir=os.fspath(data_dir.resolve()) if data_dir is not None else "",
             device=args.device,
             threads=args.threads,
             verify=not args.no_verify,

@@ -77,7 +77,7 @@ def _score(results: dict[str, Any], name: str) -> float:
         value = (results.get("curvature") or {}).get("mean")
     else:
         split, metric = name.split("_", 1)
-        value = results["final"][split][metric]
+        value = results["final"][split].get(metric)  # a score of another likelihood: NaN
     return math.nan if value is None else float(value)
 
 

@@ -16,8 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sgrld.data import Splits, dataset_info
+from sgrld.experiments.run.choices import PRIORS
+from sgrld.likelihoods import Likelihood, get_likelihood
 from sgrld.metrics import Metric, get_metric
-from sgrld.models import potential
+from sgrld.models import BayesianModel, build_model, potential
 from sgrld.optim import SGRLDOptimizer
 
 #: RunConfig fields that are metric options with a field of their own (the paper's α²).
@@ -101,6 +104,33 @@ def make_sampler(
         # compile=True step has no place for them
         telemetry=not config.compile,
         adapt_until=config.adapt_until,
+    )
+
+
+def build_likelihood(config: Any, splits: Splits | None = None) -> Likelihood:
+    """The likelihood the config's data set declares: categorical over its classes, or
+    Gaussian with the config's fixed σ (``None``: learned) reporting in the targets' units."""
+    info = dataset_info(config.dataset)
+    cls = get_likelihood(info.likelihood)
+    if info.likelihood == "categorical":
+        return cls(info.num_outputs)
+    target_scale = 1.0 if splits is None or splits.target_scale is None else splits.target_scale
+    return cls(config.likelihood_scale, target_scale=float(target_scale))
+
+
+def build_run_model(
+    config: Any, splits: Splits | None = None, generator: torch.Generator | None = None
+) -> BayesianModel:
+    """The config's network with its prior and its data set's likelihood (He initialisation
+    from ``generator``)."""
+    likelihood = build_likelihood(config, splits)
+    return build_model(
+        config.model,
+        prior=PRIORS[config.prior],
+        width=config.width,
+        generator=generator,
+        in_features=math.prod(dataset_info(config.dataset).input_shape),
+        likelihood=likelihood,
     )
 
 

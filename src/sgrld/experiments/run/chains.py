@@ -41,12 +41,10 @@ from sgrld.evaluation import measure_curvature
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
 from sgrld.experiments.base import files as _io
 from sgrld.experiments.base.files import CheckpointError, OutputError
-from sgrld.experiments.run.build import build_metric, poisoned_potential
+from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_potential
 from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     GRAD_MAX,
-    NUM_CLASSES,
-    PRIOR_NAMES,
     RunConfig,
     config_differences,
     is_sample_step,
@@ -55,7 +53,6 @@ from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
-from sgrld.models import build_model
 
 __all__ = [
     "CHAINS_CHECKPOINT_FORMAT",
@@ -218,13 +215,7 @@ class ChainsRun:
 
         def model(seed: int) -> torch.nn.Module:
             generator = torch.Generator().manual_seed(seed)
-            return build_model(
-                base.model,
-                prior=PRIOR_NAMES[base.prior],
-                width=base.width,
-                num_classes=NUM_CLASSES,
-                generator=generator,
-            )
+            return build_run_model(base, self.splits, generator)
 
         noise_seeds = [
             _philox_seed(torch.Generator(self.device).manual_seed(r.seeds["chain"]))

@@ -10,8 +10,7 @@ from torch import Tensor
 
 from sgrld.experiments.base import files as _io
 from sgrld.experiments.base.files import CheckpointError
-from sgrld.experiments.run.config import CHECKPOINT_FORMAT, NUM_CLASSES, PRIOR_NAMES, RunConfig
-from sgrld.models import build_model
+from sgrld.experiments.run.config import CHECKPOINT_FORMAT, RunConfig
 
 #: Top-level entries of a checkpoint; all must be present before anything is restored.
 CHECKPOINT_KEYS = (
@@ -87,9 +86,9 @@ def check_checkpoint_fits(state: Mapping[str, Any], config: RunConfig) -> None:
     Raises:
         CheckpointError: missing or unexpected entries, other shapes or dtypes.
     """
-    model = build_model(
-        config.model, prior=PRIOR_NAMES[config.prior], width=config.width, num_classes=NUM_CLASSES
-    )
+    from sgrld.experiments.run.build import build_run_model
+
+    model = build_run_model(config)
     wrong = tensor_mismatches(state["model"], model.state_dict(), "model")
     if wrong:
         raise CheckpointError("; ".join(wrong))

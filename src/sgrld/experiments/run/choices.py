@@ -25,8 +25,8 @@ PRIORS: dict[str, str] = {_PRIOR_ALIASES.get(name, name): name for name in prior
 MODELS: tuple[str, ...] = tuple(MODEL_NAMES)
 DATASETS: tuple[str, ...] = tuple(DATASET_NAMES)
 NOISE: tuple[str, ...] = tuple(NOISE_SOURCES)
-#: The architecture each dataset is run with in the paper.
-MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20"}
+#: The architecture each dataset is run with (the paper's; diabetes: the same fc net).
+MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20", "diabetes": "fc"}
 
 
 def sampler_name(text: str) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
+from sgrld.data import dataset_info
 from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
 from sgrld.metrics import MongeMetric, get_metric
 from sgrld.schedules import check_cyclical
@@ -24,14 +25,14 @@ SAMPLER_NAMES = (
     SAMPLERS  # the names live in sgrld.experiments.run.choices, read from the registries
 )
 PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
-NUM_CLASSES = 10
 GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max
 TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times
-#: Size of the official training set each dataset's train/validation split is drawn from.
-OFFICIAL_TRAIN_SIZE = {"mnist": 60_000, "cifar10": 50_000}
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
 SEED_STREAMS = ("init", "chain", "data_order", "curvature")
+#: Fields added after the first results format, with the value that means "as before": written
+#: only when they differ from it, so that older readers and equal-config checks see no change.
+LATER_FIELDS: dict[str, Any] = {"sampler_options": {}, "likelihood_scale": None}
 #: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates).
 ADAPT_CHOICES = ("burnin", "always")
 
@@ -77,6 +78,9 @@ class RunConfig:
         sampler_options: the metric's other options by name (``{"decay": 0.95}``,
             ``{"block_size": 64}``), validated by the metric itself (``--option KEY=VALUE``);
             empty = its defaults, the paper's. Monge's α² and rule are fields of their own.
+        likelihood_scale: the Gaussian likelihood's σ in the standardised targets' units, fixed;
+            ``None`` (default): σ is learned, sampled by the chain with the weights
+            (``docs/likelihoods.md``). Regression data sets only.
         adapt: when the metric adapts (:mod:`sgrld.core.warmup`): ``"burnin"`` (default)
             during the burn-in's ``burnin`` updates, then frozen, so that the chain samples the
             posterior; ``"always"`` at every update (the paper's protocol, which the ``paper/``
@@ -111,6 +115,7 @@ class RunConfig:
     explore_fraction: float = 0.0
     adapt: str | int = "burnin"
     sampler_options: Mapping[str, Any] = field(default_factory=dict)
+    likelihood_scale: float | None = None
 
     def __post_init__(self) -> None:
         def choice(name: str, valid: tuple[str, ...]) -> None:
@@ -146,6 +151,7 @@ class RunConfig:
             raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
         self._check_beyond()
         self._check_sampler_options()
+        self._check_likelihood()
         minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
         minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
         for name, low in minimum.items():
@@ -162,7 +168,7 @@ class RunConfig:
 
         A smaller look-alike dataset only lowers n, so this bounds the run's updates from above.
         """
-        num_data = OFFICIAL_TRAIN_SIZE[self.dataset] - self.num_val
+        num_data = dataset_info(self.dataset).train_pool - self.num_val
         return num_data if self.max_train is None else min(num_data, self.max_train)
 
     def _check_beyond(self) -> None:
@@ -202,6 +208,16 @@ class RunConfig:
                 )
         build_metric(self.sampler, self.sampler_options, self.alpha2, self.alpha2_rule)
 
+    def _check_likelihood(self) -> None:
+        scale = self.likelihood_scale
+        if dataset_info(self.dataset).likelihood != "gaussian":
+            if scale is not None:
+                raise ValueError(
+                    f"likelihood_scale is for regression data; {self.dataset} has none"
+                )
+        elif scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"likelihood_scale must be a finite number > 0, got {scale}")
+
     @property
     def adapt_until(self) -> int | None:
         """The sampler's ``adapt_until``: updates of warm-up, ``None`` to adapt throughout."""
@@ -214,8 +230,9 @@ class RunConfig:
         config of the default metric reads as before the option existed)."""
         values = asdict(self)
         values["sampler_options"] = dict(sorted(self.sampler_options.items()))
-        if not values["sampler_options"]:
-            del values["sampler_options"]
+        for name, default in LATER_FIELDS.items():
+            if values[name] == default:
+                del values[name]  # a config without it reads as before it existed
         return values
 
     @classmethod

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
+from sgrld.experiments.run.results import SHORT, second_score
+
 if TYPE_CHECKING:
     from sgrld.experiments.run.single import SamplingRun
 
@@ -96,10 +98,13 @@ class ProgressBar(_StepBar):
             first = (run.config.burnin // run.config.thinning + 1) * run.config.thinning
             parts.append(f"burning in (first sample after update {first})")
         elif run.curves["epoch"]:
+            second = second_score(run.curves)
+            short = SHORT[second]
             parts.append(
-                f"val LP {run.curves['val_lp'][-1]:.4f} acc {run.curves['val_accuracy'][-1]:.4f}"
+                f"val LP {run.curves['val_lp'][-1]:.4f} {short} "
+                f"{run.curves['val_' + second][-1]:.4f}"
                 f" | test LP {run.curves['test_lp'][-1]:.4f}"
-                f" acc {run.curves['test_accuracy'][-1]:.4f}"
+                f" {short} {run.curves['test_' + second][-1]:.4f}"
             )
         ratio = run.telemetry.get("drift_to_noise")
         if ratio:  # far from 1 either way: ℓ is large for this posterior, or barely acts
@@ -159,7 +164,9 @@ class ChainsProgressBar(_StepBar):
         if live and live[0].ensembles["val"].num_samples:
             val_lp = [r.curves["val_lp"][-1] for r in live]
             parts.append("val LP median [min, max] " + self._spread(val_lp))
-            parts.append("test acc " + self._spread([r.curves["test_accuracy"][-1] for r in live]))
+            second = second_score(live[0].curves)
+            values = [r.curves["test_" + second][-1] for r in live]
+            parts.append(f"test {SHORT[second]} " + self._spread(values))
         if live and live[0].timing["sampling_seconds"]:
             seconds = live[0].timing["sampling_seconds"][-1] * len(records)
             parts.append(f"{seconds:.1f} s/epoch (all chains)")

@@ -38,6 +38,11 @@ def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) ->
     save_figure(run_curves_figure(results), path, dpi=90)
 
 
+#: The three score panels of ``curves.png``: classification's, and regression's.
+_PANELS = (("lp", "log-probability"), ("accuracy", "accuracy"), ("ece", "ECE (30 bins)"))
+_REGRESSION_PANELS = (("lp", "log density"), ("rmse", "RMSE"), ("coverage_90", "90 % coverage"))
+
+
 def run_curves_figure(results: Mapping[str, Any]) -> Any:
     """The ``curves.png`` figure of one run (a matplotlib ``Figure``).
 
@@ -52,12 +57,8 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
         update = broken.get("update", broken.get("global_step", -1) + 1)
         empty = f"no sample: the chain broke down\nat update {update}, before its first sample"
     fig, axes = _figure(16, 3.6, 4)
-    for ax, metric, title in zip(
-        axes[:3],
-        ("lp", "accuracy", "ece"),
-        ("log-probability", "accuracy", "ECE (30 bins)"),
-        strict=True,
-    ):
+    panels = _PANELS if "val_accuracy" in curves else _REGRESSION_PANELS
+    for ax, (metric, title) in zip(axes[:3], panels, strict=True):
         drawn = False
         for split, style in (("val", "--"), ("test", "-")):
             values = _values(curves[f"{split}_{metric}"])

@@ -10,6 +10,7 @@ step timing and the breakdown record, and :meth:`RunRecord.results`, the one wri
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 from collections.abc import Mapping
@@ -19,11 +20,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sgrld.data import Splits
+from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
+from sgrld.experiments.run.build import build_likelihood
 from sgrld.experiments.run.config import (
-    NUM_CLASSES,
-    OFFICIAL_TRAIN_SIZE,
     SEED_STREAMS,
     TIMING_SKIP_STEPS,
     RunConfig,
@@ -32,7 +32,6 @@ from sgrld.experiments.run.config import (
 )
 from sgrld.experiments.run.results import (
     RESULTS_FORMAT,
-    SCORES,
     SPLITS,
     BrokenDown,
     Curvature,
@@ -47,7 +46,8 @@ __all__ = ["RunRecord", "restrict_splits"]
 def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
     """The data of a run: the first ``max_train`` training and ``max_eval`` evaluation points."""
     n_train, n_eval = config.max_train, config.max_eval
-    return Splits(
+    return dataclasses.replace(  # the target scaling (regression) comes along
+        splits,
         x_train=splits.x_train[:n_train],
         y_train=splits.y_train[:n_train],
         x_val=splits.x_val[:n_eval],
@@ -59,7 +59,7 @@ def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
 
 def breakdown_hint(config: RunConfig, num_data: int) -> str | None:
     """Why a subset run diverges at a learning rate the full data tolerates, and what to do."""
-    full = OFFICIAL_TRAIN_SIZE[config.dataset] - config.num_val
+    full = dataset_info(config.dataset).train_pool - config.num_val
     if config.max_train is None or num_data >= full:
         return None
     per_epoch = max(1, num_data // config.batch_size)
@@ -125,9 +125,11 @@ class RunRecord:
         self.schedule: CyclicalLR | None = None  # ℓ (and τ) per step; None: constant
         self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
         self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
+        self.likelihood = build_likelihood(config, splits)
+        self.scores = self.likelihood.score_names
         self.ensembles = {
             split: EnsemblePredictive(
-                len(getattr(splits, f"y_{split}")), NUM_CLASSES, device=device
+                len(getattr(splits, f"y_{split}")), likelihood=self.likelihood, device=device
             )
             for split in SPLITS
         }
@@ -143,7 +145,7 @@ class RunRecord:
                 "epoch",
                 "global_step",
                 "num_samples",
-                *(f"{s}_{m}" for s in SPLITS for m in SCORES),
+                *(f"{s}_{m}" for s in SPLITS for m in self.scores),
                 "curvature",
             )
         }
@@ -224,7 +226,9 @@ class RunRecord:
         self.ensembles[split].add_batch(start, logits)
         if split == "test":
             stop = start + logits.shape[0]
-            self.trace.add_batch(start, logits, self.splits.y_test[start:stop])
+            self.trace.add_batch(
+                start, logits, self.splits.y_test[start:stop], self.likelihood.log_prob
+            )
 
     def commit_sample(self, scalars: Mapping[str, float], curvature: float | None) -> None:
         """Close the current sample (after every split's logits were added)."""
@@ -251,8 +255,8 @@ class RunRecord:
         self.curves["num_samples"].append(self.ensembles["val"].num_samples)
         for split, ensemble in self.ensembles.items():
             values = ensemble.metrics(getattr(self.splits, f"y_{split}"))
-            for metric in SCORES:
-                self.curves[f"{split}_{metric}"].append(float(values[metric]))
+            for score in self.scores:
+                self.curves[f"{split}_{score}"].append(float(values[score]))
         curv = self._epoch_curvatures
         self.curves["curvature"].append(sum(curv) / len(curv) if curv else math.nan)
         self.timing["sampling_seconds"].append(self._epoch_sampling)
@@ -348,7 +352,7 @@ class RunRecord:
         return {
             split: {
                 m: self.curves[f"{split}_{m}"][-1] if self.curves["epoch"] else math.nan
-                for m in SCORES
+                for m in self.scores
             }
             for split in SPLITS
         }

@@ -24,8 +24,22 @@ STATUSES = ("running", "failed", "completed", "broken_down")
 FINISHED = ("completed", "broken_down")
 SPLITS = ("val", "test")
 #: The ensemble's scores per split, evaluated at every epoch end (``curves``) and at the last
-#: (``final``): mean log predictive density, accuracy, expected calibration error, confidence.
+#: (``final``), as the data set's likelihood defines them (``docs/likelihoods.md``):
+#: classification's mean log predictive, accuracy, expected calibration error, confidence;
+#: regression's mean log predictive density, RMSE and central-interval coverages.
 SCORES = ("lp", "accuracy", "ece", "confidence")
+#: Scores that are fractions (each in [0, 1]).
+FRACTIONS = ("accuracy", "ece", "confidence", "coverage_50", "coverage_90")
+
+
+#: The score shown beside LP in one-line summaries: accuracy, or a regression's RMSE.
+def second_score(scores: Any) -> str:
+    """``"accuracy"`` for classification scores (or curves), ``"rmse"`` for regression's."""
+    return "accuracy" if any(k.endswith("accuracy") for k in scores) else "rmse"
+
+
+#: Short names of the scores in one-line summaries.
+SHORT = {"lp": "LP", "accuracy": "acc", "ece": "ECE", "rmse": "RMSE", "coverage_90": "cov90"}
 
 
 class BrokenDown(TypedDict):
@@ -133,8 +147,9 @@ def read_results(path: Path) -> Results:
 
 def impossible_values(results: dict[str, Any]) -> list[str]:
     """What no run can have produced in a ``results.json``'s final scores: a log-probability of
-    a class label above 0 (a probability above 1), an accuracy, ECE or confidence outside
-    [0, 1], or NaN/Inf in a completed run. Each as ``"test lp 5.0"``.
+    a class label above 0 (a probability above 1; a regression's log density may be), a
+    fraction (accuracy, ECE, confidence, coverage) outside [0, 1], a negative RMSE, or NaN/Inf
+    in a completed run. Each as ``"test lp 5.0"``.
     """
     found = []
     final = results.get("final")
@@ -142,19 +157,22 @@ def impossible_values(results: dict[str, Any]) -> list[str]:
         return ["no final metrics"]
     for split in SPLITS:
         scores = final.get(split)
-        if not isinstance(scores, dict) or not {"lp", "accuracy"} <= set(scores):
-            return [f"no final {split} lp and accuracy"]
+        if not isinstance(scores, dict) or "lp" not in scores:
+            return [f"no final {split} lp"]
+        classification = "accuracy" in scores
         for name, value in scores.items():
             if value is None:
-                if results.get("status") == "completed" and name in ("lp", "accuracy"):
+                if results.get("status") == "completed" and name in ("lp", "accuracy", "rmse"):
                     found.append(f"{split} {name} NaN")
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 found.append(f"{split} {name} {value!r}")
             elif not math.isfinite(value):
                 found.append(f"{split} {name} {value}")
-            elif name == "lp" and value > 0.0:
+            elif name == "lp" and classification and value > 0.0:
                 found.append(f"{split} {name} {value} > 0")
-            elif name in ("accuracy", "ece", "confidence") and not 0.0 <= value <= 1.0:
+            elif name == "rmse" and value < 0.0:
+                found.append(f"{split} {name} {value} < 0")
+            elif name in FRACTIONS and not 0.0 <= value <= 1.0:
                 found.append(f"{split} {name} {value} outside [0, 1]")
     return found

@@ -29,7 +29,7 @@ from sgrld.evaluation import measure_curvature
 from sgrld.evaluation.trace import scalar_hyperparameters
 from sgrld.experiments.base import files as _io
 from sgrld.experiments.base.files import CheckpointError, OutputError
-from sgrld.experiments.run.build import make_sampler, poisoned_potential
+from sgrld.experiments.run.build import build_run_model, make_sampler, poisoned_potential
 from sgrld.experiments.run.checkpoint import (
     check_checkpoint_fits,
     load_checkpoint,
@@ -39,8 +39,6 @@ from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
     GRAD_MAX,
-    NUM_CLASSES,
-    PRIOR_NAMES,
     RunConfig,
     check_collects_samples,
     config_differences,
@@ -55,7 +53,7 @@ from sgrld.experiments.run.observers import (
 )
 from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
-from sgrld.models import build_model, potential
+from sgrld.models import potential
 from sgrld.optim import SGRLDOptimizer
 from sgrld.schedules import CyclicalLR
 
@@ -178,13 +176,7 @@ class SamplingRun(RunRecord):
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.observer = observer if observer is not None else RunObserver()
         init_generator = torch.Generator().manual_seed(self.seeds["init"])
-        self.model = build_model(
-            config.model,
-            prior=PRIOR_NAMES[config.prior],
-            width=config.width,
-            num_classes=NUM_CLASSES,
-            generator=init_generator,
-        ).to(self.device)
+        self.model = build_run_model(config, splits, init_generator).to(self.device)
         self.model.train()
         chain_generator = torch.Generator(self.device).manual_seed(self.seeds["chain"])
         deferred = self.step_mode != "eager"
