@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
 
 
 @register
@@ -28,6 +28,7 @@ class RMSpropMetric(Metric):
     """
 
     name = "rmsprop"
+    aliases = ("psgld", "rmspropsgld")
     compilable = True
     decay: float = 0.99
     eps: float = 1e-8

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
 
 
 @register
@@ -35,6 +35,7 @@ class WenzelMetric(Metric):
     """
 
     name = "wenzel"
+    aliases = ("wenzelsgld",)
     compilable = True
     decay: float = 0.99
     eps: float = 1e-8
