@@ -37,7 +37,7 @@ class Metric(abc.ABC):
     #: registry name, e.g. ``"monge"``
     name: ClassVar[str]
     #: whether ``compile=True`` samplers may trace this metric; opt-in, for metrics whose code
-    #: traces and measurably gains (identity, RMSprop, Wenzel; :mod:`sgrld.core.compiled`)
+    #: traces and measurably gains (the elementwise ones; :mod:`sgrld.core.compiled`)
     compilable: ClassVar[bool] = False
     #: whether G may differ from I; ``False`` (identity only) lets the step engine move by the
     #: gradients themselves, without the flat copy :meth:`inverse` would read
