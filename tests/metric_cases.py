@@ -59,7 +59,7 @@ class DenseOracle:
 
 class SecondMomentOracle(DenseOracle):
     """G = diag(√v̂ + ε), v ← λv + (1−λ)g² from zeros; v̂ = v/(1−λᵗ) with bias correction
-    (pSGLD, Li et al. 2016)."""
+    (pSGLD, Li et al. 2016; Adam's second moment, Kingma & Ba 2015, Algorithm 1)."""
 
     decay_option = "decay"
 
@@ -78,6 +78,13 @@ class SecondMomentOracle(DenseOracle):
 
     def g_inv(self) -> Tensor:
         return torch.diag(1.0 / (self.v_hat.sqrt() + self.opt["eps"]))
+
+
+class AdamOracle(SecondMomentOracle):
+    decay_option = "beta2"
+
+    def corrected(self) -> bool:
+        return True
 
 
 class WenzelOracle(DenseOracle):
@@ -238,6 +245,14 @@ CASES: dict[str, MetricCase] = {
         bad_options=(("decay", 1.0), ("decay", -0.1), ("eps", -1e-8)),
         facade=sgrld.RMSpropSGLD,
         conformance_sets={"bias_correction": {"bias_correction": True}},
+    ),
+    "adam": MetricCase(
+        oracle=AdamOracle,
+        oracle_options=({"beta2": 0.9, "eps": 1e-8}, {"beta2": 0.999, "eps": 0.0}),
+        options={"beta2": 0.9},
+        stationary={"beta2": 0.9},
+        warmup={"adam": {"beta2": 0.99}},
+        bad_options=(("beta2", 1.0), ("beta2", -0.1), ("eps", -1e-8)),
     ),
     "wenzel": MetricCase(
         oracle=WenzelOracle,

@@ -11,6 +11,7 @@ from sgrld.core.contract import (
     register,
     resolve_metric_name,
 )
+from sgrld.metrics.adam import AdamMetric
 from sgrld.metrics.identity import IdentityMetric
 from sgrld.metrics.monge import MongeMetric
 from sgrld.metrics.rmsprop import RMSpropMetric
@@ -19,6 +20,7 @@ from sgrld.metrics.wenzel import WenzelMetric
 
 __all__ = [
     "ALIASES",
+    "AdamMetric",
     "IdentityMetric",
     "Metric",
     "MongeMetric",
