@@ -4,6 +4,7 @@ scalars, capturable steps, per-chain keys and step sizes, and the facade's valid
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 import warnings
@@ -13,6 +14,7 @@ import torch
 
 import sgrld
 from conftest import SAMPLERS, SamplerSpec, quadratic_problem
+from metric_cases import CASES
 from sgrld.core import NonFiniteGradientError
 
 N = 50
@@ -589,6 +591,15 @@ def test_deferred_checks_handle_parameters_without_gradient(spec: SamplerSpec) -
     assert _same(before, _copy(state))
     with pytest.raises(NonFiniteGradientError, match="'c'"):
         sampler.check(state)
+
+
+def test_deferred_checks_with_rmsprop_bias_correction() -> None:
+    """RMSprop's 1 − λᵗ is the same whether the step count is an int (sync checks) or a 0-d
+    device tensor (deferred checks, as compiled and captured steps have it)."""
+    case = CASES["rmsprop"]
+    options = {**case.options, "bias_correction": True}
+    spec = SamplerSpec("rmsprop", dataclasses.replace(case, options=options))
+    test_deferred_checks_handle_parameters_without_gradient(spec)
 
 
 # --------------------------------------------------------------------- SGLD's direct path
