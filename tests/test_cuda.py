@@ -28,7 +28,7 @@ def _setup(
     options = dict(spec.options)
     if spec.name == "shampoo":
         options["update_interval"] = 7
-    opt = spec.optimizer(
+    opt = spec.make_optimizer(
         model.parameters(),
         lr=torch.tensor(0.01, device=DEVICE),
         num_data=1000,

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import sgrld
+from metric_cases import CASES
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting
 
 SLOW = pytest.mark.slow
@@ -35,24 +36,13 @@ D = 8
 LR, NUM_DATA, GRAD_NOISE = 0.02, 4.0, 0.7
 WARMUP, STEPS = 300, 2300
 
-#: The adaptive metrics and their options (fast EMAs, so that G moves within the warm-up).
+#: The adaptive metrics' warm-up cases (``tests/metric_cases.py``; fast EMAs, so that G moves
+#: within the warm-up): id → (registry name, options).
 ADAPTIVE: dict[str, tuple[str, dict[str, Any]]] = {
-    "rmsprop": ("rmsprop", {"decay": 0.9, "eps": 1e-8}),
-    "wenzel": ("wenzel", {"decay": 0.9}),
-    "monge": ("monge", {"alpha2": 0.1, "decay": 0.9}),
-    "monge-normalized": ("monge", {"alpha2": 1.0, "decay": 0.9, "alpha2_rule": "normalized"}),
-    "shampoo": ("shampoo", {"decay": 0.9, "eps": 1e-4, "block_size": 4, "update_interval": 50}),
-    "shampoo-vectors": (
-        "shampoo",
-        {
-            "decay": 0.9,
-            "eps": 1e-4,
-            "block_size": 4,
-            "update_interval": 50,
-            "precondition_vectors": True,
-        },
-    ),
+    key: (name, options) for name, case in CASES.items() for key, options in case.warmup.items()
 }
+#: the cases run without ``--slow``: one per family of metric
+FAST = ("rmsprop", "monge-normalized", "shampoo-vectors")
 
 #: Always adapting (``adapt_until=None``): mean over the eight eigen-directions of σ_chain/σ_exact
 #: after 2,300 steps, K = 1,000 chains (``docs/posterior.md``; ± 0.009). Frozen after the warm-up
@@ -130,12 +120,7 @@ def _lyapunov(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        name
-        if name in ("rmsprop", "monge-normalized", "shampoo-vectors")
-        else pytest.param(name, marks=SLOW)
-        for name in ADAPTIVE
-    ],
+    [name if name in FAST else pytest.param(name, marks=SLOW) for name in ADAPTIVE],
 )
 def test_frozen_after_warmup_is_exact(name: str) -> None:
     """Each chain adapts its own G for ``WARMUP`` steps, then keeps it: the pooled moments are
@@ -179,7 +164,10 @@ def _std_ratio(state: sgrld.SamplerState) -> tuple[float, float]:
 
 @pytest.mark.parametrize(
     "name",
-    [name if name == "monge-normalized" else pytest.param(name, marks=SLOW) for name in ADAPTIVE],
+    [
+        name if name == "monge-normalized" else pytest.param(name, marks=SLOW)
+        for name in ADAPTING_STD_RATIO
+    ],
 )
 def test_always_adapting_bias_is_the_documented_figure(name: str) -> None:
     """The paper's protocol (adapt at every step) inflates the spread by the documented factor;

@@ -58,6 +58,7 @@ from sgrld.metrics import (
     RMSpropMetric,
     ShampooMetric,
     WenzelMetric,
+    get_metric,
 )
 
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
@@ -93,7 +94,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             scheduler then changes it on the device, and a compiled step does not recompile).
         num_data: number of training data n > 0.
         temperature: τ ≥ 0; 0 gives deterministic preconditioned descent (no noise drawn).
-        metric: the metric G (see :mod:`sgrld.metrics`).
+        metric: the metric G (see :mod:`sgrld.metrics`), or its registry name or alias
+            (``"rmsprop"``), built with ``metric_options``.
         generator: drives the noise; a private one seeded from torch's global generator by
             default. Its state is saved in :meth:`state_dict`.
         check_finite: refuse a step whose gradient holds NaN/Inf, naming the parameter and step;
@@ -133,6 +135,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
             samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
             stationary law is biased: ``docs/posterior.md``). A group option.
+        **metric_options: the metric's options (``decay``, ``alpha2``, ...) when ``metric`` is a
+            name, e.g. ``SGRLDOptimizer(params, lr=1e-3, num_data=n, metric="rmsprop", decay=0.9)``.
 
     Each parameter group also carries ``adapt_metric`` (default True): set it to False to
     freeze the metric's statistics at once (see :meth:`freeze_metric`).
@@ -170,7 +174,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         num_data: float,
         temperature: float = 1.0,
         *,
-        metric: Metric,
+        metric: Metric | str,
         generator: torch.Generator | None = None,
         check_finite: bool = True,
         noise: NoiseSource | None = None,
@@ -183,8 +187,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
+        **metric_options: Any,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        if isinstance(metric, str):
+            metric = get_metric(metric)(**metric_options)
+        elif metric_options:
+            raise TypeError(f"unexpected arguments {sorted(metric_options)} with a Metric instance")
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
         if not isinstance(telemetry, bool):

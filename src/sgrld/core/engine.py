@@ -41,12 +41,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, Stats
 from sgrld.core.integrator import euler_maruyama
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
 from sgrld.core.state import SamplerState, Workspace
-from sgrld.metrics.base import Metric, Stats
-from sgrld.metrics.identity import IdentityMetric
 
 CheckMode = Literal["sync", "deferred", "off"]
 Scalar = float | Tensor
@@ -352,7 +351,7 @@ def advance(
     ok: Tensor | None = None
     if (
         direct
-        and type(metric) is IdentityMetric
+        and not metric.preconditions
         and checks != "deferred"
         and compiled is None
         and all(g.is_contiguous() for g in present)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compile
+from sgrld.core.contract import Metric, check_range
 from sgrld.core.engine import (
     NonFiniteGradientError,
     advance,
@@ -28,7 +29,6 @@ from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
-from sgrld.metrics.base import Metric, check_range
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
 

@@ -1,9 +1,10 @@
-"""The metric plug-in contract and the registry.
+"""The metric plug-in contract and the registry: what the core calls, owned by the core.
 
-A metric G answers four questions (STYLE.md): update your statistics from this gradient; apply
+The metric modules implement :class:`Metric` and :func:`register` themselves; nothing here
+names one. A metric G answers four questions: update your statistics from this gradient; apply
 G⁻¹ to a vector; apply G^{-1/2} to a vector; optionally refresh an explicitly scheduled part.
-The integrator (:mod:`sgrld.core.integrator`) composes them into the paper's Euler–Maruyama step
-(eq. 4, Γ dropped); see ``docs/conventions.md`` for ℓ, n, τ and signs.
+The integrator (:mod:`sgrld.core.integrator`) composes them into the paper's Euler–Maruyama
+step (eq. 4, Γ dropped); see ``docs/conventions.md`` for ℓ, n, τ and signs.
 
 All vectors are flat buffers of shape ``(*batch, D)`` laid out by a :class:`FlatLayout`.
 Statistics are a ``dict[str, Tensor]``; every key is declared in :meth:`Metric.stat_kinds` so
@@ -36,11 +37,16 @@ class Metric(abc.ABC):
     #: registry name, e.g. ``"monge"``
     name: ClassVar[str]
     #: whether ``compile=True`` samplers may trace this metric; opt-in, for metrics whose code
-    #: traces and measurably gains (identity, RMSprop, Wenzel; :mod:`sgrld.core.compiled`)
+    #: traces and measurably gains (the elementwise ones; :mod:`sgrld.core.compiled`)
     compilable: ClassVar[bool] = False
     #: whether runners refresh G at each epoch end (Wenzel's layer-wise scales, as the paper's
     #: code does); the facade's users call ``refresh_metric()`` themselves
     refresh_per_epoch: ClassVar[bool] = False
+    #: whether G may differ from I; ``False`` (identity only) lets the step engine move by the
+    #: gradients themselves, without the flat copy :meth:`inverse` would read
+    preconditions: ClassVar[bool] = True
+    #: other names the sampler is known by (matched without regard to case), e.g. ``("psgld",)``
+    aliases: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
@@ -92,22 +98,17 @@ class Metric(abc.ABC):
 _REGISTRY: dict[str, type[Metric]] = {}
 
 
+#: Other names a sampler is known by (alias → registry name), collected from the metrics'
+#: :attr:`Metric.aliases`: the facade classes' (``SGLD`` is ``identity``) and the literature's
+#: (pSGLD is RMSprop-preconditioned SGLD).
+ALIASES: dict[str, str] = {}
+
+
 def register(cls: type[Metric]) -> type[Metric]:
-    """Class decorator adding a metric to the registry under ``cls.name``."""
+    """Class decorator adding a metric to the registry under ``cls.name`` and its aliases."""
     _REGISTRY[cls.name] = cls
+    ALIASES.update(dict.fromkeys((a.lower() for a in cls.aliases), cls.name))
     return cls
-
-
-#: Other names a sampler is known by: the facade classes' (``SGLD`` is ``identity``) and the
-#: literature's (pSGLD is RMSprop-preconditioned SGLD). Matched without regard to case.
-ALIASES: dict[str, str] = {
-    "sgld": "identity",
-    "psgld": "rmsprop",
-    "rmspropsgld": "rmsprop",
-    "wenzelsgld": "wenzel",
-    "mongesgld": "monge",
-    "shampoosgld": "shampoo",
-}
 
 
 def resolve_metric_name(name: str) -> str:
@@ -133,7 +134,7 @@ def resolve_metric_name(name: str) -> str:
 
 
 def get_metric(name: str) -> type[Metric]:
-    """Look a metric class up by name (identity, rmsprop, wenzel, monge, shampoo) or alias.
+    """Look a metric class up by registry name (:func:`metric_names`) or alias.
 
     Raises:
         ValueError: an unknown name (the message suggests the closest known one).
@@ -142,6 +143,7 @@ def get_metric(name: str) -> type[Metric]:
 
 
 def metric_names() -> list[str]:
+    """The registry's names, sorted."""
     return sorted(_REGISTRY)
 
 
