@@ -338,3 +338,40 @@ def test_chains_run_freezes_where_the_single_run_does() -> None:
 
     assert gap(chain, single) < 1e-3
     assert gap(later, single) > 1e-2
+
+
+@pytest.mark.parametrize("api", ["facade", "functional"])
+def test_a_warmup_shorter_than_the_refresh_interval_still_refreshes_at_its_end(api: str) -> None:
+    """Shampoo's roots every 100 steps, a 20-step warm-up: the frozen G is refreshed from the
+    warm-up's statistics at its last step (else it stays I and the chain is SGLD's), which is
+    the chain whose schedule refreshes exactly there (interval 20)."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(16, 12, generator=g, dtype=torch.float64) for _ in range(40)]
+
+    def chain(interval: int) -> torch.Tensor:
+        theta = torch.zeros(16, 12, dtype=torch.float64)
+        options = {"update_interval": interval, "adapt_until": 20, "noise": "philox"}
+        if api == "facade":
+            p = torch.nn.Parameter(theta)
+            opt = sgrld.ShampooSGLD([p], lr=0.05, num_data=10, generator=g0(), **options)
+            for grad in grads:
+                p.grad = grad.clone()
+                opt.step()
+            return p.detach()
+        sampler = sgrld.build("shampoo", lr=0.05, num_data=10, **options)
+        state = sampler.init({"w": theta}, generator=g0())
+        for grad in grads:
+            state = sampler.step(state, {"w": grad.clone()})
+        return state.params["w"]
+
+    def g0() -> torch.Generator:
+        return torch.Generator().manual_seed(1)
+
+    off_schedule, on_schedule = chain(100), chain(20)
+    assert torch.equal(off_schedule, on_schedule)
+    p = torch.nn.Parameter(torch.zeros(16, 12, dtype=torch.float64))
+    opt = sgrld.SGLD([p], lr=0.05, num_data=10, generator=g0(), noise="philox")
+    for grad in grads:
+        p.grad = grad.clone()
+        opt.step()
+    assert (off_schedule - p.detach()).abs().max() > 0.1  # G is not I after the warm-up

@@ -50,7 +50,7 @@ from sgrld.core.precision import (
 from sgrld.core.replicas import check_same_noise, refuse_sharded
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -438,6 +438,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             standins = self._standins.get(index)
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
+            adapt = self.adapts(index)
             advance(
                 self._group_metrics[index],
                 states[index],
@@ -446,11 +447,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 num_data=group["num_data"],
                 temperature=group["temperature"],
                 checks=modes[index],
-                adapt=self.adapts(index),
+                adapt=adapt,
                 noise_source=noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
                 telemetry=self._accumulator(index),
+                closes_warmup=closes_warmup(
+                    self._group_metrics[index], states[index].step + 1, group["adapt_until"]
+                ),
             )
             if standins is not None:
                 standins.push(states[index].keys, states[index].device_step)
@@ -542,9 +546,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         ran = False
         for index, state in enumerate(self._group_states):
             metric = self._group_metrics[index]
-            if not refresh_due(metric, state.step):
+            until = self.param_groups[index]["adapt_until"]
+            if not (refresh_due(metric, state.step) or closes_warmup(metric, state.step, until)):
                 continue
-            if not adapting(state.step - 1, self.param_groups[index]["adapt_until"]):
+            if not adapting(state.step - 1, until):
                 continue  # that step was after the warm-up: G is frozen
             metric.refresh(state.stats, state.layout)
             ran = True

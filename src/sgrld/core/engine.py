@@ -321,6 +321,7 @@ def advance(
     refresh: bool = True,
     direct: bool = True,
     telemetry: Tensor | None = None,
+    closes_warmup: bool = False,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -397,7 +398,8 @@ def advance(
         saved = {k: v.clone() for k, v in stats.items()}
     step_arg: int | Tensor = state.device_step + 1 if checks == "deferred" else step
     lr_arg, sigma_arg = _per_chain(lr, sub_layout, grad), _per_chain(sigma, sub_layout, grad)
-    due = refresh and adapt and refresh_due(metric, step)
+    # the warm-up's last step refreshes as a scheduled one would (:func:`~.warmup.closes_warmup`)
+    due = refresh and adapt and (refresh_due(metric, step) or closes_warmup)
     fused = False
     # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
     if compiled is not None and stats is state.stats and not due and telemetry is None:

@@ -8,8 +8,9 @@ current-gradient metric and the correction are compared on equal terms at the sa
   the paper's EMA-Monge with its fallback), run by the funnel's block runner on ĝ = −∇log p;
 * ``monge-current`` (or ``monge-current+Γ`` with ``--correction``): G = I + α² m mᵀ with
   m = ∇u(θ) at the current θ (Hartmann et al. 2022), the step of
-  :func:`~sgrld.metrics.monge_exact.monge_move` with the funnel's analytic gradient and Hessian–vector
-  products (exact trace: D = 2), no fallback (‖G⁻¹∇u‖ ≤ 1/(2α) cannot explode), eagerly
+  :func:`~sgrld.metrics.monge_exact.monge_move` with the funnel's analytic gradient and
+  Hessian–vector products (exact trace: D = 2), no fallback (‖G⁻¹∇u‖ ≤ 1/(2α) cannot
+  explode), eagerly
   (compiled in blocks it ran no faster on one CPU core, 0.8 against 0.9 ms per step with 3 chains,
   after 80-260 s of compiling).
 

@@ -40,12 +40,13 @@ from sgrld.experiments.report.tables import (
     PRIOR_ORDER,
     PRIOR_SHORT,
     SAMPLER_ORDER,
-    SAMPLER_TITLES,
     WITHIN_SETTING,
     Group,
     _fmt,
     _markdown,
+    sampler_title,
 )
+from sgrld.experiments.run.results import second_score
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ def _wide_table(
         for sampler in samplers:
             row: list[Cell] = [
                 setting_label(json.loads(setting)),
-                SAMPLER_TITLES.get(sampler, sampler),
+                sampler_title(sampler),
             ]
             for prior in priors:
                 choice = by_key.get((setting, prior, sampler))
@@ -358,8 +359,10 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
         if not seconds > 0:
             continue
         key: Callable[[Group], Any] = lambda g: (g.config["lr"], g.config.get("alpha2"))  # noqa: E731
+        # LP and the second score of the likelihood: accuracy, or a regression's RMSE
+        second = second_score(usable[0].completed[0]["curves"])
         stats = {
-            key(g): {m: mean_std_over_runs(curves(g, f"test_{m}")) for m in ("lp", "accuracy")}
+            key(g): {m: mean_std_over_runs(curves(g, f"test_{m}")) for m in ("lp", second)}
             for g in usable
         }
         cells.setdefault((setting_key(choice.setting), choice.prior), {})[choice.sampler] = (
@@ -392,6 +395,8 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
     """Every table the choices allow, in the paper's numbering."""
     mnist = [c for c in choices if c.setting["dataset"] == "mnist"]
     cifar = [c for c in choices if c.setting["dataset"] == "cifar10"]
+    regression = [c for c in choices if _regression(c)]
+    classification = [c for c in choices if not _regression(c)]
 
     def from_paper(table: int, name: str, digits: int, metric: str) -> Column:
         return (name, digits, lambda c: _paper(table, c, metric))
@@ -496,10 +501,27 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
         ),
         (
             10,
-            list(choices),
+            classification,
             "mean confidence (top-label probability) of the final ensemble on test",
             [conf],
             p(from_paper(10, "confidence", 4, "test_confidence")),
+        ),
+        (
+            11,
+            regression,
+            "Beyond the paper, regression (Gaussian likelihood): "
+            + final
+            + "; RMSE of the predictive mean and coverage of its central 50 % / 90 % intervals, "
+            "in the targets' units",
+            [
+                lp,
+                ("RMSE", 4, _stat("test_rmse")),
+                ("cov50", 4, _stat("test_coverage_50")),
+                ("cov90", 4, _stat("test_coverage_90")),
+                spe,
+                ell,
+            ],
+            (),
         ),
     ]
     tables = []
@@ -512,6 +534,11 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
         if table is not None and (number not in (6, 7) or cells & set(timed)):
             tables.append(table)
     return tables
+
+
+def _regression(choice: Choice) -> bool:
+    """Whether the cell's runs are a regression's (scores with an RMSE)."""
+    return any("rmse" in r["final"]["test"] for g in choice.candidates for r in g.runs)
 
 
 def selection_csv(choices: Sequence[Choice]) -> str:

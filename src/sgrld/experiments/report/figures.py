@@ -14,8 +14,9 @@ import numpy as np
 
 from sgrld.experiments.base.files import save_figure
 from sgrld.experiments.report.build import Choice, curves, lr_text, setting_key, setting_label
-from sgrld.experiments.report.tables import PRIOR_SHORT, SAMPLER_TITLES, Group
+from sgrld.experiments.report.tables import PRIOR_SHORT, Group, sampler_title
 from sgrld.experiments.run.plots import _figure, plot_convergence
+from sgrld.experiments.run.results import second_score
 
 
 def _slug(setting: str, prior: str) -> str:
@@ -44,9 +45,9 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: 
     )
     alpha2 = np.array([a for a, _ in points])
     fig, axes = _figure(12, 4, 2)
-    for ax, metric, title in zip(
-        axes, ("test_lp", "test_accuracy"), ("test log-probability", "test accuracy"), strict=True
-    ):
+    second = second_score(points[0][1].completed[0]["curves"]) if points else "accuracy"
+    panels = (("test_lp", "test log-probability"), (f"test_{second}", f"test {second}"))
+    for ax, (metric, title) in zip(axes, panels, strict=True):
         stats = np.array([_final(g, metric) for _, g in points])
         (line,) = ax.plot(alpha2, stats[:, 0], "o-", label="Monge")
         ax.fill_between(
@@ -61,7 +62,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: 
             if other.chosen is None:
                 continue
             mean, std = _final(other.chosen, metric)
-            name = SAMPLER_TITLES.get(other.sampler, other.sampler)
+            name = sampler_title(other.sampler)
             (hline,) = ax.plot([0.0, alpha2[-1]], [mean, mean], lw=1, label=name)
             ax.axhspan(mean - 1.96 * std, mean + 1.96 * std, alpha=0.1, color=hline.get_color())
             if other.sampler == "identity":
@@ -82,7 +83,7 @@ def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:
     written = []
     for (setting, prior), members in cells.items():
         chosen = {
-            f"{SAMPLER_TITLES.get(c.sampler, c.sampler)} ℓ {lr_text(c.chosen)}": c.chosen.completed
+            f"{sampler_title(c.sampler)} ℓ {lr_text(c.chosen)}": c.chosen.completed
             for c in members
             if c.chosen is not None
         }

@@ -47,6 +47,13 @@ SAMPLER_TITLES = {
     "monge": "Monge",
     "shampoo": "Shampoo",
 }
+
+
+def sampler_title(name: str) -> str:
+    """The paper's name of a sampler; a metric it does not know by its capitalised name."""
+    return SAMPLER_TITLES.get(name, name.capitalize())
+
+
 PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
 PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
 #: Aggregated quantities: name → how to read it from a results dict.
@@ -62,6 +69,11 @@ COLUMNS = (
     "curvature",
     "num_samples",
 )
+#: The regression's columns (a Gaussian likelihood's scores), aggregated where such runs are.
+REGRESSION_COLUMNS = ("test_rmse", "test_coverage_50", "test_coverage_90", "val_rmse")
+#: The score columns beside LP in the Markdown layouts: label → aggregated quantity.
+CLASSIFICATION_SCORES = {"acc": "test_accuracy", "ECE": "test_ece"}
+REGRESSION_SCORES = {"RMSE": "test_rmse", "cov50": "test_coverage_50", "cov90": "test_coverage_90"}
 #: Config fields that pick a row/column inside a setting's table (the rest define the setting).
 WITHIN_SETTING = ("prior", "sampler", "lr", "alpha2")
 
@@ -125,6 +137,25 @@ class Group:
         values = values[~np.isnan(values)]
         spread = float(values.std(ddof=0)) if values.size > 1 else math.nan
         return float(values.mean()), spread
+
+
+def _is_regression(groups: Sequence[Group]) -> bool:
+    """Whether the runs are a regression's (their scores have an RMSE, not an accuracy)."""
+    return any("rmse" in r["final"]["test"] for g in groups for r in g.runs)
+
+
+def _columns(groups: Sequence[Group]) -> list[str]:
+    """The aggregated quantities of these runs: the classification's, the regression's or both."""
+    classification = any("accuracy" in r["final"]["test"] for g in groups for r in g.runs)
+    regression = _is_regression(groups)
+    columns = [
+        c for c in COLUMNS if classification or not c.endswith(("accuracy", "ece", "confidence"))
+    ]
+    return columns + list(REGRESSION_COLUMNS) * regression
+
+
+def _score_columns(groups: Sequence[Group]) -> dict[str, str]:
+    return REGRESSION_SCORES if _is_regression(groups) else CLASSIFICATION_SCORES
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
@@ -277,7 +308,7 @@ def group_label(group: Group) -> str:
     c = group.config
     model = f"fc{c['width']}" if c["model"] == "fc" else c["model"]
     prior = PRIOR_SHORT.get(c["prior"], c["prior"])
-    return f"{model} {prior} {SAMPLER_TITLES.get(c['sampler'], c['sampler'])} ℓ {_lr_text(c)}"
+    return f"{model} {prior} {sampler_title(c['sampler'])} ℓ {_lr_text(c)}"
 
 
 def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
@@ -347,10 +378,11 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
                 ]
                 if cands:
                     cells[prior, sampler] = (select_best(cands), cands)
+        scores = _score_columns(setting_groups)
         header = ["sampler"]
         for prior in priors:
             p = PRIOR_SHORT.get(prior, prior)
-            header += [f"{p} LP", f"{p} acc", f"{p} ECE", f"{p} s/epoch", f"{p} ℓ"]
+            header += [f"{p} LP", *(f"{p} {label}" for label in scores), f"{p} s/epoch", f"{p} ℓ"]
             if paper:
                 header += [f"{p} paper LP", f"{p} paper acc", f"{p} paper s/epoch"]
         best_lp = {
@@ -367,20 +399,20 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
         }
         rows = []
         for sampler in samplers:
-            row = [SAMPLER_TITLES.get(sampler, sampler)]
+            row = [sampler_title(sampler)]
             for prior in priors:
                 best, cands = cells.get((prior, sampler), (None, []))
                 if best is None:
                     broken = sum(g.num_broken for g in cands)
                     total = sum(len(g.runs) for g in cands)
                     text = f"broke down ({broken}/{total} runs)" if broken else "–"
-                    row += [text, "–", "–", "–", _lr_text(cands[0].config) if cands else "–"]
+                    row += [text, *(["–"] * (len(scores) + 1))]
+                    row.append(_lr_text(cands[0].config) if cands else "–")
                 else:
                     lp = best.stat("test_lp")
                     row += [
                         _fmt(*lp, bold=lp[0] == best_lp[prior] and len(samplers) > 1),
-                        _fmt(*best.stat("test_accuracy")),
-                        _fmt(*best.stat("test_ece")),
+                        *(_fmt(*best.stat(column)) for column in scores.values()),
                         _fmt(*best.stat("seconds_per_epoch"), digits=1),
                         _lr_text(best.config),
                     ]
@@ -403,18 +435,19 @@ def markdown_long_layout(groups: Sequence[Group]) -> str:
     """One row per configuration, per setting."""
     blocks = []
     for setting_groups in _by_setting(groups).values():
-        header = ["prior", "sampler", "ℓ", "runs", "broken", "test LP", "test acc", "test ECE"]
+        scores = _score_columns(setting_groups)
+        header = ["prior", "sampler", "ℓ", "runs", "broken", "test LP"]
+        header += [f"test {label}" for label in scores]
         header += ["val LP", "s/epoch", "curvature", "samples"]
         rows = [
             [
                 g.config["prior"],
-                SAMPLER_TITLES.get(g.config["sampler"], g.config["sampler"]),
+                sampler_title(g.config["sampler"]),
                 _lr_text(g.config),
                 str(len(g.runs)),
                 str(g.num_broken),
                 _fmt(*g.stat("test_lp")),
-                _fmt(*g.stat("test_accuracy")),
-                _fmt(*g.stat("test_ece")),
+                *(_fmt(*g.stat(column)) for column in scores.values()),
                 _fmt(*g.stat("val_lp")),
                 _fmt(*g.stat("seconds_per_epoch"), digits=1),
                 _fmt(*g.stat("curvature"), digits=2),
@@ -493,7 +526,8 @@ def csv_table(groups: Sequence[Group]) -> str:
     for group in groups:
         config_keys += [k for k in group.config if k not in config_keys]
     header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
-    for metric in COLUMNS:
+    columns = _columns(groups)
+    for metric in columns:
         header += [f"{metric}_mean", f"{metric}_std"]
     header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
     out = io.StringIO()
@@ -504,7 +538,7 @@ def csv_table(groups: Sequence[Group]) -> str:
         row = ["" if v is None else v for v in row]
         row += [len(group.runs), len(group.completed), group.num_broken]
         row.append(" ".join(map(str, group.seeds)))
-        for metric in COLUMNS:
+        for metric in columns:
             mean, std = group.stat(metric)
             row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
         d = group.diagnostics

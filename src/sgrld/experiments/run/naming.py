@@ -112,7 +112,8 @@ _FLAGS = {
     "explore_fraction": "--explore-fraction",
     "alpha2_rule": "--alpha2-rule",
     "cycles": "--cycles",
-    "sampler_options": "--option",  # named whole-word in messages ("invalid cycles: 0")
+    "sampler_options": "--option",
+    "likelihood_scale": "--likelihood-scale",  # named whole-word in messages ("invalid cycles: 0")
 }
 _PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sgrld.experiments.base.files import save_figure
+from sgrld.experiments.run.results import second_score
 
 
 def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
@@ -100,11 +101,14 @@ def plot_convergence(
         title: the figure's title.
     """
     figure_title = title
+    first = next(iter(groups.values()))[0]["curves"]
+    second = second_score(first)  # accuracy, or a regression's RMSE
+    metrics = ("test_lp", f"test_{second}")
     fig, axes = _figure(12, 4, 2)
     for label, runs in groups.items():
         length = min(len(r["curves"]["epoch"]) for r in runs)
         epochs = np.arange(1, length + 1)
-        for ax, metric in zip(axes, ("test_lp", "test_accuracy"), strict=True):
+        for ax, metric in zip(axes, metrics, strict=True):
             values = np.stack([_values(r["curves"][metric][:length]) for r in runs])
             mean, std = values.mean(axis=0), values.std(axis=0)
             (line,) = ax.plot(epochs, mean, label=label)
@@ -116,7 +120,8 @@ def plot_convergence(
                 lw=0,
                 color=line.get_color(),
             )
-    for ax, title in zip(axes, ("test log-probability", "test accuracy"), strict=True):
+    names = ("test log-probability", "test accuracy" if second == "accuracy" else "test RMSE")
+    for ax, title in zip(axes, names, strict=True):
         ax.set_title(f"cumulative ensemble {title}")
         ax.set_xlabel("epoch")
     axes[0].legend()
