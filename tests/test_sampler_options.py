@@ -127,3 +127,16 @@ def test_a_sweep_takes_options_as_a_table_or_an_axis_of_tables(tmp_path: Path) -
     path.write_text('[[grid]]\nsampler = "rmsprop"\nlr = 0.1\nsampler_options = 3\n')
     with pytest.raises(sweep.GridError, match="sampler_options must be a table"):
         sweep.plan(parser.parse_args(["--config", str(path), "--out", "unused"]))
+
+
+def test_a_sweep_command_line_takes_one_table_of_options() -> None:
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    argv = ["--dataset", "diabetes", "--sampler", "adam", "--lr", "0.01,0.02", "--epochs", "60"]
+    argv += ["--burn-in", "10", "--option", "beta2=0.99", "--option", "eps=1e-6"]
+    runs, _ = sweep.plan(parser.parse_args([*argv, "--out", "unused"]))
+    assert [r.config["sampler_options"] for r in runs] == [{"beta2": 0.99, "eps": 1e-6}] * 2
+    assert sorted(r.path.rpartition("/")[2] for r in runs) == [
+        "lr0.01-beta20.99-eps1e-06-seed0",
+        "lr0.02-beta20.99-eps1e-06-seed0",
+    ]

@@ -241,7 +241,7 @@ class OptionAction(argparse.Action):
         key, sep, text = str(values).partition("=")
         if not sep or not key.strip():
             parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
-        options = dict(getattr(namespace, self.dest) or {})
+        options = dict(getattr(namespace, self.dest, None) or {})
         options[key.strip().replace("-", "_")] = option_value(text.strip())
         setattr(namespace, self.dest, options)
 

@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         action.default = argparse.SUPPRESS
         action.required = False
-        if action.dest in grid.AXES:
+        if action.dest in grid.AXES and getattr(action, "kind", None) is None:
             choices = f" ({', '.join(action.choices)})" if action.choices else ""
             item_type = action.type if callable(action.type) else str
             item_type = getattr(item_type, "item_type", item_type)  # sample's lists of floats
