@@ -42,8 +42,8 @@ from sgrld.experiments.report.tables import (
     SAMPLER_ORDER,
     WITHIN_SETTING,
     Group,
-    _fmt,
-    _markdown,
+    format_stat,
+    markdown_table,
     sampler_title,
 )
 from sgrld.experiments.run.results import second_score
@@ -205,7 +205,7 @@ class Table:
             if cell is None:
                 return "–"
             if isinstance(cell, tuple):
-                return _fmt(*cell, digits=digits)
+                return format_stat(*cell, digits=digits)
             if isinstance(cell, float):
                 return "–" if math.isnan(cell) else f"{cell:.{digits}f}"
             return str(cell)
@@ -217,7 +217,7 @@ class Table:
         note = f"\n{IDENTITY_NOTE}\n" if marked else ""
         return (
             f"**Table {self.number}.** {self.title}\n\n"
-            + _markdown([name for name, _ in self.columns], rows)
+            + markdown_table([name for name, _ in self.columns], rows)
             + note
         )
 

@@ -15,7 +15,7 @@ import numpy as np
 from sgrld.experiments.base.files import save_figure
 from sgrld.experiments.report.build import Choice, curves, lr_text, setting_key, setting_label
 from sgrld.experiments.report.tables import PRIOR_SHORT, Group, sampler_title
-from sgrld.experiments.run.plots import _figure, plot_convergence
+from sgrld.experiments.run.plots import new_figure, plot_convergence
 from sgrld.experiments.run.results import second_score
 
 
@@ -44,7 +44,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: 
         if s.kind == "lr" and s.alpha2 is not None and s.chosen is not None
     )
     alpha2 = np.array([a for a, _ in points])
-    fig, axes = _figure(12, 4, 2)
+    fig, axes = new_figure(12, 4, 2)
     second = second_score(points[0][1].completed[0]["curves"]) if points else "accuracy"
     panels = (("test_lp", "test log-probability"), (f"test_{second}", f"test {second}"))
     for ax, (metric, title) in zip(axes, panels, strict=True):

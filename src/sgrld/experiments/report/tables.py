@@ -290,7 +290,7 @@ def _sort_key(group: Group) -> tuple[Any, ...]:
     return (setting, prior, sampler, c["lr"], c.get("alpha2") or 0.0)
 
 
-def _fmt(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
+def format_stat(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
     if math.isnan(mean):
         return "–"
     text = f"{mean:.{digits}f}"
@@ -411,9 +411,9 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
                 else:
                     lp = best.stat("test_lp")
                     row += [
-                        _fmt(*lp, bold=lp[0] == best_lp[prior] and len(samplers) > 1),
-                        *(_fmt(*best.stat(column)) for column in scores.values()),
-                        _fmt(*best.stat("seconds_per_epoch"), digits=1),
+                        format_stat(*lp, bold=lp[0] == best_lp[prior] and len(samplers) > 1),
+                        *(format_stat(*best.stat(column)) for column in scores.values()),
+                        format_stat(*best.stat("seconds_per_epoch"), digits=1),
                         _lr_text(best.config),
                     ]
                 if paper:
@@ -427,7 +427,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
         title = _setting_title(config, setting_groups)
         if paper:
             title += "; paper: 400 epochs, 10 seeds"
-        blocks.append(f"**{title}**\n\n" + _markdown(header, rows))
+        blocks.append(f"**{title}**\n\n" + markdown_table(header, rows))
     return "\n\n".join(blocks) + "\n"
 
 
@@ -446,21 +446,21 @@ def markdown_long_layout(groups: Sequence[Group]) -> str:
                 _lr_text(g.config),
                 str(len(g.runs)),
                 str(g.num_broken),
-                _fmt(*g.stat("test_lp")),
-                *(_fmt(*g.stat(column)) for column in scores.values()),
-                _fmt(*g.stat("val_lp")),
-                _fmt(*g.stat("seconds_per_epoch"), digits=1),
-                _fmt(*g.stat("curvature"), digits=2),
+                format_stat(*g.stat("test_lp")),
+                *(format_stat(*g.stat(column)) for column in scores.values()),
+                format_stat(*g.stat("val_lp")),
+                format_stat(*g.stat("seconds_per_epoch"), digits=1),
+                format_stat(*g.stat("curvature"), digits=2),
                 f"{g.stat('num_samples')[0]:.0f}",
             ]
             for g in setting_groups
         ]
         title = _setting_title(setting_groups[0].config, setting_groups)
-        blocks.append(f"**{title}**\n\n" + _markdown(header, rows))
+        blocks.append(f"**{title}**\n\n" + markdown_table(header, rows))
     return "\n\n".join(blocks) + "\n"
 
 
-def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -517,7 +517,7 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
             f"\n– : fewer than {MIN_RELIABLE_DRAWS} draws per chain, too few for R̂ and ESS to "
             "mean anything (more epochs, or a smaller --thinning, give more)\n"
         )
-    return f"{title}\n\n{_markdown(header, rows)}\n{note}"
+    return f"{title}\n\n{markdown_table(header, rows)}\n{note}"
 
 
 def csv_table(groups: Sequence[Group]) -> str:

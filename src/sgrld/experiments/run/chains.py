@@ -39,7 +39,7 @@ from sgrld.chains import Chains, chain_batches
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
-from sgrld.experiments.base import files as _io
+from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError, OutputError
 from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_potential
 from sgrld.experiments.run.config import (
@@ -436,7 +436,7 @@ class ChainsRun:
         if self.out_dir is None:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        _io.save_checkpoint(self.out_dir / CHECKPOINT_FILE, self.state_dict())
+        files.save_checkpoint(self.out_dir / CHECKPOINT_FILE, self.state_dict())
         for r in self.records:
             self._save_results(r)
 
@@ -455,7 +455,7 @@ def load_chains_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         CheckpointError: damaged (its SHA-256), foreign, incomplete, or NaN/Inf in an
             accumulator.
     """
-    state = _io.load_checkpoint(path)
+    state = files.load_checkpoint(path)
     if not isinstance(state, dict) or state.get("format") != CHAINS_CHECKPOINT_FORMAT:
         found = state.get("format") if isinstance(state, dict) else None
         hint = "; it was made by a single run: resume it without --chains" if found else ""
@@ -468,7 +468,7 @@ def load_chains_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     bad = [
         b
         for i, record in enumerate(state["records"])
-        for b in _io.find_nonfinite(record["ensembles"], f"records.{i}", allow_minus_inf=True)
+        for b in files.find_nonfinite(record["ensembles"], f"records.{i}", allow_minus_inf=True)
     ]
     if bad:
         raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import Tensor
 
-from sgrld.experiments.base import files as _io
+from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError
 from sgrld.experiments.run.config import CHECKPOINT_FORMAT, RunConfig
 
@@ -41,7 +41,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).
     """
-    state = _io.load_checkpoint(path)
+    state = files.load_checkpoint(path)
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         hint = ""
         if isinstance(state, dict) and str(state.get("format", "")).startswith("sgrld-chains"):
@@ -50,9 +50,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     missing = [key for key in CHECKPOINT_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
-    bad = _io.find_nonfinite(state["ensembles"], "ensembles", allow_minus_inf=True)
+    bad = files.find_nonfinite(state["ensembles"], "ensembles", allow_minus_inf=True)
     if state["status"] != "broken_down":
-        bad += _io.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
+        bad += files.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
     if bad:
         raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")
     return state

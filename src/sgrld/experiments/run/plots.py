@@ -18,7 +18,7 @@ from sgrld.experiments.base.files import save_figure
 from sgrld.experiments.run.results import second_score
 
 
-def _figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
+def new_figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
     fig = Figure(figsize=(width, height), layout="constrained")
@@ -57,7 +57,7 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     if broken is not None:
         update = broken.get("update", broken.get("global_step", -1) + 1)
         empty = f"no sample: the chain broke down\nat update {update}, before its first sample"
-    fig, axes = _figure(16, 3.6, 4)
+    fig, axes = new_figure(16, 3.6, 4)
     panels = _PANELS if "val_accuracy" in curves else _REGRESSION_PANELS
     for ax, (metric, title) in zip(axes[:3], panels, strict=True):
         drawn = False
@@ -104,7 +104,7 @@ def plot_convergence(
     first = next(iter(groups.values()))[0]["curves"]
     second = second_score(first)  # accuracy, or a regression's RMSE
     metrics = ("test_lp", f"test_{second}")
-    fig, axes = _figure(12, 4, 2)
+    fig, axes = new_figure(12, 4, 2)
     for label, runs in groups.items():
         length = min(len(r["curves"]["epoch"]) for r in runs)
         epochs = np.arange(1, length + 1)

@@ -27,7 +27,7 @@ from sgrld.core import NonFiniteGradientError
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
 from sgrld.evaluation.trace import scalar_hyperparameters
-from sgrld.experiments.base import files as _io
+from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError, OutputError
 from sgrld.experiments.run.build import build_run_model, make_sampler, poisoned_potential
 from sgrld.experiments.run.checkpoint import (
@@ -434,7 +434,7 @@ class SamplingRun(RunRecord):
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
-        _io.save_checkpoint(self.out_dir / CHECKPOINT_FILE, state)
+        files.save_checkpoint(self.out_dir / CHECKPOINT_FILE, state)
         self._save_results()
 
     def _save_results(self) -> None:
