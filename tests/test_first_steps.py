@@ -94,15 +94,15 @@ def test_single_and_chained_runs_label_folders_as_a_sweep_does() -> None:
 
 
 def test_summary_of_a_run_shorter_than_the_warm_up_gives_no_rate() -> None:
-    from sgrld.experiments.commands.sample import _speed
+    from sgrld.experiments.run.launch import speed_text
 
     timing = {"steps_all": 8, "steps_after_skip": 0, "seconds_per_epoch_basis": "estimated ..."}
     timing["sampling_seconds"] = [1.5, 2.0]
-    text = _speed({"timing": timing, "seconds_per_epoch": 12.5})
+    text = speed_text({"timing": timing, "seconds_per_epoch": 12.5})
     assert text.startswith("s/epoch not measured: all 8 updates fall in the first 1000")
     assert text.endswith("sampling took 3.5 s in all")
     timing = {"steps_all": 2000, "steps_after_skip": 1000, "seconds_per_epoch_basis": "mean"}
-    assert _speed({"timing": timing, "seconds_per_epoch": 1.25}) == "1.2500 s/epoch"
+    assert speed_text({"timing": timing, "seconds_per_epoch": 1.25}) == "1.2500 s/epoch"
 
 
 def test_curves_of_a_run_broken_down_before_its_first_sample_say_so() -> None:

@@ -56,6 +56,10 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
 }
 
 
+class UsageError(ValueError):
+    """Bad command-line input, refused before any work (exit status 2)."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that the same clean-up runs; the command exits with 143."""
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.commands import sample
+from sgrld.experiments.run import launch
 from sgrld.experiments.sweep import grid
 from sgrld.experiments.sweep.grid import GridError, Kind, PlannedRun
 
@@ -267,9 +268,9 @@ def run(args: argparse.Namespace) -> int:
                 + (" (--epochs grew: finished runs extend)" * (standing == "grown"))
             )
             return exits.OK
-        data_dir = sample._data_dir(args, {r.config["dataset"] for r in runs})
+        data_dir = launch.data_dir_of(args, {r.config["dataset"] for r in runs})
         if args.engine != "submitit":  # a login node may have no GPU where the jobs will
-            sample._device(args.device)
+            launch.resolve_device(args.device)
         machine = Machine(
             data_dir=os.fspath(data_dir.resolve()) if data_dir is not None else "",
             device=args.device,

@@ -133,3 +133,15 @@ def cli_names(message: str) -> str:
         if message.startswith(word + " "):
             message = "--" + message
     return message
+
+
+def option_text(field: str, value: Any) -> str:
+    """A config value as written on the command line: ``--prior horseshoe``, ``no --subset``."""
+    flag = flag_of(field)
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    if value is None:
+        return f"no {flag}"
+    if isinstance(value, (list, tuple)):
+        return f"{flag} {','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value)}"
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
