@@ -21,6 +21,7 @@ fault.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -203,6 +204,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     io.add_argument("--device", default="cpu", help="cpu, cuda or cuda:K (cpu)")
     io.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    io.add_argument(
+        "--parallel",
+        choices=("none", "ddp"),
+        default="none",
+        help="ddp: one chain over the processes of torchrun --nproc-per-node W (each takes its "
+        "slice of every minibatch; gloo on CPU, NCCL on CUDA); none: this process alone (none)",
+    )
     io.add_argument(
         "--no-graph",
         action="store_true",
@@ -480,11 +488,17 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else default
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} exists and is not a directory")
-        # Held until the run ends: a second run on this --out is refused, not interleaved.
-        with DirectoryLock(out, "sgrld sample"):
+        parallel = launch.join_parallel(args, device, multi)
+        # Held until the run ends: a second run on this --out is refused, not interleaved
+        # (under --parallel by rank 0, for the whole job).
+        with (
+            DirectoryLock(out, "sgrld sample")
+            if parallel is None or parallel.is_main
+            else (contextlib.nullcontext())
+        ):
             if multi:
                 return launch.run_chains_locked(args, configs, device, data_dir, out)
-            return launch.run_locked(args, configs[0], device, data_dir, out)
+            return launch.run_locked(args, configs[0], device, data_dir, out, parallel)
     except (UsageError, DirectoryLockedError) as exc:
         print(f"sgrld sample: error: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ from sgrld.experiments.sweep.grid import GridError, Kind, PlannedRun
 #: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
 MACHINE_OPTIONS = frozenset(
     {"data_dir", "no_verify", "download", "out", "resume", "device", "threads"}
-    | {"no_progress", "no_plot", "chains", "chain_batch", "no_graph"}
+    | {"no_progress", "no_plot", "chains", "chain_batch", "no_graph", "parallel"}
 )
 ENGINES = ("local", "submitit", "submitit-local")
 
@@ -227,6 +227,11 @@ def _check(args: argparse.Namespace) -> None:
         raise GridError("--timeout-min and --cpus-per-job must be >= 1, --gpus-per-job >= 0")
     if args.engine != "submitit" and (args.partition or args.gpus_per_job or args.no_wait):
         raise GridError("--partition, --gpus-per-job and --no-wait need --engine submitit")
+    if getattr(args, "parallel", "none") != "none":
+        raise GridError(
+            "--parallel ddp runs one sample run under torchrun; a sweep's runs are one process "
+            "each (pack runs of a setting with --chains instead)"
+        )
     if args.engine.startswith("submitit"):
         try:
             import submitit  # noqa: F401

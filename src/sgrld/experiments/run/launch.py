@@ -13,12 +13,15 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
 from sgrld.experiments.run.results import SHORT, Results, second_score
+
+if TYPE_CHECKING:
+    from sgrld.experiments.run.parallel import DataParallel
 
 EXIT_IO_ERROR = exits.IO_ERROR
 
@@ -197,12 +200,37 @@ def load_splits(args: argparse.Namespace, config: Any, data_dir: Path | None, ou
     return splits
 
 
+def join_parallel(args: argparse.Namespace, device: Any, multi: bool) -> DataParallel | None:
+    """This process's place in a ``--parallel ddp`` job, or ``None`` for a run of its own.
+
+    Raises:
+        UsageError: ``--parallel`` with ``--chains`` or comma lists, or outside torchrun.
+    """
+    if getattr(args, "parallel", "none") == "none":
+        return None
+    if multi:
+        raise UsageError("--parallel ddp runs one chain over the processes: drop --chains")
+    from sgrld.experiments.run.parallel import DataParallel
+
+    try:
+        return DataParallel.join(device)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run_locked(
-    args: argparse.Namespace, config: Any, device: Any, data_dir: Path | None, out: Path
+    args: argparse.Namespace,
+    config: Any,
+    device: Any,
+    data_dir: Path | None,
+    out: Path,
+    parallel: DataParallel | None = None,
 ) -> int:
     from sgrld.experiments.base.files import remove_stale_temporaries
 
-    remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
+    main = parallel is None or parallel.is_main
+    if main:  # of killed runs; nobody else writes here while we hold it
+        remove_stale_temporaries(out)
     check_out_dir(out, config, args.resume)
     if args.resume:
         refuse_other_threads([out / "results.json"], args.threads)
@@ -212,7 +240,7 @@ def run_locked(
     splits = load_splits(args, config, data_dir, out)
     if splits is None:
         return 2
-    observer = None if args.no_progress else ProgressBar(report_breakdown=False)
+    observer = None if args.no_progress or not main else ProgressBar(report_breakdown=False)
     try:
         results = run_sampling(
             config,
@@ -222,9 +250,12 @@ def run_locked(
             resume=args.resume,
             observer=observer,
             step_mode="eager" if getattr(args, "no_graph", False) else "auto",
+            parallel=parallel,
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc
+    if not main:  # rank 0 reports for the job
+        return 0 if results["status"] == "completed" else 3
     if results["broken_down"] is not None:  # always on stderr, progress bar or not
         from sgrld.experiments.run.single import breakdown_message
 

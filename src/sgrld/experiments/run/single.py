@@ -51,6 +51,7 @@ from sgrld.experiments.run.observers import (
     RunObserver,
     breakdown_message,
 )
+from sgrld.experiments.run.parallel import DataParallel
 from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
 from sgrld.models import potential
@@ -169,8 +170,14 @@ class SamplingRun(RunRecord):
         out_dir: str | os.PathLike[str] | None = None,
         observer: RunObserver | None = None,
         step_mode: str = "auto",
+        parallel: DataParallel | None = None,
     ) -> None:
         device = torch.device(device)
+        self.parallel = parallel
+        if parallel is not None:  # the data-parallel step is the eager loop's
+            if step_mode not in ("auto", "eager"):
+                raise ValueError(f"--parallel ddp runs the eager loop, not step_mode {step_mode!r}")
+            step_mode = "eager"
         self.step_mode = resolve_step_mode(step_mode, config, device)
         super().__init__(config, restrict_splits(splits, config).to(device), device)
         self.out_dir = None if out_dir is None else Path(out_dir)
@@ -248,10 +255,17 @@ class SamplingRun(RunRecord):
             started = self._clock()
             for p in params:
                 p.grad = None
-            loss = potential(self.model, x, y, self.num_data)
-            if not bool(torch.isfinite(loss)):
-                raise _BrokeDown(f"potential is {loss.item()}")
+            if self.parallel is None:
+                loss = potential(self.model, x, y, self.num_data)
+                total = loss
+            else:  # this rank's share; every rank checks the same total
+                loss = self.parallel.potential(self.model, x, y, self.num_data)
+                total = self.parallel.sum(loss)
+            if not bool(torch.isfinite(total)):
+                raise _BrokeDown(f"potential is {total.item()}")
             loss.backward()
+            if self.parallel is not None:
+                self.parallel.sum_gradients(params)
             for p in params:
                 if p.grad is not None:
                     p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
@@ -430,7 +444,7 @@ class SamplingRun(RunRecord):
         self.restore_record(state)
 
     def _save(self) -> None:
-        if self.out_dir is None:
+        if self.out_dir is None or (self.parallel is not None and not self.parallel.is_main):
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         state = self.state_dict()
@@ -451,6 +465,7 @@ def run_sampling(
     resume: bool = False,
     observer: RunObserver | None = None,
     step_mode: str = "auto",
+    parallel: DataParallel | None = None,
 ) -> Results:
     """Run (or, with ``resume``, continue) a sampling run and return its results.
 
@@ -463,12 +478,20 @@ def run_sampling(
             ``config`` except for ``epochs``, which may grow).
         observer: progress hooks.
         step_mode: the loop (:class:`SamplingRun`); ``"auto"`` captures the step on CUDA.
+        parallel: this process's place in a data-parallel job (:mod:`~.run.parallel`): the
+            rank's share of every minibatch, gradients summed over the ranks; rank 0 writes.
 
     Returns:
         The results dict, also in ``out_dir/results.json``.
     """
     run = SamplingRun(
-        config, splits, device=device, out_dir=out_dir, observer=observer, step_mode=step_mode
+        config,
+        splits,
+        device=device,
+        out_dir=out_dir,
+        observer=observer,
+        step_mode=step_mode,
+        parallel=parallel,
     )
     checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
     if resume and checkpoint is not None and checkpoint.is_file():
