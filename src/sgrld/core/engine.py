@@ -118,17 +118,37 @@ def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> Non
     """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
     present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
     if present:
-        _check_each(present)
+        _check_each(present, state.layout)
 
 
-def _check_each(named: list[tuple[str, Tensor]]) -> None:
+def _check_each(named: list[tuple[str, Tensor]], layout: FlatLayout) -> None:
     """The ``"sync"`` check on parameter-shaped gradients: one sum each, one host read."""
-    _refuse_nonfinite(torch.stack([g.sum() for _, g in named]).sum(), lambda: named)
+    sums = torch.stack([g.sum() for _, g in named])
+    if layout.shards is not None:
+        _check_shards(sums, [n for n, _ in named], layout)
+        return
+    _refuse_nonfinite(sums.sum(), lambda: named)
 
 
 def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
     """The ``"sync"`` check on the gathered flat gradient: one reduction, one host read."""
+    if layout.shards is not None:
+        sums = torch.stack([seg.sum() for seg in layout.segments(flat)])
+        _check_shards(sums, names, layout)
+        return
     _refuse_nonfinite(flat.sum(), lambda: list(zip(names, layout.segments(flat), strict=True)))
+
+
+def _check_shards(sums: Tensor, names: Sequence[str], layout: FlatLayout) -> None:
+    """The ``"sync"`` check of sharded gradients: the per-tensor sums of every rank's shard,
+    summed over the ranks (one all-reduce), so that every rank refuses the same step naming the
+    same tensor, whichever rank holds the bad element."""
+    total = layout.sum_(sums)
+    finite = torch.isfinite(total)
+    if bool(finite.all()):
+        return
+    name = names[int((~finite).to(torch.int8).argmax())]
+    raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
 
 def _record_bad(
@@ -142,7 +162,12 @@ def _record_bad(
     """
     # max |g| per tensor and chain (NaN propagates through amax); abs + amax is ~15x faster
     # than the inf-norm kernel on CPU (4 x 478k float32: 0.4 ms against 5.6 ms)
-    peaks = torch.stack([s.abs().amax(dim=-1) for s in layout.segments(grad)], dim=-1)
+    peaks = torch.stack(
+        [s.abs().amax(dim=-1) if s.shape[-1] else s.sum(-1) for s in layout.segments(grad)],
+        dim=-1,
+    )  # an empty shard (a rank FSDP2 gave no rows) has peak 0
+    if layout.shards is not None:  # each rank's peaks summed: NaN/Inf on any rank shows on all
+        peaks = layout.sum_(peaks)
     finite = torch.isfinite(peaks)  # (*batch, P)
     ok = finite.all(dim=-1)
     flags = state.flags
@@ -362,7 +387,7 @@ def advance(
         # exactly as the flat buffer's views, so every number is the general path's.
         grad = None
         if checks == "sync":
-            _check_each(list(zip(sub_layout.names, present, strict=True)))
+            _check_each(list(zip(sub_layout.names, present, strict=True)), sub_layout)
     else:
         grad = work.gather(present)
         if checks == "sync":
@@ -450,6 +475,7 @@ def _restrict(
         tuple(layout.names[i] for i in active),
         tuple(layout.shapes[i] for i in active),
         layout.batch_shape,
+        None if layout.shards is None else layout.shards.restrict(active),
     )
     kinds = metric.stat_kinds(stats)
     index = {i: j for j, i in enumerate(active)}

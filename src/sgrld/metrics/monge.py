@@ -151,16 +151,18 @@ class MongeMetric(Metric):
         m = stats["exp_avg"]
         m.lerp_(grad, 1.0 - self.decay)  # λm + (1−λ)g in one pass
         ms = self._segments(layout, m)
-        stats["sq_norm"].copy_(_dots(ms, ms))
+        stats["sq_norm"].copy_(layout.sum_(_dots(ms, ms)))  # summed over the shards, if any
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         s = stats["sq_norm"]
         ms, gs = self._segments(layout, stats["exp_avg"]), self._segments(layout, grad)
-        a = _dots(ms, gs)
+        if self.fallback_threshold is None:
+            a = layout.sum_(_dots(ms, gs))
+        else:  # ⟨m, g⟩ and ‖g‖² summed over the shards together
+            a, gg = layout.sum_(torch.cat([_dots(ms, gs), _dots(gs, gs)], -1)).chunk(2, -1)
         coef = a * self._inverse_coefficient(s)  # f₋₁ ⟨m, g⟩
         if self.fallback_threshold is not None:
             # ‖G⁻¹g‖² = ‖g + c m‖² = ‖g‖² + c(2a + c s), c = f₋₁a: no extra pass over D.
-            gg = _dots(gs, gs)
             drift_sq = gg + coef * (2.0 * a + coef * s)
             thr = self.fallback_threshold
             fire = drift_sq > thr * thr
@@ -175,7 +177,7 @@ class MongeMetric(Metric):
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
         s = stats["sq_norm"]
         ms, xs = self._segments(layout, stats["exp_avg"]), self._segments(layout, noise)
-        coef = _dots(ms, xs) * self._inverse_sqrt_coefficient(s)  # f₋½ ⟨m, ξ⟩
+        coef = layout.sum_(_dots(ms, xs)) * self._inverse_sqrt_coefficient(s)  # f₋½ ⟨m, ξ⟩
         if self.fallback_threshold is not None:
             inv_c = stats["fallback"]
             fire = inv_c > 0

@@ -1,0 +1,198 @@
+"""One chain sharded by FSDP2 over W processes (gloo, spawned by the test) is the one-process
+chain: every sampler, W = 2 and 3 (uneven shards, and a rank with an empty shard), float64."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import sgrld
+
+NAMES: dict[str, tuple[type[sgrld.SGRLDOptimizer], dict[str, Any]]] = {
+    "sgld": (sgrld.SGLD, {}),
+    "rmsprop": (sgrld.RMSpropSGLD, {}),
+    "wenzel": (sgrld.WenzelSGLD, {"refresh_every": 10}),
+    "monge": (sgrld.MongeSGLD, {"alpha2": 0.5}),
+    "monge_fallback": (sgrld.MongeSGLD, {"alpha2": 0.5, "fallback_threshold": 0.5}),
+    "shampoo": (sgrld.ShampooSGLD, {"block_size": 4, "update_interval": 10}),
+}
+STEPS, BATCH = 100, 12  # 12 rows: an equal slice for each of 1, 2 or 3 ranks
+#: relative bound of a W-rank chain against the one-process chain after STEPS steps
+BOUND = {name: 1e-10 if name == "shampoo" else 1e-12 for name in NAMES}
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+    ).double()
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    data = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, 5, generator=data, dtype=torch.float64)
+    return x, torch.randn(BATCH, 2, generator=data, dtype=torch.float64)
+
+
+def _optimizer(name: str, params: Any, seed: int = 7, **kw: Any) -> sgrld.SGRLDOptimizer:
+    cls, options = NAMES[name]
+    generator = torch.Generator().manual_seed(seed)
+    return cls(params, lr=0.01, num_data=1000, generator=generator, **options, **kw)
+
+
+def _loss(
+    net: Callable[[torch.Tensor], torch.Tensor], step: int, rank: int, world: int
+) -> torch.Tensor:
+    x, y = _batch(step)
+    part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return ((net(x[part]) - y[part]) ** 2).mean()
+
+
+def one_process_chain(name: str, world: int, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """The one-process chain with Philox noise. For Shampoo each tensor is handed to the
+    optimizer as its row chunks at the shard boundaries of ``world`` ranks (the same flat buffer,
+    so the same noise), so that its blocks are the sharded run's: blocks never cross a shard."""
+    model = _model()
+    chunks = world if name == "shampoo" else 1
+    pieces = {
+        n: [c.clone().requires_grad_() for c in p.detach().chunk(chunks)]
+        for n, p in model.named_parameters()
+    }
+    named = [(f"{n}[{i}]", c) for n, cs in pieces.items() for i, c in enumerate(cs)]
+    opt = _optimizer(name, named, noise="philox")
+
+    def net(x: torch.Tensor) -> torch.Tensor:
+        weights = {n: torch.cat(cs) for n, cs in pieces.items()}
+        return torch.func.functional_call(model, weights, (x,))
+
+    for step in range(steps):
+        opt.zero_grad()
+        _loss(net, step, 0, 1).backward()
+        opt.step()
+    return {n: torch.cat(cs).detach() for n, cs in pieces.items()}
+
+
+def sharded_chain(name: str, rank: int, world: int) -> dict[str, torch.Tensor]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    opt = _optimizer(name, model.named_parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        _loss(model, step, rank, world).backward()
+        opt.step()
+    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+
+
+def _worker(rank: int, world: int, store: str, out: str, case: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    result: dict[str, Any] = {}
+    try:
+        result = CASES[case](rank, world, Path(out))
+    except Exception:
+        result = {"crash": traceback.format_exc()}
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+
+
+def _same(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {name: sharded_chain(name, rank, world) for name in NAMES}
+
+
+def _nan(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """A NaN in rank 1's shard of one gradient at step 3: every rank refuses that step."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    opt = _optimizer("monge", model.named_parameters())
+    for step in range(3):
+        opt.zero_grad()
+        _loss(model, step, rank, world).backward()
+        if step == 2 and rank == 1:
+            model[2].weight.grad.to_local()[0, 3] = float("nan")  # type: ignore[index]
+        before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+        try:
+            opt.step()
+        except sgrld.NonFiniteGradientError as exc:
+            after = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+            unchanged = all(torch.equal(before[n], after[n]) for n in before)
+            return {"step": step, "error": str(exc), "unchanged": unchanged}
+    return {"step": None}
+
+
+def _seeds(rank: int, world: int, out: Path) -> dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    opt = _optimizer("sgld", model.parameters(), seed=7 + rank)
+    _loss(model, 0, rank, world).backward()
+    try:
+        opt.step()
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+CASES = {"same": _same, "nan": _nan, "seeds": _seeds}
+
+
+def spawn(tmp_path: Path, world: int, case: str) -> list[dict[str, Any]]:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = tmp_path / f"store-{case}-{world}"
+    mp.spawn(_worker, args=(world, str(store), str(tmp_path), case), nprocs=world)
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for r in results:
+        assert "crash" not in r, r.get("crash")
+    return results
+
+
+def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a − b| / max |b| over every tensor (0 when equal)."""
+    diff = max(float((a[n] - b[n]).detach().abs().max()) for n in b)
+    return diff / max(float(b[n].abs().max()) for n in b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_chain_is_the_one_process_chain(tmp_path: Path, world: int) -> None:
+    """FSDP2 over W ranks, 100 steps of every sampler: every rank holds the same chain, and it
+    is the one-process chain up to the order of the sums over the ranks (the bounds)."""
+    ranks = spawn(tmp_path, world, "same")
+    for name in NAMES:
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], ranks[0][name][n]) for n in ranks[0][name])
+        alone = one_process_chain(name, world)
+        error = relative_error(ranks[0][name], alone)
+        assert error <= BOUND[name], (name, world, error)
+        moved = relative_error(alone, {n: p.detach() for n, p in _model().named_parameters()})
+        assert moved > 1e-3, name  # the chain moved: the comparison is not of two starts
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    ranks = spawn(tmp_path, 2, "nan")
+    assert [r["step"] for r in ranks] == [2, 2]
+    assert ranks[0]["error"] == ranks[1]["error"]
+    assert "'2.weight' contains NaN or Inf" in ranks[0]["error"]
+    assert all(r["unchanged"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_shards_seeded_differently_are_refused_on_every_rank(tmp_path: Path) -> None:
+    ranks = spawn(tmp_path, 2, "seeds")
+    messages = [r["error"] for r in ranks]
+    assert messages[0] is not None and "rank(s) [1] differs from rank 0's" in messages[0]
+    assert messages[0] == messages[1]
