@@ -29,6 +29,21 @@ STEPS, BATCH = 100, 12  # 12 rows: an equal slice for each of 1, 2 or 3 ranks
 BOUND = {name: 1e-10 if name == "shampoo" else 1e-12 for name in NAMES}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_shards_noise_is_the_one_process_noise_at_its_global_indices(dtype: torch.dtype) -> None:
+    """Runs of the one-process buffer that start mid-counter, end mid-counter, are empty or are
+    one element: each value is the one-process value at its global index, bit for bit."""
+    from sgrld.core.noise import NoiseBuffer
+
+    keys, step = torch.tensor([[5, 9]]), torch.tensor(11)
+    whole = NoiseBuffer((40,), dtype, torch.device("cpu")).draw(None, "philox", keys, step)
+    runs = [(3, 6), (9, 0), (17, 1), (20, 13), (38, 2)]
+    shard = NoiseBuffer((22,), dtype, torch.device("cpu"), runs)
+    got = shard.draw(None, "philox", keys, step)
+    expect = torch.cat([whole[a : a + n] for a, n in runs])
+    assert torch.equal(got, expect)
+
+
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(

@@ -94,15 +94,14 @@ def _philox_normal(
     out.copy_(_normals(key, index, step, out.dtype))
 
 
-def _philox_normal_at(key: Tensor, out: Tensor, elements: Tensor, step: Tensor) -> None:
-    """Fill the 1-d ``out`` with the normals that the one-process buffer holds at the indices
-    ``elements`` (int64, ``out``'s shape): value ``e`` is value ``e mod width`` of counter
-    ``⌊e / width⌋``, the same arithmetic as :func:`_philox_normal` (a shard's noise,
-    :mod:`sgrld.core.shards`). ``key`` is (1, 2)."""
-    width = values_per_counter(out.dtype)
-    values = _normals(key, elements // width, step, out.dtype)  # (1, n, width)
-    lanes = (elements % width).view(1, -1, 1)
-    out.copy_(values.gather(-1, lanes).view(-1))
+def _philox_normal_at(
+    key: Tensor, out: Tensor, counters: Tensor, picks: Tensor, step: Tensor
+) -> None:
+    """Fill the 1-d ``out`` with chosen normals of the ``counters`` (int64, (r,)): value j of
+    ``out`` is value ``picks[j]`` of the flattened (r, width) normals — the same arithmetic as
+    :func:`_philox_normal` (a shard's noise: :class:`NoiseBuffer`). ``key`` is (1, 2)."""
+    values = _normals(key, counters, step, out.dtype).reshape(-1)
+    out.copy_(values.index_select(0, picks))
 
 
 def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -185,15 +184,17 @@ def philox_normal_(
     _philox_normal(key, blocks, 0, step)
 
 
-def philox_normal_at_(flat: Tensor, key: Tensor, elements: Tensor, step: Tensor) -> None:
-    """Fill the 1-d ``flat`` with the one-process buffer's normals at ``elements``
-    (:func:`_philox_normal_at`), compiled as :func:`philox_normal_` is (eagerly without a
+def philox_normal_at_(
+    flat: Tensor, key: Tensor, counters: Tensor, picks: Tensor, step: Tensor
+) -> None:
+    """:func:`_philox_normal_at`, compiled as :func:`philox_normal_` is (eagerly without a
     compiler, after its warning)."""
     global _compile_failed
     if not _compile_failed and not torch.compiler.is_compiling():
         try:
             with quiet_compile(), torch.no_grad(), _float32_default():
-                _kernel(_philox_normal_at)(key.reshape(1, 2), flat.detach(), elements, step)
+                args = (counters, picks, step)
+                _kernel(_philox_normal_at)(key.reshape(1, 2), flat.detach(), *args)
             return
         except Exception as exc:  # as in philox_normal_
             _compile_failed = True
@@ -203,7 +204,7 @@ def philox_normal_at_(flat: Tensor, key: Tensor, elements: Tensor, step: Tensor)
                 RuntimeWarning,
                 stacklevel=3,
             )
-    _philox_normal_at(key.reshape(1, 2), flat, elements, step)
+    _philox_normal_at(key.reshape(1, 2), flat, counters, picks, step)
 
 
 def keys_from_generator(
@@ -248,14 +249,25 @@ class NoiseBuffer:
         # contiguous unless several chains each need padding (then a view with a row stride)
         self.flat = storage[:, :numel].view(*batch, numel)
         self.blocks = storage.view(chains, rows, width)
-        # sharded (one chain): each (start, count) run of the one-process buffer that this
-        # buffer holds, as the global index of every element (sgrld.core.shards)
-        self.elements: Tensor | None = None
+        # sharded (one chain): this buffer holds the (start, count) runs of the one-process
+        # buffer (sgrld.core.shards); it draws the counters that cover each run, and picks the
+        # run's values out of them (one index per element)
+        self.picks: Tensor | None = None
         if segments is not None:
             if batch:
                 raise ValueError("sharded noise is for one chain")
-            runs = [torch.arange(a, a + n, dtype=torch.int64, device=device) for a, n in segments]
-            self.elements = torch.cat(runs) if runs else torch.zeros(0, dtype=torch.int64)
+            counters, picks, drawn = [], [], 0
+            for start, count in segments:
+                if count == 0:
+                    continue
+                first, last = start // width, (start + count - 1) // width
+                counters.append(torch.arange(first, last + 1, dtype=torch.int64, device=device))
+                skip = drawn + start - first * width
+                picks.append(torch.arange(skip, skip + count, dtype=torch.int64, device=device))
+                drawn += (last + 1 - first) * width
+            none = torch.zeros(0, dtype=torch.int64, device=device)
+            self.counters = torch.cat(counters) if counters else none
+            self.picks = torch.cat(picks) if picks else none
 
     def draw(
         self,
@@ -270,7 +282,7 @@ class NoiseBuffer:
         (*batch, 2) and the ``step`` count (0-d int64 tensor).
         """
         if source == "torch":
-            if self.elements is not None:
+            if self.picks is not None:
                 raise ValueError(
                     "sharded parameters need noise='philox': a generator's stream cannot be "
                     "drawn at a shard's global indices, so the ranks would not form one chain"
@@ -278,8 +290,8 @@ class NoiseBuffer:
             return self.flat.normal_(generator=generator)
         if keys is None or step is None:
             raise ValueError("philox noise needs the chains' keys and the step count")
-        if self.elements is not None:
-            philox_normal_at_(self.flat, keys, self.elements, step)
+        if self.picks is not None:
+            philox_normal_at_(self.flat, keys, self.counters, self.picks, step)
             return self.flat
         philox_normal_(self.blocks, keys.reshape(-1, 2), step)
         return self.flat
