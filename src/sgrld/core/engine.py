@@ -44,6 +44,7 @@ from torch import Tensor
 from sgrld.core.integrator import euler_maruyama
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
+from sgrld.core.shards import SumsAhead
 from sgrld.core.state import SamplerState, Workspace
 from sgrld.metrics.base import Metric, Stats
 from sgrld.metrics.identity import IdentityMetric
@@ -143,7 +144,11 @@ def _check_shards(sums: Tensor, names: Sequence[str], layout: FlatLayout) -> Non
     """The ``"sync"`` check of sharded gradients: the per-tensor sums of every rank's shard,
     summed over the ranks (one all-reduce), so that every rank refuses the same step naming the
     same tensor, whichever rank holds the bad element."""
-    total = layout.sum_(sums)
+    _refuse_shards(layout.sum_(sums), names)
+
+
+def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
+    """Refuse unless every tensor's gradient sum over the ranks (``total``) is finite."""
     finite = torch.isfinite(total)
     if bool(finite.all()):
         return
@@ -182,6 +187,37 @@ def _record_bad(
     flags[..., 1] = torch.where(new, bad_tensor, flags[..., 1])
     # a chain stays frozen from its first bad step on (the error is raised at the next read)
     return (ok & first).unsqueeze(-1)
+
+
+def _sum_ahead(
+    metric: Metric,
+    stats: Stats,
+    layout: FlatLayout,
+    grad: Tensor,
+    xi: Tensor | None,
+    adapt: bool,
+    check: bool,
+) -> None:
+    """Sharded parameters: the finite check's per-tensor sums and the metric's sums of this
+    step (:class:`~sgrld.core.shards.SumsAhead`) in one all-reduce, before anything changes; a
+    bad gradient is refused here, on every rank alike; the metric takes its sums by name."""
+    shards = layout.shards
+    assert shards is not None
+    shards.ahead.clear()
+    ahead: dict[str, Tensor] = {}
+    if isinstance(metric, SumsAhead):
+        ahead = metric.sums_ahead(stats, layout, grad, xi, adapt)
+    parts = [torch.stack([seg.sum() for seg in layout.segments(grad)])] if check else []
+    parts += [v.reshape(-1) for v in ahead.values()]
+    if not parts:
+        return
+    total = shards.sum_(torch.cat(parts))
+    if check:
+        _refuse_shards(total[: len(layout.names)], layout.names)
+        total = total[len(layout.names) :]
+    sizes = [v.numel() for v in ahead.values()]
+    for (name, v), part in zip(ahead.items(), total.split(sizes), strict=True):
+        shards.ahead[name] = part.view_as(v)
 
 
 def check(state: SamplerState, label: str = "") -> None:
@@ -390,7 +426,7 @@ def advance(
             _check_each(list(zip(sub_layout.names, present, strict=True)), sub_layout)
     else:
         grad = work.gather(present)
-        if checks == "sync":
+        if checks == "sync" and sub_layout.shards is None:  # sharded: with the sums, below
             _check_now(sub_layout.names, sub_layout, grad)
         elif checks == "deferred":
             ok = _record_bad(state, sub_layout, grad, None if sub_layout is layout else active)
@@ -416,6 +452,8 @@ def advance(
         state.step = step
         state.device_step.add_(1)
         return
+    if sub_layout.shards is not None and checks != "deferred":
+        _sum_ahead(metric, stats, sub_layout, grad, xi, adapt, checks == "sync")
     if xi is not None and ok is not None:
         xi.masked_fill_(~ok, 0.0)
     saved = None
@@ -433,6 +471,8 @@ def advance(
     if not fused:
         args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
         body(*args, adapt, due, work.views, telemetry)
+    if sub_layout.shards is not None:
+        sub_layout.shards.ahead.clear()
     if saved is not None and ok is not None:
         for k, v in stats.items():  # a bad chain's statistics as they were
             keep = ok.reshape(*ok.shape[:-1], *([1] * (v.dim() - ok.dim() + 1)))

@@ -73,10 +73,11 @@ class FlatLayout:
     def empty(self, dtype: torch.dtype, device: torch.device | str) -> Tensor:
         return torch.empty((*self.batch_shape, self.size), dtype=dtype, device=device)
 
-    def sum_(self, partial: Tensor) -> Tensor:
+    def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:
         """``partial`` summed over the ranks that hold the shards (in place); itself when the
-        tensors are whole. Metrics pass their local sums through it (:mod:`sgrld.core.shards`)."""
-        return partial if self.shards is None else self.shards.sum_(partial)
+        tensors are whole. Metrics pass their local sums through it, under the ``name`` their
+        ``sums_ahead`` gives them (:mod:`sgrld.core.shards`)."""
+        return partial if self.shards is None else self.shards.sum_(partial, name)
 
     @property
     def full_numels(self) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -50,6 +50,25 @@ def rows_of(size: int, world: int, coordinate: int) -> tuple[int, int]:
     return start, min(size, start + chunk) - start
 
 
+@runtime_checkable
+class SumsAhead(Protocol):
+    """A metric whose sums over the parameters can be taken before its step runs.
+
+    Under sharding the engine calls :meth:`sums_ahead` once the gradient and ξ are known and
+    before anything changes, and all-reduces its result together with the finite check: one
+    collective per step. The metric's own calls ``layout.sum_(local, name)`` then take the sum
+    named ``name`` instead of sending their own.
+    """
+
+    def sums_ahead(
+        self, stats: dict[str, Tensor], layout: Any, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """This rank's shares of the step's sums, by the names the metric passes to ``sum_``,
+        exactly as its ``update`` (if ``adapt``), ``inverse`` and ``inverse_sqrt`` (if ``noise``
+        is drawn) would compute them."""
+        ...
+
+
 @dataclass(frozen=True)
 class ShardSpec:
     """Where one group's local shards lie in the one-process chain's flat buffer.
@@ -73,6 +92,9 @@ class ShardSpec:
     world: int
     mesh: Any = field(compare=False, repr=False)
     placements: tuple[Any, ...] = field(compare=False, repr=False)
+    #: this step's sums, summed ahead by the engine (:class:`SumsAhead`), by name; consumed
+    #: by :meth:`sum_`, emptied at the end of each step
+    ahead: dict[str, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def of(names: Sequence[str], params: Sequence[Tensor]) -> ShardSpec | None:
@@ -141,12 +163,15 @@ class ShardSpec:
             self.placements,
         )
 
-    def sum_(self, partial: Tensor) -> Tensor:
+    def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:
         """Sum ``partial`` (each rank's share of some sums) over the mesh, in place; returns it.
 
-        The one collective of the samplers' maths: one ``all_reduce`` of a small vector."""
+        One ``all_reduce`` of a small vector — unless the engine summed it ahead under ``name``
+        this step (:class:`SumsAhead`): then that sum is taken and nothing is sent."""
         import torch.distributed as dist
 
+        if name is not None and name in self.ahead:
+            return partial.copy_(self.ahead.pop(name))
         dist.all_reduce(partial, group=self.mesh.get_group())
         return partial
 
