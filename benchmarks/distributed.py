@@ -1,9 +1,9 @@
 """Step time, memory and collectives per rank of one chain sharded by FSDP2 over W ranks.
 
 For W = 1 (one process, no process group: the baseline) and W = 2 (FSDP2, gloo on CPU), every
-sampler, two models — the MLP 784-400-400-10 (float32) and the transformer of
-``examples/transformer_fsdp.py`` (its last layer and head sampled) — it measures, side by side
-in one run:
+sampler, three models — the MLP 784-400-400-10 (batch 128), the transformer of
+``examples/transformer_fsdp.py`` (its last layer and head sampled) and ResNet-20 (batch 32 of
+32×32 images), float32 — it measures, side by side in one run:
 
 * the time of a whole training step (forward, backward, ``opt.step()``) and of ``opt.step()``
   alone (median over the timed steps, after warm-up steps that compile the noise kernel),
@@ -91,7 +91,33 @@ def transformer() -> tuple[nn.Module, list[str], Callable[[nn.Module, int, int, 
     return model, sampled, loss
 
 
-MODELS = {"mlp": mlp, "transformer": transformer}
+def resnet20() -> tuple[nn.Module, list[str], Callable[[nn.Module, int, int, int], Tensor]]:
+    from sgrld.models.resnet20 import ResNet20
+
+    torch.manual_seed(0)
+    model = ResNet20()
+
+    def loss(net: nn.Module, step: int, rank: int, world: int) -> Tensor:
+        data = torch.Generator().manual_seed(step)
+        x, y = torch.randn(32, 3, 32, 32, generator=data), torch.randint(10, (32,), generator=data)
+        part = slice(rank * 32 // world, (rank + 1) * 32 // world)
+        return nn.functional.cross_entropy(net(x[part]), y[part])
+
+    return model, [n for n, _ in model.named_parameters()], loss
+
+
+MODELS = {"mlp": mlp, "transformer": transformer, "resnet20": resnet20}
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded (and all-gathered) one at a time: the transformer's layers, the
+    ResNet's blocks; then the root holds the rest."""
+    layers, stages = getattr(model, "layers", None), getattr(model, "stages", None)
+    if isinstance(layers, nn.ModuleList):
+        return list(layers.children())
+    if isinstance(stages, nn.Sequential):
+        return [block for stage in stages.children() for block in stage.children()]
+    return []
 
 
 @contextmanager
@@ -121,7 +147,7 @@ def measure(model_name: str, sampler: str, rank: int, world: int, steps: int,
     if world > 1:
         from torch.distributed.fsdp import fully_shard
 
-        for module in getattr(model, "layers", []):
+        for module in units(model):
             fully_shard(module)
         fully_shard(model)
     named = [(n, p) for n, p in model.named_parameters() if n in sampled]
