@@ -35,8 +35,8 @@ demo: venv
 	$(BIN)/sgrld demo --force  # replaces the previous demo outputs in out/demo
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/ruff format --check src tests benchmarks examples scripts
 
 types: venv
 	$(BIN)/mypy

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from sgrld.experiments.funnel import FunnelConfig, print_table, write_outputs
-from sgrld.experiments.funnel_exact import run_current
+from sgrld.experiments.funnel.exact import run_current
+from sgrld.experiments.funnel.run import FunnelConfig, print_table, write_outputs
 from sgrld.metrics import MongeMetric
 
 

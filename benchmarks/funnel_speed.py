@@ -34,7 +34,7 @@ import torch
 import sgrld
 from sgrld.core.multistep import BlockRunner
 from sgrld.data.funnel import FunnelTarget
-from sgrld.experiments import funnel
+from sgrld.experiments.funnel import run as funnel
 
 
 def eager_us_per_step(name: str, steps: int) -> float:

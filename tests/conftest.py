@@ -1,11 +1,11 @@
-"""Shared fixtures: the sampler registry every contract test runs over (cf. torch's optim_db)."""
+"""Shared fixtures: every sampler of the registry with its test case (cf. torch's optim_db)."""
 
 from __future__ import annotations
 
 import io
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sgrld
+from metric_cases import CASES, MetricCase
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,32 +24,27 @@ torch.set_num_threads(1)
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    """How to build one sampler through the facade and through the functional core."""
+    """How to build one registered sampler through the facade and through the functional core."""
 
-    name: str
-    optimizer: Callable[..., sgrld.SGRLDOptimizer]
-    metric: str
-    options: dict[str, Any] = field(default_factory=dict)  # facade kwargs == metric kwargs
+    name: str  # the registry name
+    case: MetricCase
+
+    @property
+    def options(self) -> dict[str, Any]:  # facade kwargs == metric kwargs
+        return self.case.options
 
     def make_optimizer(self, params: Any, **kw: Any) -> sgrld.SGRLDOptimizer:
-        return self.optimizer(params, **{**self.options, **kw})
+        kw = {**self.options, **kw}
+        if self.case.facade is None:
+            return sgrld.SGRLDOptimizer(params, metric=self.name, **kw)
+        return self.case.facade(params, **kw)
 
     def make_sampler(self, **kw: Any) -> sgrld.Sampler:
-        return sgrld.build(self.metric, **{**self.options, **kw})
+        return sgrld.build(self.name, **{**self.options, **kw})
 
 
-SAMPLERS = [
-    SamplerSpec("sgld", sgrld.SGLD, "identity"),
-    SamplerSpec("rmsprop", sgrld.RMSpropSGLD, "rmsprop", {"decay": 0.9, "eps": 1e-8}),
-    SamplerSpec("wenzel", sgrld.WenzelSGLD, "wenzel", {"decay": 0.9}),
-    SamplerSpec("monge", sgrld.MongeSGLD, "monge", {"alpha2": 2.0, "decay": 0.8}),
-    SamplerSpec(
-        "shampoo",
-        sgrld.ShampooSGLD,
-        "shampoo",
-        {"decay": 0.9, "eps": 1e-4, "block_size": 4, "update_interval": 3},
-    ),
-]
+#: every metric of the registry, with its test case (``tests/metric_cases.py``)
+SAMPLERS = [SamplerSpec(name, CASES[name]) for name in sgrld.metric_names()]
 
 
 @pytest.fixture(params=SAMPLERS, ids=[s.name for s in SAMPLERS])

@@ -1,17 +1,17 @@
 """The conformance registry: every sgrld optimizer with its option sets (cf. torch's ``optim_db``).
 
-One :class:`OptimizerInfo` per metric of :func:`sgrld.metric_names`, so a new metric is
-picked up by ``tests/test_conformance.py`` with no edit here: it runs through the generic
-:class:`sgrld.SGRLDOptimizer` facade until it gets a named one in :data:`FACADES`, and with the
-option sets every sampler has (:data:`COMMON_OPTIONS`) until it gets its own in
-:data:`METRIC_OPTIONS`. The model, the gradients and the training loop the generic cases share
-live here too, so that every case drives the optimizers the same way.
+One :class:`OptimizerInfo` per metric of :func:`sgrld.metric_names`, built from its case in
+``tests/metric_cases.py`` (its facade, its base options and its own option sets), so a new
+metric is picked up by ``tests/test_conformance.py`` with no edit here: it runs through
+``SGRLDOptimizer(metric=<name>)`` when it has no named facade, with the option sets every
+sampler has (:data:`COMMON_OPTIONS`) on top of its own. The model, the gradients and the training
+loop the generic cases share live here too, so that every case drives the optimizers the same
+way.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,45 +19,16 @@ import torch
 from torch import nn
 
 import sgrld
+from metric_cases import CASES as METRIC_CASES
 
 LR = 0.05
 NUM_DATA = 50
-
-#: the facade class of each metric; a metric missing here runs through SGRLDOptimizer(metric=)
-FACADES: dict[str, type[sgrld.SGRLDOptimizer]] = {
-    "identity": sgrld.SGLD,
-    "rmsprop": sgrld.RMSpropSGLD,
-    "wenzel": sgrld.WenzelSGLD,
-    "monge": sgrld.MongeSGLD,
-    "shampoo": sgrld.ShampooSGLD,
-}
-
-#: options every set of a metric starts from: small enough that the tests reach the metric's
-#: scheduled parts (Shampoo's blocks and root refreshes, Wenzel's refresh) within a few steps
-BASE_OPTIONS: dict[str, dict[str, Any]] = {
-    "wenzel": {"refresh_every": 3},
-    "monge": {"alpha2": 2.0, "decay": 0.8},
-    "shampoo": {"eps": 1e-4, "block_size": 2, "update_interval": 2},
-}
 
 #: option sets of every sampler (name → options on top of the metric's base options)
 COMMON_OPTIONS: dict[str, dict[str, Any]] = {
     "default": {},
     "philox": {"noise": "philox"},
     "capturable": {"capturable": True},
-}
-
-#: each metric's own option sets
-METRIC_OPTIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "rmsprop": {"bias_correction": {"bias_correction": True}},
-    "monge": {
-        "normalized": {"alpha2_rule": "normalized", "alpha2": 0.5},
-        "tensor_scope": {"scope": "tensor"},
-    },
-    "shampoo": {
-        "vectors": {"precondition_vectors": True, "block_size": 3},
-        "even_tiling": {"tiling": "even", "block_size": 3},
-    },
 }
 
 #: group keys an optimizer gained after its first release: a state dict written before may lack
@@ -72,15 +43,14 @@ class OptimizerInfo:
     metric: str
     option_sets: dict[str, dict[str, Any]]
 
-    @property
-    def facade(self) -> Callable[..., sgrld.SGRLDOptimizer]:
-        return FACADES.get(self.metric) or self.generic
+    def facade(self, params: Any, **kw: Any) -> sgrld.SGRLDOptimizer:
+        """The metric's named facade class, or :meth:`generic` where it has none."""
+        named = METRIC_CASES[self.metric].facade
+        return (named or self.generic)(params, **kw)
 
     def generic(self, params: Any, **kw: Any) -> sgrld.SGRLDOptimizer:
-        """SGRLDOptimizer with the metric built from the options that are its fields."""
-        fields = {f.name for f in dataclasses.fields(sgrld.get_metric(self.metric))}  # type: ignore[arg-type]
-        metric_kw = {k: kw.pop(k) for k in list(kw) if k in fields}
-        return sgrld.SGRLDOptimizer(params, metric=sgrld.get_metric(self.metric)(**metric_kw), **kw)
+        """SGRLDOptimizer with the metric named, built from the options that are its fields."""
+        return sgrld.SGRLDOptimizer(params, metric=self.metric, **kw)
 
     def make(self, params: Any, option_set: str = "default", **kw: Any) -> sgrld.SGRLDOptimizer:
         """The optimizer with ``option_set``; ``kw`` (lr, temperature, generator, ...) on top."""
@@ -89,8 +59,8 @@ class OptimizerInfo:
 
 
 def _info(metric: str) -> OptimizerInfo:
-    base = BASE_OPTIONS.get(metric, {})
-    sets = {**COMMON_OPTIONS, **METRIC_OPTIONS.get(metric, {})}
+    base = METRIC_CASES[metric].conformance_base
+    sets = {**COMMON_OPTIONS, **METRIC_CASES[metric].conformance_sets}
     return OptimizerInfo(metric, {name: {**base, **opts} for name, opts in sets.items()})
 
 

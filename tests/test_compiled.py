@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -9,16 +10,20 @@ import pytest
 import torch
 
 import sgrld
-from conftest import check_resume_is_bit_identical
+from conftest import SAMPLERS, check_resume_is_bit_identical
 from sgrld.core import compiled as compiled_mod
 
+#: every compilable metric of the registry (:attr:`Metric.compilable`) with its test options,
+#: and RMSprop's bias correction with counter-based noise
 MAKERS: dict[str, Callable[..., sgrld.SGRLDOptimizer]] = {
-    "sgld": lambda p, **kw: sgrld.SGLD(p, lr=0.05, num_data=20, **kw),
-    "rmsprop": lambda p, **kw: sgrld.RMSpropSGLD(p, lr=0.005, num_data=20, decay=0.9, **kw),
+    **{
+        s.name: functools.partial(s.make_optimizer, lr=0.005, num_data=20)
+        for s in SAMPLERS
+        if sgrld.get_metric(s.name).compilable
+    },
     "rmsprop-bc-philox": lambda p, **kw: sgrld.RMSpropSGLD(
         p, lr=0.005, num_data=20, decay=0.9, bias_correction=True, noise="philox", **kw
     ),
-    "wenzel": lambda p, **kw: sgrld.WenzelSGLD(p, lr=0.05, num_data=20, decay=0.9, **kw),
 }
 TOL = {torch.float64: {"rtol": 1e-10, "atol": 1e-12}, torch.float32: {"rtol": 1e-5, "atol": 1e-6}}
 

@@ -14,6 +14,7 @@ from conftest import (
     state_tensors,
     statistics,
 )
+from sgrld.metrics import ALIASES
 
 N = 50
 
@@ -60,19 +61,7 @@ def test_bad_common_arguments(spec: SamplerSpec, arg: str, value: float) -> None
         spec.make_sampler(**kw)
 
 
-BAD_SPECIFIC = [
-    ("rmsprop", "decay", 1.0),
-    ("rmsprop", "decay", -0.1),
-    ("rmsprop", "eps", -1e-8),
-    ("wenzel", "decay", 1.5),
-    ("wenzel", "eps", -1.0),
-    ("monge", "alpha2", -0.5),
-    ("monge", "decay", 1.0),
-    ("shampoo", "decay", 1.0),
-    ("shampoo", "eps", -1.0),
-    ("shampoo", "block_size", 0),
-    ("shampoo", "update_interval", 0),
-]
+BAD_SPECIFIC = [(s.name, arg, value) for s in SAMPLERS for arg, value in s.case.bad_options]
 
 
 @pytest.mark.parametrize(("name", "arg", "value"), BAD_SPECIFIC)
@@ -266,9 +255,13 @@ def test_freeze_metric_keeps_statistics(spec: SamplerSpec) -> None:
 
 
 def test_registry_names() -> None:
-    assert sgrld.metric_names() == ["identity", "monge", "rmsprop", "shampoo", "wenzel"]
+    assert [s.name for s in SAMPLERS] == sgrld.metric_names()
+    for name in sgrld.metric_names():
+        assert sgrld.get_metric(name).name == name
+    for alias, name in ALIASES.items():
+        assert sgrld.build(alias.upper(), lr=0.1, num_data=1).metric == sgrld.get_metric(name)()
     with pytest.raises(ValueError, match="unknown sampler"):
-        sgrld.build("adam", lr=0.1, num_data=1)
+        sgrld.build("nosuchsampler", lr=0.1, num_data=1)
 
 
 def test_a_step_allocates_no_parameter_sized_memory(spec: SamplerSpec) -> None:

@@ -28,7 +28,7 @@ def _setup(
     options = dict(spec.options)
     if spec.name == "shampoo":
         options["update_interval"] = 7
-    opt = spec.optimizer(
+    opt = spec.make_optimizer(
         model.parameters(),
         lr=torch.tensor(0.01, device=DEVICE),
         num_data=1000,
@@ -231,7 +231,7 @@ def test_runner_graph_equals_eager_loop(sampler: str) -> None:
     """120 updates (a short last batch each epoch, Shampoo's refresh at update 100, Wenzel's at
     each epoch end): the captured loop gives the eager loop's results within float32 rounding
     and the uncaptured deferred loop's to the same kernels."""
-    from sgrld.experiments.runner import SamplingRun
+    from sgrld.experiments.run.single import SamplingRun
     from test_runner_graph import counts, gap
 
     c = _runner_config(sampler)
@@ -252,7 +252,7 @@ def test_runner_graph_equals_eager_loop(sampler: str) -> None:
 def test_runner_graph_has_no_host_sync_between_samples() -> None:
     """Between two samples a captured step reads nothing on the host: torch's sync debug mode
     set to "error" for updates 16-19 (samples at 15 and 20; no refresh due) raises on any."""
-    from sgrld.experiments.runner import RunObserver, SamplingRun
+    from sgrld.experiments.run.single import RunObserver, SamplingRun
     from test_runner import synthetic_splits, tiny_config
 
     class NoSync(RunObserver):
@@ -285,7 +285,7 @@ def test_runner_graph_has_no_host_sync_between_samples() -> None:
 def test_runner_graph_breakdown_and_resume(tmp_path: Any) -> None:
     """A breakdown while replaying is recorded at its update, as by the eager loop; a run killed
     mid-epoch resumes (capturing again) to the uninterrupted run's results."""
-    from sgrld.experiments.runner import run_sampling
+    from sgrld.experiments.run.single import run_sampling
     from test_runner import KillAt
     from test_runner_graph import PoisonAfter, counts, failing_update, gap
 
@@ -322,7 +322,7 @@ def test_runner_nan_gradient_under_a_finite_potential_on_cuda(
     """A NaN gradient whose potential is finite: every loop on CUDA records the breakdown at its
     update (the eager loop refuses the step at once, the deferred and captured loops read the
     device flags before the next sample) and writes its checkpoint."""
-    from sgrld.experiments.runner import CHECKPOINT_FILE, load_checkpoint, run_sampling
+    from sgrld.experiments.run.single import CHECKPOINT_FILE, load_checkpoint, run_sampling
     from test_runner_graph import MarkAfter, counts, failing_update, patch_potential
 
     patch_potential(monkeypatch)

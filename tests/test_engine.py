@@ -4,6 +4,7 @@ scalars, capturable steps, per-chain keys and step sizes, and the facade's valid
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 import warnings
@@ -13,6 +14,7 @@ import torch
 
 import sgrld
 from conftest import SAMPLERS, SamplerSpec, quadratic_problem
+from metric_cases import CASES
 from sgrld.core import NonFiniteGradientError
 
 N = 50
@@ -417,7 +419,7 @@ def test_group_metric_options_are_honoured(spec: SamplerSpec) -> None:
     kw = {"lr": 0.05, "num_data": N, "temperature": 0.0}
     grouped = spec.make_optimizer([{"params": a[:2]}, {"params": a[2:], key: other}], **kw)
     first = spec.make_optimizer(b[:2], **kw)
-    second = spec.optimizer(b[2:], **{**spec.options, key: other, **kw})
+    second = spec.make_optimizer(b[2:], **{key: other, **kw})
     assert getattr(grouped._group_metric(grouped.param_groups[1]), key) == other
     for t in range(5):
         for ps in (a, b):
@@ -495,7 +497,7 @@ FAULTS += ["unknown", "foreign", "no_state"]
 @pytest.mark.parametrize("fault", FAULTS)
 def test_load_state_dict_is_atomic(spec: SamplerSpec, fault: str) -> None:
     """A refused dict leaves the optimizer byte-identical (state, groups, generator)."""
-    if spec.name == "sgld" and fault in ("nan", "dtype", "missing", "shapes"):
+    if spec.name == "identity" and fault in ("nan", "dtype", "missing", "shapes"):
         pytest.skip("the identity metric has no statistics")
     source, _ = _trained(spec)
     target, _ = _trained(spec)
@@ -589,6 +591,15 @@ def test_deferred_checks_handle_parameters_without_gradient(spec: SamplerSpec) -
     assert _same(before, _copy(state))
     with pytest.raises(NonFiniteGradientError, match="'c'"):
         sampler.check(state)
+
+
+def test_deferred_checks_with_rmsprop_bias_correction() -> None:
+    """RMSprop's 1 − λᵗ is the same whether the step count is an int (sync checks) or a 0-d
+    device tensor (deferred checks, as compiled and captured steps have it)."""
+    case = CASES["rmsprop"]
+    options = {**case.options, "bias_correction": True}
+    spec = SamplerSpec("rmsprop", dataclasses.replace(case, options=options))
+    test_deferred_checks_handle_parameters_without_gradient(spec)
 
 
 # --------------------------------------------------------------------- SGLD's direct path

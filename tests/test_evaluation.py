@@ -11,10 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from sgrld.evaluation.calibration import (
-    expected_calibration_error,
-    reliability_bins,
-)
 from sgrld.evaluation.curvature import measure_curvature
 from sgrld.evaluation.ensemble import EnsemblePredictive
 from sgrld.evaluation.equal_time import (
@@ -23,6 +19,10 @@ from sgrld.evaluation.equal_time import (
     interpolate_at_time,
     mean_std_over_runs,
     select_at_time,
+)
+from sgrld.likelihoods.calibration import (
+    expected_calibration_error,
+    reliability_bins,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_curvature_matches_analytic_linear_softmax_hessian() -> None:
         num_points=10,
         batch_size=batch_size,
     )
-    assert torch.equal(torch.get_rng_state(), rng_state)  # spec §10.3
+    assert torch.equal(torch.get_rng_state(), rng_state)  # no global draw
     torch.testing.assert_close(stats.grad_norm, grad_norm / scale, rtol=1e-12, atol=0.0)
     # ρ = s‖u‖² with s = λ/B; the reference's u ← Hu / (‖Hu‖ + 1e-6) settles at
     # ‖u‖ = 1 − 1e-6/s, so ρ = (s − 1e-6)² / s (module docstring).
@@ -233,7 +233,7 @@ def test_curvature_has_no_side_effects() -> None:
     running_mean = norm.running_mean.clone()
     rng_state = torch.get_rng_state()
     first = measure_curvature(full, x, y, generator=torch.Generator().manual_seed(5), num_points=8)
-    assert torch.equal(torch.get_rng_state(), rng_state)  # spec §10.3
+    assert torch.equal(torch.get_rng_state(), rng_state)  # no global draw
     assert [m.training for m in full.modules()] == [True, False, True, True, True]
     assert all(p.grad is None for p in full.parameters())
     assert torch.equal(norm.running_mean, running_mean)  # eval mode: no BN statistics update

@@ -5,7 +5,7 @@ y standardised, likelihood N(y | Xθ, s²) with s² = 0.5 known, prior N(0, I). 
 N(μ, Σ) with Σ = (XᵀX/s² + I)⁻¹ and μ = ΣXᵀy/s², in closed form. With full-batch gradients the
 per-datum potential's gradient is A θ − b (A = Σ⁻¹/n), so a chain whose metric is frozen after the
 warm-up is a linear Gaussian chain: its stationary law is N(μ, C_k) with C_k from the discrete
-Lyapunov equation (``tests/test_stationary.py``) — the mean is exact, the covariance is off by the
+Lyapunov equation (``tests/linear_gaussian.py``) — the mean is exact, the covariance is off by the
 discretisation C_k − Σ, which is computed here. So the bounds are:
 
 * mean: |θ̄ − μ| < Z Monte-Carlo standard errors (√(mean_k C_k,ii / K));
@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import sgrld
+from linear_gaussian import linear_posterior, lyapunov
 
 sklearn = pytest.importorskip("sklearn")
 
@@ -57,10 +58,7 @@ def _problem() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, 
     x = (x - x.mean(0)) / x.std(0, correction=0)
     y = (y - y.mean()) / y.std(correction=0)
     x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
-    n, d = x.shape
-    a = x.T @ x / (n * S2) + torch.eye(d, dtype=x.dtype) / n
-    b = x.T @ y / (n * S2)
-    return a, b, torch.linalg.solve(a, b), torch.linalg.inv(a) / n, n
+    return (*linear_posterior(x, y, S2), len(x))
 
 
 def _run(name: str, adapt_until: int | None) -> tuple[sgrld.Sampler, sgrld.SamplerState]:
@@ -85,14 +83,6 @@ def _theta(state: sgrld.SamplerState) -> torch.Tensor:
     return torch.cat([state.params["w"], state.params["b"]], 1)
 
 
-def _lyapunov(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    d = b.shape[-1]
-    kron = torch.einsum("kij,klm->kiljm", b, b).reshape(-1, d * d, d * d)
-    eye = torch.eye(d * d, dtype=b.dtype)
-    c = torch.linalg.solve(eye - kron, q.reshape(-1, d * d, 1)).reshape(-1, d, d)
-    return (c + c.transpose(1, 2)) / 2
-
-
 def _dense(sampler: sgrld.Sampler, state: sgrld.SamplerState) -> tuple[torch.Tensor, torch.Tensor]:
     d = state.layout.size
     cols_p, cols_s = [], []
@@ -114,7 +104,7 @@ def test_frozen_after_warmup_matches_the_exact_posterior(name: str) -> None:
     b = torch.eye(len(mu), dtype=torch.float64) - lr * p @ a
     rho = float(torch.linalg.eigvals(b).abs().max())
     assert rho ** (STEPS - WARMUP) < 1e-3, f"too slow to forget the warm-up (ρ = {rho})"
-    cov_k = _lyapunov(b, (2 * lr / n) * s @ s.transpose(1, 2))
+    cov_k = lyapunov(b, (2 * lr / n) * s @ s.transpose(1, 2))
     cov = cov_k.mean(0)
     theta = _theta(state)
     mean_se = torch.sqrt(torch.diag(cov) / K)

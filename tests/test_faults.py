@@ -18,8 +18,12 @@ from typing import Any
 import pytest
 
 from sgrld.cli import COMMANDS, main
-from sgrld.experiments import _io, exits, grid, sweep
-from sgrld.experiments.jobs import RunOutcome, _locked, impossible_values, run_state
+from sgrld.experiments.base import exits
+from sgrld.experiments.base import files as _io
+from sgrld.experiments.commands import sweep
+from sgrld.experiments.run.results import impossible_values
+from sgrld.experiments.sweep import grid
+from sgrld.experiments.sweep.jobs import RunOutcome, _locked, run_state
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--width", "8", "--epochs", "1", "--subset", "200", "--eval-subset", "50"]
@@ -87,7 +91,7 @@ def test_one_exit_status_table_for_every_command_in_docs_and_help() -> None:
 def test_sigterm_of_a_sweep_exits_143(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sgrld.experiments.jobs import SweepJob
+    from sgrld.experiments.sweep.jobs import SweepJob
 
     def terminated(self: SweepJob) -> list[RunOutcome]:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -467,8 +471,8 @@ def test_a_pack_never_rewrites_its_finished_runs(
 ) -> None:
     """Without the pack's checkpoint (lost, or another --chains of an old sweep), only its
     open runs run: a finished results.json is never written again."""
-    import sgrld.experiments.multichain as multichain
-    from sgrld.experiments import jobs
+    import sgrld.experiments.run.chains as multichain
+    from sgrld.experiments.sweep import jobs
 
     runs = sweep.plan(parse("--sampler", "identity", "--lr", "0.05", "--seeds", "0-2", *TINY))[0]
     fake_finished(tmp_path, runs[0])
@@ -506,7 +510,7 @@ class DyingJob:
 
 @pytest.mark.slow
 def test_a_dead_worker_is_retried_once_and_the_others_go_on(tmp_path: Path) -> None:
-    from sgrld.experiments.engines import GridProgress, run_local
+    from sgrld.experiments.sweep.engines import GridProgress, run_local
 
     jobs: list[Any] = [
         DyingJob("dies-once", tmp_path / "once", 1),
@@ -662,7 +666,7 @@ def test_a_run_folder_planted_as_a_link_is_never_written_through(tmp_path: Path)
 
 
 def test_runs_held_elsewhere_that_finished_meanwhile_are_done(tmp_path: Path) -> None:
-    from sgrld.experiments.engines import Tally
+    from sgrld.experiments.sweep.engines import Tally
 
     (run,) = sweep.plan(parse("--sampler", "identity", "--lr", "0.05", *TINY))[0]
     held = Tally(busy=[run.path])
@@ -676,7 +680,7 @@ def test_runs_held_elsewhere_that_finished_meanwhile_are_done(tmp_path: Path) ->
 def test_a_kill_between_geodesic_figures_never_leaves_a_listed_mixed_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sgrld.experiments import geodesics
+    from sgrld.experiments.funnel import geodesics
 
     files = {"geodesics_neck.png": b"new neck", "geodesics_flat.png": b"new flat"}
     geodesics.write_set(tmp_path, {k: b"old" for k in files}, {"alpha2": 1.0})

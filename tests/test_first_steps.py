@@ -83,9 +83,8 @@ def test_device_gpu_is_one_line_that_names_cuda(
 
 
 def test_single_and_chained_runs_label_folders_as_a_sweep_does() -> None:
-    from sgrld.experiments.grid import run_label
-    from sgrld.experiments.multichain import chain_label
-    from sgrld.experiments.sample import configs_from_args
+    from sgrld.experiments.commands.sample import configs_from_args
+    from sgrld.experiments.run.naming import chain_label, run_label
 
     args = build_parser().parse_args(
         ["sample", "--sampler", "monge", "--lr", "0.25", "--alpha2", "1.25", "--chains", "2"]
@@ -95,19 +94,19 @@ def test_single_and_chained_runs_label_folders_as_a_sweep_does() -> None:
 
 
 def test_summary_of_a_run_shorter_than_the_warm_up_gives_no_rate() -> None:
-    from sgrld.experiments.sample import _speed
+    from sgrld.experiments.run.launch import speed_text
 
     timing = {"steps_all": 8, "steps_after_skip": 0, "seconds_per_epoch_basis": "estimated ..."}
     timing["sampling_seconds"] = [1.5, 2.0]
-    text = _speed({"timing": timing, "seconds_per_epoch": 12.5})
+    text = speed_text({"timing": timing, "seconds_per_epoch": 12.5})
     assert text.startswith("s/epoch not measured: all 8 updates fall in the first 1000")
     assert text.endswith("sampling took 3.5 s in all")
     timing = {"steps_all": 2000, "steps_after_skip": 1000, "seconds_per_epoch_basis": "mean"}
-    assert _speed({"timing": timing, "seconds_per_epoch": 1.25}) == "1.2500 s/epoch"
+    assert speed_text({"timing": timing, "seconds_per_epoch": 1.25}) == "1.2500 s/epoch"
 
 
 def test_curves_of_a_run_broken_down_before_its_first_sample_say_so() -> None:
-    from sgrld.experiments.plots import run_curves_figure
+    from sgrld.experiments.run.plots import run_curves_figure
 
     nan = float("nan")
     curves = {f"{s}_{m}": [nan] for s in ("val", "test") for m in ("lp", "accuracy", "ece")}

@@ -23,6 +23,7 @@ NAMES: dict[str, tuple[type[sgrld.SGRLDOptimizer], dict[str, Any]]] = {
     "monge": (sgrld.MongeSGLD, {"alpha2": 0.5}),
     "monge_fallback": (sgrld.MongeSGLD, {"alpha2": 0.5, "fallback_threshold": 0.5}),
     "shampoo": (sgrld.ShampooSGLD, {"block_size": 4, "update_interval": 10}),
+    "adam": (sgrld.SGRLDOptimizer, {"metric": sgrld.get_metric("adam")()}),
 }
 STEPS, BATCH = 100, 12  # 12 rows: an equal slice for each of 1, 2 or 3 ranks
 #: relative bound of a W-rank chain against the one-process chain after STEPS steps
@@ -42,6 +43,12 @@ def test_a_shards_noise_is_the_one_process_noise_at_its_global_indices(dtype: to
     got = shard.draw(None, "philox", keys, step)
     expect = torch.cat([whole[a : a + n] for a, n in runs])
     assert torch.equal(got, expect)
+
+
+def test_every_registered_metric_is_sampled_sharded() -> None:
+    params = [torch.zeros(2, 3, requires_grad=True)]
+    tested = {_optimizer(name, params).metric.name for name in NAMES}
+    assert tested == set(sgrld.metric_names())
 
 
 def _model() -> torch.nn.Module:

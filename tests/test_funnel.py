@@ -17,8 +17,8 @@ from sgrld.cli import main
 from sgrld.core.multistep import BlockRunner
 from sgrld.data.funnel import FunnelTarget
 from sgrld.evaluation.distances import ks_normal, wasserstein1_normal
-from sgrld.experiments import funnel
-from sgrld.experiments._progress import Progress
+from sgrld.experiments.base.progress import Progress
+from sgrld.experiments.funnel import run as funnel
 
 TARGET = FunnelTarget()
 

@@ -10,7 +10,7 @@ import torch
 
 from sgrld.cli import main
 from sgrld.data.funnel import FunnelTarget
-from sgrld.experiments import geodesics
+from sgrld.experiments.funnel import geodesics
 
 pytest.importorskip("scipy")
 TARGET = FunnelTarget()

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from sgrld.cli import main
-from sgrld.experiments.multichain import (
+from sgrld.experiments.run.chains import (
     ChainsRun,
     chain_label,
     check_chain_configs,
     load_chains_checkpoint,
 )
-from sgrld.experiments.runner import SamplingRun
+from sgrld.experiments.run.single import SamplingRun
 from test_runner import SAMPLERS, synthetic_splits, tiny_config
 
 SPLITS = synthetic_splits()
@@ -143,7 +143,7 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
     first = ChainsRun(configs, SPLITS, out_dir=tmp_path)
     first.run(epochs=1)  # as if killed after the first epoch's checkpoint
     del first
-    from sgrld.experiments.multichain import run_chains
+    from sgrld.experiments.run.chains import run_chains
 
     resumed = run_chains(configs, SPLITS, tmp_path, resume=True)
     for a, b in zip(resumed, expected, strict=True):
@@ -153,8 +153,8 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
 
 
 def test_resume_refuses_other_chains(tmp_path: Path) -> None:
-    from sgrld.experiments._io import CheckpointError
-    from sgrld.experiments.multichain import run_chains
+    from sgrld.experiments.base.files import CheckpointError
+    from sgrld.experiments.run.chains import run_chains
 
     configs = [tiny_config(seed=s, epochs=2) for s in (0, 1)]
     run_chains(configs, SPLITS, tmp_path)
@@ -263,7 +263,7 @@ def test_cli_resume_of_a_killed_run_is_bit_identical(tmp_path: Path, mnist_dir: 
 
 
 def test_chain_batch_plan_fits_the_state_and_one_call() -> None:
-    from sgrld.experiments.multichain import plan_chain_batch
+    from sgrld.experiments.run.chains import plan_chain_batch
 
     mib = 2**20
     # 100 chains of 10 MiB state leave 1000 MiB; 70 % of it over 50 MiB per chain's step: 14
@@ -276,8 +276,8 @@ def test_chain_batch_plan_fits_the_state_and_one_call() -> None:
 
 
 def test_resume_keeps_the_call_groups_of_the_checkpoint(tmp_path: Path) -> None:
-    from sgrld.experiments._io import CheckpointError
-    from sgrld.experiments.multichain import run_chains
+    from sgrld.experiments.base.files import CheckpointError
+    from sgrld.experiments.run.chains import run_chains
 
     configs = [tiny_config(seed=s, epochs=2) for s in range(3)]
     run_chains(configs, SPLITS, tmp_path, chain_batch=2)
@@ -299,7 +299,7 @@ def test_chain_batch_is_planned_from_measured_memory_on_cuda() -> None:
 def test_progress_shows_every_chain() -> None:
     import io
 
-    from sgrld.experiments.observers import ChainsProgressBar
+    from sgrld.experiments.run.observers import ChainsProgressBar
 
     stream = io.StringIO()
     configs = [tiny_config(seed=0, epochs=2), tiny_config(seed=1, lr=1e9, epochs=2)]

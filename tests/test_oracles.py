@@ -1,7 +1,8 @@
 """Dense-matrix oracles: every metric's G⁻¹ and G^{-1/2} and whole trajectories.
 
-Each oracle re-derives the metric from the paper / reference formulas with explicit D×D matrices
-(float64) and no code shared with the library. Shampoo's oracle lives in test_shampoo.py.
+The oracles (``tests/metric_cases.py``, one per registered metric) re-derive each metric from the
+paper / reference formulas with explicit D×D matrices (float64) and no code shared with the
+library. Shampoo's own maths (blocking, roots) is tested further in test_shampoo.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import sgrld
+from metric_cases import CASES, DenseOracle, sym_inverse_sqrt
 from sgrld.core.layout import FlatLayout
 
 SHAPES = {"w": (4, 3), "b": (3,), "s": ()}
@@ -20,78 +22,13 @@ D = sum(math.prod(s) for s in SHAPES.values())
 SIZES = [math.prod(s) for s in SHAPES.values()]
 
 
-def _sym_sqrt_inv(g: torch.Tensor) -> torch.Tensor:
-    evals, evecs = torch.linalg.eigh(g)
-    return evecs @ torch.diag(evals.rsqrt()) @ evecs.T
+#: (registry name, options) of every oracle case of every registered metric
+ORACLE_CASES = [(name, opt) for name, case in CASES.items() for opt in case.oracle_options]
+ORACLE_IDS = [f"{n}-{i}" for i, (n, _) in enumerate(ORACLE_CASES)]
 
 
-class DenseOracle:
-    """Reference implementation of one metric's statistics with dense matrices."""
-
-    def __init__(self, name: str, **opt: Any) -> None:
-        self.name, self.opt = name, opt
-        self.v = (
-            torch.zeros(D, dtype=torch.float64)
-            if name == "rmsprop"
-            else torch.ones(D, dtype=torch.float64)
-        )
-        self.m = torch.zeros(D, dtype=torch.float64)
-        self.scale = torch.ones(len(SIZES), dtype=torch.float64)
-
-    def update(self, g: torch.Tensor) -> None:
-        lam = self.opt.get("decay", 0.0)
-        if self.name in ("rmsprop", "wenzel"):
-            self.v = lam * self.v + (1 - lam) * g * g
-        if self.name == "monge":
-            self.m = lam * self.m + (1 - lam) * g
-
-    def refresh(self) -> None:
-        s = torch.stack([seg.mean() for seg in self.v.split(SIZES)]) + self.opt["eps"]
-        self.scale = torch.sqrt(s.min() / s)
-
-    def g_inv(self) -> torch.Tensor:
-        if self.name == "identity":
-            return torch.eye(D, dtype=torch.float64)
-        if self.name == "rmsprop":
-            return torch.diag(1.0 / (self.v.sqrt() + self.opt["eps"]))
-        if self.name == "wenzel":
-            return torch.diag(
-                torch.cat(
-                    [
-                        s * torch.ones(n, dtype=torch.float64)
-                        for s, n in zip(self.scale, SIZES, strict=True)
-                    ]
-                )
-            )
-
-        def alpha2(m: torch.Tensor) -> float:  # "normalized": α² = c/‖m‖², stretch 1 + c
-            c = self.opt["alpha2"]
-            return c / float(m @ m) if self.opt.get("alpha2_rule") == "normalized" else c
-
-        if self.opt.get("scope") == "tensor":
-            blocks = [
-                torch.eye(n, dtype=torch.float64) + alpha2(m) * torch.outer(m, m)
-                for m, n in zip(self.m.split(SIZES), SIZES, strict=True)
-            ]
-            return torch.linalg.inv(torch.block_diag(*blocks))
-        return torch.linalg.inv(
-            torch.eye(D, dtype=torch.float64) + alpha2(self.m) * torch.outer(self.m, self.m)
-        )
-
-    def g_inv_sqrt(self) -> torch.Tensor:
-        return _sym_sqrt_inv(torch.linalg.inv(self.g_inv()))
-
-
-CASES = [
-    ("identity", {}),
-    ("rmsprop", {"decay": 0.9, "eps": 1e-8}),
-    ("rmsprop", {"decay": 0.99, "eps": 0.0}),
-    ("wenzel", {"decay": 0.9, "eps": 1e-8}),
-    ("monge", {"alpha2": 1.5, "decay": 0.7}),
-    ("monge", {"alpha2": 0.3, "decay": 0.9, "scope": "tensor"}),
-    ("monge", {"alpha2": 2.0, "decay": 0.7, "alpha2_rule": "normalized"}),
-    ("monge", {"alpha2": 0.5, "decay": 0.9, "scope": "tensor", "alpha2_rule": "normalized"}),
-]
+def _oracle(name: str, opt: dict[str, Any]) -> DenseOracle:
+    return CASES[name].oracle(list(SHAPES.values()), **opt)
 
 
 def _flat_ops(
@@ -103,18 +40,19 @@ def _flat_ops(
     return metric, layout, stats
 
 
-@pytest.mark.parametrize(("name", "opt"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+@pytest.mark.parametrize(("name", "opt"), ORACLE_CASES, ids=ORACLE_IDS)
 def test_inverse_and_inverse_sqrt_match_dense(name: str, opt: dict[str, Any]) -> None:
     metric, layout, stats = _flat_ops(name, opt)
-    oracle = DenseOracle(name, **opt)
+    oracle = _oracle(name, opt)
     gen = torch.Generator().manual_seed(0)
     for step in range(1, 7):
         g = torch.randn(D, generator=gen, dtype=torch.float64) * torch.linspace(
             0.1, 3, D, dtype=torch.float64
         )
         metric.update(stats, layout, g.clone(), step)
-        oracle.update(g)
-        if name == "wenzel" and step == 4:
+        oracle.update(g, step)
+        # a refresh when the engine would run one, and an explicit one (Wenzel's) at step 4
+        if step == 4 or (metric.refresh_interval and step % metric.refresh_interval == 0):
             metric.refresh(stats, layout)
             oracle.refresh()
         v = torch.randn(D, generator=gen, dtype=torch.float64)
@@ -202,11 +140,11 @@ def test_monge_fallback_matches_funnel_rule() -> None:
         else:
             torch.testing.assert_close(drift, dense @ g, rtol=1e-12, atol=1e-14)
             torch.testing.assert_close(
-                noise, _sym_sqrt_inv(torch.linalg.inv(dense)) @ xi, rtol=1e-10, atol=1e-12
+                noise, sym_inverse_sqrt(torch.linalg.inv(dense)) @ xi, rtol=1e-10, atol=1e-12
             )
 
 
-@pytest.mark.parametrize(("name", "opt"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+@pytest.mark.parametrize(("name", "opt"), ORACLE_CASES, ids=ORACLE_IDS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_trajectory_matches_dense_oracle(
     name: str, opt: dict[str, Any], temperature: float
@@ -226,12 +164,15 @@ def test_trajectory_matches_dense_oracle(
     }
     sampler = sgrld.build(name, lr=lr, num_data=n, temperature=temperature, **opt)
     state = sampler.init(params, generator=torch.Generator().manual_seed(11))
-    oracle, theta = DenseOracle(name, **opt), theta0.clone()
+    oracle, theta = _oracle(name, opt), theta0.clone()
+    interval = sampler.metric.refresh_interval
     oracle_gen = torch.Generator().manual_seed(11)
     sigma = math.sqrt(2 * lr * temperature / n)
     for t in range(25):
         g = a * theta + 0.2 * theta**3
-        oracle.update(g)
+        oracle.update(g, t + 1)
+        if interval and (t + 1) % interval == 0:  # the engine refreshes right after the update
+            oracle.refresh()
         xi = (
             torch.randn(D, generator=oracle_gen, dtype=torch.float64)
             if temperature
@@ -246,7 +187,7 @@ def test_trajectory_matches_dense_oracle(
             )
         }
         state = sampler.step(state, grads)
-        if name == "wenzel" and t % 5 == 4:
+        if t % 5 == 4:  # an explicit refresh (Wenzel's preconditioner at an epoch end)
             sampler.refresh(state)
             oracle.refresh()
     flat = torch.cat([v.reshape(-1) for v in state.params.values()])

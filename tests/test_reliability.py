@@ -20,9 +20,11 @@ import torch
 
 import sgrld.data
 from sgrld.cli import main
-from sgrld.experiments import _io, funnel
-from sgrld.experiments.runner import CHECKPOINT_FILE, CheckpointError, load_checkpoint
-from sgrld.experiments.sample import add_arguments
+from sgrld.experiments.base import files as _io
+from sgrld.experiments.commands import funnel as funnel_command
+from sgrld.experiments.commands.sample import add_arguments
+from sgrld.experiments.funnel import run as funnel
+from sgrld.experiments.run.single import CHECKPOINT_FILE, CheckpointError, load_checkpoint
 
 RUN = ["sample", "--dataset", "mnist", "--prior", "horseshoe", "--sampler", "identity"]
 RUN += ["--lr", "0.05", "--width", "8", "--subset", "200", "--eval-subset", "50"]
@@ -203,7 +205,7 @@ def hold_lock(directory: Path) -> subprocess.Popen[str]:
     """Another process holding ``directory``'s lock until it is killed."""
     code = (
         "import sys, time\n"
-        "from sgrld.experiments._io import DirectoryLock\n"
+        "from sgrld.experiments.base.files import DirectoryLock\n"
         f"with DirectoryLock({str(directory)!r}, 'sgrld sample'):\n"
         "    print('locked', flush=True)\n"
         "    time.sleep(120)\n"
@@ -437,7 +439,7 @@ def test_exit_statuses_are_documented() -> None:
     for status in ("0 done", "2 bad input", "3 a chain broke down", "74 an output", "130", "143"):
         assert status in (parser.epilog or "")
     parser = argparse.ArgumentParser()
-    funnel.add_arguments(parser)
+    funnel_command.add_arguments(parser)
     for status in ("0 done", "2 bad input", "74 an output", "143 terminated"):
         assert status in (parser.epilog or "")
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from sgrld.cli import main
-from sgrld.experiments.report import build_tables, equal_time, paper_numbers, select_all
-from sgrld.experiments.selection import Choice
-from sgrld.experiments.table import aggregate
+from sgrld.experiments.report.build import build_tables, equal_time, paper_numbers, select_all
+from sgrld.experiments.report.selection import Choice
+from sgrld.experiments.report.tables import aggregate
 
 EPOCHS = 4
 
@@ -267,7 +267,7 @@ def test_report_without_matplotlib_says_so_in_one_line(
 def test_report_names_itself_in_warnings_and_titles_its_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sgrld.experiments import plots
+    from sgrld.experiments.run import plots
 
     runs = [fake_run("identity", 0.1, s, -0.1) for s in (0, 1)]
     runs.append(fake_run("identity", 0.1, 2, -0.1, status="running"))
@@ -276,7 +276,7 @@ def test_report_names_itself_in_warnings_and_titles_its_figures(
     monkeypatch.setattr(
         plots, "plot_convergence", lambda groups, path, *, title: titles.append(title)
     )
-    from sgrld.experiments import report_figures
+    from sgrld.experiments.report import figures as report_figures
 
     monkeypatch.setattr(report_figures, "plot_convergence", plots.plot_convergence)
     assert main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "r")]) == 0

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sgrld.core.riemann import exact_monge_step, hutchinson_trace, monge_divergence
 from sgrld.metrics import MongeMetric
+from sgrld.metrics.monge_exact import exact_monge_step, hutchinson_trace, monge_divergence
 
 D = 5
 SCALES = torch.linspace(0.5, 2.0, D, dtype=torch.float64)

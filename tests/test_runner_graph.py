@@ -18,20 +18,20 @@ from conftest import state_tensors
 from sgrld.capture import GraphedStep
 from sgrld.cli import main
 from sgrld.data import Splits
-from sgrld.experiments import runner as runner_module
-from sgrld.experiments import sweep
-from sgrld.experiments.config import derive_seed
-from sgrld.experiments.jobs import Machine
-from sgrld.experiments.runner import (
+from sgrld.experiments.commands import sweep
+from sgrld.experiments.commands.sweep import MACHINE_OPTIONS, run_defaults
+from sgrld.experiments.run import single as runner_module
+from sgrld.experiments.run.config import derive_seed
+from sgrld.experiments.run.results import RESULTS_FILE
+from sgrld.experiments.run.single import (
     CHECKPOINT_FILE,
-    RESULTS_FILE,
     RunObserver,
     SamplingRun,
     load_checkpoint,
     resolve_step_mode,
     run_sampling,
 )
-from sgrld.experiments.sweep import MACHINE_OPTIONS, run_defaults
+from sgrld.experiments.sweep.jobs import Machine
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
 
 SAMPLERS = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
@@ -256,10 +256,10 @@ class MarkAfter(PoisonAfter):
 
 def patch_potential(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both loops' potential (the eager loop's and the deferred loop's poisoned one)."""
-    from sgrld.experiments import multichain
+    from sgrld.experiments.run import build
 
     monkeypatch.setattr(runner_module, "potential", nan_gradient_potential)
-    monkeypatch.setattr(multichain, "potential", nan_gradient_potential)
+    monkeypatch.setattr(build, "potential", nan_gradient_potential)
 
 
 @pytest.mark.parametrize("sampler", ["identity", "shampoo"])

@@ -13,7 +13,8 @@ import torch
 
 import sgrld
 from conftest import SamplerSpec
-from sgrld.experiments.runner import RESULTS_FILE, RunObserver, SamplingRun, run_sampling
+from sgrld.experiments.run.results import RESULTS_FILE
+from sgrld.experiments.run.single import RunObserver, SamplingRun, run_sampling
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
 
 

@@ -1,8 +1,9 @@
 """Maths owned by the Shampoo metric: merge/block rules, dense oracles, refresh schedule, roots.
 
-The dense oracle rebuilds G⁻¹ and G^{-1/2} from the gradient history with NumPy in float64 and its
-own row-major blocking: every factor is an EMA from ε·I, every block's
-operator is ⊗_i (H_i + rI)^{−e}, scattered at the block's flat indices.
+The dense oracle (:func:`metric_cases.shampoo_dense`, also Shampoo's case of the generic oracle
+tests) rebuilds G⁻¹ and G^{-1/2} from the gradient history with NumPy in float64 and its own
+row-major blocking: every factor is an EMA from ε·I, every block's operator is ⊗_i (H_i + rI)^{−e},
+scattered at the block's flat indices.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from metric_cases import row_major_blocks, shampoo_dense
 from sgrld.core.engine import update_metric
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks, plan_buckets
@@ -23,57 +25,6 @@ from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power
 from sgrld.metrics.shampoo import ShampooMetric
 
 # ----------------------------------------------------------------------------- oracle
-
-
-def _row_major_blocks(
-    merged: tuple[int, ...], b: int, tiling: str = "reference"
-) -> list[list[np.ndarray]]:
-    """Per block, the index ranges of each merged dim: chunks of b then the remainder
-    (reference), or the fewest chunks of ≤ b with sizes differing by ≤ 1 (even)."""
-    if tiling == "reference":
-        per_dim = [[np.arange(a, min(a + b, n)) for a in range(0, n, b)] for n in merged]
-    else:
-        per_dim = [np.array_split(np.arange(n), -(-n // b)) for n in merged]
-    return [list(r) for r in itertools.product(*per_dim)]
-
-
-def _root(h: np.ndarray, e: float, ridge: str, eps: float) -> np.ndarray:
-    w, q = np.linalg.eigh(h)
-    w = np.clip(w, 0.0, None)
-    w = w + {"relative": eps * w.max(), "absolute": eps, "none": 0.0}[ridge]
-    return (q * w ** (-e)) @ q.T
-
-
-def dense_oracle(
-    metric: ShampooMetric, shapes: list[tuple[int, ...]], grads: list[np.ndarray]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Dense (G⁻¹, G^{-1/2}) after the statistics have seen ``grads`` (flat, float64)."""
-    d = sum(math.prod(s) for s in shapes)
-    ginv, ginv_sqrt = np.eye(d), np.eye(d)
-    offset = 0
-    for shape in shapes:
-        merged = merge_small_dims(shape, metric.block_size)
-        k = len(merged)
-        numel = math.prod(shape)
-        if k >= (1 if metric.precondition_vectors else 2):
-            for ranges in _row_major_blocks(merged, metric.block_size, metric.tiling):
-                hs = [metric.eps * np.eye(len(r)) for r in ranges]
-                for g in grads:
-                    x = g[offset : offset + numel].reshape(merged)[np.ix_(*ranges)]
-                    for a in range(k):
-                        xa = np.moveaxis(x, a, 0).reshape(len(ranges[a]), -1)
-                        hs[a] = metric.decay * hs[a] + (1 - metric.decay) * xa @ xa.T
-                idx = (
-                    offset
-                    + np.ravel_multi_index(np.meshgrid(*ranges, indexing="ij"), merged).ravel()
-                )
-                for out, e in ((ginv, 1 / (2 * k)), (ginv_sqrt, 1 / (4 * k))):
-                    block = np.ones((1, 1))
-                    for h in hs:
-                        block = np.kron(block, _root(h, e, metric.ridge, metric.eps))
-                    out[np.ix_(idx, idx)] = block
-        offset += numel
-    return ginv, ginv_sqrt
 
 
 def dense_apply(metric: ShampooMetric, stats: dict, layout: FlatLayout, sqrt: bool) -> np.ndarray:
@@ -224,7 +175,7 @@ def test_dense_oracle_blocked(ridge: str, tiling: str, block_size: int) -> None:
     layout = _layout(SMALL)
     grads = random_grads(layout, 3, torch.float64, seed=block_size)
     stats = run(metric, layout, grads)
-    ginv, ginv_sqrt = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads])
+    ginv, ginv_sqrt = shampoo_dense(metric, list(layout.shapes), [g.numpy() for g in grads])
     got_inv = dense_apply(metric, stats, layout, sqrt=False)
     got_sqrt = dense_apply(metric, stats, layout, sqrt=True)
     np.testing.assert_allclose(got_inv, ginv, rtol=1e-9, atol=1e-9 * np.abs(ginv).max())
@@ -256,7 +207,7 @@ def test_dense_oracle_default_blocking_vectors_unpreconditioned() -> None:
     layout = _layout(shapes)
     grads = random_grads(layout, 4, torch.float64, seed=1)
     stats = run(metric, layout, grads)
-    ginv, ginv_sqrt = dense_oracle(metric, shapes, [g.numpy() for g in grads])
+    ginv, ginv_sqrt = shampoo_dense(metric, shapes, [g.numpy() for g in grads])
     np.testing.assert_allclose(
         dense_apply(metric, stats, layout, False), ginv, rtol=1e-9, atol=1e-12
     )
@@ -322,7 +273,7 @@ def test_identity_until_first_refresh_then_every_interval() -> None:
     assert not torch.allclose(results[6][0], results[3][0])
     assert torch.equal(results[7][0], results[6][0])
     # Step 6 uses the statistics of steps 1..6.
-    ginv, _ = dense_oracle(metric, list(layout.shapes), [g.numpy() for g in grads[:6]])
+    ginv, _ = shampoo_dense(metric, list(layout.shapes), [g.numpy() for g in grads[:6]])
     np.testing.assert_allclose(results[6][0].numpy(), ginv @ v.numpy(), rtol=1e-9, atol=1e-12)
 
 
@@ -627,7 +578,7 @@ def _oracle_blocks(shape: tuple[int, ...], metric: ShampooMetric) -> list[tuple[
     merged = merge_small_dims(shape, metric.block_size)
     order: dict[tuple[int, ...], int] = {}
     out = []
-    for ranges in _row_major_blocks(merged, metric.block_size, metric.tiling):
+    for ranges in row_major_blocks(merged, metric.block_size, metric.tiling):
         sizes = tuple(len(r) for r in ranges)
         g = order.setdefault(sizes, len(order))
         out.append((g, sum(1 for gg, _, _ in out if gg == g), ranges))

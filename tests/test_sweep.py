@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from sgrld.cli import main
-from sgrld.experiments import exits, grid, sample, sweep
-from sgrld.experiments._io import DirectoryLock
-from sgrld.experiments.jobs import Machine, SweepJob
+from sgrld.experiments.base import exits
+from sgrld.experiments.base.files import DirectoryLock
+from sgrld.experiments.commands import sample, sweep
+from sgrld.experiments.sweep import grid
+from sgrld.experiments.sweep.jobs import Machine, SweepJob
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--width", "16", "--epochs", "2", "--subset", "1000", "--eval-subset", "500"]
@@ -374,7 +376,7 @@ def test_a_run_held_by_another_job_is_not_run_twice(
 
 
 def test_choices_come_from_the_registries() -> None:
-    from sgrld.experiments import choices
+    from sgrld.experiments.run import choices
     from sgrld.metrics import metric_names
     from sgrld.priors import prior_names
 
@@ -459,7 +461,7 @@ def test_packed_sweep_runs_chains_that_equal_the_single_runs(
 def test_packs_are_formed_over_the_whole_grid(tmp_path: Path) -> None:
     """A pack stays the same pack when some of its runs are finished (its checkpoint holds all),
     and equal α² are neighbours."""
-    from sgrld.experiments.jobs import make_jobs
+    from sgrld.experiments.sweep.jobs import make_jobs
 
     runs = planned("--sampler", "monge", "--alpha2", "1,2", "--lr", "0.1", "--seeds", "0-2")
     machine = Machine(data_dir="unused")

@@ -55,7 +55,7 @@ def test_run_without_samples_is_refused_before_any_work(
 
 
 def test_sampling_run_refuses_data_too_small_for_any_sample() -> None:
-    from sgrld.experiments.runner import SamplingRun
+    from sgrld.experiments.run.single import SamplingRun
     from test_runner import synthetic_splits, tiny_config
 
     config = tiny_config(burnin=100, thinning=10, epochs=2)  # fine on official MNIST ...
@@ -159,7 +159,7 @@ def test_conventions_explain_the_subset_step() -> None:
 
 
 def test_progress_bar_says_burning_in_instead_of_nan() -> None:
-    from sgrld.experiments.runner import ProgressBar, SamplingRun
+    from sgrld.experiments.run.single import ProgressBar, SamplingRun
     from test_runner import synthetic_splits, tiny_config
 
     stream = io.StringIO()
@@ -192,7 +192,7 @@ def _results(epochs: int, sampled: bool) -> dict[str, Any]:
 
 
 def test_curves_of_one_sampled_epoch_are_drawn_as_points(tmp_path: Path) -> None:
-    from sgrld.experiments.plots import plot_run_curves, run_curves_figure
+    from sgrld.experiments.run.plots import plot_run_curves, run_curves_figure
 
     fig = run_curves_figure(_results(1, sampled=True))
     for ax in fig.axes[:3]:
@@ -208,7 +208,7 @@ def test_curves_of_one_sampled_epoch_are_drawn_as_points(tmp_path: Path) -> None
 
 
 def test_table_of_one_seed_says_seed_and_shows_no_spread() -> None:
-    from sgrld.experiments.table import (
+    from sgrld.experiments.report.tables import (
         aggregate,
         csv_table,
         markdown_long_layout,
@@ -231,7 +231,7 @@ def test_table_of_one_seed_says_seed_and_shows_no_spread() -> None:
 
 
 def _funnel_run(thinned: np.ndarray) -> Any:
-    from sgrld.experiments.funnel import SamplerRun
+    from sgrld.experiments.funnel.run import SamplerRun
 
     return SamplerRun(
         name="identity",
@@ -251,7 +251,7 @@ def test_funnel_table_reports_compile_seconds_ksd_and_ess_per_second() -> None:
     import torch
 
     from sgrld.data.funnel import FunnelTarget
-    from sgrld.experiments.funnel import FunnelConfig, print_table, results_json
+    from sgrld.experiments.funnel.run import FunnelConfig, print_table, results_json
 
     exact = FunnelTarget().sample(4000, generator=torch.Generator().manual_seed(0)).numpy()
     narrow = exact * np.array([1.0, 0.3])  # v under-dispersed: the neck never reached
@@ -319,7 +319,8 @@ def test_readme_philox_claims_name_the_hardware() -> None:
 
 
 def test_run_results_carry_trace_and_within_run_diagnostics(tmp_path: Path) -> None:
-    from sgrld.experiments.runner import RESULTS_FILE, run_sampling
+    from sgrld.experiments.run.results import RESULTS_FILE
+    from sgrld.experiments.run.single import run_sampling
     from test_runner import synthetic_splits, tiny_config
 
     results = run_sampling(tiny_config(epochs=6), synthetic_splits(), tmp_path)
@@ -386,7 +387,7 @@ def test_table_without_traces_has_no_diagnostics_block(
 
 
 def test_progress_bar_reports_a_breakdown_with_its_update() -> None:
-    from sgrld.experiments.runner import ProgressBar, SamplingRun
+    from sgrld.experiments.run.single import ProgressBar, SamplingRun
     from test_runner import synthetic_splits, tiny_config
 
     splits = synthetic_splits()
@@ -400,7 +401,7 @@ def test_progress_bar_reports_a_breakdown_with_its_update() -> None:
 
 
 def test_breakdown_message_of_results_written_before_the_update_field() -> None:
-    from sgrld.experiments.runner import breakdown_message
+    from sgrld.experiments.run.single import breakdown_message
 
     old = {"epoch": 2, "global_step": 41, "reason": "potential is inf"}
     assert breakdown_message(old) == "the chain broke down at update 42 (epoch 3): potential is inf"

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import sgrld
+from metric_cases import CASES
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting
 
 SLOW = pytest.mark.slow
@@ -35,24 +36,13 @@ D = 8
 LR, NUM_DATA, GRAD_NOISE = 0.02, 4.0, 0.7
 WARMUP, STEPS = 300, 2300
 
-#: The adaptive metrics and their options (fast EMAs, so that G moves within the warm-up).
+#: The adaptive metrics' warm-up cases (``tests/metric_cases.py``; fast EMAs, so that G moves
+#: within the warm-up): id → (registry name, options).
 ADAPTIVE: dict[str, tuple[str, dict[str, Any]]] = {
-    "rmsprop": ("rmsprop", {"decay": 0.9, "eps": 1e-8}),
-    "wenzel": ("wenzel", {"decay": 0.9}),
-    "monge": ("monge", {"alpha2": 0.1, "decay": 0.9}),
-    "monge-normalized": ("monge", {"alpha2": 1.0, "decay": 0.9, "alpha2_rule": "normalized"}),
-    "shampoo": ("shampoo", {"decay": 0.9, "eps": 1e-4, "block_size": 4, "update_interval": 50}),
-    "shampoo-vectors": (
-        "shampoo",
-        {
-            "decay": 0.9,
-            "eps": 1e-4,
-            "block_size": 4,
-            "update_interval": 50,
-            "precondition_vectors": True,
-        },
-    ),
+    key: (name, options) for name, case in CASES.items() for key, options in case.warmup.items()
 }
+#: the cases run without ``--slow``: one per family of metric
+FAST = ("rmsprop", "monge-normalized", "shampoo-vectors")
 
 #: Always adapting (``adapt_until=None``): mean over the eight eigen-directions of σ_chain/σ_exact
 #: after 2,300 steps, K = 1,000 chains (``docs/posterior.md``; ± 0.009). Frozen after the warm-up
@@ -130,12 +120,7 @@ def _lyapunov(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        name
-        if name in ("rmsprop", "monge-normalized", "shampoo-vectors")
-        else pytest.param(name, marks=SLOW)
-        for name in ADAPTIVE
-    ],
+    [name if name in FAST else pytest.param(name, marks=SLOW) for name in ADAPTIVE],
 )
 def test_frozen_after_warmup_is_exact(name: str) -> None:
     """Each chain adapts its own G for ``WARMUP`` steps, then keeps it: the pooled moments are
@@ -179,7 +164,10 @@ def _std_ratio(state: sgrld.SamplerState) -> tuple[float, float]:
 
 @pytest.mark.parametrize(
     "name",
-    [name if name == "monge-normalized" else pytest.param(name, marks=SLOW) for name in ADAPTIVE],
+    [
+        name if name == "monge-normalized" else pytest.param(name, marks=SLOW)
+        for name in ADAPTING_STD_RATIO
+    ],
 )
 def test_always_adapting_bias_is_the_documented_figure(name: str) -> None:
     """The paper's protocol (adapt at every step) inflates the spread by the documented factor;
@@ -200,7 +188,7 @@ def test_adapting_counts_the_warmup_steps() -> None:
 
 def test_defaults_agree() -> None:
     """The functional API, the facade and the runner freeze after the same default warm-up."""
-    from sgrld.experiments.config import RunConfig
+    from sgrld.experiments.run.config import RunConfig
 
     assert sgrld.build("monge", lr=0.1, num_data=1.0).adapt_until == DEFAULT_WARMUP
     opt = sgrld.MongeSGLD([torch.zeros(2)], lr=0.1, num_data=1.0)
@@ -302,8 +290,8 @@ def test_chains_freeze_after_the_warmup() -> None:
 def test_runner_warmup_is_the_burnin_and_is_recorded(tmp_path: Path) -> None:
     """``adapt="burnin"`` is ``adapt=burnin`` updates; ``"always"`` (the paper's) differs; the
     choice is in results.json; the CLI flag parses to the same values."""
-    from sgrld.experiments import sample
-    from sgrld.experiments.runner import run_sampling
+    from sgrld.experiments.commands import sample
+    from sgrld.experiments.run.single import run_sampling
     from test_runner import deterministic, synthetic_splits, tiny_config
 
     splits = synthetic_splits()
@@ -335,8 +323,8 @@ def test_chains_run_freezes_where_the_single_run_does() -> None:
     gradients, up to ~3e-4), far closer than a warm-up one update longer (≥ 1e-2)."""
     from dataclasses import replace
 
-    from sgrld.experiments.multichain import ChainsRun
-    from sgrld.experiments.runner import SamplingRun
+    from sgrld.experiments.run.chains import ChainsRun
+    from sgrld.experiments.run.single import SamplingRun
     from test_multichain import SPLITS, tiny_config
 
     config = tiny_config(sampler="rmsprop", seed=0, lr=0.01, epochs=3)
@@ -350,3 +338,40 @@ def test_chains_run_freezes_where_the_single_run_does() -> None:
 
     assert gap(chain, single) < 1e-3
     assert gap(later, single) > 1e-2
+
+
+@pytest.mark.parametrize("api", ["facade", "functional"])
+def test_a_warmup_shorter_than_the_refresh_interval_still_refreshes_at_its_end(api: str) -> None:
+    """Shampoo's roots every 100 steps, a 20-step warm-up: the frozen G is refreshed from the
+    warm-up's statistics at its last step (else it stays I and the chain is SGLD's), which is
+    the chain whose schedule refreshes exactly there (interval 20)."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(16, 12, generator=g, dtype=torch.float64) for _ in range(40)]
+
+    def chain(interval: int) -> torch.Tensor:
+        theta = torch.zeros(16, 12, dtype=torch.float64)
+        options = {"update_interval": interval, "adapt_until": 20, "noise": "philox"}
+        if api == "facade":
+            p = torch.nn.Parameter(theta)
+            opt = sgrld.ShampooSGLD([p], lr=0.05, num_data=10, generator=g0(), **options)
+            for grad in grads:
+                p.grad = grad.clone()
+                opt.step()
+            return p.detach()
+        sampler = sgrld.build("shampoo", lr=0.05, num_data=10, **options)
+        state = sampler.init({"w": theta}, generator=g0())
+        for grad in grads:
+            state = sampler.step(state, {"w": grad.clone()})
+        return state.params["w"]
+
+    def g0() -> torch.Generator:
+        return torch.Generator().manual_seed(1)
+
+    off_schedule, on_schedule = chain(100), chain(20)
+    assert torch.equal(off_schedule, on_schedule)
+    p = torch.nn.Parameter(torch.zeros(16, 12, dtype=torch.float64))
+    opt = sgrld.SGLD([p], lr=0.05, num_data=10, generator=g0(), noise="philox")
+    for grad in grads:
+        p.grad = grad.clone()
+        opt.step()
+    assert (off_schedule - p.detach()).abs().max() > 0.1  # G is not I after the warm-up

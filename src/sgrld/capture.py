@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.engine import refresh_due
+from sgrld.core.warmup import closes_warmup
 from sgrld.optim import SGRLDOptimizer, WenzelSGLD
 
 __all__ = ["GraphedStep"]
@@ -113,7 +114,8 @@ class GraphedStep:
             metric = opt._group_metrics[index]
             if state is None or metric is None or not opt.adapts(index):
                 continue  # a frozen metric is not refreshed
-            if refresh_due(metric, state.step + 1):
+            until = opt.param_groups[index]["adapt_until"]
+            if refresh_due(metric, state.step + 1) or closes_warmup(metric, state.step + 1, until):
                 return True
         every = opt.refresh_every if isinstance(opt, WenzelSGLD) else None
         return every is not None and (opt.num_steps + 1) % every == 0

@@ -1,4 +1,4 @@
-"""The ``sgrld`` command: one sub-command per experiment module.
+"""The ``sgrld`` command: one sub-command per module of :mod:`sgrld.experiments.commands`.
 
 Each module in :data:`COMMANDS` exposes ``add_arguments(parser)`` and ``run(args) -> int``; the
 modules are imported only when their command runs, so ``sgrld --help`` stays fast.
@@ -12,17 +12,21 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from sgrld.experiments import exits
-from sgrld.experiments.exits import Terminated
+from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import Terminated
 
+#: sub-command → its one-line help; each is the module ``sgrld.experiments.commands.<name>``.
+HELP = {
+    "demo": "short demo of all samplers (the README's main job)",
+    "funnel": "the paper's funnel experiment (Figure 2)",
+    "geodesics": "Monge-metric geodesics on the funnel (Figure 1)",
+    "sample": "sample a Bayesian neural network (Tables 1-3)",
+    "sweep": "a grid of sample runs, resumable, local or SLURM",
+    "report": "the paper's selection rule, every table and figure",
+    "table": "aggregate runs into the paper's table format",
+}
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("sgrld.experiments.demo", "short demo of all samplers (the README's main job)"),
-    "funnel": ("sgrld.experiments.funnel", "the paper's funnel experiment (Figure 2)"),
-    "geodesics": ("sgrld.experiments.geodesics", "Monge-metric geodesics on the funnel (Figure 1)"),
-    "sample": ("sgrld.experiments.sample", "sample a Bayesian neural network (Tables 1-3)"),
-    "sweep": ("sgrld.experiments.sweep", "a grid of sample runs, resumable, local or SLURM"),
-    "report": ("sgrld.experiments.report", "the paper's selection rule, every table and figure"),
-    "table": ("sgrld.experiments.table", "aggregate runs into the paper's table format"),
+    name: (f"sgrld.experiments.commands.{name}", text) for name, text in HELP.items()
 }
 
 

@@ -51,7 +51,7 @@ from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -59,6 +59,7 @@ from sgrld.metrics import (
     RMSpropMetric,
     ShampooMetric,
     WenzelMetric,
+    get_metric,
 )
 
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
@@ -94,7 +95,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             scheduler then changes it on the device, and a compiled step does not recompile).
         num_data: number of training data n > 0.
         temperature: τ ≥ 0; 0 gives deterministic preconditioned descent (no noise drawn).
-        metric: the metric G (see :mod:`sgrld.metrics`).
+        metric: the metric G (see :mod:`sgrld.metrics`), or its registry name or alias
+            (``"rmsprop"``), built with ``metric_options``.
         generator: drives the noise; a private one seeded from torch's global generator by
             default. Its state is saved in :meth:`state_dict`.
         check_finite: refuse a step whose gradient holds NaN/Inf, naming the parameter and step;
@@ -134,6 +136,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
             samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
             stationary law is biased: ``docs/posterior.md``). A group option.
+        **metric_options: the metric's options (``decay``, ``alpha2``, ...) when ``metric`` is a
+            name, e.g. ``SGRLDOptimizer(params, lr=1e-3, num_data=n, metric="rmsprop", decay=0.9)``.
 
     Each parameter group also carries ``adapt_metric`` (default True): set it to False to
     freeze the metric's statistics at once (see :meth:`freeze_metric`).
@@ -171,7 +175,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         num_data: float,
         temperature: float = 1.0,
         *,
-        metric: Metric,
+        metric: Metric | str,
         generator: torch.Generator | None = None,
         check_finite: bool = True,
         noise: NoiseSource | None = None,
@@ -184,8 +188,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
+        **metric_options: Any,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        if isinstance(metric, str):
+            metric = get_metric(metric)(**metric_options)
+        elif metric_options:
+            raise TypeError(f"unexpected arguments {sorted(metric_options)} with a Metric instance")
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
         if not isinstance(telemetry, bool):
@@ -467,6 +476,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             standins = self._standins.get(index)
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
+            adapt = self.adapts(index)
             advance(
                 self._group_metrics[index],
                 states[index],
@@ -475,11 +485,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 num_data=group["num_data"],
                 temperature=group["temperature"],
                 checks=modes[index],
-                adapt=self.adapts(index),
+                adapt=adapt,
                 noise_source=noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
                 telemetry=self._accumulator(index),
+                closes_warmup=closes_warmup(
+                    self._group_metrics[index], states[index].step + 1, group["adapt_until"]
+                ),
             )
             if standins is not None:
                 standins.push(states[index].keys, states[index].device_step)
@@ -570,9 +583,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         ran = False
         for index, state in enumerate(self._group_states):
             metric = self._group_metrics[index]
-            if not refresh_due(metric, state.step):
+            until = self.param_groups[index]["adapt_until"]
+            if not (refresh_due(metric, state.step) or closes_warmup(metric, state.step, until)):
                 continue
-            if not adapting(state.step - 1, self.param_groups[index]["adapt_until"]):
+            if not adapting(state.step - 1, until):
                 continue  # that step was after the warm-up: G is frozen
             metric.refresh(state.stats, state.layout)
             ran = True

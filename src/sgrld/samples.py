@@ -50,7 +50,7 @@ class SampleStore:
 
     Call :meth:`observe` after every sampler step: the model's state after step ``k``
     (1-based) is kept when ``k > burnin`` and ``k % thinning == 0`` (the runner's schedule,
-    :func:`sgrld.experiments.runner.is_sample_step`). When ``max_samples`` are kept and another
+    :func:`sgrld.experiments.run.single.is_sample_step`). When ``max_samples`` are kept and another
     is due, every second kept sample is dropped and ``thinning`` doubles, so the store always
     spans the whole chain after burn-in, evenly, in at most ``max_samples`` samples.
 
@@ -252,7 +252,7 @@ def log_density(model: nn.Module, inputs: Tensor, targets: Tensor, num_data: int
     Args:
         model: a :class:`~sgrld.models.BayesianModel` (anything with ``log_prior()``).
         inputs: a minibatch of inputs.
-        targets: its int64 class labels.
+        targets: its targets: int64 class labels, or what the model's likelihood reads.
         num_data: n, the number of training points, ≥ 1.
 
     Returns:
@@ -263,5 +263,9 @@ def log_density(model: nn.Module, inputs: Tensor, targets: Tensor, num_data: int
     log_prior = getattr(model, "log_prior", None)
     if log_prior is None:
         raise TypeError(f"{type(model).__name__} has no log_prior(): use a BayesianModel")
-    log_lik = -F.cross_entropy(model(inputs), targets)
+    likelihood = getattr(model, "likelihood", None)
+    eta = model(inputs)
+    log_lik = (
+        -F.cross_entropy(eta, targets) if likelihood is None else -likelihood.nll(eta, targets)
+    )
     return num_data * log_lik + log_prior()

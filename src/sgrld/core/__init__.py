@@ -1,8 +1,9 @@
-"""The functional core: flat layout, state, the step engine and the functional sampler.
+"""The functional core: the metric contract, flat layout, state, the step engine and the
+functional sampler. The core imports nothing from the packages above it (the metrics implement
+:mod:`sgrld.core.contract`).
 
-Names are imported on first use (PEP 562): the metrics import ``sgrld.core.layout``, and the
-engine imports the metrics' contract, so importing every core module here would make
-``import sgrld.metrics`` circular.
+Names are imported on first use (PEP 562), so that a metric importing ``sgrld.core.contract``
+or ``sgrld.core.layout`` does not load the whole engine.
 """
 
 from __future__ import annotations

@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
+from sgrld.core.contract import Metric, Stats
 from sgrld.core.engine import body
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, Stats
 
 _counter = itertools.count()
 

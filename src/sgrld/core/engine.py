@@ -41,13 +41,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, Stats
 from sgrld.core.integrator import euler_maruyama
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
 from sgrld.core.shards import SumsAhead
 from sgrld.core.state import SamplerState, Workspace
-from sgrld.metrics.base import Metric, Stats
-from sgrld.metrics.identity import IdentityMetric
 
 CheckMode = Literal["sync", "deferred", "off"]
 Scalar = float | Tensor
@@ -383,6 +382,7 @@ def advance(
     refresh: bool = True,
     direct: bool = True,
     telemetry: Tensor | None = None,
+    closes_warmup: bool = False,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -413,7 +413,7 @@ def advance(
     ok: Tensor | None = None
     if (
         direct
-        and type(metric) is IdentityMetric
+        and not metric.preconditions
         and checks != "deferred"
         and compiled is None
         and all(g.is_contiguous() for g in present)
@@ -461,7 +461,8 @@ def advance(
         saved = {k: v.clone() for k, v in stats.items()}
     step_arg: int | Tensor = state.device_step + 1 if checks == "deferred" else step
     lr_arg, sigma_arg = _per_chain(lr, sub_layout, grad), _per_chain(sigma, sub_layout, grad)
-    due = refresh and adapt and refresh_due(metric, step)
+    # the warm-up's last step refreshes as a scheduled one would (:func:`~.warmup.closes_warmup`)
+    due = refresh and adapt and (refresh_due(metric, step) or closes_warmup)
     fused = False
     # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
     if compiled is not None and stats is state.stats and not due and telemetry is None:

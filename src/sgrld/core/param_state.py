@@ -6,7 +6,7 @@ publishes *views* of those buffers in ``optimizer.state[p]``, so that torch's to
 depends on, in torch's layout, with no copy per step. Loading goes the other way: a dict of
 per-parameter tensors is validated against a fresh state and copied into its flat buffers.
 
-Where each statistic goes (its kind, :mod:`sgrld.metrics.base`):
+Where each statistic goes (its kind, :mod:`sgrld.core.contract`):
 
 * ``"element"`` (one entry per parameter element): a parameter-shaped view, in every parameter;
 * ``"tensor"`` (one entry per parameter tensor): a 0-d view, in every parameter;
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric
 from sgrld.core.shards import ShardSpec, is_sharded, local, rows_of
 from sgrld.core.state import SamplerState
-from sgrld.metrics.base import Metric
 
 #: per-parameter entries that are not statistics (the group's own on its first parameter)
 STEP, NOISE_KEY, CHECK_FLAGS, GENERATOR = "step", "noise_key", "check_flags", "generator"

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compile
+from sgrld.core.contract import Metric, check_range
 from sgrld.core.engine import (
     NonFiniteGradientError,
     advance,
@@ -27,8 +28,7 @@ from sgrld.core.engine import (
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until
-from sgrld.metrics.base import Metric, check_range
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
 
@@ -206,6 +206,7 @@ class Sampler:
             compiled=self._compiled_move(),
             refresh=not (self.capturable and in_graph()),
             telemetry=telemetry,
+            closes_warmup=closes_warmup(self.metric, state.step + 1, self.adapt_until),
         )
         return state
 
@@ -242,7 +243,8 @@ class Sampler:
 
     def refresh_if_due(self, state: SamplerState) -> bool:
         """Run the metric's scheduled refresh if due at ``state.step`` (capturable samplers)."""
-        if not refresh_due(self.metric, state.step):
+        due = refresh_due(self.metric, state.step)
+        if not (due or closes_warmup(self.metric, state.step, self.adapt_until)):
             return False
         self.metric.refresh(state.stats, state.layout)
         return True

@@ -69,7 +69,7 @@ class SamplerState:
 
     Attributes:
         params: the parameters (updated in place by :func:`sgrld.core.sampler.Sampler.step`).
-        stats: the metric's statistics (see :mod:`sgrld.metrics.base`).
+        stats: the metric's statistics (see :mod:`sgrld.core.contract`).
         step: number of steps taken so far (host counter: schedules read it without a sync).
         generator: the random generator that drives ``noise="torch"``.
         layout: the flat layout of ``params``.

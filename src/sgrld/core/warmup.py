@@ -13,10 +13,12 @@ sampler, :class:`~sgrld.Chains` and the runner freeze G at the same step.
 
 from __future__ import annotations
 
+from typing import Any
+
 #: Steps of warm-up by default: the runner's default burn-in (and Stan's default warm-up).
 DEFAULT_WARMUP = 1000
 
-__all__ = ["DEFAULT_WARMUP", "adapting", "check_adapt_until"]
+__all__ = ["DEFAULT_WARMUP", "adapting", "check_adapt_until", "closes_warmup"]
 
 
 def check_adapt_until(adapt_until: int | None) -> None:
@@ -38,3 +40,17 @@ def adapting(steps_taken: int, adapt_until: int | None) -> bool:
     was after step ``adapt_until``. ``adapt_until=0`` never adapts (G stays at its initial value).
     """
     return adapt_until is None or steps_taken < adapt_until
+
+
+def closes_warmup(metric: Any, step: int, adapt_until: int | None) -> bool:
+    """Whether step ``step`` ends the warm-up off the metric's refresh schedule, so that its
+    scheduled part (Shampoo's inverse roots) must be refreshed once more now: else the frozen
+    G would be the one of the last scheduled refresh, or I when the warm-up is shorter than
+    the interval (Shampoo with a 20-step warm-up and roots every 100 steps would be SGLD)."""
+    interval = metric.refresh_interval
+    return (
+        interval is not None
+        and adapt_until is not None
+        and step == adapt_until > 0
+        and step % interval != 0
+    )

@@ -1,20 +1,86 @@
-"""``load_dataset``: the paper's MNIST and CIFAR-10 splits as tensors on a device."""
+"""``load_dataset``: the data registry (MNIST, CIFAR-10, diabetes) as splits on a device."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from sgrld.data.cifar10 import locate_cifar10, read_cifar10, standardise
+from sgrld.data.diabetes import NUM_TEST as DIABETES_NUM_TEST
+from sgrld.data.diabetes import NUM_VAL as DIABETES_NUM_VAL
+from sgrld.data.diabetes import load_diabetes_splits
 from sgrld.data.download import MNIST_FILES, download_dataset, missing_files_message
 from sgrld.data.idx import find_mnist_file, read_mnist
 from sgrld.data.splits import Splits, split_indices
 
 DATA_DIR_ENV = "SGRLD_DATA_DIR"
-DATASET_NAMES = ("mnist", "cifar10")
+
+#: The 442 diabetes patients less the test split.
+DIABETES_TRAIN_POOL = 442 - DIABETES_NUM_TEST
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetInfo:
+    """What a data set declares: its likelihood, one input's shape, the net's outputs.
+
+    Attributes:
+        likelihood: registry name in :mod:`sgrld.likelihoods`.
+        input_shape: the shape of one input.
+        num_outputs: how many outputs the network needs (the classes; 1 for a scalar target).
+        num_val: the default validation size.
+        train_pool: the points the training and validation splits are drawn from (the
+            official training set; diabetes: all but its 88 test points).
+        bundled: shipped with an installed package (no data directory, no download).
+    """
+
+    likelihood: str
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    num_val: int
+    train_pool: int
+    bundled: bool = False
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "mnist": DatasetInfo(
+        likelihood="categorical",
+        input_shape=(784,),
+        num_outputs=10,
+        num_val=10_000,
+        train_pool=60_000,
+    ),
+    "cifar10": DatasetInfo(
+        likelihood="categorical",
+        input_shape=(3, 32, 32),
+        num_outputs=10,
+        num_val=10_000,
+        train_pool=50_000,
+    ),
+    "diabetes": DatasetInfo(
+        likelihood="gaussian",
+        input_shape=(10,),
+        num_outputs=1,
+        num_val=DIABETES_NUM_VAL,
+        train_pool=DIABETES_TRAIN_POOL,
+        bundled=True,
+    ),
+}
+DATASET_NAMES = tuple(DATASETS)
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """The declaration of data set ``name``.
+
+    Raises:
+        ValueError: unknown ``name``; the message lists the valid ones.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {list(DATASET_NAMES)}")
+    return DATASETS[name]
 
 
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
@@ -96,41 +162,46 @@ def load_dataset(
     data_dir: str | os.PathLike[str] | None = None,
     *,
     device: torch.device | str = "cpu",
-    num_val: int = 10_000,
+    num_val: int | None = None,
     seed: int = 1,
     verify: bool = True,
     download: bool = False,
 ) -> Splits:
-    """Load ``"mnist"`` or ``"cifar10"`` with the paper's splits and preprocessing.
+    """Load ``"mnist"`` or ``"cifar10"`` with the paper's splits and preprocessing, or the
+    ``"diabetes"`` regression data.
 
     * MNIST: 50,000 / 10,000 / 10,000; pixels/255 flattened to 784, float32.
     * CIFAR-10: 40,000 / 10,000 / 10,000; NCHW float32 standardised per channel with the train
       split's mean and unbiased std.
+    * diabetes: 310 / 44 / 88, from scikit-learn (no files, no ``data_dir``); features and
+      targets standardised with the train split's statistics (:mod:`sgrld.data.diabetes`).
 
     Validation indices come from ``np.random.RandomState(seed).choice`` (draw order kept); the
     remaining training indices are sorted; the official test set keeps its file order.
 
     Args:
-        name: ``"mnist"`` or ``"cifar10"``.
+        name: ``"mnist"``, ``"cifar10"`` or ``"diabetes"`` (:data:`DATASET_NAMES`).
         data_dir: directory holding the files, directly or in a ``name/`` subdirectory;
-            defaults to ``$SGRLD_DATA_DIR``.
+            defaults to ``$SGRLD_DATA_DIR`` (not used by diabetes).
         device: where the tensors go.
-        num_val: validation size (10,000 in the paper).
+        num_val: validation size (default: the data set's, 10,000 in the paper; 44).
         seed: seed of the validation draw (1 in the paper).
         verify: check published SHA-256 digests.
         download: complete a partial copy (or fetch the whole dataset into ``data_dir/name``)
             from the official locations, verifying every file, present or fetched.
 
     Returns:
-        The :class:`Splits`, labels as int64.
+        The :class:`Splits`, labels as int64 (classification) or float32 targets (regression).
 
     Raises:
         ValueError: unknown ``name`` or no directory given.
+        ModuleNotFoundError: diabetes without scikit-learn (``pip install 'sgrld[regression]'``).
         NotADirectoryError: ``data_dir`` is a regular file.
         FileNotFoundError: files missing; the message names each missing file and where it goes.
     """
-    if name not in DATASET_NAMES:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {list(DATASET_NAMES)}")
+    num_val = dataset_info(name).num_val if num_val is None else num_val
+    if name == "diabetes":  # bundled with scikit-learn: no directory to look in
+        return load_diabetes_splits(num_val, seed).to(device)
     root = resolve_data_dir(data_dir)
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"data_dir {root} is a file, not a directory")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -39,9 +39,16 @@ def split_indices(
 
 @dataclass(frozen=True)
 class Splits:
-    """Inputs and integer labels (int64) of the three splits, all on one device.
+    """Inputs and targets of the three splits, all on one device.
 
     ``num_train`` is the ``n`` of the per-datum potential and of the step size h = ℓ/n.
+
+    Attributes:
+        likelihood: the registry name of the data's likelihood (:mod:`sgrld.likelihoods`):
+            ``"categorical"`` (int64 labels) or ``"gaussian"`` (float targets).
+        target_mean, target_scale: the targets are (y − ``target_mean``)/``target_scale`` of
+            the original ones (0 and 1: not scaled); scores go back to the original units with
+            them (``Gaussian(target_scale=...)``).
     """
 
     x_train: Tensor
@@ -50,6 +57,9 @@ class Splits:
     y_val: Tensor
     x_test: Tensor
     y_test: Tensor
+    likelihood: str = "categorical"
+    target_mean: float = 0.0
+    target_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for split in ("train", "val", "test"):
@@ -64,9 +74,18 @@ class Splits:
 
     @property
     def num_classes(self) -> int:
-        """Number of classes, from the largest label of any split."""
+        """Number of classes, from the largest label of any split (classification only)."""
+        if self.likelihood != "categorical":
+            raise ValueError(f"a {self.likelihood!r} data set has targets, not classes")
         return 1 + max(int(getattr(self, f"y_{s}").max()) for s in ("train", "val", "test"))
 
     def to(self, device: torch.device | str) -> Splits:
         """A copy with every tensor on ``device``."""
-        return Splits(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in fields(self)
+                if isinstance(getattr(self, f.name), Tensor)
+            },
+        )

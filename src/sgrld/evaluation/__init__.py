@@ -2,7 +2,7 @@
 
 - :mod:`~sgrld.evaluation.ensemble`: cumulative-ensemble LP, accuracy, ECE and confidence
   from a float64 running log-sum-exp.
-- :mod:`~sgrld.evaluation.calibration`: 30-bin top-label ECE with the reference's binning.
+- :mod:`~sgrld.likelihoods.calibration`: 30-bin top-label ECE with the reference's binning.
 - :mod:`~sgrld.evaluation.curvature`: the input-Hessian curvature ``C(θ)``.
 - :mod:`~sgrld.evaluation.diagnostics`: R-hat, bulk/tail ESS and InferenceData from ArviZ
   (optional extra ``sgrld[diagnostics]``).
@@ -11,12 +11,6 @@
 - :mod:`~sgrld.evaluation.equal_time`: the equal-computation-time re-analysis.
 """
 
-from sgrld.evaluation.calibration import (
-    ReliabilityBins,
-    expected_calibration_error,
-    reliability_bins,
-    top_label,
-)
 from sgrld.evaluation.curvature import CurvatureStats, curvature_per_example, measure_curvature
 from sgrld.evaluation.diagnostics import split_chain, summarize, to_inference_data
 from sgrld.evaluation.ensemble import EnsemblePredictive
@@ -30,6 +24,12 @@ from sgrld.evaluation.equal_time import (
     select_at_time,
 )
 from sgrld.evaluation.trace import SampleTrace, diagnostics_of, inference_data_of
+from sgrld.likelihoods.calibration import (
+    ReliabilityBins,
+    expected_calibration_error,
+    reliability_bins,
+    top_label,
+)
 
 __all__ = [
     "CurvatureStats",

@@ -4,7 +4,8 @@
 running log-sum-exp ``L[k, i, c] = logsumexp_s log p(c | x_i, θ_s^k)`` per chain, fed with the
 ``(K, B, C)`` logits of :class:`sgrld.Chains` in one call per batch, so that no per-sample logits
 are kept and every chain's metrics (LP, accuracy, ECE, confidence) are exactly those a single
-run's ``EnsemblePredictive`` reports.
+run's ``EnsemblePredictive`` reports. Like it, the ensemble follows a likelihood
+(:mod:`sgrld.likelihoods`; categorical by default).
 
 Example:
     >>> import torch
@@ -24,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sgrld.evaluation.calibration import expected_calibration_error
+from sgrld.evaluation.ensemble import ensemble_likelihood
+from sgrld.likelihoods.base import Likelihood
 
 __all__ = ["ChainEnsemble", "evaluate_chains"]
 
@@ -33,12 +35,14 @@ class ChainEnsemble:
     """Running ensemble predictive of each of K chains over one fixed evaluation set.
 
     Feed each posterior sample (one state of every chain) in consecutive batches with
-    :meth:`add_batch`, then :meth:`commit`. Memory: ``K·N·C`` float64.
+    :meth:`add_batch`, then :meth:`commit`. Memory: ``K·N·C`` float64 (categorical).
 
     Args:
         num_chains: K.
         num_points: N, size of the (unshuffled) evaluation set.
-        num_classes: C.
+        num_classes: C of the default categorical likelihood.
+        likelihood: the likelihood whose predictive is averaged (default
+            ``Categorical(num_classes)``).
         device: where the accumulator lives (default CPU); logits are moved there.
 
     References:
@@ -50,18 +54,21 @@ class ChainEnsemble:
         self,
         num_chains: int,
         num_points: int,
-        num_classes: int,
+        num_classes: int | None = None,
         *,
+        likelihood: Likelihood | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        if num_chains < 1 or num_points < 1 or num_classes < 2:
+        if num_chains < 1 or num_points < 1 or (num_classes is not None and num_classes < 2):
             raise ValueError(
                 "need num_chains >= 1, num_points >= 1 and num_classes >= 2, got "
                 f"{num_chains}, {num_points}, {num_classes}"
             )
-        self.shape = (num_chains, num_points, num_classes)
+        self.likelihood = ensemble_likelihood(num_classes, likelihood)
+        #: (K, N, width of η): the shape of one sample's outputs over the whole set
+        self.shape = (num_chains, num_points, self.likelihood.width)
         self.device = torch.device("cpu" if device is None else device)
-        self._log_sum = torch.full(self.shape, -math.inf, dtype=torch.float64, device=self.device)
+        self._log_sum = self.likelihood.ensemble_init((num_chains,), num_points, self.device)
         self._num_samples = 0
         self._pending: Tensor | None = None
         self._covered: Tensor | None = None
@@ -79,13 +86,13 @@ class ChainEnsemble:
         stop = start + logits.shape[1]
         if start < 0 or stop > n:
             raise ValueError(f"batch [{start}, {stop}) is outside [0, {n})")
+        terms = self.likelihood.ensemble_terms(logits.detach().to(device=self.device))
         if self._pending is None or self._covered is None:
-            self._pending = torch.empty_like(self._log_sum)
+            self._pending = terms.new_empty((k, n, *terms.shape[2:]))
             self._covered = torch.zeros(n, dtype=torch.bool, device=self.device)
         if bool(self._covered[start:stop].any()):
             raise ValueError(f"points in [{start}, {stop}) were already given for this sample")
-        batch = logits.detach().to(device=self.device, dtype=torch.float64)
-        self._pending[:, start:stop] = torch.log_softmax(batch, dim=-1)
+        self._pending[:, start:stop] = terms
         self._covered[start:stop] = True
 
     def commit(self) -> None:
@@ -95,40 +102,31 @@ class ChainEnsemble:
         missing = int((~self._covered).sum())
         if missing:
             raise RuntimeError(f"{missing} of {self.shape[1]} points were not given")
-        self._log_sum = torch.logaddexp(self._log_sum, self._pending)
+        self._log_sum = self.likelihood.ensemble_fold(self._log_sum, self._pending)
         self._num_samples += 1
         self._pending = self._covered = None
 
     def log_predictive(self) -> Tensor:
-        """``L − log S``, shape ``(K, N, C)`` (NaN while empty)."""
+        """``L − log S``, shape ``(K, N, C)`` (NaN while empty); the categorical likelihood's."""
         if self._num_samples == 0:
             return torch.full_like(self._log_sum, math.nan)
         return self._log_sum - math.log(self._num_samples)
 
     def metrics(self, labels: Tensor, *, num_bins: int = 30) -> list[dict[str, float]]:
         """Per chain, the dict of :meth:`EnsemblePredictive.metrics
-        <sgrld.evaluation.ensemble.EnsemblePredictive.metrics>` (lp, accuracy, ece,
-        confidence, num_samples); LP, accuracy and confidence batched over chains."""
+        <sgrld.evaluation.ensemble.EnsemblePredictive.metrics>` (categorical: lp, accuracy,
+        ece, confidence, num_samples); the scores batched over chains."""
         k, n, _ = self.shape
         if labels.shape != (n,):
             raise ValueError(f"expected labels ({n},), got {tuple(labels.shape)}")
         if self._num_samples == 0:
-            nan = math.nan
-            empty = {"lp": nan, "accuracy": nan, "ece": nan, "confidence": nan, "num_samples": 0}
+            empty = {**dict.fromkeys(self.likelihood.score_names, math.nan), "num_samples": 0}
             return [dict(empty) for _ in range(k)]
-        log_mean = self.log_predictive()
-        labels = labels.to(device=self.device, dtype=torch.long)
-        true_class = log_mean.gather(2, labels.expand(k, n)[..., None]).squeeze(2)
-        probs = log_mean.exp()
-        lp = true_class.mean(dim=1).tolist()
-        accuracy = (log_mean.argmax(dim=2) == labels).double().mean(dim=1).tolist()
-        confidence = probs.max(dim=2).values.mean(dim=1).tolist()
+        scores = self.likelihood.scores(self._log_sum, self._num_samples, labels, num_bins=num_bins)
+        columns = {name: value.tolist() for name, value in scores.items()}
         return [
             {
-                "lp": lp[i],
-                "accuracy": accuracy[i],
-                "ece": expected_calibration_error(probs[i], labels, num_bins),
-                "confidence": confidence[i],
+                **{name: column[i] for name, column in columns.items()},
                 "num_samples": self._num_samples,
             }
             for i in range(k)
@@ -143,8 +141,10 @@ class ChainEnsemble:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (onto this accumulator's device)."""
         log_sum = state["log_sum_exp"]
-        if tuple(log_sum.shape) != self.shape:
-            raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {self.shape}")
+        k, n, _ = self.shape
+        expected = self.likelihood.total_shape((k,), n, int(state["num_samples"]))
+        if tuple(log_sum.shape) != expected:
+            raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {expected}")
         self._log_sum = log_sum.detach().to(device=self.device, dtype=torch.float64).clone()
         self._num_samples = int(state["num_samples"])
         self._pending = self._covered = None

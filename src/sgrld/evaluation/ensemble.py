@@ -1,4 +1,4 @@
-"""Streaming cumulative-ensemble predictive for classification.
+"""Streaming cumulative-ensemble predictive (classification by default, any likelihood).
 
 The reference stores float64 log-probabilities of every posterior sample (about 1.6 GB per split
 on MNIST) and reduces them after the run. The ensemble metrics only need, per point and class,
@@ -8,7 +8,8 @@ on MNIST) and reduces them after the run. The ensemble metrics only need, per po
 because the averaged predictive is ``p̄(c | x_i) = exp(L[i, c] − log S)``. This module keeps
 exactly that running log-sum-exp in float64, so memory is ``O(N·C)`` whatever the number of samples
 and the per-epoch curves of the cumulative ensemble come for free (call :meth:`metrics` at the end
-of every epoch).
+of every epoch). Another likelihood (:mod:`sgrld.likelihoods`) brings its own running total
+and scores: a Gaussian keeps the mixture's components and scores LP, RMSE and coverage.
 
 Example:
     >>> import torch
@@ -30,9 +31,24 @@ from typing import Any
 
 import torch
 
-from sgrld.evaluation.calibration import expected_calibration_error
+from sgrld.likelihoods.base import Likelihood, get_likelihood
 
-__all__ = ["EnsemblePredictive"]
+__all__ = ["EnsemblePredictive", "ensemble_likelihood"]
+
+
+def ensemble_likelihood(num_classes: int | None, likelihood: Likelihood | None) -> Likelihood:
+    """The likelihood an ensemble averages: ``likelihood``, else ``Categorical(num_classes)``.
+
+    Raises:
+        ValueError: neither is given, or both and they disagree on the number of classes.
+    """
+    if likelihood is None:
+        if num_classes is None:
+            raise ValueError("give num_classes (classification) or a likelihood")
+        return get_likelihood("categorical")(num_classes)
+    if num_classes is not None and likelihood.width != num_classes:
+        raise ValueError(f"num_classes={num_classes} but the likelihood has {likelihood.width}")
+    return likelihood
 
 
 class EnsemblePredictive:
@@ -44,9 +60,12 @@ class EnsemblePredictive:
 
     Args:
         num_points: Size ``N`` of the (fixed, unshuffled) evaluation set.
-        num_classes: Number of classes ``C``.
-        device: Where the float64 ``(N, C)`` accumulator lives (default CPU). Incoming logits are
-            moved there.
+        num_classes: Number of classes ``C`` of the default categorical likelihood.
+        likelihood: The likelihood whose predictive is averaged (default:
+            ``Categorical(num_classes)``); its :meth:`~sgrld.likelihoods.Likelihood.scores` are
+            the :meth:`metrics`.
+        device: Where the float64 accumulator lives (default CPU). Incoming outputs (logits, or
+            the likelihood's η) are moved there.
 
     References:
         The paper's Tables 1-3 (LP, accuracy), 8-9 (ECE) and 10 (confidence); the ensemble is
@@ -54,18 +73,22 @@ class EnsemblePredictive:
     """
 
     def __init__(
-        self, num_points: int, num_classes: int, *, device: torch.device | str | None = None
+        self,
+        num_points: int,
+        num_classes: int | None = None,
+        *,
+        likelihood: Likelihood | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
-        if num_points < 1 or num_classes < 2:
+        if num_points < 1 or (num_classes is not None and num_classes < 2):
             raise ValueError(
                 f"need num_points >= 1 and num_classes >= 2, got {num_points}, {num_classes}"
             )
+        self.likelihood = ensemble_likelihood(num_classes, likelihood)
         self.num_points = num_points
         self.num_classes = num_classes
         self.device = torch.device("cpu" if device is None else device)
-        self._log_sum = torch.full(
-            (num_points, num_classes), -math.inf, dtype=torch.float64, device=self.device
-        )
+        self._log_sum = self.likelihood.ensemble_init((), num_points, self.device)
         self._num_samples = 0
         self._pending: torch.Tensor | None = None
         self._covered: torch.Tensor | None = None
@@ -81,6 +104,7 @@ class EnsemblePredictive:
         Args:
             logits: Shape ``(N, C)``: logits or (unnormalised) log-probabilities; they are
                 normalised with a float64 ``log_softmax``, so a per-row shift does not matter.
+                For another likelihood: its η, ``(N, width)``.
         """
         self.add_batch(0, logits)
         self.commit()
@@ -95,18 +119,19 @@ class EnsemblePredictive:
         Raises:
             ValueError: If the batch is out of range or overlaps points already given.
         """
-        if logits.ndim != 2 or logits.shape[1] != self.num_classes:
-            raise ValueError(f"expected logits (B, {self.num_classes}), got {tuple(logits.shape)}")
+        width = self.likelihood.width
+        if logits.ndim != 2 or logits.shape[1] != width:
+            raise ValueError(f"expected logits (B, {width}), got {tuple(logits.shape)}")
         stop = start + logits.shape[0]
         if start < 0 or stop > self.num_points:
             raise ValueError(f"batch [{start}, {stop}) is outside [0, {self.num_points})")
+        terms = self.likelihood.ensemble_terms(logits.detach().to(device=self.device))
         if self._pending is None or self._covered is None:
-            self._pending = torch.empty_like(self._log_sum)
+            self._pending = terms.new_empty((self.num_points, *terms.shape[1:]))
             self._covered = torch.zeros(self.num_points, dtype=torch.bool, device=self.device)
         if bool(self._covered[start:stop].any()):
             raise ValueError(f"points in [{start}, {stop}) were already given for this sample")
-        batch = logits.detach().to(device=self.device, dtype=torch.float64)
-        self._pending[start:stop] = torch.log_softmax(batch, dim=1)
+        self._pending[start:stop] = terms
         self._covered[start:stop] = True
 
     def commit(self) -> None:
@@ -120,7 +145,7 @@ class EnsemblePredictive:
         missing = int((~self._covered).sum())
         if missing:
             raise RuntimeError(f"{missing} of {self.num_points} points were not given")
-        self._log_sum = torch.logaddexp(self._log_sum, self._pending)
+        self._log_sum = self.likelihood.ensemble_fold(self._log_sum, self._pending)
         self._num_samples += 1
         self._pending = None
         self._covered = None
@@ -128,47 +153,48 @@ class EnsemblePredictive:
     def log_predictive(self) -> torch.Tensor:
         """Log of the ensemble-averaged class probabilities, ``L − log S``, shape ``(N, C)``.
 
-        Returns NaN everywhere while the ensemble is empty (epochs with ``S ≤ 0``).
+        Returns NaN everywhere while the ensemble is empty (epochs with ``S ≤ 0``). The
+        categorical likelihood's; for the others the predictive is the running total itself (a
+        Gaussian's mixture components, :attr:`total`).
         """
         if self._num_samples == 0:
             return torch.full_like(self._log_sum, math.nan)
         return self._log_sum - math.log(self._num_samples)
 
     def metrics(self, labels: torch.Tensor, *, num_bins: int = 30) -> dict[str, float]:
-        """Ensemble metrics of the committed samples.
+        """Ensemble metrics of the committed samples: the likelihood's scores and ``num_samples``.
 
         Args:
-            labels: Integer labels of the evaluation set, shape ``(N,)``.
+            labels: Targets of the evaluation set, shape ``(N,)``: integer labels, or floats
+                for a Gaussian likelihood.
             num_bins: ECE bins (30 in the paper).
 
         Returns:
-            A dict with
+            For the categorical likelihood a dict with
 
             - ``lp``: ``(1/N) Σ_i [logsumexp_s log p(y_i | x_i, θ_s) − log S]``;
             - ``accuracy``: accuracy of the argmax of the averaged probabilities;
             - ``ece``: top-label 30-bin L1 ECE of the averaged probabilities
-              (:func:`~sgrld.evaluation.calibration.expected_calibration_error`);
+              (:func:`~sgrld.likelihoods.calibration.expected_calibration_error`);
             - ``confidence``: mean over points of the max averaged probability (Table 10);
             - ``num_samples``: ``S``.
 
+            For a Gaussian: ``lp``, ``rmse``, ``coverage_50``, ``coverage_90``
+            (:class:`~sgrld.likelihoods.Gaussian`) and ``num_samples``.
             All but ``num_samples`` are NaN while the ensemble is empty.
         """
         if labels.shape != (self.num_points,):
             raise ValueError(f"expected labels ({self.num_points},), got {tuple(labels.shape)}")
         if self._num_samples == 0:
-            nan = math.nan
-            return {"lp": nan, "accuracy": nan, "ece": nan, "confidence": nan, "num_samples": 0}
-        log_mean = self.log_predictive()
-        labels = labels.to(device=self.device, dtype=torch.long)
-        true_class = log_mean.gather(1, labels[:, None]).squeeze(1)
-        probs = log_mean.exp()
-        return {
-            "lp": float(true_class.mean()),
-            "accuracy": float((log_mean.argmax(dim=1) == labels).double().mean()),
-            "ece": expected_calibration_error(probs, labels, num_bins),
-            "confidence": float(probs.max(dim=1).values.mean()),
-            "num_samples": self._num_samples,
-        }
+            return {**dict.fromkeys(self.likelihood.score_names, math.nan), "num_samples": 0}
+        scores = self.likelihood.scores(self._log_sum, self._num_samples, labels, num_bins=num_bins)
+        return {**{k: float(v) for k, v in scores.items()}, "num_samples": self._num_samples}
+
+    @property
+    def total(self) -> torch.Tensor:
+        """The likelihood's running total (categorical: ``L``, ``(N, C)``; Gaussian: the
+        mixture's components, ``(N, S, 2)`` of mean and log σ)."""
+        return self._log_sum
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state: the float64 accumulator and the sample count.
@@ -180,19 +206,20 @@ class EnsemblePredictive:
             raise RuntimeError("cannot checkpoint while a sample is being assembled; commit first")
         return {
             "num_points": self.num_points,
-            "num_classes": self.num_classes,
+            "num_classes": self.likelihood.width,
             "num_samples": self._num_samples,
-            "log_sum_exp": self._log_sum.clone(),
+            "log_sum_exp": self._log_sum.clone(),  # the name of the categorical total
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` (onto this accumulator's device)."""
         shape = (int(state["num_points"]), int(state["num_classes"]))
-        if shape != (self.num_points, self.num_classes):
+        if shape != (self.num_points, self.likelihood.width):
             raise ValueError(f"state is for {shape}, this accumulator is for {self._log_sum.shape}")
         log_sum = state["log_sum_exp"]
-        if tuple(log_sum.shape) != shape:
-            raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {shape}")
+        expected = self.likelihood.total_shape((), self.num_points, int(state["num_samples"]))
+        if tuple(log_sum.shape) != expected:
+            raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {expected}")
         self._log_sum = log_sum.detach().to(device=self.device, dtype=torch.float64).clone()
         self._num_samples = int(state["num_samples"])
         self._pending = None

@@ -17,7 +17,7 @@ R-hat and ESS within a run (split halves) and across runs (seeds as chains).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,10 +53,21 @@ class SampleTrace:
     def __len__(self) -> int:
         return len(self.test_loglik)
 
-    def add_batch(self, start: int, logits: Tensor, targets: Tensor) -> None:
-        """Add the test logits of points ``start, start + 1, ...`` of the current sample."""
-        logp = F.log_softmax(logits.detach().to(torch.float64), dim=-1)
-        picked = logp.gather(1, targets.view(-1, 1).to(logp.device)).squeeze(1)
+    def add_batch(
+        self,
+        start: int,
+        logits: Tensor,
+        targets: Tensor,
+        log_prob: Callable[[Tensor, Tensor], Tensor] | None = None,
+    ) -> None:
+        """Add the test outputs of points ``start, start + 1, ...`` of the current sample:
+        class logits, or any likelihood's η with its ``log_prob`` (evaluated in float64)."""
+        if log_prob is not None:
+            eta = logits.detach().to(torch.float64)
+            picked = log_prob(eta, targets.to(eta.device))
+        else:
+            logp = F.log_softmax(logits.detach().to(torch.float64), dim=-1)
+            picked = logp.gather(1, targets.view(-1, 1).to(logp.device)).squeeze(1)
         self._sum += float(picked.sum())
         if start < self.num_probe:
             self._probe += picked[: self.num_probe - start].tolist()

@@ -1,6 +1,9 @@
-"""Metric plug-ins G and their registry (see :mod:`sgrld.metrics.base` for the contract)."""
+"""Metric plug-ins G; each registers itself (contract and registry: :mod:`sgrld.core.contract`).
 
-from sgrld.metrics.base import (
+Importing this package registers every metric: a new one is its module and one import line here.
+"""
+
+from sgrld.core.contract import (
     ALIASES,
     Metric,
     get_metric,
@@ -8,6 +11,7 @@ from sgrld.metrics.base import (
     register,
     resolve_metric_name,
 )
+from sgrld.metrics.adam import AdamMetric
 from sgrld.metrics.identity import IdentityMetric
 from sgrld.metrics.monge import MongeMetric
 from sgrld.metrics.rmsprop import RMSpropMetric
@@ -16,6 +20,7 @@ from sgrld.metrics.wenzel import WenzelMetric
 
 __all__ = [
     "ALIASES",
+    "AdamMetric",
     "IdentityMetric",
     "Metric",
     "MongeMetric",

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from sgrld.core.contract import Metric, Stats, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, Stats, register
 
 
 @register
@@ -16,7 +16,9 @@ class IdentityMetric(Metric):
     """G = I. No statistics; G⁻¹g = g and G^{-1/2}ξ = ξ without copies."""
 
     name = "identity"
+    aliases = ("sgld",)
     compilable = True
+    preconditions = False
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return {}

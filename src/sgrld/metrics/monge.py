@@ -9,8 +9,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
 
 
 def _dots(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
@@ -54,6 +54,7 @@ class MongeMetric(Metric):
     """
 
     name = "monge"
+    aliases = ("mongesgld",)
     # Not compilable (the default): compiled, its three fused reductions ran at 1.1 ms per step
     # inside a training loop (MLP 784-400-400-10, 2 threads) against 0.33 ms eager (BLAS dots).
     alpha2: float = 1.0
@@ -139,7 +140,7 @@ class MongeMetric(Metric):
     def coefficient_slope(self, sq_norm: Tensor) -> Tensor:
         """dβ/ds with β = −f₋₁ = α²/(1+α²s): −β² (fixed), −β/s (normalized, 0 where guarded).
 
-        The exact Riemannian drift needs it (:mod:`sgrld.core.riemann`).
+        The exact Riemannian drift needs it (:mod:`sgrld.metrics.monge_exact`).
         """
         beta = -self._inverse_coefficient(sq_norm)
         if self.alpha2_rule == "fixed":

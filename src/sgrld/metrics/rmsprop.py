@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
 
 
 @register
@@ -28,6 +28,7 @@ class RMSpropMetric(Metric):
     """
 
     name = "rmsprop"
+    aliases = ("psgld", "rmspropsgld")
     compilable = True
     decay: float = 0.99
     eps: float = 1e-8
@@ -56,8 +57,9 @@ class RMSpropMetric(Metric):
         # multiplying by r twice is cheaper than dividing by √V + ε. Eagerly pow(x, −½) is the
         # vectorised rsqrt kernel on CPU (2× faster than torch.rsqrt); under torch.compile
         # (the funnel's fast path) inductor turns pow into a slow generic pow, rsqrt into rsqrt.
-        if self.bias_correction:
-            torch.div(v, 1.0 - self.decay**step, out=r)
+        if self.bias_correction:  # 1 − λᵗ in float64 for an int and a 0-d int64 tensor step alike
+            t = step if isinstance(step, int) else step.double()
+            torch.div(v, 1.0 - self.decay**t, out=r)
             r.sqrt_()
         else:
             torch.sqrt(v, out=r)

@@ -46,6 +46,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics._blocking import (
     TILINGS,
@@ -57,7 +58,6 @@ from sgrld.metrics._blocking import (
     plan_buckets,
 )
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
-from sgrld.metrics.base import Metric, Stats, check_range, register
 
 
 def _check_int(name: str, value: int, low: int) -> None:
@@ -66,7 +66,7 @@ def _check_int(name: str, value: int, low: int) -> None:
 
 
 def _key(stat: str, group: int, axis: int, index: int) -> str:
-    """Per-tensor stat key ``"<stat>_<group>_<axis>@<index>"`` (see :mod:`sgrld.metrics.base`)."""
+    """Per-tensor stat key ``"<stat>_<group>_<axis>@<index>"`` (see :mod:`sgrld.core.contract`)."""
     return f"{stat}_{group}_{axis}@{index}"
 
 
@@ -123,6 +123,7 @@ class ShampooMetric(Metric):
     """
 
     name = "shampoo"
+    aliases = ("shampoosgld",)
     decay: float = 0.99
     eps: float = 1e-8
     block_size: int = 128

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.base import Metric, StatKind, Stats, check_range, register
 
 
 @register
@@ -35,6 +35,8 @@ class WenzelMetric(Metric):
     """
 
     name = "wenzel"
+    refresh_per_epoch = True
+    aliases = ("wenzelsgld",)
     compilable = True
     decay: float = 0.99
     eps: float = 1e-8

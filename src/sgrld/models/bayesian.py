@@ -1,4 +1,4 @@
-"""A network whose parameters carry priors, its He initialisation and the per-datum potential.
+"""A network whose parameters carry priors, its likelihood, He initialisation and the potential.
 
 Every ``nn.Linear`` and ``nn.Conv*`` parameter gets a prior module attached next to it as
 ``<param>_prior`` (so a horseshoe's sampled scale appears as ``....weight_prior.raw_scale``, like
@@ -10,6 +10,10 @@ priors' hyper-parameters.
 Scale rule: σ = ``weight_scale``/sqrt(in_features) for dense weights,
 ``weight_scale``/sqrt(C_in) for conv kernels (or /sqrt(C_in·k²) with ``conv_scale="fan_in"``),
 ``bias_scale`` for biases.
+
+The likelihood (:mod:`sgrld.likelihoods`, categorical by default) is the submodule
+``likelihood``, registered after the net: its sampled parameters (a learned Gaussian log σ) come
+after the net's in ``named_parameters()``, and a categorical likelihood adds none.
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ import math
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 
+from sgrld.likelihoods import Categorical, Likelihood
 from sgrld.priors import Prior, PriorConfig, get_prior
 
 PRIOR_SUFFIX = "_prior"
@@ -46,9 +50,10 @@ def parameter_scales(module: nn.Module, config: PriorConfig) -> dict[str, float]
 
 
 class BayesianModel(nn.Module):
-    """``net`` with a prior on every Linear/conv parameter and ``log_prior()``.
+    """``net`` with a prior on every Linear/conv parameter, a likelihood and ``log_prior()``.
 
-    The forward pass returns the logits of a Categorical likelihood (softmax temperature 1).
+    The forward pass returns η, the likelihood's per-point parameters (the logits of the default
+    Categorical likelihood, softmax temperature 1; mean and log σ of a Gaussian).
     Sample in ``train()`` mode and evaluate in ``eval()`` mode (BatchNorm).
 
     Args:
@@ -57,6 +62,8 @@ class BayesianModel(nn.Module):
         config: scales and variants; the default reproduces the reference.
         init: apply He initialisation now; otherwise keep the net's own values.
         generator: random generator for the initialisation.
+        likelihood: p(y | x, θ) (default: :class:`~sgrld.likelihoods.Categorical` over the
+            net's outputs).
 
     Raises:
         ValueError: unknown ``prior``; the message lists the valid names.
@@ -76,12 +83,14 @@ class BayesianModel(nn.Module):
         *,
         init: bool = True,
         generator: torch.Generator | None = None,
+        likelihood: Likelihood | None = None,
     ) -> None:
         super().__init__()
         family = get_prior(prior)
         self.prior_name = prior
         self.config = config if config is not None else PriorConfig()
         self.net = net
+        self.likelihood = likelihood if likelihood is not None else Categorical()
         # (owning layer, parameter name, prior); parameters are looked up at call time so that
         # torch.func.functional_call substitutes them.
         self._sites: list[tuple[str, nn.Module, str, Prior]] = []
@@ -96,8 +105,8 @@ class BayesianModel(nn.Module):
             self.reset_parameters(generator)
 
     def forward(self, x: Tensor) -> Tensor:
-        """Logits f(x) of the Categorical likelihood."""
-        return self.net(x)
+        """η(x): the likelihood's parameters from the net's outputs (categorical: the logits)."""
+        return self.likelihood(self.net(x))
 
     def named_priors(self) -> Iterator[tuple[str, Prior]]:
         """``(parameter name, prior)`` for every parameter that has a prior."""
@@ -105,8 +114,10 @@ class BayesianModel(nn.Module):
             yield full, site_prior
 
     def log_prior(self) -> Tensor:
-        """log p(θ): the sum of every prior's ``log_prob``, hyper-priors included."""
+        """log p(θ): the sum of every prior's ``log_prob``, hyper-priors and the likelihood's
+        sampled parameters included."""
         terms = [p.log_prob(getattr(layer, name)) for _, layer, name, p in self._sites]
+        terms += self.likelihood.log_prior_terms()
         if not terms:
             return torch.zeros(())
         return torch.stack(terms).sum()
@@ -117,7 +128,8 @@ class BayesianModel(nn.Module):
 
         Weights with a prior: Kaiming normal, fan_in, ReLU gain (std sqrt(2/fan_in), fan_in =
         C_in·k² for convs). Biases with a prior: U(±1/sqrt(out_features)). BatchNorm: weight 1,
-        bias 0, running stats reset. Horseshoe scales: softplus⁻¹(1).
+        bias 0, running stats reset. Horseshoe scales: softplus⁻¹(1). The likelihood's
+        parameters: its own initial values (a learned log σ: its prior's mean).
         """
         for _, layer, name, site_prior in self._sites:
             param = getattr(layer, name)
@@ -132,6 +144,7 @@ class BayesianModel(nn.Module):
         for module in self.net.modules():
             if isinstance(module, _BatchNorm):
                 module.reset_parameters()
+        self.likelihood.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"prior={self.prior_name!r}"
@@ -140,12 +153,14 @@ class BayesianModel(nn.Module):
 def potential(model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
     """Per-datum potential u_B(θ) = −mean_B log p(y|x, θ) − log p(θ)/n.
 
-    Its gradient is the paper's ĝ = ∇Û/n used by every sampler (``docs/conventions.md``).
+    Its gradient is the paper's ĝ = ∇Û/n used by every sampler (``docs/conventions.md``). The
+    data term is the model's likelihood's :meth:`~sgrld.likelihoods.Likelihood.nll`; for the
+    default categorical likelihood exactly ``F.cross_entropy(model(x), y)``.
 
     Args:
         model: the Bayesian model (its mode decides how BatchNorm behaves).
         x: a minibatch of inputs.
-        y: int64 class labels of the minibatch.
+        y: the minibatch's targets: int64 class labels (categorical), floats (Gaussian).
         num_data: n, the number of training points (50,000 MNIST, 40,000 CIFAR-10).
 
     Returns:
@@ -153,4 +168,4 @@ def potential(model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tens
     """
     if num_data < 1:
         raise ValueError(f"num_data must be >= 1, got {num_data}")
-    return F.cross_entropy(model(x), y) - model.log_prior() / num_data
+    return model.likelihood.nll(model(x), y) - model.log_prior() / num_data

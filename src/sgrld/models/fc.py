@@ -1,4 +1,4 @@
-"""The MNIST fully connected net 784-N-N-10 with ReLU (`classificationdensenet`)."""
+"""The MNIST fully connected net 784-N-N-10 with ReLU (`classificationdensenet`), any sizes."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ class FullyConnected(nn.Sequential):
 
     Args:
         width: hidden width N ≥ 1.
-        in_features: input size (784 for flattened MNIST; any input is flattened first).
-        num_classes: number of logits.
+        in_features: input size (784 for flattened MNIST, 10 for diabetes; any input is
+            flattened first).
+        num_classes: number of outputs (the logits; 1 for a Gaussian regression).
     """
 
     def __init__(self, width: int = 400, in_features: int = 784, num_classes: int = 10) -> None:

@@ -1,0 +1,153 @@
+"""The metric plug-in contract and the registry: what the core calls, owned by the core.
+
+The metric modules implement :class:`Metric` and :func:`register` themselves; nothing here
+names one. A metric G answers four questions: update your statistics from this gradient; apply
+G⁻¹ to a vector; apply G^{-1/2} to a vector; optionally refresh an explicitly scheduled part.
+The integrator (:mod:`sgrld.core.integrator`) composes them into the paper's Euler–Maruyama
+step (eq. 4, Γ dropped); see ``docs/conventions.md`` for ℓ, n, τ and signs.
+
+All vectors are flat buffers of shape ``(*batch, D)`` laid out by a :class:`FlatLayout`.
+Statistics are a ``dict[str, Tensor]``; every key is declared in :meth:`Metric.stat_kinds` so
+that the core can restrict the state to the parameters that have gradients this step:
+
+* ``"element"``: last dim is ``D`` (one entry per parameter element);
+* ``"tensor"``: last dim is the number of parameter tensors;
+* ``"global"``: anything else shared by the whole group (kept as is);
+* keys of the form ``"<stat>@<i>"`` belong to parameter tensor ``i`` only (e.g. Shampoo factors).
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+from collections.abc import Callable
+from typing import ClassVar, Literal
+
+from torch import Tensor
+
+from sgrld.core.layout import FlatLayout
+
+StatKind = Literal["element", "tensor", "global"]
+Stats = dict[str, Tensor]
+
+
+class Metric(abc.ABC):
+    """Base class of the Riemannian metrics G (one instance = one hyper-parameter setting)."""
+
+    #: registry name, e.g. ``"monge"``
+    name: ClassVar[str]
+    #: whether ``compile=True`` samplers may trace this metric; opt-in, for metrics whose code
+    #: traces and measurably gains (the elementwise ones; :mod:`sgrld.core.compiled`)
+    compilable: ClassVar[bool] = False
+    #: whether runners refresh G at each epoch end (Wenzel's layer-wise scales, as the paper's
+    #: code does); the facade's users call ``refresh_metric()`` themselves
+    refresh_per_epoch: ClassVar[bool] = False
+    #: whether G may differ from I; ``False`` (identity only) lets the step engine move by the
+    #: gradients themselves, without the flat copy :meth:`inverse` would read
+    preconditions: ClassVar[bool] = True
+    #: other names the sampler is known by (matched without regard to case), e.g. ``("psgld",)``
+    aliases: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        """Fresh statistics for ``layout``; ``like`` gives dtype and device."""
+
+    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+        """Kind of every key of ``stats`` that is not of the per-tensor ``"<stat>@<i>"`` form."""
+        return {}
+
+    @abc.abstractmethod
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
+        """Fold the flat gradient into the statistics, in place. ``step`` counts from 1.
+
+        ``step`` is a Python int in eager steps and a 0-d int64 tensor on the parameters' device
+        in compiled and captured ones: use it only in tensor arithmetic (no ``%``, no ``if``).
+        """
+
+    @abc.abstractmethod
+    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
+        """Return G⁻¹ · grad, called after :meth:`update` in the same step.
+
+        ``grad`` is the core's private flat copy of the gradient: it may be overwritten in place.
+        """
+
+    @abc.abstractmethod
+    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
+        """Return G^{-1/2} · noise. May overwrite ``noise`` (a scratch buffer) in place."""
+
+    @property
+    def refresh_interval(self) -> int | None:
+        """Steps between the refreshes the step engine runs itself (``None``: never).
+
+        A due refresh runs right after :meth:`update` of the step whose count is a multiple of
+        the interval (Shampoo's roots); the engine decides on the host, so the
+        hot step never branches on the step count.
+        """
+        return None
+
+    def refresh(self, stats: Stats, layout: FlatLayout) -> None:  # noqa: B027 - optional hook
+        """Recompute an explicitly scheduled part of G (Wenzel's preconditioner at an epoch end,
+        Shampoo's inverse roots every :attr:`refresh_interval` steps)."""
+
+    def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
+        """Health figures of the current G for telemetry (read at sample or epoch boundaries,
+        never inside a step), e.g. Monge's stretch α²‖m‖², Shampoo's factor conditioning."""
+        return {}
+
+
+_REGISTRY: dict[str, type[Metric]] = {}
+
+
+#: Other names a sampler is known by (alias → registry name), collected from the metrics'
+#: :attr:`Metric.aliases`: the facade classes' (``SGLD`` is ``identity``) and the literature's
+#: (pSGLD is RMSprop-preconditioned SGLD).
+ALIASES: dict[str, str] = {}
+
+
+def register(cls: type[Metric]) -> type[Metric]:
+    """Class decorator adding a metric to the registry under ``cls.name`` and its aliases."""
+    _REGISTRY[cls.name] = cls
+    ALIASES.update(dict.fromkeys((a.lower() for a in cls.aliases), cls.name))
+    return cls
+
+
+def resolve_metric_name(name: str) -> str:
+    """The registry name of ``name``: itself, or the metric an alias (:data:`ALIASES`) names.
+
+    Raises:
+        ValueError: an unknown name; the message suggests the closest known one.
+    """
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in _REGISTRY:
+        return key
+    close = difflib.get_close_matches(key, [*_REGISTRY, *ALIASES], n=1)
+    hint = ""
+    if close:
+        target = ALIASES.get(close[0])
+        hint = f"did you mean {close[0]!r}{f' ({target})' if target else ''}? "
+    aliases = ", ".join(f"{a} = {m}" for a, m in ALIASES.items() if a != f"{m}sgld")
+    raise ValueError(
+        f"unknown sampler {name!r}; {hint}choose one of {', '.join(sorted(_REGISTRY))} "
+        f"(aliases: {aliases})"
+    )
+
+
+def get_metric(name: str) -> type[Metric]:
+    """Look a metric class up by registry name (:func:`metric_names`) or alias.
+
+    Raises:
+        ValueError: an unknown name (the message suggests the closest known one).
+    """
+    return _REGISTRY[resolve_metric_name(name)]
+
+
+def metric_names() -> list[str]:
+    """The registry's names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def check_range(name: str, value: float, ok: Callable[[float], bool], expect: str) -> None:
+    """Eager argument validation with a message naming the argument (torch.optim style)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(float(value)):
+        raise ValueError(f"invalid {name}: {value!r} (expected {expect})")

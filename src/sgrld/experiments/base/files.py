@@ -1,0 +1,378 @@
+"""What the experiment commands write, made safe against the faults of a real machine.
+
+- :func:`write_atomic`: a file appears whole or not at all (a temporary file unique to this
+  process in the same directory, fsync, rename); a failure removes the temporary and raises
+  :class:`OutputError` naming the file and the reason (e.g. "no space left on device").
+- :class:`DirectoryLock`: an OS lock (``flock``) on an output directory, so two runs never write
+  into one; the kernel releases it when the holder dies, however it dies.
+- :func:`save_checkpoint` / :func:`load_checkpoint`: a checkpoint carries the SHA-256 of its
+  payload, so a flipped byte, a truncation or a foreign file is refused (:class:`CheckpointError`)
+  instead of resuming into wrong results (torch's loader does not check the zip's CRCs).
+
+The guarantees per fault are listed in ``docs/experiments.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import math
+import os
+import signal
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import Terminated
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there are not protected from each other
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "EXIT_IO_ERROR",
+    "CheckpointError",
+    "DirectoryLock",
+    "DirectoryLockedError",
+    "OutputError",
+    "Terminated",
+    "find_nonfinite",
+    "load_checkpoint",
+    "remove_stale_temporaries",
+    "save_checkpoint",
+    "save_figure",
+    "sha256_hex",
+    "sigint_deferred",
+    "sigterm_raises",
+    "write_atomic",
+]
+
+#: Exit status when an output cannot be written (BSD sysexits ``EX_IOERR``).
+EXIT_IO_ERROR = exits.IO_ERROR
+LOCK_FILE = ".sgrld.lock"
+_TEMP_SUFFIX = ".sgrld-tmp"
+_MAGIC = b"sgrld-checkpoint\n"  # then one JSON header line, then the torch.save payload
+
+
+class OutputError(OSError):
+    """An output could not be written; ``str()`` is one line naming the file and the reason."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()  # without OSError's "[Errno 28] " prefix
+
+
+class DirectoryLockedError(RuntimeError):
+    """Another live process holds the output directory's lock."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is damaged, truncated, empty, foreign or does not fit the run."""
+
+
+def _reason(exc: OSError) -> str:
+    # "no space left on device" rather than a chained traceback ending in torch's "enforce fail".
+    return os.strerror(exc.errno).lower() if exc.errno else str(exc)
+
+
+def _file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask  # mkstemp makes 0600 files; outputs get the usual mode
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """Write ``data`` to ``path`` whole or not at all.
+
+    Raises:
+        OutputError: the write failed (the temporary is removed, an older ``path`` is kept).
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TEMP_SUFFIX, dir=path.parent)
+    except OSError as exc:
+        raise OutputError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
+    try:
+        try:
+            _write_all(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OutputError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], **options: Any) -> None:
+    """A matplotlib figure rendered as PNG in memory, then written with :func:`write_atomic`
+    (never through a file or link already at ``path``)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **options)
+    write_atomic(path, buffer.getvalue())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries that killed writers left in ``directory`` (hold its lock first)."""
+    removed = []
+    for entry in Path(directory).glob(f".*{_TEMP_SUFFIX}"):
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            removed.append(entry)
+    return removed
+
+
+def sha256_hex(data: bytes) -> str:
+    """The SHA-256 of ``data`` in hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (or create) a lock file without following a link planted at its name.
+
+    Raises:
+        OutputError: ``path`` is a symbolic link or not a regular file (the message says so).
+        OSError: it cannot be opened or created.
+    """
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            message = f"cannot lock {path}: it is a symbolic link; refusing to follow it"
+            raise OutputError(exc.errno, message) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        message = f"cannot lock {path}: it is not a regular file; refusing to use it"
+        raise OutputError(errno.EINVAL, message)
+    return fd
+
+
+class DirectoryLock:
+    """An exclusive ``flock`` on ``directory/.sgrld.lock``, which records the holder.
+
+    Use as a context manager; the directory is created if needed (and removed on release if it
+    is still empty, so a refused run leaves nothing). The lock file is removed on release; one
+    left by a killed holder is unlocked (the kernel dropped the lock) and reused.
+
+    Raises:
+        DirectoryLockedError: on entry, when another process holds the lock (the message names
+            its pid, host and command).
+        OutputError: the directory or the lock file cannot be created.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], command: str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self.command = command
+        self._fd: int | None = None
+        self._created = False
+
+    def __enter__(self) -> DirectoryLock:
+        if fcntl is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            return self
+        try:
+            self._created = not self.directory.exists()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            while True:
+                fd = _open_lock_file(self.path)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = Path(self.path).read_text(errors="replace").strip()
+                    os.close(fd)
+                    raise DirectoryLockedError(
+                        f"{self.directory} is in use by another run "
+                        f"({holder or 'holder not yet recorded'}; lock {self.path})"
+                    ) from None
+                # A holder that released between our open and flock unlinked the file we
+                # locked: only a lock on the file now at the path counts.
+                with contextlib.suppress(FileNotFoundError):
+                    if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                        break
+                os.close(fd)
+            host = socket.gethostname()
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {host}, {self.command}, since {stamp}\n".encode())
+        except OutputError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.errno, f"cannot lock {self.path}: {_reason(exc)}") from exc
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)  # while still holding it (see the inode check on entry)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+        if self._created:
+            with contextlib.suppress(OSError):  # only succeeds when nothing was written
+                self.directory.rmdir()
+
+
+# --- checkpoints ---------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: Any) -> None:
+    """``torch.save(state)`` behind a header holding the payload's size and SHA-256, atomically.
+
+    Raises:
+        OutputError: the file could not be written (the previous checkpoint is kept).
+    """
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    header = json.dumps({"bytes": len(payload), "sha256": sha256_hex(payload)})
+    write_atomic(path, _MAGIC + header.encode() + b"\n" + payload)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Any:
+    """Read a :func:`save_checkpoint` file onto the CPU after checking its SHA-256.
+
+    Raises:
+        CheckpointError: the file is unreadable, empty, truncated, damaged or not a sgrld
+            checkpoint; the message names the file and what is wrong.
+    """
+    import torch
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {_reason(exc)}") from exc
+    if not data:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
+    if not data.startswith(_MAGIC):
+        what = "a bare torch file" if data[:2] == b"PK" else "not a sgrld checkpoint"
+        raise CheckpointError(
+            f"checkpoint {path} has no sgrld integrity header ({what}); refusing to trust it"
+        )
+    end = data.find(b"\n", len(_MAGIC))
+    try:
+        header = json.loads(data[len(_MAGIC) : end])
+        size, digest = int(header["bytes"]), str(header["sha256"])
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {path} is damaged (unreadable header)") from None
+    payload = data[end + 1 :] if end >= 0 else b""
+    if len(payload) != size:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or padded: {len(payload)} payload bytes, "
+            f"{size} written"
+        )
+    if sha256_hex(payload) != digest:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: its SHA-256 does not match the one written with it"
+        )
+    try:
+        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:  # the checksum matched: written by something else than sgrld
+        raise CheckpointError(
+            f"checkpoint {path} holds a payload sgrld cannot load safely ({type(exc).__name__})"
+        ) from None
+
+
+def find_nonfinite(value: Any, name: str = "", *, allow_minus_inf: bool = False) -> list[str]:
+    """Dotted names of the floating tensors (and floats) in ``value`` holding NaN or ±Inf.
+
+    Args:
+        value: nested dicts, lists and tuples of tensors and numbers.
+        name: prefix of the reported names.
+        allow_minus_inf: accept −Inf (e.g. a log-sum-exp accumulator before its first term).
+    """
+    import torch
+
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            key_name = f"{name}.{key}" if name else str(key)
+            found += find_nonfinite(item, key_name, allow_minus_inf=allow_minus_inf)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found += find_nonfinite(item, f"{name}[{index}]", allow_minus_inf=allow_minus_inf)
+    elif isinstance(value, torch.Tensor) and value.is_floating_point():
+        bad = value.isnan() | (value == math.inf)
+        if not allow_minus_inf:
+            bad |= value == -math.inf
+        if bool(bad.any()):
+            found.append(name)
+    elif isinstance(value, float) and (
+        math.isnan(value) or value == math.inf or (value == -math.inf and not allow_minus_inf)
+    ):
+        found.append(name)
+    return found
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then raise :class:`KeyboardInterrupt`.
+
+    For ``import torch``: a KeyboardInterrupt raised inside its C++ start-up aborts the whole
+    process (SIGABRT) instead of unwinding.
+    """
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (clean-up runs as for Ctrl-C)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,366 @@
+"""``sgrld sweep``: a grid of ``sgrld sample`` runs, resumable, on local processes or SLURM.
+
+Examples::
+
+    sgrld sweep --sampler identity,rmsprop --lr 0.05,0.1,0.25 --seeds 0-9 --prior horseshoe \\
+        --data-dir DIR --out runs/hs400 --jobs 2
+    sgrld sweep --config paper/mnist_table1 --data-dir DIR --out runs/table1 \\
+        --engine submitit --partition gpu --gpus-per-job 1 --timeout-min 240
+
+The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
+``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
+(``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.sweep.grid`); flags
+given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
+run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint.pt``), which
+``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
+
+Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
+a finished sweep does nothing; a larger ``--epochs`` extends finished runs. Exit statuses:
+:mod:`sgrld.experiments.base.exits`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.base import exits
+from sgrld.experiments.commands import sample
+from sgrld.experiments.run import launch
+from sgrld.experiments.sweep import grid
+from sgrld.experiments.sweep.grid import GridError, Kind, PlannedRun
+
+#: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
+MACHINE_OPTIONS = frozenset(
+    {"data_dir", "no_verify", "download", "out", "resume", "device", "threads"}
+    | {"no_progress", "no_plot", "chains", "chain_batch", "no_graph"}
+)
+ENGINES = ("local", "submitit", "submitit-local")
+
+
+def _sample_actions() -> list[argparse.Action]:
+    scratch = argparse.ArgumentParser(add_help=False)
+    sample.add_arguments(scratch)
+    return [a for a in scratch._actions if a.option_strings]
+
+
+def run_defaults() -> dict[str, Any]:
+    """``sgrld sample``'s defaults of the options a grid may set (``seeds`` for ``seed``)."""
+    defaults = {a.dest: a.default for a in _sample_actions() if a.dest not in MACHINE_OPTIONS}
+    defaults["seeds"] = [defaults.pop("seed")]
+    return defaults
+
+
+def option_kinds() -> dict[str, Kind]:
+    """What each config key takes (its ``sgrld sample`` flag's type), to refuse ``lr = true``."""
+    kinds = {}
+    for action in _sample_actions():
+        if action.dest in MACHINE_OPTIONS:
+            continue
+        parse = getattr(action.type, "item_type", action.type)
+        if getattr(action, "kind", None) is not None:
+            kind = action.kind  # type: ignore[attr-defined]
+        elif action.nargs == 0:
+            kind = "bool"
+        elif parse is int:
+            kind = "int"
+        elif parse is float:
+            kind = "float"
+        else:
+            kind = "str"
+        choices = tuple(action.choices) if action.choices else None
+        name = "seeds" if action.dest == "seed" else action.dest
+        kinds[name] = Kind(kind, choices, axis=name in grid.AXES)
+    return kinds
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` with its message shown by argparse (which hides plain ValueErrors)."""
+
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    checked.__name__ = parse.__name__
+    return checked
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``sgrld sample``'s options, listed where sample lists them, plus the sweep's own.
+
+    Grid options default to "not given" so that ``--config`` values are overridden only by the
+    flags actually typed; sample's defaults fill the rest (:func:`run_defaults`).
+    """
+    sample.add_arguments(parser)
+    parser.epilog = exits.epilog("sweep")
+    for action in parser._actions:
+        if not action.option_strings or action.dest in MACHINE_OPTIONS:
+            continue
+        action.default = argparse.SUPPRESS
+        action.required = False
+        if action.dest in grid.AXES and getattr(action, "kind", None) is None:
+            choices = f" ({', '.join(action.choices)})" if action.choices else ""
+            item_type = action.type if callable(action.type) else str
+            item_type = getattr(item_type, "item_type", item_type)  # sample's lists of floats
+            action.type = _argument_type(grid.comma_list(item_type, action.choices))
+            action.choices = None
+            action.metavar = "A,B,..."
+            action.help = f"{_AXIS_HELP.get(action.dest, action.dest)}{choices}"
+        if action.dest == "seed":  # --seed N and --seeds 0-9,12 are one option
+            action.dest, action.type = "seeds", _argument_type(grid.parse_seeds)
+            action.option_strings = ["--seeds", *action.option_strings]
+            parser._option_string_actions["--seeds"] = action
+            action.metavar, action.help = "RANGE", "seeds: 0-9, 0,3,5 or 0-2,7 (0)"
+    for action in parser._actions:
+        if action.dest == "out":
+            action.required, action.help = True, "the sweep folder (required)"
+        elif action.dest == "resume":  # accepted (a sample flag), but a sweep always resumes
+            action.help = argparse.SUPPRESS
+        elif action.dest == "no_plot":  # the default; --plot turns the plots on
+            action.default, action.help = True, argparse.SUPPRESS
+        elif action.dest == "chains":
+            action.help = (
+                "pack up to K runs of one setting and sampler (differing in seed, lr, alpha2) "
+                "into one process as chains (1: a process per run)" + _RECORDED
+            )
+        elif action.dest == "chain_batch":
+            action.help = (
+                "at most B chains of a pack per vectorised call (default: all)" + _RECORDED
+            )
+        elif action.dest == "threads":
+            action.help = "torch CPU threads per job (default: torch's choice)" + _RECORDED
+        elif action.dest == "device":
+            action.help = "cpu, cuda or cuda:K (cpu); its kind is" + _RECORDED[1:]
+        elif action.dest == "no_graph":
+            action.help = "CUDA: eager steps instead of replaying a captured step" + _RECORDED
+
+    sweep = parser.add_argument_group("sweep")
+    sweep.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML grid, by path or shipped name: " + ", ".join(grid.shipped_configs()),
+    )
+    sweep.add_argument(
+        "--plot", dest="no_plot", action="store_false", help="draw each run's curves.png (off)"
+    )
+    sweep.add_argument("--engine", choices=ENGINES, default="local", help="how jobs run (local)")
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        metavar="J",
+        help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
+    )
+    sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
+    sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job (0)")
+    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C", help="CPUs per job (1)")
+    sweep.add_argument(
+        "--timeout-min", type=int, default=60, metavar="T", help="job time limit in minutes (60)"
+    )
+    sweep.add_argument(
+        "--no-wait", action="store_true", help="submit the SLURM jobs and return without following"
+    )
+    sweep.add_argument("--dry-run", action="store_true", help="list the grid's runs and stop")
+
+
+_RECORDED = "; recorded in sweep.json: a rerun must give the same"
+
+#: Help of the options that take comma lists in a sweep (sample's speak of one run's chains).
+_AXIS_HELP = {
+    "sampler": "samplers to sweep, comma-separated",
+    "width": "hidden widths N of fc to sweep",
+    "prior": "priors to sweep",
+    "lr": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting",
+    "alpha2": "Monge's α² values to sweep (Monge's runs only); default: the paper's, else 1",
+}
+
+
+def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
+    """The grid's blocks (config file and typed flags merged) and where they came from.
+
+    Raises:
+        GridError: a bad config file.
+    """
+    defaults = run_defaults()
+    typed = {k: v for k, v in vars(args).items() if k in defaults}
+    if args.config is None:
+        return [{**defaults, **typed}], "command line"
+    text, source = grid.read_config(args.config)
+    blocks = grid.parse_config(text, source, defaults, option_kinds())
+    return [{**defaults, **grid.narrow(block, typed)} for block in blocks], str(source)
+
+
+def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
+    """Expand and validate every run of the grid (each as ``sgrld sample`` would).
+
+    Raises:
+        GridError: an empty or invalid grid.
+        sample.UsageError: an invalid run.
+    """
+    blocks, source = blocks_from_args(args)
+    configs: dict[str, dict[str, Any]] = {}
+    for point in grid.expand(blocks):
+        if point.get("sampler") is None:
+            raise GridError("no sampler: give --sampler or set sampler in the config")
+        namespace = argparse.Namespace(**point)
+        if point["sampler"] != "monge":
+            namespace.alpha2 = None
+        config = sample.config_from_args(namespace).to_dict()
+        configs.setdefault(repr(sorted(config.items())), config)
+    if not configs:
+        raise GridError("the grid is empty")
+    return grid.place_runs(list(configs.values())), source
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.jobs is not None and args.jobs < 1:
+        raise GridError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.threads is not None and args.threads < 1:
+        raise GridError(f"--threads must be >= 1, got {args.threads}")
+    if args.timeout_min < 1 or args.gpus_per_job < 0 or args.cpus_per_job < 1:
+        raise GridError("--timeout-min and --cpus-per-job must be >= 1, --gpus-per-job >= 0")
+    if args.engine != "submitit" and (args.partition or args.gpus_per_job or args.no_wait):
+        raise GridError("--partition, --gpus-per-job and --no-wait need --engine submitit")
+    if args.engine.startswith("submitit"):
+        try:
+            import submitit  # noqa: F401
+        except ImportError as exc:
+            raise GridError(
+                f"--engine {args.engine} needs submitit: pip install 'sgrld[cluster]'"
+            ) from exc
+
+
+def chain_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options outside the runs' configs that shape their chains (recorded in the manifest:
+    :data:`sgrld.experiments.sweep.grid.CHAIN_OPTIONS`)."""
+    return {
+        "chains": args.chains,
+        "chain_batch": args.chain_batch,
+        "threads": args.threads,
+        "device": str(args.device).split(":")[0],
+        "graph": not args.no_graph,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and check everything, then run what is missing and summarise."""
+    from sgrld.experiments.sweep.jobs import Machine, make_jobs, run_state
+
+    out = Path(args.out)
+    try:
+        _check(args)
+        runs, source = plan(args)
+        if args.chains < 1 or (args.chain_batch is not None and args.chain_batch < 1):
+            raise GridError("--chains and --chain-batch must be >= 1")
+        options = chain_options(args)
+        standing = grid.check_out_folder(out, runs, options)
+        if args.dry_run:
+            for r in runs:
+                print(f"{run_state(out / r.path, r.config):<8} {r.path}")
+            print(
+                f"{len(runs)} runs"
+                + (" (--epochs grew: finished runs extend)" * (standing == "grown"))
+            )
+            return exits.OK
+        data_dir = launch.data_dir_of(args, {r.config["dataset"] for r in runs})
+        if args.engine != "submitit":  # a login node may have no GPU where the jobs will
+            launch.resolve_device(args.device)
+        machine = Machine(
+            data_dir=os.fspath(data_dir.resolve()) if data_dir is not None else "",
+            device=args.device,
+            threads=args.threads,
+            verify=not args.no_verify,
+            download=args.download,
+            plot=not args.no_plot,
+            chain_batch=args.chain_batch,
+            graph=not args.no_graph,
+        )
+        try:
+            jobs = make_jobs(runs, out.resolve(), machine, args.chains)
+        except ValueError as exc:
+            raise GridError(f"--chains {args.chains}: {exc}") from exc
+    except (GridError, sample.UsageError) as exc:
+        print(f"sgrld sweep: error: {exc}", file=sys.stderr)
+        return exits.USAGE
+    try:
+        if standing != "same":  # new, a lost manifest rebuilt, or --epochs grown
+            grid.write_manifest(out, runs, source, options)
+    except OSError as exc:  # e.g. a read-only --out
+        print(
+            f"sgrld sweep: error: cannot write {out / grid.MANIFEST_FILE}: {exc}", file=sys.stderr
+        )
+        return exits.IO_ERROR
+
+    states = [run_state(out / r.path, r.config) for r in runs]
+    todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
+    resumed = states.count("partial")
+    print(
+        f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} finished, "
+        f"{resumed} to resume, {len(todo) - resumed} to start ({args.engine})",
+        file=sys.stderr,
+    )
+    if not todo:
+        print("nothing to do", file=sys.stderr)
+        return exits.OK
+    from sgrld.experiments.sweep.engines import (
+        ClusterOptions,
+        GridProgress,
+        run_local,
+        run_submitit,
+    )
+
+    progress = GridProgress(len(runs), len(runs) - len(todo), enabled=not args.no_progress)
+    started = time.perf_counter()
+    try:
+        if args.engine == "local":
+            run_local(jobs, args.jobs or 1, progress)
+        else:
+            cluster = ClusterOptions(
+                local=args.engine == "submitit-local",
+                partition=args.partition,
+                gpus_per_job=args.gpus_per_job,
+                cpus_per_job=args.cpus_per_job,
+                timeout_min=args.timeout_min,
+                parallel=args.jobs,
+                wait=not args.no_wait,
+            )
+            run_submitit(jobs, out, cluster, progress)
+    finally:
+        progress.close()
+    if args.no_wait:
+        return exits.OK
+    return _summary(progress.tally, runs, out, time.perf_counter() - started)
+
+
+def _summary(tally: Any, runs: list[PlannedRun], out: Path, seconds: float) -> int:
+    """Print how the runs ended; the exit status: 1 a run failed, 75 runs still held elsewhere."""
+    from sgrld.experiments.sweep.jobs import run_state
+
+    configs = {r.path: r.config for r in runs}
+    # A run held by another sweep or job may have finished meanwhile: then it is done.
+    busy = [path for path in tally.busy if run_state(out / path, configs[path]) != "done"]
+    print(
+        f"{tally.completed} completed, {tally.broken_down} broke down, {len(tally.failed)} "
+        f"failed, {len(busy)} running elsewhere, in {seconds:.1f} s",
+        file=sys.stderr,
+    )
+    for path, why in tally.retried:
+        print(f"  retried {path}: {why}", file=sys.stderr)
+    for path, error in tally.failed:
+        print(f"  failed {path}: {error}", file=sys.stderr)
+    if tally.failed:
+        return exits.FAILED
+    if busy:
+        print(
+            f"  {len(busy)} runs are held by another sweep or job (e.g. {busy[0]}); "
+            "run this sweep again when it ends",
+            file=sys.stderr,
+        )
+        return exits.BUSY
+    return exits.OK

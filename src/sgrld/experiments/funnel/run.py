@@ -1,0 +1,605 @@
+"""The paper's funnel experiment (Figure 2) on the library's samplers, scored against the truth.
+
+The reference's settings (App. A.4, :data:`SETTINGS`), its gradient noise and start, the
+library's samplers through :class:`~sgrld.core.multistep.BlockRunner`; each sampler's iterates
+of v against the exact marginal N(0, 80) (W1, KS, mass below −5, minimum v). Protocol, outputs,
+faults and exit statuses: ``docs/funnel.md``. The command line: :mod:`~.commands.funnel`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import numpy as np
+
+from sgrld.experiments.base.files import (
+    OutputError,
+    sha256_hex,
+    write_atomic,
+)
+from sgrld.experiments.base.process import die_with_parent
+from sgrld.experiments.base.progress import Progress
+
+__all__ = [
+    "SETTINGS",
+    "FunnelConfig",
+    "SamplerRun",
+    "SamplerSetting",
+    "read_outputs",
+    "run_funnel",
+    "run_sampler",
+    "sample_quality",
+    "write_outputs",
+]
+
+OUTPUT_FILES = ("funnel.json", "funnel_samples.npz", "funnel.png")
+#: Why the funnel runs four of the five samplers.
+WENZEL_NOTE = (
+    "wenzel is not run on the funnel: its metric is one scale per parameter tensor, divided by "
+    "the smallest, and the funnel's θ is one tensor, so Wenzel is Identity here step for step"
+)
+V_THRESHOLD = -5.0  # the neck: P(v < −5) = 0.288 under N(0, 80)
+
+
+@dataclass(frozen=True)
+class SamplerSetting:
+    """One sampler of the funnel experiment: registry metric, η (= ``lr``) and metric options."""
+
+    metric: str
+    lr: float
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "lr": self.lr, "num_data": 1, **self.options}
+
+
+#: The paper's App. A.4, in the library's terms.
+SETTINGS: dict[str, SamplerSetting] = {
+    "identity": SamplerSetting("identity", 0.001),
+    "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0}),
+    # The funnel code's explosion fallback: if ‖G⁻¹ĝ‖ > 1000 use G = (‖ĝ‖/1000)·I this step.
+    "monge": SamplerSetting(
+        "monge", 0.003, {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": 1000.0}
+    ),
+    # Full-matrix RMSprop on the 2-vector: H ← λH + (1−λ)ĝĝᵀ, H₀ = εI, G⁻¹ = H^{−1/2},
+    # G^{−1/2} = H^{−1/4}, roots every step, no ridge.
+    "shampoo": SamplerSetting(
+        "shampoo",
+        0.003,
+        {
+            "decay": 0.9995,
+            "eps": 1e-6,
+            "update_interval": 1,
+            "precondition_vectors": True,
+            "ridge": "none",
+        },
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FunnelConfig:
+    """What to run (defaults: the paper's run).
+
+    Attributes:
+        steps: iterations per chain (2×10⁶).
+        seed: master seed of the three noise streams.
+        chains: independent chains K per sampler, run batched.
+        start: ``"reference"`` (every chain at (1, 1)) or ``"exact"`` (exact funnel draws).
+        block: steps per compiled call.
+        compile: use the compiled fast path (``False``: the same code, eagerly).
+        thin: keep every ``thin``-th iterate of the first chain for ``funnel_samples.npz``.
+        scatter: iterates of the first chain drawn for the figure's scatter.
+    """
+
+    steps: int = 2_000_000
+    seed: int = 1
+    chains: int = 1
+    start: Literal["reference", "exact"] = "reference"
+    block: int = 10
+    compile: bool = True
+    thin: int = 10
+    scatter: int = 1000
+
+
+@dataclass
+class SamplerRun:
+    """What one sampler's run leaves behind (small: the full chains stay in the worker)."""
+
+    name: str
+    settings: dict[str, Any]
+    wall_seconds: float
+    compile_seconds: float
+    distances: dict[str, list[float]]  # per chain
+    thinned: np.ndarray  # (steps // thin, 2), first chain
+    scatter: np.ndarray  # (≤ scatter, 2), first chain
+    hist_density: np.ndarray  # 30-bin density histogram of v, first chain
+    hist_edges: np.ndarray
+    pooled: dict[str, float] | None = None  # all iterates of all chains (K > 1)
+
+
+def derive_seeds(seed: int) -> dict[str, int]:
+    """The three streams of a run: sampler noise ξ, gradient noise, exact start."""
+    rng = np.random.default_rng(seed)
+    xi, grad, start = (int(s) for s in rng.integers(0, 2**62, size=3))
+    return {"sampler_noise": xi, "gradient_noise": grad, "start": start}
+
+
+def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
+    """Distances of v-iterates to the exact marginal N(0, ``variance``).
+
+    Args:
+        v: the iterates of v (any shape; flattened).
+        variance: σ² of the exact v-marginal (80).
+
+    Returns:
+        ``wasserstein1`` and ``ks`` (exact formulas, :mod:`sgrld.evaluation.distances`), the
+        fraction of iterates below −5 (truth 0.288) and the minimum v.
+    """
+    from sgrld.evaluation.distances import ks_normal, wasserstein1_normal
+
+    std = math.sqrt(variance)
+    return {
+        "wasserstein1": wasserstein1_normal(v, 0.0, std),
+        "ks": ks_normal(v, 0.0, std),
+        "frac_v_below_minus5": float(np.mean(v < V_THRESHOLD)),
+        "min_v": float(np.min(v)),
+    }
+
+
+def run_sampler(
+    name: str, config: FunnelConfig, progress: Callable[[int], None] | None = None
+) -> SamplerRun:
+    """Run one sampler of :data:`SETTINGS` on the funnel.
+
+    Args:
+        name: a key of :data:`SETTINGS`.
+        config: steps, chains, seed, start and fast-path options.
+        progress: called with the number of steps just taken, after each chunk.
+
+    Returns:
+        The distances of every chain, the thinned first chain, the figure's scatter and
+        histogram, and the wall and compile seconds of the sampling.
+    """
+    import torch
+
+    import sgrld
+    from sgrld.core.multistep import BlockRunner
+    from sgrld.data.funnel import FunnelTarget
+
+    torch.set_num_threads(1)  # (K, 2) tensors: threads only add overhead
+    setting = SETTINGS[name]
+    seeds = derive_seeds(config.seed)
+    target = FunnelTarget()
+    k, steps = config.chains, config.steps
+    if config.start == "exact":
+        start = target.sample(k, generator=torch.Generator().manual_seed(seeds["start"]))
+    else:
+        start = torch.ones(k, 2, dtype=torch.float64)
+    sampler = sgrld.build(
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
+    )
+    state = sampler.init(
+        {"theta": start.clone()},
+        num_chains=k,
+        generator=torch.Generator().manual_seed(seeds["sampler_noise"]),
+    )
+    runner = BlockRunner(
+        sampler,
+        state,
+        target.potential_grad,
+        grad_generator=torch.Generator().manual_seed(seeds["gradient_noise"]),
+        block=config.block,
+        compile=config.compile,
+    )
+    v_all = np.empty((steps, k))
+    thinned = np.empty((steps // config.thin, 2))
+    picks = np.sort(
+        np.random.default_rng(config.seed).choice(steps, min(config.scatter, steps), replace=False)
+    )
+    scatter = np.empty((picks.size, 2))
+
+    def keep(first: int, iterates: torch.Tensor) -> None:
+        it = iterates.numpy()
+        count = it.shape[0]
+        v_all[first : first + count] = it[:, :, 1]
+        j0 = (config.thin - 1 - first % config.thin) % config.thin  # iterate first+j+1 ≡ 0
+        rows = it[j0 :: config.thin, 0]
+        r0 = (first + j0 + 1) // config.thin - 1
+        thinned[r0 : r0 + rows.shape[0]] = rows
+        lo, hi = np.searchsorted(picks, [first, first + count])
+        scatter[lo:hi] = it[picks[lo:hi] - first, 0]
+        if progress is not None:
+            progress(count)
+
+    t0 = time.perf_counter()
+    runner.run(steps, keep)
+    wall = time.perf_counter() - t0
+    per_chain = [v_distances(v_all[:, c], target.v_variance) for c in range(k)]
+    # Pooled over chains: from exact starts, a sampler that preserves the target keeps the
+    # pooled law at N(0, 80) at every step, however slowly each chain mixes.
+    pooled = v_distances(v_all.reshape(-1), target.v_variance) if k > 1 else None
+    density, edges = np.histogram(v_all[:, 0], bins=30, density=True)
+    return SamplerRun(
+        name=name,
+        settings=setting.as_dict(),
+        wall_seconds=wall,
+        compile_seconds=runner.compile_seconds,
+        distances={key: [d[key] for d in per_chain] for key in per_chain[0]},
+        thinned=thinned,
+        scatter=scatter,
+        hist_density=density,
+        hist_edges=edges,
+        pooled=pooled,
+    )
+
+
+# ---------------------------------------------------------------------- several samplers
+
+_COUNTERS: Any = None  # per-worker progress counters (a shared array), set by _init_worker
+
+
+def _init_worker(counters: Any, parent: int) -> None:
+    global _COUNTERS
+    _COUNTERS = counters
+    die_with_parent(parent)
+    import torch._inductor.config
+
+    # Compile in this process: a pool of compile workers per sampler process only competes
+    # for the same cores (and takes seconds to start).
+    torch._inductor.config.compile_threads = 1
+
+
+def _stop_workers(others: set[Any]) -> None:
+    """Terminate, then kill, the pool's workers: this process's children but ``others``."""
+    children = [child for child in mp.active_children() if child not in others]
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=2.0)
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
+def _worker(index: int, name: str, config: FunnelConfig) -> SamplerRun:
+    def report(n: int) -> None:
+        _COUNTERS[index] += n  # only this worker writes this slot
+
+    return run_sampler(name, config, report)
+
+
+def run_funnel(
+    names: Sequence[str], config: FunnelConfig, *, jobs: int = 1, progress: bool | None = None
+) -> dict[str, SamplerRun]:
+    """Run the samplers ``names``; with ``jobs > 1`` in that many worker processes.
+
+    Args:
+        names: keys of :data:`SETTINGS`, in the order of the results.
+        config: what to run (shared by all samplers, so they share the noise streams).
+        jobs: worker processes (spawned; each runs whole samplers, the longest first).
+        progress: a bar over all steps on stderr; ``None`` draws it only on a terminal.
+
+    Returns:
+        ``{name: SamplerRun}`` in the order of ``names``.
+    """
+    total = len(names) * config.steps
+    results: dict[str, SamplerRun] = {}
+    with Progress(total, "funnel", enabled=progress) as bar:
+        if jobs <= 1 or len(names) == 1:
+            for name in names:
+                results[name] = run_sampler(name, config, bar.update)
+            return results
+        ctx = mp.get_context("spawn")
+        counters = ctx.Array("q", len(names), lock=False)
+        # Longest first (Shampoo's root every step, then Monge) to balance the workers.
+        order = sorted(range(len(names)), key=lambda i: -_COST.get(names[i], 1.0))
+        others = set(mp.active_children())  # not ours to stop
+        pool = ProcessPoolExecutor(
+            max_workers=jobs,
+            mp_context=ctx,
+            initializer=_init_worker,
+            initargs=(counters, os.getpid()),
+        )
+        try:
+            futures: dict[str, Future[SamplerRun]] = {
+                names[i]: pool.submit(_worker, i, names[i], config) for i in order
+            }
+            seen = 0
+            while not all(f.done() for f in futures.values()):
+                time.sleep(0.2)
+                now = sum(counters)
+                bar.update(now - seen)
+                seen = now
+            bar.update(total - seen)
+            for name in names:
+                results[name] = futures[name].result()
+        except BaseException:
+            # Ctrl-C, SIGTERM (sigterm_raises) or a failed sampler: do not wait for the others
+            # to finish their samplers; end them now.
+            _stop_workers(others)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+    return results
+
+
+_COST = {"shampoo": 4.0, "monge": 2.0, "rmsprop": 1.2, "identity": 1.0}
+
+
+# ---------------------------------------------------------------------- outputs
+
+
+KSD_POINTS = 2000  # evenly spaced thinned iterates of the first chain (the KSD is O(m²))
+
+
+def sample_quality(r: SamplerRun) -> dict[str, float | None]:
+    """KSD of the first chain's v, its bulk/tail ESS, and ESS per second of sampling.
+
+    The KSD (IMQ kernel, :mod:`sgrld.evaluation.stein`) is that of v/σ against N(0, 1), whose
+    score −v/σ is exact since the funnel's v-marginal is N(0, σ²). The joint score is known too,
+    but in the neck it reaches ~1e11 and rules the statistic: exact draws would score worse than
+    draws that miss the neck (``tests/test_stein.py``). ESS (ArviZ; ``None`` without it) is of
+    the thinned iterates of v; seconds exclude ``torch.compile`` time.
+    """
+    from sgrld.data.funnel import FunnelTarget
+    from sgrld.evaluation.stein import kernel_stein_discrepancy
+
+    v = r.thinned[:, 1]
+    run_seconds = r.wall_seconds - r.compile_seconds
+    out: dict[str, float | None] = {"run_seconds": run_seconds, "ksd_v": None}
+    out |= {"ess_bulk_v": None, "ess_tail_v": None, "ess_bulk_per_second": None}
+    if not v.size:
+        return out
+    u = v[np.linspace(0, v.size - 1, min(KSD_POINTS, v.size)).astype(int), None]
+    u = u / FunnelTarget().v_std
+    out["ksd_v"] = kernel_stein_discrepancy(u, -u)
+    try:
+        from sgrld.evaluation.diagnostics import summarize
+
+        stats = summarize({"v": v[None, :]})["v"]
+    except ImportError:
+        return out
+    for key in ("ess_bulk", "ess_tail"):  # NaN (too few draws) is written as null
+        out[f"{key}_v"] = stats[key] if math.isfinite(stats[key]) else None
+    bulk = out["ess_bulk_v"]
+    if run_seconds > 0 and bulk is not None:
+        out["ess_bulk_per_second"] = bulk / run_seconds
+    return out
+
+
+def summary(runs: dict[str, SamplerRun]) -> dict[str, Any]:
+    """Per sampler: every distance (mean, spread, per chain), KSD, ESS and ESS per second."""
+    out: dict[str, Any] = {}
+    for name, r in runs.items():
+        dist = {}
+        for key, values in r.distances.items():
+            arr = np.asarray(values)
+            dist[key] = {
+                "mean": float(arr.mean()),
+                "std": float(arr.std()),
+                "min": float(arr.min()),
+                "max": float(arr.max()),
+                "per_chain": [float(x) for x in arr],
+            }
+        out[name] = {
+            "settings": r.settings,
+            "wall_seconds": r.wall_seconds,
+            "compile_seconds": r.compile_seconds,
+            **sample_quality(r),
+            "distances": dist,
+            "pooled_distances": r.pooled,
+        }
+    return out
+
+
+def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str, Any]:
+    """The content of ``funnel.json``."""
+    import torch
+
+    from sgrld.data.funnel import FunnelTarget
+
+    target = FunnelTarget()
+    return {
+        "experiment": "funnel",
+        "reference": "the paper's Figure 2 (its code: sgmcmc/two_d.py)",
+        "target": {
+            "mean": target.mean,
+            "v_variance": target.v_variance,
+            "gradient_noise_std": 1.0,
+            "clip_norm": target.clip_norm,
+            "truth": {
+                "v_marginal": f"N(0, {target.v_variance:g})",
+                "frac_v_below_minus5": target.prob_v_below(V_THRESHOLD),
+            },
+        },
+        "config": asdict(config),
+        "seeds": derive_seeds(config.seed),
+        "distances_of": "all iterates of v of each chain, against N(0, 80)",
+        "pooled_distances_of": "all iterates of v of all chains together (null for one chain)",
+        "ksd_v_of": (
+            f"v/σ against N(0, 1), IMQ kernel (c = 1, β = -1/2), at most {KSD_POINTS} evenly "
+            "spaced thinned iterates of the first chain"
+        ),
+        "ess_of": "thinned iterates of v of the first chain (ArviZ bulk and tail ESS; null "
+        "without sgrld[diagnostics]); per second of sampling, compile time excluded",
+        "spread": "std is the population std (ddof = 0) over chains",
+        "torch": torch.__version__,
+        "samplers": summary(runs),
+    }
+
+
+def plot_funnel(runs: dict[str, SamplerRun], path: Path | str | BinaryIO) -> None:
+    """The paper's Figure 2, one panel pair per sampler, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from sgrld.data.funnel import FunnelTarget
+
+    target = FunnelTarget()
+    x0 = np.arange(-5.0, 9.0, 0.1)
+    x1 = np.arange(-25.0, 25.0, 0.1)
+    grid = torch.from_numpy(np.stack(np.meshgrid(x0, x1), axis=-1))
+    logp = target.log_prob(grid).numpy()
+    true_density = target.v_pdf(torch.from_numpy(x1)).numpy()
+
+    n = len(runs)
+    cols = 2 if n > 1 else 1
+    rows = math.ceil(n / cols)
+    fig = plt.figure(figsize=(9 * cols, 6 * rows))
+    subfigs: Any = fig.subfigures(rows, cols, squeeze=False).ravel()
+    for sub in subfigs[n:]:
+        sub.set_visible(False)
+    for sub, (name, r) in zip(subfigs, runs.items(), strict=False):
+        ax, axh = sub.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1], "wspace": 0.1})
+        ax.contour(x0, x1, logp, [-10.0, -7.5, -5.0, -2.5])
+        ax.scatter(r.scatter[:, 0], r.scatter[:, 1], alpha=0.15, s=20, marker="o", zorder=2)
+        ax.set_xlim(-5.0, 9.0)
+        ax.set_ylim(-25.0, 25.0)
+        ax.set_xlabel("θ₁")
+        ax.set_ylabel("v")
+        widths = np.diff(r.hist_edges)
+        axh.barh(
+            r.hist_edges[:-1],
+            r.hist_density,
+            height=widths,
+            align="edge",
+            color="tab:orange",
+            label="Estimate",
+        )
+        axh.plot(true_density, x1, label="True")
+        axh.set_ylim(-25.0, 25.0)
+        axh.set_yticklabels([])
+        axh.legend(loc="lower right", fontsize=10)
+        w1, ks = np.mean(r.distances["wasserstein1"]), np.mean(r.distances["ks"])
+        min_v = min(r.distances["min_v"])
+        sub.suptitle(f"{name}: W₁ = {w1:.2f}, KS = {ks:.3f}, min v = {min_v:.1f}")
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
+
+
+def write_outputs(
+    runs: dict[str, SamplerRun], config: FunnelConfig, out_dir: Path, *, plot: bool = True
+) -> list[Path]:
+    """Write ``funnel_samples.npz``, (``plot``) ``funnel.png``, then ``funnel.json``, as one unit.
+
+    Everything is rendered in memory first, so a failure there writes nothing. The previous
+    ``funnel.json`` is removed before any file is replaced and the new one is written last: it is
+    the commit record and lists the SHA-256 of the files written with it (:func:`read_outputs`
+    checks them), so a kill in between leaves no ``funnel.json`` rather than one beside another
+    run's samples.
+
+    Raises:
+        OutputError: a file could not be written (the message names it).
+    """
+    buffer = io.BytesIO()
+    savez: Any = np.savez_compressed  # (numpy's stubs reject **arrays)
+    savez(buffer, **{name: r.thinned for name, r in runs.items()})
+    files = {"funnel_samples.npz": buffer.getvalue()}
+    if plot:
+        buffer = io.BytesIO()
+        plot_funnel(runs, buffer)
+        files["funnel.png"] = buffer.getvalue()
+    record = results_json(runs, config)
+    record["files"] = {name: sha256_hex(data) for name, data in files.items()}
+    text = json.dumps(record, indent=2, allow_nan=False) + "\n"
+    for name in OUTPUT_FILES:  # funnel.json first: from here on the old set is gone
+        try:
+            (out_dir / name).unlink(missing_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OutputError(exc.errno, f"cannot replace {out_dir / name}: {reason}") from exc
+    for name, data in files.items():
+        write_atomic(out_dir / name, data)
+    write_atomic(out_dir / OUTPUT_FILES[0], text)
+    return [out_dir / name for name in (*files, OUTPUT_FILES[0])]
+
+
+def read_outputs(out_dir: Path | str) -> dict[str, Any]:
+    """``funnel.json`` of ``out_dir``, after checking that every file it lists is the one written.
+
+    Raises:
+        ValueError: no ``funnel.json`` (an incomplete or interrupted run), or a listed file is
+            missing or is not the one written with it (the message names it).
+    """
+    out_dir = Path(out_dir)
+    record_path = out_dir / OUTPUT_FILES[0]
+    if not record_path.is_file():
+        raise ValueError(f"{out_dir} holds no complete funnel run (no {OUTPUT_FILES[0]})")
+    record: dict[str, Any] = json.loads(record_path.read_text())
+    for name, digest in record.get("files", {}).items():
+        path = out_dir / name
+        if not path.is_file():
+            raise ValueError(f"{path} is missing ({record_path} lists it)")
+        if sha256_hex(path.read_bytes()) != digest:
+            raise ValueError(f"{path} is not the file written with {record_path} (SHA-256)")
+    return record
+
+
+#: What the table's columns mean, printed under it.
+LEGEND = """\
+How to read it (v is the funnel's log-scale coordinate; its exact law is N(0, 80)):
+  W1(v), KS(v)  Wasserstein-1 and Kolmogorov-Smirnov distance of the iterates of v to N(0, 80):
+                lower is better, 0 is exact (± the spread over chains)
+  P(v<-5)       fraction of iterates in the funnel's narrow neck: closer to the truth
+                ({truth:.3f}) is better; below it, the sampler misses the neck
+  min v         the deepest point of the neck reached (lower = explored further)
+  KSD(v)        kernel Stein discrepancy of v against N(0, 80): lower is better
+  ESS/s         effective sample size of v (ArviZ bulk ESS) per second of sampling: higher is
+                better ("-" without sgrld[diagnostics])
+  run s         seconds sampling; compile s: seconds in torch.compile (0 when run eagerly)"""
+
+
+def print_table(runs: dict[str, SamplerRun], file: Any = None, *, legend: bool = True) -> None:
+    """One line per sampler: mean (± spread over chains) of each distance, and seconds; then
+    (``legend``) what the columns mean and which direction is better."""
+    from sgrld.data.funnel import FunnelTarget
+
+    out = file if file is not None else sys.stdout
+    truth = FunnelTarget().prob_v_below(V_THRESHOLD)
+    print(
+        f"{'sampler':<10}{'W1(v)':>14}{'KS(v)':>16}{'P(v<-5)':>16}{'min v':>10}"
+        f"{'KSD(v)':>9}{'ESS/s':>9}{'run s':>10}{'compile s':>11}",
+        file=out,
+    )
+    for name, r in runs.items():
+        cells = []
+        for key, fmt in (("wasserstein1", ".3f"), ("ks", ".4f"), ("frac_v_below_minus5", ".4f")):
+            arr = np.asarray(r.distances[key])
+            cell = f"{arr.mean():{fmt}}" + (f"±{arr.std():{fmt}}" if arr.size > 1 else "")
+            cells.append(cell)
+        min_v = float(np.min(r.distances["min_v"]))
+        quality = sample_quality(r)
+        ksd, rate = quality["ksd_v"], quality["ess_bulk_per_second"]
+        print(
+            f"{name:<10}{cells[0]:>14}{cells[1]:>16}{cells[2]:>16}{min_v:>10.2f}"
+            f"{'-' if ksd is None else f'{ksd:.4f}':>9}{'-' if rate is None else f'{rate:.1f}':>9}"
+            f"{r.wall_seconds - r.compile_seconds:>10.1f}{r.compile_seconds:>11.1f}",
+            file=out,
+        )
+    print(f"{'truth':<10}{0.0:>14.3f}{0.0:>16.4f}{truth:>16.4f}{'-inf':>10}", file=out)
+    pooled = {name: r.pooled for name, r in runs.items() if r.pooled is not None}
+    if pooled:
+        print("pooled over chains:", file=out)
+        for name, d in pooled.items():
+            print(
+                f"{name:<10}{d['wasserstein1']:>14.3f}{d['ks']:>16.4f}"
+                f"{d['frac_v_below_minus5']:>16.4f}{d['min_v']:>10.2f}",
+                file=out,
+            )
+    if legend:
+        print(LEGEND.format(truth=truth), file=out)

@@ -1,0 +1,590 @@
+"""``sgrld report RUNS --out DIR [--paper]``: the paper's selection rule, every table and figure.
+
+Reads ``results.json`` files (a sweep folder, run folders, or folders holding them), groups them
+by config without the seed (:mod:`sgrld.experiments.report.tables`), chooses ℓ then α² per setting,
+prior and sampler (:mod:`sgrld.experiments.report.selection`) and writes, for every table the runs
+allow, ``tableK.md`` and ``tableK.csv``:
+
+- MNIST: Table 1 (test LP, accuracy), 2 (curvature, seconds per epoch), 4 (chosen ℓ, α²),
+  6 (equal computation time), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
+  Table 10 (mean confidence of the final ensemble);
+- ``figure3_<setting>.png`` (test LP and accuracy per epoch, ±1.96 std) and, where Monge ran
+  with several α², ``figure4_<setting>.png`` (α² sensitivity);
+- ``selection.csv`` (every choice, its validation score and the candidates' scores) and
+  ``report.md`` (everything, with the edge-of-grid warnings).
+
+With ``--paper`` the paper's numbers stand beside ours (``sgrld/configs/paper_numbers.csv``).
+Runs that would make a table wrong (duplicates, a config unlike its folder, impossible or
+non-finite values) are left out and listed; ``--strict`` then exits with 1. Exit statuses:
+:mod:`sgrld.experiments.base.exits`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.report.selection import Choice, select_cell, val_lp
+from sgrld.experiments.report.tables import (
+    PRIOR_ORDER,
+    PRIOR_SHORT,
+    SAMPLER_ORDER,
+    WITHIN_SETTING,
+    Group,
+    format_stat,
+    markdown_table,
+    sampler_title,
+)
+from sgrld.experiments.run.results import second_score
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A table cell with a mark after it in markdown (the CSV keeps the bare value)."""
+
+    cell: tuple[float, float] | float | str | None
+    mark: str
+
+
+#: A table cell: (mean, std), a number, or text, or one of them marked.
+Cell = tuple[float, float] | float | str | None | Marked
+
+
+def _marked(cell: Cell) -> Cell:
+    """``cell`` with :data:`IDENTITY_MARK` after it."""
+    return cell if isinstance(cell, Marked) else Marked(cell, IDENTITY_MARK)
+
+
+IDENTITY_OPTIMAL = "Identity (α² = 0) is optimal"
+
+
+# --- cells and settings -----------------------------------------------------------------------
+
+
+def _order(values: Sequence[str], order: Sequence[str]) -> list[str]:
+    return sorted(set(values), key=lambda v: (order.index(v) if v in order else 99, v))
+
+
+#: Fields that set a setting apart from the paper's protocol: (field, protocol value, how the
+#: label names it, how a file name names it).
+_SETTING_EXTRAS = (
+    ("epochs", 400, "{} epochs", "e{}"),
+    ("max_train", None, "--subset {}", "sub{}"),
+    ("max_eval", None, "--eval-subset {}", "ev{}"),
+    ("temperature", 1.0, "τ {}", "T{}"),
+    ("burnin", 1000, "--burn-in {}", "b{}"),
+    ("thinning", 100, "--thinning {}", "t{}"),
+    ("noise", "philox", "--noise {}", "{}"),
+    # results written before the warm-up existed adapted throughout: the paper's protocol
+    ("adapt", "always", "--adapt {}", "a{}"),
+)
+
+
+def setting_label(setting: dict[str, Any], *, short: bool = False) -> str:
+    """``fc400`` or ``resnet20``, plus the fields that differ from the paper's protocol, as
+    command-line flags (``fc400 (3 epochs, --subset 2000)``) or, ``short``, for a file name
+    (``fc400-e3-sub2000``)."""
+    model = f"fc{setting['width']}" if setting["model"] == "fc" else str(setting["model"])
+    extras = [
+        (long_form if not short else short_form).format(_value_text(setting[name]))
+        for name, default, long_form, short_form in _SETTING_EXTRAS
+        if setting.get(name, default) != default
+    ]
+    if short:
+        return "-".join([model, *extras])
+    return model + (f" ({', '.join(extras)})" if extras else "")
+
+
+def _value_text(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def setting_key(config: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
+
+
+def _setting_order(key: str) -> tuple[str, str, int, str]:
+    """Settings by dataset, model and width (400 before 1200), then the rest."""
+    setting = json.loads(key)
+    return setting["dataset"], setting["model"], int(setting.get("width") or 0), key
+
+
+def select_all(groups: Sequence[Group]) -> list[Choice]:
+    """A :class:`Choice` per setting, prior and sampler (Identity first, for Monge's α² = 0)."""
+    cells: dict[tuple[str, str, str], list[Group]] = {}
+    for group in groups:
+        c = group.config
+        cells.setdefault((setting_key(c), c["prior"], c["sampler"]), []).append(group)
+    choices: dict[tuple[str, str, str], Choice] = {}
+    keys = sorted(cells, key=lambda k: (k[0], *_rank(k[1], k[2])))
+    for key in keys:
+        key_text, prior, sampler = key
+        identity = choices.get((key_text, prior, "identity"))
+        identity_score = None
+        if sampler == "monge" and identity is not None and identity.chosen is not None:
+            identity_score = val_lp(identity.chosen)
+        chosen, stages, zero = select_cell(cells[key], identity_score=identity_score)
+        choices[key] = Choice(
+            json.loads(key_text), prior, sampler, chosen, stages, cells[key], zero
+        )
+    return list(choices.values())
+
+
+def _rank(prior: str, sampler: str) -> tuple[int, int]:
+    p = PRIOR_ORDER.index(prior) if prior in PRIOR_ORDER else 99
+    s = SAMPLER_ORDER.index(sampler) if sampler in SAMPLER_ORDER else 99
+    return p, s
+
+
+def lr_text(group: Group) -> str:
+    a2 = group.config.get("alpha2")
+    return f"{group.config['lr']:g}" + (f", α² {a2:g}" if a2 is not None else "")
+
+
+# --- the paper's numbers ----------------------------------------------------------------------
+
+
+@cache
+def paper_numbers() -> dict[tuple[int, str, int | None, str, str, str], tuple[float, float]]:
+    """``(table, dataset, width, prior, sampler, metric) → (mean, std)`` from the paper."""
+    text = resources.files("sgrld.configs").joinpath("paper_numbers.csv").read_text("utf-8")
+    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    return {
+        (
+            int(r["table"]),
+            r["dataset"],
+            int(r["width"]) if r["width"] else None,
+            r["prior"],
+            r["sampler"],
+            r["metric"],
+        ): (float(r["mean"]), float(r["std"]) if r["std"] else math.nan)
+        for r in rows
+    }
+
+
+def _paper(table: int, choice: Choice, metric: str) -> Cell:
+    width = choice.setting.get("width") if choice.setting["dataset"] == "mnist" else None
+    key = (table, str(choice.setting["dataset"]), width, choice.prior, choice.sampler, metric)
+    value = paper_numbers().get(key)
+    if value is None:
+        return "–"
+    return value if not math.isnan(value[1]) else value[0]
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """One of the paper's tables: a title, columns (name, digits) and rows of cells."""
+
+    number: int
+    title: str
+    columns: list[tuple[str, int]]
+    rows: list[list[Cell]]
+
+    def markdown(self) -> str:
+        def text(cell: Cell, digits: int) -> str:
+            if isinstance(cell, Marked):
+                return text(cell.cell, digits) + cell.mark
+            if cell is None:
+                return "–"
+            if isinstance(cell, tuple):
+                return format_stat(*cell, digits=digits)
+            if isinstance(cell, float):
+                return "–" if math.isnan(cell) else f"{cell:.{digits}f}"
+            return str(cell)
+
+        rows = [
+            [text(c, d) for c, (_, d) in zip(row, self.columns, strict=True)] for row in self.rows
+        ]
+        marked = any(isinstance(c, Marked) for row in self.rows for c in row)
+        note = f"\n{IDENTITY_NOTE}\n" if marked else ""
+        return (
+            f"**Table {self.number}.** {self.title}\n\n"
+            + markdown_table([name for name, _ in self.columns], rows)
+            + note
+        )
+
+    def csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        bare = [[c.cell if isinstance(c, Marked) else c for c in row] for row in self.rows]
+        tuples = {i for row in bare for i, c in enumerate(row) if isinstance(c, tuple)}
+        header: list[str] = []
+        for i, (name, _) in enumerate(self.columns):
+            header += [f"{name} mean", f"{name} std"] if i in tuples else [name]
+        writer.writerow(header)
+        for row in bare:
+            values: list[Any] = []
+            for i, cell in enumerate(row):
+                if i in tuples:
+                    pair = cell if isinstance(cell, tuple) else (cell, "")
+                    values += ["" if isinstance(v, float) and math.isnan(v) else v for v in pair]
+                else:
+                    values.append("" if isinstance(cell, float) and math.isnan(cell) else cell)
+            writer.writerow(values)
+        return out.getvalue()
+
+
+Column = tuple[str, int, Callable[[Choice], Cell]]
+
+
+def _stat(metric: str) -> Callable[[Choice], Cell]:
+    def cell(choice: Choice) -> Cell:
+        group = choice.chosen if choice.chosen is not None else choice.best_own
+        if group is None:
+            return IDENTITY_OPTIMAL if choice.identity_optimal else "broke down"
+        mean, std = group.stat(metric)
+        return (mean, std) if metric.startswith(("test_", "val_")) else mean
+
+    return cell
+
+
+def _chosen_lr(choice: Choice) -> Cell:
+    if choice.chosen is None:
+        if choice.identity_optimal and choice.best_own is not None:
+            return f"α² = 0 (Monge's best: {lr_text(choice.best_own)})"
+        return "α² = 0" if choice.identity_optimal else "–"
+    return lr_text(choice.chosen)
+
+
+#: Marks a cell of Monge whose rule's choice is Identity (α² = 0); explained under the table.
+IDENTITY_MARK = " †"
+IDENTITY_NOTE = (
+    "† The selection rule chooses Identity (α² = 0) for Monge here: Identity's validation LP is "
+    "at least as good as that of every α² tried. The cell shows Monge's own best α² (its ℓ and "
+    "α² are in Table 4), as `sgrld table` does."
+)
+
+
+def _paper_lr(choice: Choice) -> Cell:
+    width = choice.setting.get("width")
+    entry = paper_entry(str(choice.setting["dataset"]), choice.prior, width, choice.sampler)
+    if entry is None:
+        return "α² = 0" if choice.sampler == "monge" else "–"
+    return f"{entry.lr:g}" + (f", α² {entry.alpha2:g}" if entry.alpha2 is not None else "")
+
+
+def _wide_table(
+    number: int,
+    title: str,
+    choices: Sequence[Choice],
+    columns: Sequence[Column],
+    paper: Sequence[Column] = (),
+) -> Table | None:
+    """Rows (setting, sampler), and per prior the columns (and the paper's beside them)."""
+    if not choices:
+        return None
+    priors = _order([c.prior for c in choices], PRIOR_ORDER)
+    by_key = {(setting_key(c.setting), c.prior, c.sampler): c for c in choices}
+    settings = sorted({setting_key(c.setting) for c in choices}, key=_setting_order)
+    header: list[tuple[str, int]] = [("setting", 0), ("sampler", 0)]
+    for prior in priors:
+        short = PRIOR_SHORT.get(prior, prior)
+        header += [(f"{short} {name}", d) for name, d, _ in columns]
+        header += [(f"{short} paper {name}", d) for name, d, _ in paper]
+    rows: list[list[Cell]] = []
+    for setting in settings:
+        samplers = _order(
+            [c.sampler for c in choices if setting_key(c.setting) == setting], SAMPLER_ORDER
+        )
+        for sampler in samplers:
+            row: list[Cell] = [
+                setting_label(json.loads(setting)),
+                sampler_title(sampler),
+            ]
+            for prior in priors:
+                choice = by_key.get((setting, prior, sampler))
+                if choice is not None and choice.identity_optimal and choice.best_own is None:
+                    row += [IDENTITY_OPTIMAL] + [""] * (len(columns) - 1)
+                elif choice is not None and choice.identity_optimal:  # the rule's and Monge's
+                    row += [_marked(f(choice)) for _, _, f in columns]
+                else:
+                    row += [f(choice) if choice else "–" for _, _, f in columns]
+                row += [f(choice) if choice else "–" for _, _, f in paper]
+            rows.append(row)
+    return Table(number, title, header, rows)
+
+
+# --- equal computation time (Tables 6-7) -------------------------------------------
+
+
+def curves(group: Group, metric: str) -> np.ndarray:
+    """``(runs, epochs)`` of a per-epoch metric over the group's completed runs."""
+    return np.array(
+        [[np.nan if v is None else v for v in r["curves"][metric]] for r in group.completed],
+        dtype=np.float64,
+    )
+
+
+@dataclass
+class EqualTime:
+    """One sampler's row at the common budget: the re-chosen configuration and its metrics."""
+
+    setting: Any  # (ℓ, α²)
+    metrics: dict[str, tuple[float, float]]
+    budget_s: float
+
+
+def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTime]:
+    """Re-select every sampler at ``epochs × T_fastest`` per setting and prior.
+
+    Each sampler's seconds per epoch is that of its chosen configuration (Tables 2-3), used for
+    all its candidates as in the reference; broken-down configurations are left out.
+    """
+    from sgrld.evaluation.equal_time import SamplerCurves, equal_time_table, mean_std_over_runs
+
+    cells: dict[tuple[str, str], dict[str, SamplerCurves]] = {}
+    for choice in choices:
+        usable = [g for g in choice.candidates if g.num_broken == 0 and g.completed]
+        if choice.chosen is None or not usable:
+            continue
+        seconds = choice.chosen.stat("seconds_per_epoch")[0]
+        if not seconds > 0:
+            continue
+        key: Callable[[Group], Any] = lambda g: (g.config["lr"], g.config.get("alpha2"))  # noqa: E731
+        # LP and the second score of the likelihood: accuracy, or a regression's RMSE
+        second = second_score(usable[0].completed[0]["curves"])
+        stats = {
+            key(g): {m: mean_std_over_runs(curves(g, f"test_{m}")) for m in ("lp", second)}
+            for g in usable
+        }
+        cells.setdefault((setting_key(choice.setting), choice.prior), {})[choice.sampler] = (
+            SamplerCurves(
+                seconds_per_epoch=seconds,
+                selection={key(g): curves(g, "val_lp").mean(axis=0) for g in usable},
+                test_mean={k: {m: v[0] for m, v in s.items()} for k, s in stats.items()},
+                test_std={k: {m: v[1] for m, v in s.items()} for k, s in stats.items()},
+            )
+        )
+    result = {}
+    for (setting, prior), cell in cells.items():
+        epochs = {np.asarray(c).size for s in cell.values() for c in s.selection.values()}
+        budget = max(epochs) * min(s.seconds_per_epoch for s in cell.values())
+        for sampler, sampler_curves in cell.items():
+            try:  # per sampler: one whose curves do not reach the budget loses only its row
+                entry = equal_time_table({sampler: sampler_curves}, budget_s=budget)[sampler]
+            except ValueError as exc:  # the budget outside its curve, or nothing finite there
+                label = f"{setting_label(json.loads(setting))} {prior} {sampler}"
+                print(f"sgrld report: no equal-time row for {label}: {exc}", file=sys.stderr)
+                continue
+            result[setting, prior, sampler] = EqualTime(entry.setting, entry.metrics, budget)
+    return result
+
+
+# --- every table ------------------------------------------------------------------------------
+
+
+def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Table]:
+    """Every table the choices allow, in the paper's numbering."""
+    mnist = [c for c in choices if c.setting["dataset"] == "mnist"]
+    cifar = [c for c in choices if c.setting["dataset"] == "cifar10"]
+    regression = [c for c in choices if _regression(c)]
+    classification = [c for c in choices if not _regression(c)]
+
+    def from_paper(table: int, name: str, digits: int, metric: str) -> Column:
+        return (name, digits, lambda c: _paper(table, c, metric))
+
+    lp, acc = ("LP", 4, _stat("test_lp")), ("acc", 4, _stat("test_accuracy"))
+    curv, spe = ("curv", 2, _stat("curvature")), ("s/epoch", 1, _stat("seconds_per_epoch"))
+    ece, conf = ("ECE", 4, _stat("test_ece")), ("confidence", 4, _stat("test_confidence"))
+    ell = ("ℓ", 0, _chosen_lr)
+
+    def p(*cols: Column) -> Sequence[Column]:
+        return cols if paper else ()
+
+    timed = equal_time(choices)
+
+    def at_budget(metric: str) -> Callable[[Choice], Cell]:
+        def cell(c: Choice) -> Cell:
+            entry = timed.get((setting_key(c.setting), c.prior, c.sampler))
+            if entry is None:
+                return IDENTITY_OPTIMAL if c.identity_optimal else "–"
+            if metric == "lr":
+                lr, a2 = entry.setting
+                return f"{lr:g}" + (f", α² {a2:g}" if a2 is not None else "")
+            if metric == "budget":
+                return entry.budget_s
+            return entry.metrics[metric]
+
+        return cell
+
+    timed_cols: list[Column] = [
+        ("LP", 4, at_budget("lp")),
+        ("acc", 4, at_budget("accuracy")),
+        ("ℓ", 0, at_budget("lr")),
+        ("budget s", 1, at_budget("budget")),
+    ]
+    specs: list[tuple[int, list[Choice], str, Sequence[Column], Sequence[Column]]]
+    final = "final-epoch test metrics of the chosen ℓ (α²), mean (std, ddof = 0) over seeds"
+    specs = [
+        (
+            1,
+            mnist,
+            "MNIST, fully connected: " + final,
+            [lp, acc],
+            p(from_paper(1, "LP", 4, "test_lp"), from_paper(1, "acc", 4, "test_accuracy")),
+        ),
+        (
+            2,
+            mnist,
+            "MNIST: mean curvature C(θ) of the samples and seconds per epoch",
+            [curv, spe],
+            p(
+                from_paper(2, "curv", 2, "curvature"),
+                from_paper(2, "s/epoch", 1, "seconds_per_epoch"),
+            ),
+        ),
+        (
+            3,
+            cifar,
+            "CIFAR-10, ResNet-20: " + final,
+            [lp, acc, curv, spe, ell],
+            p(
+                from_paper(3, "LP", 4, "test_lp"),
+                from_paper(3, "acc", 4, "test_accuracy"),
+                from_paper(3, "s/epoch", 1, "seconds_per_epoch"),
+            ),
+        ),
+        (
+            4,
+            mnist,
+            "MNIST: chosen learning rate ℓ (and α²) by mean final validation LP",
+            [ell],
+            p(("ℓ", 0, _paper_lr)),
+        ),
+        (5, cifar, "CIFAR-10: chosen learning rate ℓ (and α²)", [ell], p(("ℓ", 0, _paper_lr))),
+        (
+            6,
+            mnist,
+            "MNIST at equal computation time (epochs × the fastest sampler's s/epoch; "
+            "ℓ re-chosen on the interpolated validation LP)",
+            timed_cols,
+            p(from_paper(6, "LP", 4, "test_lp"), from_paper(6, "acc", 4, "test_accuracy")),
+        ),
+        (
+            7,
+            cifar,
+            "CIFAR-10 at equal computation time",
+            timed_cols,
+            p(from_paper(7, "LP", 4, "test_lp"), from_paper(7, "acc", 4, "test_accuracy")),
+        ),
+        (
+            8,
+            mnist,
+            "MNIST: ECE (30 bins, top label) of the final ensemble",
+            [ece],
+            p(from_paper(8, "ECE", 4, "test_ece")),
+        ),
+        (
+            9,
+            cifar,
+            "CIFAR-10: ECE (30 bins, top label)",
+            [ece],
+            p(from_paper(9, "ECE", 4, "test_ece")),
+        ),
+        (
+            10,
+            classification,
+            "mean confidence (top-label probability) of the final ensemble on test",
+            [conf],
+            p(from_paper(10, "confidence", 4, "test_confidence")),
+        ),
+        (
+            11,
+            regression,
+            "Beyond the paper, regression (Gaussian likelihood): "
+            + final
+            + "; RMSE of the predictive mean and coverage of its central 50 % / 90 % intervals, "
+            "in the targets' units",
+            [
+                lp,
+                ("RMSE", 4, _stat("test_rmse")),
+                ("cov50", 4, _stat("test_coverage_50")),
+                ("cov90", 4, _stat("test_coverage_90")),
+                spe,
+                ell,
+            ],
+            (),
+        ),
+    ]
+    tables = []
+    for number, members, title, columns, paper_columns in specs:
+        if number in (2, 3) and not any(c.setting.get("curvature") for c in members):
+            columns = [col for col in columns if col[0] != "curv"]
+            paper_columns = [col for col in paper_columns if col[0] != "curv"]
+        table = _wide_table(number, title, members, columns, paper_columns)
+        cells = {(setting_key(c.setting), c.prior, c.sampler) for c in members}
+        if table is not None and (number not in (6, 7) or cells & set(timed)):
+            tables.append(table)
+    return tables
+
+
+def _regression(choice: Choice) -> bool:
+    """Whether the cell's runs are a regression's (scores with an RMSE)."""
+    return any("rmse" in r["final"]["test"] for g in choice.candidates for r in g.runs)
+
+
+def selection_csv(choices: Sequence[Choice]) -> str:
+    """Every choice: the cell, the stage, the chosen value, its validation score, the candidates."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(
+        [
+            "setting",
+            "prior",
+            "sampler",
+            "choice",
+            "for_alpha2",
+            "chosen",
+            "val_lp_mean",
+            "val_lp_std",
+            "runs",
+            "candidates",
+            "broken_down",
+            "warning",
+        ]
+    )
+    for choice in choices:
+        for stage in choice.stages:
+            chosen = stage.chosen
+            mean, std = chosen.stat("val_lp") if chosen is not None else (math.nan, math.nan)
+            if stage.kind == "alpha2" and choice.identity_optimal:
+                mean, std = stage.scores[0.0], math.nan
+            value = stage.value
+            writer.writerow(
+                [
+                    setting_label(choice.setting),
+                    choice.prior,
+                    choice.sampler,
+                    "ℓ" if stage.kind == "lr" else "α²",
+                    "" if stage.alpha2 is None else f"{stage.alpha2:g}",
+                    "" if value is None else f"{value:g}",
+                    "" if math.isnan(mean) else repr(mean),
+                    "" if math.isnan(std) else repr(std),
+                    len(chosen.completed) if chosen is not None else "",
+                    " ".join(
+                        f"{k:g}:{'' if math.isnan(v) else f'{v:.6f}'}"
+                        for k, v in sorted(stage.scores.items())
+                    ),
+                    " ".join(f"{v:g}" for v in stage.broken),
+                    stage.warning or "",
+                ]
+            )
+    return out.getvalue()

@@ -1,0 +1,552 @@
+"""``sgrld table RUN_DIRS...``: aggregate sampling runs into the paper's table format.
+
+Runs (directories holding ``results.json``, or folders searched recursively for them) are grouped
+by their config without the seed. Each group gets the mean and the population std (ddof = 0, as
+the paper) over its seeds of the final-epoch metrics. Output:
+
+- Markdown on stdout (and ``--markdown FILE``), by default in the layout of the paper's Table 1:
+  one table per setting (dataset, model, width, epochs, ...), a row per sampler and, per prior,
+  the columns LP, accuracy, ECE, seconds per epoch and ℓ. Where a setting holds several ℓ (or α²)
+  for one sampler, the one with the best mean final validation LP is shown; a
+  configuration with a broken-down run is never selected and shows as "broke down". The best LP
+  per column is in bold. ``--paper`` adds the paper's LP, accuracy and s/epoch beside it.
+- ``--layout long``: one row per configuration instead.
+- ``--csv FILE``: every configuration, every metric's mean and std, as CSV.
+- ``--plot FILE``: test LP and accuracy per epoch of every configuration, mean ± 1.96 std.
+- MCMC diagnostics (with ArviZ, ``sgrld[diagnostics]``): per configuration, the rank-normalised
+  R-hat and bulk/tail ESS of the traced per-sample quantities (test log-likelihood, probe
+  predictions, horseshoe scales), with the seeds as chains; a single run is split in halves.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sgrld.evaluation.trace import diagnostics_of
+from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.run.naming import run_label
+from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
+
+SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
+SAMPLER_TITLES = {
+    "identity": "Identity",
+    "wenzel": "Wenzel",
+    "rmsprop": "RMSprop",
+    "monge": "Monge",
+    "shampoo": "Shampoo",
+}
+
+
+def sampler_title(name: str) -> str:
+    """The paper's name of a sampler; a metric it does not know by its capitalised name."""
+    return SAMPLER_TITLES.get(name, name.capitalize())
+
+
+PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
+PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
+#: Aggregated quantities: name → how to read it from a results dict.
+COLUMNS = (
+    "test_lp",
+    "test_accuracy",
+    "test_ece",
+    "test_confidence",
+    "val_lp",
+    "val_accuracy",
+    "val_ece",
+    "seconds_per_epoch",
+    "curvature",
+    "num_samples",
+)
+#: The regression's columns (a Gaussian likelihood's scores), aggregated where such runs are.
+REGRESSION_COLUMNS = ("test_rmse", "test_coverage_50", "test_coverage_90", "val_rmse")
+#: The score columns beside LP in the Markdown layouts: label → aggregated quantity.
+CLASSIFICATION_SCORES = {"acc": "test_accuracy", "ECE": "test_ece"}
+REGRESSION_SCORES = {"RMSE": "test_rmse", "cov50": "test_coverage_50", "cov90": "test_coverage_90"}
+#: Config fields that pick a row/column inside a setting's table (the rest define the setting).
+WITHIN_SETTING = ("prior", "sampler", "lr", "alpha2")
+
+
+class TableError(ValueError):
+    """No usable runs, or unreadable results."""
+
+
+def _score(results: dict[str, Any], name: str) -> float:
+    if name in ("seconds_per_epoch", "num_samples"):
+        value = results.get(name)
+    elif name == "curvature":
+        value = (results.get("curvature") or {}).get("mean")
+    else:
+        split, metric = name.split("_", 1)
+        value = results["final"][split].get(metric)  # a score of another likelihood: NaN
+    return math.nan if value is None else float(value)
+
+
+@dataclass
+class Group:
+    """The runs of one configuration (config without the seed).
+
+    Attributes:
+        config: the shared config (no ``seed``).
+        runs: the ``results.json`` contents of every run, broken-down ones included.
+    """
+
+    config: dict[str, Any]
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(int(r["seed"]) for r in self.runs)
+
+    @property
+    def completed(self) -> list[dict[str, Any]]:
+        return [r for r in self.runs if r["status"] == "completed"]
+
+    @property
+    def num_broken(self) -> int:
+        return sum(r["status"] == "broken_down" for r in self.runs)
+
+    @cached_property
+    def diagnostics(self) -> dict[str, Any]:
+        """R-hat and ESS of the completed runs' traces, seeds as chains (one run: its halves)."""
+        traces = [r["trace"] for r in self.completed if r.get("trace")]
+        if not traces:
+            return {"available": False, "reason": "no traced samples (results without 'trace')"}
+        return diagnostics_of(traces)
+
+    def stat(self, name: str) -> tuple[float, float]:
+        """Mean and std (ddof = 0) of a metric over the completed runs.
+
+        The mean is NaN without any value; the std is NaN with fewer than two (one run has no
+        spread to report).
+        """
+        values = np.array([_score(r, name) for r in self.completed], dtype=np.float64)
+        if values.size == 0 or np.isnan(values).all():
+            return math.nan, math.nan
+        values = values[~np.isnan(values)]
+        spread = float(values.std(ddof=0)) if values.size > 1 else math.nan
+        return float(values.mean()), spread
+
+
+def _is_regression(groups: Sequence[Group]) -> bool:
+    """Whether the runs are a regression's (their scores have an RMSE, not an accuracy)."""
+    return any("rmse" in r["final"]["test"] for g in groups for r in g.runs)
+
+
+def _columns(groups: Sequence[Group]) -> list[str]:
+    """The aggregated quantities of these runs: the classification's, the regression's or both."""
+    classification = any("accuracy" in r["final"]["test"] for g in groups for r in g.runs)
+    regression = _is_regression(groups)
+    columns = [
+        c for c in COLUMNS if classification or not c.endswith(("accuracy", "ece", "confidence"))
+    ]
+    return columns + list(REGRESSION_COLUMNS) * regression
+
+
+def _score_columns(groups: Sequence[Group]) -> dict[str, str]:
+    return REGRESSION_SCORES if _is_regression(groups) else CLASSIFICATION_SCORES
+
+
+def find_results(paths: Iterable[str | Path]) -> list[Path]:
+    """``results.json`` files named by, or found under, ``paths`` (sorted, no duplicates).
+
+    Raises:
+        TableError: a path does not exist, or nothing was found.
+    """
+    found: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            found.add(path.resolve())
+        elif (path / "results.json").is_file():
+            found.add((path / "results.json").resolve())
+        elif path.is_dir():
+            found.update(p.resolve() for p in path.rglob("results.json"))
+        else:
+            raise TableError(f"{path} does not exist")
+    if not found:
+        raise TableError("no results.json found under " + ", ".join(map(str, paths)))
+    return sorted(found)
+
+
+def load_runs(
+    files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
+) -> list[dict[str, Any]]:
+    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``
+    (``command`` names who says so on stderr).
+
+    Raises:
+        TableError: a file is not a sgrld sampling result.
+    """
+    return load_checked(files, include_partial=include_partial, command=command)[0]
+
+
+def load_checked(
+    files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Read ``results.json`` files and leave out what would make a table wrong.
+
+    Left out, each with a line in the returned problems: a run whose final values no run can
+    produce (a log-probability above 0, an accuracy outside [0, 1], NaN in a completed run:
+    :func:`~sgrld.experiments.run.results.impossible_values`); a run whose config disagrees with its
+    folder (its sweep manifest's entry, or a sweep folder name such as ``lr0.1-seed0``); a
+    second copy of a run (the same config and seed in another folder), which would count as
+    an extra seed. Unfinished runs are left out unless ``include_partial`` (not a problem).
+
+    Returns:
+        The runs to aggregate, and the problems as ``"PATH: why"``.
+
+    Raises:
+        TableError: a file is not a readable sgrld sampling result.
+    """
+    runs, problems = [], []
+    seen: dict[str, Path] = {}
+    manifests: dict[Path, dict[str, Any] | None] = {}
+    for path in files:
+        try:
+            results: dict[str, Any] = dict(read_results(path))
+        except ResultsError as exc:
+            raise TableError(str(exc)) from None
+        # a failed run (an output could not be written) stopped unfinished, like a running one
+        if results["status"] in ("running", "failed") and not include_partial:
+            print(f"{command}: skipping unfinished run {path.parent}", file=sys.stderr)
+            continue
+        bad = impossible_values(results)  # NaN counts only in a completed run
+        bad = bad or _folder_mismatch(path, results["config"], manifests)
+        key = json.dumps(results["config"], sort_keys=True)
+        if not bad and key in seen:
+            bad = [f"the same run (config and seed) as {seen[key].parent}"]
+        if bad:
+            problems.append(f"{path.parent}: left out: {'; '.join(bad)}")
+            continue
+        seen[key] = path
+        if results["status"] in ("running", "failed"):
+            results = {**results, "status": "completed"}
+        runs.append(results)
+    return runs, problems
+
+
+_SWEEP_LABEL = re.compile(r"^lr[^/]*-seed\d+$")
+
+
+def _folder_mismatch(
+    path: Path, config: dict[str, Any], manifests: dict[Path, dict[str, Any] | None]
+) -> list[str]:
+    """How a run's config disagrees with where it lies: its sweep manifest's entry for the
+    folder, or (in a sweep's layout) the folder's name."""
+    from sgrld.experiments.sweep import grid
+
+    folder = path.parent
+    for root in folder.parents:
+        if root not in manifests:
+            try:
+                manifests[root] = grid.read_manifest(root / grid.MANIFEST_FILE)
+            except grid.GridError:
+                manifests[root] = None
+        saved = manifests[root]
+        if saved is None:
+            continue
+        entries = {r["path"]: r["config"] for r in saved["runs"]}
+        expected = entries.get(folder.relative_to(root).as_posix())
+        if expected is not None and expected != config:
+            differ = sorted(k for k in expected if expected[k] != config.get(k))
+            return [f"its config differs from {root / grid.MANIFEST_FILE}'s in {', '.join(differ)}"]
+        break
+    try:
+        label = run_label(config)
+    except (KeyError, TypeError, ValueError):
+        return []
+    if _SWEEP_LABEL.match(folder.name) and folder.name != label:
+        return [f"its config is run {label}, not the {folder.name} its folder names"]
+    return []
+
+
+def aggregate(runs: Iterable[dict[str, Any]]) -> list[Group]:
+    """Group runs by config without the seed, in a stable order."""
+    groups: dict[str, Group] = {}
+    for results in runs:
+        config = {k: v for k, v in results["config"].items() if k != "seed"}
+        key = json.dumps(config, sort_keys=True)
+        groups.setdefault(key, Group(config)).runs.append(results)
+    return sorted(groups.values(), key=_sort_key)
+
+
+def _sort_key(group: Group) -> tuple[Any, ...]:
+    c = group.config
+    setting = json.dumps({k: v for k, v in c.items() if k not in WITHIN_SETTING}, sort_keys=True)
+    prior = PRIOR_ORDER.index(c["prior"]) if c["prior"] in PRIOR_ORDER else len(PRIOR_ORDER)
+    sampler = SAMPLER_ORDER.index(c["sampler"]) if c["sampler"] in SAMPLER_ORDER else 99
+    return (setting, prior, sampler, c["lr"], c.get("alpha2") or 0.0)
+
+
+def format_stat(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
+    if math.isnan(mean):
+        return "–"
+    text = f"{mean:.{digits}f}"
+    if bold:
+        text = f"**{text}**"
+    return text if math.isnan(std) else f"{text} ({std:.{digits}f})"
+
+
+def _lr_text(config: dict[str, Any]) -> str:
+    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    return f"{config['lr']:g}{alpha}"
+
+
+def group_label(group: Group) -> str:
+    c = group.config
+    model = f"fc{c['width']}" if c["model"] == "fc" else c["model"]
+    prior = PRIOR_SHORT.get(c["prior"], c["prior"])
+    return f"{model} {prior} {sampler_title(c['sampler'])} ℓ {_lr_text(c)}"
+
+
+def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
+    model = f"fc N = {config['width']}" if config["model"] == "fc" else config["model"]
+    counts = sorted({len(g.runs) for g in groups})
+    seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    plural = "" if counts[-1] == 1 else "s"
+    spread = "no spread with one seed" if counts[-1] == 1 else "mean (std, ddof = 0)"
+    extras = [
+        f"{name} {config[name]}"
+        for name, default in (
+            ("max_train", None),
+            ("max_eval", None),
+            ("temperature", 1.0),
+            ("batch_size", 100),
+            ("burnin", 1000),
+            ("thinning", 100),
+        )
+        if config.get(name, default) != default
+    ]
+    extra = f", {', '.join(extras)}" if extras else ""
+    return (
+        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seed{plural} "
+        f"per cell; final-epoch test metrics, {spread}"
+    )
+
+
+def _by_setting(groups: Sequence[Group]) -> dict[str, list[Group]]:
+    settings: dict[str, list[Group]] = {}
+    for group in groups:
+        key = json.dumps(
+            {k: v for k, v in group.config.items() if k not in WITHIN_SETTING}, sort_keys=True
+        )
+        settings.setdefault(key, []).append(group)
+    return settings
+
+
+def select_best(candidates: Sequence[Group]) -> Group | None:
+    """The configuration with the best mean final validation LP among those without failures.
+
+    Returns ``None`` if every candidate has a broken-down run or no finite validation LP.
+    """
+    valid = [g for g in candidates if g.num_broken == 0 and not math.isnan(g.stat("val_lp")[0])]
+    return max(valid, key=lambda g: g.stat("val_lp")[0]) if valid else None
+
+
+def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> str:
+    """Table 1 layout: per setting, a row per sampler and per prior LP / acc / ECE / s/ep / ℓ."""
+    blocks = []
+    for setting_groups in _by_setting(groups).values():
+        config = setting_groups[0].config
+        priors = sorted(
+            {g.config["prior"] for g in setting_groups},
+            key=lambda p: PRIOR_ORDER.index(p) if p in PRIOR_ORDER else 99,
+        )
+        samplers = sorted(
+            {g.config["sampler"] for g in setting_groups},
+            key=lambda s: SAMPLER_ORDER.index(s) if s in SAMPLER_ORDER else 99,
+        )
+        cells: dict[tuple[str, str], tuple[Group | None, list[Group]]] = {}
+        for prior in priors:
+            for sampler in samplers:
+                cands = [
+                    g
+                    for g in setting_groups
+                    if g.config["prior"] == prior and g.config["sampler"] == sampler
+                ]
+                if cands:
+                    cells[prior, sampler] = (select_best(cands), cands)
+        scores = _score_columns(setting_groups)
+        header = ["sampler"]
+        for prior in priors:
+            p = PRIOR_SHORT.get(prior, prior)
+            header += [f"{p} LP", *(f"{p} {label}" for label in scores), f"{p} s/epoch", f"{p} ℓ"]
+            if paper:
+                header += [f"{p} paper LP", f"{p} paper acc", f"{p} paper s/epoch"]
+        best_lp = {
+            prior: max(
+                (
+                    best.stat("test_lp")[0]
+                    for (p, _), (best, _) in cells.items()
+                    if p == prior
+                    if best is not None
+                ),
+                default=math.nan,
+            )
+            for prior in priors
+        }
+        rows = []
+        for sampler in samplers:
+            row = [sampler_title(sampler)]
+            for prior in priors:
+                best, cands = cells.get((prior, sampler), (None, []))
+                if best is None:
+                    broken = sum(g.num_broken for g in cands)
+                    total = sum(len(g.runs) for g in cands)
+                    text = f"broke down ({broken}/{total} runs)" if broken else "–"
+                    row += [text, *(["–"] * (len(scores) + 1))]
+                    row.append(_lr_text(cands[0].config) if cands else "–")
+                else:
+                    lp = best.stat("test_lp")
+                    row += [
+                        format_stat(*lp, bold=lp[0] == best_lp[prior] and len(samplers) > 1),
+                        *(format_stat(*best.stat(column)) for column in scores.values()),
+                        format_stat(*best.stat("seconds_per_epoch"), digits=1),
+                        _lr_text(best.config),
+                    ]
+                if paper:
+                    ref = paper_entry(config["dataset"], prior, config.get("width"), sampler)
+                    row += (
+                        [f"{ref.lp:.4f}", f"{ref.accuracy:.4f}", f"{ref.seconds_per_epoch:.1f}"]
+                        if ref is not None
+                        else ["= Identity" if sampler == "monge" else "–", "–", "–"]
+                    )
+            rows.append(row)
+        title = _setting_title(config, setting_groups)
+        if paper:
+            title += "; paper: 400 epochs, 10 seeds"
+        blocks.append(f"**{title}**\n\n" + markdown_table(header, rows))
+    return "\n\n".join(blocks) + "\n"
+
+
+def markdown_long_layout(groups: Sequence[Group]) -> str:
+    """One row per configuration, per setting."""
+    blocks = []
+    for setting_groups in _by_setting(groups).values():
+        scores = _score_columns(setting_groups)
+        header = ["prior", "sampler", "ℓ", "runs", "broken", "test LP"]
+        header += [f"test {label}" for label in scores]
+        header += ["val LP", "s/epoch", "curvature", "samples"]
+        rows = [
+            [
+                g.config["prior"],
+                sampler_title(g.config["sampler"]),
+                _lr_text(g.config),
+                str(len(g.runs)),
+                str(g.num_broken),
+                format_stat(*g.stat("test_lp")),
+                *(format_stat(*g.stat(column)) for column in scores.values()),
+                format_stat(*g.stat("val_lp")),
+                format_stat(*g.stat("seconds_per_epoch"), digits=1),
+                format_stat(*g.stat("curvature"), digits=2),
+                f"{g.stat('num_samples')[0]:.0f}",
+            ]
+            for g in setting_groups
+        ]
+        title = _setting_title(setting_groups[0].config, setting_groups)
+        blocks.append(f"**{title}**\n\n" + markdown_table(header, rows))
+    return "\n\n".join(blocks) + "\n"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _num(value: Any, digits: int) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def markdown_diagnostics(groups: Sequence[Group]) -> str:
+    """One row per configuration: R-hat and bulk/tail ESS, seeds as chains ("" without ArviZ)."""
+    from sgrld.evaluation.diagnostics import INSTALL_HINT, MIN_RELIABLE_DRAWS
+
+    rows, few = [], False
+    for group in groups:
+        d = group.diagnostics
+        if not d["available"]:
+            continue
+        ll = d["variables"]["test_loglik"]
+        chains = d["chains"] if isinstance(d["chains"], int) else "1 (split)"
+        worst = d["worst"]
+        if not d.get("reliable", d["draws_per_chain"] >= MIN_RELIABLE_DRAWS):
+            few = True
+            none = {"rhat": None, "ess_bulk": None, "ess_tail": None}
+            ll, worst = none, none
+        rows.append(
+            [
+                group_label(group),
+                str(chains),
+                str(d["draws_per_chain"]),
+                _num(ll["rhat"], 3),
+                _num(ll["ess_bulk"], 0),
+                _num(ll["ess_tail"], 0),
+                _num(worst["rhat"], 3),
+                _num(worst["ess_bulk"], 0),
+                _num(worst["ess_tail"], 0),
+            ]
+        )
+    if not rows:
+        missing = [g for g in groups if "ArviZ" in g.diagnostics.get("reason", "")]
+        if missing:
+            return f"MCMC diagnostics (R̂, ESS) left out: they need ArviZ; {INSTALL_HINT}\n"
+        return ""
+    header = ["configuration", "chains (seeds)", "draws/chain", "R̂ test LL", "bulk ESS test LL"]
+    header += ["tail ESS test LL", "max R̂", "min bulk ESS", "min tail ESS"]
+    title = (
+        "**MCMC diagnostics (ArviZ, rank-normalised split R̂ and ESS) of the per-sample test "
+        "log-likelihood and, in the max/min columns, of every traced quantity (probe "
+        "predictions, horseshoe scales); seeds are the chains**"
+    )
+    note = ""
+    if few:
+        note = (
+            f"\n– : fewer than {MIN_RELIABLE_DRAWS} draws per chain, too few for R̂ and ESS to "
+            "mean anything (more epochs, or a smaller --thinning, give more)\n"
+        )
+    return f"{title}\n\n{markdown_table(header, rows)}\n{note}"
+
+
+def csv_table(groups: Sequence[Group]) -> str:
+    """Every configuration as a CSV row: config, run counts, seeds, each metric's mean and std."""
+    config_keys: list[str] = []
+    for group in groups:
+        config_keys += [k for k in group.config if k not in config_keys]
+    header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
+    columns = _columns(groups)
+    for metric in columns:
+        header += [f"{metric}_mean", f"{metric}_std"]
+    header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    for group in groups:
+        row: list[Any] = [group.config.get(k, "") for k in config_keys]
+        row = ["" if v is None else v for v in row]
+        row += [len(group.runs), len(group.completed), group.num_broken]
+        row.append(" ".join(map(str, group.seeds)))
+        for metric in columns:
+            mean, std = group.stat(metric)
+            row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
+        d = group.diagnostics
+        values = (
+            [d["variables"]["test_loglik"]["rhat"], *d["worst"].values()]
+            if d["available"]
+            else [None] * 4
+        )
+        row += ["" if v is None or math.isnan(v) else repr(v) for v in values]
+        writer.writerow(row)
+    return out.getvalue()

@@ -1,0 +1,145 @@
+"""From a config to the objects of a run, through the registries only.
+
+A sampler is its registry name plus options validated by the metric itself (so every option of
+every metric is settable from ``sgrld sample --option`` and sweepable): nothing here knows a
+metric by name. Models, priors and data sets come from their own registries
+(:func:`sgrld.models.build_model`, :mod:`sgrld.priors`, :mod:`sgrld.data`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sgrld.data import Splits, dataset_info
+from sgrld.experiments.run.choices import PRIORS
+from sgrld.likelihoods import Likelihood, get_likelihood
+from sgrld.metrics import Metric, get_metric
+from sgrld.models import BayesianModel, build_model, potential
+from sgrld.optim import SGRLDOptimizer
+
+#: RunConfig fields that are metric options with a field of their own (the paper's α²).
+OWN_FIELDS = ("alpha2", "alpha2_rule")
+
+
+def option_names(sampler: str) -> list[str]:
+    """The options ``sampler``'s metric takes (its public dataclass fields)."""
+    cls = get_metric(sampler)
+    if not dataclasses.is_dataclass(cls):
+        return []
+    return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+
+
+def _typed(cls: type[Metric], name: str, value: Any) -> Any:
+    """A JSON value as the metric's field wants it: a dtype option from its name."""
+    default = {f.name: f.default for f in dataclasses.fields(cls)}.get(name)  # type: ignore[arg-type]
+    if isinstance(default, torch.dtype) and isinstance(value, str):
+        dtype = getattr(torch, value.removeprefix("torch."), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"invalid {name}: {value!r} (expected a torch dtype name)")
+        return dtype
+    return value
+
+
+def build_metric(
+    sampler: str,
+    options: Mapping[str, Any],
+    alpha2: float | None = None,
+    alpha2_rule: str = "fixed",
+) -> Metric:
+    """The metric ``sampler`` with ``options``; the metric validates them (a ValueError names
+    the option). Monge's α² and its rule come from their own config fields."""
+    cls = get_metric(sampler)
+    known = option_names(sampler)
+    for name in options:
+        if name in OWN_FIELDS:
+            raise ValueError(f"give {name} as its own option, not among the sampler options")
+        if name not in known:
+            valid = ", ".join(n for n in known if n not in OWN_FIELDS) or "none"
+            raise ValueError(f"{sampler} has no option {name!r}; its options: {valid}")
+    values = {name: _typed(cls, name, value) for name, value in options.items()}
+    if alpha2 is not None:
+        values |= {"alpha2": alpha2, "alpha2_rule": alpha2_rule}
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a wrongly typed value the metric's checks do not word
+        raise ValueError(f"invalid {sampler} options {dict(options)}: {exc}") from None
+
+
+def make_sampler(
+    config: Any,
+    params: list[Tensor],
+    num_data: int,
+    generator: torch.Generator,
+    *,
+    capturable: bool = False,
+) -> SGRLDOptimizer:
+    """The config's sampler over ``params`` in one parameter group.
+
+    With ``capturable`` (the runner's deferred and captured loops) ℓ is a 0-d tensor on the
+    parameters' device and NaN/Inf checks are device flags read by ``check()``; without, ℓ is a
+    float and a step with a NaN/Inf gradient is refused at once on every device.
+    """
+    lr: float | Tensor = config.lr
+    if capturable:
+        lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
+    metric = build_metric(config.sampler, config.sampler_options, config.alpha2, config.alpha2_rule)
+    return SGRLDOptimizer(
+        params,
+        lr,
+        num_data,
+        config.temperature,
+        metric=metric,
+        generator=generator,
+        noise=config.noise,
+        compile=config.compile,
+        capturable=capturable,
+        sync_checks=None if capturable else True,
+        # per-step health figures on the device, read at epoch ends (results.json); the fused
+        # compile=True step has no place for them
+        telemetry=not config.compile,
+        adapt_until=config.adapt_until,
+    )
+
+
+def build_likelihood(config: Any, splits: Splits | None = None) -> Likelihood:
+    """The likelihood the config's data set declares: categorical over its classes, or
+    Gaussian with the config's fixed σ (``None``: learned) reporting in the targets' units."""
+    info = dataset_info(config.dataset)
+    cls = get_likelihood(info.likelihood)
+    if info.likelihood == "categorical":
+        return cls(info.num_outputs)
+    target_scale = 1.0 if splits is None or splits.target_scale is None else splits.target_scale
+    return cls(config.likelihood_scale, target_scale=float(target_scale))
+
+
+def build_run_model(
+    config: Any, splits: Splits | None = None, generator: torch.Generator | None = None
+) -> BayesianModel:
+    """The config's network with its prior and its data set's likelihood (He initialisation
+    from ``generator``)."""
+    likelihood = build_likelihood(config, splits)
+    return build_model(
+        config.model,
+        prior=PRIORS[config.prior],
+        width=config.width,
+        generator=generator,
+        in_features=math.prod(dataset_info(config.dataset).input_shape),
+        likelihood=likelihood,
+    )
+
+
+def poisoned_potential(num_data: int) -> Any:
+    """The per-datum potential, its gradient made NaN where it is non-finite: the engine then
+    freezes the chain at that update, as a single run stops before it."""
+
+    def loss(model: Any, x: Tensor, y: Tensor) -> Tensor:
+        u = potential(model, x, y, num_data)
+        return u * torch.where(torch.isfinite(u), 1.0, math.nan)  # NaN·∂u is NaN everywhere
+
+    return loss

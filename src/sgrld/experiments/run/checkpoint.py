@@ -1,0 +1,94 @@
+"""Checkpoints of a sampling run: read, checked for damage and fit before anything is restored."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from sgrld.experiments.base import files
+from sgrld.experiments.base.files import CheckpointError
+from sgrld.experiments.run.config import CHECKPOINT_FORMAT, RunConfig
+
+#: Top-level entries of a checkpoint; all must be present before anything is restored.
+CHECKPOINT_KEYS = (
+    "format",
+    "config",
+    "epoch",
+    "global_step",
+    "status",
+    "broken_down",
+    "model",
+    "optimizer",
+    "data_order_generator",
+    "curvature_generator",
+    "ensembles",
+    "curves",
+    "curvature_means",
+    "timing",
+)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU), checking it first.
+
+    The file's SHA-256 must match (:func:`~.base.files.load_checkpoint`), every entry
+    must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
+    sample aside; a broken-down run's model and sampler may be non-finite: that is why it stopped).
+
+    Raises:
+        CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).
+    """
+    state = files.load_checkpoint(path)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        hint = ""
+        if isinstance(state, dict) and str(state.get("format", "")).startswith("sgrld-chains"):
+            hint = " (a multi-chain run made it: resume it with its --chains, --lr and --alpha2)"
+        raise CheckpointError(f"checkpoint {path} is not a sgrld sample checkpoint{hint}")
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
+    bad = files.find_nonfinite(state["ensembles"], "ensembles", allow_minus_inf=True)
+    if state["status"] != "broken_down":
+        bad += files.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
+    if bad:
+        raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")
+    return state
+
+
+def tensor_mismatches(
+    saved: Mapping[str, Any], expected: Mapping[str, Tensor], name: str
+) -> list[str]:
+    """What keeps ``saved`` from loading into tensors like ``expected`` (missing keys, shapes)."""
+    if not isinstance(saved, Mapping):
+        return [f"{name} is a {type(saved).__name__}, not a dict of tensors"]
+    found = [f"{name} has no {key}" for key in expected if key not in saved]
+    found += [f"{name} has an unexpected {key}" for key in saved if key not in expected]
+    for key, want in expected.items():
+        got = saved.get(key)
+        if key not in saved:
+            continue
+        if not isinstance(got, Tensor):
+            found.append(f"{name}.{key} is a {type(got).__name__}, not a tensor")
+        elif got.shape != want.shape or got.dtype != want.dtype:
+            found.append(
+                f"{name}.{key} is {got.dtype} {tuple(got.shape)}, this run needs "
+                f"{want.dtype} {tuple(want.shape)}"
+            )
+    return found
+
+
+def check_checkpoint_fits(state: Mapping[str, Any], config: RunConfig) -> None:
+    """Refuse, before any work, a checkpoint whose model does not fit ``config``'s model.
+
+    Raises:
+        CheckpointError: missing or unexpected entries, other shapes or dtypes.
+    """
+    from sgrld.experiments.run.build import build_run_model
+
+    model = build_run_model(config)
+    wrong = tensor_mismatches(state["model"], model.state_dict(), "model")
+    if wrong:
+        raise CheckpointError("; ".join(wrong))

@@ -1,0 +1,40 @@
+"""The experiments' names of samplers, priors, models, datasets and noise sources, in one place.
+
+Read from the registries (:func:`sgrld.metrics.metric_names`, :func:`sgrld.priors.prior_names`)
+and the model and data modules, so that a metric or prior registered there is a choice of
+``sgrld sample`` and ``sgrld sweep`` (whose flags derive from sample's) without an edit here.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sgrld.core.noise import NOISE_SOURCES
+from sgrld.data import DATASET_NAMES
+from sgrld.metrics import metric_names, resolve_metric_name
+from sgrld.models.build import MODEL_NAMES
+from sgrld.priors import prior_names
+
+#: Registry name → the experiments' name, where the paper calls a prior otherwise.
+_PRIOR_ALIASES = {"convcorrnormal": "correlated"}
+
+#: Sampler names (the metric registry).
+SAMPLERS: tuple[str, ...] = tuple(metric_names())
+#: Experiment prior name → :mod:`sgrld.priors` registry name.
+PRIORS: dict[str, str] = {_PRIOR_ALIASES.get(name, name): name for name in prior_names()}
+MODELS: tuple[str, ...] = tuple(MODEL_NAMES)
+DATASETS: tuple[str, ...] = tuple(DATASET_NAMES)
+NOISE: tuple[str, ...] = tuple(NOISE_SOURCES)
+#: The architecture each dataset is run with (the paper's; diabetes: the same fc net).
+MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20", "diabetes": "fc"}
+
+
+def sampler_name(text: str) -> str:
+    """An argparse ``type``: a sampler's registry name from itself or an alias (``sgld``)."""
+    try:
+        return resolve_metric_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+sampler_name.__name__ = "sampler"  # argparse's "invalid sampler value" before the message

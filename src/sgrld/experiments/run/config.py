@@ -1,0 +1,326 @@
+"""A run's configuration: :class:`RunConfig`, its validation, the seeds and the sampling schedule.
+
+The first room of a sampling run (``docs/experiments.md``): what to run, checked before any work.
+The loop is :mod:`~sgrld.experiments.run.single`, checkpoints :mod:`~.run.checkpoint`,
+progress :mod:`sgrld.experiments.run.observers`, output :mod:`sgrld.experiments.base.files`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from sgrld.core.compiled import check_compilable
+from sgrld.core.noise import NOISE_SOURCES
+from sgrld.data import dataset_info
+from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
+from sgrld.metrics import MongeMetric, get_metric
+from sgrld.schedules import check_cyclical
+
+SAMPLER_NAMES = (
+    SAMPLERS  # the names live in sgrld.experiments.run.choices, read from the registries
+)
+PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
+GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max
+TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times
+CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
+SEED_STREAMS = ("init", "chain", "data_order", "curvature")
+#: Fields added after the first results format, with the value that means "as before": written
+#: only when they differ from it, so that older readers and equal-config checks see no change.
+LATER_FIELDS: dict[str, Any] = {"sampler_options": {}, "likelihood_scale": None}
+#: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates).
+ADAPT_CHOICES = ("burnin", "always")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything that defines a run; two runs with equal configs give identical results.
+
+    Attributes:
+        dataset: ``"mnist"`` or ``"cifar10"``.
+        model: ``"fc"`` (MNIST, 784-N-N-10) or ``"resnet20"`` (CIFAR-10).
+        prior: ``"gaussian"``, ``"horseshoe"`` (fc) or ``"correlated"`` (resnet20 convolutions).
+        sampler: ``identity``, ``wenzel``, ``rmsprop``, ``monge`` or ``shampoo``.
+        lr: learning rate ℓ > 0 (h = ℓ/n, ``docs/conventions.md``).
+        epochs: passes over the training set, ≥ 1 (400 in the paper).
+        seed: master seed ≥ 0; the init, chain, data-order and curvature generators derive from it.
+        width: hidden width N of ``fc`` (400, 800, 1200); ignored for ``resnet20``.
+        alpha2: Monge's α² ≥ 0 (required for ``monge``, ``None`` otherwise).
+        temperature: τ ≥ 0 (1 in the paper).
+        batch_size: minibatch size (100).
+        burnin: updates before the first sample can be taken (1,000).
+        thinning: a sample every ``thinning`` updates by global step (100).
+        curvature: measure C(θ) of every sample (costly).
+        curvature_points: leading test points used for C(θ) (1,000).
+        num_val: validation size drawn from the official training set (10,000).
+        max_train: use only the first ``max_train`` training points (smoke tests; ``None`` = all).
+            n in the potential is then ``max_train``.
+        max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
+        eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
+        noise: the sampler's noise source, ``"philox"`` (default: counter-based keys drawn
+            from the chain's seed, so that chain s of a multi-chain run is the single run of
+            seed s; :mod:`sgrld.core.noise`) or ``"torch"`` (``normal_`` from the chain's
+            generator; the default before multi-chain runs).
+        compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
+            wenzel and rmsprop only).
+        alpha2_rule: Monge's ``"fixed"`` α² (the paper's) or ``"normalized"`` (α²_t = c/‖m_t‖²
+            with c = ``alpha2`` > 0; :class:`~sgrld.metrics.MongeMetric`).
+        schedule: ``"constant"`` ℓ (the paper's) or ``"cyclical"`` (:class:`~sgrld.CyclicalLR`
+            over all ``epochs``: ``cycles`` cosine cycles, the leading ``explore_fraction`` of
+            each noise-free and without samples).
+        cycles: M ≥ 1 (cyclical only).
+        explore_fraction: r in [0, 1) (cyclical only).
+        sampler_options: the metric's other options by name (``{"decay": 0.95}``,
+            ``{"block_size": 64}``), validated by the metric itself (``--option KEY=VALUE``);
+            empty = its defaults, the paper's. Monge's α² and rule are fields of their own.
+        likelihood_scale: the Gaussian likelihood's σ in the standardised targets' units, fixed;
+            ``None`` (default): σ is learned, sampled by the chain with the weights
+            (``docs/likelihoods.md``). Regression data sets only.
+        adapt: when the metric adapts (:mod:`sgrld.core.warmup`): ``"burnin"`` (default)
+            during the burn-in's ``burnin`` updates, then frozen, so that the chain samples the
+            posterior; ``"always"`` at every update (the paper's protocol, which the ``paper/``
+            configs keep); or an integer N ≥ 0: during the first N updates.
+            ``docs/posterior.md`` measures what each costs.
+    """
+
+    dataset: str
+    model: str
+    prior: str
+    sampler: str
+    lr: float
+    epochs: int
+    seed: int = 0
+    width: int = 400
+    alpha2: float | None = None
+    temperature: float = 1.0
+    batch_size: int = 100
+    burnin: int = 1000
+    thinning: int = 100
+    curvature: bool = False
+    curvature_points: int = 1000
+    num_val: int = 10_000
+    max_train: int | None = None
+    max_eval: int | None = None
+    eval_batch_size: int = 1000
+    noise: str = "philox"
+    compile: bool = False
+    alpha2_rule: str = "fixed"
+    schedule: str = "constant"
+    cycles: int = 1
+    explore_fraction: float = 0.0
+    adapt: str | int = "burnin"
+    sampler_options: Mapping[str, Any] = field(default_factory=dict)
+    likelihood_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        def choice(name: str, valid: tuple[str, ...]) -> None:
+            if getattr(self, name) not in valid:
+                raise ValueError(
+                    f"unknown {name} {getattr(self, name)!r}; valid names: {', '.join(valid)}"
+                )
+
+        choice("dataset", tuple(MODEL_FOR_DATASET))
+        choice("model", tuple(MODEL_FOR_DATASET.values()))
+        choice("prior", tuple(PRIOR_NAMES))
+        choice("sampler", SAMPLER_NAMES)
+        choice("noise", NOISE_SOURCES)
+        if self.compile:
+            check_compilable(get_metric(self.sampler)())
+        if MODEL_FOR_DATASET[self.dataset] != self.model:
+            raise ValueError(
+                f"model {self.model!r} does not fit dataset {self.dataset!r}; "
+                f"use --model {MODEL_FOR_DATASET[self.dataset]} with --dataset {self.dataset}"
+            )
+        if self.prior == "correlated" and self.model != "resnet20":
+            raise ValueError("the correlated prior acts on convolutions: use it with resnet20")
+        if self.prior == "horseshoe" and self.model != "fc":
+            raise ValueError("the horseshoe prior is the paper's MNIST prior: use it with fc")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.sampler == "monge":
+            if self.alpha2 is None or not (math.isfinite(self.alpha2) and self.alpha2 >= 0):
+                raise ValueError(f"monge needs alpha2 >= 0, got {self.alpha2}")
+        elif self.alpha2 is not None:
+            raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
+        self._check_beyond()
+        self._check_sampler_options()
+        self._check_likelihood()
+        minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
+        minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
+        for name, low in minimum.items():
+            _check_int(name, getattr(self, name), low)
+        for name in ("max_train", "max_eval"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        num_data = self.max_num_data()
+        if num_data >= 1:  # else the split itself is refused, with its own message
+            check_collects_samples(self, num_data)
+
+    def max_num_data(self) -> int:
+        """n of the run on the official data: the training split, capped by ``max_train``.
+
+        A smaller look-alike dataset only lowers n, so this bounds the run's updates from above.
+        """
+        num_data = dataset_info(self.dataset).train_pool - self.num_val
+        return num_data if self.max_train is None else min(num_data, self.max_train)
+
+    def _check_beyond(self) -> None:
+        """The α² rule and the schedule."""
+        choice = {"alpha2_rule": ("fixed", "normalized"), "schedule": ("constant", "cyclical")}
+        for name, valid in choice.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {valid}")
+        if self.alpha2_rule != "fixed":
+            if self.sampler != "monge":
+                raise ValueError(f"alpha2_rule is a Monge option; leave it for {self.sampler}")
+            MongeMetric(alpha2=self.alpha2, alpha2_rule=self.alpha2_rule)  # type: ignore[arg-type]
+        if not (self.adapt in ADAPT_CHOICES or _is_count(self.adapt)):
+            raise ValueError(
+                f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
+                "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
+            )
+        if self.schedule == "cyclical":
+            check_cyclical(1, self.cycles, self.explore_fraction)
+        elif (self.cycles, self.explore_fraction) != (1, 0.0):
+            raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
+
+    def _check_sampler_options(self) -> None:
+        """The metric takes the options (it validates them); JSON values only."""
+        from sgrld.experiments.run.build import build_metric
+
+        if not isinstance(self.sampler_options, Mapping):
+            raise ValueError(
+                f"sampler_options must be a table of options, got {self.sampler_options!r}"
+            )
+        for name, value in self.sampler_options.items():
+            if not isinstance(name, str) or not (
+                value is None or isinstance(value, (bool, int, float, str))
+            ):
+                raise ValueError(
+                    f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
+                )
+        build_metric(self.sampler, self.sampler_options, self.alpha2, self.alpha2_rule)
+
+    def _check_likelihood(self) -> None:
+        scale = self.likelihood_scale
+        if dataset_info(self.dataset).likelihood != "gaussian":
+            if scale is not None:
+                raise ValueError(
+                    f"likelihood_scale is for regression data; {self.dataset} has none"
+                )
+        elif scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"likelihood_scale must be a finite number > 0, got {scale}")
+
+    @property
+    def adapt_until(self) -> int | None:
+        """The sampler's ``adapt_until``: updates of warm-up, ``None`` to adapt throughout."""
+        if self.adapt == "always":
+            return None
+        return self.burnin if self.adapt == "burnin" else int(self.adapt)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain JSON values (``sampler_options`` only when given, so that a
+        config of the default metric reads as before the option existed)."""
+        values = asdict(self)
+        values["sampler_options"] = dict(sorted(self.sampler_options.items()))
+        for name, default in LATER_FIELDS.items():
+            if values[name] == default:
+                del values[name]  # a config without it reads as before it existed
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
+        """Inverse of :meth:`to_dict` (unknown keys are an error). A config without ``adapt``
+        was written before the warm-up existed, when the metric adapted throughout."""
+        values = {"adapt": "always", **values}
+        known = {f.name for f in fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown config keys: {sorted(unknown)}")
+        return cls(**values)
+
+    def label(self) -> str:
+        """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
+        extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
+        extra += "".join(f" {k}={v}" for k, v in sorted(self.sampler_options.items()))
+        return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_collects_samples(config: RunConfig, num_data: int) -> None:
+    """Refuse a run whose schedule takes no sample: burn-in and thinning leave none.
+
+    Raises:
+        ValueError: naming burn-in, updates and thinning (``name=value``, so that the command
+            line can show its flags).
+    """
+    per_epoch = math.ceil(num_data / config.batch_size)
+    updates = config.epochs * per_epoch
+    if num_samples_after(updates, config.burnin, config.thinning) > 0:
+        return
+    first = (config.burnin // config.thinning + 1) * config.thinning
+    raise ValueError(
+        f"this run would collect no sample: burnin={config.burnin} with thinning="
+        f"{config.thinning} takes the first sample after update {first}, but "
+        f"epochs={config.epochs} of {per_epoch} updates (n = {num_data}, batch_size="
+        f"{config.batch_size}) make only {updates} updates; set epochs="
+        f"{math.ceil(first / per_epoch)} or more, or lower burnin"
+    )
+
+
+def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
+    """Fields (other than ``epochs``) in which two configs differ, as ``"name: a vs b"``.
+
+    With a cyclical schedule ``epochs`` counts too: the cycles span the whole run.
+    """
+    free = "epochs" if wanted.schedule != "cyclical" else None
+    return [
+        f"{f.name}: {getattr(saved, f.name)!r} vs {getattr(wanted, f.name)!r}"
+        for f in fields(RunConfig)
+        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
+def config_fields_differing(saved: RunConfig, wanted: RunConfig) -> list[str]:
+    """The names of the fields :func:`config_differences` lists."""
+    free = "epochs" if wanted.schedule != "cyclical" else None
+    return [
+        f.name
+        for f in fields(RunConfig)
+        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
+    ]
+
+
+def derive_seed(seed: int, stream: str) -> int:
+    """An independent 63-bit seed for one of :data:`SEED_STREAMS`, derived from the master seed."""
+    entropy = np.random.SeedSequence([seed, SEED_STREAMS.index(stream)])
+    return int(entropy.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def is_sample_step(global_step: int, burnin: int = 1000, thinning: int = 100) -> bool:
+    """Whether the state after update ``global_step`` (1-based) is a sample.
+
+    With the paper's values the first sample is taken after 1,100 updates, as in the reference
+    (0-based step 1099 with ``(i + 1) % 100 == 0 and step > 1000``).
+    """
+    return global_step > burnin and global_step % thinning == 0
+
+
+def num_samples_after(num_steps: int, burnin: int = 1000, thinning: int = 100) -> int:
+    """Number of samples taken in the first ``num_steps`` updates (1,990 for 200,000 on MNIST)."""
+    return max(0, num_steps // thinning - burnin // thinning)

@@ -1,0 +1,377 @@
+"""A sample run from the command's options: the device and data, the ``--out`` folder's checks
+(resume, held, other options), the lock, the loop, the summary and the curves.
+
+The options are those of ``sgrld sample`` (its command module parses them and builds the
+configs); the loops are :mod:`~.run.single` and :mod:`~.run.chains`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.run.naming import chain_label, cli_names, option_text
+from sgrld.experiments.run.results import SHORT, Results, second_score
+
+EXIT_IO_ERROR = exits.IO_ERROR
+
+
+def resolve_device(name: str) -> Any:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        hint = " (a GPU is cuda here)" if name.strip().lower().startswith("gpu") else ""
+        raise UsageError(
+            f"--device {name!r} is not a device: give cpu, cuda or cuda:K{hint}"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: CUDA is not available on this machine")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def data_dir_of(args: argparse.Namespace, datasets: set[str] | None = None) -> Path | None:
+    """The data directory; ``None`` when every data set of ``datasets`` ships with a package."""
+    from sgrld.data import DATA_DIR_ENV, dataset_info
+
+    value = args.data_dir or os.environ.get(DATA_DIR_ENV)
+    if datasets is not None and all(dataset_info(d).bundled for d in datasets):
+        return Path(value) if value else None
+    if not value:
+        raise UsageError(f"no data directory: give --data-dir or set {DATA_DIR_ENV}")
+    path = Path(value)
+    flag = "--data-dir" if args.data_dir else DATA_DIR_ENV
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"data directory {path} ({flag}) is a file, not a directory: give the folder "
+            "that holds the dataset"
+        )
+    if not path.is_dir() and not args.download:
+        raise UsageError(f"data directory {path} ({flag}) does not exist (--download creates it)")
+    return path
+
+
+def refuse_held(out: Path, held: bool) -> None:
+    """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
+    if not held:
+        return
+    from sgrld.experiments.run.results import RESULTS_FILE
+
+    status = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        status = json.loads((out / RESULTS_FILE).read_text()).get("status")
+    if status == "broken_down":
+        raise UsageError(
+            f"{out} holds a run that broke down ({out / RESULTS_FILE}); it cannot be continued: "
+            "start a new run in another --out (with a smaller --lr, for example)"
+        )
+    if status == "completed":
+        raise UsageError(
+            f"{out} holds a completed run; pass --resume with a larger --epochs to extend it, "
+            "or choose another --out"
+        )
+    raise UsageError(
+        f"{out} already holds a run; pass --resume to continue it (its options are read from "
+        "its checkpoint) or choose another --out"
+    )
+
+
+def refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) -> None:
+    """A checkpoint made with other options than these runs' (``epochs`` may grow)."""
+    from sgrld.experiments.run.config import config_fields_differing
+
+    for old, new in zip(saved, wanted, strict=True):
+        names = config_fields_differing(old, new)
+        if names:
+            raise UsageError(
+                f"cannot resume {checkpoint}: it was made with "
+                + "; ".join(
+                    f"{option_text(n, getattr(old, n))}, not {option_text(n, getattr(new, n))}"
+                    for n in names
+                )
+                + ". Drop these flags (--resume with --out reads the run's options from its "
+                "checkpoint), or choose another --out for a new run"
+            )
+
+
+def refuse_other_threads(results: list[Path], threads: int | None) -> None:
+    """A run resumed with another thread count than it ran with: float reductions split
+    differently, so the chain would not continue bit-identically (``timing.threads``)."""
+    import json
+
+    import torch
+
+    wanted = torch.get_num_threads() if threads is None else threads
+    for path in results:
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))["timing"]["threads"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(saved, int) and saved != wanted:
+            raise UsageError(
+                f"cannot resume {path.parent}: it ran with --threads {saved}, this run would use "
+                f"{wanted} and not continue bit-identically; pass --threads {saved}"
+            )
+
+
+def refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
+    if done > epochs:
+        raise UsageError(f"cannot resume {checkpoint}: it already has {done} epochs > --epochs")
+
+
+def check_out_dir(out: Path, config: Any, resume: bool) -> None:
+    from sgrld.experiments.run.checkpoint import check_checkpoint_fits, load_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
+    from sgrld.experiments.run.results import RESULTS_FILE
+
+    checkpoint = out / CHECKPOINT_FILE
+    if not resume:
+        refuse_held(out, checkpoint.exists() or (out / RESULTS_FILE).exists())
+        return
+    if not checkpoint.exists():
+        return
+    try:  # a damaged, foreign or misfitting checkpoint is refused before any work
+        state = load_checkpoint(checkpoint)
+        saved = RunConfig.from_dict(state["config"])
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"cannot resume: {exc}") from exc
+    refuse_other_options(checkpoint, [saved], [config])
+    try:
+        check_checkpoint_fits(state, config)
+    except ValueError as exc:
+        message = f"cannot resume: checkpoint {checkpoint} does not fit this run: {exc}"
+        raise UsageError(message) from exc
+    refuse_more_epochs(checkpoint, int(state["epoch"]), config.epochs)
+
+
+def make_out_dir(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be written (a read-only one: exit 74, as every command)."""
+    import tempfile
+
+    from sgrld.experiments.base.files import OutputError
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)  # O_EXCL: never a link
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
+
+
+def load_splits(args: argparse.Namespace, config: Any, data_dir: Path | None, out: Path) -> Any:
+    """The dataset (and a writable ``out``), or ``None`` after reporting why not."""
+    import torch
+
+    from sgrld.data import DownloadError, load_dataset
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    make_out_dir(out)  # OutputError: exit 74
+    try:
+        splits = load_dataset(
+            config.dataset,
+            data_dir,
+            num_val=config.num_val,
+            verify=not args.no_verify,
+            download=args.download,
+        )
+        if config.max_train is not None and config.max_train > splits.num_train:
+            raise UsageError(
+                f"--subset {config.max_train} exceeds the {splits.num_train} training points"
+            )
+    except (OSError, ValueError, DownloadError) as exc:
+        print(f"sgrld sample: error: {cli_names(str(exc))}", file=sys.stderr)
+        return None
+    return splits
+
+
+def run_locked(
+    args: argparse.Namespace, config: Any, device: Any, data_dir: Path | None, out: Path
+) -> int:
+    from sgrld.experiments.base.files import remove_stale_temporaries
+
+    remove_stale_temporaries(out)  # of killed runs; nobody else writes here while we hold it
+    check_out_dir(out, config, args.resume)
+    if args.resume:
+        refuse_other_threads([out / "results.json"], args.threads)
+
+    from sgrld.experiments.run.single import CheckpointError, ProgressBar, run_sampling
+
+    splits = load_splits(args, config, data_dir, out)
+    if splits is None:
+        return 2
+    observer = None if args.no_progress else ProgressBar(report_breakdown=False)
+    try:
+        results = run_sampling(
+            config,
+            splits,
+            out,
+            device=device,
+            resume=args.resume,
+            observer=observer,
+            step_mode="eager" if getattr(args, "no_graph", False) else "auto",
+        )
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from exc
+    if results["broken_down"] is not None:  # always on stderr, progress bar or not
+        from sgrld.experiments.run.single import breakdown_message
+
+        print(
+            f"sgrld sample: {cli_names(breakdown_message(results['broken_down']))}",
+            file=sys.stderr,
+        )
+    if not args.no_plot:
+        plot_results(results, out)
+    print_summary(results, out)
+    return 0 if results["status"] == "completed" else 3
+
+
+def check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
+    from sgrld.experiments.base.files import CheckpointError
+    from sgrld.experiments.run.chains import load_chains_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
+    from sgrld.experiments.run.results import RESULTS_FILE
+
+    checkpoint = out / CHECKPOINT_FILE
+    if not resume:
+        held = any((out / chain_label(c) / RESULTS_FILE).exists() for c in configs)
+        refuse_held(out, checkpoint.exists() or held)
+        return
+    if not checkpoint.exists():
+        return
+    try:  # a damaged, foreign or misfitting checkpoint is refused before any work
+        state = load_chains_checkpoint(checkpoint)
+        saved = [RunConfig.from_dict(c) for c in state["configs"]]
+    except (CheckpointError, ValueError, TypeError) as exc:
+        raise UsageError(f"cannot resume: {exc}") from exc
+    if [chain_label(c) for c in saved] != [chain_label(c) for c in configs]:
+        raise UsageError(
+            f"cannot resume {checkpoint}: it holds other chains ("
+            + ", ".join(c.label() for c in saved)
+            + ")"
+        )
+    refuse_other_options(checkpoint, saved, configs)
+    refuse_more_epochs(checkpoint, int(state["epoch"]), configs[0].epochs)
+
+
+def run_chains_locked(
+    args: argparse.Namespace, configs: list[Any], device: Any, data_dir: Path | None, out: Path
+) -> int:
+    from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
+
+    remove_stale_temporaries(out)
+    check_chains_out_dir(out, configs, args.resume)
+
+    from sgrld.experiments.run.chains import run_chains
+
+    if args.resume:
+        refuse_other_threads([out / chain_label(c) / "results.json" for c in configs], args.threads)
+    from sgrld.experiments.run.observers import ChainsProgressBar, breakdown_message
+
+    splits = load_splits(args, configs[0], data_dir, out)
+    if splits is None:
+        return 2
+    observer = None if args.no_progress else ChainsProgressBar()
+    try:
+        results = run_chains(
+            configs,
+            splits,
+            out,
+            device=device,
+            resume=args.resume,
+            observer=observer,
+            chain_batch=args.chain_batch,
+        )
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from exc
+    for config, result in zip(configs, results, strict=True):
+        folder = out / chain_label(config)
+        if result["broken_down"] is not None:
+            message = cli_names(breakdown_message(result["broken_down"]))
+            print(f"sgrld sample: {config.label()}: {message}", file=sys.stderr)
+        if not args.no_plot:
+            plot_results(result, folder)
+    print_chains_summary(configs, results, out)
+    return 0 if all(r["status"] == "completed" for r in results) else 3
+
+
+def print_chains_summary(configs: list[Any], results: list[Results], out: Path) -> None:
+    def fmt(value: float | None) -> str:
+        return "nan" if value is None else f"{value:.4f}"
+
+    done = sum(r["status"] == "completed" for r in results)
+    print(f"{done} of {len(results)} chains completed; results: {out}/<run>/results.json")
+    width = max(len(c.label()) for c in configs)
+    for config, r in zip(configs, results, strict=True):
+        val, test = r["final"]["val"], r["final"]["test"]
+        print(
+            f"  {config.label():<{width}}  {r['status']:<11} val LP {fmt(val['lp'])}  "
+            f"test LP {fmt(test['lp'])}  {SHORT[second_score(test)]} "
+            f"{fmt(test[second_score(test)])}"
+        )
+
+
+def plot_results(results: Results, out: Path) -> None:
+    try:
+        from sgrld.experiments.run.plots import plot_run_curves
+
+        plot_run_curves(results, out / "curves.png")
+    except ImportError as exc:  # matplotlib is an optional dependency (extra "plots")
+        print(f"sgrld sample: no curves.png ({exc}); install sgrld[plots]", file=sys.stderr)
+    except OSError as exc:
+        from sgrld.experiments.base.files import OutputError
+
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
+
+
+def print_summary(results: Results, out: Path) -> None:
+    def fmt(value: float | None) -> str:
+        return "nan" if value is None else f"{value:.4f}"
+
+    final = results["final"]
+    print(
+        f"{results['status']}: {count(results['epochs_completed'], 'epoch')}, "
+        f"{count(results['num_samples'], 'sample')}, {speed_text(results)}"
+    )
+    for split in ("val", "test"):
+        m = final[split]
+        third = "ece" if "ece" in m else "coverage_90"
+        line = f"LP {fmt(m['lp'])}  {SHORT[second_score(m)]} {fmt(m[second_score(m)])}"
+        print(f"  {split:<4} {line}  {SHORT[third]} {fmt(m[third])}")
+    if results["curvature"] is not None:
+        print(f"  curvature {fmt(results['curvature']['mean'])}")
+    print(f"  results: {out / 'results.json'}")
+
+
+def speed_text(results: Results) -> str:
+    """``0.1234 s/epoch``; for a run too short to time past the warm-up, why there is no rate."""
+    from sgrld.experiments.run.config import TIMING_SKIP_STEPS
+
+    timing = results["timing"]
+    basis = timing.get("seconds_per_epoch_basis", "")
+    if timing.get("steps_all") and not timing.get("steps_after_skip"):
+        return (
+            f"s/epoch not measured: all {timing['steps_all']} updates fall in the first "
+            f"{TIMING_SKIP_STEPS}, whose times include compilation and warm-up; sampling took "
+            f"{sum(timing.get('sampling_seconds', [])):.1f} s in all"
+        )
+    value = results["seconds_per_epoch"]
+    estimated = f" ({basis})" if basis.startswith("estimated") else ""
+    return f"{'nan' if value is None else f'{value:.4f}'} s/epoch{estimated}"
+
+
+def count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"

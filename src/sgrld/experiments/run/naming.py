@@ -1,0 +1,147 @@
+"""Names in one format: run, chain and setting folders, and the command-line flag of a field.
+
+A single run's folder is ``<dataset>-<model>-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>]
+[-cyc<M>r<r>][-sub<N>]-seed<s>``; a sweep's run folder is ``<setting>/<sampler>/<run label>``
+with the run label ``lr<ℓ>[-alpha<α²>]-seed<s>``, the same words; a chain of ``--chains`` is
+named as the single run it equals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def model_label(model: str, width: int | None) -> str:
+    """``fc400`` for the fully connected net of width 400, else the model's name."""
+    return f"fc{width}" if model == "fc" else model
+
+
+def options_label(options: Mapping[str, Any]) -> str:
+    """``-decay0.95-block_size64`` for a metric's options (empty for its defaults)."""
+
+    def text(value: Any) -> str:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return f"{value:g}" if number else str(value).lower()
+
+    return "".join(f"-{name}{text(value)}" for name, value in sorted(options.items()))
+
+
+def default_out_dir(config: Any) -> Path:
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>][-cyc<M>r<r>]
+    [-sub<N>]-seed<s>`` (``lr…-alpha…-seed…`` as in a sweep's run folders)."""
+    model = model_label(config.model, config.width)
+    alpha = f"-alpha{config.alpha2:g}" if config.alpha2 is not None else ""
+    if config.alpha2_rule == "normalized":
+        alpha = f"-c{config.alpha2:g}"
+    alpha += options_label(config.sampler_options)
+    if config.schedule == "cyclical":
+        alpha += f"-cyc{config.cycles}r{config.explore_fraction:g}"
+    subset = f"-sub{config.max_train}" if config.max_train is not None else ""
+    name = (
+        f"{config.dataset}-{model}-{config.prior}-{config.sampler}-lr{config.lr:g}{alpha}"
+        f"{subset}-seed{config.seed}"
+    )
+    return Path("runs") / name
+
+
+def default_chains_out_dir(configs: list[Any]) -> Path:
+    """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-alpha<α²,...>]-seed<first>-<last>``
+    for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
+    first = configs[0]
+    model = model_label(first.model, first.width)
+
+    def values(name: str) -> str:
+        return ",".join(dict.fromkeys(f"{getattr(c, name):g}" for c in configs))
+
+    alpha = f"-alpha{values('alpha2')}" if first.alpha2 is not None else ""
+    if first.alpha2_rule == "normalized":
+        alpha = f"-c{values('alpha2')}"
+    alpha += options_label(first.sampler_options)
+    subset = f"-sub{first.max_train}" if first.max_train is not None else ""
+    seeds = sorted({c.seed for c in configs})
+    name = (
+        f"{first.dataset}-{model}-{first.prior}-{first.sampler}-lr{values('lr')}{alpha}"
+        f"{subset}-seed{seeds[0]}-{seeds[-1]}"
+    )
+    return Path("runs") / name
+
+
+def chain_label(config: Any) -> str:
+    """The chain's folder name: the single run's default ``--out`` name (e.g.
+    ``mnist-fc400-horseshoe-monge-lr0.25-alpha1.25-seed0``, labelled as a sweep labels its
+    run folders: ``lr0.25-alpha1.25-seed0``)."""
+    return default_out_dir(config).name
+
+
+def setting_name(config: Mapping[str, Any], varying: Iterable[str] = ()) -> str:
+    """``mnist-fc400-horseshoe``, plus ``-<field><value>`` for other fields the grid varies."""
+    model = model_label(config["model"], config["width"])
+    extra = "".join(f"-{name}{config[name]}" for name in sorted(varying))
+    return f"{config['dataset']}-{model}-{config['prior']}{extra}"
+
+
+def run_label(config: Mapping[str, Any]) -> str:
+    """``lr0.25-alpha1.25-seed0`` (the α² part only for Monge)."""
+    alpha = f"-alpha{config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    alpha += options_label(config.get("sampler_options", {}))
+    return f"lr{config['lr']:g}{alpha}-seed{config['seed']}"
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag of a config field."""
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def dest_of(field: str) -> str:
+    """The argparse attribute of a config field's flag."""
+    return flag_of(field)[2:].replace("-", "_")
+
+
+#: Config fields whose command-line flag is not ``--`` + the field name.
+_FLAGS = {
+    "max_train": "--subset",
+    "max_eval": "--eval-subset",
+    "burnin": "--burn-in",
+    "batch_size": "--batch-size",
+    "eval_batch_size": "--eval-batch-size",
+    "curvature_points": "--curvature-points",
+    "num_val": "--num-val",
+    "explore_fraction": "--explore-fraction",
+    "alpha2_rule": "--alpha2-rule",
+    "cycles": "--cycles",
+    "sampler_options": "--option",
+    "likelihood_scale": "--likelihood-scale",  # named whole-word in messages ("invalid cycles: 0")
+}
+_PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
+
+
+def cli_names(message: str) -> str:
+    """Config field names → their command-line flags in an error message.
+
+    Whole words only (``eval_batch_size`` is not ``eval_`` + ``batch_size``); ``name=value``
+    becomes ``--flag value``; a plain word (``epochs``) is a flag only where it starts the
+    message or is written ``epochs=``.
+    """
+    for field, flag in _FLAGS.items():
+        message = re.sub(rf"\b{field}=", flag + " ", message)
+        message = re.sub(rf"\b{field}\b", flag, message)
+    for word in _PLAIN:
+        message = re.sub(rf"(?<![-\w]){word}=", f"--{word} ", message)
+        if message.startswith(word + " "):
+            message = "--" + message
+    return message
+
+
+def option_text(field: str, value: Any) -> str:
+    """A config value as written on the command line: ``--prior horseshoe``, ``no --subset``."""
+    flag = flag_of(field)
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    if value is None:
+        return f"no {flag}"
+    if isinstance(value, (list, tuple)):
+        return f"{flag} {','.join(f'{v:g}' if isinstance(v, float) else str(v) for v in value)}"
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"

@@ -1,0 +1,129 @@
+"""Figures of sampling runs (matplotlib, Agg, imported only when a figure is drawn).
+
+- :func:`plot_run_curves`: ``curves.png`` of one run, the cumulative-ensemble LP, accuracy and
+  ECE on validation and test against the epoch, and the seconds per epoch of sampling.
+- :func:`plot_convergence`: the paper's Figure 3 layout, per-epoch test LP and accuracy of several
+  configurations, mean ± 1.96 std (ddof = 0) over seeds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sgrld.experiments.base.files import save_figure
+from sgrld.experiments.run.results import second_score
+
+
+def new_figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(1, ncols)
+
+
+def _values(curve: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in curve], dtype=np.float64)
+
+
+def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Draw one run's per-epoch curves to ``path`` (PNG); see :func:`run_curves_figure`.
+
+    Args:
+        results: a run's ``results.json`` content.
+        path: output file.
+    """
+    save_figure(run_curves_figure(results), path, dpi=90)
+
+
+#: The three score panels of ``curves.png``: classification's, and regression's.
+_PANELS = (("lp", "log-probability"), ("accuracy", "accuracy"), ("ece", "ECE (30 bins)"))
+_REGRESSION_PANELS = (("lp", "log density"), ("rmse", "RMSE"), ("coverage_90", "90 % coverage"))
+
+
+def run_curves_figure(results: Mapping[str, Any]) -> Any:
+    """The ``curves.png`` figure of one run (a matplotlib ``Figure``).
+
+    Every epoch with an ensemble is a marked point, so that a run with a single sampled epoch
+    still shows its values; a panel without any sample says so instead of staying blank.
+    """
+    curves = results["curves"]
+    epochs = np.asarray(curves["epoch"], dtype=np.float64) + 1
+    empty = "no sample yet: nothing to draw"
+    broken = results.get("broken_down")
+    if broken is not None:
+        update = broken.get("update", broken.get("global_step", -1) + 1)
+        empty = f"no sample: the chain broke down\nat update {update}, before its first sample"
+    fig, axes = new_figure(16, 3.6, 4)
+    panels = _PANELS if "val_accuracy" in curves else _REGRESSION_PANELS
+    for ax, (metric, title) in zip(axes[:3], panels, strict=True):
+        drawn = False
+        for split, style in (("val", "--"), ("test", "-")):
+            values = _values(curves[f"{split}_{metric}"])
+            if np.isfinite(values).any():
+                ax.plot(epochs, values, style, marker="o", markersize=3, label=split)
+                drawn = True
+        if drawn:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
+        ax.set_title(f"ensemble {title}")
+        ax.set_xlabel("epoch")
+    seconds = _values(results["timing"]["sampling_seconds"])
+    axes[3].bar(np.arange(1, len(seconds) + 1), seconds, color="0.5")
+    axes[3].set_title("sampling seconds per epoch")
+    axes[3].set_xlabel("epoch")
+    config = results["config"]
+    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    fig.suptitle(
+        f"{config['dataset']} {config['model']} {config['prior']}: {config['sampler']} "
+        f"ℓ {config['lr']:g}{alpha}, seed {config['seed']} — {results['status']}, "
+        f"{results['num_samples']} samples"
+    )
+    return fig
+
+
+def plot_convergence(
+    groups: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "Test LP and accuracy per epoch (mean ± 1.96 std over seeds)",
+) -> None:
+    """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std over seeds.
+
+    Args:
+        groups: label → the ``results.json`` contents of that configuration's runs (runs of
+            unequal length are cut to the shortest).
+        path: output file.
+        title: the figure's title.
+    """
+    figure_title = title
+    first = next(iter(groups.values()))[0]["curves"]
+    second = second_score(first)  # accuracy, or a regression's RMSE
+    metrics = ("test_lp", f"test_{second}")
+    fig, axes = new_figure(12, 4, 2)
+    for label, runs in groups.items():
+        length = min(len(r["curves"]["epoch"]) for r in runs)
+        epochs = np.arange(1, length + 1)
+        for ax, metric in zip(axes, metrics, strict=True):
+            values = np.stack([_values(r["curves"][metric][:length]) for r in runs])
+            mean, std = values.mean(axis=0), values.std(axis=0)
+            (line,) = ax.plot(epochs, mean, label=label)
+            ax.fill_between(
+                epochs,
+                mean - 1.96 * std,
+                mean + 1.96 * std,
+                alpha=0.2,
+                lw=0,
+                color=line.get_color(),
+            )
+    names = ("test log-probability", "test accuracy" if second == "accuracy" else "test RMSE")
+    for ax, title in zip(axes, names, strict=True):
+        ax.set_title(f"cumulative ensemble {title}")
+        ax.set_xlabel("epoch")
+    axes[0].legend()
+    fig.suptitle(figure_title)
+    save_figure(fig, path, dpi=90)

@@ -1,0 +1,409 @@
+"""What one chain's run records and reports: accumulators, curves, timing, ``results.json``.
+
+:class:`RunRecord` is the bookkeeping shared by a single run (:class:`~sgrld.experiments.run.single.
+SamplingRun`, which also owns the model and the optimizer) and every chain of a multi-chain run
+(:class:`~sgrld.experiments.run.chains.ChainsRun`, where K records share one stacked model): its
+seeds and generators, the streaming ensembles and the sample trace, the per-epoch curves, the
+step timing and the breakdown record, and :meth:`RunRecord.results`, the one writer of the
+``results.json`` format (so a chain of a K-chain run reports exactly as a single run does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sgrld.data import Splits, dataset_info
+from sgrld.evaluation import EnsemblePredictive, SampleTrace
+from sgrld.experiments.run.build import build_likelihood
+from sgrld.experiments.run.config import (
+    SEED_STREAMS,
+    TIMING_SKIP_STEPS,
+    RunConfig,
+    check_collects_samples,
+    derive_seed,
+)
+from sgrld.experiments.run.results import (
+    RESULTS_FORMAT,
+    SPLITS,
+    BrokenDown,
+    Curvature,
+    Results,
+    nan_to_none,
+)
+from sgrld.schedules import CyclicalLR
+
+__all__ = ["RunRecord", "restrict_splits"]
+
+
+def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
+    """The data of a run: the first ``max_train`` training and ``max_eval`` evaluation points."""
+    n_train, n_eval = config.max_train, config.max_eval
+    return dataclasses.replace(  # the target scaling (regression) comes along
+        splits,
+        x_train=splits.x_train[:n_train],
+        y_train=splits.y_train[:n_train],
+        x_val=splits.x_val[:n_eval],
+        y_val=splits.y_val[:n_eval],
+        x_test=splits.x_test[:n_eval],
+        y_test=splits.y_test[:n_eval],
+    )
+
+
+def breakdown_hint(config: RunConfig, num_data: int) -> str | None:
+    """Why a subset run diverges at a learning rate the full data tolerates, and what to do."""
+    full = dataset_info(config.dataset).train_pool - config.num_val
+    if config.max_train is None or num_data >= full:
+        return None
+    per_epoch = max(1, num_data // config.batch_size)
+    return (
+        f"ℓ scales with n: each step is h = ℓ/n (docs/conventions.md), so with max_train="
+        f"{num_data} instead of the full n = {full}, lr={config.lr:g} takes steps "
+        f"{full / num_data:.3g}x larger than on the full data. lr={config.lr * num_data / full:.3g}"
+        f" keeps the full data's step size, but a subset also gives only {per_epoch} updates "
+        "per epoch, so a short run then learns little; for a quick run that learns, keep the "
+        'full data and shrink the model instead (docs/experiments.md, "A first run")'
+    )
+
+
+def hardware(device: torch.device) -> str:
+    """The device's name (GPU) or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def deferred_breakdown_reason(update: int, name: str) -> str:
+    """The reason of a breakdown found by the device flags of a deferred loop."""
+    return f"non-finite potential or gradient (first in {name!r}) at update {update}"
+
+
+class RunRecord:
+    """The record of one chain: what it has sampled, measured and reported.
+
+    Args:
+        config: the chain's run.
+        splits: its data, already restricted (:func:`restrict_splits`) and on ``device``.
+        device: where the accumulators live.
+        chains_in_process: chains sharing the process's steps (timing divides by it).
+    """
+
+    #: The loop that stepped the chain (``timing.step_mode``): a multi-chain run's reads its
+    #: flags only at samples and epoch ends; a single run sets its own (``SamplingRun``).
+    step_mode = "deferred"
+
+    def __init__(
+        self,
+        config: RunConfig,
+        splits: Splits,
+        device: torch.device,
+        *,
+        chains_in_process: int = 1,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.splits = splits
+        self.num_data = splits.num_train
+        self.steps_per_epoch = math.ceil(self.num_data / config.batch_size)
+        check_collects_samples(config, self.num_data)  # the data may be smaller than official
+        self.seeds = {stream: derive_seed(config.seed, stream) for stream in SEED_STREAMS}
+        self.chains_in_process = chains_in_process
+        self.schedule: CyclicalLR | None = None  # ℓ (and τ) per step; None: constant
+        self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
+        self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
+        self.likelihood = build_likelihood(config, splits)
+        self.scores = self.likelihood.score_names
+        self.ensembles = {
+            split: EnsemblePredictive(
+                len(getattr(splits, f"y_{split}")), likelihood=self.likelihood, device=device
+            )
+            for split in SPLITS
+        }
+        self.trace = SampleTrace(len(splits.y_test))  # per-sample values (diagnostics)
+        self.epoch = 0  # epochs completed
+        self.global_step = 0  # updates done
+        self.status = "running"
+        self.broken_down: BrokenDown | None = None
+        self.failure: str | None = None  # why an output could not be written (status "failed")
+        self.curves: dict[str, list[Any]] = {
+            key: []
+            for key in (
+                "epoch",
+                "global_step",
+                "num_samples",
+                *(f"{s}_{m}" for s in SPLITS for m in self.scores),
+                "curvature",
+            )
+        }
+        self.curvature_means: list[float] = []  # C(θ) of every sample so far
+        self.timing: dict[str, Any] = {
+            "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
+            "steps_after_skip": 0,
+            "step_seconds_all": 0.0,
+            "steps_all": 0,
+            "refresh_seconds": 0.0,
+            "refreshes": 0,
+            "sampling_seconds": [],  # per epoch: steps + Wenzel refresh
+            "evaluation_seconds": [],  # per epoch: ensemble (+ curvature) evaluation
+        }
+        self._epoch_sampling = 0.0
+        self._epoch_evaluation = 0.0
+        self._epoch_curvatures: list[float] = []
+        self.step_in_epoch = 0
+        # per epoch: the optimizer's telemetry (single runs; figure -> one value per epoch)
+        self.telemetry: dict[str, list[float]] = {}
+        self.state_bytes: int | None = None  # the sampler state's size (single runs)
+
+    # --- timing -----------------------------------------------------------------------------
+
+    def record_step_time(self, seconds: float) -> None:
+        """Count one step (after :attr:`global_step` was advanced) that took ``seconds``."""
+        self._epoch_sampling += seconds
+        self.timing["step_seconds_all"] += seconds
+        self.timing["steps_all"] += 1
+        if self.global_step > TIMING_SKIP_STEPS:
+            self.timing["step_seconds_after_skip"] += seconds
+            self.timing["steps_after_skip"] += 1
+
+    def record_refresh_time(self, seconds: float) -> None:
+        """Count one explicit metric refresh (Wenzel's, at an epoch end)."""
+        self._epoch_sampling += seconds
+        self.timing["refresh_seconds"] += seconds
+        self.timing["refreshes"] += 1
+
+    @property
+    def seconds_per_epoch(self) -> float:
+        """Mean step time (after the first 1,000 steps, else all) × steps per epoch + refresh."""
+        t = self.timing
+        if t["steps_after_skip"]:
+            step = t["step_seconds_after_skip"] / t["steps_after_skip"]
+        elif t["steps_all"]:
+            step = t["step_seconds_all"] / t["steps_all"]
+        else:
+            return math.nan
+        refresh = t["refresh_seconds"] / t["refreshes"] if t["refreshes"] else 0.0
+        return step * self.steps_per_epoch + refresh
+
+    @property
+    def seconds_per_epoch_basis(self) -> str:
+        """How :attr:`seconds_per_epoch` was obtained: measured, or extrapolated from few steps."""
+        t = self.timing
+        shared = ""
+        if self.chains_in_process > 1:
+            shared = f"; the process's time divided by its {self.chains_in_process} chains"
+        if t["steps_after_skip"] >= self.steps_per_epoch:
+            return (
+                f"mean of {t['steps_after_skip']} step times after the first "
+                f"{TIMING_SKIP_STEPS}{shared}"
+            )
+        steps = t["steps_after_skip"] or t["steps_all"]
+        if not steps:
+            return "no step timed yet"
+        warm = "" if t["steps_after_skip"] else f", warm-up included (< {TIMING_SKIP_STEPS + 1})"
+        return (
+            f"estimated from only {steps} step times{warm}, times {self.steps_per_epoch} "
+            f"steps per epoch{shared}"
+        )
+
+    # --- samples, epochs, breakdown ---------------------------------------------------------
+
+    def add_logits(self, split: str, start: int, logits: Tensor) -> None:
+        """Fold logits of evaluation points ``start:start+B`` of the current sample."""
+        self.ensembles[split].add_batch(start, logits)
+        if split == "test":
+            stop = start + logits.shape[0]
+            self.trace.add_batch(
+                start, logits, self.splits.y_test[start:stop], self.likelihood.log_prob
+            )
+
+    def commit_sample(self, scalars: Mapping[str, float], curvature: float | None) -> None:
+        """Close the current sample (after every split's logits were added)."""
+        for ensemble in self.ensembles.values():
+            ensemble.commit()
+        self.trace.commit(scalars=scalars)
+        if curvature is not None:
+            self.curvature_means.append(curvature)
+            self._epoch_curvatures.append(curvature)
+
+    def add_evaluation_time(self, seconds: float) -> None:
+        """Count evaluation time (excluded from the step time)."""
+        self._epoch_evaluation += seconds
+
+    def start_epoch(self) -> None:
+        """Reset the epoch's timers."""
+        self._epoch_sampling = self._epoch_evaluation = 0.0
+        self._epoch_curvatures = []
+
+    def end_epoch(self) -> None:
+        """Record the epoch's curves and timing; the run completes after its last epoch."""
+        self.curves["epoch"].append(self.epoch)
+        self.curves["global_step"].append(self.global_step)
+        self.curves["num_samples"].append(self.ensembles["val"].num_samples)
+        for split, ensemble in self.ensembles.items():
+            values = ensemble.metrics(getattr(self.splits, f"y_{split}"))
+            for score in self.scores:
+                self.curves[f"{split}_{score}"].append(float(values[score]))
+        curv = self._epoch_curvatures
+        self.curves["curvature"].append(sum(curv) / len(curv) if curv else math.nan)
+        self.timing["sampling_seconds"].append(self._epoch_sampling)
+        self.timing["evaluation_seconds"].append(self._epoch_evaluation)
+        self.epoch += 1
+        if self.epoch >= self.config.epochs:
+            self.status = "completed"
+
+    def record_telemetry(self, figures: Mapping[str, float]) -> None:
+        """Append one epoch's telemetry (``SGRLDOptimizer.telemetry``: drift, noise, θ, the
+        metric's own figures) to the per-epoch lists."""
+        for key, value in figures.items():
+            self.telemetry.setdefault(key, []).append(float(value))
+
+    def credit_updates(self, updates: list[tuple[int, float]], failed_at: int | None) -> None:
+        """Credit the step times of ``(update, seconds)`` read back together (a deferred loop),
+        in order and up to, not including, ``failed_at``; after a failure :attr:`global_step`
+        is the last good update, as in a loop that stopped there."""
+        for update, seconds in updates:
+            if failed_at is not None and update >= failed_at:
+                break
+            self.global_step = update
+            self.record_step_time(seconds)
+        if failed_at is not None:
+            self.global_step = failed_at - 1
+
+    def record_breakdown(self, reason: str) -> None:
+        """The chain hit a non-finite potential or gradient at update ``global_step + 1``."""
+        self.status = "broken_down"
+        self.broken_down = {
+            "epoch": self.epoch,  # epochs completed before the failing one
+            "update": self.global_step + 1,  # the failing update, 1-based over the run
+            "global_step": self.global_step,  # updates completed (its state is the last)
+            "reason": reason,
+            "hint": breakdown_hint(self.config, self.num_data),
+        }
+
+    # --- state ------------------------------------------------------------------------------
+
+    def record_state(self) -> dict[str, Any]:
+        """The record's part of a checkpoint (a single run's adds model, optimizer, ...)."""
+        return {
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "status": self.status,
+            "broken_down": self.broken_down,
+            "data_order_generator": self.order_generator.get_state(),
+            "curvature_generator": self.curvature_generator.get_state(),
+            "ensembles": {k: v.state_dict() for k, v in self.ensembles.items()},
+            "curves": self.curves,
+            "curvature_means": self.curvature_means,
+            "timing": self.timing,
+            "trace": self.trace.state_dict(),
+            "telemetry": self.telemetry,
+        }
+
+    def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
+        """What in a saved record does not fit these accumulators (checked before restoring)."""
+        from sgrld.experiments.run.checkpoint import tensor_mismatches
+
+        wrong: list[str] = []
+        for split, ensemble in self.ensembles.items():
+            expected = {"log_sum_exp": ensemble.state_dict()["log_sum_exp"]}
+            saved = {"log_sum_exp": state["ensembles"][split]["log_sum_exp"]}
+            wrong += tensor_mismatches(saved, expected, f"ensembles.{split}")
+        return wrong
+
+    def restore_record(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`record_state`."""
+        self.order_generator.set_state(state["data_order_generator"])
+        self.curvature_generator.set_state(state["curvature_generator"])
+        for split, ensemble in self.ensembles.items():
+            ensemble.load_state_dict(state["ensembles"][split])
+        self.epoch = int(state["epoch"])
+        self.global_step = int(state["global_step"])
+        self.curves = {k: list(v) for k, v in state["curves"].items()}
+        self.telemetry = {k: list(v) for k, v in state.get("telemetry", {}).items()}
+        self.curvature_means = list(state["curvature_means"])
+        if "trace" in state:  # checkpoints from before the trace have none
+            self.trace.load_state_dict(state["trace"])
+        self.timing = dict(state["timing"])
+        self.timing["sampling_seconds"] = list(self.timing["sampling_seconds"])
+        self.timing["evaluation_seconds"] = list(self.timing["evaluation_seconds"])
+        self.broken_down = state["broken_down"]
+        self.status = state["status"]
+        if self.status == "completed" and self.epoch < self.config.epochs:
+            self.status = "running"  # extended with more epochs
+
+    # --- results ----------------------------------------------------------------------------
+
+    def final_scores(self) -> dict[str, dict[str, float]]:
+        """The last recorded epoch's ensemble metrics per split (NaN before the first epoch)."""
+        return {
+            split: {
+                m: self.curves[f"{split}_{m}"][-1] if self.curves["epoch"] else math.nan
+                for m in self.scores
+            }
+            for split in SPLITS
+        }
+
+    def results(self) -> Results:
+        """The run's results as JSON values (NaN written as ``null``)."""
+        curvature: Curvature | None = None
+        if self.config.curvature:
+            values = np.asarray(self.curvature_means, dtype=np.float64)
+            curvature = {
+                "mean": float(values.mean()) if values.size else math.nan,
+                "std": float(values.std()) if values.size else math.nan,
+                "num_samples": int(values.size),
+            }
+        timing = {
+            **self.timing,
+            "seconds_per_epoch": self.seconds_per_epoch,
+            "seconds_per_epoch_basis": self.seconds_per_epoch_basis,
+            "skipped_steps": TIMING_SKIP_STEPS,
+            "device": str(self.device),
+            "hardware": hardware(self.device),
+            "threads": torch.get_num_threads(),
+            "chains_in_process": self.chains_in_process,
+            "step_mode": self.step_mode,
+        }
+        results: Results = {
+            "format": RESULTS_FORMAT,
+            "config": self.config.to_dict(),
+            "seed": self.config.seed,
+            "seeds": self.seeds,
+            "status": self.status,
+            "broken_down": self.broken_down,
+            "failure": self.failure,
+            "epochs_completed": self.epoch,
+            "global_steps": self.global_step,
+            "steps_per_epoch": self.steps_per_epoch,
+            "num_data": self.num_data,
+            "num_samples": self.ensembles["val"].num_samples,
+            "final": self.final_scores(),
+            "curvature": curvature,
+            "seconds_per_epoch": self.seconds_per_epoch,
+            "schedule": None if self.schedule is None else self.schedule.describe(),
+            "timing": timing,
+            "curves": self.curves,
+            "telemetry": {"per_epoch": self.telemetry, "state_bytes": self.state_bytes},
+            "trace": self.trace.state_dict(),
+            "diagnostics": self.trace.diagnostics(),
+            "environment": {
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+        }
+        return nan_to_none(results)

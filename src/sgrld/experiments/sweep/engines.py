@@ -1,0 +1,326 @@
+"""Engines that execute a sweep's jobs: local processes, or submitit (SLURM or its local executor).
+
+No scheduler is written here: :func:`run_local` hands jobs to one-process
+:class:`concurrent.futures.ProcessPoolExecutor` s, one per worker, so that a worker's death breaks
+its own job only (or runs them in this process with one job at a time), :func:`run_submitit` to
+submitit's executors. Both report to one :class:`GridProgress`
+(tqdm): runs done, running and failed over the whole grid, with tqdm's ETA.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.base.exits import Terminated
+from sgrld.experiments.base.process import die_with_parent
+from sgrld.experiments.sweep.jobs import RunOutcome, SweepJob
+
+
+@dataclass
+class Tally:
+    """How the runs of a sweep ended in this invocation."""
+
+    completed: int = 0
+    broken_down: int = 0
+    skipped: int = 0
+    busy: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (run, error)
+    retried: list[tuple[str, str]] = field(default_factory=list)  # (run, why)
+
+
+class GridProgress:
+    """One progress bar over the whole grid (tqdm, on stderr): done / total, running, failed."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool = True) -> None:
+        from tqdm import tqdm
+
+        self.tally = Tally()
+        self.running = 0
+        self.bar = tqdm(
+            total=total,
+            initial=done,
+            unit="run",
+            desc="sweep",
+            disable=not enabled,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+        self._show()
+
+    def _show(self) -> None:
+        t = self.tally
+        self.bar.set_postfix_str(
+            f"running {self.running}, failed {len(t.failed)}, broke down {t.broken_down}",
+            refresh=True,
+        )
+
+    def started(self, count: int = 1) -> None:
+        self.running += count
+        self._show()
+
+    def set_running(self, count: int) -> None:
+        """The number of jobs actually running (a cluster's queued jobs are not)."""
+        if count != self.running:
+            self.running = count
+            self._show()
+
+    def retried(self, job: SweepJob, reason: str) -> None:
+        """A job that ended without outcomes and goes back to the queue (``reason``)."""
+        self.running -= 1
+        self.tally.retried += [(run.path, reason) for run in job.runs]
+        self.bar.write(f"retrying {job.name}: {reason}", file=sys.stderr)
+        self._show()
+
+    def finished(
+        self, job: SweepJob, outcomes: Sequence[RunOutcome] | None, error: str = ""
+    ) -> None:
+        """Record a job's end: its outcomes, or the error that failed all its runs."""
+        self.running -= 1
+        t = self.tally
+        if outcomes is None:
+            t.failed += [(run.path, error) for run in job.runs]
+            self.bar.write(f"failed: {job.name}: {error}", file=sys.stderr)
+        else:
+            for outcome in outcomes:
+                if outcome.status == "busy":
+                    t.busy.append(outcome.path)
+                    continue
+                t.completed += outcome.status == "completed"
+                t.broken_down += outcome.status == "broken_down"
+                t.skipped += outcome.status == "skipped"
+                self.bar.update(1)
+        self._show()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM ends the sweep like Ctrl-C, so that worker processes are stopped too; the command
+    then exits with 143 (:class:`~sgrld.experiments.base.exits.Terminated`)."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+#: How often a job whose worker process died (OOM killer, a stray kill) is run again before its
+#: runs count as failed. A run resumes from its last checkpoint, so a retry loses an epoch at most.
+WORKER_RETRIES = 1
+WORKER_DIED = "its worker process died (killed, e.g. by the out-of-memory killer)"
+
+
+def _init_worker(parent: int) -> None:
+    die_with_parent(parent)
+
+
+def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) -> None:
+    """Execute the jobs in ``workers`` processes (in this process when ``workers`` is 1).
+
+    Each worker is a one-process pool of its own, so a worker that dies (OOM killer, a kill)
+    breaks only its job: that job is run again once in a new worker (it resumes from its
+    checkpoints), then counted as failed; the others go on. Workers die with the sweep, even
+    when it is killed with SIGKILL (:func:`~sgrld.experiments.base.process.die_with_parent`). On
+    Ctrl-C or SIGTERM the workers are terminated; each run keeps its last epoch's checkpoint,
+    so the next sweep resumes it.
+    """
+    with _sigterm_raises():
+        if workers == 1:
+            for job in jobs:
+                progress.started()
+                try:
+                    outcomes = job()
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:  # a failed run must not stop the others
+                    progress.finished(job, None, _error(exc))
+                else:
+                    progress.finished(job, outcomes)
+            return
+        context = multiprocessing.get_context("spawn")  # no forked torch/CUDA state
+
+        def new_pool() -> ProcessPoolExecutor:
+            return ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=context,
+                initializer=_init_worker,
+                initargs=(os.getpid(),),
+            )
+
+        pools: list[ProcessPoolExecutor] = []
+        try:
+            pools += [new_pool() for _ in range(min(workers, len(jobs)))]
+            free = list(range(len(pools)))
+            pending: dict[Future[list[RunOutcome]], tuple[int, SweepJob]] = {}
+            queue = deque(jobs)
+            deaths: dict[int, int] = {}
+            while queue or pending:
+                while queue and free:  # keep the "running" count honest
+                    slot, job = free.pop(), queue.popleft()
+                    pending[pools[slot].submit(job)] = (slot, job)
+                    progress.started()
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    slot, job = pending.pop(future)
+                    free.append(slot)
+                    error = future.exception()
+                    if isinstance(error, BrokenProcessPool):
+                        pools[slot].shutdown(wait=True)
+                        pools[slot] = new_pool()
+                        deaths[id(job)] = deaths.get(id(job), 0) + 1
+                        if deaths[id(job)] <= WORKER_RETRIES:
+                            progress.retried(job, WORKER_DIED)
+                            queue.appendleft(job)
+                        else:
+                            progress.finished(job, None, WORKER_DIED)
+                    elif error is not None:
+                        progress.finished(job, None, _error(error))
+                    else:
+                        progress.finished(job, future.result())
+        except BaseException:
+            for child in multiprocessing.active_children():
+                child.terminate()
+            for pool in pools:
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        for pool in pools:
+            pool.shutdown()
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """submitit options: ``local`` uses submitit's LocalExecutor instead of SLURM."""
+
+    local: bool = False
+    partition: str | None = None
+    gpus_per_job: int = 0
+    cpus_per_job: int = 1
+    timeout_min: int = 60
+    parallel: int | None = None  # at most this many jobs at once (None: SLURM decides; local 1)
+    wait: bool = True
+    poll_seconds: float = 0.25
+
+
+def _executor(folder: Path, options: ClusterOptions) -> Any:
+    import submitit
+
+    if options.local:
+        local = submitit.LocalExecutor(folder=folder)
+        local.update_parameters(timeout_min=options.timeout_min)
+        return local
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    parameters: dict[str, Any] = {
+        "name": "sgrld-sweep",
+        "timeout_min": options.timeout_min,
+        "gpus_per_node": options.gpus_per_job,
+        "cpus_per_task": options.cpus_per_job,
+        "tasks_per_node": 1,
+        "nodes": 1,
+    }
+    if options.partition:
+        parameters["slurm_partition"] = options.partition
+    if options.parallel:
+        parameters["slurm_array_parallelism"] = options.parallel
+    executor.update_parameters(**parameters)
+    return executor
+
+
+@contextmanager
+def _output_to(log: Path, redirect: bool) -> Iterator[None]:
+    """With ``redirect``, the processes started in the block write their stdout and stderr to
+    ``log``: submitit's local controllers inherit this process's terminal, and a cancelled one
+    (Ctrl-C, SIGTERM of the sweep) prints a traceback there."""
+    if not redirect:
+        yield
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+    handle = os.open(log, flags, 0o644)  # never through a link planted at its name
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        os.dup2(handle, 1)
+        os.dup2(handle, 2)
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(handle)
+
+
+def run_submitit(
+    jobs: Sequence[SweepJob], out: Path, options: ClusterOptions, progress: GridProgress
+) -> None:
+    """Submit the jobs through submitit and, unless ``options.wait`` is off, follow them.
+
+    SLURM jobs go out as one job array; submitit requeues a preempted or timed-out job, which
+    then resumes its runs from their checkpoints (:meth:`SweepJob.checkpoint`). The local
+    executor starts at most ``options.parallel`` jobs at a time. Logs: ``OUT/.submitit/``.
+    """
+    executor = _executor(out / ".submitit" / "%j", options)
+    window = len(jobs) if not options.local else (options.parallel or 1)
+    queue = list(jobs)
+    pending: list[tuple[Any, SweepJob]] = []
+    with _sigterm_raises():
+        try:
+            while queue or pending:
+                if len(pending) < window and queue:
+                    batch = queue[: window - len(pending)]
+                    del queue[: len(batch)]
+                    log = out / ".submitit" / "controllers.log"
+                    with _output_to(log, options.local), executor.batch():
+                        submitted = [executor.submit(job) for job in batch]
+                    pending += zip(submitted, batch, strict=True)
+                    progress.started(len(batch))
+                    if not options.wait:
+                        ids = ", ".join(job.job_id for job, _ in pending)
+                        progress.bar.write(f"submitted {len(pending)} jobs: {ids}")
+                        return
+                for entry in [p for p in pending if p[0].done()]:
+                    pending.remove(entry)
+                    job, sweep_job = entry
+                    try:
+                        progress.finished(sweep_job, job.result())
+                    except Exception as exc:  # the job's own error, with submitit's log path
+                        progress.finished(sweep_job, None, _error(exc))
+                if pending:
+                    progress.set_running(sum(job.state == "RUNNING" for job, _ in pending))
+                    time.sleep(options.poll_seconds)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated)
+            if options.local:
+                for job, _ in pending:
+                    job.cancel(check=False)
+            else:
+                progress.bar.write(
+                    "interrupted: the submitted SLURM jobs keep running; run the sweep again "
+                    "later to collect them (finished runs are skipped)"
+                )
+            raise

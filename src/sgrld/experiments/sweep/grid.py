@@ -1,0 +1,499 @@
+"""A sweep's grid: comma lists and seed ranges, TOML configs, expansion, run folders, manifest.
+
+Nothing here imports torch: a grid is planned, checked and listed before any work starts.
+
+A grid is the union of *blocks*; a block maps run options (the ``sgrld sample`` flags, by their
+argparse names) to a value or, for the axes in :data:`AXES`, a list of values, and contributes
+the product of its lists. Monge's α² multiplies Monge's runs only: the other samplers of a block
+run once per ℓ and seed whatever the α² list.
+
+Config files (``--config FILE.toml`` or a shipped name such as ``paper/mnist_table1``)::
+
+    description = "what the grid is for"
+    [defaults]              # options shared by every block
+    dataset = "mnist"
+    epochs = 400
+    seeds = "0-9"
+    [[grid]]                # one block; as many as needed
+    width = [400, 800]
+    prior = "gaussian"
+    sampler = "identity"
+    lr = [0.01, 0.025, 0.05]
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.run.naming import flag_of, run_label, setting_name
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version marker)
+    import tomli as tomllib
+
+#: Options that take a list in a sweep (``seeds`` also takes ranges such as ``0-9``).
+AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds", "adapt", "sampler_options")
+MANIFEST_FILE = "sweep.json"
+MANIFEST_FORMAT = "sgrld-sweep/2"
+#: Older manifests still read (they record no machine options, see :data:`CHAIN_OPTIONS`).
+OLD_MANIFEST_FORMATS = ("sgrld-sweep/1",)
+#: More seeds than this in one grid is a typo (``0-999999999999``), refused before building it.
+MAX_SEEDS = 1_000_000
+#: Options outside a run's config that still shape its chain's numbers (the float reductions of
+#: the thread count, the packing of runs into one vectorised process, the device, the CUDA
+#: graph): recorded in the manifest, and a rerun with other values is refused. Name → flag.
+CHAIN_OPTIONS = {
+    "chains": "--chains",
+    "chain_batch": "--chain-batch",
+    "threads": "--threads",
+    "device": "--device",
+    "graph": "--no-graph",
+}
+#: Config fields that name a run's folder: ``<setting>/<sampler>/<label>``.
+PATH_FIELDS = ("dataset", "model", "width", "prior", "sampler", "lr", "alpha2", "seed")
+
+
+class GridError(ValueError):
+    """A grid that cannot be run: bad values, an empty grid, an unknown key, a foreign folder."""
+
+
+def parse_seeds(text: str | int | Sequence[int | str]) -> list[int]:
+    """Seeds from ``"0-9"``, ``"0,3,5"``, ``"0-2,7"``, an int or a list (sorted, unique).
+
+    Raises:
+        GridError: a malformed item, a negative seed or a range whose end is below its start.
+    """
+    if isinstance(text, bool):
+        raise GridError(f"seeds must be integers or ranges, got {text!r}")
+    items: list[int | str]
+    if isinstance(text, int):
+        items = [text]
+    elif isinstance(text, str):
+        items = [part.strip() for part in text.split(",")]
+    else:
+        items = list(text)
+    seeds: set[int] = set()
+    count = 0
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not 0 <= item < 2**63:
+                raise GridError(f"seeds must be >= 0 and below 2**63, got {item}")
+            seeds.add(item)
+            continue
+        if not isinstance(item, str) or not item:
+            raise GridError(f"seeds: empty or malformed item in {text!r}")
+        start, sep, stop = item.partition("-")
+        if not (start.isdigit() and (not sep or stop.isdigit())):
+            raise GridError(f"seeds: {item!r} is neither a seed nor a range like 0-9")
+        first, last = int(start), int(stop) if sep else int(start)
+        if last < first:
+            raise GridError(f"seeds: the range {item} is empty (its end is below its start)")
+        count += last - first + 1
+        if count > MAX_SEEDS or last >= 2**63:
+            raise GridError(
+                f"seeds: {text!r} asks for {count} seeds up to {last}; a grid takes at most "
+                f"{MAX_SEEDS} seeds below 2**63"
+            )
+        seeds.update(range(first, last + 1))
+    if not seeds:
+        raise GridError("seeds: no seed given")
+    return sorted(seeds)
+
+
+def comma_list(
+    item_type: Callable[[str], Any], choices: Iterable[Any] | None = None
+) -> Callable[[str], list[Any]]:
+    """An argparse ``type`` reading ``a,b,c`` as a list of ``item_type`` values from ``choices``."""
+    valid = None if choices is None else tuple(choices)
+
+    def parse(text: str) -> list[Any]:
+        values = []
+        for part in text.split(","):
+            if not part.strip():
+                raise ValueError(f"empty item in {text!r}")
+            value = item_type(part.strip())
+            if valid is not None and value not in valid:
+                raise ValueError(f"{value!r} is not one of {', '.join(map(str, valid))}")
+            values.append(value)
+        return values
+
+    parse.__name__ = f"comma-separated {getattr(item_type, '__name__', 'value')}"
+    return parse
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    if key == "seeds":
+        return parse_seeds(value) if value != [] else []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def expand(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every point of the union of the blocks' products (α² for Monge only), without repeats.
+
+    Each point maps option names to one value, with ``seed`` for ``seeds``.
+
+    Raises:
+        GridError: no point at all, or α² values with no Monge run in a block.
+    """
+    if not blocks:
+        raise GridError("the grid is empty: no block of runs")
+    points: dict[str, dict[str, Any]] = {}
+    for block in blocks:
+        fixed = {k: v for k, v in block.items() if k not in AXES}
+        axes = {k: _as_list(k, v) for k, v in block.items() if k in AXES and k != "alpha2"}
+        alpha2 = _as_list("alpha2", block["alpha2"]) if block.get("alpha2") is not None else None
+        samplers = axes.get("sampler", [])
+        if alpha2 is not None and samplers and "monge" not in samplers:
+            raise GridError("alpha2 is a Monge option, and this block has no monge run")
+        names = list(axes)
+        for values in itertools.product(*(axes[n] for n in names)):
+            point = {**fixed, **dict(zip(names, values, strict=True))}
+            if "seeds" in point:
+                point["seed"] = point.pop("seeds")
+            monge = point.get("sampler") == "monge"
+            for a2 in alpha2 if (monge and alpha2 is not None) else [None]:
+                full = {**point, "alpha2": a2}
+                points.setdefault(json.dumps(full, sort_keys=True), full)
+    if not points:
+        raise GridError("the grid is empty: a list of values (or its narrowing) is empty")
+    return list(points.values())
+
+
+def narrow(block: Mapping[str, Any], typed: Mapping[str, Any]) -> dict[str, Any]:
+    """A config block under command-line flags: an axis the block sets keeps only the typed
+    values (``--width 400`` runs a config's width-400 part), any other option is replaced.
+
+    Typed α² values leave blocks without α² (the other samplers) alone.
+    """
+    result = dict(block)
+    for key, value in typed.items():
+        if key in AXES and block.get(key) is not None:
+            wanted = _as_list(key, value)
+            result[key] = [v for v in _as_list(key, block[key]) if v in wanted]
+        elif key != "alpha2":
+            result[key] = value
+    return result
+
+
+# --- config files -----------------------------------------------------------------------------
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs shipped with sgrld, e.g. ``paper/mnist_table1``."""
+    root = resources.files("sgrld.configs")
+    names = []
+    for folder in [root, *(p for p in root.iterdir() if p.is_dir())]:
+        prefix = "" if folder == root else f"{folder.name}/"
+        names += [prefix + p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml")]
+    return sorted(names)
+
+
+def read_config(name: str) -> tuple[str, Path | str]:
+    """The TOML text of a config file path, or of a shipped config name.
+
+    Raises:
+        GridError: neither a file nor a shipped config.
+    """
+    path = Path(name)
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8"), path
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GridError(f"--config {name}: cannot read it ({exc})") from exc
+    shipped = name.removesuffix(".toml")
+    resource = resources.files("sgrld.configs").joinpath(*f"{shipped}.toml".split("/"))
+    if resource.is_file():
+        return resource.read_text(encoding="utf-8"), f"sgrld:configs/{shipped}.toml"
+    raise GridError(
+        f"--config {name}: no such file, and not a shipped config ({', '.join(shipped_configs())})"
+    )
+
+
+def parse_config(
+    text: str, source: object, known: Iterable[str], kinds: Mapping[str, Kind] | None = None
+) -> list[dict[str, Any]]:
+    """The blocks of a TOML config, defaults merged in; keys checked against ``known`` and, where
+    ``kinds`` names them, values against their kind (:func:`check_value`).
+
+    Option names may use ``-`` or ``_`` (``burn-in`` or ``burn_in``).
+
+    Raises:
+        GridError: invalid TOML, an unknown section or key, a value of the wrong kind
+            (``lr = "0.1"``, ``lr = true``, a list for a single-valued option), no ``[[grid]]``
+            block.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise GridError(f"{source}: not valid TOML ({exc})") from exc
+    unknown = set(data) - {"description", "defaults", "grid"}
+    if unknown:
+        raise GridError(f"{source}: unknown top-level keys {sorted(unknown)}")
+    allowed = set(known)
+
+    def options(table: Any, where: str) -> dict[str, Any]:
+        if not isinstance(table, dict):
+            raise GridError(f"{source}: {where} must be a table of options, got {table!r}")
+        values = {k.replace("-", "_"): v for k, v in table.items()}
+        bad = sorted(set(values) - allowed)
+        if bad:
+            raise GridError(
+                f"{source}: unknown key(s) {bad} in {where}; "
+                f"valid keys: {', '.join(sorted(allowed))}"
+            )
+        for key, value in values.items():
+            if kinds is not None and key in kinds:
+                check_value(key, value, kinds[key], f"{source}: {where}")
+        return values
+
+    defaults = options(data.get("defaults", {}), "[defaults]")
+    blocks = data.get("grid", [])
+    if not isinstance(blocks, list) or not blocks:
+        raise GridError(f"{source}: no [[grid]] block, so the grid is empty")
+    return [{**defaults, **options(b, f"[[grid]] block {i + 1}")} for i, b in enumerate(blocks)]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a config key takes: ``type`` one of ``bool``, ``int``, ``float``, ``str``, ``table``;
+    ``choices`` for names; ``axis`` whether a list of values is allowed."""
+
+    type: str
+    choices: tuple[str, ...] | None = None
+    axis: bool = False
+
+
+def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
+    """Refuse a config value of the wrong kind, e.g. ``lr = true`` (which TOML reads as 1) or
+    ``lr = "0.1"`` (a string), naming the key.
+
+    Raises:
+        GridError: the value, or an item of an axis' list, is not of ``kind``.
+    """
+    if key == "seeds":
+        return  # parse_seeds checks ranges and integers
+    if isinstance(value, list):
+        if not kind.axis:
+            raise GridError(
+                f"{where}: {key} takes one value, got a list {value!r} (only "
+                f"{', '.join(a for a in AXES)} take lists)"
+            )
+        for item in value:
+            check_value(key, item, Kind(kind.type, kind.choices), where)
+        return
+    if value is None:
+        return
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+        "table": isinstance(value, dict),
+    }[kind.type]
+    expected = {
+        "bool": "true or false",
+        "int": "an integer",
+        "float": "a number",
+        "table": "a table such as {decay = 0.95}",
+    }.get(kind.type, "a string")
+    if not ok:
+        raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
+    if kind.choices is not None and value not in kind.choices:
+        raise GridError(f"{where}: {key} must be one of {', '.join(kind.choices)}, got {value!r}")
+
+
+# --- run folders and the manifest -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of the grid: its full config (``RunConfig.to_dict``) and folder under ``OUT``."""
+
+    config: dict[str, Any]
+    path: str
+
+    @property
+    def sampler(self) -> str:
+        return str(self.config["sampler"])
+
+
+def place_runs(configs: Sequence[dict[str, Any]]) -> list[PlannedRun]:
+    """Give each run its folder ``<setting>/<sampler>/<label>``, unique within the grid.
+
+    Config fields outside :data:`PATH_FIELDS` that take several values in the grid (e.g.
+    ``epochs``) are added to the setting's name, so that no two runs share a folder.
+    """
+    varying = [
+        name
+        for name in (configs[0] if configs else {})
+        if name not in PATH_FIELDS and len({json.dumps(c[name]) for c in configs}) > 1
+    ]
+    runs = [
+        PlannedRun(c, f"{setting_name(c, varying)}/{c['sampler']}/{run_label(c)}") for c in configs
+    ]
+    by_path: dict[str, PlannedRun] = {}
+    for run in runs:
+        other = by_path.setdefault(run.path, run)
+        if other is not run:
+            differ = [k for k in run.config if run.config[k] != other.config.get(k)]
+            values = ", ".join(f"{k} {other.config[k]!r} and {run.config[k]!r}" for k in differ)
+            raise GridError(
+                f"two runs of the grid would share the folder {run.path} ({values}): values "
+                "that agree in 6 significant digits name one folder; make them differ more"
+            )
+    return sorted(runs, key=lambda r: r.path)
+
+
+def manifest(runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON manifest that pins a folder to one grid and to its :data:`CHAIN_OPTIONS`."""
+    return {
+        "format": MANIFEST_FORMAT,
+        "source": source,
+        "options": dict(options),
+        "num_runs": len(runs),
+        "runs": [{"path": r.path, "config": r.config} for r in runs],
+    }
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A manifest's contents, checked for shape.
+
+    Raises:
+        GridError: unreadable, not JSON, not a sgrld sweep manifest (of a known format).
+    """
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(saved, dict) or saved.get("format") not in (
+            MANIFEST_FORMAT,
+            *OLD_MANIFEST_FORMATS,
+        ):
+            raise ValueError(f"not a sgrld sweep manifest ({MANIFEST_FORMAT})")
+        runs = saved["runs"]
+        if not isinstance(runs, list) or not all(
+            isinstance(r, dict)
+            and isinstance(r.get("path"), str)
+            and isinstance(r.get("config"), dict)
+            for r in runs
+        ):
+            raise ValueError("its runs are not a list of {path, config}")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise GridError(
+            f"cannot read {path}: {exc}; delete it and run the sweep again to rebuild it "
+            "from the run folders"
+        ) from exc
+    return saved
+
+
+def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The fields (as flags) in which a run's saved config differs from the planned one, other
+    than a grown ``epochs``; and whether ``epochs`` grew."""
+    grown = False
+    changed = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        growable = key == "epochs" and new.get("schedule") != "cyclical"
+        if growable and isinstance(a, int) and isinstance(b, int) and b > a:
+            grown = True
+            continue
+        changed.append(f"{flag_of(key)} {a!r} there, {b!r} here")
+    return changed, grown
+
+
+def check_out_folder(out: Path, runs: Sequence[PlannedRun], options: Mapping[str, Any]) -> str:
+    """How ``out`` stands to this grid, before any work.
+
+    Returns:
+        ``"new"`` (no manifest: a new folder, or one whose lost manifest is rebuilt from its
+        runs), ``"same"`` (this grid's manifest) or ``"grown"`` (this grid with a larger
+        ``--epochs``: its finished runs are extended, as ``sgrld sample --resume`` does).
+
+    Raises:
+        GridError: ``out`` holds another grid, the same grid with other options (named by
+            flag), runs of no manifest that are not this grid's, or an unreadable manifest.
+    """
+    path = out / MANIFEST_FILE
+    if out.exists() and not out.is_dir():
+        raise GridError(f"--out {out} exists and is not a directory")
+    if not path.exists() and not path.is_symlink():
+        _check_orphan_runs(out, runs)
+        return "new"
+    saved = read_manifest(path)
+    mismatched = [
+        f"{flag} {saved['options'].get(name)!r} there, {options.get(name)!r} here"
+        for name, flag in CHAIN_OPTIONS.items()
+        if "options" in saved and saved["options"].get(name) != options.get(name)
+    ]
+    if mismatched:
+        raise GridError(
+            f"--out {out} was swept with other options that shape its chains ("
+            + "; ".join(mismatched)
+            + "): give the same values, or choose another --out"
+        )
+    theirs = {r["path"]: r["config"] for r in saved["runs"]}
+    ours = {r.path: r.config for r in runs}
+    if set(theirs) != set(ours):
+        raise GridError(
+            f"--out {out} holds another grid (from {saved.get('source')}): "
+            f"{len(set(theirs) - set(ours))} of its {len(theirs)} runs are not in this grid and "
+            f"{len(set(ours) - set(theirs))} of this grid's {len(ours)} runs are not in it; "
+            "choose another --out (sgrld report reads several folders)"
+        )
+    any_grown = False
+    for run_path in sorted(ours):
+        changed, grown = _config_changes(theirs[run_path], ours[run_path])
+        if changed:
+            raise GridError(
+                f"--out {out} holds this grid's runs made with other options ({run_path}: "
+                + "; ".join(changed)
+                + "): give the same values (--epochs may only grow), or choose another --out"
+            )
+        any_grown |= grown
+    return "grown" if any_grown else "same"
+
+
+def _check_orphan_runs(out: Path, runs: Sequence[PlannedRun]) -> None:
+    """Runs in ``out`` without a manifest are accepted only if they are this grid's own (a lost
+    ``sweep.json`` is rebuilt from them); anything else is refused."""
+    if not out.is_dir():
+        return
+    ours = {r.path: r.config for r in runs}
+    for results in sorted(out.rglob("results.json")):
+        where = results.parent.relative_to(out).as_posix()
+        if where.split("/")[0] == ".packs":
+            continue
+        try:
+            config = json.loads(results.read_text(encoding="utf-8"))["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            config = None
+        if where not in ours or (config is not None and _config_changes(config, ours[where])[0]):
+            raise GridError(
+                f"--out {out} holds runs that no sweep manifest ({MANIFEST_FILE}) describes and "
+                f"that are not runs of this grid (e.g. {where}); choose an empty or new folder, "
+                f"or, if its {MANIFEST_FILE} was lost, run the sweep with the grid (flags or "
+                "--config) that made these runs: it rebuilds the manifest from them"
+            )
+
+
+def write_manifest(
+    out: Path, runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]
+) -> None:
+    """Write ``out/sweep.json`` atomically (a temporary unique to this process, renamed).
+
+    Raises:
+        OSError: it cannot be written (e.g. a read-only ``out``).
+    """
+    from sgrld.experiments.base.files import write_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(manifest(runs, source, options), indent=1) + "\n"
+    write_atomic(out / MANIFEST_FILE, text)

@@ -1,0 +1,310 @@
+"""The unit of work of a sweep: a job runs (or resumes, or skips) a few runs of a grid.
+
+A :class:`SweepJob` is what every engine executes: a local process pool calls it, submitit
+pickles it to a SLURM node. It is idempotent: a run whose ``results.json`` says it is finished
+is skipped, a run with a checkpoint is resumed (``sgrld sample --resume``: the runner checkpoints
+every epoch and continues bit-identically), so a job that is preempted, timed out or killed and
+run again loses at most one epoch per run. submitit calls :meth:`SweepJob.checkpoint` on
+preemption or timeout and requeues the same job.
+
+A job holds one run, or (``sgrld sweep --chains K``) a *pack*: up to K runs of one setting and
+sampler that differ only in seed, ℓ and α², run as the chains of one process
+(:mod:`sgrld.experiments.run.chains`). Each chain writes its run folder's ``results.json`` as a
+single run would; the pack's one checkpoint lives in ``OUT/.packs/<id>/``, so a pack resumes as a
+whole. Packs are formed over the whole grid (finished runs included), so a pack is the same pack
+on every rerun.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.run.results import FINISHED, RESULTS_FILE, impossible_values
+from sgrld.experiments.sweep.grid import PlannedRun
+
+CHECKPOINT_FILE = "checkpoint.pt"
+LOCKS_DIR = ".locks"  # OUT/.locks/<digest>/: a run's lock that outlives its folder
+PACKS_DIR = ".packs"  # a pack's checkpoint: OUT/.packs/<id>/checkpoint.pt
+
+
+def run_state(folder: Path, config: dict[str, Any]) -> str:
+    """``"done"`` (completed or broken down), ``"partial"`` (a checkpoint to resume) or ``"todo"``.
+
+    A run counts as done when its ``results.json`` has this config, a final status and
+    possible final values (:func:`impossible_values`; otherwise resuming from the checkpoint
+    writes it again). A broken-down run is a result of the protocol, so it is not run again,
+    not even when ``epochs`` grew; a completed one is then extended.
+    """
+    try:
+        results = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        results = None
+    if isinstance(results, dict) and results.get("status") in FINISHED:
+        saved = results.get("config")
+        same = saved == config
+        if not same and results["status"] == "broken_down" and isinstance(saved, dict):
+            same = {**saved, "epochs": config.get("epochs")} == config
+        if same and not impossible_values(results):
+            return "done"
+    return "partial" if (folder / CHECKPOINT_FILE).is_file() else "todo"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where and how runs execute (not part of a run's config)."""
+
+    data_dir: str
+    device: str = "cpu"
+    threads: int | None = None
+    verify: bool = True
+    download: bool = False
+    plot: bool = False
+    chain_batch: int | None = None  # chains per vectorised call in a pack
+    graph: bool = True  # CUDA: replay a single run's captured step (sgrld sample --no-graph)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What happened to one run in one job."""
+
+    path: str
+    status: str  # completed, broken_down, skipped (already done), busy (another job holds it)
+    epochs: int = 0
+
+
+@functools.lru_cache(maxsize=2)
+def _splits(dataset: str, data_dir: str, num_val: int, verify: bool, download: bool) -> Any:
+    """The dataset, loaded once per process (a pool worker runs many runs)."""
+    from sgrld.data import load_dataset
+
+    return load_dataset(dataset, data_dir, num_val=num_val, verify=verify, download=download)
+
+
+@contextmanager
+def _locked(out: Path, run_path: str) -> Iterator[bool]:
+    """Hold the run's locks (non-blocking); yields whether this process got them.
+
+    The run folder's lock is ``sgrld sample``'s own (:class:`~sgrld.experiments.base.files.
+    DirectoryLock`), so a ``sample --resume`` of a run a sweep executes is refused and the
+    other way round. A second lock outside the folder, ``OUT/.locks/<digest>``, survives the
+    folder's deletion: a run folder deleted mid-sweep is not run by a second sweep at once.
+    Temporaries that killed writers left in the folder are removed once both are held.
+
+    Raises:
+        OutputError: a folder on the way is a symbolic link (never written through).
+    """
+    from sgrld.experiments.base.files import (
+        DirectoryLock,
+        DirectoryLockedError,
+        remove_stale_temporaries,
+    )
+
+    digest = hashlib.sha256(run_path.encode()).hexdigest()[:16]
+    refuse_linked_folders(out, run_path, LOCKS_DIR)
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(DirectoryLock(out / LOCKS_DIR / digest, f"sgrld sweep {run_path}"))
+            stack.enter_context(DirectoryLock(out / run_path, "sgrld sweep"))
+        except DirectoryLockedError:
+            yield False
+            return
+        remove_stale_temporaries(out / run_path)
+        yield True
+
+
+def refuse_linked_folders(out: Path, *paths: str) -> None:
+    """Refuse a symbolic link planted at a folder a job writes into under ``out`` (a run
+    folder or one of its parents, ``.locks``, ``.packs``): its files would land where the link
+    points.
+
+    Raises:
+        OutputError: naming the link.
+    """
+    from sgrld.experiments.base.files import OutputError
+
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(1, len(parts) + 1):
+            folder = out.joinpath(*parts[:depth])
+            if folder.is_symlink():
+                raise OutputError(
+                    None, f"cannot write in {folder}: it is a symbolic link; refusing to follow it"
+                )
+
+
+def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
+    """Run, resume or skip one run of the grid in this process."""
+    folder = out / run.path
+    if run_state(folder, run.config) == "done":
+        return RunOutcome(run.path, "skipped")
+    with _locked(out, run.path) as mine:
+        if not mine:
+            return RunOutcome(run.path, "busy")
+        import torch
+
+        from sgrld.experiments.run.single import RunConfig, run_sampling
+
+        if machine.threads is not None:
+            torch.set_num_threads(machine.threads)
+        config = RunConfig.from_dict(run.config)
+        splits = _splits(
+            config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
+        )
+        results = run_sampling(
+            config,
+            splits,
+            folder,
+            device=machine.device,
+            resume=True,
+            step_mode="auto" if machine.graph else "eager",
+        )
+        if machine.plot:
+            from sgrld.experiments.run.plots import plot_run_curves
+
+            plot_run_curves(results, folder / "curves.png")
+        return RunOutcome(run.path, results["status"], results["epochs_completed"])
+
+
+def pack_id(runs: Sequence[PlannedRun]) -> str:
+    """A pack's folder name under ``OUT/.packs``: a digest of its runs' folders."""
+    return hashlib.sha256("\n".join(r.path for r in runs).encode()).hexdigest()[:16]
+
+
+def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> list[RunOutcome]:
+    """Run, resume or skip a pack of runs as the chains of one process.
+
+    A finished run is never written again: when the pack's checkpoint is missing (a lost
+    ``.packs`` folder) and some of its runs are finished, only the open ones run, as a pack
+    of their own.
+
+    Returns:
+        The outcomes of the runs that were not finished when the pack started.
+    """
+    open_runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]
+    if not open_runs:
+        return []
+    with ExitStack() as stack:
+        if not all([stack.enter_context(_locked(out, r.path)) for r in runs]):
+            return [RunOutcome(r.path, "busy") for r in open_runs]
+        from sgrld.experiments.base.files import remove_stale_temporaries
+
+        refuse_linked_folders(out, f"{PACKS_DIR}/{pack_id(runs)}")
+        remove_stale_temporaries(out / PACKS_DIR / pack_id(runs))  # of a killed pack process
+        if not (out / PACKS_DIR / pack_id(runs) / CHECKPOINT_FILE).is_file():
+            runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]
+        if not runs:  # finished by another job meanwhile
+            return [RunOutcome(r.path, "skipped") for r in open_runs]
+        import torch
+
+        from sgrld.experiments.run.chains import run_chains
+        from sgrld.experiments.run.single import RunConfig
+
+        if machine.threads is not None:
+            torch.set_num_threads(machine.threads)
+        configs = [RunConfig.from_dict(r.config) for r in runs]
+        first = configs[0]
+        splits = _splits(
+            first.dataset, machine.data_dir, first.num_val, machine.verify, machine.download
+        )
+        results = run_chains(
+            configs,
+            splits,
+            out / PACKS_DIR / pack_id(runs),
+            device=machine.device,
+            resume=True,
+            chain_batch=machine.chain_batch,
+            folders=[out / r.path for r in runs],
+        )
+        if machine.plot:
+            from sgrld.experiments.run.plots import plot_run_curves
+
+            for run, result in zip(runs, results, strict=True):
+                plot_run_curves(result, out / run.path / "curves.png")
+        status = {r.path: res for r, res in zip(runs, results, strict=True)}
+        return [
+            RunOutcome(r.path, status[r.path]["status"], status[r.path]["epochs_completed"])
+            if r.path in status
+            else RunOutcome(r.path, "skipped")
+            for r in open_runs
+        ]
+
+
+@dataclass
+class SweepJob:
+    """Runs of one process; callable by any engine, checkpointable by submitit.
+
+    Attributes:
+        runs: the runs: one, or a pack (``pack``).
+        out: the sweep folder.
+        machine: data, device and threads.
+        pack: run ``runs`` as the chains of one process (:func:`execute_pack`), not in turn.
+    """
+
+    runs: Sequence[PlannedRun]
+    out: str
+    machine: Machine
+    pack: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.runs[0].path if len(self.runs) == 1 else f"{len(self.runs)} runs"
+
+    def __call__(self) -> list[RunOutcome]:
+        """Run every run that is not finished; an exception fails the job (and is reported)."""
+        if self.pack:
+            return execute_pack(self.runs, Path(self.out), self.machine)
+        return [execute_run(run, Path(self.out), self.machine) for run in self.runs]
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's preemption/timeout hook: requeue this job; it resumes from the checkpoints.
+
+        The runs' state is on disk (``checkpoint.pt`` every epoch), so the job itself carries
+        none and is resubmitted as it is.
+        """
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+def _pack_key(config: dict[str, Any]) -> str:
+    """What the runs of one pack share: everything but seed, ℓ and α²."""
+    return repr(sorted((k, v) for k, v in config.items() if k not in ("seed", "lr", "alpha2")))
+
+
+def make_jobs(
+    runs: Sequence[PlannedRun], out: Path, machine: Machine, chains: int = 1
+) -> list[SweepJob]:
+    """The jobs of the runs that are not finished: one per run, or (``chains`` > 1) packs of up
+    to ``chains`` runs of one setting and sampler, formed over all of ``runs`` (α², then ℓ, then
+    seed, so that equal α² share a sampler call).
+
+    Raises:
+        ValueError: runs that cannot be chains of one process (e.g. torch noise).
+    """
+    todo = {r.path for r in runs if run_state(out / r.path, r.config) != "done"}
+    if chains == 1:
+        return [SweepJob([r], str(out), machine) for r in runs if r.path in todo]
+    from sgrld.experiments.run.chains import check_chain_configs
+    from sgrld.experiments.run.single import RunConfig
+
+    groups: dict[str, list[PlannedRun]] = {}
+    for r in runs:
+        groups.setdefault(_pack_key(r.config), []).append(r)
+    jobs = []
+    for group in groups.values():
+        group.sort(key=lambda r: (r.config["alpha2"] or 0.0, r.config["lr"], r.config["seed"]))
+        for start in range(0, len(group), chains):
+            pack = group[start : start + chains]
+            if not any(r.path in todo for r in pack):
+                continue
+            if len(pack) > 1:
+                check_chain_configs([RunConfig.from_dict(r.config) for r in pack])
+            jobs.append(SweepJob(pack, str(out), machine, pack=len(pack) > 1))
+    return jobs

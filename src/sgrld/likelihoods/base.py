@@ -1,0 +1,121 @@
+"""The likelihood plug-in contract and the registry.
+
+A :class:`Likelihood` is the observation model p(y | x, θ) of a
+:class:`~sgrld.models.BayesianModel`. It is a small ``nn.Module`` attached to the model (as
+``model.likelihood``) so that a sampled likelihood parameter (the Gaussian's log σ) is an
+``nn.Parameter`` of the model, stepped by the same chain as the network's weights. It answers
+four questions:
+
+* **η from the network**: :meth:`~Likelihood.forward` maps the net's ``num_outputs`` outputs to
+  the per-point parameters η of p(y | η) (``(…, B, width)``); the model's forward returns η, so
+  :class:`~sgrld.Chains` and the ensembles see every chain's likelihood parameters;
+* **the potential's data term**: :meth:`~Likelihood.nll`, the minibatch mean of −log p(y | η);
+* **the posterior-predictive ensemble**: a running total over samples, built by
+  :meth:`~Likelihood.ensemble_init`, :meth:`~Likelihood.ensemble_terms` and
+  :meth:`~Likelihood.ensemble_fold`;
+* **the scores that fit**: :meth:`~Likelihood.scores` of that ensemble against the targets.
+
+See ``docs/likelihoods.md`` for the scores' definitions and how to add a likelihood.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+
+class Likelihood(nn.Module, abc.ABC):
+    """Base class of the observation models p(y | x, θ)."""
+
+    #: registry name, e.g. ``"gaussian"``
+    name: ClassVar[str]
+    #: the keys of :meth:`scores`, in order (also those reported NaN while an ensemble is empty)
+    score_names: ClassVar[tuple[str, ...]]
+
+    @property
+    @abc.abstractmethod
+    def num_outputs(self) -> int:
+        """How many outputs the network must have (the classes; 1 for a scalar regression)."""
+
+    @property
+    @abc.abstractmethod
+    def width(self) -> int:
+        """Size of the last dimension of η (the classes' logits; mean and log σ)."""
+
+    def forward(self, outputs: Tensor) -> Tensor:
+        """η, the per-point parameters of p(y | η), from the network's outputs (default: as is)."""
+        return outputs
+
+    @abc.abstractmethod
+    def nll(self, eta: Tensor, targets: Tensor) -> Tensor:
+        """Minibatch mean of −log p(y_i | η_i): η ``(B, width)``, targets ``(B,)``; a 0-d tensor."""
+
+    @abc.abstractmethod
+    def log_prob(self, eta: Tensor, targets: Tensor) -> Tensor:
+        """log p(y_i | η_i) of every point, ``(…, B)`` for η ``(…, B, width)``."""
+
+    def log_prior_terms(self) -> list[Tensor]:
+        """log p of the likelihood's own sampled parameters (none by default)."""
+        return []
+
+    def reset_parameters(self) -> None:
+        """Put the likelihood's sampled parameters back at their initial values."""
+
+    def total_shape(
+        self, lead: tuple[int, ...], num_points: int, num_samples: int
+    ) -> tuple[int, ...]:
+        """Shape of the running total after ``num_samples`` samples (default: fixed, ``width``
+        per point)."""
+        return (*lead, num_points, self.width)
+
+    @abc.abstractmethod
+    def ensemble_init(self, lead: tuple[int, ...], num_points: int, device: torch.device) -> Tensor:
+        """The empty float64 running total of ``lead`` ensembles (e.g. ``(K,)`` chains)."""
+
+    @abc.abstractmethod
+    def ensemble_terms(self, eta: Tensor) -> Tensor:
+        """One sample's float64 contribution for a batch of points: η ``(…, B, width)``."""
+
+    @abc.abstractmethod
+    def ensemble_fold(self, total: Tensor, terms: Tensor) -> Tensor:
+        """The total with one more sample whose terms cover all points."""
+
+    @abc.abstractmethod
+    def scores(
+        self, total: Tensor, num_samples: int, targets: Tensor, *, num_bins: int = 30
+    ) -> dict[str, Tensor]:
+        """The ensemble's scores (keys :attr:`score_names`), each of shape ``lead``.
+
+        ``num_bins`` is the number of calibration bins where a score uses them (ECE).
+        """
+
+
+_REGISTRY: dict[str, type[Likelihood]] = {}
+
+
+def register(cls: type[Likelihood]) -> type[Likelihood]:
+    """Class decorator adding a likelihood to the registry under ``cls.name``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def likelihood_names() -> list[str]:
+    """Registered likelihood names."""
+    return sorted(_REGISTRY)
+
+
+def get_likelihood(name: str) -> type[Likelihood]:
+    """Look a likelihood class up by name (``categorical``, ``gaussian``).
+
+    Raises:
+        ValueError: unknown name; the message lists the valid ones.
+    """
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown likelihood {name!r}; valid names: {likelihood_names()}"
+        ) from None

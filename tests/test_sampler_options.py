@@ -1,0 +1,142 @@
+"""Every option of every registered metric is settable from a run's config, the command line and
+a sweep, and the metric itself validates it (no per-metric code in experiments/)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sgrld.experiments.commands import sample, sweep
+from sgrld.experiments.run.build import OWN_FIELDS, make_sampler, option_names
+from sgrld.experiments.run.config import RunConfig
+from sgrld.experiments.run.naming import default_out_dir
+from sgrld.metrics import get_metric, metric_names
+
+
+def config(sampler: str, **options: Any) -> RunConfig:
+    alpha2 = 1.0 if sampler == "monge" else None
+    return RunConfig(
+        dataset="mnist", model="fc", prior="gaussian", sampler=sampler, lr=0.1, epochs=3,
+        alpha2=alpha2, sampler_options=options,
+    )  # fmt: skip
+
+
+def _json(value: Any) -> Any:
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else value
+
+
+CASES = [
+    (name, option)
+    for name in metric_names()
+    for option in option_names(name)
+    if option not in OWN_FIELDS
+]
+
+
+@pytest.mark.parametrize(("name", "option"), CASES, ids=[f"{n}-{o}" for n, o in CASES])
+def test_every_metric_option_reaches_the_sampler(name: str, option: str) -> None:
+    default = {f.name: f.default for f in dataclasses.fields(get_metric(name))}[option]  # type: ignore[arg-type]
+    cfg = config(name, **{option: _json(default)})
+    assert cfg.to_dict()["sampler_options"] == {option: _json(default)}
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    opt = make_sampler(cfg, [torch.zeros(16, 16)], 10, torch.Generator())
+    assert getattr(opt.metric, option) == default
+
+
+def test_a_changed_option_changes_the_metric_and_the_run_folder() -> None:
+    cfg = config("rmsprop", decay=0.95)
+    opt = make_sampler(cfg, [torch.zeros(3)], 10, torch.Generator())
+    assert opt.metric.decay == 0.95  # type: ignore[attr-defined]
+    assert default_out_dir(cfg).name.endswith("-lr0.1-decay0.95-seed0")
+    shampoo = make_sampler(
+        config("shampoo", block_size=2), [torch.zeros(4, 4)], 10, torch.Generator()
+    )
+    assert shampoo.metric.block_size == 2  # type: ignore[attr-defined]
+
+
+def test_no_options_read_as_before_they_existed() -> None:
+    cfg = config("rmsprop")
+    assert "sampler_options" not in cfg.to_dict()
+    assert RunConfig.from_dict(cfg.to_dict()).sampler_options == {}
+    assert default_out_dir(cfg).name.endswith("-lr0.1-seed0")
+
+
+@pytest.mark.parametrize(
+    ("sampler", "options", "message"),
+    [
+        ("rmsprop", {"block_size": 4}, "rmsprop has no option 'block_size'; its options: decay"),
+        ("identity", {"decay": 0.9}, "identity has no option 'decay'; its options: none"),
+        ("rmsprop", {"decay": 1.5}, "invalid decay: 1.5"),
+        ("monge", {"alpha2": 2.0}, "give alpha2 as its own option"),
+        ("shampoo", {"root_dtype": "float65"}, "expected a torch dtype name"),
+        ("rmsprop", {"decay": [0.9]}, "invalid sampler option decay=[0.9]"),
+    ],
+)
+def test_the_metric_refuses_bad_options(
+    sampler: str, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        config(sampler, **options)
+
+
+def _sample_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sample.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_command_line_options_are_json_values_or_words() -> None:
+    args = _sample_args(
+        "--sampler", "shampoo", "--lr", "0.1", "--option", "decay=0.95", "--option",
+        "root-method=newton", "--option", "precondition_vectors=true", "--option", "block_size=64",
+    )  # fmt: skip
+    cfg = sample.config_from_args(args)
+    assert cfg.sampler_options == {
+        "decay": 0.95,
+        "root_method": "newton",
+        "precondition_vectors": True,
+        "block_size": 64,
+    }
+    with pytest.raises(sample.UsageError, match="rmsprop has no option 'x'"):
+        sample.config_from_args(
+            _sample_args("--sampler", "rmsprop", "--lr", "0.1", "--option", "x=1")
+        )
+    with pytest.raises(SystemExit):
+        _sample_args("--option", "decay")
+
+
+def test_a_sweep_takes_options_as_a_table_or_an_axis_of_tables(tmp_path: Path) -> None:
+    path = tmp_path / "grid.toml"
+    path.write_text(
+        '[[grid]]\nsampler = "rmsprop"\nlr = 0.1\nepochs = 3\n'
+        "sampler_options = [{decay = 0.9}, {decay = 0.99, eps = 1e-6}]\n"
+    )
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    runs, _ = sweep.plan(parser.parse_args(["--config", str(path), "--out", "unused"]))
+    by_path = {r.path.rpartition("/")[2]: r.config["sampler_options"] for r in runs}
+    assert by_path == {
+        "lr0.1-decay0.9-seed0": {"decay": 0.9},
+        "lr0.1-decay0.99-eps1e-06-seed0": {"decay": 0.99, "eps": 1e-6},
+    }
+    path.write_text('[[grid]]\nsampler = "rmsprop"\nlr = 0.1\nsampler_options = 3\n')
+    with pytest.raises(sweep.GridError, match="sampler_options must be a table"):
+        sweep.plan(parser.parse_args(["--config", str(path), "--out", "unused"]))
+
+
+def test_a_sweep_command_line_takes_one_table_of_options() -> None:
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser)
+    argv = ["--dataset", "diabetes", "--sampler", "adam", "--lr", "0.01,0.02", "--epochs", "60"]
+    argv += ["--burn-in", "10", "--option", "beta2=0.99", "--option", "eps=1e-6"]
+    runs, _ = sweep.plan(parser.parse_args([*argv, "--out", "unused"]))
+    assert [r.config["sampler_options"] for r in runs] == [{"beta2": 0.99, "eps": 1e-6}] * 2
+    assert sorted(r.path.rpartition("/")[2] for r in runs) == [
+        "lr0.01-beta20.99-eps1e-06-seed0",
+        "lr0.02-beta20.99-eps1e-06-seed0",
+    ]
