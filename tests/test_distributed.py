@@ -1,4 +1,5 @@
-"""Data-parallel chains on torch.distributed (gloo, processes spawned by the test)."""
+"""Data-parallel chains on torch.distributed (gloo, processes spawned by the test); sharded
+chains (FSDP2): ``test_fsdp.py``."""
 
 from __future__ import annotations
 
@@ -55,18 +56,6 @@ def _worker(rank: int, world: int, store: str, out: str, case: str) -> None:
     try:
         if case == "same":
             result = {name: _chain(name, rank, world, seed=7) for name in NAMES}
-        elif case == "fsdp":  # sharded parameters: refused with the reason, not a kernel error
-            from torch.distributed.fsdp import fully_shard
-
-            model = _model()
-            fully_shard(model)
-            opt = sgrld.MongeSGLD(model.parameters(), lr=0.01, num_data=100)
-            model(torch.randn(4, 5, dtype=torch.float64)).sum().backward()
-            try:
-                opt.step()
-                result = {"error": None}
-            except NotImplementedError as exc:
-                result = {"error": str(exc)}
         else:  # each rank seeded differently: refused on every rank
             try:
                 _chain("sgld", rank, world, seed=7 + rank)
@@ -112,9 +101,3 @@ def test_ranks_seeded_differently_are_refused_on_every_rank(tmp_path: Path) -> N
     messages = [r["error"] for r in ranks]
     assert all(m is not None and "rank(s) [1] differs from rank 0's" in m for m in messages)
     assert messages[0] == messages[1]
-
-
-@pytest.mark.slow
-def test_sharded_parameters_are_refused_with_the_reason(tmp_path: Path) -> None:
-    ranks = _spawn(tmp_path, 2, "fsdp")
-    assert all("DTensor" in (r["error"] or "") for r in ranks), ranks

@@ -47,8 +47,9 @@ from sgrld.core.precision import (
     check_low_precision,
     is_low_precision,
 )
-from sgrld.core.replicas import check_same_noise, refuse_sharded
+from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags, validate_hyperparameters
+from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 from sgrld.metrics import (
@@ -199,6 +200,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if not isinstance(telemetry, bool):
             raise ValueError(f"invalid telemetry: {telemetry!r} (expected True or False)")
         check_low_precision(low_precision, master_dtype)
+        requested_noise = noise
         if noise is None:
             noise = "philox" if capturable is True else "torch"
         check_noise_source(noise)
@@ -235,6 +237,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         self.check_finite = check_finite
+        sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])
+        if sharded and requested_noise is None:
+            noise = "philox"  # drawn at each shard's global indices (sgrld.core.shards)
         self.noise: NoiseSource = noise
         self.compile = compile
         self.capturable = capturable
@@ -316,15 +321,46 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         masks = [self._masks.get(p) for p in params]
         standins = None
         if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
+            if any(is_sharded(p) for p in params):
+                raise NotImplementedError(
+                    "sharded parameters (DTensor, FSDP2) in a precision below master_dtype or "
+                    "with masks are not supported: shard them in float32 or float64"
+                )
             standins = StandIns(params, masks, self.low_precision, self.master_dtype)
             params = standins.work
         names = self._names(index)
         layout = FlatLayout.from_tensors(names, params)
-        stats = metric.init(layout, params[0])
+        if layout.shards is not None:
+            self._check_sharded(names[0])
+        shards = [local(p) for p in params]  # the rank's shards of sharded parameters
+        stats = metric.init(layout, shards[0])
         state = SamplerState(
-            dict(zip(names, params, strict=True)), stats, 0, self.generator, layout
+            dict(zip(names, shards, strict=True)), stats, 0, self.generator, layout
         )
         return state, standins
+
+    def _check_sharded(self, name: str) -> None:
+        """Refuse, with the reason, the options that sharded parameters (FSDP2) do not have."""
+        refused = {
+            "noise='torch'": self.noise == "torch",
+            "compile=True": self.compile,
+            "capturable=True": self.capturable,
+            "telemetry=True": self.telemetry_enabled,
+            "masks": bool(self._masks),
+        }
+        for option, given in refused.items():
+            if given:
+                reason = (
+                    "a generator's stream cannot be drawn at a shard's global indices, so the "
+                    "ranks would not form one chain (use noise='philox', the default for "
+                    "sharded parameters)"
+                    if option == "noise='torch'"
+                    else "not implemented for sharded parameters"
+                )
+                raise NotImplementedError(
+                    f"parameter {name!r} is sharded (DTensor, FSDP2) and the optimizer has "
+                    f"{option}: {reason}"
+                )
 
     @staticmethod
     def _publish(
@@ -435,6 +471,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         traced = in_graph()
         noise: NoiseSource = "philox" if traced else self.noise
         for index, group in enumerate(self.param_groups):
+            if states[index].layout.shards is not None:
+                _follow_shards(states[index], group["params"])
             standins = self._standins.get(index)
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
@@ -499,7 +537,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
         params = self.param_groups[index]["params"]
-        grads: list[Tensor | None] = [p.grad for p in params]
+        grads: list[Tensor | None] = [None if p.grad is None else local(p.grad) for p in params]
         standins = self._standins.get(index)
         if standins is None:
             return grads
@@ -514,9 +552,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return out
 
     def _check_replicas(self) -> None:
-        """Before the first step: sharded parameters are refused, and under a process group
-        (DistributedDataParallel) every rank must draw the same noise (one all-gather)."""
-        refuse_sharded([p for g in self.param_groups for p in g["params"]])
+        """Before the first step, under a process group (DistributedDataParallel, or FSDP2's
+        shards of one chain), every rank must draw the same noise (one all-gather)."""
         keys = [state.keys.reshape(-1).cpu() for state in self._group_states]
         generator = self.generator.get_state().to(torch.int64)
         device = self.param_groups[0]["params"][0].device
@@ -576,8 +613,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             for name, p in zip(self._names(index), group["params"], strict=True):
                 entry = self.state[p]
-                out[name] = sum(
-                    v.numel() * v.element_size() for v in entry.values() if isinstance(v, Tensor)
+                out[name] = sum(  # a sharded statistic's bytes on this rank: its shard's
+                    local(v).numel() * v.element_size()
+                    for v in entry.values()
+                    if isinstance(v, Tensor)
                 )
         return out
 
@@ -800,6 +839,15 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             )
             start += n
         return out
+
+
+def _follow_shards(state: SamplerState, params: list[Tensor]) -> None:
+    """Point the state at the parameters' current shards: FSDP2 moves a shard into its own
+    padded storage at its first forward (lazy initialisation), after the optimizer was built."""
+    for name, p in zip(state.params, params, strict=True):
+        shard = local(p)
+        if shard.data_ptr() != state.params[name].data_ptr():
+            state.params[name] = shard
 
 
 def _check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from sgrld.core.shards import ShardSpec, local
 
 
 @dataclass(frozen=True)
@@ -24,11 +26,15 @@ class FlatLayout:
         names: parameter names, in order.
         shapes: per-parameter shapes *without* the chain dimension.
         batch_shape: ``()`` for one chain, ``(K,)`` for K chains in a leading dimension.
+        shards: for sharded parameters (FSDP2), where the local shards (``shapes``) lie in the
+            whole tensors, and the process group that sums over them (:mod:`sgrld.core.shards`);
+            ``None`` for whole tensors. Metrics that sum over the parameters sum through it.
     """
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     batch_shape: tuple[int, ...] = ()
+    shards: ShardSpec | None = field(default=None, compare=False)
 
     @staticmethod
     def from_tensors(
@@ -36,7 +42,9 @@ class FlatLayout:
     ) -> FlatLayout:
         """Build a layout; with ``num_chains`` the first dim of every tensor is the chain dim."""
         if num_chains is None:
-            return FlatLayout(tuple(names), tuple(tuple(t.shape) for t in tensors), ())
+            shards = ShardSpec.of(names, tensors)
+            shapes = tuple(tuple(local(t).shape) for t in tensors)
+            return FlatLayout(tuple(names), shapes, (), shards)
         for name, t in zip(names, tensors, strict=True):
             if t.dim() == 0 or t.shape[0] != num_chains:
                 raise ValueError(
@@ -64,6 +72,17 @@ class FlatLayout:
 
     def empty(self, dtype: torch.dtype, device: torch.device | str) -> Tensor:
         return torch.empty((*self.batch_shape, self.size), dtype=dtype, device=device)
+
+    def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:
+        """``partial`` summed over the ranks that hold the shards (in place); itself when the
+        tensors are whole. Metrics pass their local sums through it, under the ``name`` their
+        ``sums_ahead`` gives them (:mod:`sgrld.core.shards`)."""
+        return partial if self.shards is None else self.shards.sum_(partial, name)
+
+    @property
+    def full_numels(self) -> tuple[int, ...]:
+        """Elements of each whole tensor (of the local shard's tensor when sharded)."""
+        return self.numels if self.shards is None else self.shards.full_numels
 
     def zeros(self, dtype: torch.dtype, device: torch.device | str) -> Tensor:
         return torch.zeros((*self.batch_shape, self.size), dtype=dtype, device=device)

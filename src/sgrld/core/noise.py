@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal
 
 import torch
@@ -91,34 +91,48 @@ def _philox_normal(
     counters (rows ``first_row``… of a larger buffer; for tests).
     """
     index = torch.arange(out.shape[-2], dtype=torch.int64, device=out.device) + first_row
+    out.copy_(_normals(key, index, step, out.dtype))
+
+
+def _philox_normal_at(
+    key: Tensor, out: Tensor, counters: Tensor, picks: Tensor, step: Tensor
+) -> None:
+    """Fill the 1-d ``out`` with chosen normals of the ``counters`` (int64, (r,)): value j of
+    ``out`` is value ``picks[j]`` of the flattened (r, width) normals — the same arithmetic as
+    :func:`_philox_normal` (a shard's noise: :class:`NoiseBuffer`). ``key`` is (1, 2)."""
+    values = _normals(key, counters, step, out.dtype).reshape(-1)
+    out.copy_(values.index_select(0, picks))
+
+
+def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The normals of the counters ``index`` (n,) under ``key`` (..., 2) at ``step``:
+    shape (..., n, values_per_counter)."""
     zero = torch.zeros_like(index)
     t_lo = zero if step is None else zero + (step & _MASK32)
     t_hi = zero if step is None else zero + (step >> 32)
     k0, k1 = key[..., 0:1], key[..., 1:2]  # (..., 1): broadcast over the rows
     # counter (i mod 2³², ⌊i / 2³²⌋, t mod 2³², ⌊t / 2³²⌋): every word stays below 2³²
     w = philox4x32(index & _MASK32, index >> 32, t_lo, t_hi, k0, k1)
-    if out.dtype == torch.float64:
+    if dtype == torch.float64:
         # 53-bit uniforms from pairs of words; one Box–Muller pair per counter.
         u1, u2 = (
             (((hi << 21) | (lo >> 11)).to(torch.float64) + 0.5) * 2.0**-53
             for hi, lo in ((w[0], w[1]), (w[2], w[3]))
         )
-        out.copy_(torch.stack(_box_muller(u1, u2), dim=-1))
-        return
+        return torch.stack(_box_muller(u1, u2), dim=-1)
     # 24-bit uniforms, as torch's own float32 sampling; two Box–Muller pairs per counter.
     u = [((x >> 8).to(torch.float32) + 0.5) * 2.0**-24 for x in w]
-    out.copy_(torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=-1))
+    return torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=-1)
 
 
-_compiled: Callable[..., None] | None = None
+_compiled: dict[Callable[..., None], Callable[..., None]] = {}
 _compile_failed = False
 
 
-def _kernel() -> Callable[..., None]:
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_philox_normal, fullgraph=True, dynamic=True)
-    return _compiled
+def _kernel(fn: Callable[..., None] = _philox_normal) -> Callable[..., None]:
+    if fn not in _compiled:
+        _compiled[fn] = torch.compile(fn, fullgraph=True, dynamic=True)
+    return _compiled[fn]
 
 
 @contextlib.contextmanager
@@ -170,6 +184,29 @@ def philox_normal_(
     _philox_normal(key, blocks, 0, step)
 
 
+def philox_normal_at_(
+    flat: Tensor, key: Tensor, counters: Tensor, picks: Tensor, step: Tensor
+) -> None:
+    """:func:`_philox_normal_at`, compiled as :func:`philox_normal_` is (eagerly without a
+    compiler, after its warning)."""
+    global _compile_failed
+    if not _compile_failed and not torch.compiler.is_compiling():
+        try:
+            with quiet_compile(), torch.no_grad(), _float32_default():
+                args = (counters, picks, step)
+                _kernel(_philox_normal_at)(key.reshape(1, 2), flat.detach(), *args)
+            return
+        except Exception as exc:  # as in philox_normal_
+            _compile_failed = True
+            warnings.warn(
+                f"sgrld: compiling the Philox noise kernel failed ({failure_reason(exc)}); "
+                "drawing it eagerly, which is much slower",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    _philox_normal_at(key.reshape(1, 2), flat, counters, picks, step)
+
+
 def keys_from_generator(
     batch_shape: tuple[int, ...], generator: torch.Generator, device: torch.device
 ) -> Tensor:
@@ -197,7 +234,13 @@ class NoiseBuffer:
     counters (and numbers) do not depend on how many chains share the buffer.
     """
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        segments: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
         *batch, numel = shape
         chains = math.prod(batch)
         width = values_per_counter(dtype)
@@ -206,6 +249,25 @@ class NoiseBuffer:
         # contiguous unless several chains each need padding (then a view with a row stride)
         self.flat = storage[:, :numel].view(*batch, numel)
         self.blocks = storage.view(chains, rows, width)
+        # sharded (one chain): this buffer holds the (start, count) runs of the one-process
+        # buffer (sgrld.core.shards); it draws the counters that cover each run, and picks the
+        # run's values out of them (one index per element)
+        self.picks: Tensor | None = None
+        if segments is not None:
+            if batch:
+                raise ValueError("sharded noise is for one chain")
+            counters, picks, drawn = [], [], 0
+            for start, count in segments:
+                if count == 0:
+                    continue
+                first, last = start // width, (start + count - 1) // width
+                counters.append(torch.arange(first, last + 1, dtype=torch.int64, device=device))
+                skip = drawn + start - first * width
+                picks.append(torch.arange(skip, skip + count, dtype=torch.int64, device=device))
+                drawn += (last + 1 - first) * width
+            none = torch.zeros(0, dtype=torch.int64, device=device)
+            self.counters = torch.cat(counters) if counters else none
+            self.picks = torch.cat(picks) if picks else none
 
     def draw(
         self,
@@ -220,8 +282,16 @@ class NoiseBuffer:
         (*batch, 2) and the ``step`` count (0-d int64 tensor).
         """
         if source == "torch":
+            if self.picks is not None:
+                raise ValueError(
+                    "sharded parameters need noise='philox': a generator's stream cannot be "
+                    "drawn at a shard's global indices, so the ranks would not form one chain"
+                )
             return self.flat.normal_(generator=generator)
         if keys is None or step is None:
             raise ValueError("philox noise needs the chains' keys and the step count")
+        if self.picks is not None:
+            philox_normal_at_(self.flat, keys, self.counters, self.picks, step)
+            return self.flat
         philox_normal_(self.blocks, keys.reshape(-1, 2), step)
         return self.flat

@@ -14,6 +14,12 @@ Where each statistic goes (its kind, :mod:`sgrld.core.contract`):
 * ``"global"`` (shared by the group, e.g. Monge's ‖m‖² with ``scope="global"``): the group's
   first parameter.
 
+Sharded parameters (FSDP2, :mod:`sgrld.core.shards`): a per-element statistic is published as
+a DTensor of the parameter's global shape and placement over the rank's shard, so that
+``torch.distributed.checkpoint`` saves it and loads it on another number of ranks as it does the
+parameter; everything else is the same on every rank (sums are taken over the mesh), except
+Shampoo's factors, which are the rank's own blocks' (:func:`shard_key`).
+
 Besides the statistics every parameter holds ``step`` (a view of the group's step count) and the
 group's first parameter ``noise_key`` (the Philox key) and ``check_flags`` (deferred checks).
 """
@@ -27,6 +33,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.contract import Metric
+from sgrld.core.shards import ShardSpec, is_sharded, local, rows_of
 from sgrld.core.state import SamplerState
 
 #: per-parameter entries that are not statistics (the group's own on its first parameter)
@@ -43,13 +50,14 @@ def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
         raise ValueError("optimizer state holds one chain (use sgrld.Chains for many)")
     entries: list[dict[str, Tensor]] = [{STEP: state.device_step.view(())} for _ in layout.names]
     kinds = metric.stat_kinds(state.stats)
+    shards = layout.shards
     for key, value in state.stats.items():
         if "@" in key:
             stat, i = key.rsplit("@", 1)
-            entries[int(i)][stat] = value
+            entries[int(i)][stat if shards is None else shard_key(stat, shards)] = value
         elif kinds[key] == "element":
-            for entry, view in zip(entries, layout.views(value), strict=True):
-                entry[key] = view
+            for j, (entry, view) in enumerate(zip(entries, layout.views(value), strict=True)):
+                entry[key] = view if shards is None else shards.global_view(view, j)
         elif kinds[key] == "tensor":
             for j, entry in enumerate(entries):
                 entry[key] = value.select(-1, j)
@@ -58,6 +66,26 @@ def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
     entries[0][NOISE_KEY] = state.keys
     entries[0][CHECK_FLAGS] = state.flags
     return entries
+
+
+def shard_key(stat: str, shards: ShardSpec) -> str:
+    """The name of a per-tensor statistic of one rank's shard (Shampoo's factors of the blocks
+    that rank holds): each rank's factors are its own (no global view reshards them), so they
+    are saved under names of their own, rank and world size in the name; a checkpoint of W
+    ranks then loads on W ranks, and on W′ ≠ W ranks the names are not found."""
+    return f"{stat}#shard{shards.rank}of{shards.world}"
+
+
+def _shard_of(value: Tensor, target: Tensor) -> Tensor:
+    """The part of ``value`` (a global view, or a whole tensor) that the sharded ``target``
+    holds on this rank."""
+    if is_sharded(value):
+        if tuple(value.placements) == tuple(target.placements):  # type: ignore[attr-defined]
+            return local(value)
+        value = value.full_tensor()  # type: ignore[attr-defined]
+    mesh = target.device_mesh  # type: ignore[attr-defined]
+    first, count = rows_of(value.shape[0], mesh.size(), mesh.get_coordinate()[0])
+    return value[first : first + count]
 
 
 def plan_load(
@@ -102,6 +130,8 @@ def plan_load(
                     f"{where}: {key!r} has shape {tuple(value.shape)}, expected "
                     f"{tuple(target.shape)}"
                 )
+            if is_sharded(target):
+                target, value = local(target), _shard_of(value, target)
             if target.is_floating_point():
                 if not value.is_floating_point():
                     raise ValueError(f"{where}: {key!r} is {value.dtype}, expected floating point")

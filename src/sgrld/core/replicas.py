@@ -5,11 +5,11 @@ all-reduced, so each rank's optimizer computes the same move — provided every 
 same noise. Ranks seeded differently would each add their own ξ: the replicas drift apart and
 nothing averages them into a correct chain. :func:`check_same_noise` compares, across the
 ranks, everything the noise depends on (the groups' keys and the generator's state), once.
+Under FSDP2 the ranks hold shards of one chain (:mod:`sgrld.core.shards`), and the same check
+makes sure that they draw one chain's noise.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -22,17 +22,6 @@ def world() -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
-
-
-def refuse_sharded(params: Sequence[Tensor]) -> None:
-    """Sharded parameters (FSDP2's DTensors) are stepped per shard, which these samplers do not
-    do yet: refuse them with that reason instead of a failure inside a kernel."""
-    for p in params:
-        if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor":
-            raise NotImplementedError(
-                "sharded parameters (DTensor, e.g. FSDP2's fully_shard) are not supported yet: "
-                "the samplers need the whole tensor on each rank (use DistributedDataParallel)"
-            )
 
 
 def check_same_noise(fingerprint: Tensor) -> None:

@@ -27,9 +27,12 @@ class Workspace:
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:
         shape = (*layout.batch_shape, layout.size)
+        shards = layout.shards
+        # sharded: each shard's noise at its elements' global indices (sgrld.core.shards)
+        segments = None if shards is None else list(zip(shards.starts, layout.numels, strict=True))
         return Workspace(
             layout.empty(like.dtype, like.device),
-            NoiseBuffer(shape, like.dtype, like.device),
+            NoiseBuffer(shape, like.dtype, like.device, segments),
             layout,
         )
 

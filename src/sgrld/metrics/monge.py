@@ -148,20 +148,42 @@ class MongeMetric(Metric):
         tiny = torch.finfo(sq_norm.dtype).tiny
         return torch.where(sq_norm >= tiny, -beta / sq_norm.clamp(min=tiny), 0.0)
 
+    @staticmethod
+    def _with_norm(ms: list[Tensor], gs: list[Tensor]) -> Tensor:
+        return torch.cat([_dots(ms, gs), _dots(gs, gs)], -1)
+
+    def sums_ahead(
+        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """Sharded parameters: this rank's ‖m‖², ⟨m, g⟩ (‖g‖²) and ⟨m, ξ⟩ of the m that
+        :meth:`update` is about to make, so that the engine sums them with the finite check in
+        one all-reduce (:class:`sgrld.core.shards.SumsAhead`)."""
+        m = stats["exp_avg"]
+        if adapt:
+            m = torch.lerp(m, grad, 1.0 - self.decay)  # update's m, not stored yet
+        ms, gs = self._segments(layout, m), self._segments(layout, grad)
+        out = {"mm": _dots(ms, ms)} if adapt else {}
+        out["mg"] = _dots(ms, gs) if self.fallback_threshold is None else self._with_norm(ms, gs)
+        if noise is not None:
+            out["mx"] = _dots(ms, self._segments(layout, noise))
+        return out
+
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         m = stats["exp_avg"]
         m.lerp_(grad, 1.0 - self.decay)  # λm + (1−λ)g in one pass
         ms = self._segments(layout, m)
-        stats["sq_norm"].copy_(_dots(ms, ms))
+        stats["sq_norm"].copy_(layout.sum_(_dots(ms, ms), "mm"))  # over the shards, if any
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         s = stats["sq_norm"]
         ms, gs = self._segments(layout, stats["exp_avg"]), self._segments(layout, grad)
-        a = _dots(ms, gs)
+        if self.fallback_threshold is None:
+            a = layout.sum_(_dots(ms, gs), "mg")
+        else:  # ⟨m, g⟩ and ‖g‖² summed over the shards together
+            a, gg = layout.sum_(self._with_norm(ms, gs), "mg").chunk(2, -1)
         coef = a * self._inverse_coefficient(s)  # f₋₁ ⟨m, g⟩
         if self.fallback_threshold is not None:
             # ‖G⁻¹g‖² = ‖g + c m‖² = ‖g‖² + c(2a + c s), c = f₋₁a: no extra pass over D.
-            gg = _dots(gs, gs)
             drift_sq = gg + coef * (2.0 * a + coef * s)
             thr = self.fallback_threshold
             fire = drift_sq > thr * thr
@@ -176,7 +198,7 @@ class MongeMetric(Metric):
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
         s = stats["sq_norm"]
         ms, xs = self._segments(layout, stats["exp_avg"]), self._segments(layout, noise)
-        coef = _dots(ms, xs) * self._inverse_sqrt_coefficient(s)  # f₋½ ⟨m, ξ⟩
+        coef = layout.sum_(_dots(ms, xs), "mx") * self._inverse_sqrt_coefficient(s)  # f₋½⟨m, ξ⟩
         if self.fallback_threshold is not None:
             inv_c = stats["fallback"]
             fire = inv_c > 0

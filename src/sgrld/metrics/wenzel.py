@@ -59,11 +59,28 @@ class WenzelMetric(Metric):
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         # mean(g_p²) per tensor; dividing by Python ints needs no host-to-device copy
-        means = [
-            torch.linalg.vecdot(g, g) / n
-            for g, n in zip(layout.segments(grad), layout.numels, strict=True)
-        ]
-        stats["mean_square_avg"].lerp_(torch.stack(means, dim=-1), 1.0 - self.decay)
+        if layout.shards is None:
+            means = [
+                torch.linalg.vecdot(g, g) / n
+                for g, n in zip(layout.segments(grad), layout.numels, strict=True)
+            ]
+            stats["mean_square_avg"].lerp_(torch.stack(means, dim=-1), 1.0 - self.decay)
+            return
+        # sharded: every rank's Σg² per tensor summed over the ranks, over the whole tensor's n
+        sums = layout.sum_(self._square_sums(layout, grad), "gg")
+        numels = torch.tensor(layout.full_numels, dtype=sums.dtype, device=sums.device)
+        stats["mean_square_avg"].lerp_(sums / numels, 1.0 - self.decay)
+
+    @staticmethod
+    def _square_sums(layout: FlatLayout, grad: Tensor) -> Tensor:
+        return torch.stack([torch.linalg.vecdot(g, g) for g in layout.segments(grad)], dim=-1)
+
+    def sums_ahead(
+        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """Sharded parameters: this rank's Σg² per tensor, summed by the engine with the finite
+        check in one all-reduce (:class:`sgrld.core.shards.SumsAhead`)."""
+        return {"gg": self._square_sums(layout, grad)} if adapt else {}
 
     def refresh(self, stats: Stats, layout: FlatLayout) -> None:
         s = stats["mean_square_avg"] + self.eps

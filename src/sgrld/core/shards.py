@@ -1,0 +1,189 @@
+"""Sharded parameters (FSDP2's DTensors): one chain whose elements are spread over the ranks.
+
+Under ``torch.distributed.fsdp.fully_shard`` every parameter is a DTensor split along dim 0
+(``Shard(0)``) over a one-dimensional device mesh; each rank steps its own rows. The chain is
+the one-process chain exactly when
+
+* every elementwise operation runs on the local shard (the engine's flat buffers hold the
+  shards of the group's tensors back to back),
+* every sum over the parameters (Monge's ⟨m, ·⟩ and ‖m‖², Wenzel's mean g² per tensor, the
+  finite check) is summed over the mesh: :meth:`ShardSpec.sum_`, one ``all_reduce`` of a small
+  vector,
+* element i of the one-process group's flat buffer gets the same ξ on whichever rank holds it:
+  the counter-based noise (:mod:`sgrld.core.noise`) is drawn at each shard's *global* flat
+  index (:attr:`ShardSpec.starts`).
+
+:class:`ShardSpec` is that mapping for one parameter group, attached to its
+:class:`~sgrld.core.layout.FlatLayout`. Rows are split as ``torch.chunk`` splits them (FSDP2's
+rule): ⌈n/W⌉ rows per rank, the last ranks fewer or none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+def is_sharded(t: object) -> bool:
+    """Whether ``t`` is a DTensor (an FSDP2 parameter or its gradient)."""
+    # by name: importing torch.distributed.tensor costs a second, and builds without
+    # torch.distributed have no DTensor at all
+    return type(t).__name__ == "DTensor" or type(getattr(t, "data", None)).__name__ == "DTensor"
+
+
+def local(t: Tensor) -> Tensor:
+    """The rank's shard of a DTensor (the same storage: in-place updates reach the parameter);
+    any other tensor as it is."""
+    return t.to_local() if is_sharded(t) else t  # type: ignore[attr-defined]
+
+
+def rows_of(size: int, world: int, coordinate: int) -> tuple[int, int]:
+    """(first row, row count) of rank ``coordinate``'s shard of ``size`` rows: ``torch.chunk``'s
+    split, FSDP2's (⌈size/world⌉ per rank; the last ranks get fewer, maybe none)."""
+    chunk = -(-size // world)
+    start = min(coordinate * chunk, size)
+    return start, min(size, start + chunk) - start
+
+
+@runtime_checkable
+class SumsAhead(Protocol):
+    """A metric whose sums over the parameters can be taken before its step runs.
+
+    Under sharding the engine calls :meth:`sums_ahead` once the gradient and ξ are known and
+    before anything changes, and all-reduces its result together with the finite check: one
+    collective per step. The metric's own calls ``layout.sum_(local, name)`` then take the sum
+    named ``name`` instead of sending their own.
+    """
+
+    def sums_ahead(
+        self, stats: dict[str, Tensor], layout: Any, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """This rank's shares of the step's sums, by the names the metric passes to ``sum_``,
+        exactly as its ``update`` (if ``adapt``), ``inverse`` and ``inverse_sqrt`` (if ``noise``
+        is drawn) would compute them."""
+        ...
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Where one group's local shards lie in the one-process chain's flat buffer.
+
+    Attributes:
+        names: the parameters' names (for messages).
+        full_shapes: the parameters' global shapes.
+        starts: per parameter, the global flat index (in the one-process group's ``(D,)``
+            buffer) of the shard's first element; the shard's elements follow contiguously,
+            since a ``Shard(0)`` shard is a run of whole rows.
+        rank: the rank's coordinate in the mesh.
+        world: the mesh's size W.
+        mesh: the device mesh (its process group carries the sums).
+        placements: the parameters' placements, ``(Shard(0),)``.
+    """
+
+    names: tuple[str, ...]
+    full_shapes: tuple[tuple[int, ...], ...]
+    starts: tuple[int, ...]
+    rank: int
+    world: int
+    mesh: Any = field(compare=False, repr=False)
+    placements: tuple[Any, ...] = field(compare=False, repr=False)
+    #: this step's sums, summed ahead by the engine (:class:`SumsAhead`), by name; consumed
+    #: by :meth:`sum_`, emptied at the end of each step
+    ahead: dict[str, Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def of(names: Sequence[str], params: Sequence[Tensor]) -> ShardSpec | None:
+        """The spec of a group, ``None`` if no parameter is sharded. Refuses groups mixing
+        sharded and whole parameters, meshes other than one dimension, and placements other
+        than ``Shard(0)`` (tensor parallelism, HSDP), each with the reason."""
+        from torch.distributed.tensor import Shard
+
+        sharded = [is_sharded(p) for p in params]
+        if not any(sharded):
+            return None
+        if not all(sharded):
+            whole = next(n for n, s in zip(names, sharded, strict=True) if not s)
+            raise ValueError(
+                f"parameter {whole!r} is a plain tensor in a group of sharded (DTensor) "
+                "parameters: a chain's group must be sharded as a whole (shard the module that "
+                "holds it too, or put it in a group of its own)"
+            )
+        mesh = params[0].device_mesh  # type: ignore[attr-defined]
+        full_shapes, starts, offset = [], [], 0
+        for name, p in zip(names, params, strict=True):
+            placements = tuple(p.placements)  # type: ignore[attr-defined]
+            if p.device_mesh != mesh or mesh.ndim != 1 or placements != (Shard(0),):  # type: ignore[attr-defined]
+                raise NotImplementedError(
+                    f"parameter {name!r} is placed {placements} on {p.device_mesh}: sgrld steps "  # type: ignore[attr-defined]
+                    "DTensors sharded along dim 0 over one one-dimensional mesh (FSDP2's "
+                    "fully_shard); tensor parallelism and HSDP meshes are not supported"
+                )
+            shape = tuple(p.shape)
+            row = math.prod(shape[1:])
+            first, count = rows_of(shape[0], mesh.size(), mesh.get_coordinate()[0])
+            if tuple(local(p).shape) != (count, *shape[1:]):
+                raise NotImplementedError(
+                    f"parameter {name!r}'s shard has shape {tuple(local(p).shape)}, not the rows "
+                    f"{first}:{first + count} that torch.chunk gives rank "
+                    f"{mesh.get_coordinate()[0]}: only FSDP2's even split is supported"
+                )
+            full_shapes.append(shape)
+            starts.append(offset + first * row)
+            offset += math.prod(shape)
+        return ShardSpec(
+            tuple(names),
+            tuple(full_shapes),
+            tuple(starts),
+            mesh.get_coordinate()[0],
+            mesh.size(),
+            mesh,
+            (Shard(0),),
+        )
+
+    @property
+    def full_numels(self) -> tuple[int, ...]:
+        return tuple(math.prod(s) for s in self.full_shapes)
+
+    def restrict(self, active: Sequence[int]) -> ShardSpec:
+        """The spec of the parameters ``active`` (a step where only they have gradients); the
+        global indices stay those of the whole group, so the noise does not change."""
+        pick = [self.names[i] for i in active], [self.full_shapes[i] for i in active]
+        return ShardSpec(
+            tuple(pick[0]),
+            tuple(pick[1]),
+            tuple(self.starts[i] for i in active),
+            self.rank,
+            self.world,
+            self.mesh,
+            self.placements,
+        )
+
+    def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:
+        """Sum ``partial`` (each rank's share of some sums) over the mesh, in place; returns it.
+
+        One ``all_reduce`` of a small vector — unless the engine summed it ahead under ``name``
+        this step (:class:`SumsAhead`): then that sum is taken and nothing is sent."""
+        import torch.distributed as dist
+
+        if name is not None and name in self.ahead:
+            return partial.copy_(self.ahead.pop(name))
+        dist.all_reduce(partial, group=self.mesh.get_group())
+        return partial
+
+    def global_view(self, shard: Tensor, index: int) -> Tensor:
+        """A DTensor of parameter ``index``'s global shape whose shard is ``shard`` (no copy):
+        how per-element state is published, so that ``torch.distributed.checkpoint`` saves
+        and reshards it as it does the parameter."""
+        from torch.distributed.tensor import DTensor
+
+        shape = self.full_shapes[index]
+        stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+        return DTensor.from_local(
+            shard, self.mesh, self.placements, run_check=False, shape=torch.Size(shape),
+            stride=stride,
+        )  # fmt: skip

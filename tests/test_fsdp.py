@@ -1,0 +1,333 @@
+"""One chain sharded by FSDP2 over W processes (gloo, spawned by the test) is the one-process
+chain: every sampler, W = 2 and 3 (uneven shards, and a rank with an empty shard), float64."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import sgrld
+
+NAMES: dict[str, tuple[type[sgrld.SGRLDOptimizer], dict[str, Any]]] = {
+    "sgld": (sgrld.SGLD, {}),
+    "rmsprop": (sgrld.RMSpropSGLD, {}),
+    "wenzel": (sgrld.WenzelSGLD, {"refresh_every": 10}),
+    "monge": (sgrld.MongeSGLD, {"alpha2": 0.5}),
+    "monge_fallback": (sgrld.MongeSGLD, {"alpha2": 0.5, "fallback_threshold": 0.5}),
+    "shampoo": (sgrld.ShampooSGLD, {"block_size": 4, "update_interval": 10}),
+    "adam": (sgrld.SGRLDOptimizer, {"metric": sgrld.get_metric("adam")()}),
+}
+STEPS, BATCH = 100, 12  # 12 rows: an equal slice for each of 1, 2 or 3 ranks
+#: relative bound of a W-rank chain against the one-process chain after STEPS steps
+BOUND = {name: 1e-10 if name == "shampoo" else 1e-12 for name in NAMES}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_shards_noise_is_the_one_process_noise_at_its_global_indices(dtype: torch.dtype) -> None:
+    """Runs of the one-process buffer that start mid-counter, end mid-counter, are empty or are
+    one element: each value is the one-process value at its global index, bit for bit."""
+    from sgrld.core.noise import NoiseBuffer
+
+    keys, step = torch.tensor([[5, 9]]), torch.tensor(11)
+    whole = NoiseBuffer((40,), dtype, torch.device("cpu")).draw(None, "philox", keys, step)
+    runs = [(3, 6), (9, 0), (17, 1), (20, 13), (38, 2)]
+    shard = NoiseBuffer((22,), dtype, torch.device("cpu"), runs)
+    got = shard.draw(None, "philox", keys, step)
+    expect = torch.cat([whole[a : a + n] for a, n in runs])
+    assert torch.equal(got, expect)
+
+
+def test_every_registered_metric_is_sampled_sharded() -> None:
+    params = [torch.zeros(2, 3, requires_grad=True)]
+    tested = {_optimizer(name, params).metric.name for name in NAMES}
+    assert tested == set(sgrld.metric_names())
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+    ).double()
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    data = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, 5, generator=data, dtype=torch.float64)
+    return x, torch.randn(BATCH, 2, generator=data, dtype=torch.float64)
+
+
+def _optimizer(name: str, params: Any, seed: int = 7, **kw: Any) -> sgrld.SGRLDOptimizer:
+    cls, options = NAMES[name]
+    generator = torch.Generator().manual_seed(seed)
+    return cls(params, lr=0.01, num_data=1000, generator=generator, **options, **kw)
+
+
+def _loss(
+    net: Callable[[torch.Tensor], torch.Tensor], step: int, rank: int, world: int
+) -> torch.Tensor:
+    x, y = _batch(step)
+    part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return ((net(x[part]) - y[part]) ** 2).mean()
+
+
+def one_process_chain(name: str, world: int, steps: int = STEPS) -> dict[str, torch.Tensor]:
+    """The one-process chain with Philox noise. For Shampoo each tensor is handed to the
+    optimizer as its row chunks at the shard boundaries of ``world`` ranks (the same flat buffer,
+    so the same noise), so that its blocks are the sharded run's: blocks never cross a shard."""
+    model = _model()
+    chunks = world if name == "shampoo" else 1
+    pieces = {
+        n: [c.clone().requires_grad_() for c in p.detach().chunk(chunks)]
+        for n, p in model.named_parameters()
+    }
+    named = [(f"{n}[{i}]", c) for n, cs in pieces.items() for i, c in enumerate(cs)]
+    opt = _optimizer(name, named, noise="philox")
+
+    def net(x: torch.Tensor) -> torch.Tensor:
+        weights = {n: torch.cat(cs) for n, cs in pieces.items()}
+        return torch.func.functional_call(model, weights, (x,))
+
+    for step in range(steps):
+        opt.zero_grad()
+        _loss(net, step, 0, 1).backward()
+        opt.step()
+    return {n: torch.cat(cs).detach() for n, cs in pieces.items()}
+
+
+def sharded_chain(name: str, rank: int, world: int) -> dict[str, torch.Tensor]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    opt = _optimizer(name, model.named_parameters())
+    for step in range(STEPS):
+        opt.zero_grad()
+        _loss(model, step, rank, world).backward()
+        opt.step()
+    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+
+
+def _worker(rank: int, world: int, store: str, out: str, case: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    result: dict[str, Any] = {}
+    try:
+        result = CASES[case](rank, world, Path(out))
+    except Exception:
+        result = {"crash": traceback.format_exc()}
+    finally:
+        torch.save(result, Path(out) / f"rank{rank}.pt")
+        dist.destroy_process_group()
+
+
+def _same(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {name: sharded_chain(name, rank, world) for name in NAMES}
+
+
+def _nan(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """A NaN in rank 1's shard of one gradient at step 3: every rank refuses that step."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    opt = _optimizer("monge", model.named_parameters())
+    for step in range(3):
+        opt.zero_grad()
+        _loss(model, step, rank, world).backward()
+        if step == 2 and rank == 1:
+            model[2].weight.grad.to_local()[0, 3] = float("nan")  # type: ignore[index]
+        before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+        try:
+            opt.step()
+        except sgrld.NonFiniteGradientError as exc:
+            after = {n: p.full_tensor() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+            unchanged = all(torch.equal(before[n], after[n]) for n in before)
+            return {"step": step, "error": str(exc), "unchanged": unchanged}
+    return {"step": None}
+
+
+def _seeds(rank: int, world: int, out: Path) -> dict[str, Any]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    opt = _optimizer("sgld", model.parameters(), seed=7 + rank)
+    _loss(model, 0, rank, world).backward()
+    try:
+        opt.step()
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+#: samplers checkpointed: per-element (RMSprop, Monge), per-tensor (Wenzel), per-block (Shampoo)
+SAVED = ("rmsprop", "wenzel", "monge", "shampoo")
+HALF = 5  # steps before the checkpoint, and after it
+
+
+def _sharded(name: str) -> tuple[torch.nn.Module, sgrld.SGRLDOptimizer]:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model)
+    return model, _optimizer(name, model.named_parameters())
+
+
+def _run(model: torch.nn.Module, opt: Any, steps: range, rank: int, world: int) -> None:
+    for step in steps:
+        opt.zero_grad()
+        _loss(model, step, rank, world).backward()
+        opt.step()
+
+
+def _full_state(model: torch.nn.Module, opt: sgrld.SGRLDOptimizer) -> dict[str, torch.Tensor]:
+    """Every parameter and every optimizer entry that has a global view, gathered whole."""
+    out = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}  # type: ignore[attr-defined]
+    for n, p in model.named_parameters():
+        for key, v in opt.state[p].items():
+            if isinstance(v, torch.Tensor) and "#shard" not in key:
+                whole = v.full_tensor() if hasattr(v, "full_tensor") else v
+                out[f"{n}/{key}"] = whole.clone()
+    return out
+
+
+def _save(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """HALF steps, a DCP checkpoint of model and optimizer, HALF more steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    result: dict[str, Any] = {}
+    for name in SAVED:
+        model, opt = _sharded(name)
+        _run(model, opt, range(HALF), rank, world)
+        state = {
+            "model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, opt),
+        }
+        dcp.save(state, checkpoint_id=out / f"ckpt-{name}")
+        saved = _full_state(model, opt)
+        _run(model, opt, range(HALF, 2 * HALF), rank, world)
+        result[name] = {"saved": saved, "end": _full_state(model, opt)}
+    return result
+
+
+def _load(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """The checkpoint loaded on ``world`` ranks, then the last HALF steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    result: dict[str, Any] = {}
+    for name in SAVED:
+        model, opt = _sharded(name)
+        state = {
+            "model": get_model_state_dict(model),
+            "optim": get_optimizer_state_dict(model, opt),
+        }
+        try:
+            dcp.load(state, checkpoint_id=out / f"ckpt-{name}")
+        except CheckpointException as exc:  # Shampoo's factors on another number of ranks
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        set_model_state_dict(model, state["model"])  # type: ignore[arg-type]
+        set_optimizer_state_dict(model, opt, state["optim"])  # type: ignore[arg-type]
+        loaded = _full_state(model, opt)
+        _run(model, opt, range(HALF, 2 * HALF), rank, world)
+        result[name] = {"loaded": loaded, "end": _full_state(model, opt)}
+    return result
+
+
+CASES = {"same": _same, "nan": _nan, "seeds": _seeds, "save": _save, "load": _load}
+
+
+def spawn(tmp_path: Path, world: int, case: str) -> list[dict[str, Any]]:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = tmp_path / f"store-{case}-{world}"
+    mp.spawn(_worker, args=(world, str(store), str(tmp_path), case), nprocs=world)
+    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for r in results:
+        assert "crash" not in r, r.get("crash")
+    return results
+
+
+def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a − b| / max |b| over every tensor (0 when equal)."""
+    diff = max(float((a[n] - b[n]).detach().abs().max()) for n in b)
+    return diff / max(float(b[n].detach().abs().max()) for n in b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_chain_is_the_one_process_chain(tmp_path: Path, world: int) -> None:
+    """FSDP2 over W ranks, 100 steps of every sampler: every rank holds the same chain, and it
+    is the one-process chain up to the order of the sums over the ranks (the bounds)."""
+    ranks = spawn(tmp_path, world, "same")
+    for name in NAMES:
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], ranks[0][name][n]) for n in ranks[0][name])
+        alone = one_process_chain(name, world)
+        error = relative_error(ranks[0][name], alone)
+        assert error <= BOUND[name], (name, world, error)
+        moved = relative_error(alone, {n: p.detach() for n, p in _model().named_parameters()})
+        assert moved > 1e-3, name  # the chain moved: the comparison is not of two starts
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    ranks = spawn(tmp_path, 2, "nan")
+    assert [r["step"] for r in ranks] == [2, 2]
+    assert ranks[0]["error"] == ranks[1]["error"]
+    assert "'2.weight' contains NaN or Inf" in ranks[0]["error"]
+    assert all(r["unchanged"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_shards_seeded_differently_are_refused_on_every_rank(tmp_path: Path) -> None:
+    ranks = spawn(tmp_path, 2, "seeds")
+    messages = [r["error"] for r in ranks]
+    assert messages[0] is not None and "rank(s) [1] differs from rank 0's" in messages[0]
+    assert messages[0] == messages[1]
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_of_two_ranks_continues_on_one_two_and_three(tmp_path: Path) -> None:
+    """Saved with torch.distributed.checkpoint on W = 2 ranks, loaded on W′ = 2, 3 and 1
+    (resharded): the loaded state is the saved one bit for bit; the continuation is the
+    never-stopped chain bit for bit on W′ = W, and within the sampler's bound of the W-rank
+    chain on W′ ≠ W (the sums over the ranks add in another order). Shampoo's factors belong to
+    the blocks of one split into W shards: on W′ ≠ W the load is refused."""
+    saved = spawn(tmp_path, 2, "save")
+    for world in (2, 3, 1):
+        loaded = spawn(tmp_path, world, "load")
+        for name in SAVED:
+            mine, before = loaded[0][name], saved[0][name]
+            if name == "shampoo" and world != 2:
+                assert all("#shard" in r[name]["error"] for r in loaded), loaded[0][name]
+                continue
+            assert "error" not in mine, (name, world, mine)
+            for key, value in before["saved"].items():
+                assert torch.equal(mine["loaded"][key], value), (name, world, key)
+            if world == 2:
+                ends = before["end"]
+                assert all(torch.equal(mine["end"][k], v) for k, v in ends.items()), name
+            else:
+                params = [n for n, _ in _model().named_parameters()]
+                ends = {n: before["end"][n] for n in params}
+                error = relative_error({n: mine["end"][n] for n in params}, ends)
+                assert error <= BOUND[name], (name, world, error)
