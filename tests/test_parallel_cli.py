@@ -94,3 +94,10 @@ def test_a_two_process_mnist_chain_is_the_single_run(
     _torchrun(2, [*argv, "--parallel", "ddp", "--out", str(tmp_path / "ddp")])
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
     assert _final_gap(tmp_path / "ddp", tmp_path / "one") < 1e-5
+
+
+def test_batch_norm_under_ddp_needs_cuda_for_the_single_runs_statistics() -> None:
+    fc = build_model("fc", width=8)
+    assert DataParallel(0, 2).synchronise_batch_norm(fc) is fc  # no BatchNorm: as it is
+    with pytest.raises(ValueError, match="needs CUDA \\(SyncBatchNorm\\)"):
+        DataParallel(0, 2).synchronise_batch_norm(build_model("resnet20", prior="gaussian"))

@@ -254,6 +254,10 @@ def run_locked(
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc
+    except ValueError as exc:  # what this run cannot do in this job (BatchNorm under --parallel)
+        if parallel is None:
+            raise
+        raise UsageError(str(exc)) from exc
     if not main:  # rank 0 reports for the job
         return 0 if results["status"] == "completed" else 3
     if results["broken_down"] is not None:  # always on stderr, progress bar or not

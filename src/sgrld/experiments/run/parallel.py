@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sgrld.models import BayesianModel
 
@@ -61,6 +61,26 @@ class DataParallel:
         x_r, y_r, share = self.shard(x, y)
         nll = model.likelihood.nll(model(x_r), y_r) if len(y_r) else x.new_zeros(())
         return nll * share - model.log_prior() / (num_data * self.world)
+
+    def synchronise_batch_norm(self, model: BayesianModel) -> BayesianModel:
+        """BatchNorm over the global minibatch, as the single run's: ``SyncBatchNorm`` (CUDA).
+
+        Raises:
+            ValueError: a BatchNorm model on CPU, where torch has no SyncBatchNorm: each rank
+                would normalise by its own slice's statistics, another chain.
+        """
+        norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+        if not any(isinstance(m, norms) for m in model.modules()):
+            return model
+        if next(model.parameters()).device.type != "cuda":
+            raise ValueError(
+                "--parallel ddp of a model with BatchNorm needs CUDA (SyncBatchNorm): on CPU "
+                "each process would normalise by its own slice of the minibatch, which is not "
+                "the single run's chain; run it in one process"
+            )
+        synced = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        assert isinstance(synced, BayesianModel)
+        return synced
 
     def sum(self, value: Tensor) -> Tensor:
         """The sum over the ranks of a 0-d tensor (the potential, for the finiteness check)."""

@@ -184,6 +184,8 @@ class SamplingRun(RunRecord):
         self.observer = observer if observer is not None else RunObserver()
         init_generator = torch.Generator().manual_seed(self.seeds["init"])
         self.model = build_run_model(config, splits, init_generator).to(self.device)
+        if parallel is not None:
+            self.model = parallel.synchronise_batch_norm(self.model)
         self.model.train()
         chain_generator = torch.Generator(self.device).manual_seed(self.seeds["chain"])
         deferred = self.step_mode != "eager"
