@@ -126,11 +126,13 @@ def test_deferred_loop_equals_eager_loop_in_float64(sampler: str) -> None:
     in float32 is rounding (ℓ as a tensor), not the schedule, the batches, the noise or the end
     of the metric's warm-up (the default, after the 5-update burn-in).
 
-    Shampoo's bound is its roots' (as for the distributed chains): G frozen from the roots of
-    five gradients' factors amplifies the rounding of ℓ as a tensor (measured 1.07e-12 on the
-    results; before the warm-up's end refreshed them, its G here stayed I and this compared SGLD).
+    Shampoo's bound is its roots' conditioning: G is frozen from the inverse roots of factors
+    built from five gradients over an ε = 1e-8 ridge, whose small eigenvalues (~ε) take an
+    absolute rounding of ~1e-16·λ_max as a relative change of ~1e-8 (measured: roots 1.0e-9,
+    parameters 4.5e-10, results 1.1e-12 apart). Before the warm-up's end refreshed the roots,
+    Shampoo's G here stayed I and this compared SGLD.
     """
-    bound = 1e-10 if sampler == "shampoo" else 1e-12
+    bound = 1e-8 if sampler == "shampoo" else 1e-12
     eager, deferred = float64_run(sampler, "eager"), float64_run(sampler, "deferred")
     a, b = eager.run(), deferred.run()
     assert counts(a) == counts(b)
