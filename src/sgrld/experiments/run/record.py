@@ -318,9 +318,14 @@ class RunRecord:
         from sgrld.experiments.run.checkpoint import tensor_mismatches
 
         wrong: list[str] = []
-        for split, ensemble in self.ensembles.items():
-            expected = {"log_sum_exp": ensemble.state_dict()["log_sum_exp"]}
-            saved = {"log_sum_exp": state["ensembles"][split]["log_sum_exp"]}
+        for split in self.ensembles:
+            saved_state = state["ensembles"][split]
+            # a Gaussian's total keeps one mixture component per sample: its shape grows
+            samples = int(saved_state.get("num_samples", 0))
+            points = len(getattr(self.splits, f"y_{split}"))
+            shape = self.likelihood.total_shape((), points, samples)
+            expected = {"log_sum_exp": torch.empty(shape, dtype=torch.float64)}
+            saved = {"log_sum_exp": saved_state["log_sum_exp"]}
             wrong += tensor_mismatches(saved, expected, f"ensembles.{split}")
         return wrong
 
