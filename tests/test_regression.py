@@ -83,3 +83,16 @@ def test_a_resumed_regression_run_equals_the_uninterrupted_one(tmp_path: Path) -
     a, b = _results(tmp_path / "a"), _results(tmp_path / "b")
     assert a["epochs_completed"] == b["epochs_completed"] == 6
     assert a["curves"] == b["curves"] and a["final"] == b["final"]
+
+
+def test_chains_and_curvature_of_a_regression(tmp_path: Path) -> None:
+    """What MNIST runs do, a regression does: K chains in one process, the curvature C(θ)."""
+    argv = ["sample", *TINY, "--sampler", "rmsprop", "--lr", "0.01"]
+    assert main([*argv, "--chains", "2", "--out", str(tmp_path / "chains")]) == 0
+    chains = sorted((tmp_path / "chains").glob("*/results.json"))
+    assert len(chains) == 2
+    assert all("rmse" in json.loads(p.read_text())["final"]["test"] for p in chains)
+    curv = ["--curvature", "--curvature-points", "20"]
+    assert main([*argv, *curv, "--out", str(tmp_path / "curv")]) == 0
+    c = _results(tmp_path / "curv")["curvature"]
+    assert c["num_samples"] == 10 and c["mean"] > 0

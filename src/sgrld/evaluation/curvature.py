@@ -93,9 +93,10 @@ def curvature_per_example(
     gradient of ``Σ_i ⟨g_i, u_i⟩`` gives every ``H_i u_i`` at once.
 
     Args:
-        model: Maps ``inputs`` to logits ``(B, C)``.
+        model: Maps ``inputs`` to logits ``(B, C)``, or a Bayesian model to its likelihood's
+            η (its ``likelihood.nll`` is then the loss, e.g. a Gaussian's).
         inputs: Batch ``(B, ...)``; norms are over all non-batch dimensions.
-        targets: Integer labels ``(B,)``.
+        targets: Integer labels ``(B,)`` (regression: float targets).
         generator: Source of the Gaussian start vectors (its device is where they are drawn).
         num_iterations: Power iterations before the final HVP (20 in the reference).
 
@@ -109,8 +110,13 @@ def curvature_per_example(
     u = u.to(x.device)
     u = u / _unsqueeze_like(_per_example_norm(u), u)
     with torch.enable_grad():
-        # Batch-mean NLL: the 1/B of the reference's batch potential (module docstring).
-        loss = F.cross_entropy(model(x), targets, reduction="mean")
+        # Batch-mean NLL: the 1/B of the reference's batch potential (module docstring); a
+        # Bayesian model's own likelihood (its categorical one is this cross-entropy)
+        likelihood = getattr(model, "likelihood", None)
+        if likelihood is not None:
+            loss = likelihood.nll(model(x), targets)
+        else:
+            loss = F.cross_entropy(model(x), targets, reduction="mean")
         (grad,) = torch.autograd.grad(loss, x, create_graph=True)
         for _ in range(num_iterations):
             (hvp,) = torch.autograd.grad(grad, x, grad_outputs=u, retain_graph=True)
