@@ -101,3 +101,19 @@ def test_batch_norm_under_ddp_needs_cuda_for_the_single_runs_statistics() -> Non
     assert DataParallel(0, 2).synchronise_batch_norm(fc) is fc  # no BatchNorm: as it is
     with pytest.raises(ValueError, match="needs CUDA \\(SyncBatchNorm\\)"):
         DataParallel(0, 2).synchronise_batch_norm(build_model("resnet20", prior="gaussian"))
+
+
+@pytest.mark.slow
+def test_a_resumed_two_process_run_is_the_uninterrupted_single_run(tmp_path: Path) -> None:
+    """Rank 0's checkpoint, read by every rank: 3 epochs, then --resume to 6 under torchrun,
+    equal to 6 epochs in one process (a killed rank's job resumes the same way: the note of
+    ``docs/experiments.md``)."""
+    argv = ["sample", "--dataset", "diabetes", "--sampler", "monge", "--lr", "0.01", *TINY]
+    short = [a if a != "6" else "3" for a in argv]  # --epochs 3
+    _torchrun(2, [*short, "--parallel", "ddp", "--out", str(tmp_path / "ddp")])
+    resume = ["sample", "--resume", "--epochs", "6", "--parallel", "ddp", "--threads", "1"]
+    _torchrun(2, [*resume, "--no-progress", "--no-plot", "--out", str(tmp_path / "ddp")])
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    done = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    assert done["status"] == "completed" and done["epochs_completed"] == 6
+    assert _final_gap(tmp_path / "ddp", tmp_path / "one") < 1e-5
