@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
+from sgrld.metrics.rmsprop import RMSpropMetric, init_second_moment, update_second_moment
 
 
 @register
@@ -42,33 +41,18 @@ class AdamMetric(Metric):
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
-        v = layout.zeros(like.dtype, like.device)
-        # r = (√v̂ + ε)^{-1/2} = G^{-1/2} (diagonal); G⁻¹ = r², so one buffer serves both.
-        return {
-            "exp_avg_sq": v,
-            "inv_sqrt": torch.full_like(v, self.eps**-0.5 if self.eps else math.inf),
-        }
+        return init_second_moment("exp_avg_sq", layout, like, self.eps)
 
     def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
         return {"exp_avg_sq": "element", "inv_sqrt": "element"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        v, r = stats["exp_avg_sq"], stats["inv_sqrt"]
-        v.mul_(self.beta2).addcmul_(grad, grad, value=1.0 - self.beta2)
-        # v̂ = v/(1−β₂ᵗ), the correction in float64 whether ``step`` is an int (eager) or a 0-d
-        # int64 tensor (deferred checks, compiled, captured): the same chain on every path
-        t = step if isinstance(step, int) else step.double()
-        torch.div(v, 1.0 - self.beta2**t, out=r)
-        r.sqrt_().add_(self.eps)
-        # rsqrt under torch.compile, pow(x, −½) eagerly: see RMSpropMetric.update
-        if torch.compiler.is_compiling():
-            r.rsqrt_()
-        else:
-            r.pow_(-0.5)
+        # v̂ = v/(1−β₂ᵗ), the correction in float64 on every path (eager, deferred, compiled)
+        update_second_moment(
+            stats["exp_avg_sq"], stats["inv_sqrt"], grad, step, self.beta2, self.eps,
+            bias_correction=True,
+        )  # fmt: skip
 
-    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
-        r = stats["inv_sqrt"]
-        return grad.mul_(r).mul_(r)
-
-    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
-        return noise.mul_(stats["inv_sqrt"])
+    # G⁻¹ = r², G^{-1/2} = r from the shared buffer, as RMSprop's
+    inverse = RMSpropMetric.inverse
+    inverse_sqrt = RMSpropMetric.inverse_sqrt
