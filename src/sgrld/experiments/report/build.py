@@ -43,6 +43,7 @@ from sgrld.experiments.report.tables import (
     WITHIN_SETTING,
     Group,
     format_stat,
+    is_regression,
     markdown_table,
     sampler_title,
 )
@@ -395,8 +396,8 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
     """Every table the choices allow, in the paper's numbering."""
     mnist = [c for c in choices if c.setting["dataset"] == "mnist"]
     cifar = [c for c in choices if c.setting["dataset"] == "cifar10"]
-    regression = [c for c in choices if _regression(c)]
-    classification = [c for c in choices if not _regression(c)]
+    regression = [c for c in choices if is_regression(c.candidates)]
+    classification = [c for c in choices if not is_regression(c.candidates)]
 
     def from_paper(table: int, name: str, digits: int, metric: str) -> Column:
         return (name, digits, lambda c: _paper(table, c, metric))
@@ -534,11 +535,6 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
         if table is not None and (number not in (6, 7) or cells & set(timed)):
             tables.append(table)
     return tables
-
-
-def _regression(choice: Choice) -> bool:
-    """Whether the cell's runs are a regression's (scores with an RMSE)."""
-    return any("rmse" in r["final"]["test"] for g in choice.candidates for r in g.runs)
 
 
 def selection_csv(choices: Sequence[Choice]) -> str:

@@ -139,7 +139,7 @@ class Group:
         return float(values.mean()), spread
 
 
-def _is_regression(groups: Sequence[Group]) -> bool:
+def is_regression(groups: Sequence[Group]) -> bool:
     """Whether the runs are a regression's (their scores have an RMSE, not an accuracy)."""
     return any("rmse" in r["final"]["test"] for g in groups for r in g.runs)
 
@@ -147,7 +147,7 @@ def _is_regression(groups: Sequence[Group]) -> bool:
 def _columns(groups: Sequence[Group]) -> list[str]:
     """The aggregated quantities of these runs: the classification's, the regression's or both."""
     classification = any("accuracy" in r["final"]["test"] for g in groups for r in g.runs)
-    regression = _is_regression(groups)
+    regression = is_regression(groups)
     columns = [
         c for c in COLUMNS if classification or not c.endswith(("accuracy", "ece", "confidence"))
     ]
@@ -155,7 +155,7 @@ def _columns(groups: Sequence[Group]) -> list[str]:
 
 
 def _score_columns(groups: Sequence[Group]) -> dict[str, str]:
-    return REGRESSION_SCORES if _is_regression(groups) else CLASSIFICATION_SCORES
+    return REGRESSION_SCORES if is_regression(groups) else CLASSIFICATION_SCORES
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
