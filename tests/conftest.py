@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,3 +130,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def unflatten_chains(flat: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """``(K, D)`` chains as named ``(K, *shape)`` parameters (copies), in ``shapes``' order."""
+    sizes = [math.prod(s) for s in shapes.values()]
+    parts = flat.split(sizes, dim=-1)
+    return {
+        n: v.reshape(*flat.shape[:-1], *s).clone()
+        for (n, s), v in zip(shapes.items(), parts, strict=True)
+    }
+
+
+def flatten_chains(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Inverse of :func:`unflatten_chains`: named ``(K, *shape)`` tensors as one ``(K, D)``."""
+    return torch.cat([v.reshape(v.shape[0], -1) for v in params.values()], dim=-1)

@@ -10,13 +10,11 @@ standard errors: √(C_ii/K) and √((C_ii C_jj + C_ij²)/K). We accept deviatio
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import sgrld
-from conftest import SAMPLERS, SamplerSpec
+from conftest import SAMPLERS, SamplerSpec, flatten_chains, unflatten_chains
 
 K = 4000  # chains
 Z = 5.0  # threshold in Monte-Carlo standard errors (≈ 6e-7 two-sided per statistic)
@@ -50,18 +48,6 @@ def _dense(metric: sgrld.Metric, state: sgrld.SamplerState) -> tuple[torch.Tenso
     return p, s
 
 
-def _to_params(flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    sizes = [math.prod(s) for s in SHAPES.values()]
-    return {
-        n: v.reshape(K, *s).clone()
-        for n, v, s in zip(SHAPES, flat.split(sizes, dim=-1), SHAPES.values(), strict=True)
-    }
-
-
-def _flat(params: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([v.reshape(K, -1) for v in params.values()], dim=-1)
-
-
 @pytest.mark.parametrize("grad_noise", [0.0, 0.7])
 def test_stationary_moments_match_lyapunov(spec: SamplerSpec, grad_noise: float) -> None:
     _check_stationary(spec, grad_noise, "torch")
@@ -85,14 +71,14 @@ def _check_stationary(spec: SamplerSpec, grad_noise: float, noise: str) -> None:
     gen = torch.Generator().manual_seed(1)
     noise_gen = torch.Generator().manual_seed(2)
     theta0 = mu + 0.3 * torch.randn(K, D, generator=gen, dtype=torch.float64)
-    state = sampler.init(_to_params(theta0), num_chains=K, generator=gen)
+    state = sampler.init(unflatten_chains(theta0, SHAPES), num_chains=K, generator=gen)
 
     def grads(adapt: bool) -> dict[str, torch.Tensor]:
-        theta = _flat(state.params)
+        theta = flatten_chains(state.params)
         g = (theta - mu) @ a
         if grad_noise:
             g = g + grad_noise * torch.randn(K, D, generator=noise_gen, dtype=torch.float64)
-        return _to_params(g)
+        return unflatten_chains(g, SHAPES)
 
     for _ in range(150):  # adapt the metric (Shampoo refreshes its roots at 50, 100, 150)
         state = sampler.step(state, grads(True))
@@ -112,7 +98,7 @@ def _check_stationary(spec: SamplerSpec, grad_noise: float, noise: str) -> None:
 
     for _ in range(steps):
         state = sampler.step(state, grads(False), adapt=False)
-    theta = _flat(state.params)
+    theta = flatten_chains(state.params)
 
     mean_err = (theta.mean(0) - mu) / torch.sqrt(torch.diag(cov) / K)
     assert float(mean_err.abs().max()) < Z, f"mean off by {float(mean_err.abs().max()):.2f} s.e."

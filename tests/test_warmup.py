@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import sgrld
+from conftest import flatten_chains, unflatten_chains
 from metric_cases import CASES
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting
 
@@ -66,18 +67,6 @@ def _problem() -> tuple[torch.Tensor, torch.Tensor]:
     return a, mu
 
 
-def _params(flat: torch.Tensor) -> dict[str, torch.Tensor]:
-    sizes = [math.prod(s) for s in SHAPES.values()]
-    return {
-        n: v.reshape(K, *s).clone()
-        for n, v, s in zip(SHAPES, flat.split(sizes, dim=-1), SHAPES.values(), strict=True)
-    }
-
-
-def _flat(params: dict[str, torch.Tensor]) -> torch.Tensor:
-    return torch.cat([v.reshape(K, -1) for v in params.values()], dim=-1)
-
-
 def _run(name: str, adapt_until: int | None) -> tuple[sgrld.Sampler, sgrld.SamplerState]:
     """K chains from the exact posterior, ``STEPS`` steps (Wenzel refreshed every 100 while it
     adapts, as a runner refreshes it each epoch)."""
@@ -87,11 +76,11 @@ def _run(name: str, adapt_until: int | None) -> tuple[sgrld.Sampler, sgrld.Sampl
     gen, noise_gen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
     root = torch.linalg.cholesky(torch.linalg.inv(a) / NUM_DATA)
     start = mu + torch.randn(K, D, generator=gen, dtype=torch.float64) @ root.T
-    state = sampler.init(_params(start), num_chains=K, generator=gen)
+    state = sampler.init(unflatten_chains(start, SHAPES), num_chains=K, generator=gen)
     for _ in range(STEPS):
-        theta = _flat(state.params)
+        theta = flatten_chains(state.params)
         noise = torch.randn(K, D, generator=noise_gen, dtype=torch.float64)
-        sampler.step(state, _params((theta - mu) @ a + GRAD_NOISE * noise))
+        sampler.step(state, unflatten_chains((theta - mu) @ a + GRAD_NOISE * noise, SHAPES))
         if metric == "wenzel" and state.step % 100 == 0 and adapting(state.step - 1, adapt_until):
             sampler.refresh(state)
     return sampler, state
@@ -137,7 +126,7 @@ def test_frozen_after_warmup_is_exact(name: str) -> None:
     cov_k = _lyapunov(b, q)
     cov = cov_k.mean(0)
     var_k = torch.diagonal(cov_k, dim1=1, dim2=2)
-    theta = _flat(state.params)
+    theta = flatten_chains(state.params)
     mean_err = (theta.mean(0) - mu) / torch.sqrt(torch.diag(cov) / K)
     assert float(mean_err.abs().max()) < Z, f"mean off by {float(mean_err.abs().max()):.2f} s.e."
     centred = theta - mu
@@ -154,7 +143,9 @@ def _std_ratio(state: sgrld.SamplerState) -> tuple[float, float]:
     """Mean over the posterior's eigen-directions of σ_chain/σ_exact, and its standard error."""
     a, mu = _problem()
     values, vectors = torch.linalg.eigh(torch.linalg.inv(a) / NUM_DATA)
-    z = ((_flat(state.params) - mu) @ vectors) ** 2 / values  # (K, D): squared, standardised
+    z = (
+        (flatten_chains(state.params) - mu) @ vectors
+    ) ** 2 / values  # (K, D): squared, standardised
     ratio = z.mean(0).sqrt()
     # delta method: se(√v̂) = se(v̂)/(2√v), with the directions' covariance from the draws
     grad = 1.0 / (2.0 * ratio * D)
