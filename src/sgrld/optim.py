@@ -49,7 +49,7 @@ from sgrld.core.precision import (
 )
 from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags, validate_hyperparameters
-from sgrld.core.shards import is_sharded, local
+from sgrld.core.shards import ShardSpec, is_sharded, local
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 from sgrld.metrics import (
@@ -345,7 +345,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "noise='torch'": self.noise == "torch",
             "compile=True": self.compile,
             "capturable=True": self.capturable,
-            "telemetry=True": self.telemetry_enabled,
             "masks": bool(self._masks),
         }
         for option, given in refused.items():
@@ -526,8 +525,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             assert acc is not None
             state = self._group_states[index]
             diagnostics = self._group_metrics[index].diagnostics(state.stats, state.layout)
+            sums = acc.clone()
+            if state.layout.shards is not None:
+                sums, diagnostics = _over_the_mesh(state.layout.shards, sums, diagnostics)
             figures = telemetry_figures(
-                acc.tolist(), {key: float(value) for key, value in diagnostics.items()}
+                sums.tolist(), {key: float(value) for key, value in diagnostics.items()}
             )
             out.append(figures)
             if reset:
@@ -839,6 +841,23 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             )
             start += n
         return out
+
+
+def _over_the_mesh(
+    shards: ShardSpec, sums: Tensor, diagnostics: dict[str, Tensor]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """A sharded group's telemetry for the whole chain: the rank's sums of squares (of its
+    shard) summed over the ranks, the metric's figures (largest over the rank's own blocks or
+    segments) their largest over the ranks; two collectives, at the read only."""
+    import torch.distributed as dist
+
+    shards.sum_(sums[:3])  # the step count is every rank's
+    if diagnostics:
+        names = sorted(diagnostics)
+        peaks = torch.stack([diagnostics[n].to(sums.device, torch.float64) for n in names])
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=shards.mesh.get_group())
+        diagnostics = dict(zip(names, peaks.unbind(), strict=True))
+    return sums, diagnostics
 
 
 def _follow_shards(state: SamplerState, params: list[Tensor]) -> None:

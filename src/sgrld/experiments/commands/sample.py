@@ -206,10 +206,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     io.add_argument(
         "--parallel",
-        choices=("none", "ddp"),
+        choices=("none", "ddp", "fsdp"),
         default="none",
-        help="ddp: one chain over the processes of torchrun --nproc-per-node W (each takes its "
-        "slice of every minibatch; gloo on CPU, NCCL on CUDA); none: this process alone (none)",
+        help="one chain over the processes of torchrun --nproc-per-node W, each taking its "
+        "slice of every minibatch (gloo on CPU, NCCL on CUDA): ddp holds the whole model and "
+        "sampler state on every process, fsdp shards them (FSDP2); none: this process alone "
+        "(none)",
     )
     io.add_argument(
         "--no-graph",

@@ -201,19 +201,20 @@ def load_splits(args: argparse.Namespace, config: Any, data_dir: Path | None, ou
 
 
 def join_parallel(args: argparse.Namespace, device: Any, multi: bool) -> DataParallel | None:
-    """This process's place in a ``--parallel ddp`` job, or ``None`` for a run of its own.
+    """This process's place in a ``--parallel ddp|fsdp`` job, or ``None`` for a run of its own.
 
     Raises:
         UsageError: ``--parallel`` with ``--chains`` or comma lists, or outside torchrun.
     """
-    if getattr(args, "parallel", "none") == "none":
+    mode = getattr(args, "parallel", "none")
+    if mode == "none":
         return None
     if multi:
-        raise UsageError("--parallel ddp runs one chain over the processes: drop --chains")
+        raise UsageError(f"--parallel {mode} runs one chain over the processes: drop --chains")
     from sgrld.experiments.run.parallel import DataParallel
 
     try:
-        return DataParallel.join(device)
+        return DataParallel.join(device, mode)
     except RuntimeError as exc:
         raise UsageError(str(exc)) from None
 

@@ -1,55 +1,104 @@
-"""One chain over several processes: ``torchrun … sgrld sample --parallel ddp``.
+"""One chain over several processes: ``torchrun … sgrld sample --parallel ddp|fsdp``.
 
-Data parallel, as DistributedDataParallel: every rank holds the whole model and the sampler's
-whole state; each takes its contiguous slice of every global minibatch, the gradients are summed
-over the ranks in one all-reduce, and every rank's sampler then takes the same step (the same
-seeds on every rank give the same noise; the library checks that at the first step). The local
+``ddp`` (:class:`DataParallel`) is data parallel, as DistributedDataParallel: every rank holds
+the whole model and the sampler's whole state; each takes its contiguous slice of every global
+minibatch, the gradients are summed over the ranks in one all-reduce, and every rank's sampler
+then takes the same step (the same seeds on every rank give the same noise; the library checks
+that at the first step). The local
 potential is weighted so that the sum over ranks is the single run's per-datum potential
 u_B = mean_B nll − log p(θ)/n exactly (up to the order of float additions):
 u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W). Every rank evaluates every sample (the
 ensemble is the single run's); rank 0 alone writes results, checkpoints and progress.
+
+``fsdp`` (:class:`FullyShardedData`) is the same chain with the parameters and the sampler's
+state sharded over the ranks (FSDP2).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from sgrld.models import BayesianModel
 
+MODES = ("ddp", "fsdp")
+T = TypeVar("T")
 
-@dataclass(frozen=True)
+
 class DataParallel:
-    """This process's place in the job: ``rank`` of ``world`` processes."""
+    """This process's place in a ``ddp`` job: ``rank`` of ``world`` processes, and how the
+    run's model, potential, gradients and state go over them."""
 
-    rank: int
-    world: int
+    mode = "ddp"
 
-    @classmethod
-    def join(cls, device: torch.device) -> DataParallel:
-        """The default process group, created from torchrun's environment if need be (gloo on
-        CPU, NCCL on CUDA).
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank = rank
+        self.world = world
+        self._model: BayesianModel | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, world={self.world})"
+
+    @staticmethod
+    def join(device: torch.device, mode: str = "ddp") -> DataParallel:
+        """This process's place for ``mode`` (``"ddp"`` or ``"fsdp"``) in the default process
+        group, created from torchrun's environment if need be (gloo on CPU, NCCL on CUDA: one
+        GPU per process, ``cuda:LOCAL_RANK`` unless ``device`` names one).
 
         Raises:
             RuntimeError: not started by torchrun (no ``WORLD_SIZE`` in the environment).
         """
         import torch.distributed as dist
 
+        if mode not in MODES:
+            raise ValueError(f"unknown parallel mode {mode!r} (expected one of {MODES})")
         if not dist.is_initialized():
             if "WORLD_SIZE" not in os.environ:
                 raise RuntimeError(
-                    "--parallel ddp runs under torchrun: torchrun --nproc-per-node W -m sgrld "
-                    "sample … --parallel ddp"
+                    f"--parallel {mode} runs under torchrun: torchrun --nproc-per-node W -m "
+                    f"sgrld sample … --parallel {mode}"
                 )
+            if device.type == "cuda" and device.index is None:
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        return cls(dist.get_rank(), dist.get_world_size())
+        kind = FullyShardedData if mode == "fsdp" else DataParallel
+        return kind(dist.get_rank(), dist.get_world_size())
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def prepare(self, model: BayesianModel) -> BayesianModel:
+        """The model as this job runs it (BatchNorm synchronised)."""
+        self._model = self.synchronise_batch_norm(model)
+        return self._model
+
+    def parameters(self, model: BayesianModel) -> list[Tensor]:
+        """The tensors the sampler moves, in the single run's order."""
+        return list(model.parameters())
+
+    def within(self, fn: Callable[[BayesianModel], T]) -> T:
+        """``fn(model)`` with the whole parameters in the model (a replica has them)."""
+        assert self._model is not None
+        return fn(self._model)
+
+    def model_state(self, model: BayesianModel) -> dict[str, Tensor]:
+        """The model's state dict in the single run's names and shapes."""
+        return model.state_dict()
+
+    def load_model_state(self, model: BayesianModel, state: Mapping[str, Tensor]) -> None:
+        model.load_state_dict(state)
+
+    def optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The optimizer's ``state_dict()`` in the single run's form."""
+        return state
+
+    def load_optimizer_state(self, optimizer: Any, state: Mapping[str, Any]) -> None:
+        optimizer.load_state_dict(state)
 
     def shard(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, float]:
         """This rank's contiguous rows of a global minibatch, and their share |B_r| / |B|."""
@@ -74,8 +123,8 @@ class DataParallel:
             return model
         if next(model.parameters()).device.type != "cuda":
             raise ValueError(
-                "--parallel ddp of a model with BatchNorm needs CUDA (SyncBatchNorm): on CPU "
-                "each process would normalise by its own slice of the minibatch, which is not "
+                f"--parallel {self.mode} of a model with BatchNorm needs CUDA (SyncBatchNorm): on "
+                "CPU each process would normalise by its own slice of the minibatch, which is not "
                 "the single run's chain; run it in one process"
             )
         synced = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -103,3 +152,188 @@ class DataParallel:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+class _Scalar(nn.Module):
+    """A 0-d parameter kept as one row, which FSDP2 can shard (it refuses 0-d tensors): rank 0
+    holds the row, the others an empty shard; the model still sees a 0-d tensor."""
+
+    def forward(self, row: Tensor) -> Tensor:
+        return row.reshape(())
+
+    def right_inverse(self, value: Tensor) -> Tensor:
+        return value.reshape(1)
+
+
+class _Potential(nn.Module):
+    """The rank's potential u_r as one forward of one FSDP2 unit, so that every parameter the
+    likelihood and the prior read is gathered for it (the prior's are read outside the net's
+    forward, and the horseshoe's scales are parameters too)."""
+
+    def __init__(self, model: BayesianModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor, y: Tensor, share: float, prior_weight: float) -> Tensor:
+        nll = self.model.likelihood.nll(self.model(x), y) * share if len(y) else x.new_zeros(())
+        return nll - self.model.log_prior() * prior_weight
+
+    def within(self, fn: Callable[[BayesianModel], T]) -> T:
+        """``fn(model)``; registered as a forward, so that FSDP2 gathers the parameters."""
+        return fn(self.model)
+
+
+def _whole_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Copies of the parameters and buffers ``model`` holds (in an FSDP2 forward: the whole
+    tensors; its ``state_dict()`` would give the shards, by FSDP2's hooks, which reshard)."""
+    held = dict(model.named_parameters()) | dict(model.named_buffers())
+    return {name: t.detach().clone() for name, t in held.items()}
+
+
+class FullyShardedData(DataParallel):
+    """``--parallel fsdp``: one chain whose parameters and sampler state are sharded over the
+    ranks (FSDP2's ``fully_shard``, each rank steps its rows; :mod:`sgrld.core.shards`).
+
+    The model is one FSDP2 unit holding every parameter: the potential (likelihood and prior)
+    is one forward that gathers them, the backward reduce-scatters the gradient as a sum (the
+    ranks' weighted potentials add up to u_B, as under ``ddp``), and each rank's sampler moves
+    its shard, drawing the noise at the global indices: the single run's chain up to the order
+    of float additions. 0-d parameters (the horseshoe's scales, a learned σ) become one-row
+    tensors held by rank 0 (:class:`_Scalar`), so the sampled tensors keep the single run's
+    order, and so its flat buffer and noise. Evaluation gathers the parameters
+    (:meth:`gathered`); every rank evaluates every sample. A checkpoint holds whole tensors in
+    the single run's names and shapes (gathered, written by rank 0), so it resumes on any
+    number of processes — Shampoo's factors, which belong to one W's blocks, on the same W.
+    """
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__(rank, world)
+        self._root: nn.Module | None = None
+        #: per sampled tensor, in the model's order: (single-run name, module, attribute, 0-d)
+        self._sites: list[tuple[str, nn.Module, str, bool]] = []
+
+    def prepare(self, model: BayesianModel) -> BayesianModel:
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+        from torch.nn.utils import parametrize
+
+        model = self.synchronise_batch_norm(model)
+        self._model = model
+        self._sites = []
+        for prefix, module in model.named_modules():
+            for name, p in list(module._parameters.items()):
+                if p is not None:
+                    full = f"{prefix}.{name}" if prefix else name
+                    self._sites.append((full, module, name, p.dim() == 0))
+        for _, module, name, scalar in self._sites:
+            if scalar:
+                parametrize.register_parametrization(module, name, _Scalar())
+        root = _Potential(model)
+        fully_shard(root)
+        register_fsdp_forward_method(root, "within")
+        # the ranks' gradients summed, not averaged (their potentials add up to u_B); a plain
+        # sum on the wire (gloo has no pre-multiplied sum)
+        root.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+        root.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
+        self._root = root
+        return model
+
+    def parameters(self, model: BayesianModel) -> list[Tensor]:
+        return [self._held(module, name, scalar) for _, module, name, scalar in self._sites]
+
+    @staticmethod
+    def _held(module: nn.Module, name: str, scalar: bool) -> Tensor:
+        if scalar:
+            return module.parametrizations[name].original  # type: ignore[index,union-attr]
+        return module._parameters[name]  # type: ignore[return-value]
+
+    def potential(self, model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
+        assert self._root is not None
+        x_r, y_r, share = self.shard(x, y)
+        return self._root(x_r, y_r, share, 1.0 / (num_data * self.world))
+
+    def sum_gradients(self, params: list[Tensor]) -> None:
+        """Nothing: FSDP2's backward summed them (reduce-scatter)."""
+
+    def within(self, fn: Callable[[BayesianModel], T]) -> T:
+        """``fn(model)`` as a forward of the FSDP2 unit (every rank takes part): the whole
+        parameters are gathered into the model's modules for it, and sharded again after."""
+        assert self._root is not None
+        try:
+            return self._root.within(fn)  # type: ignore[operator]
+        finally:
+            self._root.reshard()  # type: ignore[operator]
+
+    def model_state(self, model: BayesianModel) -> dict[str, Tensor]:
+        """The model's state dict in the single run's names and shapes (collective)."""
+        whole = self.within(_whole_tensors)
+        state = {name: whole[name] for name in model.state_dict()}  # its keys and order
+        for full, _, name, scalar in self._sites:
+            if scalar:
+                prefix = full[: len(full) - len(name)]
+                state[full] = state.pop(f"{prefix}parametrizations.{name}.original").reshape(())
+        return state
+
+    def load_model_state(self, model: BayesianModel, state: Mapping[str, Tensor]) -> None:
+        """Load a state dict of :meth:`model_state`'s form: each rank copies its rows."""
+        from sgrld.core.shards import local, rows_of
+
+        with torch.no_grad():
+            for full, module, name, scalar in self._sites:
+                p = self._held(module, name, scalar)
+                value = state[full].reshape(1) if scalar else state[full]
+                first, count = rows_of(value.shape[0], self.world, self.rank)
+                local(p).copy_(value[first : first + count])
+            for name, buffer in model.named_buffers():
+                buffer.copy_(state[name])
+
+    def optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The optimizer's ``state_dict()`` in the single run's shapes: global views gathered
+        (collective), one-row scalars back to 0-d; Shampoo's per-rank factors (their names carry
+        the rank) collected from every rank."""
+        import torch.distributed as dist
+
+        from sgrld.core.shards import is_sharded
+
+        scalars = {i for i, site in enumerate(self._sites) if site[3]}
+        own: dict[int, dict[str, Tensor]] = {}
+        gathered: dict[int, dict[str, Any]] = {}
+        for index, entry in state["state"].items():
+            gathered[index] = {}  # new dicts: ``state_dict()`` shares the live ones
+            for key, value in entry.items():
+                if is_sharded(value):
+                    value = value.full_tensor()
+                    value = value.reshape(()) if index in scalars else value
+                elif "#shard" in key:
+                    own.setdefault(index, {})[key] = value.cpu()
+                gathered[index][key] = value
+        everyone: list[Any] = [None] * self.world
+        dist.all_gather_object(everyone, own)
+        for part in everyone:
+            for index, entries in part.items():
+                gathered[index].update(entries)
+        return {**state, "state": gathered}
+
+    def load_optimizer_state(self, optimizer: Any, state: Mapping[str, Any]) -> None:
+        """Load :meth:`optimizer_state`'s form: 0-d statistics of scalars as their one row;
+        of Shampoo's per-rank factors only this rank's (those of another W are refused)."""
+        mine = optimizer.state_dict()["state"]
+        scalars = {i for i, site in enumerate(self._sites) if site[3]}
+        restored = {}
+        for index, entry in state["state"].items():
+            fresh = mine.get(index, {})
+            kept = {}
+            for key, value in entry.items():
+                if "#shard" in key and key not in fresh:
+                    continue  # another rank's blocks
+                if index in scalars and key in fresh and isinstance(value, Tensor):
+                    value = value.reshape(fresh[key].shape)  # its one row
+                kept[key] = value
+            wanted = [k for k in fresh if "#shard" in k and k not in kept]
+            if wanted:
+                raise ValueError(
+                    f"the checkpoint has no Shampoo factors for rank {self.rank} of "
+                    f"{self.world} ({wanted[0]}): Shampoo's blocks depend on the number of "
+                    "processes; resume with the number of processes that saved it"
+                )
+            restored[index] = kept
+        optimizer.load_state_dict({**state, "state": restored})

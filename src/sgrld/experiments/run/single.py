@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sgrld.capture import GraphedStep
 from sgrld.core import NonFiniteGradientError
@@ -176,8 +176,16 @@ class SamplingRun(RunRecord):
         self.parallel = parallel
         if parallel is not None:  # the data-parallel step is the eager loop's
             if step_mode not in ("auto", "eager"):
-                raise ValueError(f"--parallel ddp runs the eager loop, not step_mode {step_mode!r}")
+                raise ValueError(
+                    f"--parallel {parallel.mode} runs the eager loop, not step_mode {step_mode!r}"
+                )
             step_mode = "eager"
+            if parallel.mode == "fsdp" and config.curvature:
+                raise ValueError(
+                    "--curvature differentiates through the model outside the potential's "
+                    "forward, which the sharded parameters (--parallel fsdp) do not allow; "
+                    "use --parallel ddp or measure it in one process"
+                )
         self.step_mode = resolve_step_mode(step_mode, config, device)
         super().__init__(config, restrict_splits(splits, config).to(device), device)
         self.out_dir = None if out_dir is None else Path(out_dir)
@@ -185,13 +193,13 @@ class SamplingRun(RunRecord):
         init_generator = torch.Generator().manual_seed(self.seeds["init"])
         self.model = build_run_model(config, splits, init_generator).to(self.device)
         if parallel is not None:
-            self.model = parallel.synchronise_batch_norm(self.model)
+            self.model = parallel.prepare(self.model)
         self.model.train()
         chain_generator = torch.Generator(self.device).manual_seed(self.seeds["chain"])
         deferred = self.step_mode != "eager"
         self.optimizer = make_sampler(
             config,
-            list(self.model.parameters()),
+            list(self.model.parameters()) if parallel is None else parallel.parameters(self.model),
             self.num_data,
             chain_generator,
             capturable=deferred,
@@ -375,11 +383,10 @@ class SamplingRun(RunRecord):
         self.model.eval()
         try:
             with torch.no_grad():
-                for split in self.ensembles:
-                    inputs = getattr(self.splits, f"x_{split}")
-                    for start in range(0, len(inputs), self.config.eval_batch_size):
-                        stop = start + self.config.eval_batch_size
-                        self.add_logits(split, start, self.model(inputs[start:stop]))
+                if self.parallel is None:
+                    scalars = self._fold_sample(self.model)
+                else:  # under fsdp with the parameters gathered
+                    scalars = self.parallel.within(self._fold_sample)
             curvature = None
             if self.config.curvature:
                 curvature = measure_curvature(
@@ -389,10 +396,19 @@ class SamplingRun(RunRecord):
                     generator=self.curvature_generator,
                     num_points=min(self.config.curvature_points, len(self.splits.y_test)),
                 ).mean
-            self.commit_sample(scalar_hyperparameters(self.model), curvature)
+            self.commit_sample(scalars, curvature)
         finally:
             self.model.train()
         self.add_evaluation_time(self._clock() - started)
+
+    def _fold_sample(self, model: nn.Module) -> dict[str, float]:
+        """Add ``model``'s predictions to the ensembles; its recorded scales."""
+        for split in self.ensembles:
+            inputs = getattr(self.splits, f"x_{split}")
+            for start in range(0, len(inputs), self.config.eval_batch_size):
+                stop = start + self.config.eval_batch_size
+                self.add_logits(split, start, model(inputs[start:stop]))
+        return scalar_hyperparameters(model)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -400,13 +416,19 @@ class SamplingRun(RunRecord):
         """Everything needed to continue the run exactly (in any step mode: ℓ is saved as a
         float)."""
         optimizer = self.optimizer.state_dict()
+        if self.parallel is not None:
+            optimizer = self.parallel.optimizer_state(optimizer)
         for group in optimizer["param_groups"]:
             if isinstance(group["lr"], Tensor):
                 group["lr"] = float(group["lr"])
         return {
             "format": CHECKPOINT_FORMAT,
             "config": self.config.to_dict(),
-            "model": self.model.state_dict(),
+            "model": (
+                self.model.state_dict()
+                if self.parallel is None
+                else self.parallel.model_state(self.model)
+            ),
             "optimizer": optimizer,
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
             **self.record_state(),
@@ -431,12 +453,21 @@ class SamplingRun(RunRecord):
             raise CheckpointError("; ".join(wrong))
 
     def _mismatches(self, state: Mapping[str, Any]) -> list[str]:
-        wrong = tensor_mismatches(state["model"], self.model.state_dict(), "model")
+        mine = (
+            self.model.state_dict()
+            if self.parallel is None
+            else self.parallel.model_state(self.model)
+        )
+        wrong = tensor_mismatches(state["model"], mine, "model")
         return wrong + self.ensemble_mismatches(state)
 
     def _restore(self, state: Mapping[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.parallel is None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            self.parallel.load_model_state(self.model, state["model"])
+            self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
         if self.step_mode != "eager":  # ℓ is the config's (constant), as a device tensor
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr
@@ -446,10 +477,12 @@ class SamplingRun(RunRecord):
         self.restore_record(state)
 
     def _save(self) -> None:
-        if self.out_dir is None or (self.parallel is not None and not self.parallel.is_main):
+        if self.out_dir is None:
+            return
+        state = self.state_dict()  # every rank takes part: under fsdp it is gathered
+        if self.parallel is not None and not self.parallel.is_main:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        state = self.state_dict()
         files.save_checkpoint(self.out_dir / CHECKPOINT_FILE, state)
         self._save_results()
 
