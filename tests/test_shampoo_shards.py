@@ -6,6 +6,7 @@ has the W ranks' blocks and moves as they do together."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -125,11 +126,21 @@ def test_plans_of_shards_are_validated() -> None:
 SHAPES = [(16, 16, 3, 3), (10, 7), (2, 8), (5,), (4, 2, 3), (1, 6)]
 
 
+@pytest.mark.parametrize("indexed", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
-def test_one_process_with_row_shards_is_the_ranks_together(world: int) -> None:
+def test_one_process_with_row_shards_is_the_ranks_together(
+    world: int, indexed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The blocks of ``row_shards=W`` on one process are the W ranks' blocks, and three steps
     of update, refresh and G⁻¹g on the whole flat gradient equal each rank's on its rows (the
-    same numbers: every block sees the same rows of the same gradient)."""
+    same numbers: every block sees the same rows of the same gradient). ``indexed``: the
+    accelerator's path (all buckets gathered by one index), forced on CPU."""
+    if indexed:
+
+        def index(self: ShampooMetric, stacking: Any, lay: FlatLayout, x: torch.Tensor) -> Any:
+            return stacking.positions(lay, x.device)
+
+        monkeypatch.setattr(ShampooMetric, "_index", index)
     metric = ShampooMetric(block_size=4, update_interval=1, precondition_vectors=True)
     alone = ShampooMetric(block_size=4, update_interval=1, precondition_vectors=True,
                           row_shards=world)  # fmt: skip
@@ -141,6 +152,7 @@ def test_one_process_with_row_shards_is_the_ranks_together(world: int) -> None:
     torch.manual_seed(0)
     grads = [torch.randn(whole.size, dtype=torch.float64) for _ in range(3)]
     stats = alone.init(whole, grads[0])
+    assert (alone._work(alone._stacking(whole), whole, grads[0]).positions is not None) == indexed
     states = [metric.init(lay, grads[0]) for lay in ranks]
 
     def rows(flat: torch.Tensor, lay: FlatLayout) -> torch.Tensor:
