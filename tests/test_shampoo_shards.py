@@ -66,8 +66,12 @@ def test_an_empty_shard_has_no_blocks_and_no_factors() -> None:
     assert [t.merged for t in ranks] == [(1, 8), (1, 8), ()]
     assert [t.blocks for t in ranks] == [((1, 4), (1, 4))] * 2 + [()]
     assert metric.plan((1, 8)) is None  # as a tensor of its own: G = I
-    assert metric.init(sharded_layout([(2, 8)], 2, 3), torch.zeros(())) == {}  # no warning:
-    # G = I is the whole tensor's decision, and it has factors on the other ranks
+    nothing = sharded_layout([(2, 8)], 2, 3)
+    assert metric.init(nothing, torch.zeros(())) == {}  # no warning: G = I is the whole
+    # tensor's decision, and it has factors on the other ranks; a step changes nothing
+    metric.update({}, nothing, torch.zeros(0), step=1)
+    metric.refresh({}, nothing)
+    assert metric.inverse({}, nothing, torch.zeros(0)).shape == (0,)
     layout = sharded_layout([(2, 8), (6, 5)], 2, 3)  # the other tensor: rows 4:6 of 6
     stats = metric.init(layout, torch.zeros((), dtype=torch.float64))
     assert {k.rsplit("@", 1)[1] for k in stats} == {"1"}
