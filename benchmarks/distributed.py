@@ -12,15 +12,19 @@ sampler, three models — the MLP 784-400-400-10 (batch 128), the transformer of
   own all-gathers and reduce-scatters happen in forward and backward and are not counted),
 
 then, without processes, Shampoo's factor bytes per rank for W = 1, 2, 3 (the factors of the
-blocks of each rank's shard). Markdown tables; ratios against W = 1.
+blocks of each rank's shard, planned as the sharded run plans them). Markdown tables; ratios
+against W = 1.
 
-    python benchmarks/distributed.py [--steps 20] [--warmup 5]
+    python benchmarks/distributed.py [--steps 20] [--warmup 5] [--models mlp,resnet20]
+        [--samplers shampoo] [--factors-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
+import math
 import os
 import statistics
 import tempfile
@@ -38,7 +42,7 @@ from torch import Tensor, nn
 
 import sgrld
 from sgrld.core.layout import FlatLayout
-from sgrld.core.shards import rows_of
+from sgrld.core.shards import ShardSpec, rows_of
 from sgrld.metrics import ShampooMetric
 
 SAMPLERS: dict[str, Callable[..., sgrld.SGRLDOptimizer]] = {
@@ -176,28 +180,35 @@ def measure(model_name: str, sampler: str, rank: int, world: int, steps: int,
     }
 
 
-def _worker(rank: int, world: int, store: str, out: str, steps: int, warmup: int) -> None:
+def _worker(rank: int, world: int, store: str, out: str, steps: int, warmup: int,
+            cases: list[tuple[str, str]]) -> None:  # fmt: skip
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.set_num_threads(1)  # one core per rank: the machine's two cores, one each
     try:
-        results = {
-            (m, s): measure(m, s, rank, world, steps, warmup) for m in MODELS for s in SAMPLERS
-        }
+        results = {(m, s): measure(m, s, rank, world, steps, warmup) for m, s in cases}
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
 def shampoo_factor_bytes(model_name: str, world: int) -> int:
-    """Bytes of Shampoo's factors (and roots) on the rank that holds the most, for W ranks."""
+    """Bytes of Shampoo's factors (and roots) on the rank that holds the most, for W ranks:
+    each rank's layout carries the :class:`ShardSpec` that FSDP2 gives it (whole shapes, its
+    rows), so its shards are planned as in a sharded run (from the whole tensors)."""
     model, sampled, _ = MODELS[model_name]()
     metric = ShampooMetric(update_interval=10)  # the benchmark's: block_size 128
     named = [(n, p) for n, p in model.named_parameters() if n in sampled]
+    names, full = tuple(n for n, _ in named), tuple(tuple(p.shape) for _, p in named)
     most = 0
     for rank in range(world):
-        shapes = tuple((rows_of(p.shape[0], world, rank)[1], *p.shape[1:]) for _, p in named)
-        layout = FlatLayout(tuple(n for n, _ in named), shapes)
+        rows = [rows_of(shape[0], world, rank) for shape in full]
+        shapes = tuple((count, *shape[1:]) for (_, count), shape in zip(rows, full, strict=True))
+        offsets = itertools.accumulate((math.prod(s) for s in full), initial=0)
+        firsts = [first * math.prod(s[1:]) for (first, _), s in zip(rows, full, strict=True)]
+        starts = tuple(o + f for o, f in zip(offsets, firsts, strict=False))  # global indices
+        spec = ShardSpec(names, full, starts, rank, world, None, ())  # no mesh: nothing summed
+        layout = FlatLayout(names, shapes, (), spec if world > 1 else None)
         stats = metric.init(layout, torch.zeros((), dtype=torch.float32))
         factors = [v for k, v in stats.items() if "@" in k]
         most = max(most, sum(v.numel() * v.element_size() for v in factors))
@@ -216,12 +227,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    parser.add_argument("--samplers", default=",".join(SAMPLERS), help="comma-separated subset")
+    parser.add_argument(
+        "--factors-only",
+        action="store_true",
+        help="only the last table (Shampoo's factors per rank; no processes)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    alone = {(m, s): measure(m, s, 0, 1, args.steps, args.warmup) for m in MODELS for s in SAMPLERS}
+    if args.factors_only:
+        factor_table(args.models.split(","))
+        return
+    cases = [(m, s) for m in args.models.split(",") for s in args.samplers.split(",")]
+    alone = {(m, s): measure(m, s, 0, 1, args.steps, args.warmup) for m, s in cases}
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        mp.spawn(_worker, args=(2, store, tmp, args.steps, args.warmup), nprocs=2)
+        mp.spawn(_worker, args=(2, store, tmp, args.steps, args.warmup, cases), nprocs=2)
         ranks = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(2)]
     print("| model | sampler | W | step ms | opt.step ms | sampled params kB/rank | state kB/rank "
           "| collectives/opt.step |")  # fmt: skip
@@ -231,9 +253,13 @@ def main() -> None:
         print(_row(key, 1, one, one))
         print(_row(key, 2, two, one))
     print()
+    factor_table(args.models.split(","))
+
+
+def factor_table(models: list[str]) -> None:
     print("| model | Shampoo factors kB/rank, W=1 | W=2 | W=3 |")
     print("|---|---|---|---|")
-    for model_name in MODELS:
+    for model_name in models:
         sizes = [shampoo_factor_bytes(model_name, w) / 1e3 for w in (1, 2, 3)]
         cells = " | ".join(f"{s:.0f} ({s / sizes[0]:.2f}×)" for s in sizes[1:])
         print(f"| {model_name} | {sizes[0]:.0f} | {cells} |")

@@ -79,27 +79,17 @@ def _loss(
 
 
 def one_process_chain(name: str, world: int, steps: int = STEPS) -> dict[str, torch.Tensor]:
-    """The one-process chain with Philox noise. For Shampoo each tensor is handed to the
-    optimizer as its row chunks at the shard boundaries of ``world`` ranks (the same flat buffer,
-    so the same noise), so that its blocks are the sharded run's: blocks never cross a shard."""
+    """The one-process chain with Philox noise. Shampoo plans each tensor as its ``world``
+    row shards (``row_shards``: each merged with the whole tensor's dims, blocks within a
+    shard), so that its blocks are the sharded run's: blocks never cross a shard."""
     model = _model()
-    chunks = world if name == "shampoo" else 1
-    pieces = {
-        n: [c.clone().requires_grad_() for c in p.detach().chunk(chunks)]
-        for n, p in model.named_parameters()
-    }
-    named = [(f"{n}[{i}]", c) for n, cs in pieces.items() for i, c in enumerate(cs)]
-    opt = _optimizer(name, named, noise="philox")
-
-    def net(x: torch.Tensor) -> torch.Tensor:
-        weights = {n: torch.cat(cs) for n, cs in pieces.items()}
-        return torch.func.functional_call(model, weights, (x,))
-
+    shampoo = {"row_shards": world} if name == "shampoo" else {}
+    opt = _optimizer(name, model.named_parameters(), noise="philox", **shampoo)
     for step in range(steps):
         opt.zero_grad()
-        _loss(net, step, 0, 1).backward()
+        _loss(model, step, 0, 1).backward()
         opt.step()
-    return {n: torch.cat(cs).detach() for n, cs in pieces.items()}
+    return {n: p.detach() for n, p in model.named_parameters()}
 
 
 def sharded_chain(name: str, rank: int, world: int) -> dict[str, torch.Tensor]:

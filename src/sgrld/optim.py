@@ -58,6 +58,7 @@ from sgrld.metrics import (
     MongeMetric,
     RMSpropMetric,
     ShampooMetric,
+    TensorBlocks,
     WenzelMetric,
     get_metric,
 )
@@ -65,7 +66,7 @@ from sgrld.metrics import (
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
 
 #: metric fields that fix the layout of the statistics: not changeable after the first step
-_STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "scope")
+_STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "scope")
 
 #: group options of the facade itself (beside ℓ, n, τ, the metric's options and adapt_until)
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
@@ -1113,3 +1114,14 @@ class ShampooSGLD(SGRLDOptimizer):
             data_parallel=data_parallel,
             adapt_until=adapt_until,
         )
+
+    def partition(self) -> dict[str, TensorBlocks]:
+        """How Shampoo merges and blocks each parameter on this rank, by name: its whole shape,
+        the rows this rank holds (all of them unsharded), the merged shape and every block's
+        shape (:meth:`ShampooMetric.partition`). Under FSDP2 each rank reports its own shard's
+        blocks; they differ with the number of ranks (``docs/distributed.md``)."""
+        out: dict[str, TensorBlocks] = {}
+        for metric, state in zip(self._group_metrics, self._group_states, strict=True):
+            assert isinstance(metric, ShampooMetric)
+            out.update((t.name, t) for t in metric.partition(state.layout))
+        return out

@@ -15,7 +15,7 @@ from sgrld.metrics.adam import AdamMetric
 from sgrld.metrics.identity import IdentityMetric
 from sgrld.metrics.monge import MongeMetric
 from sgrld.metrics.rmsprop import RMSpropMetric
-from sgrld.metrics.shampoo import ShampooMetric
+from sgrld.metrics.shampoo import ShampooMetric, TensorBlocks
 from sgrld.metrics.wenzel import WenzelMetric
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "MongeMetric",
     "RMSpropMetric",
     "ShampooMetric",
+    "TensorBlocks",
     "WenzelMetric",
     "get_metric",
     "metric_names",

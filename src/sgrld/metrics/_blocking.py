@@ -55,12 +55,45 @@ def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
     return tuple(merged)
 
 
+def merge_rows(whole: Sequence[int], max_dim: int, rows: int) -> tuple[tuple[int, ...], int]:
+    """The merged shape of ``rows`` rows (along dim 0) of a tensor of shape ``whole``, with the
+    whole tensor's grouping of dims, and the first merged dim's elements per row.
+
+    Only the first merged dim, the one that holds dim 0, is shorter: ``rows`` times the other
+    dims of its group (the second value; 0 where dim 0 is 1, whose shard is all or nothing). A
+    shard of rows is then merged as its whole tensor is, never differently because it is
+    thinner (which could fuse dim 0 with dims the whole tensor keeps apart). A merged dim of 1
+    (one row of a dim-0-only group) is kept, so that the merged rank, hence G's exponent, is
+    the whole tensor's; ``rows = 0`` gives a first merged dim of 0 (an empty shard: no
+    blocks).
+
+    Example:
+        >>> merge_small_dims((16, 16, 3, 3), 128), merge_rows((16, 16, 3, 3), 128, 8)
+        ((16, 48, 3), ((8, 48, 3), 1))
+        >>> merge_rows((4, 2, 50), 128, 3)  # dim 0 merged with dim 1: 3 rows of 2
+        ((6, 50), 2)
+    """
+    merged = merge_small_dims(whole, max_dim)
+    if not whole or whole[0] <= 1 or not merged:
+        # dim 0 is 1 (dropped with its group, or cut into 1 or 0 rows: the whole or nothing)
+        return merged, 0
+    product = whole[0]  # dim 0's group: the dims after it that join it
+    for d in whole[1:]:
+        if product * d > max_dim:
+            break
+        product *= d
+    per = product // whole[0]
+    return (rows * per, *merged[1:]), per
+
+
 Tiling = Literal["reference", "even"]
 TILINGS: tuple[str, ...] = ("reference", "even")
 
 
 def _regions(n: int, block_size: int, tiling: Tiling) -> list[tuple[int, int, int]]:
     """A merged dim of size ``n`` as runs ``(start, count, size)`` of equal chunks (≤ 2 runs)."""
+    if n == 0:  # an empty shard's first dim
+        return []
     if tiling == "reference":
         chunk = min(n, block_size)
         count, rem = divmod(n, chunk)
@@ -148,8 +181,26 @@ class BlockPlan:
 
 
 @functools.lru_cache(maxsize=1024)
-def plan_blocks(shape: tuple[int, ...], block_size: int, tiling: Tiling = "reference") -> BlockPlan:
+def plan_blocks(
+    shape: tuple[int, ...],
+    block_size: int,
+    tiling: Tiling = "reference",
+    whole: tuple[int, ...] | None = None,
+    row_splits: tuple[int, ...] | None = None,
+) -> BlockPlan:
     """Merge ``shape`` and split it into blocks of at most ``block_size`` per dim.
+
+    ``whole`` and ``row_splits`` plan row pieces (FSDP2's shards, :mod:`sgrld.core.shards`):
+
+    * ``whole``: the shape of the tensor that ``shape`` is a run of rows of (the same dims after
+      the first). ``shape`` is merged with ``whole``'s grouping of dims (:func:`merge_rows`),
+      so that a shard has the whole tensor's merged axes, only the first one shorter.
+    * ``row_splits``: the row counts of consecutive pieces of ``shape`` along dim 0 (summing to
+      ``shape[0]``; zeros allowed); the first merged dim is blocked piece by piece, so that no
+      block crosses a piece. One process planning ``row_splits`` of W shards has the blocks of
+      the W ranks together.
+
+    Without either (the default) this is the plan of a tensor of its own, as it always was.
 
     Example:
         >>> plan = plan_blocks((400, 784), 128)
@@ -158,9 +209,39 @@ def plan_blocks(shape: tuple[int, ...], block_size: int, tiling: Tiling = "refer
         >>> even = plan_blocks((400, 784), 128, "even")
         >>> even.num_blocks, [g.sizes for g in even.groups]
         (28, [(100, 112)])
+        >>> shard = plan_blocks((8, 16, 3, 3), 128, whole=(16, 16, 3, 3))
+        >>> shard.merged, [g.sizes for g in shard.groups]
+        ((8, 48, 3), [(8, 48, 3)])
+        >>> two = plan_blocks((16, 16, 3, 3), 128, row_splits=(8, 8))  # both shards' blocks
+        >>> two.merged, [(g.counts, g.sizes) for g in two.groups]
+        ((16, 48, 3), [((2, 1, 1), (8, 48, 3))])
     """
-    merged = merge_small_dims(shape, block_size)
-    regions_per_dim = [_regions(n, block_size, tiling) for n in merged]
+    if whole is None and row_splits is None:
+        merged = merge_small_dims(shape, block_size)
+        regions_per_dim = [_regions(n, block_size, tiling) for n in merged]
+    else:
+        whole = tuple(shape) if whole is None else whole
+        splits = (shape[0],) if row_splits is None else row_splits
+        if not shape or len(whole) != len(shape) or tuple(whole[1:]) != tuple(shape[1:]):
+            raise ValueError(f"a shape {shape} is not rows of a tensor of shape {whole}")
+        if sum(splits) != shape[0] or any(r < 0 for r in splits):
+            raise ValueError(f"row_splits {splits} do not split the {shape[0]} rows of {shape}")
+        merged, per = merge_rows(whole, block_size, shape[0])
+        regions_per_dim = [_regions(n, block_size, tiling) for n in merged]
+        if math.prod(shape) == 0:
+            regions_per_dim = [[]]  # an empty shard: no blocks
+        elif per:  # the first merged dim blocked piece by piece
+            first: list[tuple[int, int, int]] = []
+            offset = 0
+            for rows in splits:
+                for start, count, size in _regions(rows * per, block_size, tiling):
+                    last = first[-1] if first else None
+                    if last is not None and last[2] == size:  # adjacent equal runs: one group
+                        first[-1] = (last[0], last[1] + count, size)
+                    else:
+                        first.append((offset + start, count, size))
+                offset += rows * per
+            regions_per_dim[0] = first
     groups = tuple(
         BlockGroup(
             starts=tuple(r[0] for r in combo),

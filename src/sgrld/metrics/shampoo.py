@@ -48,6 +48,7 @@ from torch import Tensor
 
 from sgrld.core.contract import Metric, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
+from sgrld.core.shards import rows_of
 from sgrld.metrics._blocking import (
     TILINGS,
     BlockPlan,
@@ -105,6 +106,18 @@ class ShampooMetric(Metric):
             by default; ``docs/posterior.md`` measures what it buys (``root_method="eigh"``).
         root_dtype: the precision of ``eigh`` (float64, the default; float32 is much faster on
             a GPU and is retried in float64 for a bucket whose decomposition fails).
+        row_shards: W ≥ 1: plan every tensor as the W shards that FSDP2 cuts it into along
+            dim 0 (``torch.chunk``'s rows, :func:`sgrld.core.shards.rows_of`), so that one
+            process has the block partition of a chain sharded over W ranks (no block crosses a
+            shard) and is that chain. Sharded parameters are always planned by their shards;
+            there it must be 1 or the mesh's size. 1 (the default): whole tensors.
+
+    Sharded parameters (FSDP2, ``docs/distributed.md``): a rank's shard of a tensor is merged
+    with the *whole* tensor's grouping of dims, only the first merged dim cut at the shard's
+    rows (:func:`~sgrld.metrics._blocking.merge_rows`), then blocked within the shard; it gets
+    G = I exactly when the whole tensor does (its merged rank, which the shard keeps, is ≤ 1
+    without ``precondition_vectors``), and an empty shard has no blocks. :meth:`partition`
+    reports the merged shape and blocks of each tensor.
 
     References:
         Yu et al. (2023) §3.2; Gupta, Koren & Singer (2018), Shampoo; reference.md §2.5.
@@ -112,14 +125,14 @@ class ShampooMetric(Metric):
     Example:
         >>> import torch
         >>> from sgrld.core.layout import FlatLayout
-        >>> layout = FlatLayout(("w",), ((3, 4),))
+        >>> layout = FlatLayout(("w",), ((3, 200),))  # merged (3, 200): (3, 4) would be (12,)
         >>> metric = ShampooMetric(update_interval=1)
-        >>> stats = metric.init(layout, torch.zeros(12))
-        >>> g = torch.randn(12)
+        >>> stats = metric.init(layout, torch.zeros(600))
+        >>> g = torch.randn(600)
         >>> metric.update(stats, layout, g, step=1)
         >>> metric.refresh(stats, layout)  # the step engine does this every update_interval
         >>> metric.inverse(stats, layout, g.clone()).shape
-        torch.Size([12])
+        torch.Size([600])
     """
 
     name = "shampoo"
@@ -134,6 +147,7 @@ class ShampooMetric(Metric):
     damping: float = 0.0
     tiling: Tiling = "reference"
     root_dtype: torch.dtype = torch.float64
+    row_shards: int = 1
     # Work buffers reused across steps (not state: results never depend on them).
     _scratch: dict[tuple[torch.dtype, torch.device], Tensor] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -154,6 +168,7 @@ class ShampooMetric(Metric):
             raise ValueError("damping needs root_method='eigh' (Newton's iteration has no damping)")
         _check_int("block_size", self.block_size, 1)
         _check_int("update_interval", self.update_interval, 1)
+        _check_int("row_shards", self.row_shards, 1)
         if self.root_method not in ("eigh", "newton"):
             raise ValueError(
                 f"invalid root_method: {self.root_method!r} (expected 'eigh' or 'newton')"
@@ -175,24 +190,96 @@ class ShampooMetric(Metric):
 
     # ------------------------------------------------------------------ layout
 
-    def plan(self, shape: tuple[int, ...]) -> BlockPlan | None:
-        """The merge/block plan of a tensor of ``shape``, or ``None`` if it gets G = I."""
-        plan = plan_blocks(tuple(shape), self.block_size, self.tiling)
+    def plan(
+        self,
+        shape: tuple[int, ...],
+        whole: tuple[int, ...] | None = None,
+        row_splits: tuple[int, ...] | None = None,
+    ) -> BlockPlan | None:
+        """The merge/block plan of a tensor of ``shape``, or ``None`` if it gets G = I (or, as
+        an empty shard, has no blocks).
+
+        ``shape`` may be rows of a tensor of shape ``whole`` (a shard), cut into pieces of
+        ``row_splits`` rows (:func:`~sgrld.metrics._blocking.plan_blocks`); G = I is then
+        decided on the whole tensor, so that every rank's shard of a tensor decides alike.
+        """
+        decided = plan_blocks(tuple(whole or shape), self.block_size, self.tiling)
         min_rank = 1 if self.precondition_vectors else 2
-        return plan if plan.rank >= min_rank else None
+        if decided.rank < min_rank:
+            return None
+        if whole is None and row_splits is None:
+            return decided
+        plan = plan_blocks(tuple(shape), self.block_size, self.tiling, whole, row_splits)
+        return plan if plan.num_blocks else None
 
     def _plans(self, layout: FlatLayout) -> list[tuple[int, BlockPlan]]:
         # A plain loop: torch.compile cannot trace a walrus in a comprehension (funnel fast path).
         out = []
+        cut = self._cut(layout)
         for i, shape in enumerate(layout.shapes):
-            plan = self.plan(shape)
+            plan = self._plan_of(layout, i) if cut else self.plan(shape)
             if plan is not None:
                 out.append((i, plan))
         return out
 
+    def _cut(self, layout: FlatLayout) -> bool:
+        """Whether ``layout``'s tensors are planned as row shards (sharded, or ``row_shards``)."""
+        shards = layout.shards
+        if shards is not None and self.row_shards not in (1, shards.world):
+            raise ValueError(
+                f"row_shards={self.row_shards} on parameters sharded over {shards.world} ranks: "
+                "a sharded chain's blocks are its shards' (row_shards must be 1 or the mesh size)"
+            )
+        return shards is not None or self.row_shards > 1
+
+    def _plan_of(self, layout: FlatLayout, i: int) -> BlockPlan | None:
+        """Tensor ``i``'s plan as a rank's shard (whole tensor: ``layout.shards``) or as the
+        ``row_shards`` shards of one process."""
+        shape = layout.shapes[i]
+        if layout.shards is not None:
+            return self.plan(shape, layout.shards.full_shapes[i])
+        if not shape:  # a scalar has no rows to cut
+            return self.plan(shape)
+        splits = tuple(rows_of(shape[0], self.row_shards, r)[1] for r in range(self.row_shards))
+        return self.plan(shape, row_splits=splits)
+
+    def partition(self, layout: FlatLayout) -> list[TensorBlocks]:
+        """How each tensor of ``layout`` is merged and blocked (on this rank, if sharded).
+
+        One :class:`TensorBlocks` per tensor, in layout order: its whole shape, the rows held,
+        the merged shape and every block's shape in order (none where G = I or the shard is
+        empty). ``ShampooSGLD.partition()`` gives it for an optimizer's parameters.
+
+        Example:
+            >>> layout = FlatLayout(("conv", "bias"), ((16, 16, 3, 3), (16,)))
+            >>> [(t.merged, t.blocks) for t in ShampooMetric(row_shards=2).partition(layout)]
+            [((16, 48, 3), ((8, 48, 3), (8, 48, 3))), ((), ())]
+        """
+        shards, out = layout.shards, []
+        plans = dict(self._plans(layout))
+        for i, (name, shape) in enumerate(zip(layout.names, layout.shapes, strict=True)):
+            whole = shape if shards is None else shards.full_shapes[i]
+            first = 0
+            if shards is not None and whole:
+                first = rows_of(whole[0], shards.world, shards.rank)[0]
+            plan = plans.get(i)
+            blocks = () if plan is None else tuple(
+                g.sizes for g in plan.groups for _ in range(g.num_blocks)
+            )  # fmt: skip
+            merged = () if plan is None else plan.merged
+            rows = (first, shape[0] if shape else 1)
+            out.append(TensorBlocks(name, tuple(whole), rows, merged, blocks))
+        return out
+
+    def _key_of(self, layout: FlatLayout) -> tuple[object, ...]:
+        """What a layout's plans depend on: the (local) shapes, the chains, and the whole
+        shapes of a sharded layout."""
+        shards = layout.shards
+        return (layout.shapes, layout.batch_shape, None if shards is None else shards.full_shapes)
+
     def _stacking(self, layout: FlatLayout) -> _Stacking:
         """The buckets of ``layout`` and where each lies in a work region (cached by shapes)."""
-        key = (layout.shapes, layout.batch_shape)
+        key = self._key_of(layout)
         stacking = self._stackings.get(key)
         if stacking is None:
             stacking = _Stacking.build(plan_buckets(self._plans(layout)), layout.batch_shape)
@@ -222,7 +309,7 @@ class ShampooMetric(Metric):
         index exists (it is made once, outside any graph)."""
         if x.device.type == "cpu" or torch.compiler.is_compiling() or not x.is_contiguous():
             return None
-        key = (layout.shapes, layout.batch_shape, x.device)
+        key = (*self._key_of(layout), x.device)
         index = self._indices.get(key)
         if index is None and not torch.cuda.is_current_stream_capturing():
             index = stacking.positions(layout, x.device)
@@ -238,9 +325,10 @@ class ShampooMetric(Metric):
         per-tensor keys are views of it, so that a step updates and applies a whole bucket with one
         batched matmul while state dicts keep their per-tensor keys and shapes.
         """
+        whole = layout.shapes if layout.shards is None else layout.shards.full_shapes
         if (
-            not self._plans(layout)
-            and self._stackings.get((layout.shapes, layout.batch_shape)) is None
+            all(self.plan(shape) is None for shape in whole)  # not a rank's empty shards
+            and self._stackings.get(self._key_of(layout)) is None
         ):
             warnings.warn(
                 "ShampooMetric: every parameter tensor has merged rank <= 1 "
@@ -439,6 +527,32 @@ class ShampooMetric(Metric):
 
 
 _STATS = ("factor", "grad_root", "noise_root")
+
+
+class TensorBlocks(NamedTuple):
+    """How one tensor is merged and blocked (:meth:`ShampooMetric.partition`).
+
+    Attributes:
+        name: the parameter's name.
+        shape: the whole tensor's shape (of all ranks together, when sharded).
+        rows: ``(first row, row count)`` along dim 0 that this rank holds (all rows unsharded).
+        merged: the merged shape of the rows held (the whole tensor's grouping of dims, the
+            first merged dim cut at the rows); ``()`` where G = I or there are no blocks.
+        blocks: each block's shape, in the plan's order; ``()`` where G = I or the shard is
+            empty.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    rows: tuple[int, int]
+    merged: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], ...]
+
+    @property
+    def factor_numel(self) -> int:
+        """Elements of the blocks' factors H_i (one s × s matrix per block and axis; the two
+        roots take as many each)."""
+        return sum(s * s for block in self.blocks for s in block)
 
 
 def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out: Tensor) -> Tensor:
