@@ -62,8 +62,10 @@ class DataParallel:
                     f"--parallel {mode} runs under torchrun: torchrun --nproc-per-node W -m "
                     f"sgrld sample … --parallel {mode}"
                 )
-            if device.type == "cuda" and device.index is None:
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            if device.type == "cuda" and device.index is None:  # one GPU per process
+                local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+                # a scheduler may show each process its own GPU only (as cuda:0)
+                torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         kind = FullyShardedData if mode == "fsdp" else DataParallel
         return kind(dist.get_rank(), dist.get_world_size())
@@ -183,6 +185,41 @@ class _Potential(nn.Module):
         return fn(self.model)
 
 
+def factor_world(optimizer_state: Mapping[str, Any]) -> int | None:
+    """The number of processes whose blocks a state's per-rank statistics (Shampoo's factors
+    under fsdp, named ``…#shardRofW``) belong to; ``None`` if it has none."""
+    for entry in optimizer_state["state"].values():
+        for key in entry:
+            if "#shard" in key:
+                return int(key.rsplit("of", 1)[1])
+    return None
+
+
+def factor_mismatch(saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> str | None:
+    """Why a checkpoint's optimizer state cannot continue this run's, if its per-rank factors
+    were made for another number of processes (Shampoo's blocks under fsdp depend on it)."""
+    had, has = factor_world(saved), factor_world(fresh)
+    if had == has:
+        return None
+    if had is None and not any(
+        key.startswith("factor_") for entry in saved["state"].values() for key in entry
+    ):
+        return None  # no factors saved at all: another sampler, refused by its own check
+
+    def where(world: int | None) -> str:
+        return "one process" if world is None else f"{world} processes under --parallel fsdp"
+
+    how = (
+        "in one process (or under --parallel ddp)"
+        if had is None
+        else f"with torchrun --nproc-per-node {had} … --parallel fsdp"
+    )
+    return (
+        f"its Shampoo factors belong to the blocks of {where(had)}, this run's to those of "
+        f"{where(has)} (a shard's blocks depend on the number of processes); resume it {how}"
+    )
+
+
 def _whole_tensors(model: nn.Module) -> dict[str, Tensor]:
     """Copies of the parameters and buffers ``model`` holds (in an FSDP2 forward: the whole
     tensors; its ``state_dict()`` would give the shards, by FSDP2's hooks, which reshard)."""
@@ -205,6 +242,8 @@ class FullyShardedData(DataParallel):
     the single run's names and shapes (gathered, written by rank 0), so it resumes on any
     number of processes — Shampoo's factors, which belong to one W's blocks, on the same W.
     """
+
+    mode = "fsdp"
 
     def __init__(self, rank: int, world: int) -> None:
         super().__init__(rank, world)
@@ -328,12 +367,5 @@ class FullyShardedData(DataParallel):
                 if index in scalars and key in fresh and isinstance(value, Tensor):
                     value = value.reshape(fresh[key].shape)  # its one row
                 kept[key] = value
-            wanted = [k for k in fresh if "#shard" in k and k not in kept]
-            if wanted:
-                raise ValueError(
-                    f"the checkpoint has no Shampoo factors for rank {self.rank} of "
-                    f"{self.world} ({wanted[0]}): Shampoo's blocks depend on the number of "
-                    "processes; resume with the number of processes that saved it"
-                )
             restored[index] = kept
         optimizer.load_state_dict({**state, "state": restored})

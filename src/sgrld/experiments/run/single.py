@@ -51,7 +51,7 @@ from sgrld.experiments.run.observers import (
     RunObserver,
     breakdown_message,
 )
-from sgrld.experiments.run.parallel import DataParallel
+from sgrld.experiments.run.parallel import DataParallel, factor_mismatch
 from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
 from sgrld.models import potential
@@ -459,6 +459,9 @@ class SamplingRun(RunRecord):
             else self.parallel.model_state(self.model)
         )
         wrong = tensor_mismatches(state["model"], mine, "model")
+        factors = factor_mismatch(state["optimizer"], self.optimizer.state_dict())
+        if factors is not None:
+            wrong.append(factors)
         return wrong + self.ensemble_mismatches(state)
 
     def _restore(self, state: Mapping[str, Any]) -> None:
