@@ -225,6 +225,8 @@ class ClusterOptions:
     parallel: int | None = None  # at most this many jobs at once (None: SLURM decides; local 1)
     wait: bool = True
     poll_seconds: float = 0.25
+    nodes: int = 1  # a job's nodes (the local executor has one)
+    tasks_per_node: int = 1  # processes per node: > 1 only for runs spread over processes
 
 
 def _executor(folder: Path, options: ClusterOptions) -> Any:
@@ -232,7 +234,11 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
 
     if options.local:
         local = submitit.LocalExecutor(folder=folder)
-        local.update_parameters(timeout_min=options.timeout_min)
+        local.update_parameters(
+            timeout_min=options.timeout_min,
+            tasks_per_node=options.tasks_per_node,
+            gpus_per_node=options.gpus_per_job,  # 0 hides every GPU from the tasks
+        )
         return local
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     parameters: dict[str, Any] = {
@@ -240,8 +246,8 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
         "timeout_min": options.timeout_min,
         "gpus_per_node": options.gpus_per_job,
         "cpus_per_task": options.cpus_per_job,
-        "tasks_per_node": 1,
-        "nodes": 1,
+        "tasks_per_node": options.tasks_per_node,
+        "nodes": options.nodes,
     }
     if options.partition:
         parameters["slurm_partition"] = options.partition
@@ -249,6 +255,48 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
         parameters["slurm_array_parallelism"] = options.parallel
     executor.update_parameters(**parameters)
     return executor
+
+
+class RankFailed(RuntimeError):
+    """A task (rank) of a multi-process job failed: each failed rank's error, in one line."""
+
+
+def _last_line(error: BaseException) -> str:
+    """The gist of a submitit task error: the last line of the task's traceback (its exception),
+    or the first line of an error raised outside the task (killed, no output)."""
+    text = str(error)
+    parts = text.split("\n----------------------\n")
+    if len(parts) >= 2 and parts[1].strip():  # FailedJobError: the task's traceback
+        return parts[1].strip().splitlines()[-1]
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def job_outcomes(job: Any) -> Any:
+    """A finished submitit job's result: its outcomes, rank 0's for a multi-process job.
+
+    Raises:
+        Exception: a one-task job's own error.
+        RankFailed: the ranks of a multi-process job that failed, each with its error's last
+            line, the ranks whose error is not a lost peer first (the cause, not its echo).
+    """
+    if job.num_tasks == 1:
+        return job.result()
+    errors = [(k, job.task(k).exception()) for k in range(job.num_tasks)]
+    failed = [(k, _last_line(e)) for k, e in errors if e is not None]
+    if failed:
+        failed.sort(key=lambda item: _is_echo(item[1]))
+        ranks = "; ".join(f"rank {k}: {line}" for k, line in failed)
+        raise RankFailed(
+            f"{len(failed)} of {job.num_tasks} ranks failed ({ranks}); logs: "
+            f"{Path(job.paths.stderr).parent}"
+        )
+    return job.results()[0]
+
+
+def _is_echo(line: str) -> bool:
+    """Whether a rank's error only says that a peer went away (a collective broke)."""
+    words = ("connection closed", "connection reset", "gloo", "nccl", "broken pipe", "timed out")
+    return any(w in line.lower() for w in words)
 
 
 @contextmanager
@@ -308,7 +356,7 @@ def run_submitit(
                     pending.remove(entry)
                     job, sweep_job = entry
                     try:
-                        progress.finished(sweep_job, job.result())
+                        progress.finished(sweep_job, job_outcomes(job))
                     except Exception as exc:  # the job's own error, with submitit's log path
                         progress.finished(sweep_job, None, _error(exc))
                 if pending:
