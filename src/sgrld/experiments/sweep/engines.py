@@ -261,14 +261,22 @@ class RankFailed(RuntimeError):
     """A task (rank) of a multi-process job failed: each failed rank's error, in one line."""
 
 
+#: How much of a rank's error one line of the sweep's summary shows.
+RANK_ERROR_CHARS = 200
+
+
 def _last_line(error: BaseException) -> str:
     """The gist of a submitit task error: the last line of the task's traceback (its exception),
-    or the first line of an error raised outside the task (killed, no output)."""
+    or, for a task that left no result, that it died."""
     text = str(error)
     parts = text.split("\n----------------------\n")
     if len(parts) >= 2 and parts[1].strip():  # FailedJobError: the task's traceback
-        return parts[1].strip().splitlines()[-1]
-    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+        line = parts[1].strip().splitlines()[-1]
+    elif "has not produced any output" in text:  # UncompletedJobError: no result pickle
+        line = "its process died without a result (killed, e.g. by the out-of-memory killer)"
+    else:
+        line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return line if len(line) <= RANK_ERROR_CHARS else line[: RANK_ERROR_CHARS - 1] + "…"
 
 
 def job_outcomes(job: Any) -> Any:
