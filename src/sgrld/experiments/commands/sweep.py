@@ -6,6 +6,8 @@ Examples::
         --data-dir DIR --out runs/hs400 --jobs 2
     sgrld sweep --config paper/mnist_table1 --data-dir DIR --out runs/table1 \\
         --engine submitit --partition gpu --gpus-per-job 1 --timeout-min 240
+    sgrld sweep --config paper/cifar_table3 --data-dir DIR --out runs/table3 --device cuda \\
+        --engine submitit --partition gpu --parallel ddp --nodes 2 --tasks-per-node 4
 
 The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
 ``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
@@ -13,6 +15,10 @@ The flags are those of ``sgrld sample`` (derived from its parser), where ``--sam
 given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
 run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint.pt``), which
 ``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
+
+With ``--parallel ddp`` (submitit engines) each job is one run spread over its ``--nodes`` ×
+``--tasks-per-node`` processes, as ``sgrld sample --parallel ddp`` under torchrun; the folder is
+a one-process sweep's (:func:`sgrld.experiments.sweep.jobs.execute_parallel_run`).
 
 Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
 a finished sweep does nothing; a larger ``--epochs`` extends finished runs. Exit statuses:
@@ -393,9 +399,12 @@ def run(args: argparse.Namespace) -> int:
     states = [run_state(out / r.path, r.config) for r in runs]
     todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
     resumed = states.count("partial")
+    spread = args.parallel != "none"
     print(
         f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} finished, "
-        f"{resumed} to resume, {len(todo) - resumed} to start ({args.engine})",
+        f"{resumed} to resume, {len(todo) - resumed} to start ({args.engine}"
+        + (f", --parallel {args.parallel} over {processes(args)} processes per run" * spread)
+        + ")",
         file=sys.stderr,
     )
     if not todo:
