@@ -19,7 +19,7 @@ import pytest
 
 from sgrld.cli import main
 from sgrld.experiments.commands import sample, sweep
-from sgrld.experiments.sweep import grid
+from sgrld.experiments.sweep import engines, grid
 
 pytest.importorskip("sklearn")
 pytest.importorskip("submitit")
@@ -95,6 +95,40 @@ def test_gpus_are_one_per_rank_on_cuda() -> None:
     assert sweep.gpus_per_node(parser.parse_args(argv)) == 0  # cpu
     local = ["--out", "o", "--engine", "submitit-local", "--device", "cuda"]
     assert sweep.gpus_per_node(parser.parse_args(local)) == 1  # its executor hides the others
+
+
+def test_a_failed_job_s_ranks_are_told_in_one_line_the_cause_first() -> None:
+    lines = {
+        0: "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error: Connection reset by "
+        "peer. This is typically caused by a remote worker hanging " + "x" * 200,
+        1: "ValueError: boom",
+        2: "ValueError: boom",
+    }
+    text = engines.rank_failures(lines, 4)
+    assert text.startswith("3 of 4 ranks failed (ranks 1, 2: ValueError: boom; rank 0 stopped")
+    assert len(text) < 200 and "\n" not in text
+    only_echoes = engines.rank_failures({1: "RuntimeError: rank 0 could not start r: E: x"}, 2)
+    assert (
+        only_echoes == "1 of 2 ranks failed (rank 1: RuntimeError: rank 0 could not start r: E: x)"
+    )
+
+
+def test_a_run_rank_0_cannot_start_fails_on_every_rank_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run folder planted as a symbolic link: rank 0 refuses it, the others stop with it
+    (not left waiting for rank 0), nothing is written through the link."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "diabetes-fc16-gaussian" / "identity").mkdir(parents=True)
+    (out / "diabetes-fc16-gaussian" / "identity" / "lr0.01-seed0").symlink_to(elsewhere)
+    argv = ["sweep", "--dataset", "diabetes", "--sampler", "identity", "--lr", "0.01", *TINY]
+    assert main([*argv, *DDP, "--out", str(out)]) == 1
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("  failed "))
+    assert "2 of 2 ranks failed (rank 0: sgrld.experiments.base.files.OutputError: " in line
+    assert "symbolic link" in line and "rank 1 stopped with it: RuntimeError: rank 0 could" in line
+    assert list(elsewhere.iterdir()) == []
 
 
 def _finals(out: Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -224,7 +258,7 @@ def test_a_killed_rank_fails_the_job_and_the_rerun_resumes_it(
     err = capsys.readouterr().err
     line = next(x for x in err.splitlines() if x.startswith("  failed "))
     assert "2 of 2 ranks failed (rank 1: its process died without a result" in line
-    assert "; rank 0: " in line and "logs: " in line
+    assert "; rank 0 stopped with it: " in line and "logs: " in line
     (partial,) = out.rglob("results.json")
     assert 0 < json.loads(partial.read_text())["epochs_completed"] < 30
     assert main(["sweep", *argv, *DDP, "--out", str(out)]) == 0

@@ -261,8 +261,25 @@ class RankFailed(RuntimeError):
     """A task (rank) of a multi-process job failed: each failed rank's error, in one line."""
 
 
-#: How much of a rank's error one line of the sweep's summary shows.
-RANK_ERROR_CHARS = 200
+#: How much of a failed rank's error the sweep's summary shows; of an echo (a rank that only
+#: lost its peers), less.
+RANK_ERROR_CHARS = 300
+ECHO_CHARS = 100
+#: Words of errors that only echo another rank's failure: a collective that broke when a peer
+#: went away, or rank 0's refusal passed on to the other ranks.
+ECHO_WORDS = (
+    "connection closed",
+    "connection reset",
+    "gloo",
+    "nccl",
+    "broken pipe",
+    "timed out",
+    "rank 0 could not start",
+)
+
+
+def _cut(line: str, limit: int) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _last_line(error: BaseException) -> str:
@@ -271,12 +288,37 @@ def _last_line(error: BaseException) -> str:
     text = str(error)
     parts = text.split("\n----------------------\n")
     if len(parts) >= 2 and parts[1].strip():  # FailedJobError: the task's traceback
-        line = parts[1].strip().splitlines()[-1]
-    elif "has not produced any output" in text:  # UncompletedJobError: no result pickle
-        line = "its process died without a result (killed, e.g. by the out-of-memory killer)"
-    else:
-        line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return line if len(line) <= RANK_ERROR_CHARS else line[: RANK_ERROR_CHARS - 1] + "…"
+        return parts[1].strip().splitlines()[-1]
+    if "has not produced any output" in text:  # UncompletedJobError: no result pickle
+        return "its process died without a result (killed, e.g. by the out-of-memory killer)"
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _is_echo(line: str) -> bool:
+    """Whether a rank's error only echoes another's (:data:`ECHO_WORDS`)."""
+    return any(w in line.lower() for w in ECHO_WORDS)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def rank_failures(lines: dict[int, str], world: int) -> str:
+    """One line for the failed ranks of a job (rank → its error's last line): the causes first,
+    ranks with the same error together, then the ranks that only echo them (shortened), e.g.
+    ``1 of 2 ranks failed (rank 1: ValueError: …; rank 0 stopped with it: RuntimeError: …)``."""
+    causes: dict[str, list[int]] = {}
+    echoes: dict[str, list[int]] = {}
+    for rank, line in sorted(lines.items()):
+        (echoes if _is_echo(line) else causes).setdefault(line, []).append(rank)
+    parts = [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in causes.items()]
+    if causes:
+        parts += [
+            f"{_ranks(r)} stopped with it: {_cut(line, ECHO_CHARS)}" for line, r in echoes.items()
+        ]
+    else:  # no cause among them: each echo in full
+        parts += [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in echoes.items()]
+    return f"{len(lines)} of {world} ranks failed ({'; '.join(parts)})"
 
 
 def job_outcomes(job: Any) -> Any:
@@ -284,27 +326,18 @@ def job_outcomes(job: Any) -> Any:
 
     Raises:
         Exception: a one-task job's own error.
-        RankFailed: the ranks of a multi-process job that failed, each with its error's last
-            line, the ranks whose error is not a lost peer first (the cause, not its echo).
+        RankFailed: the ranks of a multi-process job that failed (:func:`rank_failures`), and
+            where their logs are.
     """
     if job.num_tasks == 1:
         return job.result()
-    errors = [(k, job.task(k).exception()) for k in range(job.num_tasks)]
-    failed = [(k, _last_line(e)) for k, e in errors if e is not None]
-    if failed:
-        failed.sort(key=lambda item: _is_echo(item[1]))
-        ranks = "; ".join(f"rank {k}: {line}" for k, line in failed)
+    errors = {k: job.task(k).exception() for k in range(job.num_tasks)}
+    lines = {k: _last_line(e) for k, e in errors.items() if e is not None}
+    if lines:
         raise RankFailed(
-            f"{len(failed)} of {job.num_tasks} ranks failed ({ranks}); logs: "
-            f"{Path(job.paths.stderr).parent}"
+            f"{rank_failures(lines, job.num_tasks)}; logs: {Path(job.paths.stderr).parent}"
         )
     return job.results()[0]
-
-
-def _is_echo(line: str) -> bool:
-    """Whether a rank's error only says that a peer went away (a collective broke)."""
-    words = ("connection closed", "connection reset", "gloo", "nccl", "broken pipe", "timed out")
-    return any(w in line.lower() for w in words)
 
 
 @contextmanager

@@ -218,9 +218,9 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
     checkpoint. Each rank returns the same outcome.
 
     Raises:
-        RuntimeError: on every rank, when rank 0 could not decide (e.g. a linked run folder);
-            any rank's own error fails its task, and its peers then fail at their next
-            collective.
+        Exception: rank 0's error when it could not decide (e.g. a linked run folder), and on
+            the other ranks a RuntimeError naming it; any rank's own error fails its task, and
+            its peers then fail at their next collective.
     """
     import argparse
 
@@ -241,15 +241,17 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
     assert parallel is not None
     folder = out / run.path
     with ExitStack() as stack:
-        decision, error = "run", ""
+        decision, error, refusal = "run", "", None
         if parallel.is_main:
             try:
                 decision = _decide(run, out, stack)
-            except Exception as exc:  # refused on every rank alike, not left waiting
-                decision, error = "error", f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # every rank stops, none is left waiting
+                decision, error, refusal = "error", f"{type(exc).__name__}: {exc}", exc
         message = [decision, error]
         dist.broadcast_object_list(message, src=0)
         decision, error = message
+        if refusal is not None:
+            raise refusal
         if decision == "error":
             raise RuntimeError(f"rank 0 could not start {run.path}: {error}")
         if decision != "run":
