@@ -160,24 +160,28 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", sweep.parallel_modes())
 def test_a_two_process_sweep_equals_the_one_process_sweep(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    """2 settings (SGLD, Monge) × 2 ranks per job: 3 epochs, then --epochs 6 (every run resumes
-    from rank 0's checkpoint) equal the one-process sweep's 6 epochs; the folders hold the same
-    files, which ``sgrld table`` reads alike; a rerun does nothing."""
+    """2 settings (SGLD, Monge) × 2 ranks per job, every mode of ``sample --parallel``: 3
+    epochs, then --epochs 6 (every run resumes from rank 0's checkpoint) equal the one-process
+    sweep's 6 epochs; the folders hold the same files, which ``sgrld table`` reads alike; a
+    rerun does nothing."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    one, ddp = tmp_path / "one", tmp_path / "ddp"
+    one, ddp = tmp_path / "one", tmp_path / mode
+    spread = [*DDP]
+    spread[spread.index("ddp")] = mode
     assert main(["sweep", *GRID, "--out", str(one)]) == 0  # the local engine: a process per job
     short = [a if a != "6" else "3" for a in GRID]
-    assert main(["sweep", *short, *DDP, "--out", str(ddp)]) == 0
-    assert main(["sweep", *GRID, *DDP, "--out", str(ddp)]) == 0  # extends: resumes both
+    assert main(["sweep", *short, *spread, "--out", str(ddp)]) == 0
+    assert main(["sweep", *GRID, *spread, "--out", str(ddp)]) == 0  # extends: resumes both
     capsys.readouterr()
     ours, theirs = _finals(ddp), _finals(one)
     assert sorted(ours) == sorted(theirs) and len(ours) == 2
     gaps = {path: _gap(ours[path], theirs[path]) for path in ours}
     with capsys.disabled():
-        print("relative gaps of the final scores:", gaps)
+        print(f"{mode}: relative gaps of the final scores:", gaps)
     assert max(gaps.values()) < 1e-6  # float32; measured ≤ 5e-9
     assert _files(ddp) == _files(one)
     for path in ours:
@@ -186,8 +190,8 @@ def test_a_two_process_sweep_equals_the_one_process_sweep(
         assert results["timing"]["processes"] == 2
         assert "processes" not in json.loads((one / path / "results.json").read_text())["timing"]
     manifest = json.loads((ddp / grid.MANIFEST_FILE).read_text())
-    assert manifest["options"]["parallel"] == "ddp" and manifest["options"]["processes"] == 2
-    assert main(["sweep", *GRID, *DDP, "--out", str(ddp)]) == 0
+    assert manifest["options"]["parallel"] == mode and manifest["options"]["processes"] == 2
+    assert main(["sweep", *GRID, *spread, "--out", str(ddp)]) == 0
     assert "nothing to do" in capsys.readouterr().err
     for folder in (one, ddp):
         assert main(["table", "--layout", "long", str(folder), "--csv", str(folder) + ".csv"]) == 0
