@@ -6,6 +6,8 @@ Examples::
         --data-dir DIR --out runs/hs400 --jobs 2
     sgrld sweep --config paper/mnist_table1 --data-dir DIR --out runs/table1 \\
         --engine submitit --partition gpu --gpus-per-job 1 --timeout-min 240
+    sgrld sweep --config paper/cifar_table3 --data-dir DIR --out runs/table3 --device cuda \\
+        --engine submitit --partition gpu --parallel ddp --nodes 2 --tasks-per-node 4
 
 The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
 ``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
@@ -13,6 +15,10 @@ The flags are those of ``sgrld sample`` (derived from its parser), where ``--sam
 given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
 run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint.pt``), which
 ``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
+
+With ``--parallel ddp`` (submitit engines) each job is one run spread over its ``--nodes`` ×
+``--tasks-per-node`` processes, as ``sgrld sample --parallel ddp`` under torchrun; the folder is
+a one-process sweep's (:func:`sgrld.experiments.sweep.jobs.execute_parallel_run`).
 
 Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
 a finished sweep does nothing; a larger ``--epochs`` extends finished runs. Exit statuses:
@@ -140,6 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.help = "cpu, cuda or cuda:K (cpu); its kind is" + _RECORDED[1:]
         elif action.dest == "no_graph":
             action.help = "CUDA: eager steps instead of replaying a captured step" + _RECORDED
+        elif action.dest == "parallel":
+            action.help = (
+                "spread each run over the --nodes × --tasks-per-node processes of its submitit "
+                "job, as sample --parallel under torchrun (none: a process per job)" + _RECORDED
+            )
 
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument(
@@ -157,9 +168,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="J",
         help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
     )
+    sweep.add_argument(
+        "--tasks-per-node",
+        type=int,
+        default=1,
+        metavar="W",
+        help="--parallel: processes per node of each job, one rank each (one per GPU on cuda) (1)",
+    )
+    sweep.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="--parallel: nodes per job (--engine submitit; submitit-local has one) (1)",
+    )
     sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
     sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job (0)")
-    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C", help="CPUs per job (1)")
+    sweep.add_argument(
+        "--cpus-per-job",
+        type=int,
+        default=1,
+        metavar="C",
+        help="CPUs per job, per process under --parallel (1)",
+    )
     sweep.add_argument(
         "--timeout-min", type=int, default=60, metavar="T", help="job time limit in minutes (60)"
     )
@@ -227,11 +258,7 @@ def _check(args: argparse.Namespace) -> None:
         raise GridError("--timeout-min and --cpus-per-job must be >= 1, --gpus-per-job >= 0")
     if args.engine != "submitit" and (args.partition or args.gpus_per_job or args.no_wait):
         raise GridError("--partition, --gpus-per-job and --no-wait need --engine submitit")
-    if getattr(args, "parallel", "none") != "none":
-        raise GridError(
-            "--parallel ddp runs one sample run under torchrun; a sweep's runs are one process "
-            "each (pack runs of a setting with --chains instead)"
-        )
+    _check_parallel(args)
     if args.engine.startswith("submitit"):
         try:
             import submitit  # noqa: F401
@@ -241,16 +268,82 @@ def _check(args: argparse.Namespace) -> None:
             ) from exc
 
 
+def parallel_modes() -> tuple[str, ...]:
+    """The values of ``sgrld sample --parallel`` that spread a run over processes (all but
+    ``none``), read from sample's parser."""
+    (action,) = [a for a in _sample_actions() if a.dest == "parallel"]
+    return tuple(c for c in action.choices or () if c != "none")
+
+
+def _check_parallel(args: argparse.Namespace) -> None:
+    """``--parallel``, ``--nodes`` and ``--tasks-per-node``: jobs of nodes × tasks-per-node
+    processes, one run each, on the submitit engines only."""
+    mode = getattr(args, "parallel", "none")
+    if args.nodes < 1 or args.tasks_per_node < 1:
+        raise GridError("--nodes and --tasks-per-node must be >= 1")
+    if mode == "none":
+        if args.nodes != 1 or args.tasks_per_node != 1:
+            raise GridError(
+                "--nodes and --tasks-per-node spread each run over processes: they need "
+                f"--parallel ({', '.join(parallel_modes())})"
+            )
+        return
+    if args.engine == "local":
+        raise GridError(
+            f"--parallel {mode} needs --engine submitit (SLURM) or submitit-local (this machine): "
+            "they start each job's --nodes × --tasks-per-node processes; --engine local runs a "
+            "job in one process"
+        )
+    if args.chains != 1:
+        raise GridError(f"--parallel {mode} runs one chain over the processes: drop --chains")
+    if args.engine == "submitit-local" and args.nodes > 1:
+        raise GridError(
+            f"--nodes {args.nodes}: --engine submitit-local runs each job on this machine "
+            "(submitit's LocalExecutor has one node); use --engine submitit or --nodes 1"
+        )
+    kind, _, index = str(args.device).partition(":")
+    if kind == "cuda" and index:
+        raise GridError(
+            f"--device {args.device}: under --parallel each rank takes the GPU of its place on "
+            "its node (cuda:LOCAL_RANK); give --device cuda"
+        )
+    if kind == "cuda" and args.gpus_per_job not in (0, args.tasks_per_node):
+        raise GridError(
+            f"--gpus-per-job {args.gpus_per_job}: under --parallel on cuda a job has one GPU per "
+            f"rank, --tasks-per-node ({args.tasks_per_node}) per node; leave --gpus-per-job out"
+        )
+
+
+def processes(args: argparse.Namespace) -> int:
+    """The processes of each job: nodes × tasks per node (1 without ``--parallel``)."""
+    return args.nodes * args.tasks_per_node if args.parallel != "none" else 1
+
+
+def gpus_per_node(args: argparse.Namespace) -> int:
+    """GPUs a job asks for on each node: one per rank on cuda under ``--parallel``; one for a
+    submitit-local job on cuda (its executor hides the GPUs it is not given); else
+    ``--gpus-per-job``."""
+    on_cuda = str(args.device).startswith("cuda")
+    if on_cuda and (args.parallel != "none" or args.engine == "submitit-local"):
+        return args.tasks_per_node
+    return int(args.gpus_per_job)
+
+
 def chain_options(args: argparse.Namespace) -> dict[str, Any]:
     """The options outside the runs' configs that shape their chains (recorded in the manifest:
-    :data:`sgrld.experiments.sweep.grid.CHAIN_OPTIONS`)."""
-    return {
+    :data:`sgrld.experiments.sweep.grid.CHAIN_OPTIONS`); ``parallel`` and ``processes`` only
+    under ``--parallel``."""
+    options: dict[str, Any] = {
         "chains": args.chains,
         "chain_batch": args.chain_batch,
         "threads": args.threads,
         "device": str(args.device).split(":")[0],
         "graph": not args.no_graph,
     }
+    if getattr(args, "parallel", "none") != "none":
+        options["parallel"] = args.parallel
+        options["processes"] = processes(args)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -285,6 +378,7 @@ def run(args: argparse.Namespace) -> int:
             plot=not args.no_plot,
             chain_batch=args.chain_batch,
             graph=not args.no_graph,
+            parallel=args.parallel,
         )
         try:
             jobs = make_jobs(runs, out.resolve(), machine, args.chains)
@@ -305,9 +399,12 @@ def run(args: argparse.Namespace) -> int:
     states = [run_state(out / r.path, r.config) for r in runs]
     todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
     resumed = states.count("partial")
+    spread = args.parallel != "none"
     print(
         f"sweep {out}: {len(runs)} runs, {len(runs) - len(todo)} finished, "
-        f"{resumed} to resume, {len(todo) - resumed} to start ({args.engine})",
+        f"{resumed} to resume, {len(todo) - resumed} to start ({args.engine}"
+        + (f", --parallel {args.parallel} over {processes(args)} processes per run" * spread)
+        + ")",
         file=sys.stderr,
     )
     if not todo:
@@ -329,11 +426,13 @@ def run(args: argparse.Namespace) -> int:
             cluster = ClusterOptions(
                 local=args.engine == "submitit-local",
                 partition=args.partition,
-                gpus_per_job=args.gpus_per_job,
+                gpus_per_job=gpus_per_node(args),
                 cpus_per_job=args.cpus_per_job,
                 timeout_min=args.timeout_min,
                 parallel=args.jobs,
                 wait=not args.no_wait,
+                nodes=args.nodes,
+                tasks_per_node=args.tasks_per_node,
             )
             run_submitit(jobs, out, cluster, progress)
     finally:

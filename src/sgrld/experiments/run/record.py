@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sgrld.core.replicas import world
 from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
 from sgrld.experiments.run.build import build_likelihood
@@ -383,6 +384,9 @@ class RunRecord:
             "chains_in_process": self.chains_in_process,
             "step_mode": self.step_mode,
         }
+        processes = world()[1]
+        if processes > 1:  # the run's job spread it over the ranks of a process group
+            timing["processes"] = processes
         results: Results = {
             "format": RESULTS_FORMAT,
             "config": self.config.to_dict(),

@@ -225,6 +225,8 @@ class ClusterOptions:
     parallel: int | None = None  # at most this many jobs at once (None: SLURM decides; local 1)
     wait: bool = True
     poll_seconds: float = 0.25
+    nodes: int = 1  # a job's nodes (the local executor has one)
+    tasks_per_node: int = 1  # processes per node: > 1 only for runs spread over processes
 
 
 def _executor(folder: Path, options: ClusterOptions) -> Any:
@@ -232,7 +234,11 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
 
     if options.local:
         local = submitit.LocalExecutor(folder=folder)
-        local.update_parameters(timeout_min=options.timeout_min)
+        local.update_parameters(
+            timeout_min=options.timeout_min,
+            tasks_per_node=options.tasks_per_node,
+            gpus_per_node=options.gpus_per_job,  # 0 hides every GPU from the tasks
+        )
         return local
     executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     parameters: dict[str, Any] = {
@@ -240,8 +246,8 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
         "timeout_min": options.timeout_min,
         "gpus_per_node": options.gpus_per_job,
         "cpus_per_task": options.cpus_per_job,
-        "tasks_per_node": 1,
-        "nodes": 1,
+        "tasks_per_node": options.tasks_per_node,
+        "nodes": options.nodes,
     }
     if options.partition:
         parameters["slurm_partition"] = options.partition
@@ -249,6 +255,89 @@ def _executor(folder: Path, options: ClusterOptions) -> Any:
         parameters["slurm_array_parallelism"] = options.parallel
     executor.update_parameters(**parameters)
     return executor
+
+
+class RankFailed(RuntimeError):
+    """A task (rank) of a multi-process job failed: each failed rank's error, in one line."""
+
+
+#: How much of a failed rank's error the sweep's summary shows; of an echo (a rank that only
+#: lost its peers), less.
+RANK_ERROR_CHARS = 300
+ECHO_CHARS = 100
+#: Words of errors that only echo another rank's failure: a collective that broke when a peer
+#: went away, or rank 0's refusal passed on to the other ranks.
+ECHO_WORDS = (
+    "connection closed",
+    "connection reset",
+    "gloo",
+    "nccl",
+    "broken pipe",
+    "timed out",
+    "rank 0 could not start",
+)
+
+
+def _cut(line: str, limit: int) -> str:
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _last_line(error: BaseException) -> str:
+    """The gist of a submitit task error: the last line of the task's traceback (its exception),
+    or, for a task that left no result, that it died."""
+    text = str(error)
+    parts = text.split("\n----------------------\n")
+    if len(parts) >= 2 and parts[1].strip():  # FailedJobError: the task's traceback
+        return parts[1].strip().splitlines()[-1]
+    if "has not produced any output" in text:  # UncompletedJobError: no result pickle
+        return "its process died without a result (killed, e.g. by the out-of-memory killer)"
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _is_echo(line: str) -> bool:
+    """Whether a rank's error only echoes another's (:data:`ECHO_WORDS`)."""
+    return any(w in line.lower() for w in ECHO_WORDS)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def rank_failures(lines: dict[int, str], world: int) -> str:
+    """One line for the failed ranks of a job (rank → its error's last line): the causes first,
+    ranks with the same error together, then the ranks that only echo them (shortened), e.g.
+    ``1 of 2 ranks failed (rank 1: ValueError: …; rank 0 stopped with it: RuntimeError: …)``."""
+    causes: dict[str, list[int]] = {}
+    echoes: dict[str, list[int]] = {}
+    for rank, line in sorted(lines.items()):
+        (echoes if _is_echo(line) else causes).setdefault(line, []).append(rank)
+    parts = [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in causes.items()]
+    if causes:
+        parts += [
+            f"{_ranks(r)} stopped with it: {_cut(line, ECHO_CHARS)}" for line, r in echoes.items()
+        ]
+    else:  # no cause among them: each echo in full
+        parts += [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in echoes.items()]
+    return f"{len(lines)} of {world} ranks failed ({'; '.join(parts)})"
+
+
+def job_outcomes(job: Any) -> Any:
+    """A finished submitit job's result: its outcomes, rank 0's for a multi-process job.
+
+    Raises:
+        Exception: a one-task job's own error.
+        RankFailed: the ranks of a multi-process job that failed (:func:`rank_failures`), and
+            where their logs are.
+    """
+    if job.num_tasks == 1:
+        return job.result()
+    errors = {k: job.task(k).exception() for k in range(job.num_tasks)}
+    lines = {k: _last_line(e) for k, e in errors.items() if e is not None}
+    if lines:
+        raise RankFailed(
+            f"{rank_failures(lines, job.num_tasks)}; logs: {Path(job.paths.stderr).parent}"
+        )
+    return job.results()[0]
 
 
 @contextmanager
@@ -308,7 +397,7 @@ def run_submitit(
                     pending.remove(entry)
                     job, sweep_job = entry
                     try:
-                        progress.finished(sweep_job, job.result())
+                        progress.finished(sweep_job, job_outcomes(job))
                     except Exception as exc:  # the job's own error, with submitit's log path
                         progress.finished(sweep_job, None, _error(exc))
                 if pending:

@@ -49,13 +49,17 @@ OLD_MANIFEST_FORMATS = ("sgrld-sweep/1",)
 MAX_SEEDS = 1_000_000
 #: Options outside a run's config that still shape its chain's numbers (the float reductions of
 #: the thread count, the packing of runs into one vectorised process, the device, the CUDA
-#: graph): recorded in the manifest, and a rerun with other values is refused. Name → flag.
+#: graph, the processes a run is spread over): recorded in the manifest, and a rerun with other
+#: values is refused. Name → flag. ``parallel`` and ``processes`` are recorded only for sweeps of
+#: multi-process runs (``--parallel``), so a one-process sweep's manifest is as it always was.
 CHAIN_OPTIONS = {
     "chains": "--chains",
     "chain_batch": "--chain-batch",
     "threads": "--threads",
     "device": "--device",
     "graph": "--no-graph",
+    "parallel": "--parallel",
+    "processes": "--nodes × --tasks-per-node",
 }
 #: Config fields that name a run's folder: ``<setting>/<sampler>/<label>``.
 PATH_FIELDS = ("dataset", "model", "width", "prior", "sampler", "lr", "alpha2", "seed")

@@ -68,6 +68,7 @@ class Machine:
     plot: bool = False
     chain_batch: int | None = None  # chains per vectorised call in a pack
     graph: bool = True  # CUDA: replay a single run's captured step (sgrld sample --no-graph)
+    parallel: str = "none"  # sgrld sample --parallel: each task of the job is one rank of a run
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,111 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
         return RunOutcome(run.path, results["status"], results["epochs_completed"])
 
 
+def rank_device(name: str, local_rank: int) -> Any:
+    """The device of the rank with index ``local_rank`` on its node: ``cuda:LOCAL_RANK`` (one
+    rank per GPU of the job's node), or ``cuda:0`` where the scheduler shows each task its own
+    GPU only; a CPU device as it is.
+
+    Raises:
+        RuntimeError: fewer GPUs visible than the node's ranks need.
+    """
+    import torch
+
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if count == 1:
+        return torch.device("cuda", 0)
+    if local_rank >= count:
+        raise RuntimeError(
+            f"rank {local_rank} of its node needs GPU cuda:{local_rank}, but {count} GPUs are "
+            "visible: one rank per GPU (the sweep asks for --tasks-per-node GPUs per node)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def _decide(run: PlannedRun, out: Path, stack: ExitStack) -> str:
+    """Rank 0's decision for the whole job: ``skipped``, ``busy`` or ``run`` (then it holds the
+    run's locks in ``stack`` until the job ends)."""
+    if run_state(out / run.path, run.config) == "done":
+        return "skipped"
+    return "run" if stack.enter_context(_locked(out, run.path)) else "busy"
+
+
+def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
+    """Run, resume or skip one run as a rank of a multi-process job (``sgrld sweep --parallel``).
+
+    Every task of the job calls this. It exports the job's ``torch.distributed`` environment
+    (submitit's :class:`~submitit.helpers.TorchDistributedEnvironment`: ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the process group
+    as ``sgrld sample --parallel`` does under torchrun (:func:`~sgrld.experiments.run.launch.
+    join_parallel`). Rank 0 decides for every rank whether the run is skipped (finished), held
+    elsewhere, or run, and then holds its locks; it alone writes the run's folder (the
+    ``results.json`` and ``checkpoint.pt`` of a one-process run). Every rank resumes from that
+    checkpoint. Each rank returns the same outcome.
+
+    Raises:
+        Exception: rank 0's error when it could not decide (e.g. a linked run folder), and on
+            the other ranks a RuntimeError naming it; any rank's own error fails its task, and
+            its peers then fail at their next collective.
+    """
+    import argparse
+
+    import torch
+    import torch.distributed as dist
+    from submitit.helpers import TorchDistributedEnvironment
+
+    from sgrld.experiments.run import launch
+    from sgrld.experiments.run.single import RunConfig, run_sampling
+
+    env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    device = rank_device(machine.device, env.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if machine.threads is not None:
+        torch.set_num_threads(machine.threads)
+    parallel = launch.join_parallel(argparse.Namespace(parallel=machine.parallel), device, False)
+    assert parallel is not None
+    folder = out / run.path
+    with ExitStack() as stack:
+        decision, error, refusal = "run", "", None
+        if parallel.is_main:
+            try:
+                decision = _decide(run, out, stack)
+            except Exception as exc:  # every rank stops, none is left waiting
+                decision, error, refusal = "error", f"{type(exc).__name__}: {exc}", exc
+        message = [decision, error]
+        dist.broadcast_object_list(message, src=0)
+        decision, error = message
+        if refusal is not None:
+            raise refusal
+        if decision == "error":
+            raise RuntimeError(f"rank 0 could not start {run.path}: {error}")
+        if decision != "run":
+            dist.destroy_process_group()
+            return RunOutcome(run.path, decision)
+        config = RunConfig.from_dict(run.config)
+        splits = _splits(
+            config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
+        )
+        results = run_sampling(
+            config,
+            splits,
+            folder,
+            device=device,
+            resume=True,
+            step_mode="auto" if machine.graph else "eager",
+            parallel=parallel,
+        )
+        if machine.plot and parallel.is_main:
+            from sgrld.experiments.run.plots import plot_run_curves
+
+            plot_run_curves(results, folder / "curves.png")
+    dist.destroy_process_group()
+    return RunOutcome(run.path, results["status"], results["epochs_completed"])
+
+
 def pack_id(runs: Sequence[PlannedRun]) -> str:
     """A pack's folder name under ``OUT/.packs``: a digest of its runs' folders."""
     return hashlib.sha256("\n".join(r.path for r in runs).encode()).hexdigest()[:16]
@@ -260,6 +366,8 @@ class SweepJob:
         """Run every run that is not finished; an exception fails the job (and is reported)."""
         if self.pack:
             return execute_pack(self.runs, Path(self.out), self.machine)
+        if self.machine.parallel != "none":  # this process is one rank of the job's run
+            return [execute_parallel_run(run, Path(self.out), self.machine) for run in self.runs]
         return [execute_run(run, Path(self.out), self.machine) for run in self.runs]
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
