@@ -7,8 +7,9 @@ then takes the same step (the same seeds on every rank give the same noise; the 
 that at the first step). The local
 potential is weighted so that the sum over ranks is the single run's per-datum potential
 u_B = mean_B nll − log p(θ)/n exactly (up to the order of float additions):
-u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W). Every rank evaluates every sample (the
-ensemble is the single run's); rank 0 alone writes results, checkpoints and progress.
+u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W). Each rank evaluates its slice of the
+evaluation points and the predictions are all-gathered, so every rank folds the single run's
+ensemble; rank 0 alone writes results, checkpoints and progress.
 
 ``fsdp`` (:class:`FullyShardedData`) is the same chain with the parameters and the sampler's
 state sharded over the ranks (FSDP2).
@@ -106,6 +107,28 @@ class DataParallel:
         """This rank's contiguous rows of a global minibatch, and their share |B_r| / |B|."""
         rows = torch.tensor_split(torch.arange(len(y), device=y.device), self.world)[self.rank]
         return x[rows], y[rows], len(rows) / len(y)
+
+    def rows(self, n: int) -> range:
+        """This rank's contiguous rows of ``n`` (``tensor_split``'s: the first ``n mod W`` ranks
+        one more)."""
+        return self._rows(n, self.rank)
+
+    def _rows(self, n: int, rank: int) -> range:
+        size, extra = divmod(n, self.world)
+        start = rank * size + min(rank, extra)
+        return range(start, start + size + (rank < extra))
+
+    def gather_rows(self, part: Tensor, n: int) -> Tensor:
+        """The ``(n, …)`` tensor whose rows :meth:`rows` are ``part`` on each rank, on every
+        rank (one all-gather): the evaluation's predictions, computed on a slice each."""
+        import torch.distributed as dist
+
+        sizes = [len(self._rows(n, r)) for r in range(self.world)]
+        padded = part.new_zeros((max(sizes), *part.shape[1:]))
+        padded[: len(part)] = part
+        pieces = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(pieces, padded.contiguous())
+        return torch.cat([piece[:size] for piece, size in zip(pieces, sizes, strict=True)])
 
     def potential(self, model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
         """u_r of the module docstring: summed over the ranks, the global minibatch's u_B."""

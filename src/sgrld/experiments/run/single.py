@@ -402,12 +402,22 @@ class SamplingRun(RunRecord):
         self.add_evaluation_time(self._clock() - started)
 
     def _fold_sample(self, model: nn.Module) -> dict[str, float]:
-        """Add ``model``'s predictions to the ensembles; its recorded scales."""
+        """Add ``model``'s predictions to the ensembles; its recorded scales. Under
+        ``--parallel`` each rank predicts its slice of the points, then all have them all."""
+        batch = self.config.eval_batch_size
         for split in self.ensembles:
             inputs = getattr(self.splits, f"x_{split}")
-            for start in range(0, len(inputs), self.config.eval_batch_size):
-                stop = start + self.config.eval_batch_size
-                self.add_logits(split, start, model(inputs[start:stop]))
+            if self.parallel is None:
+                for start in range(0, len(inputs), batch):
+                    self.add_logits(split, start, model(inputs[start : start + batch]))
+                continue
+            rows = self.parallel.rows(len(inputs))
+            parts = [  # at least one call: an empty slice gives the predictions' shape
+                model(inputs[start : min(start + batch, rows.stop)])
+                for start in range(rows.start, max(rows.stop, rows.start + 1), batch)
+            ]
+            logits = self.parallel.gather_rows(torch.cat(parts), len(inputs))
+            self.add_logits(split, 0, logits)
         return scalar_hyperparameters(model)
 
     # --- state ------------------------------------------------------------------------------
