@@ -243,7 +243,71 @@ def _load(rank: int, world: int, out: Path) -> dict[str, Any]:
     return result
 
 
-CASES = {"same": _same, "nan": _nan, "seeds": _seeds, "save": _save, "load": _load}
+#: the ResNet-20 case: elementwise, per-tensor, global-sum and blocked metrics
+RESNET = ("sgld", "wenzel", "monge", "shampoo")
+RESNET_STEPS = 20
+
+
+def _resnet() -> torch.nn.Module:
+    """A narrow ResNet-20 (widths 4, 6, 5: uneven shards of its filters at W = 2 and 3), float64,
+    its BatchNorm in eval mode: a norm without batch statistics, so each rank's slice of a
+    batch gives its share of the batch's gradient (the runner uses SyncBatchNorm on CUDA)."""
+    from sgrld.models.resnet20 import ResNet20
+
+    torch.manual_seed(0)
+    net = ResNet20(num_classes=3, widths=(4, 6, 5)).double()
+    with torch.no_grad():  # running statistics away from the initial (0, 1)
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+def _resnet_loss(net: torch.nn.Module, step: int, rank: int, world: int) -> torch.Tensor:
+    data = torch.Generator().manual_seed(2000 + step)
+    x = torch.randn(BATCH, 3, 8, 8, generator=data, dtype=torch.float64)
+    y = torch.randint(0, 3, (BATCH,), generator=data)
+    part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    return torch.nn.functional.cross_entropy(net(x[part]), y[part])
+
+
+def resnet_chain(name: str, rank: int, world: int, sharded: bool) -> dict[str, torch.Tensor]:
+    """RESNET_STEPS steps; ``sharded``: every BasicBlock and the whole net FSDP2 units."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = _resnet()
+    if sharded:
+        for module in net.modules():
+            if type(module).__name__ == "BasicBlock":
+                fully_shard(module)
+        fully_shard(net)
+    options: dict[str, Any] = {"noise": "philox"}
+    if name == "shampoo":  # the default ridge (1e-8) lets the first gradients' G⁻¹ blow this
+        options["eps"] = 1e-4  # net up in one process too (NaN by step 20); not sharding's
+        if not sharded:
+            options["row_shards"] = world
+    opt = _optimizer(name, net.named_parameters(), **options)
+    for step in range(RESNET_STEPS):
+        opt.zero_grad()
+        _resnet_loss(net, step, rank if sharded else 0, world if sharded else 1).backward()
+        opt.step()
+    full = {n: p.full_tensor() if sharded else p for n, p in net.named_parameters()}  # type: ignore[operator]
+    return {n: p.detach().clone() for n, p in full.items()}
+
+
+def _resnet_case(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {name: resnet_chain(name, rank, world, sharded=True) for name in RESNET}
+
+
+CASES = {
+    "same": _same,
+    "nan": _nan,
+    "seeds": _seeds,
+    "save": _save,
+    "load": _load,
+    "resnet": _resnet_case,
+}
 
 
 def spawn(tmp_path: Path, world: int, case: str) -> list[dict[str, Any]]:
@@ -321,3 +385,20 @@ def test_dcp_checkpoint_of_two_ranks_continues_on_one_two_and_three(tmp_path: Pa
                 ends = {n: before["end"][n] for n in params}
                 error = relative_error({n: mine["end"][n] for n in params}, ends)
                 assert error <= BOUND[name], (name, world, error)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sharded_resnet20_chain_is_the_one_process_chain(tmp_path: Path, world: int) -> None:
+    """A narrow ResNet-20, each BasicBlock its own FSDP2 unit (convolutions sharded along their
+    filters, uneven), 20 steps: the one-process chain within the bounds (Shampoo: with the same
+    ``row_shards``)."""
+    ranks = spawn(tmp_path, world, "resnet")
+    for name in RESNET:
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], ranks[0][name][n]) for n in ranks[0][name])
+        alone = resnet_chain(name, 0, world, sharded=False)
+        error = relative_error(ranks[0][name], alone)
+        assert error <= BOUND[name], (name, world, error)
+        start = {n: p.detach() for n, p in _resnet().named_parameters()}
+        assert relative_error(alone, start) > 1e-4, name  # the chain moved

@@ -88,6 +88,25 @@ def _splits(dataset: str, data_dir: str, num_val: int, verify: bool, download: b
     return load_dataset(dataset, data_dir, num_val=num_val, verify=verify, download=download)
 
 
+def _sample(run: Any, machine: Any, folder: Path, device: Any, parallel: Any = None) -> Any:
+    """Run (or resume) ``run`` in ``folder``: the sample run of one job or one rank of it."""
+    from sgrld.experiments.run.single import RunConfig, run_sampling
+
+    config = RunConfig.from_dict(run.config)
+    splits = _splits(
+        config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
+    )
+    return run_sampling(
+        config,
+        splits,
+        folder,
+        device=device,
+        resume=True,
+        step_mode="auto" if machine.graph else "eager",
+        parallel=parallel,
+    )
+
+
 @contextmanager
 def _locked(out: Path, run_path: str) -> Iterator[bool]:
     """Hold the run's locks (non-blocking); yields whether this process got them.
@@ -150,22 +169,9 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
             return RunOutcome(run.path, "busy")
         import torch
 
-        from sgrld.experiments.run.single import RunConfig, run_sampling
-
         if machine.threads is not None:
             torch.set_num_threads(machine.threads)
-        config = RunConfig.from_dict(run.config)
-        splits = _splits(
-            config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
-        )
-        results = run_sampling(
-            config,
-            splits,
-            folder,
-            device=machine.device,
-            resume=True,
-            step_mode="auto" if machine.graph else "eager",
-        )
+        results = _sample(run, machine, folder, machine.device)
         if machine.plot:
             from sgrld.experiments.run.plots import plot_run_curves
 
@@ -229,7 +235,6 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
     from submitit.helpers import TorchDistributedEnvironment
 
     from sgrld.experiments.run import launch
-    from sgrld.experiments.run.single import RunConfig, run_sampling
 
     env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     device = rank_device(machine.device, env.local_rank)
@@ -257,19 +262,7 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
         if decision != "run":
             dist.destroy_process_group()
             return RunOutcome(run.path, decision)
-        config = RunConfig.from_dict(run.config)
-        splits = _splits(
-            config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
-        )
-        results = run_sampling(
-            config,
-            splits,
-            folder,
-            device=device,
-            resume=True,
-            step_mode="auto" if machine.graph else "eager",
-            parallel=parallel,
-        )
+        results = _sample(run, machine, folder, device, parallel)
         if machine.plot and parallel.is_main:
             from sgrld.experiments.run.plots import plot_run_curves
 
