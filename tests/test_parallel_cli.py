@@ -264,3 +264,13 @@ def test_curvature_under_fsdp_is_refused_with_the_reason() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"--curvature .*--parallel fsdp"):
         SamplingRun(config, load_dataset("diabetes"), parallel=FullyShardedData(0, 2))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_each_rank_evaluates_tensor_splits_slice_of_the_points(world: int) -> None:
+    """The evaluation's slices are the minibatch's (``tensor_split``): contiguous, in rank
+    order, covering every point once, empty ones included (n < W)."""
+    for n in (0, 1, 2, 5, 44, 88):
+        slices = [DataParallel(r, world).rows(n) for r in range(world)]
+        expect = [s.tolist() for s in torch.tensor_split(torch.arange(n), world)]
+        assert [list(s) for s in slices] == expect
