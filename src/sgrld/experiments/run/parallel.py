@@ -260,8 +260,8 @@ class FullyShardedData(DataParallel):
     its shard, drawing the noise at the global indices: the single run's chain up to the order
     of float additions. 0-d parameters (the horseshoe's scales, a learned σ) become one-row
     tensors held by rank 0 (:class:`_Scalar`), so the sampled tensors keep the single run's
-    order, and so its flat buffer and noise. Evaluation gathers the parameters
-    (:meth:`gathered`); every rank evaluates every sample. A checkpoint holds whole tensors in
+    order, and so its flat buffer and noise. Evaluation runs with the parameters gathered
+    (:meth:`within`), each rank on its slice of the points. A checkpoint holds whole tensors in
     the single run's names and shapes (gathered, written by rank 0), so it resumes on any
     number of processes — Shampoo's factors, which belong to one W's blocks, on the same W.
     """
@@ -280,10 +280,11 @@ class FullyShardedData(DataParallel):
 
         model = self.synchronise_batch_norm(model)
         self._model = model
-        self._sites = []
-        for prefix, module in model.named_modules():
+        self._sites, seen = [], set()
+        for prefix, module in model.named_modules():  # ``model.parameters()``'s order
             for name, p in list(module._parameters.items()):
-                if p is not None:
+                if p is not None and id(p) not in seen:  # a tied tensor once, as there
+                    seen.add(id(p))
                     full = f"{prefix}.{name}" if prefix else name
                     self._sites.append((full, module, name, p.dim() == 0))
         for _, module, name, scalar in self._sites:
