@@ -3,6 +3,7 @@ chain: every sampler, W = 2 and 3 (uneven shards, and a rank with an empty shard
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections.abc import Callable
@@ -115,6 +116,10 @@ def _worker(rank: int, world: int, store: str, out: str, case: str) -> None:
         result = {"crash": traceback.format_exc()}
     finally:
         torch.save(result, Path(out) / f"rank{rank}.pt")
+        # no rank tears the group down while another still talks on it (under load, a rank
+        # that left first aborted its peer once: "terminate called without an active exception")
+        with contextlib.suppress(Exception):
+            dist.barrier()
         dist.destroy_process_group()
 
 
