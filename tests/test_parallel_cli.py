@@ -222,6 +222,7 @@ def test_fsdp_shampoo_is_the_single_run_with_the_same_row_shards(tmp_path: Path)
     assert main(resume) == 2
     _torchrun(2, [*resume, "--parallel", "fsdp"])
     assert _final_gap(tmp_path / "short", tmp_path / "fsdp") == 0.0
+    assert _checkpoint_gap(tmp_path / "short", tmp_path / "fsdp") == 0.0  # every tensor
 
 
 @pytest.mark.slow

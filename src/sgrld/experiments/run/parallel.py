@@ -30,11 +30,34 @@ MODES = ("ddp", "fsdp")
 T = TypeVar("T")
 
 
+def rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """The device of the process with index ``local_rank`` on its node: ``cuda:LOCAL_RANK`` (one
+    process per GPU), or ``cuda:0`` where the scheduler shows each process its own GPU only; a
+    CPU device as it is.
+
+    Raises:
+        RuntimeError: fewer GPUs visible than the node's processes need.
+    """
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if count == 1:
+        return torch.device("cuda", 0)
+    if local_rank >= count:
+        raise RuntimeError(
+            f"rank {local_rank} of its node needs GPU cuda:{local_rank}, but {count} GPUs are "
+            "visible: one process per GPU (a sweep asks for --tasks-per-node GPUs per node)"
+        )
+    return torch.device("cuda", local_rank)
+
+
 class DataParallel:
     """This process's place in a ``ddp`` job: ``rank`` of ``world`` processes, and how the
     run's model, potential, gradients and state go over them."""
 
     mode = "ddp"
+    #: whether building the checkpoint takes every rank (gathering shards); else rank 0 alone
+    collective_state = False
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank = rank
@@ -51,7 +74,8 @@ class DataParallel:
         GPU per process, ``cuda:LOCAL_RANK`` unless ``device`` names one).
 
         Raises:
-            RuntimeError: not started by torchrun (no ``WORLD_SIZE`` in the environment).
+            RuntimeError: not started by torchrun (no ``WORLD_SIZE`` in the environment), or
+                fewer GPUs than the node's processes (:func:`rank_device`).
         """
         import torch.distributed as dist
 
@@ -63,10 +87,10 @@ class DataParallel:
                     f"--parallel {mode} runs under torchrun: torchrun --nproc-per-node W -m "
                     f"sgrld sample … --parallel {mode}"
                 )
-            if device.type == "cuda" and device.index is None:  # one GPU per process
+            if device.type == "cuda":  # one GPU per process
                 local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-                # a scheduler may show each process its own GPU only (as cuda:0)
-                torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
+                index = rank_device(device, local_rank) if device.index is None else device
+                torch.cuda.set_device(index)
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         kind = FullyShardedData if mode == "fsdp" else DataParallel
         return kind(dist.get_rank(), dist.get_world_size())
@@ -221,13 +245,9 @@ def factor_world(optimizer_state: Mapping[str, Any]) -> int | None:
 def factor_mismatch(saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> str | None:
     """Why a checkpoint's optimizer state cannot continue this run's, if its per-rank factors
     were made for another number of processes (Shampoo's blocks under fsdp depend on it)."""
-    had, has = factor_world(saved), factor_world(fresh)
+    had, has = factor_world(saved), factor_world(fresh)  # the configs, so samplers, agree
     if had == has:
         return None
-    if had is None and not any(
-        key.startswith("factor_") for entry in saved["state"].values() for key in entry
-    ):
-        return None  # no factors saved at all: another sampler, refused by its own check
 
     def where(world: int | None) -> str:
         return "one process" if world is None else f"{world} processes under --parallel fsdp"
@@ -267,6 +287,7 @@ class FullyShardedData(DataParallel):
     """
 
     mode = "fsdp"
+    collective_state = True
 
     def __init__(self, rank: int, world: int) -> None:
         super().__init__(rank, world)

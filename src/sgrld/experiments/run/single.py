@@ -434,11 +434,7 @@ class SamplingRun(RunRecord):
         return {
             "format": CHECKPOINT_FORMAT,
             "config": self.config.to_dict(),
-            "model": (
-                self.model.state_dict()
-                if self.parallel is None
-                else self.parallel.model_state(self.model)
-            ),
+            "model": self._model_state(),
             "optimizer": optimizer,
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
             **self.record_state(),
@@ -462,13 +458,15 @@ class SamplingRun(RunRecord):
         if wrong:
             raise CheckpointError("; ".join(wrong))
 
+    def _model_state(self) -> dict[str, Tensor]:
+        """The model's state dict in the single run's names and shapes (under fsdp gathered:
+        every rank takes part)."""
+        if self.parallel is None:
+            return self.model.state_dict()
+        return self.parallel.model_state(self.model)
+
     def _mismatches(self, state: Mapping[str, Any]) -> list[str]:
-        mine = (
-            self.model.state_dict()
-            if self.parallel is None
-            else self.parallel.model_state(self.model)
-        )
-        wrong = tensor_mismatches(state["model"], mine, "model")
+        wrong = tensor_mismatches(state["model"], self._model_state(), "model")
         factors = factor_mismatch(state["optimizer"], self.optimizer.state_dict())
         if factors is not None:
             wrong.append(factors)
@@ -492,9 +490,11 @@ class SamplingRun(RunRecord):
     def _save(self) -> None:
         if self.out_dir is None:
             return
-        state = self.state_dict()  # every rank takes part: under fsdp it is gathered
         if self.parallel is not None and not self.parallel.is_main:
+            if self.parallel.collective_state:  # rank 0 gathers the shards with every rank
+                self.state_dict()
             return
+        state = self.state_dict()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         files.save_checkpoint(self.out_dir / CHECKPOINT_FILE, state)
         self._save_results()

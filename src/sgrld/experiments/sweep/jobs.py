@@ -179,30 +179,6 @@ def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
         return RunOutcome(run.path, results["status"], results["epochs_completed"])
 
 
-def rank_device(name: str, local_rank: int) -> Any:
-    """The device of the rank with index ``local_rank`` on its node: ``cuda:LOCAL_RANK`` (one
-    rank per GPU of the job's node), or ``cuda:0`` where the scheduler shows each task its own
-    GPU only; a CPU device as it is.
-
-    Raises:
-        RuntimeError: fewer GPUs visible than the node's ranks need.
-    """
-    import torch
-
-    device = torch.device(name)
-    if device.type != "cuda":
-        return device
-    count = torch.cuda.device_count()
-    if count == 1:
-        return torch.device("cuda", 0)
-    if local_rank >= count:
-        raise RuntimeError(
-            f"rank {local_rank} of its node needs GPU cuda:{local_rank}, but {count} GPUs are "
-            "visible: one rank per GPU (the sweep asks for --tasks-per-node GPUs per node)"
-        )
-    return torch.device("cuda", local_rank)
-
-
 def _decide(run: PlannedRun, out: Path, stack: ExitStack) -> str:
     """Rank 0's decision for the whole job: ``skipped``, ``busy`` or ``run`` (then it holds the
     run's locks in ``stack`` until the job ends)."""
@@ -217,33 +193,28 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
     Every task of the job calls this. It exports the job's ``torch.distributed`` environment
     (submitit's :class:`~submitit.helpers.TorchDistributedEnvironment`: ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the process group
-    as ``sgrld sample --parallel`` does under torchrun (:func:`~sgrld.experiments.run.launch.
-    join_parallel`). Rank 0 decides for every rank whether the run is skipped (finished), held
-    elsewhere, or run, and then holds its locks; it alone writes the run's folder (the
-    ``results.json`` and ``checkpoint.pt`` of a one-process run). Every rank resumes from that
-    checkpoint. Each rank returns the same outcome.
+    as ``sgrld sample --parallel`` does under torchrun
+    (:meth:`~sgrld.experiments.run.parallel.DataParallel.join`). Rank 0 decides for every rank
+    whether the run is skipped (finished), held elsewhere, or run, and then holds its locks; it
+    alone writes the run's folder (the ``results.json`` and ``checkpoint.pt`` of a one-process
+    run). Every rank resumes from that checkpoint. Each rank returns the same outcome.
 
     Raises:
         Exception: rank 0's error when it could not decide (e.g. a linked run folder), and on
             the other ranks a RuntimeError naming it; any rank's own error fails its task, and
             its peers then fail at their next collective.
     """
-    import argparse
-
     import torch
     import torch.distributed as dist
     from submitit.helpers import TorchDistributedEnvironment
 
-    from sgrld.experiments.run import launch
+    from sgrld.experiments.run.parallel import DataParallel, rank_device
 
     env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    device = rank_device(machine.device, env.local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = rank_device(torch.device(machine.device), env.local_rank)
     if machine.threads is not None:
         torch.set_num_threads(machine.threads)
-    parallel = launch.join_parallel(argparse.Namespace(parallel=machine.parallel), device, False)
-    assert parallel is not None
+    parallel = DataParallel.join(device, machine.parallel)
     folder = out / run.path
     with ExitStack() as stack:
         decision, error, refusal = "run", "", None
