@@ -47,8 +47,10 @@ def test_parallel_outside_torchrun_or_with_chains_is_refused(
 ) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = ["sample", "--dataset", "diabetes", "--sampler", "identity", "--lr", "0.01", *TINY]
-    assert main([*argv, "--parallel", "ddp", "--out", str(tmp_path / "a")]) == 2
-    assert "runs under torchrun" in capsys.readouterr().err
+    for mode in ("ddp", "fsdp"):
+        assert main([*argv, "--parallel", mode, "--out", str(tmp_path / "a")]) == 2
+        assert f"--parallel {mode} runs under torchrun" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()  # refused before any file
     assert main([*argv, "--parallel", "ddp", "--chains", "2", "--out", str(tmp_path / "b")]) == 2
     assert "drop --chains" in capsys.readouterr().err
     sweep = ["sweep", "--dataset", "diabetes", "--sampler", "identity", "--lr", "0.01", *TINY]
