@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import math
@@ -340,7 +341,7 @@ def test_cli_rejects_an_unwritable_out_dir(
 def test_failed_outputs_leave_nothing_half_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken_plot(runs: object, path: object) -> None:
+    def broken_plot(runs: object, path: object, **options: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(funnel, "plot_funnel", broken_plot)
@@ -393,7 +394,7 @@ def test_demo_runs_eagerly_explains_its_columns_and_why_no_wenzel(
     from sgrld.cli import build_parser
 
     args = build_parser().parse_args(["demo"])
-    assert (args.steps, args.compile) == (30_000, False)  # no compile where it cannot pay off
+    assert (args.steps, args.chains, args.compile) == (20_000, 32, False)  # no compile: no pay-off
     assert build_parser().parse_args(["funnel", "--out", "x"]).compile is True
     argv = ["demo", "--out", str(tmp_path), "--steps", "30", "--samplers", "sgld"]
     assert main([*argv, "--jobs", "1", "--no-progress", "--no-plot"]) == 0
@@ -405,3 +406,85 @@ def test_demo_runs_eagerly_explains_its_columns_and_why_no_wenzel(
     assert re.search(r"s wall for the samplers \(1 at a time\); .* 0\.0 s compiling", out)
     assert main(["demo", "--out", str(tmp_path / "w"), "--samplers", "wenzel"]) == 2
     assert "Wenzel is Identity here" in capsys.readouterr().err
+
+
+def _demo_help(parser: argparse.ArgumentParser) -> str:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return str(action.choices["demo"].format_help())
+
+
+def test_demo_says_per_sampler_what_its_chains_show(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line per sampler against the truth (with its spread), one naming the longer run;
+    the help names the samplers that run and the chains."""
+    from sgrld.cli import build_parser
+
+    argv = ["demo", "--out", str(tmp_path), "--steps", "300", "--chains", "4", "--jobs", "1"]
+    assert main([*argv, "--samplers", "identity,monge", "--no-progress", "--no-plot"]) == 0
+    words = capsys.readouterr().out.split("What the numbers show")[1].splitlines()
+    assert "over 4 chains" in words[0]
+    assert words[1].lstrip().startswith("identity: ") and "(truth 29%)" in words[1]
+    assert words[2].lstrip().startswith("monge: ") and "identity" in words[2]
+    assert "±" in words[1] and "±" in words[2]
+    assert "sgrld funnel --out DIR" in words[3]  # 300 steps cannot rank them: the full run can
+    text = " ".join(_demo_help(build_parser()).split())
+    assert "all of them" not in text and "but wenzel" in text and "(default 32)" in text
+
+
+def _chains(neck: list[float], depth: list[float], w1: list[float]) -> dict[str, list[float]]:
+    return {"frac_v_below_minus5": neck, "min_v": depth, "wasserstein1": w1}
+
+
+def test_verdicts_weigh_each_sampler_against_the_truth_with_its_spread() -> None:
+    from sgrld.experiments.funnel.verdict import verdicts
+
+    runs = {
+        "identity": _chains(
+            [0.02, 0.05, 0.04, 0.03], [-3.0, -4.0, -3.5, -4.5], [6.0, 6.2, 5.8, 6.1]
+        ),
+        "monge": _chains([0.2, 0.35, 0.3, 0.28], [-12.0, -15.0, -9.0, -11.0], [2.0, 2.1, 1.9, 2.2]),
+        "shampoo": _chains([0.6, 0.5, 0.55, 0.7], [-4.0, -3.0, -4.5, -3.5], [6.0, 6.3, 5.9, 6.1]),
+    }
+    lines = verdicts(runs, 0.288, baseline="identity", longer="LONGER")
+    assert lines[0].startswith("identity: under-visits the neck: 4% ± ")
+    assert lines[1].startswith("monge: its mass in the neck agrees with the truth: 28% ± ")
+    assert lines[1].endswith("(deeper than identity: the paper's Figure 2)")
+    assert "over-visits the neck" in lines[2] and "not separated from identity's" in lines[2]
+    assert "monge is closest" in lines[3] and "LONGER" not in lines[3]
+    runs["monge"]["wasserstein1"] = [6.0, 4.0, 8.0, 5.0]  # overlapping spreads: says so
+    last = verdicts(runs, 0.288, baseline="identity", longer="LONGER")[-1]
+    assert last.startswith("Not shown by this run") and last.endswith("For that: LONGER")
+    one = verdicts({"monge": _chains([0.3], [-9.0], [2.0])}, 0.288, baseline=None, longer="L")
+    assert "one chain has no spread to judge by" in one[0]
+
+
+def test_funnel_figure_names_every_line_it_draws() -> None:
+    from sgrld.experiments.funnel.figure import funnel_figure
+
+    runs = {}
+    for name, neck in (("identity", 0.05), ("monge", 0.3)):
+        draws = FunnelTarget().sample(500, generator=torch.Generator().manual_seed(1)).numpy()
+        density, edges = np.histogram(draws[:, 1], bins=30, density=True)
+        runs[name] = funnel.SamplerRun(
+            name=name,
+            settings={},
+            wall_seconds=1.0,
+            compile_seconds=0.0,
+            distances=_chains([neck, neck + 0.01, neck - 0.01], [-5.0, -6.0, -7.0], [1, 2, 3]),
+            thinned=draws,
+            scatter=draws[:100],
+            hist_density=density,
+            hist_edges=edges,
+        )
+    fig = funnel_figure(runs, title="3 chains")
+    labels: set[str] = set()
+    for ax in fig.get_axes():
+        if ax.get_visible() and (ax.lines or ax.collections or ax.patches):
+            legend = ax.get_legend()
+            assert legend is not None, ax.get_title()
+            labels |= {t.get_text() for t in legend.get_texts()}
+    expected = {"log-density contours (−10 … −2.5)", "100 iterates of 3 chains"}
+    expected |= {"v = −5: below it, the neck", "v, 3 chains pooled", "exact N(0, 80)"}
+    expected |= {"one chain", "mean ± 2 standard errors", "truth (0.288)"}
+    assert labels == expected

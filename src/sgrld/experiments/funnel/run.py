@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from sgrld.experiments.base.files import (
 )
 from sgrld.experiments.base.process import die_with_parent
 from sgrld.experiments.base.progress import Progress
+from sgrld.experiments.funnel.figure import plot_funnel
 
 __all__ = [
     "SETTINGS",
@@ -100,7 +101,7 @@ class FunnelConfig:
         block: steps per compiled call.
         compile: use the compiled fast path (``False``: the same code, eagerly).
         thin: keep every ``thin``-th iterate of the first chain for ``funnel_samples.npz``.
-        scatter: iterates of the first chain drawn for the figure's scatter.
+        scatter: iterates drawn for the figure's scatter, spread over every chain.
     """
 
     steps: int = 2_000_000
@@ -123,8 +124,8 @@ class SamplerRun:
     compile_seconds: float
     distances: dict[str, list[float]]  # per chain
     thinned: np.ndarray  # (steps // thin, 2), first chain
-    scatter: np.ndarray  # (≤ scatter, 2), first chain
-    hist_density: np.ndarray  # 30-bin density histogram of v, first chain
+    scatter: np.ndarray  # (≤ scatter, 2), from every chain
+    hist_density: np.ndarray  # 30-bin density histogram of v, every chain pooled
     hist_edges: np.ndarray
     pooled: dict[str, float] | None = None  # all iterates of all chains (K > 1)
 
@@ -205,6 +206,7 @@ def run_sampler(
     )
     v_all = np.empty((steps, k))
     thinned = np.empty((steps // config.thin, 2))
+    # The scatter's iterates: distinct steps, chain = step mod K, so every chain is drawn.
     picks = np.sort(
         np.random.default_rng(config.seed).choice(steps, min(config.scatter, steps), replace=False)
     )
@@ -219,7 +221,7 @@ def run_sampler(
         r0 = (first + j0 + 1) // config.thin - 1
         thinned[r0 : r0 + rows.shape[0]] = rows
         lo, hi = np.searchsorted(picks, [first, first + count])
-        scatter[lo:hi] = it[picks[lo:hi] - first, 0]
+        scatter[lo:hi] = it[picks[lo:hi] - first, picks[lo:hi] % k]
         if progress is not None:
             progress(count)
 
@@ -230,7 +232,7 @@ def run_sampler(
     # Pooled over chains: from exact starts, a sampler that preserves the target keeps the
     # pooled law at N(0, 80) at every step, however slowly each chain mixes.
     pooled = v_distances(v_all.reshape(-1), target.v_variance) if k > 1 else None
-    density, edges = np.histogram(v_all[:, 0], bins=30, density=True)
+    density, edges = np.histogram(v_all, bins=30, density=True)
     return SamplerRun(
         name=name,
         settings=setting.as_dict(),
@@ -440,58 +442,6 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
     }
 
 
-def plot_funnel(runs: dict[str, SamplerRun], path: Path | str | BinaryIO) -> None:
-    """The paper's Figure 2, one panel pair per sampler, saved as PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import torch
-
-    from sgrld.data.funnel import FunnelTarget
-
-    target = FunnelTarget()
-    x0 = np.arange(-5.0, 9.0, 0.1)
-    x1 = np.arange(-25.0, 25.0, 0.1)
-    grid = torch.from_numpy(np.stack(np.meshgrid(x0, x1), axis=-1))
-    logp = target.log_prob(grid).numpy()
-    true_density = target.v_pdf(torch.from_numpy(x1)).numpy()
-
-    n = len(runs)
-    cols = 2 if n > 1 else 1
-    rows = math.ceil(n / cols)
-    fig = plt.figure(figsize=(9 * cols, 6 * rows))
-    subfigs: Any = fig.subfigures(rows, cols, squeeze=False).ravel()
-    for sub in subfigs[n:]:
-        sub.set_visible(False)
-    for sub, (name, r) in zip(subfigs, runs.items(), strict=False):
-        ax, axh = sub.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1], "wspace": 0.1})
-        ax.contour(x0, x1, logp, [-10.0, -7.5, -5.0, -2.5])
-        ax.scatter(r.scatter[:, 0], r.scatter[:, 1], alpha=0.15, s=20, marker="o", zorder=2)
-        ax.set_xlim(-5.0, 9.0)
-        ax.set_ylim(-25.0, 25.0)
-        ax.set_xlabel("θ₁")
-        ax.set_ylabel("v")
-        widths = np.diff(r.hist_edges)
-        axh.barh(
-            r.hist_edges[:-1],
-            r.hist_density,
-            height=widths,
-            align="edge",
-            color="tab:orange",
-            label="Estimate",
-        )
-        axh.plot(true_density, x1, label="True")
-        axh.set_ylim(-25.0, 25.0)
-        axh.set_yticklabels([])
-        axh.legend(loc="lower right", fontsize=10)
-        w1, ks = np.mean(r.distances["wasserstein1"]), np.mean(r.distances["ks"])
-        min_v = min(r.distances["min_v"])
-        sub.suptitle(f"{name}: W₁ = {w1:.2f}, KS = {ks:.3f}, min v = {min_v:.1f}")
-    fig.savefig(path, dpi=100, format="png")
-    plt.close(fig)
-
-
 def write_outputs(
     runs: dict[str, SamplerRun], config: FunnelConfig, out_dir: Path, *, plot: bool = True
 ) -> list[Path]:
@@ -512,7 +462,9 @@ def write_outputs(
     files = {"funnel_samples.npz": buffer.getvalue()}
     if plot:
         buffer = io.BytesIO()
-        plot_funnel(runs, buffer)
+        start = "exact draws" if config.start == "exact" else "(1, 1)"
+        title = f"The funnel: {config.chains} chains × {config.steps:,} steps from {start}"
+        plot_funnel(runs, buffer, title=title)
         files["funnel.png"] = buffer.getvalue()
     record = results_json(runs, config)
     record["files"] = {name: sha256_hex(data) for name, data in files.items()}

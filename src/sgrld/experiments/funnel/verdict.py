@@ -1,0 +1,108 @@
+"""What a funnel run shows against the truth, in words, with the spread over its chains.
+
+The paper's claim for Figure 2 (§5.1) is that the identity metric cannot reach the funnel's neck
+(the region of high curvature, v ≪ 0) while the better metrics can, Monge best. A run of K
+independent chains tests the first half directly: the mass each chain puts below v = −5 (truth
+0.288 under N(0, 80)) and the deepest v it reaches, mean ± 2 standard errors over the chains.
+Whether a sampler then samples N(0, 80) (W1 → 0), and which is best, takes far more steps than a
+demo has; :func:`verdicts` says so when the spreads do not separate the samplers, and names the
+command that runs long enough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["mean_and_error", "verdicts"]
+
+NECK = "frac_v_below_minus5"
+
+
+def mean_and_error(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """Mean over chains and 2 standard errors of it (``nan`` for one chain: no spread)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size < 2:
+        return float(arr.mean()), math.nan
+    return float(arr.mean()), 2.0 * float(arr.std(ddof=1)) / math.sqrt(arr.size)
+
+
+def _neck_word(mean: float, error: float, truth: float) -> str:
+    if mean + error < truth:
+        return "under-visits the neck"
+    if mean - error > truth:
+        return "over-visits the neck"
+    return "its mass in the neck agrees with the truth"
+
+
+def verdicts(
+    distances: Mapping[str, Mapping[str, Sequence[float]]],
+    truth: float,
+    *,
+    baseline: str | None,
+    longer: str,
+) -> list[str]:
+    """One line per sampler, then one on what the run cannot show.
+
+    Args:
+        distances: per sampler, the per-chain distances of :func:`~.run.v_distances`.
+        truth: the exact mass below v = −5 (0.288).
+        baseline: the sampler on the identity metric, whose depth the others are compared
+            with (``None``: no comparison).
+        longer: what to run to see what this run cannot (a command, or advice).
+
+    Returns:
+        Lines of text: each sampler's neck mass and depth against the truth and identity's, then
+        what W1 does or does not separate.
+    """
+    lines = []
+    depth = {name: mean_and_error(d["min_v"]) for name, d in distances.items()}
+    base = depth.get(baseline) if baseline is not None else None
+    for name, d in distances.items():
+        mass, error = mean_and_error(d[NECK])
+        chains = len(d[NECK])
+        if chains < 2:
+            lines.append(
+                f"{name}: {mass:.0%} of its iterates below v = -5 (truth {truth:.0%}); one chain "
+                "has no spread to judge by: run --chains 8 or more"
+            )
+            continue
+        deep, deep_error = depth[name]
+        text = (
+            f"{name}: {_neck_word(mass, error, truth)}: {mass:.0%} ± {error:.0%} of its "
+            f"iterates below v = -5 (truth {truth:.0%}); deepest v per chain "
+            f"{deep:.1f} ± {deep_error:.1f}"
+        )
+        if base is not None and name != baseline:
+            gap = math.hypot(deep_error, base[1])
+            if deep + gap < base[0]:
+                text += f" (deeper than {baseline}: the paper's Figure 2)"
+            elif deep - gap > base[0]:
+                text += f" (shallower than {baseline})"
+            else:
+                text += f" (not separated from {baseline}'s depth)"
+        lines.append(text)
+    w1 = {name: mean_and_error(d["wasserstein1"]) for name, d in distances.items()}
+    best = min(w1, key=lambda name: w1[name][0])
+    low, high = min(m for m, _ in w1.values()), max(m for m, _ in w1.values())
+    separated = len(w1) > 1 and all(
+        w1[best][0] + w1[best][1] < m - e for name, (m, e) in w1.items() if name != best
+    )
+    if separated:
+        lines.append(
+            f"W1 to N(0, 80) (0 is exact): {best} is closest, {w1[best][0]:.2f} ± "
+            f"{w1[best][1]:.2f}, beyond 2 standard errors of every other sampler"
+        )
+    elif len(w1) == 1:
+        lines.append(
+            f"Not shown by this run: whether {best} samples N(0, 80) (W1 {low:.1f}, 0 is exact). "
+            f"For that: {longer}"
+        )
+    else:
+        lines.append(
+            f"Not shown by this run: which sampler samples N(0, 80) best (W1 {low:.1f} to "
+            f"{high:.1f}, 0 is exact; the spreads overlap). For that: {longer}"
+        )
+    return lines
