@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from sgrld.cli import main
-from sgrld.experiments.report.build import build_tables, equal_time, paper_numbers, select_all
+from sgrld.experiments.report.build import (
+    IDENTITY_OPTIMAL,
+    Marked,
+    build_tables,
+    equal_time,
+    paper_numbers,
+    select_all,
+)
 from sgrld.experiments.report.selection import Choice
 from sgrld.experiments.report.tables import aggregate
 
@@ -153,6 +160,14 @@ def test_identity_optimal_when_no_alpha2_beats_it() -> None:
     assert "† The selection rule chooses Identity (α² = 0) for Monge here" in text
     assert "α² = 0 (Monge's best: 0.25, α² 0.1)" in tables[4].markdown()
     assert "†" not in tables[1].csv() and "-0.051" in tables[1].csv()
+    # Table 6 (equal time) as its footnote says: Monge's own best, re-chosen at the budget.
+    table6 = tables[6].markdown()
+    monge_row = next(line for line in table6.splitlines() if "| Monge |" in line)
+    assert "-0.0510 (0.0000) †" in monge_row and "0.25, α² 0.1 †" in monge_row
+    assert "The cell shows Monge's own best α²" in table6
+    for table in tables.values():  # no marked cell says the opposite of the mark's note
+        for row in table.rows:
+            assert not any(isinstance(c, Marked) and c.cell == IDENTITY_OPTIMAL for c in row)
 
 
 def test_equal_time_reselects_at_the_fastest_budget() -> None:
@@ -285,3 +300,36 @@ def test_report_names_itself_in_warnings_and_titles_its_figures(
     assert titles == [
         "Figure 3: mnist fc400 (4 epochs), HS prior: the chosen configurations per epoch"
     ]
+
+
+def test_a_one_epoch_report_figure_shows_every_sampler_with_markers_and_its_whole_title(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sgrld.experiments.report import figures as report_figures
+    from sgrld.experiments.run.plots import convergence_figure
+
+    runs = [fake_run("identity", lr, 0, v) for lr, v in ((0.1, -0.05), (0.25, -0.04))]
+    runs += [fake_run("monge", 0.25, 0, v, alpha2=a) for a, v in ((0.1, -0.041), (1.0, -0.05))]
+    for run in runs:  # a short sweep of one epoch: every curve is one point
+        run["config"] |= {"epochs": 1, "max_train": 2000, "burnin": 50, "thinning": 5}
+        run["curves"] = {key: values[:1] for key, values in run["curves"].items()}
+    drawn: list[tuple[Any, str]] = []
+    monkeypatch.setattr(
+        report_figures,
+        "plot_convergence",
+        lambda groups, path, *, title: drawn.append((groups, title)),
+    )
+    report_figures.draw_figures(select_all(aggregate(runs)), tmp_path)
+    ((groups, title),) = drawn
+    assert "(1 epoch, --subset 2000" in title and "1 epochs" not in title
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = convergence_figure(groups, title=title)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    for ax in fig.get_axes():
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert labels == ["Identity ℓ 0.25", "Monge ℓ 0.25, α² 0.1 †"]  # as the tables
+        assert all(line.get_marker() not in (None, "None", "") for line in ax.get_lines())
+    drawn_box, page = fig.get_tightbbox(canvas.get_renderer()), fig.bbox_inches  # title included
+    assert page.x0 <= drawn_box.x0 and drawn_box.x1 <= page.x1 and drawn_box.y1 <= page.y1

@@ -25,6 +25,10 @@ __all__ = ["funnel_figure", "plot_funnel"]
 LEVELS = [-10.0, -7.5, -5.0, -2.5]  # log-density contours, as the paper's figure
 
 
+def _count(chains: int) -> str:
+    return f"{chains} chain{'s' * (chains != 1)}"
+
+
 def _sampler_panels(sub: Any, name: str, r: SamplerRun, grid: dict[str, Any]) -> None:
     chains = len(r.distances[NECK])
     ax, axh = sub.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1], "wspace": 0.1})
@@ -40,7 +44,9 @@ def _sampler_panels(sub: Any, name: str, r: SamplerRun, grid: dict[str, Any]) ->
     ax.set_ylabel("v")
     handles = [
         ax.plot([], [], color="0.45", label="log-density contours (−10 … −2.5)")[0],
-        ax.scatter([], [], color="tab:blue", label=f"{len(r.scatter)} iterates of {chains} chains"),
+        ax.scatter(
+            [], [], color="tab:blue", label=f"{len(r.scatter)} iterates of {_count(chains)}"
+        ),
         ax.plot([], [], color="tab:red", ls=":", label="v = −5: below it, the neck")[0],
     ]
     ax.legend(handles=handles, loc="lower right", fontsize=9)
@@ -50,7 +56,7 @@ def _sampler_panels(sub: Any, name: str, r: SamplerRun, grid: dict[str, Any]) ->
         height=np.diff(r.hist_edges),
         align="edge",
         color="tab:orange",
-        label=f"v, {chains} chains pooled",
+        label=f"v, {_count(chains)} pooled",
     )
     axh.plot(grid["true_density"], grid["x1"], color="tab:blue", label="exact N(0, 80)")
     axh.axhline(grid["neck"], color="tab:red", ls=":", lw=1)

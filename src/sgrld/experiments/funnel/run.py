@@ -463,7 +463,8 @@ def write_outputs(
     if plot:
         buffer = io.BytesIO()
         start = "exact draws" if config.start == "exact" else "(1, 1)"
-        title = f"The funnel: {config.chains} chains × {config.steps:,} steps from {start}"
+        chains = f"{config.chains} chain{'s' * (config.chains != 1)}"
+        title = f"The funnel: {chains} × {config.steps:,} steps from {start}"
         plot_funnel(runs, buffer, title=title)
         files["funnel.png"] = buffer.getvalue()
     record = results_json(runs, config)

@@ -63,8 +63,11 @@ Cell = tuple[float, float] | float | str | None | Marked
 
 
 def _marked(cell: Cell) -> Cell:
-    """``cell`` with :data:`IDENTITY_MARK` after it."""
-    return cell if isinstance(cell, Marked) else Marked(cell, IDENTITY_MARK)
+    """``cell`` with :data:`IDENTITY_MARK` after it; a cell that states the rule's choice is not
+    Monge's own and stays unmarked (the mark's note says the cell shows Monge's own best)."""
+    if isinstance(cell, Marked) or cell == IDENTITY_OPTIMAL:
+        return cell
+    return Marked(cell, IDENTITY_MARK)
 
 
 IDENTITY_OPTIMAL = "Identity (α² = 0) is optimal"
@@ -80,7 +83,7 @@ def _order(values: Sequence[str], order: Sequence[str]) -> list[str]:
 #: Fields that set a setting apart from the paper's protocol: (field, protocol value, how the
 #: label names it, how a file name names it).
 _SETTING_EXTRAS = (
-    ("epochs", 400, "{} epochs", "e{}"),
+    ("epochs", 400, "{} epochs", "e{}"),  # "1 epoch": see setting_label
     ("max_train", None, "--subset {}", "sub{}"),
     ("max_eval", None, "--eval-subset {}", "ev{}"),
     ("temperature", 1.0, "τ {}", "T{}"),
@@ -102,6 +105,7 @@ def setting_label(setting: dict[str, Any], *, short: bool = False) -> str:
         for name, default, long_form, short_form in _SETTING_EXTRAS
         if setting.get(name, default) != default
     ]
+    extras = ["1 epoch" if extra == "1 epochs" else extra for extra in extras]
     if short:
         return "-".join([model, *extras])
     return model + (f" ({', '.join(extras)})" if extras else "")
@@ -270,7 +274,7 @@ IDENTITY_MARK = " †"
 IDENTITY_NOTE = (
     "† The selection rule chooses Identity (α² = 0) for Monge here: Identity's validation LP is "
     "at least as good as that of every α² tried. The cell shows Monge's own best α² (its ℓ and "
-    "α² are in Table 4), as `sgrld table` does."
+    "α² are in Table 4; at equal time, in the table's ℓ column), as `sgrld table` does."
 )
 
 
@@ -347,16 +351,19 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
     """Re-select every sampler at ``epochs × T_fastest`` per setting and prior.
 
     Each sampler's seconds per epoch is that of its chosen configuration (Tables 2-3), used for
-    all its candidates as in the reference; broken-down configurations are left out.
+    all its candidates as in the reference; broken-down configurations are left out. Where the
+    rule chooses Identity for Monge, Monge is re-selected among its own α², as the other tables
+    show its own best (marked †).
     """
     from sgrld.evaluation.equal_time import SamplerCurves, equal_time_table, mean_std_over_runs
 
     cells: dict[tuple[str, str], dict[str, SamplerCurves]] = {}
     for choice in choices:
         usable = [g for g in choice.candidates if g.num_broken == 0 and g.completed]
-        if choice.chosen is None or not usable:
+        own = choice.best_own
+        if own is None or not usable:
             continue
-        seconds = choice.chosen.stat("seconds_per_epoch")[0]
+        seconds = own.stat("seconds_per_epoch")[0]
         if not seconds > 0:
             continue
         key: Callable[[Group], Any] = lambda g: (g.config["lr"], g.config.get("alpha2"))  # noqa: E731

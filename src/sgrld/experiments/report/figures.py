@@ -15,7 +15,7 @@ import numpy as np
 from sgrld.experiments.base.files import save_figure
 from sgrld.experiments.report.build import Choice, curves, lr_text, setting_key, setting_label
 from sgrld.experiments.report.tables import PRIOR_SHORT, Group, sampler_title
-from sgrld.experiments.run.plots import new_figure, plot_convergence
+from sgrld.experiments.run.plots import new_figure, plot_convergence, wrap_title
 from sgrld.experiments.run.results import second_score
 
 
@@ -71,7 +71,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: 
         ax.set_title(f"final ensemble {title}")
     axes[0].legend()
     if title:
-        fig.suptitle(title)
+        fig.suptitle(wrap_title(title, width_inches=12))
     save_figure(fig, path, dpi=90)
 
 
@@ -82,14 +82,19 @@ def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:
         cells.setdefault((setting_key(choice.setting), choice.prior), []).append(choice)
     written = []
     for (setting, prior), members in cells.items():
+        # As the tables: Monge's own best α² where the rule chooses Identity, marked †
         chosen = {
-            f"{sampler_title(c.sampler)} ℓ {lr_text(c.chosen)}": c.chosen.completed
+            f"{sampler_title(c.sampler)} ℓ {lr_text(group)}{' †' * c.identity_optimal}": (
+                group.completed
+            )
             for c in members
-            if c.chosen is not None
+            if (group := c.best_own) is not None
         }
         if chosen:
             path = out / f"figure3_{_slug(setting, prior)}.png"
             title = f"Figure 3: {_title(setting, prior)}: the chosen configurations per epoch"
+            if any(c.identity_optimal for c in members):
+                title += " († Monge's own best α²; the rule chooses Identity)"
             plot_convergence(chosen, path, title=title)
             written.append(path)
         for monge in (c for c in members if c.sampler == "monge"):

@@ -330,8 +330,9 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
         if config.get(name, default) != default
     ]
     extra = f", {', '.join(extras)}" if extras else ""
+    epochs = f"{config['epochs']} epoch{'s' * (config['epochs'] != 1)}"
     return (
-        f"{config['dataset']}, {model}, {config['epochs']} epochs{extra} — {seeds} seed{plural} "
+        f"{config['dataset']}, {model}, {epochs}{extra} — {seeds} seed{plural} "
         f"per cell; final-epoch test metrics, {spread}"
     )
 

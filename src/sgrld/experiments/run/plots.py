@@ -2,8 +2,8 @@
 
 - :func:`plot_run_curves`: ``curves.png`` of one run, the cumulative-ensemble LP, accuracy and
   ECE on validation and test against the epoch, and the seconds per epoch of sampling.
-- :func:`plot_convergence`: the paper's Figure 3 layout, per-epoch test LP and accuracy of several
-  configurations, mean ± 1.96 std (ddof = 0) over seeds.
+- :func:`plot_convergence` (:func:`convergence_figure`): the paper's Figure 3 layout, per-epoch
+  test LP and accuracy of several configurations, mean ± 1.96 std (ddof = 0) over seeds.
 """
 
 from __future__ import annotations
@@ -79,9 +79,12 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     config = results["config"]
     alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
     fig.suptitle(
-        f"{config['dataset']} {config['model']} {config['prior']}: {config['sampler']} "
-        f"ℓ {config['lr']:g}{alpha}, seed {config['seed']} — {results['status']}, "
-        f"{results['num_samples']} samples"
+        wrap_title(
+            f"{config['dataset']} {config['model']} {config['prior']}: {config['sampler']} "
+            f"ℓ {config['lr']:g}{alpha}, seed {config['seed']} — {results['status']}, "
+            f"{results['num_samples']} sample{'s' * (results['num_samples'] != 1)}",
+            width_inches=16,
+        )
     )
     return fig
 
@@ -92,13 +95,24 @@ def plot_convergence(
     *,
     title: str = "Test LP and accuracy per epoch (mean ± 1.96 std over seeds)",
 ) -> None:
+    """:func:`convergence_figure` written to ``path`` (PNG)."""
+    save_figure(convergence_figure(groups, title=title), path, dpi=90)
+
+
+def convergence_figure(
+    groups: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    title: str = "Test LP and accuracy per epoch (mean ± 1.96 std over seeds)",
+) -> Any:
     """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std over seeds.
 
     Args:
         groups: label → the ``results.json`` contents of that configuration's runs (runs of
             unequal length are cut to the shortest).
-        path: output file.
-        title: the figure's title.
+        title: the figure's title (wrapped to the figure's width).
+
+    Returns:
+        The matplotlib ``Figure``.
     """
     figure_title = title
     first = next(iter(groups.values()))[0]["curves"]
@@ -111,7 +125,8 @@ def plot_convergence(
         for ax, metric in zip(axes, metrics, strict=True):
             values = np.stack([_values(r["curves"][metric][:length]) for r in runs])
             mean, std = values.mean(axis=0), values.std(axis=0)
-            (line,) = ax.plot(epochs, mean, label=label)
+            # a marker on every epoch: a one-epoch run is one point, still visible
+            (line,) = ax.plot(epochs, mean, marker="o", markersize=4, label=label)
             ax.fill_between(
                 epochs,
                 mean - 1.96 * std,
@@ -125,5 +140,13 @@ def plot_convergence(
         ax.set_title(f"cumulative ensemble {title}")
         ax.set_xlabel("epoch")
     axes[0].legend()
-    fig.suptitle(figure_title)
-    save_figure(fig, path, dpi=90)
+    fig.suptitle(wrap_title(figure_title, width_inches=12))
+    return fig
+
+
+def wrap_title(title: str, *, width_inches: float) -> str:
+    """``title`` broken into lines that fit a figure ``width_inches`` wide at the default size
+    of a suptitle (12 pt: about 10 characters per inch; 8.5 leaves a margin)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width=int(width_inches * 8.5)))
