@@ -229,3 +229,38 @@ def test_resume_of_a_multi_chain_run_reads_its_chains(
         assert json.loads((folder / "results.json").read_text())["epochs_completed"] == 2
     assert main([*base, "--chains", "3", "--no-progress"]) == 2
     assert "--chains 3 (the run has --chains 2)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers()))
+def test_every_option_is_described_in_words(command: str) -> None:
+    """Not by one word (``--adapt`` once read "adapt")."""
+    terse = [
+        action.option_strings[0]
+        for action in _subparsers()[command]._actions
+        if action.option_strings
+        and action.help != argparse.SUPPRESS
+        and len((action.help or "").split()) < 2
+    ]
+    assert not terse, f"sgrld {command}: options without a description: {terse}"
+    epochs = next((a for a in _subparsers()[command]._actions if a.dest == "epochs"), None)
+    if epochs is not None and command == "sample":
+        assert epochs.help is not None and "default 400" in epochs.help
+
+
+@pytest.mark.parametrize(
+    ("command", "hint"),
+    [("sweep", "rerun the same command to resume"), ("sample", "sgrld sample --resume --out")],
+)
+def test_ctrl_c_says_how_to_resume(
+    command: str, hint: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    def interrupted(args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    module = importlib.import_module(f"sgrld.experiments.commands.{command}")
+    monkeypatch.setattr(module, "run", interrupted)
+    assert main([command, "--out", "x", "--sampler", "identity"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("interrupted; ") and hint in err

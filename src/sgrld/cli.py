@@ -41,8 +41,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("terminated", file=sys.stderr)
         return exits.TERMINATED
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        words = list(sys.argv[1:] if argv is None else argv)
+        hint = RESUME_HINTS.get(next((w for w in words if not w.startswith("-")), ""))
+        print("interrupted" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return exits.INTERRUPTED
+
+
+#: What to do after Ctrl-C, per command whose checkpoints let it continue.
+RESUME_HINTS = {
+    "sweep": "rerun the same command to resume: finished runs are skipped, the others continue "
+    "from their last epoch",
+    "sample": "sgrld sample --resume --out OUT continues the run from its last epoch",
+}
 
 
 def version() -> str:

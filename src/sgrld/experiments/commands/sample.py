@@ -111,7 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: learned, sampled with the weights",
     )
     what.add_argument("--temperature", type=float, default=1.0, help="τ (1)")
-    what.add_argument("--epochs", type=int, default=400, help="epochs (400 in the paper)")
+    what.add_argument("--epochs", type=int, default=400, help="epochs (default 400, the paper's)")
     what.add_argument("--seed", type=int, default=0, help="master seed >= 0 (0)")
     what.add_argument(
         "--chains",

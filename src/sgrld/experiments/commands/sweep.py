@@ -118,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.type = _argument_type(grid.comma_list(item_type, action.choices))
             action.choices = None
             action.metavar = "A,B,..."
-            action.help = f"{_AXIS_HELP.get(action.dest, action.dest)}{choices}"
+            own = f"{action.help}; comma-separated to sweep"  # an axis without its own words
+            action.help = f"{_AXIS_HELP.get(action.dest, own)}{choices}"
         if action.dest == "seed":  # --seed N and --seeds 0-9,12 are one option
             action.dest, action.type = "seeds", _argument_type(grid.parse_seeds)
             action.option_strings = ["--seeds", *action.option_strings]
@@ -209,6 +210,8 @@ _AXIS_HELP = {
     "prior": "priors to sweep",
     "lr": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting",
     "alpha2": "Monge's α² values to sweep (Monge's runs only); default: the paper's, else 1",
+    "adapt": "when the metric adapts, comma-separated to sweep: burnin (during the burn-in, then "
+    "frozen; the default), always (the paper's protocol) or N (the first N updates)",
 }
 
 
