@@ -6,7 +6,12 @@ own low-rank adapters (LoRA: W x + (α/r)·B A x on the attention's input projec
 feed-forward layers). Memory is the base once plus K times the adapters — printed below against
 K full copies.
 
-    python examples/lora_chains.py [--chains 4] [--steps 20] [--sampler monge]
+The data have structure the adapters can learn: every token is one of 16 of the 256 (uniformly),
+so the loss falls from about ln 256 = 5.55 (the frozen base's uniform guessing) towards this
+data's floor, its entropy ln 16 = 2.77 (measured: 5.75 at the first step, 3.3 after 60 steps of
+4 Monge chains). Both figures are printed beside the loss.
+
+    python examples/lora_chains.py [--chains 4] [--steps 60] [--sampler monge]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from torch import Tensor, nn
 import sgrld
 
 VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, RANK = 256, 128, 4, 2, 32, 4
+USED = 16  # tokens the data use: the loss's floor is their entropy, ln 16
 
 
 class LoRALinear(nn.Module):
@@ -98,14 +104,14 @@ def nbytes(tensors: dict[str, Tensor]) -> int:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chains", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sampler", default="monge")
     args = parser.parse_args(argv)
     num_data, batch = 10_000, 8
-    corpus = torch.randint(
-        0, VOCAB, (num_data, CONTEXT + 1), generator=torch.Generator().manual_seed(1)
+    corpus = (VOCAB // USED) * torch.randint(
+        0, USED, (num_data, CONTEXT + 1), generator=torch.Generator().manual_seed(1)
     )
-    sampler = sgrld.build(args.sampler, lr=1e-3, num_data=num_data, noise="philox")
+    sampler = sgrld.build(args.sampler, lr=0.1, num_data=num_data, noise="philox")
     seeds = list(range(args.chains))
     chains = sgrld.Chains(make, sampler, seeds, sample=is_adapter)
 
@@ -116,9 +122,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return nll + 0.5 * prior / num_data
 
     order = torch.Generator().manual_seed(2)
-    for _ in range(args.steps):
+    first = math.nan
+    for step in range(args.steps):
         index = torch.randint(0, num_data, (args.chains, batch), generator=order)
         losses = chains.step(potential, corpus[index])
+        first = float(losses.mean()) if step == 0 else first
     chains.check()
     base = nbytes(chains.frozen)
     adapters = nbytes(chains.params) // args.chains
@@ -129,15 +137,23 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "sampler_state_bytes_per_chain": state,
         "chains_bytes": base + args.chains * (adapters + state),
         "full_copies_bytes": args.chains * (base + adapters + state),
+        "first_loss": first,
         "mean_loss": float(losses.mean()),
+        "uniform_loss": math.log(VOCAB),
+        "floor_loss": math.log(USED),
     }
     print(
         f"{args.chains} chains of {args.sampler} over the adapters of a {LAYERS}-layer "
         f"transformer: base {base / 2**20:.2f} MiB once (frozen, shared), adapters "
         f"{adapters / 2**10:.0f} KiB + sampler state {state / 2**10:.0f} KiB per chain: "
         f"{figures['chains_bytes'] / 2**20:.2f} MiB in all, against "
-        f"{figures['full_copies_bytes'] / 2**20:.2f} MiB for {args.chains} full copies; "
-        f"mean loss after {args.steps} steps {figures['mean_loss']:.3f}"
+        f"{figures['full_copies_bytes'] / 2**20:.2f} MiB for {args.chains} full copies"
+    )
+    print(
+        f"mean loss per token: {first:.3f} at the first step, {figures['mean_loss']:.3f} after "
+        f"{args.steps}; uniform guessing over {VOCAB} tokens: ln {VOCAB} = "
+        f"{figures['uniform_loss']:.3f}; this data's floor (its entropy): ln {USED} = "
+        f"{figures['floor_loss']:.3f}"
     )
     return figures
 

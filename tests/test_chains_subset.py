@@ -80,3 +80,15 @@ def test_lora_transformer_example_memory() -> None:
     per_chain = figures["adapter_bytes_per_chain"] + figures["sampler_state_bytes_per_chain"]
     assert figures["chains_bytes"] == figures["base_bytes"] + 3 * per_chain
     assert figures["chains_bytes"] < 0.5 * figures["full_copies_bytes"]
+
+
+def test_lora_example_learns_its_data_and_prints_the_floor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The adapters learn the data's structure: after 40 steps of 2 chains the loss is below
+    uniform guessing (ln 256 = 5.55) by more than 0.5 (measured: 3.98)."""
+    figures = lora_chains.main(["--chains", "2", "--steps", "40"])
+    assert figures["floor_loss"] < figures["mean_loss"] < figures["uniform_loss"] - 0.5
+    assert figures["first_loss"] > figures["uniform_loss"]  # it starts at uniform guessing
+    out = capsys.readouterr().out
+    assert "ln 256 = 5.545" in out and "floor (its entropy): ln 16 = 2.773" in out
