@@ -92,6 +92,7 @@ def __dir__() -> list[str]:
 
 
 __version__ = "0.1.0"
+"""The package's version (``sgrld --version`` prints it with torch's and Python's)."""
 
 
 def build(
@@ -113,7 +114,7 @@ def build(
     The options are :class:`Sampler`'s; the rest go to the metric. The random generator (and
     per-chain seeds) belong to the state: ``sampler.init(params, generator=..., seeds=...)``.
 
-    Example:
+    Examples:
         >>> sampler = build("rmsprop", lr=1e-3, num_data=50_000, decay=0.99)
         >>> type(sampler.metric).__name__
         'RMSpropMetric'

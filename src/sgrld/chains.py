@@ -130,7 +130,7 @@ class Chains:
     References:
         The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`.
 
-    Example:
+    Examples:
         >>> import torch, sgrld
         >>> def make(seed):
         ...     return torch.nn.Linear(3, 2, dtype=torch.float64)

@@ -11,7 +11,7 @@ An SG-MCMC chain is only useful through its samples. This module is the Python A
   :class:`~sgrld.models.BayesianModel`, the negative of the potential ``n · u_B(θ)``
   (``docs/conventions.md``).
 
-Example:
+Examples:
     >>> import torch, sgrld
     >>> from sgrld.models import build_model, potential
     >>> from sgrld.samples import SampleStore, posterior_predictive

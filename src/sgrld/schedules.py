@@ -48,7 +48,7 @@ class CyclicalLR(LRScheduler):
         Zhang, Li, Zhang, Chen, Wilson: Cyclical Stochastic Gradient MCMC for Bayesian Deep
         Learning, ICLR 2020.
 
-    Example:
+    Examples:
         >>> import torch, sgrld
         >>> p = torch.nn.Parameter(torch.zeros(2))
         >>> opt = sgrld.SGLD([p], lr=0.1, num_data=10)

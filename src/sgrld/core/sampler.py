@@ -82,7 +82,7 @@ class Sampler:
     samples the posterior; ``None`` adapts at every step (the paper's protocol, which biases the
     stationary law: ``docs/posterior.md``).
 
-    Example:
+    Examples:
         >>> import torch, sgrld
         >>> sampler = sgrld.build("monge", lr=1e-2, num_data=100, alpha2=1.0)
         >>> state = sampler.init({"w": torch.zeros(3)}, generator=torch.Generator().manual_seed(0))

@@ -42,7 +42,7 @@ class FunnelTarget:
         clip_norm: gradients (and Hessian–vector products) longer than this are rescaled to it
             (1e11, the reference's ``clip_derivative`` threshold ``10e10``).
 
-    Example:
+    Examples:
         >>> import torch
         >>> target = FunnelTarget()
         >>> x = torch.tensor([[1.0, 1.0]], dtype=torch.float64)

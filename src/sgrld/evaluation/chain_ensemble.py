@@ -7,7 +7,7 @@ are kept and every chain's metrics (LP, accuracy, ECE, confidence) are exactly t
 run's ``EnsemblePredictive`` reports. Like it, the ensemble follows a likelihood
 (:mod:`sgrld.likelihoods`; categorical by default).
 
-Example:
+Examples:
     >>> import torch
     >>> ensemble = ChainEnsemble(num_chains=2, num_points=3, num_classes=2)
     >>> ensemble.add_batch(0, torch.zeros(2, 3, 2))

@@ -11,7 +11,7 @@ and the per-epoch curves of the cumulative ensemble come for free (call :meth:`m
 of every epoch). Another likelihood (:mod:`sgrld.likelihoods`) brings its own running total
 and scores: a Gaussian keeps the mixture's components and scores LP, RMSE and coverage.
 
-Example:
+Examples:
     >>> import torch
     >>> ensemble = EnsemblePredictive(num_points=3, num_classes=2)
     >>> ensemble.add(torch.tensor([[2.0, 0.0], [0.0, 1.0], [0.5, 0.5]]))

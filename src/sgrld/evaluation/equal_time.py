@@ -7,7 +7,7 @@ No new runs are needed: every sampler is compared at the wall-clock budget
 re-selected on the interpolated mean validation LP, and the test metrics' mean and std curves are
 interpolated at the same time.
 
-Example:
+Examples:
     >>> curves = {
     ...     "fast": SamplerCurves(seconds_per_epoch=1.0, selection={0.1: [-1.0, -0.5, -0.2, -0.1]},
     ...                           test_mean={0.1: {"lp": [-1.0, -0.5, -0.2, -0.1]}},

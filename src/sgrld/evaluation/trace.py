@@ -219,7 +219,7 @@ def inference_data_of(
         ImportError: ArviZ is not installed.
         ValueError: no trace, or a trace without samples.
 
-    Example:
+    Examples:
         >>> import json, arviz as az                                  # doctest: +SKIP
         >>> runs = [json.load(open(f"runs/seed{s}/results.json")) for s in range(3)]
         >>> az.summary(inference_data_of([r["trace"] for r in runs]))  # doctest: +SKIP

@@ -140,7 +140,7 @@ def expected_calibration_error(
         The paper's Tables 8-9 (ECE); Guo et al. (2017), "On Calibration of Modern Neural
         Networks", ICML.
 
-    Example:
+    Examples:
         >>> expected_calibration_error([[0.9, 0.1], [1.0, 0.0]], [0, 1])
         0.55
     """

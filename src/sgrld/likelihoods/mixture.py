@@ -28,7 +28,7 @@ def mixture_quantile(means: Tensor, scales: Tensor, q: float, *, iterations: int
         q: the level, in (0, 1).
         iterations: bisection steps; each halves the bracket (64 reach float64 resolution).
 
-    Example:
+    Examples:
         >>> import torch
         >>> float(mixture_quantile(torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2), 0.5))
         0.0

@@ -37,7 +37,7 @@ def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
     otherwise the product is emitted (if > 1) and restarts at that dim. Size-1 dims vanish, so
     a scalar or a tensor of ones merges to ``()``.
 
-    Example:
+    Examples:
         >>> merge_small_dims([16, 16, 3, 3], 128)
         (16, 48, 3)
     """
@@ -67,7 +67,7 @@ def merge_rows(whole: Sequence[int], max_dim: int, rows: int) -> tuple[tuple[int
     the whole tensor's; ``rows = 0`` gives a first merged dim of 0 (an empty shard: no
     blocks).
 
-    Example:
+    Examples:
         >>> merge_small_dims((16, 16, 3, 3), 128), merge_rows((16, 16, 3, 3), 128, 8)
         ((16, 48, 3), ((8, 48, 3), 1))
         >>> merge_rows((4, 2, 50), 128, 3)  # dim 0 merged with dim 1: 3 rows of 2
@@ -202,7 +202,7 @@ def plan_blocks(
 
     Without either (the default) this is the plan of a tensor of its own, as it always was.
 
-    Example:
+    Examples:
         >>> plan = plan_blocks((400, 784), 128)
         >>> plan.merged, plan.num_blocks, len(plan.groups)
         ((400, 784), 28, 4)
@@ -300,7 +300,7 @@ def plan_buckets(plans: Sequence[tuple[int, BlockPlan]]) -> tuple[Bucket, ...]:
 
     Buckets come in the order of their first block.
 
-    Example:
+    Examples:
         >>> plans = [(0, plan_blocks((400, 784), 128)), (1, plan_blocks((400, 400), 128))]
         >>> [(b.sizes, b.num_blocks, len(b.members)) for b in plan_buckets(plans)][:2]
         [((128, 128), 27, 2), ((128, 16), 6, 2)]

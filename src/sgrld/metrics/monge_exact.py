@@ -120,7 +120,7 @@ def exact_monge_step(
     Returns:
         The new point, a fresh tensor.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from sgrld.metrics import MongeMetric
         >>> u = lambda x: 0.5 * (x * x).sum(-1) + 0.1 * (x**4).sum(-1)

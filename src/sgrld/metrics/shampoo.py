@@ -122,7 +122,7 @@ class ShampooMetric(Metric):
     References:
         Yu et al. (2023) §3.2; Gupta, Koren & Singer (2018), Shampoo; reference.md §2.5.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from sgrld.core.layout import FlatLayout
         >>> layout = FlatLayout(("w",), ((3, 200),))  # merged (3, 200): (3, 4) would be (12,)
@@ -250,7 +250,7 @@ class ShampooMetric(Metric):
         the merged shape and every block's shape in order (none where G = I or the shard is
         empty). ``ShampooSGLD.partition()`` gives it for an optimizer's parameters.
 
-        Example:
+        Examples:
             >>> layout = FlatLayout(("conv", "bias"), ((16, 16, 3, 3), (16,)))
             >>> [(t.merged, t.blocks) for t in ShampooMetric(row_shards=2).partition(layout)]
             [((16, 48, 3), ((8, 48, 3), (8, 48, 3))), ((), ())]

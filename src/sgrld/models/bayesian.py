@@ -68,7 +68,7 @@ class BayesianModel(nn.Module):
     Raises:
         ValueError: unknown ``prior``; the message lists the valid names.
 
-    Example:
+    Examples:
         >>> from sgrld.models.fc import FullyConnected
         >>> model = BayesianModel(FullyConnected(400), "horseshoe")
         >>> sum(p.numel() for p in model.parameters())

@@ -40,7 +40,7 @@ def build_model(
         likelihood: p(y | x, θ), e.g. :class:`~sgrld.likelihoods.Gaussian` for regression;
             overrides ``num_classes``.
 
-    Example:
+    Examples:
         >>> from sgrld.likelihoods import Gaussian
         >>> model = build_model("fc", width=50, in_features=10, likelihood=Gaussian(scale=None))
         >>> model(torch.zeros(3, 10)).shape  # per point: mean and log σ
