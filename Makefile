@@ -14,7 +14,7 @@ TORCH_PIN ?= torch==2.13.0
 VENV_FLAGS ?=
 HAS_TORCH = $(BIN)/python -c "import torch" 2>/dev/null
 
-.PHONY: all venv demo test check lint types unit test-slow test-cuda gpu-check bench bench-funnel clean
+.PHONY: all venv demo test check lint types unit docs test-slow test-cuda gpu-check bench bench-funnel clean
 
 all: test
 
@@ -46,6 +46,11 @@ unit: venv
 
 check: lint types
 
+# The site from docs/ and the docstrings, into site/ (tests/test_docs.py builds it too, in make
+# test): --strict fails on a broken link, a missing reference or an unreadable docstring.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 test: check unit
 
 test-slow: venv
@@ -54,7 +59,7 @@ test-slow: venv
 test-cuda: venv  # on a machine with a CUDA build of torch and a GPU; never replaces that torch
 	@$(BIN)/python -c "import torch; torch.cuda.is_available() or print('make test-cuda: torch', \
 		torch.__version__, 'sees no CUDA device, so the cuda tests are skipped (a CUDA build: \
-	README, GPU set-up)')"
+	docs/gpu.md)')"
 	$(BIN)/pytest -q -m cuda
 
 gpu-check: venv  # CUDA tests + every GPU benchmark, < 10 min, one report; skips without a GPU
@@ -68,4 +73,4 @@ bench-funnel: venv
 	$(BIN)/python benchmarks/funnel_speed.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -372,13 +372,12 @@ def test_bad_arguments_are_refused_clearly() -> None:
         Chains(make_mlp, philox, [0, 1], noise_seeds=[3])
 
 
-def test_readme_example_runs() -> None:
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Many chains", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
+def test_documented_example_runs() -> None:
+    text = (REPO / "docs" / "chains.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S)
     assert code is not None
     namespace: dict[str, object] = {}
-    exec(compile(code.group(1), "README.md", "exec"), namespace)
+    exec(compile(code.group(1), "docs/chains.md", "exec"), namespace)
     assert namespace["chains"].failures() == {}  # type: ignore[attr-defined]
 
 
@@ -386,7 +385,7 @@ def test_readme_example_runs() -> None:
 def test_chains_equal_single_runs_to_rounding_of_their_precision(
     dtype: torch.dtype, bound: float
 ) -> None:
-    """What the README claims: the same chain up to rounding, in either precision. Batched
+    """What docs/chains.md claims: the same chain up to rounding, in either precision. Batched
     kernels add in another order than single ones, so the last bits differ from the first step
     (measured: float64 ~1e-16, float32 ~1e-7 relative after 50 steps); the bound is the
     precision's, with room for the amplification a short run adds."""

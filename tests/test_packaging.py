@@ -19,9 +19,9 @@ def test_the_wheel_ships_py_typed_the_configs_and_the_command(tmp_path: Path) ->
     )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
+    offline = ["--no-deps", "--no-build-isolation", "--no-index", "--quiet"]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
-        + ["--quiet", "--wheel-dir", str(tmp_path / "dist"), str(source)],
+        [sys.executable, "-m", "pip", "wheel", *offline, "-w", str(tmp_path / "dist"), str(source)],
         check=True,
         capture_output=True,
     )
