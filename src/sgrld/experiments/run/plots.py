@@ -136,9 +136,12 @@ def convergence_figure(
                 color=line.get_color(),
             )
     names = ("test log-probability", "test accuracy" if second == "accuracy" else "test RMSE")
+    longest = max(len(r["curves"]["epoch"]) for runs in groups.values() for r in runs)
     for ax, title in zip(axes, names, strict=True):
         ax.set_title(f"cumulative ensemble {title}")
         ax.set_xlabel("epoch")
+        ax.set_xlim(0.5, longest + 0.5)  # whole epochs, one alone included
+        ax.set_xticks(np.arange(1, longest + 1, max(1, longest // 8)))
     axes[0].legend()
     fig.suptitle(wrap_title(figure_title, width_inches=12))
     return fig
