@@ -164,7 +164,7 @@ def test_identity_optimal_when_no_alpha2_beats_it() -> None:
     table6 = tables[6].markdown()
     monge_row = next(line for line in table6.splitlines() if "| Monge |" in line)
     assert "-0.0510 (0.0000) †" in monge_row and "0.25, α² 0.1 †" in monge_row
-    assert "The cell shows Monge's own best α²" in table6
+    assert "|\n\n† The selection rule" in table6  # the note is a paragraph, not a table row
     for table in tables.values():  # no marked cell says the opposite of the mark's note
         for row in table.rows:
             assert not any(isinstance(c, Marked) and c.cell == IDENTITY_OPTIMAL for c in row)

@@ -219,7 +219,7 @@ class Table:
             [text(c, d) for c, (_, d) in zip(row, self.columns, strict=True)] for row in self.rows
         ]
         marked = any(isinstance(c, Marked) for row in self.rows for c in row)
-        note = f"\n{IDENTITY_NOTE}\n" if marked else ""
+        note = f"\n\n{IDENTITY_NOTE}\n" if marked else ""  # a blank line: not a table row
         return (
             f"**Table {self.number}.** {self.title}\n\n"
             + markdown_table([name for name, _ in self.columns], rows)
