@@ -43,3 +43,11 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path: Path
     assert not missing, f"not in the API reference: {missing}"
     for page in ("getting-started", "usage", "chains", "cli"):
         assert (site / page / "index.html").is_file()
+
+
+def test_the_readme_links_to_pages_that_exist() -> None:
+    """The landing page is outside the site's strict build: its links are checked here."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
+    assert targets, "the README links to the guides"
+    assert not [t for t in targets if not (REPO / t).is_file()]
