@@ -420,14 +420,14 @@ def test_demo_says_per_sampler_what_its_chains_show(
     the help names the samplers that run and the chains."""
     from sgrld.cli import build_parser
 
-    argv = ["demo", "--out", str(tmp_path), "--steps", "300", "--chains", "4", "--jobs", "1"]
+    argv = ["demo", "--out", str(tmp_path), "--steps", "60", "--chains", "3", "--jobs", "1"]
     assert main([*argv, "--samplers", "identity,monge", "--no-progress", "--no-plot"]) == 0
     words = capsys.readouterr().out.split("What the numbers show")[1].splitlines()
-    assert "over 4 chains" in words[0]
+    assert "over 3 chains" in words[0]
     assert words[1].lstrip().startswith("identity: ") and "(truth 29%)" in words[1]
     assert words[2].lstrip().startswith("monge: ") and "identity" in words[2]
     assert "±" in words[1] and "±" in words[2]
-    assert "sgrld funnel --out DIR" in words[3]  # 300 steps cannot rank them: the full run can
+    assert "sgrld funnel --out DIR" in words[3]  # 60 steps cannot rank them: the full run can
     text = " ".join(_demo_help(build_parser()).split())
     assert "all of them" not in text and "but wenzel" in text and "(default 32)" in text
 
