@@ -427,7 +427,7 @@ def test_demo_says_per_sampler_what_its_chains_show(
     assert words[1].lstrip().startswith("identity: ") and "(truth 29%)" in words[1]
     assert words[2].lstrip().startswith("monge: ") and "identity" in words[2]
     assert "±" in words[1] and "±" in words[2]
-    assert "sgrld funnel --out DIR" in words[3]  # 60 steps cannot rank them: the full run can
+    assert "Longer: sgrld funnel --out DIR" in words[3]  # 60 steps cannot rank them
     text = " ".join(_demo_help(build_parser()).split())
     assert "all of them" not in text and "but wenzel" in text and "(default 32)" in text
 
@@ -451,10 +451,13 @@ def test_verdicts_weigh_each_sampler_against_the_truth_with_its_spread() -> None
     assert lines[1].startswith("monge: its mass in the neck agrees with the truth: 28% ± ")
     assert lines[1].endswith("(deeper than identity: the paper's Figure 2)")
     assert "over-visits the neck" in lines[2] and "not separated from identity's" in lines[2]
-    assert "monge is closest" in lines[3] and "LONGER" not in lines[3]
+    assert lines[3].startswith("W1 to N(0, 80) (0 is exact): closest monge, 2.05 ± ")
+    assert "farther beyond 2 standard errors: identity 6.03" in lines[3]
+    assert "shampoo 6.08" in lines[3] and "LONGER" not in lines[3]
     runs["monge"]["wasserstein1"] = [6.0, 4.0, 8.0, 5.0]  # overlapping spreads: says so
     last = verdicts(runs, 0.288, baseline="identity", longer="LONGER")[-1]
-    assert last.startswith("Not shown by this run") and last.endswith("For that: LONGER")
+    assert "Not shown by this run: which of monge, identity, shampoo" in last
+    assert last.endswith("best (their spreads overlap). Longer: LONGER")
     one = verdicts({"monge": _chains([0.3], [-9.0], [2.0])}, 0.288, baseline=None, longer="L")
     assert "one chain has no spread to judge by" in one[0]
 

@@ -55,7 +55,8 @@ __all__ = [
     "write_outputs",
 ]
 
-#: What runs long enough to show what a shorter run cannot (about a minute on 2 cores, compiled).
+#: The longer run a shortened one points to: the paper's length (docs/getting-started.md gives
+#: what it separated when measured).
 FULL_RUN = "sgrld funnel --out DIR --chains 8 (the paper's 2×10⁶ steps, compiled)"
 
 

@@ -5,8 +5,8 @@ The paper's claim for Figure 2 (§5.1) is that the identity metric cannot reach 
 independent chains tests the first half directly: the mass each chain puts below v = −5 (truth
 0.288 under N(0, 80)) and the deepest v it reaches, mean ± 2 standard errors over the chains.
 Whether a sampler then samples N(0, 80) (W1 → 0), and which is best, takes far more steps than a
-demo has; :func:`verdicts` says so when the spreads do not separate the samplers, and names the
-command that runs long enough.
+demo has; :func:`verdicts` says which samplers W1 separates and which it does not, and names a
+longer run for those.
 """
 
 from __future__ import annotations
@@ -84,25 +84,32 @@ def verdicts(
             else:
                 text += f" (not separated from {baseline}'s depth)"
         lines.append(text)
-    w1 = {name: mean_and_error(d["wasserstein1"]) for name, d in distances.items()}
-    best = min(w1, key=lambda name: w1[name][0])
-    low, high = min(m for m, _ in w1.values()), max(m for m, _ in w1.values())
-    separated = len(w1) > 1 and all(
-        w1[best][0] + w1[best][1] < m - e for name, (m, e) in w1.items() if name != best
+    lines.append(
+        _w1_line({n: mean_and_error(d["wasserstein1"]) for n, d in distances.items()}, longer)
     )
-    if separated:
-        lines.append(
-            f"W1 to N(0, 80) (0 is exact): {best} is closest, {w1[best][0]:.2f} ± "
-            f"{w1[best][1]:.2f}, beyond 2 standard errors of every other sampler"
-        )
-    elif len(w1) == 1:
-        lines.append(
-            f"Not shown by this run: whether {best} samples N(0, 80) (W1 {low:.1f}, 0 is exact). "
-            f"For that: {longer}"
-        )
-    else:
-        lines.append(
-            f"Not shown by this run: which sampler samples N(0, 80) best (W1 {low:.1f} to "
-            f"{high:.1f}, 0 is exact; the spreads overlap). For that: {longer}"
-        )
     return lines
+
+
+def _w1_line(w1: Mapping[str, tuple[float, float]], longer: str) -> str:
+    """The sampler closest to N(0, 80) in W1, those farther beyond 2 standard errors (of both),
+    and those this run cannot tell from it."""
+    best = min(w1, key=lambda name: w1[name][0])
+    mean, error = w1[best]
+    if len(w1) == 1:
+        return (
+            f"Not shown by this run: whether {best} samples N(0, 80) (W1 {mean:.2f}, 0 is "
+            f"exact). For that: {longer}"
+        )
+    farther = [n for n, (m, e) in w1.items() if n != best and mean + error < m - e]
+    tied = [n for n in w1 if n != best and n not in farther]
+    text = f"W1 to N(0, 80) (0 is exact): closest {best}, {mean:.2f} ± {error:.2f}"
+    if farther:
+        text += "; farther beyond 2 standard errors: " + ", ".join(
+            f"{n} {w1[n][0]:.2f} ± {w1[n][1]:.2f}" for n in farther
+        )
+    if tied:
+        text += (
+            f". Not shown by this run: which of {', '.join([best, *tied])} samples N(0, 80) "
+            f"best (their spreads overlap). Longer: {longer}"
+        )
+    return text
