@@ -125,6 +125,20 @@ def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype
     return torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=-1)
 
 
+def philox_normals(
+    shape: tuple[int, ...], dtype: torch.dtype, keys: Tensor, step: Tensor
+) -> Tensor:
+    """A new layout-shaped (*batch, D) tensor of the numbers :class:`NoiseBuffer` draws with
+    ``keys`` (*batch, 2) at ``step``: the same counters, for a traced step that fuses the draw
+    with what reads it (``compile=True``: :mod:`sgrld.core.compiled`)."""
+    numel = shape[-1]
+    width = values_per_counter(dtype)
+    rows = -(-numel // width)
+    index = torch.arange(rows, dtype=torch.int64, device=keys.device)
+    blocks = _normals(keys.reshape(-1, 2), index, step, dtype)  # (chains, rows, width)
+    return blocks.reshape(-1, rows * width)[:, :numel].reshape(shape)
+
+
 _compiled: dict[Callable[..., None], Callable[..., None]] = {}
 _compile_failed = False
 
