@@ -1,29 +1,35 @@
 """Time per full training step (forward + backward + sampler step) of every sampler, as ratios.
 
 Models: MLP 784-N-N-10 (N = 400 or 1200, batch 100) or ResNet-20 (batch 128), random data.
-Every sampler (eager, default options; with ``noise="philox"``; with ``capturable=True``; the
+Every sampler (eager, default options; with ``noise="torch"``; with ``capturable=True``; the
 compilable ones with ``compile=True``; Shampoo also with ``tiling="even"``), ``torch.optim.SGD``
 (foreach, eager) and the *floor* — SGD's step plus drawing D normals with the default noise
 source, the cost every sampler pays — run on their own copy of the model, interleaved round by
 round in shuffled order, so that every ratio is measured side by side under the same machine
-conditions. On CUDA each sampler also runs as a captured CUDA graph (:class:`sgrld.capture.
-GraphedStep`), and host syncs per optimizer step are counted with
+conditions. In the same rounds, the noise draw alone (D normals: the default counter-based
+kernel and torch's ``normal_``) is timed against a ``copy_`` of D values, the memory-bandwidth
+figure of this machine. The load average is printed before and after (a shared machine's figures
+are only comparable at the same load). On CUDA each sampler also runs as a captured CUDA graph
+(:class:`sgrld.capture.GraphedStep`), and host syncs per optimizer step are counted with
 ``torch.cuda.set_sync_debug_mode``.
 
-Targets of the step engine: on CPU, SGLD ≤ 1.10x the floor and RMSprop, Wenzel, Monge ≤ 1.25x; on a
-GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x SGD (MLP 400) or 1.15x SGLD
-(ResNet-20), captured ≤ 0.3x eager SGD.
+Targets of the step engine: on CPU, SGLD ≤ 1.3x SGD, RMSprop, Wenzel, Monge ≤ 1.4x SGD and
+Shampoo ≤ 4.5x SGD; on a GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x
+SGD (MLP 400) or 1.15x SGLD (ResNet-20), captured ≤ 0.3x eager SGD.
 
     .venv/bin/python benchmarks/step_time.py [--device cpu|cuda] [--model mlp400|mlp1200|resnet20]
         [--rounds 15] [--steps 40] [--threads 2] [--only SGLD,RMSprop] [--defaults-only]
-        [--clock wall|cpu] [--telemetry] [--compiled-step]
+        [--clock wall|cpu] [--telemetry] [--compiled-step] [--competitor T]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +40,7 @@ import torch
 from torch import nn
 
 import sgrld
+from sgrld.core.noise import NoiseBuffer, keys_from_seeds
 from sgrld.models.resnet20 import ResNet20
 
 NUM_DATA = 50_000
@@ -54,8 +61,8 @@ def make(name: str, device: str, variant: str = "", **kw: Any) -> Callable[..., 
     cls, lr, options = BASE[name]
     if variant in ("capturable", "graph"):
         kw |= {"noise": "philox", "capturable": True, "lr": torch.tensor(lr, device=device)}
-    elif variant == "philox":
-        kw |= {"noise": "philox"}
+    elif variant == "torch":
+        kw |= {"noise": "torch"}
     elif variant == "compile":
         kw |= {"compile": True}
     kw.setdefault("lr", lr)
@@ -70,7 +77,7 @@ def samplers(
     }
     for name in BASE:
         out[name] = make(name, device)
-        for variant in ("philox", "capturable"):
+        for variant in ("torch", "capturable"):
             out[f"{name}/{variant}"] = make(name, device, variant)
         if name in COMPILABLE and device == "cpu":
             out[f"{name}/compile"] = make(name, device, "compile")
@@ -81,6 +88,7 @@ def samplers(
         if telemetry:
             out[f"{name}/telemetry"] = make(name, device, telemetry=True)
     out["Shampoo/even"] = make("Shampoo", device, tiling="even")
+    out["Shampoo/frozen"] = make("Shampoo", device)  # G kept: the sampling phase after warm-up
     return out
 
 
@@ -91,10 +99,11 @@ def targets(device: str, model: str) -> dict[str, tuple[str, float]]:
     compiled |= {f"{name}/telemetry": (name, 1.10) for name in BASE}
     if device == "cpu":
         return {
-            "SGLD": ("floor", 1.10),
-            "RMSprop": ("floor", 1.25),
-            "Wenzel": ("floor", 1.25),
-            "Monge": ("floor", 1.25),
+            "SGLD": ("SGD", 1.3),
+            "RMSprop": ("SGD", 1.4),
+            "Wenzel": ("SGD", 1.4),
+            "Monge": ("SGD", 1.4),
+            "Shampoo": ("SGD", 4.5),
             **compiled,
         }
     out: dict[str, tuple[str, float]] = {
@@ -140,8 +149,9 @@ class Row:
         params = list(self.model.parameters())
         self.floor = name == "floor"
         self.opt = torch.optim.SGD(params, lr=1e-3) if factory is None else factory(params)
-        self.noise = torch.empty(sum(p.numel() for p in params), device=device)
-        self.gen = torch.Generator(device).manual_seed(0)
+        self.noise = NoiseBuffer((sum(p.numel() for p in params),), torch.float32, params[0].device)
+        self.keys = keys_from_seeds([0], params[0].device)[0]
+        self.step = torch.zeros((), dtype=torch.int64, device=params[0].device)
         self.x: torch.Tensor | None = None
         self.y: torch.Tensor | None = None
         self.graphed: Any = None
@@ -159,8 +169,8 @@ class Row:
         self.opt.zero_grad(set_to_none=False)
         nn.functional.cross_entropy(self.model(self.x), self.y).backward()
         self.opt.step()
-        if self.floor:
-            self.noise.normal_(generator=self.gen)
+        if self.floor:  # the default noise source's draw
+            self.noise.draw(torch.Generator(), "philox", self.keys, self.step)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.graphed is not None:
@@ -181,6 +191,47 @@ class Row:
 
         self.x, self.y = x.clone(), y.clone()
         self.graphed = GraphedStep(self.eager, self.opt)
+
+
+class Draw:
+    """The noise draw alone, D values per call: the default kernel, ``normal_``, or a ``copy_``
+    of D values (what a pass over memory costs on this machine)."""
+
+    def __init__(self, kind: str, size: int, device: str) -> None:
+        self.buf = NoiseBuffer((size,), torch.float32, torch.device(device))
+        self.src = torch.randn(size, device=device)
+        self.gen = torch.Generator(device).manual_seed(0)
+        self.keys = keys_from_seeds([0], torch.device(device))[0]
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
+        self.kind = kind
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.kind == "copy_":
+            self.buf.flat.copy_(self.src)
+        elif self.kind == "normal_":
+            self.buf.draw(self.gen, "torch")
+        else:
+            self.buf.draw(self.gen, "philox", self.keys, self.step)
+
+
+DRAWS = ("copy_", "philox", "normal_")
+
+
+#: the competing process of ``--competitor T``: the same MLP trained with SGD on T threads, forever
+COMPETITOR = """
+import sys, torch
+from torch import nn
+torch.set_num_threads(int(sys.argv[1]))
+model = nn.Sequential(nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, 400), nn.ReLU(),
+                      nn.Linear(400, 10))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x, y = torch.rand(100, 784), torch.randint(0, 10, (100,))
+print("ready", flush=True)
+while True:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
 
 
 def syncs_per_step(row: Row, x: torch.Tensor, y: torch.Tensor, steps: int = 5) -> float:
@@ -224,6 +275,14 @@ def main() -> None:
         help="add rows with the whole training step under torch.compile (capturable=True)",
     )
     parser.add_argument(
+        "--competitor",
+        type=int,
+        default=0,
+        metavar="T",
+        help="run a second process (SGD on the same MLP, T threads) during the timed rounds: "
+        "two jobs on one machine",
+    )
+    parser.add_argument(
         "--telemetry",
         action="store_true",
         help="add rows with telemetry=True (per-step drift/noise/θ norms on the device)",
@@ -242,15 +301,34 @@ def main() -> None:
         makes = {k: v for k, v in makes.items() if "/" not in k or k.endswith("/telemetry")}
     pool = 16
     xs, ys = batches(args.model, device, pool)
-    rows = {name: Row(name, factory, args.model, device) for name, factory in makes.items()}
+    load_before = os.getloadavg()
+    rows: dict[str, Any] = {
+        name: Row(name, factory, args.model, device) for name, factory in makes.items()
+    }
     for name, row in rows.items():
         if name.endswith("/graph"):
             row.capture(xs[0], ys[0])
         for i in range(110):  # warm-up: compiles, Shampoo's first refresh at step 100
             row(xs[i % pool], ys[i % pool])
+        if name.endswith("/frozen"):  # G kept from here: the sampling phase after adapt_until
+            row.opt.freeze_metric()
     syncs = {}
     if device == "cuda":
         syncs = {n: syncs_per_step(r, xs[0], ys[0]) for n, r in rows.items() if r.graphed is None}
+    num_params = sum(p.numel() for p in rows["SGD"].model.parameters())
+    draws = {f"draw: {kind}": Draw(kind, num_params, device) for kind in DRAWS}
+    for draw in draws.values():
+        draw(xs[0], ys[0])  # compiles the kernel
+    rows |= draws
+    competitor = None
+    if args.competitor:
+        competitor = subprocess.Popen(
+            [sys.executable, "-c", COMPETITOR, str(args.competitor)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert competitor.stdout is not None
+        competitor.stdout.readline()  # its set-up is done: it computes from here on
     times: dict[str, list[float]] = {name: [] for name in rows}
     order = list(rows)
     shuffle = random.Random(0)
@@ -266,14 +344,21 @@ def main() -> None:
                 row(xs[counter], ys[counter])
             sync()
             times[name].append((clock() - t0) / args.steps)
+    if competitor is not None:
+        competitor.kill()
+        competitor.wait()
     med = {name: statistics.median(ts) for name, ts in times.items()}
     goal = targets(device, args.model)
-    num_params = sum(p.numel() for p in rows["SGD"].model.parameters())
+    load_after = os.getloadavg()
+    print(" ".join(sys.argv))
     print(
         f"{args.model}, {num_params:,} parameters, {device} "
         f"({torch.cuda.get_device_name() if device == 'cuda' else f'{args.threads} threads'}), "
-        f"torch {torch.__version__}, {args.clock} clock; median of {args.rounds} interleaved "
-        f"rounds x {args.steps} "
+        f"torch {torch.__version__}, {args.clock} clock, {os.cpu_count()} CPUs, "
+        f"{f'a competing process on {args.competitor} threads, ' if args.competitor else ''}"
+        "load average "
+        f"(1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after; median of "
+        f"{args.rounds} interleaved rounds x {args.steps} "
         "steps. ratio: median of the paired per-round ratios to the target's reference "
         "[quartiles]; ok: the median meets the target (yes!: so does the upper quartile)"
     )
@@ -282,6 +367,8 @@ def main() -> None:
         f"{'ratio [q1, q3]':<20}{'ok':<5}{'syncs':>6}"
     )
     for name in rows:
+        if name in draws:
+            continue
         target, ratio, ok = "", "", ""
         if name in goal:
             ref, limit = goal[name]
@@ -294,6 +381,22 @@ def main() -> None:
             f"{name:<22}{1e3 * med[name]:>9.3f}{med[name] / med['SGD']:>7.2f}"
             f"{med[name] / med['floor']:>8.2f}  {target:<20}{ratio:<20}{ok:<5}{sy:>6}"
         )
+    copy = times["draw: copy_"]
+    print(
+        f"\nthe noise alone, {num_params:,} float32 values per call (same rounds); x copy_: median "
+        "of the paired per-round ratios to a copy_ of as many values [quartiles]"
+    )
+    print(f"{'draw':<22}{'ms':>9}{'GB/s written':>14}  {'x copy_ [q1, q3]':<20}")
+    for name in draws:
+        q1, value, q3 = statistics.quantiles(
+            [a / b for a, b in zip(times[name], copy, strict=True)], n=4
+        )
+        rate = 4 * num_params / med[name] / 1e9
+        print(f"{name:<22}{1e3 * med[name]:>9.3f}{rate:>14.1f}  {value:.1f} [{q1:.1f}, {q3:.1f}]")
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return "/".join(f"{a:.1f}" for a in avg)
 
 
 if __name__ == "__main__":

@@ -147,3 +147,23 @@ def test_compile_failure_warns_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch)
         results.append([p.detach().clone() for p in params])
     # the failed first call drew its noise once and ran eagerly: the same chain, bit for bit
     assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
+@pytest.mark.parametrize("noise", ["philox", "torch"])
+def test_counter_based_noise_is_drawn_inside_the_compiled_step(
+    monkeypatch: pytest.MonkeyPatch, noise: str
+) -> None:
+    """``compile=True`` with Philox noise draws ξ in the compiled call (one fused pass over D:
+    no separate kernel writes the noise buffer); ``noise="torch"`` draws it eagerly."""
+    from sgrld.core.noise import NoiseBuffer
+
+    calls: list[str] = []
+    draw = NoiseBuffer.draw
+    monkeypatch.setattr(
+        NoiseBuffer, "draw", lambda self, *a, **kw: calls.append(a[1]) or draw(self, *a, **kw)
+    )
+    params = _params(torch.float32)
+    opt = MAKERS["rmsprop"](params, noise=noise, compile=True)
+    _run(opt, params, range(4))
+    assert not opt._compiled[0].failed
+    assert calls == ([] if noise == "philox" else ["torch"] * 4)

@@ -377,7 +377,7 @@ def advance(
     temperature: float,
     checks: CheckMode = "sync",
     adapt: bool = True,
-    noise_source: NoiseSource = "torch",
+    noise_source: NoiseSource = "philox",
     compiled: object | None = None,
     refresh: bool = True,
     direct: bool = True,
@@ -436,12 +436,20 @@ def advance(
     sigma = sigma_of(lr, num_data, temperature)
     # σ > 0 exactly then (n > 0 is validated); a float ℓ = 0 (a warm-up's start) draws nothing
     positive = temperature > 0.0 and not (isinstance(lr, (int, float)) and lr == 0.0)
+    # the warm-up's last step refreshes as a scheduled one would (:func:`~.warmup.closes_warmup`)
+    due = refresh and adapt and (refresh_due(metric, step) or closes_warmup)
+    # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
+    fuse = compiled is not None and stats is state.stats and not due and telemetry is None
+    # compiled with counter-based noise: ξ is drawn inside the compiled call, which then makes
+    # one fused pass over D (the same numbers: a function of the keys and the step count)
+    inline = fuse and positive and noise_source == "philox" and ok is None
+    inline = inline and sub_layout.shards is None
+
+    def draw() -> Tensor:
+        return work.noise.draw(state.generator, noise_source, state.keys, state.device_step)
+
     # ξ first: the generator drives nothing else, so the order does not change the chain.
-    xi = (
-        work.noise.draw(state.generator, noise_source, state.keys, state.device_step)
-        if positive
-        else None
-    )
+    xi = draw() if positive and not inline else None
     if grad is None:  # the direct path of G = I
         noise = None if xi is None else work.views(xi)
         like = present[0]
@@ -461,15 +469,15 @@ def advance(
         saved = {k: v.clone() for k, v in stats.items()}
     step_arg: int | Tensor = state.device_step + 1 if checks == "deferred" else step
     lr_arg, sigma_arg = _per_chain(lr, sub_layout, grad), _per_chain(sigma, sub_layout, grad)
-    # the warm-up's last step refreshes as a scheduled one would (:func:`~.warmup.closes_warmup`)
-    due = refresh and adapt and (refresh_due(metric, step) or closes_warmup)
     fused = False
-    # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
-    if compiled is not None and stats is state.stats and not due and telemetry is None:
+    if fuse and compiled is not None:
+        keys = (state.keys, state.device_step) if inline else ()
         fused = compiled(  # type: ignore[operator]
-            metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg, adapt
+            metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg, adapt, *keys
         )
     if not fused:
+        if inline:  # not compiled after all: the same ξ, drawn eagerly
+            xi = draw()
         args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
         body(*args, adapt, due, work.views, telemetry)
     if sub_layout.shards is not None:
