@@ -356,8 +356,8 @@ def test_chain_ensemble_equals_one_ensemble_per_chain() -> None:
 
 def test_bad_arguments_are_refused_clearly() -> None:
     with pytest.raises(ValueError, match="noise='philox'"):
-        Chains(make_mlp, sgrld.build("identity", lr=0.1, num_data=N, noise="torch"), [0, 1])
-    philox = sgrld.build("identity", lr=0.1, num_data=N)  # the default noise
+        Chains(make_mlp, sgrld.build("identity", lr=0.1, num_data=N), [0, 1])
+    philox = sgrld.build("identity", lr=0.1, num_data=N, noise="philox")
     with pytest.raises(ValueError, match="lr: 3 values for 2 chains"):
         Chains(make_mlp, philox, [0, 1], lr=[0.1, 0.2, 0.3])
     with pytest.raises(ValueError, match="alpha2 per chain needs"):

@@ -162,8 +162,7 @@ def test_trajectory_matches_dense_oracle(
             strict=True,
         )
     }
-    # noise="torch": the oracle draws ξ from the same generator stream (normal_ = randn)
-    sampler = sgrld.build(name, lr=lr, num_data=n, temperature=temperature, noise="torch", **opt)
+    sampler = sgrld.build(name, lr=lr, num_data=n, temperature=temperature, **opt)
     state = sampler.init(params, generator=torch.Generator().manual_seed(11))
     oracle, theta = _oracle(name, opt), theta0.clone()
     interval = sampler.metric.refresh_interval
