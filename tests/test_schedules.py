@@ -45,12 +45,10 @@ def test_lr_sequence_and_phases_follow_the_formula(
 
 
 def test_exploring_steps_draw_no_noise() -> None:
-    """τ = 0 in exploration: the move is plain descent and the generator is not advanced
-    (``noise="torch"``, whose stream is the generator's; Philox noise is plain descent too, by
-    the same code path: ``test_temperature_zero_is_deterministic``)."""
+    """τ = 0 in exploration: the move is plain descent and the generator is not advanced."""
     p = torch.nn.Parameter(torch.ones(5, dtype=torch.float64))
     gen = torch.Generator().manual_seed(0)
-    opt = sgrld.SGLD([p], lr=0.1, num_data=1, generator=gen, noise="torch")
+    opt = sgrld.SGLD([p], lr=0.1, num_data=1, generator=gen)
     sched = sgrld.CyclicalLR(opt, total_steps=10, cycles=2, explore_fraction=0.4)
     for _ in range(2):  # steps 1-2 of 5 explore
         before, state = p.detach().clone(), gen.get_state()

@@ -102,7 +102,7 @@ def build(
     num_data: float,
     temperature: float = 1.0,
     check_finite: bool = True,
-    noise: NoiseSource = "philox",
+    noise: NoiseSource = "torch",
     compile: bool = False,
     capturable: bool = False,
     sync_checks: bool | None = None,

@@ -106,9 +106,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             while a step is traced by ``torch.compile`` to :meth:`check`, :meth:`state_dict` and
             refreshes (no host sync per step); ``True`` read at once everywhere (eager steps);
             ``False`` always defer.
-        noise: the source of ξ: ``"philox"`` (a compiled counter-based generator keyed from
-            ``generator``; see :mod:`sgrld.core.noise`) or ``"torch"`` (``normal_`` with
-            ``generator``). ``None`` (default): ``"philox"``. A ``"torch"`` step traced by
+        noise: the source of ξ: ``"torch"`` (``normal_`` with ``generator``) or ``"philox"`` (a
+            compiled counter-based generator; see :mod:`sgrld.core.noise`). ``None`` (default):
+            ``"philox"`` with ``capturable=True``, else ``"torch"``. A ``"torch"`` step traced by
             ``torch.compile`` draws from the counter-based generator keyed by ``generator``'s
             seed, since ``normal_`` with a generator would break the graph.
         compile: run each step's metric update, preconditioning and move as one
@@ -201,8 +201,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if not isinstance(telemetry, bool):
             raise ValueError(f"invalid telemetry: {telemetry!r} (expected True or False)")
         check_low_precision(low_precision, master_dtype)
+        requested_noise = noise
         if noise is None:
-            noise = "philox"
+            noise = "philox" if capturable is True else "torch"
         check_noise_source(noise)
         check_compile(compile, metric)
         check_flags(check_finite, capturable, sync_checks, noise)
@@ -237,6 +238,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         self.check_finite = check_finite
+        sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])
+        if sharded and requested_noise is None:
+            noise = "philox"  # drawn at each shard's global indices (sgrld.core.shards)
         self.noise: NoiseSource = noise
         self.compile = compile
         self.capturable = capturable
@@ -348,7 +352,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if given:
                 reason = (
                     "a generator's stream cannot be drawn at a shard's global indices, so the "
-                    "ranks would not form one chain (use noise='philox', the default)"
+                    "ranks would not form one chain (use noise='philox', the default for "
+                    "sharded parameters)"
                     if option == "noise='torch'"
                     else "not implemented for sharded parameters"
                 )

@@ -22,8 +22,7 @@ OPTIONS = {
 def make(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer:
     cls, options = OPTIONS[name]
     generator = torch.Generator().manual_seed(1)
-    # noise="torch": the default at 3b5f9eb (the default is "philox" since)
-    return cls(params, lr=0.01, num_data=100, generator=generator, noise="torch", **options)
+    return cls(params, lr=0.01, num_data=100, generator=generator, **options)
 
 
 def set_grads(params: list[torch.Tensor], t: int) -> None:

@@ -377,7 +377,7 @@ def advance(
     temperature: float,
     checks: CheckMode = "sync",
     adapt: bool = True,
-    noise_source: NoiseSource = "philox",
+    noise_source: NoiseSource = "torch",
     compiled: object | None = None,
     refresh: bool = True,
     direct: bool = True,

@@ -1,20 +1,20 @@
 """Sources of the Gaussian noise ξ ~ N(0, I) of the SGRLD step.
 
-``"philox"`` (default): the counter-based Philox4x32-10 generator (Salmon et al., SC'11; the
-generator of cuRAND, JAX and torch's CUDA backend) with a Box–Muller transform, as one
-``torch.compile``d elementwise kernel that fuses the transform and runs on every thread. ξ is a
-pure function of (key, step, index): the key is the chain's own (``SamplerState.keys``, one per
-chain, drawn from the sampler's generator at ``init`` or set from per-chain seeds), the counter
-is the element's row in the chain's buffer and the step count. Hence: no generator state to
-advance (a step can be captured in a CUDA graph or traced by ``torch.compile`` without a graph
-break), the numbers do not depend on the thread count, chain k's noise does not depend on how
-many chains run beside it, a block of steps draws exactly what the steps one by one draw, and
-resume is exact. The first call compiles (seconds; inductor caches it on disk). Without a
-working compiler it runs the same arithmetic eagerly (correct but slow) after a warning.
+``"torch"`` (default): ``Tensor.normal_(generator=...)``. On CPU this is torch's Mersenne
+Twister, single-threaded, and for a 478k-parameter MLP it costs about as much as a forward and
+backward pass (``docs/performance.md``): the floor of every sampler's step.
 
-``"torch"``: ``Tensor.normal_(generator=...)``. On CPU this is torch's Mersenne Twister, on one
-thread: for a 478k-parameter MLP it costs about as much as SGD's whole training step, 2–3× the
-Philox kernel on two threads (``docs/performance.md``).
+``"philox"``: the counter-based Philox4x32-10 generator (Salmon et al., SC'11; the generator of
+cuRAND, JAX and torch's CUDA backend) with a Box–Muller transform, as one ``torch.compile``d
+elementwise kernel that fuses the transform. ξ is a pure function of (key, step, index): the key
+is the chain's own (``SamplerState.keys``, one per chain, drawn from the sampler's generator at
+``init`` or set from per-chain seeds), the counter is the element's row in the chain's buffer and
+the step count. Hence: no generator state to advance (a step can be captured in a CUDA graph or
+traced by ``torch.compile`` without a graph break), chain k's noise does not depend on how many
+chains run beside it, a block of steps draws exactly what the steps one by one draw, and resume
+is exact. The first call compiles (seconds; inductor caches it on disk). Without a working
+compiler it runs the same arithmetic eagerly (correct but slow) after a warning. Whether it is
+faster than ``"torch"`` depends on the machine: measure (``benchmarks/step_time.py``).
 
 32-bit words are handled in int64 lanes; the 32×32→64-bit products of Philox are split into
 16-bit halves so that no intermediate overflows int64 (no wrap-around is relied upon).
@@ -191,7 +191,7 @@ def philox_normal_(
             _compile_failed = True
             warnings.warn(
                 f"sgrld: compiling the Philox noise kernel failed ({failure_reason(exc)}); "
-                "drawing it eagerly, which is much slower (noise='torch' needs no compiler)",
+                "drawing it eagerly, which is much slower than noise='torch'",
                 RuntimeWarning,
                 stacklevel=3,
             )

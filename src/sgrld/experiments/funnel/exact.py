@@ -127,15 +127,8 @@ def run_baseline(
     from sgrld.core.multistep import BlockRunner
 
     target, seeds = FunnelTarget(), derive_seeds(config.seed)
-    # noise="torch": a block's ξ is one randn call (multistep "block" noise), the stream that
-    # docs/funnel.md's figures were measured with
     sampler = sgrld.build(
-        setting.metric,
-        lr=setting.lr,
-        num_data=1.0,
-        noise="torch",
-        adapt_until=None,
-        **setting.options,
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
     )
     state = sampler.init(
         {"theta": _start(config, target)},

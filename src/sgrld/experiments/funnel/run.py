@@ -188,15 +188,8 @@ def run_sampler(
         start = target.sample(k, generator=torch.Generator().manual_seed(seeds["start"]))
     else:
         start = torch.ones(k, 2, dtype=torch.float64)
-    # noise="torch": a block's ξ is one randn call (multistep "block" noise), the stream that
-    # docs/funnel.md's figures were measured with
     sampler = sgrld.build(
-        setting.metric,
-        lr=setting.lr,
-        num_data=1.0,
-        noise="torch",
-        adapt_until=None,
-        **setting.options,
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
     )
     state = sampler.init(
         {"theta": start.clone()},
