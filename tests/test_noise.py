@@ -105,6 +105,79 @@ def test_philox_draws_are_a_function_of_key_and_step() -> None:
         assert abs(float(r)) < Z / math.sqrt(x.numel())
 
 
+def _bound(dtype: torch.dtype) -> float:
+    """The largest |ξ| Box–Muller can give: radius √(−2 log u) at the smallest uniform."""
+    bits = 53 if dtype == torch.float64 else 24
+    return math.sqrt(-2.0 * math.log(0.5 * 2.0**-bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_philox_tails_are_gaussian(dtype: torch.dtype) -> None:
+    """P(|ξ| > k) = erfc(k/√2) for k up to 4.5 (7 expected exceedances in 2²⁰ draws), each
+    count tested as a binomial at a false-alarm rate of 1e-6; nothing beyond the bound."""
+    n = 1 << 20
+    buf = NoiseBuffer((n,), dtype, torch.device("cpu"))
+    x = buf.draw(torch.Generator(), "philox", KEY, _step(11)).abs()
+    for k in (1.0, 2.0, 3.0, 4.0, 4.5):
+        count = int((x > k).sum())
+        assert sps.binomtest(count, n, math.erfc(k / math.sqrt(2.0))).pvalue > 1e-6, (k, count)
+    assert float(x.max()) <= _bound(dtype)
+
+
+def _equiprobable_cells(x: torch.Tensor, cells: int) -> torch.Tensor:
+    """The index of the N(0, 1)-equiprobable cell (of ``cells``) that each value falls in."""
+    edges = torch.tensor(sps.norm.ppf([i / cells for i in range(1, cells)]), dtype=x.dtype)
+    return torch.bucketize(x, edges)
+
+
+def _independence_pvalue(x: torch.Tensor, y: torch.Tensor, cells: int = 8) -> float:
+    """χ² test that the pairs (x_i, y_i) have the product law N(0, 1) ⊗ N(0, 1): counts in
+    ``cells``² equiprobable cells against n / cells² each."""
+    joint = _equiprobable_cells(x, cells) * cells + _equiprobable_cells(y, cells)
+    counts = torch.bincount(joint.reshape(-1), minlength=cells * cells).double().numpy()
+    return float(sps.chisquare(counts).pvalue)
+
+
+def test_philox_draws_are_independent_across_steps_and_chains() -> None:
+    """Joint law of ξ at consecutive steps, and of neighbouring chains' ξ (consecutive seeds,
+    the weak spot of a counter-based generator keyed by them), is the product of N(0, 1)s: a χ²
+    test on 8 × 8 equiprobable cells (p > 1e-6), and the correlations of ξ and of ξ² at lag 1
+    within their Monte-Carlo band (5 s.e.)."""
+    steps, chains, size = 64, 8, 4096
+    keys = keys_from_seeds(list(range(chains)), torch.device("cpu"))
+    buf = NoiseBuffer((chains, size), torch.float32, torch.device("cpu"))
+    x = torch.stack(
+        [buf.draw(torch.Generator(), "philox", keys, _step(t)).clone() for t in range(steps)]
+    )
+    x = x.double()  # (steps, chains, size)
+    pairs = {
+        "steps": (x[:-1], x[1:]),
+        "chains": (x[:, :-1].contiguous(), x[:, 1:].contiguous()),
+    }
+    for name, (a, b) in pairs.items():
+        assert _independence_pvalue(a, b) > 1e-6, name
+        se = 1.0 / math.sqrt(a.numel())
+        assert abs(float((a * b).mean())) < Z * se, name
+        # (ξ² − 1) has variance 2: the products of two independent ones have variance 4
+        assert abs(float(((a**2 - 1) * (b**2 - 1)).mean())) < Z * 2.0 * se, name
+
+
+@pytest.mark.slow  # compiles the kernel once more (inductor specialises on the thread count)
+def test_philox_draws_do_not_depend_on_the_thread_count() -> None:
+    """The kernel is elementwise in (key, step, index): 1 and 2 threads give the same bits."""
+    keys = keys_from_seeds([3, 4], torch.device("cpu"))
+    previous = torch.get_num_threads()
+    draws = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            buf = NoiseBuffer((2, 100_003), torch.float32, torch.device("cpu"))
+            draws.append(buf.draw(torch.Generator(), "philox", keys, _step(5)).clone())
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(draws[0], draws[1])
+
+
 def test_step_fills_the_counters_high_words() -> None:
     step = 2**33 + 3
     blocks = torch.empty(1, 2, 4, dtype=torch.float32)

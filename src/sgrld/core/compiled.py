@@ -5,7 +5,7 @@ eight, Monge six), and at 478k parameters each pass costs about 0.05 ms inside a
 more than the ≤ 10 % a preconditioner may add to SGLD (``docs/performance.md``). Here the same
 library code — ``metric.update``, ``metric.inverse``, ``metric.inverse_sqrt`` and
 :func:`~sgrld.core.integrator.euler_maruyama` — is traced by ``torch.compile`` and inductor fuses
-it into a few loops. With the counter-based noise (the default) ξ is drawn inside the same call
+it into a few loops. With ``noise="philox"`` ξ is drawn inside the same call
 (:func:`~sgrld.core.noise.philox_normals`: the same numbers as the eager kernel, to the last bits
 of log/cos/sin), so no separate kernel writes and re-reads a noise buffer: on one thread of this
 project's 2-core VM the MLP's ``opt.step()`` then costs 0.99 ms (SGLD) and 1.29 ms (RMSprop)
