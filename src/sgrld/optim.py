@@ -21,9 +21,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.compiled import CompiledMove, check_compile
 from sgrld.core.engine import (
     CheckMode,
+    NonFiniteGradientError,
     advance,
     check,
     check_finite_now,
@@ -232,6 +234,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._warned_nearest = False
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
+        self._reset_watch()
         self._masks: dict[Tensor, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
         self._replicas_checked = data_parallel is False
@@ -462,14 +465,34 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._check_replicas()
         grads = [self._grads(i) for i in range(len(self.param_groups))]
         modes = [self._checks(state) for state in states]
-        if len(states) > 1:  # refuse before the first group moves
-            for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
-                validate_grads(state, gs)
-                if modes[index] == "sync":
-                    check_finite_now(state, gs)
-                    modes[index] = "off"  # checked just now: not again inside the step
         traced = in_graph()
         noise: NoiseSource = "philox" if traced else self.noise
+        # the health watch (sgrld.health): this step's figures summed if it is a watched one
+        watched = not traced and (states[0].step + 1) % WATCH_EVERY == 0
+        try:
+            if len(states) > 1:  # refuse before the first group moves
+                for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
+                    validate_grads(state, gs)
+                    if modes[index] == "sync":
+                        check_finite_now(state, gs)
+                        modes[index] = "off"  # checked just now: not again inside the step
+            self._advance_groups(states, grads, modes, noise, traced, watched)
+        except NonFiniteGradientError as exc:
+            raise NonFiniteGradientError(self._nonfinite_message(str(exc), states)) from None
+        if watched:
+            self._watch_step(states[0].step)
+        self._after_step()
+        return loss
+
+    def _advance_groups(
+        self,
+        states: list[SamplerState],
+        grads: list[list[Tensor | None]],
+        modes: list[CheckMode],
+        noise: NoiseSource,
+        traced: bool,
+        watched: bool,
+    ) -> None:
         for index, group in enumerate(self.param_groups):
             if states[index].layout.shards is not None:
                 _follow_shards(states[index], group["params"])
@@ -477,6 +500,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
             adapt = self.adapts(index)
+            telemetry = self._accumulator(index)
+            if watched:  # the watch's sums and the user's telemetry both get this step's
+                telemetry = self._watch_sums(index, telemetry)
             advance(
                 self._group_metrics[index],
                 states[index],
@@ -489,15 +515,97 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 noise_source=noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
-                telemetry=self._accumulator(index),
+                telemetry=telemetry,
                 closes_warmup=closes_warmup(
                     self._group_metrics[index], states[index].step + 1, group["adapt_until"]
                 ),
             )
+            if watched:
+                self._watch_add(index)
             if standins is not None:
                 standins.push(states[index].keys, states[index].device_step)
-        self._after_step()
-        return loss
+
+    # --- the health watch (sgrld.health) ----------------------------------------------------
+
+    def _reset_watch(self) -> None:
+        self._watch = Watch()
+        self._watch_acc: dict[int, Tensor] = {}  # per group: the window's float64 (4,) sums
+        self._watch_step_sums: dict[int, Tensor] = {}  # per group: this step's, while it runs
+        self._watched = 0  # watched steps in the open window
+
+    def _watch_sums(self, index: int, telemetry: Tensor | None) -> Tensor:
+        device = self.param_groups[index]["params"][0].device
+        if index not in self._watch_acc:
+            self._watch_acc[index] = torch.zeros(4, dtype=torch.float64, device=device)
+        step = self._watch_acc[index].new_zeros(4)
+        self._watch_step_sums[index] = step
+        return step
+
+    def _watch_add(self, index: int) -> None:
+        step = self._watch_step_sums.pop(index)
+        self._watch_acc[index].add_(step)
+        user = self._accumulator(index)
+        if user is not None:
+            user.add_(step)
+
+    def _watch_step(self, steps: int) -> None:
+        """After a watched step: close the window when it is full (one host read)."""
+        self._watched += 1
+        if self._watched < WATCH_WINDOW:
+            return
+        sums = self._watch_window()
+        self._watch.close(sums, self._settled(steps))
+        for acc in self._watch_acc.values():
+            acc.zero_()
+        self._watched = 0
+
+    def _watch_window(self) -> list[float]:
+        """The open window's sums over the groups (squares add; the steps are each group's)."""
+        accs = list(self._watch_acc.values())
+        if not accs:
+            return [0.0, 0.0, 0.0, 0.0]
+        total = torch.stack([a.to(accs[0].device) for a in accs]).sum(0).tolist()
+        total[3] = float(accs[0][3])
+        return total
+
+    def _settled(self, steps: int) -> bool:
+        """Past the warm-up (or, adapting always, the default warm-up's length): only then is
+        ℓ judged, not the descent from the initial θ."""
+        until = self.param_groups[0]["adapt_until"]
+        return steps > max(DEFAULT_WARMUP if until is None else until, WATCH_EVERY * WATCH_WINDOW)
+
+    def health(self) -> Health:
+        """The chain's health (:func:`sgrld.health`) from every step so far: whether it broke
+        down while staying finite, or its ℓ is too large or too small, with the figure that
+        crossed which bound. Every optimizer watches one step in 16 on the device (three
+        reductions) and reads the figures once per 512 steps, warning once per verdict
+        (:class:`sgrld.HealthWarning`); this reads the open window too (one host read)."""
+        steps = self.num_steps
+        if self._watched:
+            sums = self._watch_window()
+            saved = list(self._watch.windows)
+            self._watch.windows.append(
+                {
+                    "steps": sums[3] * WATCH_EVERY,
+                    "drift_rms": (sums[0] / sums[3]) ** 0.5,
+                    "noise_rms": (sums[1] / sums[3]) ** 0.5,
+                    "theta_rms": (sums[2] / sums[3]) ** 0.5,
+                }
+            )
+            try:
+                return self._watch.verdict(self._settled(steps))
+            finally:
+                self._watch.windows = saved
+        return self._watch.verdict(self._settled(steps))
+
+    def _nonfinite_message(self, message: str, states: list[SamplerState]) -> str:
+        """The non-finite error with the step, ‖θ‖ over the last watched windows and the fix."""
+        text = f"{message} at step {states[0].step + 1}"
+        recent = [w["theta_rms"] for w in self._watch.windows[-3:]]
+        if recent:
+            norms = ", ".join(f"{v:.3g}" for v in recent)
+            text += f" (|theta| in the last {len(recent)} windows of 512 steps: {norms})"
+        return text + "; a smaller lr usually avoids this"
 
     def _accumulator(self, index: int) -> Tensor | None:
         if not self.telemetry_enabled:
@@ -818,6 +926,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._compiled = {}
         self._standins = {}
         self._telemetry = {}
+        self._reset_watch()
         self._replicas_checked = self.data_parallel is False
         self._warned_nearest = True
         self._ready = True

@@ -32,8 +32,8 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
         ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
     ),
     BROKEN_DOWN: (
-        "a chain broke down (non-finite value): sample writes its results (status "
-        "broken_down), funnel and demo write nothing",
+        "a chain broke down (a non-finite value, or blown up while finite: sgrld.health): "
+        "sample writes its results (status broken_down), funnel and demo write nothing",
         ("sample", "funnel", "demo"),
     ),
     IO_ERROR: (

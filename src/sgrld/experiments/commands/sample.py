@@ -11,11 +11,11 @@ and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exac
 ``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
 (Tables 4-5). The protocol is in :mod:`sgrld.experiments.run.single`.
 
-Exit status: 0 when the run completed, 3 when the chain broke down (non-finite potential; the
-results are still written), 2 for bad input, a damaged checkpoint or an ``--out`` that another run
-holds (refused before any work starts), 74 when an output cannot be written (disk full: the last
-good checkpoint is kept), 130 when interrupted. ``docs/experiments.md`` lists what survives which
-fault.
+Exit status: 0 when the run completed, 3 when the chain broke down (a non-finite potential, or
+parameters blown up while finite: ``docs/health.md``; the results are still written), 2 for bad
+input, a damaged checkpoint or an ``--out`` that another run holds (refused before any work
+starts), 74 when an output cannot be written (disk full: the last good checkpoint is kept), 130
+when interrupted. ``docs/experiments.md`` lists what survives which fault.
 """
 
 from __future__ import annotations

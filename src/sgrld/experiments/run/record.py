@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
 from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
@@ -86,6 +87,23 @@ def hardware(device: torch.device) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def run_health(telemetry: Mapping[str, list[float]], optimizer: Any = None) -> Health:
+    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry, or, where the run
+    has none (``--compile``) or it shows nothing wrong, from the optimizer's own watch."""
+    verdict = health(telemetry)
+    assert isinstance(verdict, Health)
+    if optimizer is not None and not verdict.broken_down:
+        own = optimizer.health()
+        if own.broken_down:
+            return own
+    return verdict
+
+
+def blown_up_reason(verdict: Health) -> str:
+    """The reason of a breakdown without a NaN: which figure crossed which bound."""
+    return f"blown up while finite: {verdict.reason}, over {verdict.steps} steps (sgrld.health)"
 
 
 def deferred_breakdown_reason(update: int, name: str) -> str:
@@ -284,12 +302,15 @@ class RunRecord:
         if failed_at is not None:
             self.global_step = failed_at - 1
 
-    def record_breakdown(self, reason: str) -> None:
-        """The chain hit a non-finite potential or gradient at update ``global_step + 1``."""
+    def record_breakdown(self, reason: str, *, blown_up: bool = False) -> None:
+        """The chain hit a non-finite potential or gradient at update ``global_step + 1``, or
+        (``blown_up``) its telemetry up to update ``global_step`` crossed a bound of
+        :func:`sgrld.health`."""
         self.status = "broken_down"
         self.broken_down = {
             "epoch": self.epoch,  # epochs completed before the failing one
-            "update": self.global_step + 1,  # the failing update, 1-based over the run
+            # the failing update, 1-based over the run
+            "update": self.global_step + (0 if blown_up else 1),
             "global_step": self.global_step,  # updates completed (its state is the last)
             "reason": reason,
             "hint": breakdown_hint(self.config, self.num_data),
