@@ -88,7 +88,7 @@ class Health:
         verdict: ``"healthy"``, ``"broken_down"``, ``"lr_too_large"``, ``"lr_too_small"``, or
             ``"unknown"`` (no step recorded yet).
         figure: the figure that crossed a bound (``"drift_to_noise"``, ``"theta_growth"``,
-            ``"diffusion_steps"``, ``"theta_rms"``), ``None`` when healthy.
+            ``"diffusion_steps"``, ``"theta_norm"``), ``None`` when healthy.
         value: its value.
         bound: the bound it crossed.
         steps: the steps the judgement rests on.
@@ -153,18 +153,18 @@ def _series(value: Any) -> list[float]:
 
 def judge(windows: Sequence[Mapping[str, float]], first_theta: float | None = None) -> Health:
     """The verdict on one chain from its telemetry windows, oldest first (each a mapping with
-    ``steps``, ``drift_rms``, ``noise_rms``, ``theta_rms`` as :func:`health` reads them);
+    ``steps``, ``drift_rms``, ``noise_rms``, ``theta_norm`` as :func:`health` reads them);
     ``first_theta``: ‖θ‖ of the chain's first window when ``windows`` no longer hold it."""
     windows = [w for w in windows if w.get("steps", 0) > 0]
     if not windows:
         return Health("unknown")
     steps = int(sum(w["steps"] for w in windows))
-    first = windows[0]["theta_rms"] if first_theta is None else first_theta
+    first = windows[0]["theta_norm"] if first_theta is None else first_theta
     for w in windows:
-        theta, noise = w["theta_rms"], w["noise_rms"]
+        theta, noise = w["theta_norm"], w["noise_rms"]
         growth = theta / first if first and first > 0 else 1.0
         if not (math.isfinite(theta) and math.isfinite(w["drift_rms"])):
-            return Health("broken_down", "theta_rms", theta, math.inf, steps)
+            return Health("broken_down", "theta_norm", theta, math.inf, steps)
         if not noise > 0:  # τ = 0 (or a cyclical schedule's exploration): no ratio
             if growth >= BROKEN_GROWTH_NO_NOISE:
                 return Health("broken_down", "theta_growth", growth, BROKEN_GROWTH_NO_NOISE, steps)
@@ -180,7 +180,7 @@ def judge(windows: Sequence[Mapping[str, float]], first_theta: float | None = No
     ratio = last["drift_rms"] / last["noise_rms"]
     if ratio > LARGE_RATIO:
         return Health("lr_too_large", "drift_to_noise", ratio, LARGE_RATIO, steps)
-    reach = (last["theta_rms"] / last["noise_rms"]) ** 2
+    reach = (last["theta_norm"] / last["noise_rms"]) ** 2
     if steps >= SMALL_MIN_STEPS and reach > SMALL_FACTOR * steps:
         return Health("lr_too_small", "diffusion_steps", reach, SMALL_FACTOR * steps, steps)
     return Health("healthy", steps=steps)
@@ -188,10 +188,11 @@ def judge(windows: Sequence[Mapping[str, float]], first_theta: float | None = No
 
 def _windows(figures: Mapping[str, Any]) -> list[dict[str, float]]:
     """Telemetry as windows: one mapping of floats, or per-window lists (``results.json``'s
-    ``telemetry.per_epoch``); ``theta_norm`` is read where ``theta_rms`` is absent."""
+    ``telemetry.per_epoch``); ``theta_rms``, its name in results written before, is read where
+    ``theta_norm`` is absent."""
     theta_key = "theta_norm" if "theta_norm" in figures else "theta_rms"
     keys = {"steps": "steps", "drift_rms": "drift_rms", "noise_rms": "noise_rms"}
-    keys["theta_rms"] = theta_key
+    keys["theta_norm"] = theta_key
     if not all(k in figures for k in keys.values()):
         return []
     columns = {mine: _series(figures[theirs]) for mine, theirs in keys.items()}
@@ -214,7 +215,7 @@ def health(source: Any) -> Health | list[Health]:
         A :class:`Health` (a list of them, one per chain, for :class:`~sgrld.Chains`).
 
     Example:
-        >>> figures = {"steps": 500, "drift_rms": 3e6, "noise_rms": 2.0, "theta_rms": 1e9}
+        >>> figures = {"steps": 500, "drift_rms": 3e6, "noise_rms": 2.0, "theta_norm": 1e9}
         >>> h = health(figures)
         >>> h.broken_down, h.reason
         (True, 'drift/noise 1.5e+06 >= 1e+03')
@@ -266,7 +267,7 @@ class Watch:
                 "steps": watched * WATCH_EVERY,
                 "drift_rms": math.sqrt(drift_sq / n),
                 "noise_rms": math.sqrt(noise_sq / n),
-                "theta_rms": math.sqrt(theta_sq / n),
+                "theta_norm": math.sqrt(theta_sq / n),
             }
         )
         verdict = self.verdict(settled)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state
 
+from sgrld.chain_health import Health, judge
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
@@ -439,6 +440,11 @@ class Chains:
             if reset:
                 g.telemetry.zero_()
         return out
+
+    def health(self) -> list[Health]:
+        """Every chain's health (:func:`sgrld.health`) from its telemetry since the last read
+        (``telemetry=True``; read without resetting it): one verdict per chain."""
+        return [judge([figures]) for figures in self.telemetry(reset=False)]
 
     def state_bytes(self) -> int:
         """Bytes of sampler state (statistics, keys, flags) per chain."""

@@ -16,7 +16,7 @@ import math
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
@@ -589,7 +589,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     "steps": sums[3] * WATCH_EVERY,
                     "drift_rms": (sums[0] / sums[3]) ** 0.5,
                     "noise_rms": (sums[1] / sums[3]) ** 0.5,
-                    "theta_rms": (sums[2] / sums[3]) ** 0.5,
+                    "theta_norm": (sums[2] / sums[3]) ** 0.5,
                 }
             )
             try:
@@ -601,7 +601,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _nonfinite_message(self, message: str, states: list[SamplerState]) -> str:
         """The non-finite error with the step, ‖θ‖ over the last watched windows and the fix."""
         text = f"{message} at step {states[0].step + 1}"
-        recent = [w["theta_rms"] for w in self._watch.windows[-3:]]
+        recent = [w["theta_norm"] for w in self._watch.windows[-3:]]
         if recent:
             norms = ", ".join(f"{v:.3g}" for v in recent)
             text += f" (|theta| in the last {len(recent)} windows of 512 steps: {norms})"
@@ -615,20 +615,34 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._telemetry[index] = torch.zeros(4, dtype=torch.float64, device=device)
         return self._telemetry[index]
 
-    def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
-        """Per-step health figures of every group since the last read (``telemetry=True``).
+    @overload
+    def telemetry(
+        self, reset: bool = True, *, per_group: Literal[False] = False
+    ) -> dict[str, float]: ...
+
+    @overload
+    def telemetry(
+        self, reset: bool = True, *, per_group: Literal[True]
+    ) -> list[dict[str, float]]: ...
+
+    def telemetry(
+        self, reset: bool = True, *, per_group: bool = False
+    ) -> dict[str, float] | list[dict[str, float]]:
+        """Per-step health figures of the chain since the last read (``telemetry=True``).
 
         Summed on the device in each step (no host read there) and read here, once: ``steps``;
-        ``drift_rms`` and ``noise_rms``, the root-mean-square of ‖ℓG⁻¹ĝ‖ and ‖σG^{-½}ξ‖ per
-        step; ``theta_rms`` (‖θ‖ before each move); ``drift_to_noise``, their ratio — far
-        above 1: ℓ is large for this posterior (the chain is close to descent, breakdowns
-        loom); far below: the gradient barely acts (slow mixing, or a too small ℓ) —; and the
-        metric's own figures of the current G (:meth:`Metric.diagnostics`: Monge's
-        ``stretch`` α²‖m‖², Shampoo's ``factor_condition``). ``reset`` starts new sums.
+        ``drift_rms`` and ``noise_rms``, the root-mean-square over the steps of the norms
+        ‖ℓG⁻¹ĝ‖ and ‖σG^{-½}ξ‖; ``theta_norm``, that of ‖θ‖ before each move; their ratio
+        ``drift_to_noise`` (healthy chains read 0.04–0.35; above 1, ℓ is too large:
+        ``docs/health.md``, :func:`sgrld.health`); and the metric's own figures of the current G
+        (:meth:`Metric.diagnostics`: Monge's ``stretch`` α²‖m‖², Shampoo's
+        ``factor_condition``). The norms are of every parameter group together (their squares
+        add; a metric figure is its largest over the groups); ``per_group=True`` gives one
+        mapping per group instead. Each read starts new sums unless ``reset=False``.
         """
         if not self.telemetry_enabled:
             raise RuntimeError("telemetry is off: build the optimizer with telemetry=True")
-        out = []
+        sums_of, extras = [], []
         for index in range(len(self.param_groups)):
             acc = self._accumulator(index)
             assert acc is not None
@@ -637,13 +651,19 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             sums = acc.clone()
             if state.layout.shards is not None:
                 sums, diagnostics = _over_the_mesh(state.layout.shards, sums, diagnostics)
-            figures = telemetry_figures(
-                sums.tolist(), {key: float(value) for key, value in diagnostics.items()}
-            )
-            out.append(figures)
+            sums_of.append(sums.tolist())
+            extras.append({key: float(value) for key, value in diagnostics.items()})
             if reset:
                 acc.zero_()
-        return out
+        if per_group:
+            return [telemetry_figures(s, e) for s, e in zip(sums_of, extras, strict=True)]
+        total = [sum(column) for column in zip(*sums_of, strict=True)]
+        total[3] = sums_of[0][3]  # the groups step together
+        extra: dict[str, float] = {}
+        for e in extras:
+            for key, value in e.items():
+                extra[key] = max(value, extra.get(key, -math.inf))
+        return telemetry_figures(total, extra)
 
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
