@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, overload
@@ -66,6 +67,44 @@ from sgrld.metrics import (
 )
 
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
+
+#: the optimizer stepping each parameter (weakly held on both sides), so that a
+#: :class:`~sgrld.SampleStore` given only the model can tell whether a sample was drawn while
+#: the metric was still adapting (:func:`drawn_adapting`)
+_OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[SGRLDOptimizer]]] = {}
+
+
+def _own(p: Tensor, opt: SGRLDOptimizer) -> None:
+    """Record ``opt`` as the optimizer of ``p`` (by id: a tensor's ``==`` is elementwise, so
+    no mapping can key on tensors; the entry goes when ``p`` does)."""
+    key = id(p)
+    _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))
+
+
+def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | None:
+    """Whether the state of ``params`` was produced by a step that adapted the metric (the
+    warm-up, :mod:`sgrld.core.warmup`), as ``(adapting, steps taken, adapt_until)`` of the
+    optimizer that steps them; ``None`` when no sgrld optimizer steps them."""
+    for p in params:
+        refs = _OWNERS.get(id(p))
+        opt = None if refs is None or refs[0]() is not p else refs[1]()
+        if opt is None:
+            continue
+        found = [i for i, g in enumerate(opt.param_groups) if any(q is p for q in g["params"])]
+        if not found:
+            continue
+        index = found[0]
+        group, steps = opt.param_groups[index], opt.num_steps
+        until = group["adapt_until"]
+        adapted = (
+            steps > 0
+            and opt._group_metrics[index].preconditions  # G = I has nothing to adapt
+            and bool(group["adapt_metric"])
+            and adapting(steps - 1, until)
+        )
+        return adapted, steps, until
+    return None
+
 
 #: metric fields that fix the layout of the statistics: not changeable after the first step
 _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "scope")
@@ -286,6 +325,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 RuntimeWarning,
                 stacklevel=3,
             )
+        for p in params:
+            _own(p, self)
         if self._ready:
             self._build(index)
 

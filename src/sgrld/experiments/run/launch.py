@@ -382,6 +382,14 @@ def print_summary(results: Results, out: Path) -> None:
         f"{results['status']}: {count(results['epochs_completed'], 'epoch')}, "
         f"{count(results['num_samples'], 'sample')}, {speed_text(results)}"
     )
+    warmup = results.get("warmup") or {}
+    if warmup.get("samples_adapting"):
+        until = warmup["adapt_until"]
+        when = "at every update" if until is None else f"until update {until}"
+        print(
+            f"  {warmup['samples_adapting']} of {results['num_samples']} samples were drawn while "
+            f"the metric adapted ({when}); --adapt burnin freezes it before the first"
+        )
     for split in ("val", "test"):
         m = final[split]
         third = "ece" if "ece" in m else "coverage_90"

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
+from sgrld.core.warmup import adapting
 from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
 from sgrld.experiments.run.build import build_likelihood
@@ -31,6 +32,7 @@ from sgrld.experiments.run.config import (
     RunConfig,
     check_collects_samples,
     derive_seed,
+    num_samples_after,
 )
 from sgrld.experiments.run.results import (
     RESULTS_FORMAT,
@@ -40,6 +42,7 @@ from sgrld.experiments.run.results import (
     Results,
     nan_to_none,
 )
+from sgrld.metrics import get_metric
 from sgrld.schedules import CyclicalLR
 
 __all__ = ["RunRecord", "restrict_splits"]
@@ -169,6 +172,8 @@ class RunRecord:
             )
         }
         self.curvature_means: list[float] = []  # C(θ) of every sample so far
+        self.samples_adapting = 0  # samples drawn while the metric still adapted (warm-up)
+        self._adapts = get_metric(config.sampler).preconditions  # G = I has nothing to adapt
         self.timing: dict[str, Any] = {
             "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
             "steps_after_skip": 0,
@@ -253,6 +258,8 @@ class RunRecord:
         """Close the current sample (after every split's logits were added)."""
         for ensemble in self.ensembles.values():
             ensemble.commit()
+        if self._adapts and adapting(self.global_step - 1, self.config.adapt_until):
+            self.samples_adapting += 1
         self.trace.commit(scalars=scalars)
         if curvature is not None:
             self.curvature_means.append(curvature)
@@ -333,6 +340,7 @@ class RunRecord:
             "timing": self.timing,
             "trace": self.trace.state_dict(),
             "telemetry": self.telemetry,
+            "samples_adapting": self.samples_adapting,
         }
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
@@ -362,6 +370,7 @@ class RunRecord:
         self.curves = {k: list(v) for k, v in state["curves"].items()}
         self.telemetry = {k: list(v) for k, v in state.get("telemetry", {}).items()}
         self.curvature_means = list(state["curvature_means"])
+        self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
         if "trace" in state:  # checkpoints from before the trace have none
             self.trace.load_state_dict(state["trace"])
         self.timing = dict(state["timing"])
@@ -371,6 +380,15 @@ class RunRecord:
         self.status = state["status"]
         if self.status == "completed" and self.epoch < self.config.epochs:
             self.status = "running"  # extended with more epochs
+
+    def _adapting_before(self) -> int:
+        """Samples drawn adapting up to :attr:`global_step` (checkpoints from before the count:
+        the schedule's sample steps within the warm-up)."""
+        until = self.config.adapt_until
+        if not self._adapts:
+            return 0
+        last = self.global_step if until is None else min(self.global_step, until)
+        return num_samples_after(last, self.config.burnin, self.config.thinning)
 
     # --- results ----------------------------------------------------------------------------
 
@@ -421,6 +439,11 @@ class RunRecord:
             "steps_per_epoch": self.steps_per_epoch,
             "num_data": self.num_data,
             "num_samples": self.ensembles["val"].num_samples,
+            # the warm-up (adapt_until: None adapts throughout) and the samples drawn during it
+            "warmup": {
+                "adapt_until": self.config.adapt_until,
+                "samples_adapting": self.samples_adapting,
+            },
             "final": self.final_scores(),
             "curvature": curvature,
             "seconds_per_epoch": self.seconds_per_epoch,

@@ -78,6 +78,7 @@ class Results(TypedDict):
     steps_per_epoch: int
     num_data: int
     num_samples: int
+    warmup: dict[str, Any]  # adapt_until, samples_adapting (drawn while the metric adapted)
     final: dict[str, dict[str, Any]]  # split → score → value (a number, or None for NaN)
     curvature: Curvature | None
     seconds_per_epoch: float | None
