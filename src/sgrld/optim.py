@@ -112,7 +112,7 @@ _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "sc
 #: group options of the facade itself (beside ℓ, n, τ, the metric's options and adapt_until)
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
 #: the value each facade option had before it existed (what an older state dict ran with)
-_BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None}
+_BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
@@ -914,8 +914,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def _default_of(self, key: str, current: Any) -> Any:
         """The value an option missing from an older state dict had before it existed."""
-        if key in _BEFORE_IT_EXISTED:  # e.g. no adapt_until: it adapted throughout
-            return _BEFORE_IT_EXISTED[key]
+        if key in _BEFORE_IT_EXISTED:  # e.g. no adapt_until: it adapted throughout; no
+            return _BEFORE_IT_EXISTED[key]  # floor (RMSprop's, Adam's): the absolute ε alone
         for f in dataclasses.fields(self.metric):  # type: ignore[arg-type]
             if f.name == key and f.default is not dataclasses.MISSING:
                 return f.default
@@ -1099,9 +1099,11 @@ class SGLD(SGRLDOptimizer):
 
 
 class RMSpropSGLD(SGRLDOptimizer):
-    """pSGLD (Li et al. 2016): G = diag(√V + eps), V an EMA of g² from zeros.
+    """pSGLD (Li et al. 2016): G = diag(√V + max(eps, floor·s)), V an EMA of g² from zeros, s
+    the statistics' scale (:class:`~sgrld.metrics.RMSpropMetric`).
 
-    Extra keyword options: ``bias_correction`` (default False, as the paper's code).
+    Extra keyword options: ``bias_correction`` (default False, as the paper's code) and
+    ``floor`` (default 0.1; 0 is the paper's absolute ε alone).
     """
 
     def __init__(
@@ -1115,9 +1117,10 @@ class RMSpropSGLD(SGRLDOptimizer):
         generator: torch.Generator | None = None,
         *,
         bias_correction: bool = False,
+        floor: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        metric = RMSpropMetric(decay=decay, eps=eps, bias_correction=bias_correction)
+        metric = RMSpropMetric(decay=decay, eps=eps, bias_correction=bias_correction, floor=floor)
         super().__init__(
             params, lr, num_data, temperature, metric=metric, generator=generator, **kwargs
         )

@@ -228,7 +228,13 @@ class ChainsRun:
             for r in self.records
         ]
         sampler = sgrld.build(
-            build_metric(base.sampler, base.sampler_options, base.alpha2, base.alpha2_rule),
+            build_metric(
+                base.sampler,
+                base.sampler_options,
+                base.alpha2,
+                base.alpha2_rule,
+                paper=base.adapt == "always",
+            ),
             lr=base.lr,
             num_data=self.num_data,
             temperature=base.temperature,
