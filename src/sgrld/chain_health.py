@@ -20,11 +20,13 @@ step is stable (ℓλ < 2) and r² is half the fraction of a posterior σ relaxe
 * **ℓ too large**: r > :data:`LARGE_RATIO` = 1 in the last window: the drift (with its minibatch
   noise) dominates the injected noise, so the chain is closer to SGD than to Langevin dynamics
   and its variance is not the posterior's;
-* **ℓ too small**: the injected noise moves the chain by ‖σG^{-½}ξ‖ per step, so by ‖θ‖ in
-  (‖θ‖/‖σG^{-½}ξ‖)² steps; when that is more than :data:`SMALL_FACTOR` times the steps taken
-  (and at least :data:`SMALL_MIN_STEPS` were taken), the chain has hardly moved against its own
-  scale. (r cannot say it: a chain that has not yet reached the posterior still descends, so
-  its drift, and r, stay large.)
+* **ℓ too small** (after at least :data:`SMALL_MIN_STEPS` steps): relaxing once across the
+  posterior takes about 1/(2r²) steps; when that is more than the steps taken, or when the
+  injected noise would need more than :data:`SMALL_FACTOR` times the steps taken to move the
+  chain by ‖θ‖ ((‖θ‖/‖σG^{-½}ξ‖)² steps) and relaxing takes more than a tenth of them, the chain
+  has hardly moved against the posterior's scale. (r alone misses a chain still descending
+  from its start, whose drift keeps r large; ‖θ‖ alone would call a narrow posterior far from
+  0 slow.)
 
 Healthy runs read r ≈ 0.04–0.35 (``docs/health.md`` lists the runs checked).
 """
@@ -59,7 +61,7 @@ BROKEN_GROWTH_NO_NOISE = 1e6
 #: drift/noise above which ℓ is too large (the stability limit of a Gaussian direction)
 LARGE_RATIO = 1.0
 #: ℓ is too small when the noise needs more than this many times the steps taken to move the
-#: chain by ‖θ‖
+#: chain by ‖θ‖ (and relaxing takes more than the steps taken over this factor)
 SMALL_FACTOR = 10.0
 #: steps a chain must have taken before it can be called too slow
 SMALL_MIN_STEPS = 1000
@@ -88,7 +90,8 @@ class Health:
         verdict: ``"healthy"``, ``"broken_down"``, ``"lr_too_large"``, ``"lr_too_small"``, or
             ``"unknown"`` (no step recorded yet).
         figure: the figure that crossed a bound (``"drift_to_noise"``, ``"theta_growth"``,
-            ``"diffusion_steps"``, ``"theta_norm"``), ``None`` when healthy.
+            ``"diffusion_steps"``, ``"relaxation_steps"``, ``"theta_norm"``), ``None`` when
+            healthy.
         value: its value.
         bound: the bound it crossed.
         steps: the steps the judgement rests on.
@@ -123,6 +126,11 @@ class Health:
                 f"the noise needs {self.value:.3g} steps to move the chain by |theta|, more "
                 f"than {SMALL_FACTOR:g} x the {self.steps} steps taken"
             )
+        if self.figure == "relaxation_steps":
+            return (
+                f"drift/noise implies {self.value:.3g} steps to relax once across the "
+                f"posterior, more than the {self.steps} steps taken"
+            )
         if not math.isfinite(self.value):
             return f"{name} is not finite"
         op = "<" if self.verdict == "lr_too_small" else ">=" if self.broken_down else ">"
@@ -141,7 +149,8 @@ class Health:
             "lr_too_large": "lr is too large",
             "lr_too_small": "lr is too small",
         }[self.verdict]
-        over = "" if self.figure == "diffusion_steps" else f", over {self.steps} steps"
+        steps_said = self.figure in ("diffusion_steps", "relaxation_steps")
+        over = "" if steps_said else f", over {self.steps} steps"
         return f"{what} ({self.reason}{over}): {self.fix}"
 
 
@@ -180,9 +189,14 @@ def judge(windows: Sequence[Mapping[str, float]], first_theta: float | None = No
     ratio = last["drift_rms"] / last["noise_rms"]
     if ratio > LARGE_RATIO:
         return Health("lr_too_large", "drift_to_noise", ratio, LARGE_RATIO, steps)
+    if steps < SMALL_MIN_STEPS:
+        return Health("healthy", steps=steps)
+    relax = math.inf if ratio == 0 else 1.0 / (2.0 * ratio * ratio)
     reach = (last["theta_norm"] / last["noise_rms"]) ** 2
-    if steps >= SMALL_MIN_STEPS and reach > SMALL_FACTOR * steps:
+    if reach > SMALL_FACTOR * steps and relax > steps / SMALL_FACTOR:
         return Health("lr_too_small", "diffusion_steps", reach, SMALL_FACTOR * steps, steps)
+    if relax > steps:
+        return Health("lr_too_small", "relaxation_steps", relax, steps, steps)
     return Health("healthy", steps=steps)
 
 
