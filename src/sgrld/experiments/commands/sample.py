@@ -379,12 +379,38 @@ def _saved_configs(out: Path) -> list[Any]:
         if checkpoint.is_file():
             state = load_checkpoint(checkpoint)
             saved = state.get("configs", [state.get("config")]) if isinstance(state, dict) else []
-            return [RunConfig.from_dict(c) for c in saved]
+            configs = [RunConfig.from_dict(c) for c in saved]
+            _refuse_foreign(out, checkpoint, configs)
+            return configs
         if results.is_file():
             return [RunConfig.from_dict(json.loads(results.read_text())["config"])]
     except (CheckpointError, OSError, ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"cannot resume the run in {out}: {exc}") from exc
     return []
+
+
+def _refuse_foreign(out: Path, checkpoint: Path, configs: list[Any]) -> None:
+    """A checkpoint that is not the run whose ``results.json`` lies beside it (one copied in
+    from another run) is refused, naming both sides: resuming would continue the other run and
+    overwrite this one's results."""
+    from sgrld.experiments.run.config import RunConfig, config_differences
+    from sgrld.experiments.run.naming import chain_label
+    from sgrld.experiments.run.results import RESULTS_FILE
+
+    beside = [(out / RESULTS_FILE, configs[0])] if len(configs) == 1 else []
+    beside += [(out / chain_label(c) / RESULTS_FILE, c) for c in configs if len(configs) > 1]
+    for results, config in beside:
+        if not results.is_file():
+            continue
+        theirs = RunConfig.from_dict(json.loads(results.read_text())["config"])
+        differences = config_differences(config, theirs)
+        if differences:
+            raise UsageError(
+                f"cannot resume the run in {out}: {checkpoint.name} is not the run of "
+                f"{results.relative_to(out)}: the checkpoint holds {config.label()}, the results "
+                f"{theirs.label()} ({'; '.join(differences)}); move the checkpoint that does not "
+                "belong there away, or choose another --out"
+            )
 
 
 def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
