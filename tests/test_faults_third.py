@@ -39,3 +39,99 @@ def test_resume_refuses_a_checkpoint_of_another_run_naming_both(
         err = capsys.readouterr().err
         one_line_error(err, "checkpoint.pt is not the run of results.json", "monge")
         assert (monge / "results.json").read_text() == precious
+
+
+# --- item 6-9: no write, read or code execution through a link or a special file --------------
+# One case per path a command writes or reads under --out: plant a link to an outside folder or
+# file (or a FIFO, a device, a hard link) and check that the command refuses with one line and a
+# documented status and that nothing outside --out changed. A new writer: one more line here.
+
+
+def _sweep(out: Path, data: Path, *extra: str) -> list[str]:
+    return ["sweep", "--sampler", "identity", "--lr", "0.05", *TINY, "--data-dir", str(data),
+            "--out", str(out), *extra]  # fmt: skip
+
+
+def _lock_digest() -> str:
+    import hashlib
+
+    from test_faults import RUN
+
+    return hashlib.sha256(RUN.encode()).hexdigest()[:16]
+
+
+LINK, HARD, SPECIAL = "symbolic link", "hard link", "not a regular file"
+PLANTS = {
+    # name: (path under OUT, what is planted, command, exit statuses, what the error says)
+    "sweep .locks/<digest>": (f".locks/{_lock_digest()}", "dir-link", "sweep", (1,), LINK),
+    "sweep run folder's lock, a hard link": (
+        "mnist-fc8-gaussian/identity/lr0.05-seed0/.sgrld.lock", "hard-link", "sweep", (1,), HARD),
+    "sweep submitit folder": (".submitit", "dir-link", "sweep-submitit", (74,), LINK),
+    "sweep submitit controllers.log": (
+        ".submitit/controllers.log", "file-link", "sweep-submitit", (74,), LINK),
+    "sample lock, a hard link": (".sgrld.lock", "hard-link", "sample", (74,), HARD),
+    "sample --chains 2 run folder": (
+        "mnist-fc8-gaussian-identity-lr0.05-sub200-seed1", "dir-link", "chains", (74,), LINK),
+    "sample --resume checkpoint, a FIFO": ("checkpoint.pt", "fifo", "resume", (2,), SPECIAL),
+    "sample --resume checkpoint, /dev/zero": ("checkpoint.pt", "dev-zero", "resume", (2,), LINK),
+    "table results.json, a FIFO": ("run/results.json", "fifo", "table", (2,), SPECIAL),
+    "report results.json, a link to /dev/zero": (
+        "run/results.json", "dev-zero", "report", (2,), SPECIAL),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_no_command_reads_or_writes_through_a_planted_link_or_special_file(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    import os
+    import signal
+
+    where, kind, command, statuses, said = PLANTS[name]
+    out, outside, victim = tmp_path / "out", tmp_path / "outside", tmp_path / "victim"
+    outside.mkdir()
+    victim.write_text("precious\n")
+    path = out / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "dir-link":
+        path.symlink_to(outside, target_is_directory=True)
+    elif kind == "file-link":
+        path.symlink_to(victim)
+    elif kind == "hard-link":
+        os.link(victim, path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    data = tmp_path / "data"
+    data.mkdir()  # no MNIST: a command that got past its refusals fails later, visibly
+    if command == "chains":  # the chains' folders are written after the first epoch
+        data = request.getfixturevalue("mnist_dir").parent
+    argv = {
+        "sweep": _sweep(out, data),
+        "sweep-submitit": _sweep(out, data, "--engine", "submitit-local"),
+        "sample": ["sample", "--sampler", "identity", "--lr", "0.05", *TINY,
+                   "--data-dir", str(data), "--out", str(out)],
+        "chains": ["sample", "--sampler", "identity", "--lr", "0.05", "--chains", "2", *TINY,
+                   "--data-dir", str(data), "--out", str(out), "--no-plot"],
+        "resume": ["sample", "--resume", "--out", str(out), "--sampler", "identity",
+                   "--lr", "0.05", *TINY, "--data-dir", str(data)],
+        "table": ["table", str(out)],
+        "report": ["report", str(out), "--out", str(tmp_path / "report"), "--no-figures"],
+    }[command]  # fmt: skip
+
+    def hung(*_: object) -> None:
+        raise TimeoutError(f"{name}: blocked (a FIFO opened for reading)")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(30)
+    try:
+        code = code_of(argv)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    err = capsys.readouterr().err
+    assert code in statuses, (code, err)
+    assert "Traceback" not in err and said in err, err
+    assert victim.read_text() == "precious\n"
+    assert list(outside.iterdir()) == []

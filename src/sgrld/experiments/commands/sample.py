@@ -30,6 +30,7 @@ from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.base.files import read_file
 from sgrld.experiments.run import launch
 from sgrld.experiments.run.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.run.choices import MODELS as MODEL_CHOICES
@@ -383,7 +384,7 @@ def _saved_configs(out: Path) -> list[Any]:
             _refuse_foreign(out, checkpoint, configs)
             return configs
         if results.is_file():
-            return [RunConfig.from_dict(json.loads(results.read_text())["config"])]
+            return [RunConfig.from_dict(json.loads(read_file(results))["config"])]
     except (CheckpointError, OSError, ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"cannot resume the run in {out}: {exc}") from exc
     return []
@@ -402,7 +403,7 @@ def _refuse_foreign(out: Path, checkpoint: Path, configs: list[Any]) -> None:
     for results, config in beside:
         if not results.is_file():
             continue
-        theirs = RunConfig.from_dict(json.loads(results.read_text())["config"])
+        theirs = RunConfig.from_dict(json.loads(read_file(results))["config"])
         differences = config_differences(config, theirs)
         if differences:
             raise UsageError(

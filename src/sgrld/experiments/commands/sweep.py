@@ -410,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
     if not todo:
         print("nothing to do", file=sys.stderr)
         return exits.OK
+    from sgrld.experiments.base.files import OutputError
     from sgrld.experiments.sweep.engines import (
         ClusterOptions,
         GridProgress,
@@ -435,6 +436,10 @@ def run(args: argparse.Namespace) -> int:
                 tasks_per_node=args.tasks_per_node,
             )
             run_submitit(jobs, out, cluster, progress)
+    except OutputError as exc:  # .submitit or its log planted as a link: nothing was submitted
+        progress.close()
+        print(f"sgrld sweep: error: {exc}", file=sys.stderr)
+        return exits.IO_ERROR
     finally:
         progress.close()
     if args.no_wait:

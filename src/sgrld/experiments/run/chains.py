@@ -460,6 +460,7 @@ class ChainsRun:
         if self.folders is None:
             return
         folder = self.folders[self.records.index(record)]
+        files.refuse_links(folder.parent, folder.name)  # OUT/<run name> planted as a link
         folder.mkdir(parents=True, exist_ok=True)
         write_results(folder, record.results())
 
