@@ -135,3 +135,45 @@ def test_no_command_reads_or_writes_through_a_planted_link_or_special_file(
     assert "Traceback" not in err and said in err, err
     assert victim.read_text() == "precious\n"
     assert list(outside.iterdir()) == []
+
+
+# --- items 11 and 12: options that silently won, one-line errors with the fix -----------------
+
+
+def test_a_repeated_option_key_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sample", "--sampler", "rmsprop", "--option", "decay=0.9", "--option", "decay=0.5"]
+    assert code_of([*argv, "--out", "unused"]) == exits.USAGE
+    one_line_error(capsys.readouterr().err.splitlines()[-1], "decay given twice", "once")
+
+
+def test_tasks_per_node_beyond_this_machine_is_refused_for_a_local_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sweep", "--sampler", "identity", "--lr", "0.05", *TINY, "--out", str(tmp_path)]
+    argv += ["--engine", "submitit-local", "--parallel", "ddp", "--tasks-per-node", "1000"]
+    assert code_of(argv) == exits.USAGE
+    one_line_error(capsys.readouterr().err, "--tasks-per-node 1000", "CPU cores")
+
+
+def test_library_options_are_checked_with_did_you_mean_and_the_list() -> None:
+    import torch
+
+    import sgrld
+
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    cases = [
+        (lambda: sgrld.MongeSGLD(p, lr=0.1, num_data=10, alpha=1.0), "did you mean 'alpha2'?"),
+        (lambda: sgrld.ShampooSGLD(p, lr=0.1, num_data=10, block_sze=8), "block_size"),
+        (lambda: sgrld.build("rmsprop", lr=0.1, num_data=10, dcay=0.9), "'decay'?"),
+        (lambda: sgrld.SGLD(p, lr=0.1, num_data=10, adapt_untl=5), "'adapt_until'?"),
+    ]
+    for make, words in cases:
+        with pytest.raises(TypeError) as caught:
+            make()
+        message = str(caught.value)
+        assert words in message and "the options of" in message, message
+        assert "Metric instance" not in message  # no Metric was passed
+    with pytest.raises(TypeError, match="given with a MongeMetric instance; set them on"):
+        sgrld.SGRLDOptimizer(p, lr=0.1, num_data=10, metric=sgrld.MongeMetric(), alpha2=0.5)
+    with pytest.raises(ValueError, match="num_data >= 1"):
+        sgrld.SGLD(p, lr=0.1, num_data=0.5)

@@ -130,7 +130,11 @@ def build(
                 " which creates the state that owns the randomness"
             )
     if isinstance(metric, str):
-        metric = get_metric(metric)(**metric_options)
+        from sgrld.core.contract import check_options
+
+        cls = get_metric(metric)
+        check_options(cls, metric_options, f"build({metric!r})")
+        metric = cls(**metric_options)
     elif metric_options:
         raise TypeError("metric options are only accepted with a metric name")
     return Sampler(

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.compiled import CompiledMove, check_compile
+from sgrld.core.contract import check_options
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
@@ -113,6 +114,14 @@ _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "sc
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
 #: the value each facade option had before it existed (what an older state dict ran with)
 _BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
+
+
+def _facade_arguments() -> list[str]:
+    """The optimizer's own keyword arguments (suggested for a misspelt option too)."""
+    import inspect
+
+    parameters = inspect.signature(SGRLDOptimizer.__init__).parameters
+    return [n for n, p in parameters.items() if n != "self" and p.kind is p.KEYWORD_ONLY]
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
@@ -233,10 +242,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         **metric_options: Any,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        own = _facade_arguments()
         if isinstance(metric, str):
-            metric = get_metric(metric)(**metric_options)
-        elif metric_options:
-            raise TypeError(f"unexpected arguments {sorted(metric_options)} with a Metric instance")
+            cls = get_metric(metric)
+            check_options(cls, metric_options, f"{type(self).__name__}({metric!r})", own)
+            metric = cls(**metric_options)
+        elif metric_options:  # a facade class built the metric, or the user gave an instance
+            given_instance = type(self) is SGRLDOptimizer
+            check_options(type(metric), metric_options, type(self).__name__, own, given_instance)
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
         if not isinstance(telemetry, bool):
@@ -1261,6 +1274,7 @@ class ShampooSGLD(SGRLDOptimizer):
         adapt_until: int | None = DEFAULT_WARMUP,
         **metric_options: Any,
     ) -> None:
+        check_options(ShampooMetric, metric_options, "ShampooSGLD", _facade_arguments())
         metric = ShampooMetric(
             decay=decay,
             eps=eps,

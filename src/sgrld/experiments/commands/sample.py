@@ -251,7 +251,13 @@ class OptionAction(argparse.Action):
         if not sep or not key.strip():
             parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
         options = dict(getattr(namespace, self.dest, None) or {})
-        options[key.strip().replace("-", "_")] = option_value(text.strip())
+        name = key.strip().replace("-", "_")
+        if name in options:  # the last one would silently win
+            parser.error(
+                f"{option_string} {name} given twice ({name}={options[name]!r} and "
+                f"{values!r}); give each option once"
+            )
+        options[name] = option_value(text.strip())
         setattr(namespace, self.dest, options)
 
 

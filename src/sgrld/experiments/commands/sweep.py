@@ -301,6 +301,13 @@ def _check_parallel(args: argparse.Namespace) -> None:
             f"--nodes {args.nodes}: --engine submitit-local runs each job on this machine "
             "(submitit's LocalExecutor has one node); use --engine submitit or --nodes 1"
         )
+    cores = os.cpu_count() or 1
+    if args.engine == "submitit-local" and args.tasks_per_node > cores:
+        raise GridError(
+            f"--tasks-per-node {args.tasks_per_node}: --engine submitit-local starts that many "
+            f"processes per job on this machine, which has {cores} CPU cores; give at most "
+            f"{cores}"
+        )
     kind, _, index = str(args.device).partition(":")
     if kind == "cuda" and index:
         raise GridError(
