@@ -177,3 +177,24 @@ def test_library_options_are_checked_with_did_you_mean_and_the_list() -> None:
         sgrld.SGRLDOptimizer(p, lr=0.1, num_data=10, metric=sgrld.MongeMetric(), alpha2=0.5)
     with pytest.raises(ValueError, match="num_data >= 1"):
         sgrld.SGLD(p, lr=0.1, num_data=0.5)
+
+
+def test_a_rank_that_lost_its_peers_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # item 10: a killed rank under torchrun left the survivor with a whole gloo traceback
+    import torch
+
+    from sgrld.experiments.run import launch
+    from sgrld.experiments.run.parallel import DataParallel
+
+    def lost(*args: object, **kwargs: object) -> int:
+        raise torch.distributed.DistBackendError(
+            "[../gloo/transport/tcp/pair.cc:534] Connection reset by peer\n  frames ..."
+        )
+
+    monkeypatch.setattr(launch, "join_parallel", lambda *a: DataParallel(1, 2))
+    monkeypatch.setattr(launch, "run_locked", lost)
+    argv = ["sample", "--sampler", "identity", "--lr", "0.05", *TINY, "--out", str(tmp_path)]
+    assert code_of([*argv, "--data-dir", str(tmp_path)]) == exits.FAILED
+    one_line_error(capsys.readouterr().err, "rank 1 lost the other ranks", "Connection reset")

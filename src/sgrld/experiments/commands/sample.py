@@ -498,7 +498,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
-        import torch  # noqa: F401
+        import torch
+    parallel = None
     try:
         if args.resume and args.out:
             adopt_saved_options(args, Path(args.out))
@@ -540,3 +541,15 @@ def run(args: argparse.Namespace) -> int:
     except OutputError as exc:  # e.g. disk full; the last good checkpoint is kept
         print(f"sgrld sample: error: {exc}", file=sys.stderr)
         return EXIT_IO_ERROR
+    except RuntimeError as exc:  # under torchrun: another rank died (killed, disk full)
+        lost = isinstance(exc, torch.distributed.DistError) or "Connection" in str(exc)
+        if parallel is None or not lost:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"sgrld sample: error: rank {parallel.rank} lost the other ranks ({first}); another "
+            "rank died (its own error says why); the last good checkpoint is kept: rerun with "
+            "--resume",
+            file=sys.stderr,
+        )
+        return exits.FAILED
