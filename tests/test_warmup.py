@@ -323,6 +323,8 @@ def test_chains_run_freezes_where_the_single_run_does() -> None:
     from test_multichain import SPLITS, tiny_config
 
     config = tiny_config(sampler="rmsprop", seed=0, lr=0.01, epochs=3)
+    # the paper's ε alone: the relative floor bounds G⁻¹ and so the gap one update makes
+    config = replace(config, sampler_options={"floor": 0.0})
     (chain,) = ChainsRun([config], SPLITS).run()
     single = SamplingRun(config, SPLITS).run()
     later = SamplingRun(replace(config, adapt=config.burnin + 1), SPLITS).run()

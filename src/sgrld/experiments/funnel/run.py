@@ -68,7 +68,7 @@ class SamplerSetting:
 #: The paper's App. A.4, in the library's terms.
 SETTINGS: dict[str, SamplerSetting] = {
     "identity": SamplerSetting("identity", 0.001),
-    "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0}),
+    "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0, "floor": 0.0}),
     # The funnel code's explosion fallback: if ‖G⁻¹ĝ‖ > 1000 use G = (‖ĝ‖/1000)·I this step.
     "monge": SamplerSetting(
         "monge", 0.003, {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": 1000.0}
