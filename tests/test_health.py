@@ -154,7 +154,7 @@ def test_the_nonfinite_error_names_the_step_and_the_fix() -> None:
     with pytest.raises(sgrld.NonFiniteGradientError) as caught:
         run_regression(lambda p, n: sgrld.SGLD(p, lr=1.0, num_data=n), 3000, dtype=torch.float64)
     message = str(caught.value)
-    assert "at step" in message and "|theta| in the last" in message and "smaller lr" in message
+    assert "at step" in message and "|theta| over the last" in message and "smaller lr" in message
 
 
 def test_a_blown_up_run_exits_broken_down_naming_the_bound(

@@ -656,9 +656,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """The non-finite error with the step, ‖θ‖ over the last watched windows and the fix."""
         text = f"{message} at step {states[0].step + 1}"
         recent = [w["theta_norm"] for w in self._watch.windows[-3:]]
+        if self._watched:  # the open window's watched steps too (a read on the error path)
+            sums = self._watch_window()
+            recent.append((sums[2] / sums[3]) ** 0.5)
         if recent:
             norms = ", ".join(f"{v:.3g}" for v in recent)
-            text += f" (|theta| in the last {len(recent)} windows of 512 steps: {norms})"
+            text += f" (|theta| over the last {WATCH_EVERY * WATCH_WINDOW}-step windows: {norms})"
         return text + "; a smaller lr usually avoids this"
 
     def _accumulator(self, index: int) -> Tensor | None:
