@@ -301,12 +301,12 @@ def _check_parallel(args: argparse.Namespace) -> None:
             f"--nodes {args.nodes}: --engine submitit-local runs each job on this machine "
             "(submitit's LocalExecutor has one node); use --engine submitit or --nodes 1"
         )
-    cores = os.cpu_count() or 1
-    if args.engine == "submitit-local" and args.tasks_per_node > cores:
+    most = 4 * (os.cpu_count() or 1)  # ranks may share a core (gloo), not by the hundred
+    if args.engine == "submitit-local" and args.tasks_per_node > most:
         raise GridError(
             f"--tasks-per-node {args.tasks_per_node}: --engine submitit-local starts that many "
-            f"processes per job on this machine, which has {cores} CPU cores; give at most "
-            f"{cores}"
+            f"processes per job on this machine, which has {os.cpu_count()} CPU cores; give at "
+            f"most {most} (4 per core)"
         )
     kind, _, index = str(args.device).partition(":")
     if kind == "cuda" and index:
