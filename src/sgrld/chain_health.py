@@ -163,8 +163,10 @@ def judge(windows: Sequence[Mapping[str, float]], first_theta: float | None = No
     for w in windows:
         theta, noise = w["theta_norm"], w["noise_rms"]
         growth = theta / first if first and first > 0 else 1.0
-        if not (math.isfinite(theta) and math.isfinite(w["drift_rms"])):
+        if not math.isfinite(theta):
             return Health("broken_down", "theta_norm", theta, math.inf, steps)
+        if not math.isfinite(w["drift_rms"]):
+            return Health("broken_down", "drift_rms", w["drift_rms"], math.inf, steps)
         if not noise > 0:  # τ = 0 (or a cyclical schedule's exploration): no ratio
             if growth >= BROKEN_GROWTH_NO_NOISE:
                 return Health("broken_down", "theta_growth", growth, BROKEN_GROWTH_NO_NOISE, steps)
@@ -275,7 +277,8 @@ class Watch:
             import warnings
 
             self.warned.add(verdict.verdict)
-            warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=4)
+            # the user's opt.step(): close ← _watch_step ← step ← torch's two step wrappers
+            warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=6)
         return verdict
 
     def verdict(self, settled: bool = True) -> Health:
