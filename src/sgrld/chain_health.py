@@ -32,6 +32,7 @@ Healthy runs read r ≈ 0.04–0.35 (``docs/health.md`` lists the runs checked).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -274,8 +275,6 @@ class Watch:
         )
         verdict = self.verdict(settled)
         if not verdict.ok and verdict.verdict not in self.warned:
-            import warnings
-
             self.warned.add(verdict.verdict)
             # the user's opt.step(): close ← _watch_step ← step ← torch's two step wrappers
             warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=6)
