@@ -38,6 +38,7 @@ def test_resume_refuses_a_checkpoint_of_another_run_naming_both(
         assert code == exits.USAGE, name
         err = capsys.readouterr().err
         one_line_error(err, "checkpoint.pt is not the run of results.json", "monge")
+        assert err.count("cannot resume") == 1, err
         assert (monge / "results.json").read_text() == precious
 
 

@@ -391,6 +391,8 @@ def _saved_configs(out: Path) -> list[Any]:
             return configs
         if results.is_file():
             return [RunConfig.from_dict(json.loads(read_file(results))["config"])]
+    except UsageError:
+        raise
     except (CheckpointError, OSError, ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"cannot resume the run in {out}: {exc}") from exc
     return []
