@@ -77,7 +77,15 @@ class SecondMomentOracle(DenseOracle):
         self.v_hat = self.v / (1 - lam**step) if self.corrected() else self.v
 
     def g_inv(self) -> Tensor:
-        return torch.diag(1.0 / (self.v_hat.sqrt() + self.opt["eps"]))
+        # the floor relative to the statistics' scale s = √mean(v̂); G = I while s = 0
+        from sgrld.metrics import RMSpropMetric
+
+        floor = self.opt.get("floor", RMSpropMetric.floor)
+        scale = float(self.v_hat.mean().sqrt())
+        if floor and scale == 0.0:
+            return torch.eye(self.d, dtype=torch.float64)
+        added = max(self.opt["eps"], floor * scale)
+        return torch.diag(1.0 / (self.v_hat.sqrt() + added))
 
 
 class AdamOracle(SecondMomentOracle):
@@ -238,11 +246,12 @@ CASES: dict[str, MetricCase] = {
             {"decay": 0.9, "eps": 1e-8},
             {"decay": 0.99, "eps": 0.0},
             {"decay": 0.9, "eps": 1e-8, "bias_correction": True},
+            {"decay": 0.9, "eps": 1e-8, "floor": 0.0},  # the paper's absolute ε alone
         ),
         options={"decay": 0.9, "eps": 1e-8},
         stationary={"decay": 0.9, "eps": 1e-8},
         warmup={"rmsprop": {"decay": 0.9, "eps": 1e-8}},
-        bad_options=(("decay", 1.0), ("decay", -0.1), ("eps", -1e-8)),
+        bad_options=(("decay", 1.0), ("decay", -0.1), ("eps", -1e-8), ("floor", -0.1)),
         facade=sgrld.RMSpropSGLD,
         conformance_sets={"bias_correction": {"bias_correction": True}},
     ),
@@ -252,7 +261,7 @@ CASES: dict[str, MetricCase] = {
         options={"beta2": 0.9},
         stationary={"beta2": 0.9},
         warmup={"adam": {"beta2": 0.99}},
-        bad_options=(("beta2", 1.0), ("beta2", -0.1), ("eps", -1e-8)),
+        bad_options=(("beta2", 1.0), ("beta2", -0.1), ("eps", -1e-8), ("floor", 1.0)),
     ),
     "wenzel": MetricCase(
         oracle=WenzelOracle,

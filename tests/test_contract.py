@@ -49,7 +49,13 @@ def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-BAD_COMMON = [("lr", -1.0), ("num_data", 0), ("num_data", -5), ("temperature", -0.1)]
+BAD_COMMON = [
+    ("lr", -1.0),
+    ("num_data", 0),
+    ("num_data", 0.5),
+    ("num_data", -5),
+    ("temperature", -0.1),
+]
 
 
 @pytest.mark.parametrize(("arg", "value"), BAD_COMMON)

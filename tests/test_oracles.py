@@ -73,7 +73,7 @@ def test_inverse_and_inverse_sqrt_match_dense(name: str, opt: dict[str, Any]) ->
 
 
 def test_rmsprop_first_step_preconditioner_is_ten_over_abs_g() -> None:
-    metric, layout, stats = _flat_ops("rmsprop", {"decay": 0.99, "eps": 1e-8})
+    metric, layout, stats = _flat_ops("rmsprop", {"decay": 0.99, "eps": 1e-8, "floor": 0.0})
     g = torch.linspace(-2, 3, D, dtype=torch.float64)
     g[g == 0] = 0.5
     metric.update(stats, layout, g.clone(), 1)

@@ -149,7 +149,7 @@ def test_documented_example_trains_and_prints_ensemble_accuracy(
     match = re.search(r"(\d+) samples, ensemble test accuracy (0\.\d+)", printed)
     assert match is not None, printed
     assert int(match.group(1)) == 10  # steps 220, 240, ..., 400
-    assert float(match.group(2)) > 0.9  # 0.936: 400 steps learn most of MNIST
+    assert float(match.group(2)) > 0.9  # 0.938: 400 steps learn most of MNIST
     assert re.search(r"log p\(θ\|D\) \+ const ≈ -?\d+\.\d", printed), printed
 
 

@@ -39,8 +39,8 @@ def test_steps_read_nothing_on_the_host(spec: SamplerSpec, monkeypatch: pytest.M
         for _ in range(2):  # not on a Shampoo refresh step (update_interval 3)
             opt.step()
     figures = opt.telemetry()
-    assert figures[0]["steps"] == 3.0
-    assert opt.telemetry()[0]["steps"] == 0.0  # reset by the read
+    assert figures["steps"] == 3.0
+    assert opt.telemetry()["steps"] == 0.0  # reset by the read
 
 
 def test_sgld_figures_are_exact() -> None:
@@ -54,12 +54,29 @@ def test_sgld_figures_are_exact() -> None:
         theta_sq.append(sum(float(p.detach().square().sum()) for p in params))
         opt.step()
     d = sum(p.numel() for p in params)
-    (f,) = opt.telemetry()
+    f = opt.telemetry()
     assert f["drift_rms"] == pytest.approx(lr * 2.0 * math.sqrt(d), rel=1e-12)
-    assert f["theta_rms"] == pytest.approx(math.sqrt(sum(theta_sq) / 5), rel=1e-12)
+    assert f["theta_norm"] == pytest.approx(math.sqrt(sum(theta_sq) / 5), rel=1e-12)
     sigma = math.sqrt(2 * lr * temperature / N)
     # ‖ξ‖² ~ χ²_D: 5 steps of D = 54 — within 5 of its standard deviations
     assert abs(f["noise_rms"] ** 2 / sigma**2 - d) < 5 * math.sqrt(2 * d / 5)
+
+
+def test_one_mapping_for_the_chain_and_one_per_group_on_request() -> None:
+    # issue 31 item 4: one optimizer gave a one-element list; θ's figure is a norm, named so
+    a, b = _params(), _params()
+    opt = sgrld.SGLD([{"params": a}, {"params": b, "lr": 0.02}], lr=0.01, num_data=N,
+                     telemetry=True)  # fmt: skip
+    for p in (*a, *b):
+        p.grad = torch.ones_like(p)
+    opt.step()
+    groups = opt.telemetry(reset=False, per_group=True)
+    whole = opt.telemetry()
+    assert len(groups) == 2 and whole["steps"] == 1.0 and "theta_rms" not in whole
+    for key in ("drift_rms", "noise_rms", "theta_norm"):
+        assert whole[key] ** 2 == pytest.approx(sum(g[key] ** 2 for g in groups), rel=1e-12)
+    norm = math.sqrt(sum(float(p.detach().square().sum()) for p in (*a, *b)))
+    assert whole["theta_norm"] == pytest.approx(norm, rel=1e-3)  # θ before the move
 
 
 def test_metric_figures() -> None:
@@ -69,11 +86,11 @@ def test_metric_figures() -> None:
         p.grad = torch.ones_like(p)
     monge.step()
     m_sq = sum(float((0.1 * torch.ones_like(p)).square().sum()) for p in params)  # m = (1−λ)g
-    assert monge.telemetry()[0]["stretch"] == pytest.approx(0.5 * m_sq, rel=1e-12)
+    assert monge.telemetry()["stretch"] == pytest.approx(0.5 * m_sq, rel=1e-12)
     shampoo = sgrld.ShampooSGLD(
         _params(), lr=0.01, num_data=N, telemetry=True, eps=1e-4, block_size=4
     )
-    assert shampoo.telemetry()[0]["factor_condition"] == pytest.approx(1.0)  # ε·I
+    assert shampoo.telemetry()["factor_condition"] == pytest.approx(1.0)  # ε·I
     with pytest.raises(RuntimeError, match="telemetry=True"):
         sgrld.SGLD(_params(), lr=0.01, num_data=N).telemetry()
 

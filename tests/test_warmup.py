@@ -298,6 +298,10 @@ def test_runner_warmup_is_the_burnin_and_is_recorded(tmp_path: Path) -> None:
     same = {k: v for k, v in deterministic(runs[5]).items() if k != "config"}
     assert same == {k: v for k, v in deterministic(runs["burnin"]).items() if k != "config"}
     assert deterministic(runs["always"])["curves"] != deterministic(runs["burnin"])["curves"]
+    # every sample of "always" was drawn adapting, none of "burnin" (issue 33 item 2)
+    assert runs["always"]["warmup"] == {"adapt_until": None, "samples_adapting": 3}
+    assert runs["always"]["num_samples"] == 3
+    assert runs["burnin"]["warmup"]["samples_adapting"] == 0
     parser = argparse.ArgumentParser()
     sample.add_arguments(parser)
     base = ["--sampler", "rmsprop"]
@@ -319,6 +323,8 @@ def test_chains_run_freezes_where_the_single_run_does() -> None:
     from test_multichain import SPLITS, tiny_config
 
     config = tiny_config(sampler="rmsprop", seed=0, lr=0.01, epochs=3)
+    # the paper's ε alone: the relative floor bounds G⁻¹ and so the gap one update makes
+    config = replace(config, sampler_options={"floor": 0.0})
     (chain,) = ChainsRun([config], SPLITS).run()
     single = SamplingRun(config, SPLITS).run()
     later = SamplingRun(replace(config, adapt=config.burnin + 1), SPLITS).run()
@@ -366,3 +372,46 @@ def test_a_warmup_shorter_than_the_refresh_interval_still_refreshes_at_its_end(a
         p.grad = grad.clone()
         opt.step()
     assert (off_schedule - p.detach()).abs().max() > 0.1  # G is not I after the warm-up
+
+
+def _user_loop(burnin: int, steps: int, metric: str = "rmsprop") -> tuple[Any, list[str]]:
+    """Issue 33 item 2: a user's loop with the default adapt_until and a SampleStore."""
+    import warnings
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 3, generator=g), torch.randn(64, generator=g)
+    model = torch.nn.Linear(3, 1)
+    opt = sgrld.SGRLDOptimizer(model.parameters(), lr=1e-3, num_data=64, metric=metric)
+    store = sgrld.SampleStore(burnin=burnin, thinning=20, max_samples=50)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            opt.zero_grad()
+            ((model(x).squeeze(-1) - y) ** 2).mean().backward()
+            opt.step()
+            store.observe(model)
+    said = [str(w.message) for w in caught if "SampleStore" in str(w.message)]
+    return store, said
+
+
+def test_samples_drawn_while_the_metric_adapts_are_said_once_and_recorded() -> None:
+    store, said = _user_loop(burnin=420, steps=840)  # every sample before step 1000
+    assert len(store) == 21 and store.adapting == [True] * 21
+    assert len(said) == 1, said
+    assert "after step 440" in said[0] and "adapt_until=1000" in said[0]
+    assert "burnin >= 1000" in said[0]
+    store, said = _user_loop(burnin=DEFAULT_WARMUP, steps=1100)
+    assert said == [] and store.adapting == [False] * 5
+    store, said = _user_loop(burnin=420, steps=840, metric="identity")  # nothing to adapt
+    assert said == [] and store.adapting == [False] * 21
+
+
+def test_chains_say_whether_a_sample_now_is_drawn_adapting() -> None:
+    sampler = sgrld.build("rmsprop", lr=0.01, num_data=10.0, noise="philox", adapt_until=2)
+    chains = sgrld.Chains(torch.nn.Linear(2, 1), sampler, seeds=[0])
+    x = torch.randn(1, 5, 2, generator=torch.Generator().manual_seed(0))
+    flags = []
+    for _ in range(3):
+        chains.step(lambda m, x: (m(x) ** 2).mean(), x)
+        flags.append(chains.adapting)
+    assert flags == [True, True, False]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from sgrld.chain_health import Health, HealthWarning, health
     from sgrld.chains import Chains
     from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
     from sgrld.core.noise import NoiseSource
@@ -74,6 +75,7 @@ _LAZY = {
         ("SampleStore", "log_density", "log_predictive_density", "posterior_predictive"),
         "sgrld.samples",
     ),
+    **dict.fromkeys(("Health", "HealthWarning", "health"), "sgrld.chain_health"),
     "CyclicalLR": "sgrld.schedules",
     "Chains": "sgrld.chains",
 }
@@ -129,7 +131,11 @@ def build(
                 " which creates the state that owns the randomness"
             )
     if isinstance(metric, str):
-        metric = get_metric(metric)(**metric_options)
+        from sgrld.core.contract import check_options
+
+        cls = get_metric(metric)
+        check_options(cls, metric_options, f"build({metric!r})")
+        metric = cls(**metric_options)
     elif metric_options:
         raise TypeError("metric options are only accepted with a metric name")
     return Sampler(
@@ -150,6 +156,8 @@ __all__ = [
     "SGLD",
     "Chains",
     "CyclicalLR",
+    "Health",
+    "HealthWarning",
     "IdentityMetric",
     "Metric",
     "MongeMetric",
@@ -168,6 +176,7 @@ __all__ = [
     "__version__",
     "build",
     "get_metric",
+    "health",
     "log_density",
     "log_predictive_density",
     "metric_names",

@@ -14,16 +14,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor
 
+from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.compiled import CompiledMove, check_compile
+from sgrld.core.contract import check_options
 from sgrld.core.engine import (
     CheckMode,
+    NonFiniteGradientError,
     advance,
     check,
     check_finite_now,
@@ -65,13 +69,59 @@ from sgrld.metrics import (
 
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
 
+#: the optimizer stepping each parameter (weakly held on both sides), so that a
+#: :class:`~sgrld.SampleStore` given only the model can tell whether a sample was drawn while
+#: the metric was still adapting (:func:`drawn_adapting`)
+_OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[SGRLDOptimizer]]] = {}
+
+
+def _own(p: Tensor, opt: SGRLDOptimizer) -> None:
+    """Record ``opt`` as the optimizer of ``p`` (by id: a tensor's ``==`` is elementwise, so
+    no mapping can key on tensors; the entry goes when ``p`` does)."""
+    key = id(p)
+    _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))
+
+
+def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | None:
+    """Whether the state of ``params`` was produced by a step that adapted the metric (the
+    warm-up, :mod:`sgrld.core.warmup`), as ``(adapting, steps taken, adapt_until)`` of the
+    optimizer that steps them; ``None`` when no sgrld optimizer steps them."""
+    for p in params:
+        refs = _OWNERS.get(id(p))
+        opt = None if refs is None or refs[0]() is not p else refs[1]()
+        if opt is None:
+            continue
+        found = [i for i, g in enumerate(opt.param_groups) if any(q is p for q in g["params"])]
+        if not found:
+            continue
+        index = found[0]
+        group, steps = opt.param_groups[index], opt.num_steps
+        until = group["adapt_until"]
+        adapted = (
+            steps > 0
+            and opt._group_metrics[index].preconditions  # G = I has nothing to adapt
+            and bool(group["adapt_metric"])
+            and adapting(steps - 1, until)
+        )
+        return adapted, steps, until
+    return None
+
+
 #: metric fields that fix the layout of the statistics: not changeable after the first step
 _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "scope")
 
 #: group options of the facade itself (beside ℓ, n, τ, the metric's options and adapt_until)
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
 #: the value each facade option had before it existed (what an older state dict ran with)
-_BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None}
+_BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
+
+
+def _facade_arguments() -> list[str]:
+    """The optimizer's own keyword arguments (suggested for a misspelt option too)."""
+    import inspect
+
+    parameters = inspect.signature(SGRLDOptimizer.__init__).parameters
+    return [n for n, p in parameters.items() if n != "self" and p.kind is p.KEYWORD_ONLY]
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
@@ -192,10 +242,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         **metric_options: Any,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        own = _facade_arguments()
         if isinstance(metric, str):
-            metric = get_metric(metric)(**metric_options)
-        elif metric_options:
-            raise TypeError(f"unexpected arguments {sorted(metric_options)} with a Metric instance")
+            cls = get_metric(metric)
+            check_options(cls, metric_options, f"{type(self).__name__}({metric!r})", own)
+            metric = cls(**metric_options)
+        elif metric_options:  # a facade class built the metric, or the user gave an instance
+            given_instance = type(self) is SGRLDOptimizer
+            check_options(type(metric), metric_options, type(self).__name__, own, given_instance)
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
         if not isinstance(telemetry, bool):
@@ -232,6 +286,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._warned_nearest = False
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
+        self._reset_watch()
         self._masks: dict[Tensor, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
         self._replicas_checked = data_parallel is False
@@ -283,6 +338,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 RuntimeWarning,
                 stacklevel=3,
             )
+        for p in params:
+            _own(p, self)
         if self._ready:
             self._build(index)
 
@@ -462,14 +519,34 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._check_replicas()
         grads = [self._grads(i) for i in range(len(self.param_groups))]
         modes = [self._checks(state) for state in states]
-        if len(states) > 1:  # refuse before the first group moves
-            for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
-                validate_grads(state, gs)
-                if modes[index] == "sync":
-                    check_finite_now(state, gs)
-                    modes[index] = "off"  # checked just now: not again inside the step
         traced = in_graph()
         noise: NoiseSource = "philox" if traced else self.noise
+        # the health watch (sgrld.health): this step's figures summed if it is a watched one
+        watched = not traced and (states[0].step + 1) % WATCH_EVERY == 0
+        try:
+            if len(states) > 1:  # refuse before the first group moves
+                for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
+                    validate_grads(state, gs)
+                    if modes[index] == "sync":
+                        check_finite_now(state, gs)
+                        modes[index] = "off"  # checked just now: not again inside the step
+            self._advance_groups(states, grads, modes, noise, traced, watched)
+        except NonFiniteGradientError as exc:
+            raise NonFiniteGradientError(self._nonfinite_message(str(exc), states)) from None
+        if watched:
+            self._watch_step(states[0].step)
+        self._after_step()
+        return loss
+
+    def _advance_groups(
+        self,
+        states: list[SamplerState],
+        grads: list[list[Tensor | None]],
+        modes: list[CheckMode],
+        noise: NoiseSource,
+        traced: bool,
+        watched: bool,
+    ) -> None:
         for index, group in enumerate(self.param_groups):
             if states[index].layout.shards is not None:
                 _follow_shards(states[index], group["params"])
@@ -477,6 +554,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
             adapt = self.adapts(index)
+            telemetry = self._accumulator(index)
+            if watched:  # the watch's sums and the user's telemetry both get this step's
+                telemetry = self._watch_sums(index, telemetry)
             advance(
                 self._group_metrics[index],
                 states[index],
@@ -489,15 +569,100 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 noise_source=noise,
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
-                telemetry=self._accumulator(index),
+                telemetry=telemetry,
                 closes_warmup=closes_warmup(
                     self._group_metrics[index], states[index].step + 1, group["adapt_until"]
                 ),
             )
+            if watched:
+                self._watch_add(index)
             if standins is not None:
                 standins.push(states[index].keys, states[index].device_step)
-        self._after_step()
-        return loss
+
+    # --- the health watch (sgrld.health) ----------------------------------------------------
+
+    def _reset_watch(self) -> None:
+        self._watch = Watch()
+        self._watch_acc: dict[int, Tensor] = {}  # per group: the window's float64 (4,) sums
+        self._watch_step_sums: dict[int, Tensor] = {}  # per group: this step's, while it runs
+        self._watched = 0  # watched steps in the open window
+
+    def _watch_sums(self, index: int, telemetry: Tensor | None) -> Tensor:
+        device = self.param_groups[index]["params"][0].device
+        if index not in self._watch_acc:
+            self._watch_acc[index] = torch.zeros(4, dtype=torch.float64, device=device)
+        step = self._watch_acc[index].new_zeros(4)
+        self._watch_step_sums[index] = step
+        return step
+
+    def _watch_add(self, index: int) -> None:
+        step = self._watch_step_sums.pop(index)
+        self._watch_acc[index].add_(step)
+        user = self._accumulator(index)
+        if user is not None:
+            user.add_(step)
+
+    def _watch_step(self, steps: int) -> None:
+        """After a watched step: close the window when it is full (one host read)."""
+        self._watched += 1
+        if self._watched < WATCH_WINDOW:
+            return
+        sums = self._watch_window()
+        self._watch.close(sums, self._settled(steps))
+        for acc in self._watch_acc.values():
+            acc.zero_()
+        self._watched = 0
+
+    def _watch_window(self) -> list[float]:
+        """The open window's sums over the groups (squares add; the steps are each group's)."""
+        accs = list(self._watch_acc.values())
+        if not accs:
+            return [0.0, 0.0, 0.0, 0.0]
+        total = torch.stack([a.to(accs[0].device) for a in accs]).sum(0).tolist()
+        total[3] = float(accs[0][3])
+        return total
+
+    def _settled(self, steps: int) -> bool:
+        """Past the warm-up (or, adapting always, the default warm-up's length): only then is
+        ℓ judged, not the descent from the initial θ."""
+        until = self.param_groups[0]["adapt_until"]
+        return steps > max(DEFAULT_WARMUP if until is None else until, WATCH_EVERY * WATCH_WINDOW)
+
+    def health(self) -> Health:
+        """The chain's health (:func:`sgrld.health`) from every step so far: whether it broke
+        down while staying finite, or its ℓ is too large or too small, with the figure that
+        crossed which bound. Every optimizer watches one step in 16 on the device (three
+        reductions) and reads the figures once per 512 steps, warning once per verdict
+        (:class:`sgrld.HealthWarning`); this reads the open window too (one host read)."""
+        steps = self.num_steps
+        if self._watched:
+            sums = self._watch_window()
+            saved = list(self._watch.windows)
+            self._watch.windows.append(
+                {
+                    "steps": sums[3] * WATCH_EVERY,
+                    "drift_rms": (sums[0] / sums[3]) ** 0.5,
+                    "noise_rms": (sums[1] / sums[3]) ** 0.5,
+                    "theta_norm": (sums[2] / sums[3]) ** 0.5,
+                }
+            )
+            try:
+                return self._watch.verdict(self._settled(steps))
+            finally:
+                self._watch.windows = saved
+        return self._watch.verdict(self._settled(steps))
+
+    def _nonfinite_message(self, message: str, states: list[SamplerState]) -> str:
+        """The non-finite error with the step, ‖θ‖ over the last watched windows and the fix."""
+        text = f"{message} at step {states[0].step + 1}"
+        recent = [w["theta_norm"] for w in self._watch.windows[-3:]]
+        if self._watched:  # the open window's watched steps too (a read on the error path)
+            sums = self._watch_window()
+            recent.append((sums[2] / sums[3]) ** 0.5)
+        if recent:
+            norms = ", ".join(f"{v:.3g}" for v in recent)
+            text += f" (|theta| over the last {WATCH_EVERY * WATCH_WINDOW}-step windows: {norms})"
+        return text + "; a smaller lr usually avoids this"
 
     def _accumulator(self, index: int) -> Tensor | None:
         if not self.telemetry_enabled:
@@ -507,20 +672,34 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._telemetry[index] = torch.zeros(4, dtype=torch.float64, device=device)
         return self._telemetry[index]
 
-    def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
-        """Per-step health figures of every group since the last read (``telemetry=True``).
+    @overload
+    def telemetry(
+        self, reset: bool = True, *, per_group: Literal[False] = False
+    ) -> dict[str, float]: ...
+
+    @overload
+    def telemetry(
+        self, reset: bool = True, *, per_group: Literal[True]
+    ) -> list[dict[str, float]]: ...
+
+    def telemetry(
+        self, reset: bool = True, *, per_group: bool = False
+    ) -> dict[str, float] | list[dict[str, float]]:
+        """Per-step health figures of the chain since the last read (``telemetry=True``).
 
         Summed on the device in each step (no host read there) and read here, once: ``steps``;
-        ``drift_rms`` and ``noise_rms``, the root-mean-square of ‖ℓG⁻¹ĝ‖ and ‖σG^{-½}ξ‖ per
-        step; ``theta_rms`` (‖θ‖ before each move); ``drift_to_noise``, their ratio — far
-        above 1: ℓ is large for this posterior (the chain is close to descent, breakdowns
-        loom); far below: the gradient barely acts (slow mixing, or a too small ℓ) —; and the
-        metric's own figures of the current G (:meth:`Metric.diagnostics`: Monge's
-        ``stretch`` α²‖m‖², Shampoo's ``factor_condition``). ``reset`` starts new sums.
+        ``drift_rms`` and ``noise_rms``, the root-mean-square over the steps of the norms
+        ‖ℓG⁻¹ĝ‖ and ‖σG^{-½}ξ‖; ``theta_norm``, that of ‖θ‖ before each move; their ratio
+        ``drift_to_noise`` (healthy chains read 0.04–0.35; above 1, ℓ is too large:
+        ``docs/health.md``, :func:`sgrld.health`); and the metric's own figures of the current G
+        (:meth:`Metric.diagnostics`: Monge's ``stretch`` α²‖m‖², Shampoo's
+        ``factor_condition``). The norms are of every parameter group together (their squares
+        add; a metric figure is its largest over the groups); ``per_group=True`` gives one
+        mapping per group instead. Each read starts new sums unless ``reset=False``.
         """
         if not self.telemetry_enabled:
             raise RuntimeError("telemetry is off: build the optimizer with telemetry=True")
-        out = []
+        sums_of, extras = [], []
         for index in range(len(self.param_groups)):
             acc = self._accumulator(index)
             assert acc is not None
@@ -529,13 +708,19 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             sums = acc.clone()
             if state.layout.shards is not None:
                 sums, diagnostics = _over_the_mesh(state.layout.shards, sums, diagnostics)
-            figures = telemetry_figures(
-                sums.tolist(), {key: float(value) for key, value in diagnostics.items()}
-            )
-            out.append(figures)
+            sums_of.append(sums.tolist())
+            extras.append({key: float(value) for key, value in diagnostics.items()})
             if reset:
                 acc.zero_()
-        return out
+        if per_group:
+            return [telemetry_figures(s, e) for s, e in zip(sums_of, extras, strict=True)]
+        total = [sum(column) for column in zip(*sums_of, strict=True)]
+        total[3] = sums_of[0][3]  # the groups step together
+        extra: dict[str, float] = {}
+        for e in extras:
+            for key, value in e.items():
+                extra[key] = max(value, extra.get(key, -math.inf))
+        return telemetry_figures(total, extra)
 
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
@@ -745,8 +930,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def _default_of(self, key: str, current: Any) -> Any:
         """The value an option missing from an older state dict had before it existed."""
-        if key in _BEFORE_IT_EXISTED:  # e.g. no adapt_until: it adapted throughout
-            return _BEFORE_IT_EXISTED[key]
+        if key in _BEFORE_IT_EXISTED:  # e.g. no adapt_until: it adapted throughout; no
+            return _BEFORE_IT_EXISTED[key]  # floor (RMSprop's, Adam's): the absolute ε alone
         for f in dataclasses.fields(self.metric):  # type: ignore[arg-type]
             if f.name == key and f.default is not dataclasses.MISSING:
                 return f.default
@@ -818,6 +1003,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._compiled = {}
         self._standins = {}
         self._telemetry = {}
+        self._reset_watch()
         self._replicas_checked = self.data_parallel is False
         self._warned_nearest = True
         self._ready = True
@@ -929,9 +1115,11 @@ class SGLD(SGRLDOptimizer):
 
 
 class RMSpropSGLD(SGRLDOptimizer):
-    """pSGLD (Li et al. 2016): G = diag(√V + eps), V an EMA of g² from zeros.
+    """pSGLD (Li et al. 2016): G = diag(√V + max(eps, floor·s)), V an EMA of g² from zeros, s
+    the statistics' scale (:class:`~sgrld.metrics.RMSpropMetric`).
 
-    Extra keyword options: ``bias_correction`` (default False, as the paper's code).
+    Extra keyword options: ``bias_correction`` (default False, as the paper's code) and
+    ``floor`` (default 0.1; 0 is the paper's absolute ε alone).
     """
 
     def __init__(
@@ -945,9 +1133,10 @@ class RMSpropSGLD(SGRLDOptimizer):
         generator: torch.Generator | None = None,
         *,
         bias_correction: bool = False,
+        floor: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        metric = RMSpropMetric(decay=decay, eps=eps, bias_correction=bias_correction)
+        metric = RMSpropMetric(decay=decay, eps=eps, bias_correction=bias_correction, floor=floor)
         super().__init__(
             params, lr, num_data, temperature, metric=metric, generator=generator, **kwargs
         )
@@ -1088,6 +1277,7 @@ class ShampooSGLD(SGRLDOptimizer):
         adapt_until: int | None = DEFAULT_WARMUP,
         **metric_options: Any,
     ) -> None:
+        check_options(ShampooMetric, metric_options, "ShampooSGLD", _facade_arguments())
         metric = ShampooMetric(
             decay=decay,
             eps=eps,

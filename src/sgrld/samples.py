@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,11 @@ class SampleStore:
         directory: write each sample to ``directory/sample-<step>.pt`` (one ``torch.save`` of
             the state dict, on CPU) instead of keeping it in memory. Files of dropped samples
             are deleted.
+
+    A sample of a model stepped by an sgrld optimizer records in :attr:`adapting` whether the
+    metric was still adapting when it was drawn (the warm-up, ``adapt_until``: such samples
+    follow a biased law, ``docs/posterior.md``); the first one is said in a ``RuntimeWarning``
+    with the step and the fix.
 
     Raises:
         ValueError: invalid arguments.
@@ -89,6 +95,10 @@ class SampleStore:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.step = 0
         self.steps: list[int] = []  # the step of each kept sample
+        #: per kept sample: whether the metric was still adapting when it was drawn (the
+        #: warm-up, ``adapt_until``), ``None`` where no sgrld optimizer steps the model
+        self.adapting: list[bool | None] = []
+        self._warned = False
         self._memory: list[dict[str, Tensor]] = []
 
     def __len__(self) -> int:
@@ -104,7 +114,34 @@ class SampleStore:
             if self.step % self.thinning:  # not a sample at the new thinning
                 return False
         self.add(model.state_dict(), step=self.step)
+        self.adapting[-1] = self._drawn_adapting(model)
         return True
+
+    def _drawn_adapting(self, model: nn.Module) -> bool | None:
+        """Whether this sample was drawn while the metric adapted; the first such is said."""
+        from sgrld.optim import drawn_adapting
+
+        found = drawn_adapting(model.parameters())
+        if found is None:
+            return None
+        adapted, steps, until = found
+        if adapted and not self._warned:
+            self._warned = True
+            fix = (
+                "adapt_until=None adapts at every step (the paper's protocol); give the optimizer "
+                "adapt_until=N (e.g. 1000) and a burnin of at least N"
+                if until is None
+                else f"use burnin >= {until} (the optimizer's adapt_until), or build the "
+                f"optimizer with adapt_until <= {self.burnin}"
+            )
+            warnings.warn(
+                f"SampleStore: the sample after step {steps} was drawn while the metric is still "
+                f"adapting (adapt_until={until}), so G is not frozen yet and the samples follow a "
+                f"biased law (docs/posterior.md); {fix}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return adapted
 
     def add(self, state: dict[str, Tensor], *, step: int | None = None) -> None:
         """Keep ``state`` (a state dict; copied to CPU) as the next sample, regardless of schedule.
@@ -121,6 +158,7 @@ class SampleStore:
         else:
             torch.save(copy, self._path(step, len(self)))
         self.steps.append(step)
+        self.adapting.append(None)
 
     def _path(self, step: int, index: int) -> Path:
         assert self.directory is not None
@@ -141,6 +179,7 @@ class SampleStore:
             for new, old in enumerate(keep):
                 paths[old].rename(self._path(self.steps[old], new))
         self.steps = [self.steps[i] for i in keep]
+        self.adapting = [self.adapting[i] for i in keep]
         self.thinning *= 2
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import ClassVar, Literal
 
 from torch import Tensor
@@ -145,6 +145,52 @@ def get_metric(name: str) -> type[Metric]:
 def metric_names() -> list[str]:
     """The registry's names, sorted."""
     return sorted(_REGISTRY)
+
+
+def check_options(
+    cls: type,
+    given: Iterable[str],
+    owner: str,
+    others: Iterable[str] = (),
+    instance: bool = False,
+) -> None:
+    """Refuse options that ``cls`` (a metric class) does not have, by name, with the closest
+    valid names and the list of options (as the command line does for ``--option``).
+
+    Args:
+        cls: the metric's class; its options are its dataclass fields.
+        given: the option names given.
+        owner: who was given them (``"MongeSGLD"``, ``"build('rmsprop')"``), for the message.
+        others: other valid names of ``owner`` (the optimizer's own arguments).
+        instance: the metric was given as an instance: its own options are refused too (set
+            them on the instance).
+
+    Raises:
+        TypeError: naming each refused option.
+    """
+    import dataclasses
+
+    mine = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+    valid = sorted({*mine, *others})
+    given = list(given)
+    if instance and given:
+        ours = [k for k in given if k in mine]
+        if ours:
+            raise TypeError(
+                f"{owner}: options {ours} given with a {cls.__name__} instance; set them on the "
+                f"instance ({cls.__name__}(..., {ours[0]}=...)), or pass the metric by name"
+            )
+    unknown = [k for k in given if k not in mine]
+    if not unknown:
+        return
+    words = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        words.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise TypeError(
+        f"{owner} has no option {', '.join(words)}; the options of {cls.__name__}: "
+        f"{', '.join(mine) or 'none'}"
+    )
 
 
 def check_range(name: str, value: float, ok: Callable[[float], bool], expect: str) -> None:

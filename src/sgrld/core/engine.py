@@ -296,15 +296,16 @@ TELEMETRY = ("drift_sq", "noise_sq", "theta_sq")
 
 def telemetry_figures(sums: Sequence[float], extra: dict[str, float]) -> dict[str, float]:
     """One chain's figures from its :func:`record_telemetry` sums (drift², noise², θ², steps)
-    and the metric's own (``extra``): the step count, root-mean-square drift, noise and θ per
-    step, and the drift-to-noise ratio (inf without noise)."""
+    and the metric's own (``extra``): the step count, the root-mean-square over the steps of
+    the norms of the drift, the noise and θ (``theta_norm``: a norm of every element, not a
+    per-element RMS), and the drift-to-noise ratio (inf without noise)."""
     drift_sq, noise_sq, theta_sq, steps = sums
     n = max(steps, 1.0)
     return {
         "steps": steps,
         "drift_rms": math.sqrt(drift_sq / n),
         "noise_rms": math.sqrt(noise_sq / n),
-        "theta_rms": math.sqrt(theta_sq / n),
+        "theta_norm": math.sqrt(theta_sq / n),
         "drift_to_noise": math.sqrt(drift_sq / noise_sq) if noise_sq > 0 else math.inf,
         **extra,
     }

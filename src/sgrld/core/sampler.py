@@ -38,7 +38,9 @@ def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: f
         check_lr_tensor(lr)
     else:
         check_range("lr", lr, lambda v: v >= 0.0, "lr >= 0, a float or a tensor")
-    check_range("num_data", num_data, lambda v: v > 0.0, "num_data > 0")
+    check_range(
+        "num_data", num_data, lambda v: v >= 1.0, "num_data >= 1, the number of training data"
+    )
     check_range("temperature", temperature, lambda v: v >= 0.0, "temperature >= 0")
 
 

@@ -29,16 +29,20 @@ class AdamMetric(Metric):
     Args:
         beta2: EMA weight β₂ in [0, 1) of the squared gradients.
         eps: ε ≥ 0 added to √v̂ (outside the square root, as in Adam).
+        floor: ≥ 0, the least added to √v̂ relative to the statistics' scale (default 0.1;
+            0 is Adam's absolute ε alone): see :class:`~sgrld.metrics.RMSpropMetric`.
     """
 
     name = "adam"
     compilable = True
     beta2: float = 0.999
     eps: float = 1e-8
+    floor: float = 0.1
 
     def __post_init__(self) -> None:
         check_range("beta2", self.beta2, lambda v: 0.0 <= v < 1.0, "0 <= beta2 < 1")
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
+        check_range("floor", self.floor, lambda v: 0.0 <= v < 1.0, "0 <= floor < 1")
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return init_second_moment("exp_avg_sq", layout, like, self.eps)
@@ -50,7 +54,7 @@ class AdamMetric(Metric):
         # v̂ = v/(1−β₂ᵗ), the correction in float64 on every path (eager, deferred, compiled)
         update_second_moment(
             stats["exp_avg_sq"], stats["inv_sqrt"], grad, step, self.beta2, self.eps,
-            bias_correction=True,
+            bias_correction=True, floor=self.floor, layout=layout,
         )  # fmt: skip
 
     # G⁻¹ = r², G^{-1/2} = r from the shared buffer, as RMSprop's

@@ -15,16 +15,30 @@ from sgrld.core.layout import FlatLayout
 @register
 @dataclass(frozen=True, kw_only=True)
 class RMSpropMetric(Metric):
-    """G = diag(√V + ε), V ← decay·V + (1−decay)·g² (V from zeros, current g included).
+    """G = diag(√V + max(ε, floor·s)), V ← decay·V + (1−decay)·g² (V from zeros, current g
+    included), s = √mean(V) the statistics' scale over the group (per chain).
 
     As in the reference there is no bias correction, so at step 1 G⁻¹ = 1/(√(1−decay)|g| + ε),
     i.e. 10/|g| for decay 0.99. ``bias_correction=True`` divides V by
     1 − decay^t instead, which removes those huge first steps.
 
+    **The relative floor.** With an absolute ε alone, a coordinate whose gradient is exactly
+    zero (bf16 rounding, a dead ReLU, an embedding row absent from the batch, an always-zero
+    input pixel) gets G = ε = 1e-8 and noise 10⁴ × σ. ``floor`` (default 0.1) adds at least
+    ``floor`` times the group's scale s instead, so no coordinate's G is more than 10 times
+    smaller than the group's typical √V (its noise at most ~3.2 × a typical coordinate's, not
+    10⁴ ×), whatever the gradients' units; while no gradient has been seen (s = 0), G = I
+    (SGLD's step, as Shampoo's and Wenzel's metrics before their first refresh). Once G is
+    frozen after the warm-up any positive G samples the posterior, so the floor changes how
+    fast small-gradient coordinates mix, not what is sampled (``docs/health.md`` has the
+    measurements). ``floor=0`` is the paper's metric (the runner uses it for the paper's
+    protocol, ``--adapt always``).
+
     Args:
         decay: EMA weight λ in [0, 1).
         eps: ε ≥ 0 added to √V (outside the square root, as in the paper).
         bias_correction: divide V by 1 − decayᵗ when forming G.
+        floor: ≥ 0, the least added to √V relative to the statistics' scale s.
     """
 
     name = "rmsprop"
@@ -33,10 +47,12 @@ class RMSpropMetric(Metric):
     decay: float = 0.99
     eps: float = 1e-8
     bias_correction: bool = False
+    floor: float = 0.1
 
     def __post_init__(self) -> None:
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
+        check_range("floor", self.floor, lambda v: 0.0 <= v < 1.0, "0 <= floor < 1")
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return init_second_moment("square_avg", layout, like, self.eps)
@@ -47,7 +63,7 @@ class RMSpropMetric(Metric):
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         update_second_moment(
             stats["square_avg"], stats["inv_sqrt"], grad, step, self.decay, self.eps,
-            bias_correction=self.bias_correction,
+            bias_correction=self.bias_correction, floor=self.floor, layout=layout,
         )  # fmt: skip
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
@@ -74,8 +90,12 @@ def update_second_moment(
     eps: float,
     *,
     bias_correction: bool,
+    floor: float = 0.0,
+    layout: FlatLayout | None = None,
 ) -> None:
-    """v ← decay·v + (1−decay)·g², then r = (√v + ε)^{-1/2}, or with v/(1−decayᵗ).
+    """v ← decay·v + (1−decay)·g², then r = (√v + max(ε, floor·s))^{-1/2} with s = √mean(v)
+    over the group of ``layout`` (per chain; over every rank's shard), or with v/(1−decayᵗ);
+    r = 1 (G = I) while s = 0.
 
     r lives in a preallocated buffer, 3 passes over D (4 with bias correction); multiplying by r
     twice is cheaper than dividing by √v + ε. Eagerly pow(x, −½) is the vectorised rsqrt kernel
@@ -89,7 +109,13 @@ def update_second_moment(
         r.sqrt_()
     else:
         torch.sqrt(v, out=r)
-    r.add_(eps)
+    if floor and layout is not None:  # one more pass over D: the group's mean of v
+        total = layout.sum_(torch.linalg.vector_norm(r, dim=-1, keepdim=True).square_())
+        scale = (total / sum(layout.full_numels)).sqrt_()
+        r.add_(torch.clamp(scale * floor, min=eps))
+        r.masked_fill_(scale == 0.0, 1.0)  # nothing seen yet: G = I
+    else:
+        r.add_(eps)
     if torch.compiler.is_compiling():
         r.rsqrt_()
     else:

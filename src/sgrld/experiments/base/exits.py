@@ -22,9 +22,10 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
         ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
     ),
     FAILED: (
-        "sweep: a run failed (its error is listed, the others went on); report and table with "
-        "--strict: a run was left out (the outputs are still written)",
-        ("sweep", "report", "table"),
+        "sweep: a run failed (its error is listed, the others went on); sample under torchrun: "
+        "another rank died (the last good checkpoint is kept); report and table with --strict: "
+        "a run was left out (the outputs are still written)",
+        ("sample", "sweep", "report", "table"),
     ),
     USAGE: (
         "bad input, refused before any work: invalid options or config, a damaged or "
@@ -32,8 +33,8 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
         ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
     ),
     BROKEN_DOWN: (
-        "a chain broke down (non-finite value): sample writes its results (status "
-        "broken_down), funnel and demo write nothing",
+        "a chain broke down (a non-finite value, or blown up while finite: sgrld.health): "
+        "sample writes its results (status broken_down), funnel and demo write nothing",
         ("sample", "funnel", "demo"),
     ),
     IO_ERROR: (

@@ -47,8 +47,11 @@ __all__ = [
     "DirectoryLockedError",
     "OutputError",
     "Terminated",
+    "UnsafePathError",
     "find_nonfinite",
     "load_checkpoint",
+    "read_file",
+    "refuse_links",
     "remove_stale_temporaries",
     "save_checkpoint",
     "save_figure",
@@ -80,9 +83,83 @@ class CheckpointError(ValueError):
     """A checkpoint is damaged, truncated, empty, foreign or does not fit the run."""
 
 
+class UnsafePathError(OSError):
+    """A path the commands refuse to read or write through: a symbolic link, a special file
+    (FIFO, device, socket), a hard-linked lock file, or a file too large to be what it claims."""
+
+
 def _reason(exc: OSError) -> str:
     # "no space left on device" rather than a chained traceback ending in torch's "enforce fail".
+    if isinstance(exc, UnsafePathError):
+        return str(exc.strerror)
     return os.strerror(exc.errno).lower() if exc.errno else str(exc)
+
+
+#: the largest JSON file (results, manifests, configs) the commands read
+MAX_JSON_BYTES = 1 << 30
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a regular file, opened ``O_NOFOLLOW | O_NONBLOCK``: never through a link
+    planted at its name, never blocking on a FIFO, never reading a device (``/dev/zero``).
+
+    Args:
+        limit: the most bytes such a file can sanely hold (``None``: the machine's memory).
+
+    Raises:
+        UnsafePathError: a symbolic link, not a regular file, or larger than ``limit``.
+        OSError: it cannot be opened or read.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or Path(path).is_symlink():
+            raise UnsafePathError(
+                errno.ELOOP, "it is a symbolic link; refusing to follow it"
+            ) from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePathError(errno.EINVAL, "it is not a regular file; refusing to read it")
+        most = _memory_bytes() if limit is None else limit
+        if info.st_size > most:
+            raise UnsafePathError(
+                errno.EFBIG, f"it holds {info.st_size} bytes, more than the {most} it can sanely be"
+            )
+        chunks = []
+        while chunk := os.read(fd, 1 << 24):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def refuse_links(root: str | os.PathLike[str], *paths: str) -> None:
+    """Refuse a symbolic link planted at a folder or file the commands write under ``root`` (the
+    user's ``--out``, which may itself be a link): what is written there would land where the
+    link points.
+
+    Raises:
+        OutputError: naming the link.
+    """
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(1, len(parts) + 1):
+            folder = Path(root).joinpath(*parts[:depth])
+            if folder.is_symlink():
+                raise OutputError(
+                    errno.ELOOP,
+                    f"cannot write in {folder}: it is a symbolic link; refusing to follow it",
+                )
 
 
 def _file_mode() -> int:
@@ -169,10 +246,18 @@ def _open_lock_file(path: Path) -> int:
             message = f"cannot lock {path}: it is a symbolic link; refusing to follow it"
             raise OutputError(exc.errno, message) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         message = f"cannot lock {path}: it is not a regular file; refusing to use it"
         raise OutputError(errno.EINVAL, message)
+    if info.st_nlink > 1:  # a hard link: writing the holder would overwrite the other name
+        os.close(fd)
+        message = (
+            f"cannot lock {path}: it has {info.st_nlink - 1} other hard link(s); refusing to "
+            "write into it (remove it if no run is using it)"
+        )
+        raise OutputError(errno.EMLINK, message)
     return fd
 
 
@@ -208,7 +293,7 @@ class DirectoryLock:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    holder = Path(self.path).read_text(errors="replace").strip()
+                    holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
                     os.close(fd)
                     raise DirectoryLockedError(
                         f"{self.directory} is in use by another run "
@@ -272,9 +357,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
     import torch
 
     try:
-        data = Path(path).read_bytes()
+        data = read_file(path, limit=None)
     except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_reason(exc)}") from exc
+        raise CheckpointError(f"cannot read checkpoint {path}: {_reason(exc)}") from None
     if not data:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     if not data.startswith(_MAGIC):

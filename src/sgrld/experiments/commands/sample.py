@@ -11,11 +11,11 @@ and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exac
 ``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
 (Tables 4-5). The protocol is in :mod:`sgrld.experiments.run.single`.
 
-Exit status: 0 when the run completed, 3 when the chain broke down (non-finite potential; the
-results are still written), 2 for bad input, a damaged checkpoint or an ``--out`` that another run
-holds (refused before any work starts), 74 when an output cannot be written (disk full: the last
-good checkpoint is kept), 130 when interrupted. ``docs/experiments.md`` lists what survives which
-fault.
+Exit status: 0 when the run completed, 3 when the chain broke down (a non-finite potential, or
+parameters blown up while finite: ``docs/health.md``; the results are still written), 2 for bad
+input, a damaged checkpoint or an ``--out`` that another run holds (refused before any work
+starts), 74 when an output cannot be written (disk full: the last good checkpoint is kept), 130
+when interrupted. ``docs/experiments.md`` lists what survives which fault.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.base.files import read_file
 from sgrld.experiments.run import launch
 from sgrld.experiments.run.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.run.choices import MODELS as MODEL_CHOICES
@@ -250,7 +251,13 @@ class OptionAction(argparse.Action):
         if not sep or not key.strip():
             parser.error(f"{option_string} takes KEY=VALUE, got {values!r}")
         options = dict(getattr(namespace, self.dest, None) or {})
-        options[key.strip().replace("-", "_")] = option_value(text.strip())
+        name = key.strip().replace("-", "_")
+        if name in options:  # the last one would silently win
+            parser.error(
+                f"{option_string} {name} given twice ({name}={options[name]!r} and "
+                f"{values!r}); give each option once"
+            )
+        options[name] = option_value(text.strip())
         setattr(namespace, self.dest, options)
 
 
@@ -379,12 +386,40 @@ def _saved_configs(out: Path) -> list[Any]:
         if checkpoint.is_file():
             state = load_checkpoint(checkpoint)
             saved = state.get("configs", [state.get("config")]) if isinstance(state, dict) else []
-            return [RunConfig.from_dict(c) for c in saved]
+            configs = [RunConfig.from_dict(c) for c in saved]
+            _refuse_foreign(out, checkpoint, configs)
+            return configs
         if results.is_file():
-            return [RunConfig.from_dict(json.loads(results.read_text())["config"])]
+            return [RunConfig.from_dict(json.loads(read_file(results))["config"])]
+    except UsageError:
+        raise
     except (CheckpointError, OSError, ValueError, TypeError, KeyError) as exc:
         raise UsageError(f"cannot resume the run in {out}: {exc}") from exc
     return []
+
+
+def _refuse_foreign(out: Path, checkpoint: Path, configs: list[Any]) -> None:
+    """A checkpoint that is not the run whose ``results.json`` lies beside it (one copied in
+    from another run) is refused, naming both sides: resuming would continue the other run and
+    overwrite this one's results."""
+    from sgrld.experiments.run.config import RunConfig, config_differences
+    from sgrld.experiments.run.naming import chain_label
+    from sgrld.experiments.run.results import RESULTS_FILE
+
+    beside = [(out / RESULTS_FILE, configs[0])] if len(configs) == 1 else []
+    beside += [(out / chain_label(c) / RESULTS_FILE, c) for c in configs if len(configs) > 1]
+    for results, config in beside:
+        if not results.is_file():
+            continue
+        theirs = RunConfig.from_dict(json.loads(read_file(results))["config"])
+        differences = config_differences(config, theirs)
+        if differences:
+            raise UsageError(
+                f"cannot resume the run in {out}: {checkpoint.name} is not the run of "
+                f"{results.relative_to(out)}: the checkpoint holds {config.label()}, the results "
+                f"{theirs.label()} ({'; '.join(differences)}); move the checkpoint that does not "
+                "belong there away, or choose another --out"
+            )
 
 
 def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
@@ -465,7 +500,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
-        import torch  # noqa: F401
+        import torch
+    parallel = None
     try:
         if args.resume and args.out:
             adopt_saved_options(args, Path(args.out))
@@ -507,3 +543,15 @@ def run(args: argparse.Namespace) -> int:
     except OutputError as exc:  # e.g. disk full; the last good checkpoint is kept
         print(f"sgrld sample: error: {exc}", file=sys.stderr)
         return EXIT_IO_ERROR
+    except RuntimeError as exc:  # under torchrun: another rank died (killed, disk full)
+        lost = isinstance(exc, torch.distributed.DistError) or "Connection" in str(exc)
+        if parallel is None or not lost:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(
+            f"sgrld sample: error: rank {parallel.rank} lost the other ranks ({first}); another "
+            "rank died (its own error says why); the last good checkpoint is kept: rerun with "
+            "--resume",
+            file=sys.stderr,
+        )
+        return exits.FAILED

@@ -304,6 +304,13 @@ def _check_parallel(args: argparse.Namespace) -> None:
             f"--nodes {args.nodes}: --engine submitit-local runs each job on this machine "
             "(submitit's LocalExecutor has one node); use --engine submitit or --nodes 1"
         )
+    most = 4 * (os.cpu_count() or 1)  # ranks may share a core (gloo), not by the hundred
+    if args.engine == "submitit-local" and args.tasks_per_node > most:
+        raise GridError(
+            f"--tasks-per-node {args.tasks_per_node}: --engine submitit-local starts that many "
+            f"processes per job on this machine, which has {os.cpu_count()} CPU cores; give at "
+            f"most {most} (4 per core)"
+        )
     kind, _, index = str(args.device).partition(":")
     if kind == "cuda" and index:
         raise GridError(
@@ -413,6 +420,7 @@ def run(args: argparse.Namespace) -> int:
     if not todo:
         print("nothing to do", file=sys.stderr)
         return exits.OK
+    from sgrld.experiments.base.files import OutputError
     from sgrld.experiments.sweep.engines import (
         ClusterOptions,
         GridProgress,
@@ -438,6 +446,10 @@ def run(args: argparse.Namespace) -> int:
                 tasks_per_node=args.tasks_per_node,
             )
             run_submitit(jobs, out, cluster, progress)
+    except OutputError as exc:  # .submitit or its log planted as a link: nothing was submitted
+        progress.close()
+        print(f"sgrld sweep: error: {exc}", file=sys.stderr)
+        return exits.IO_ERROR
     finally:
         progress.close()
     if args.no_wait:

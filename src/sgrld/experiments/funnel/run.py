@@ -25,6 +25,7 @@ import numpy as np
 
 from sgrld.experiments.base.files import (
     OutputError,
+    read_file,
     sha256_hex,
     write_atomic,
 )
@@ -68,7 +69,7 @@ class SamplerSetting:
 #: The paper's App. A.4, in the library's terms.
 SETTINGS: dict[str, SamplerSetting] = {
     "identity": SamplerSetting("identity", 0.001),
-    "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0}),
+    "rmsprop": SamplerSetting("rmsprop", 0.0025, {"decay": 0.995, "eps": 0.0, "floor": 0.0}),
     # The funnel code's explosion fallback: if ‖G⁻¹ĝ‖ > 1000 use G = (‖ĝ‖/1000)·I this step.
     "monge": SamplerSetting(
         "monge", 0.003, {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": 1000.0}
@@ -493,13 +494,16 @@ def read_outputs(out_dir: Path | str) -> dict[str, Any]:
     record_path = out_dir / OUTPUT_FILES[0]
     if not record_path.is_file():
         raise ValueError(f"{out_dir} holds no complete funnel run (no {OUTPUT_FILES[0]})")
-    record: dict[str, Any] = json.loads(record_path.read_text())
-    for name, digest in record.get("files", {}).items():
-        path = out_dir / name
-        if not path.is_file():
-            raise ValueError(f"{path} is missing ({record_path} lists it)")
-        if sha256_hex(path.read_bytes()) != digest:
-            raise ValueError(f"{path} is not the file written with {record_path} (SHA-256)")
+    try:  # never through a link or from a special file planted at a name
+        record: dict[str, Any] = json.loads(read_file(record_path))
+        for name, digest in record.get("files", {}).items():
+            path = out_dir / name
+            if not path.is_file():
+                raise ValueError(f"{path} is missing ({record_path} lists it)")
+            if sha256_hex(read_file(path, limit=None)) != digest:
+                raise ValueError(f"{path} is not the file written with {record_path} (SHA-256)")
+    except OSError as exc:
+        raise ValueError(f"cannot read {exc.filename or out_dir}: {exc.strerror}") from None
     return record
 
 

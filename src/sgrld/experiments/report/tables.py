@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from sgrld.chain_health import Health, health
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.naming import run_label
@@ -199,7 +200,9 @@ def load_checked(
 
     Left out, each with a line in the returned problems: a run whose final values no run can
     produce (a log-probability above 0, an accuracy outside [0, 1], NaN in a completed run:
-    :func:`~sgrld.experiments.run.results.impossible_values`); a run whose config disagrees with its
+    :func:`~sgrld.experiments.run.results.impossible_values`); a completed run whose telemetry
+    shows that it blew up while staying finite (:func:`sgrld.health`: results written before
+    the runner judged it); a run whose config disagrees with its
     folder (its sweep manifest's entry, or a sweep folder name such as ``lr0.1-seed0``); a
     second copy of a run (the same config and seed in another folder), which would count as
     an extra seed. Unfinished runs are left out unless ``include_partial`` (not a problem).
@@ -223,6 +226,9 @@ def load_checked(
             print(f"{command}: skipping unfinished run {path.parent}", file=sys.stderr)
             continue
         bad = impossible_values(results)  # NaN counts only in a completed run
+        verdict = health(results)  # blown up while finite, from before runs were judged
+        if results["status"] == "completed" and isinstance(verdict, Health) and verdict.broken_down:
+            bad = [*bad, f"broke down ({verdict.reason})"]
         bad = bad or _folder_mismatch(path, results["config"], manifests)
         key = json.dumps(results["config"], sort_keys=True)
         if not bad and key in seen:

@@ -51,9 +51,12 @@ def build_metric(
     options: Mapping[str, Any],
     alpha2: float | None = None,
     alpha2_rule: str = "fixed",
+    paper: bool = False,
 ) -> Metric:
     """The metric ``sampler`` with ``options``; the metric validates them (a ValueError names
-    the option). Monge's α² and its rule come from their own config fields."""
+    the option). Monge's α² and its rule come from their own config fields. ``paper`` (the
+    paper's protocol, ``adapt="always"``) keeps the paper's absolute ε: a ``floor`` relative
+    to the statistics' scale (RMSprop's, Adam's) is 0 unless an option sets it."""
     cls = get_metric(sampler)
     known = option_names(sampler)
     for name in options:
@@ -65,6 +68,8 @@ def build_metric(
     values = {name: _typed(cls, name, value) for name, value in options.items()}
     if alpha2 is not None:
         values |= {"alpha2": alpha2, "alpha2_rule": alpha2_rule}
+    if paper and "floor" in known and "floor" not in values:
+        values["floor"] = 0.0
     try:
         return cls(**values)
     except TypeError as exc:  # a wrongly typed value the metric's checks do not word
@@ -88,7 +93,13 @@ def make_sampler(
     lr: float | Tensor = config.lr
     if capturable:
         lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
-    metric = build_metric(config.sampler, config.sampler_options, config.alpha2, config.alpha2_rule)
+    metric = build_metric(
+        config.sampler,
+        config.sampler_options,
+        config.alpha2,
+        config.alpha2_rule,
+        paper=config.adapt == "always",
+    )
     return SGRLDOptimizer(
         params,
         lr,

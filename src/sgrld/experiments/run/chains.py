@@ -51,7 +51,13 @@ from sgrld.experiments.run.config import (
 )
 from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.observers import RunObserver
-from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
+from sgrld.experiments.run.record import (
+    RunRecord,
+    blown_up_reason,
+    deferred_breakdown_reason,
+    restrict_splits,
+    run_health,
+)
 from sgrld.experiments.run.results import Results, write_results
 
 __all__ = [
@@ -222,7 +228,13 @@ class ChainsRun:
             for r in self.records
         ]
         sampler = sgrld.build(
-            build_metric(base.sampler, base.sampler_options, base.alpha2, base.alpha2_rule),
+            build_metric(
+                base.sampler,
+                base.sampler_options,
+                base.alpha2,
+                base.alpha2_rule,
+                paper=base.adapt == "always",
+            ),
             lr=base.lr,
             num_data=self.num_data,
             temperature=base.temperature,
@@ -325,6 +337,10 @@ class ChainsRun:
         figures = self.chains.telemetry()  # the epoch's sums, read once
         for r in self.running:
             r.record_telemetry(figures[self.records.index(r)])
+            verdict = run_health(r.telemetry)
+            if verdict.broken_down:  # blown up while finite (sgrld.health)
+                r.record_breakdown(blown_up_reason(verdict), blown_up=True)
+                continue
             r.end_epoch()
         self.epoch += 1
         self._save()
@@ -444,6 +460,7 @@ class ChainsRun:
         if self.folders is None:
             return
         folder = self.folders[self.records.index(record)]
+        files.refuse_links(folder.parent, folder.name)  # OUT/<run name> planted as a link
         folder.mkdir(parents=True, exist_ok=True)
         write_results(folder, record.results())
 

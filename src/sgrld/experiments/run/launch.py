@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.base.files import read_file
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
 from sgrld.experiments.run.results import SHORT, Results, second_score
 
@@ -72,7 +73,7 @@ def refuse_held(out: Path, held: bool) -> None:
 
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        status = json.loads((out / RESULTS_FILE).read_text()).get("status")
+        status = json.loads(read_file(out / RESULTS_FILE)).get("status")
     if status == "broken_down":
         raise UsageError(
             f"{out} holds a run that broke down ({out / RESULTS_FILE}); it cannot be continued: "
@@ -117,7 +118,7 @@ def refuse_other_threads(results: list[Path], threads: int | None) -> None:
     wanted = torch.get_num_threads() if threads is None else threads
     for path in results:
         try:
-            saved = json.loads(path.read_text(encoding="utf-8"))["timing"]["threads"]
+            saved = json.loads(read_file(path))["timing"]["threads"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if isinstance(saved, int) and saved != wanted:
@@ -382,6 +383,14 @@ def print_summary(results: Results, out: Path) -> None:
         f"{results['status']}: {count(results['epochs_completed'], 'epoch')}, "
         f"{count(results['num_samples'], 'sample')}, {speed_text(results)}"
     )
+    warmup = results.get("warmup") or {}
+    if warmup.get("samples_adapting"):
+        until = warmup["adapt_until"]
+        when = "at every update" if until is None else f"until update {until}"
+        print(
+            f"  {warmup['samples_adapting']} of {results['num_samples']} samples were drawn while "
+            f"the metric adapted ({when}); --adapt burnin freezes it before the first"
+        )
     for split in ("val", "test"):
         m = final[split]
         third = "ece" if "ece" in m else "coverage_90"

@@ -107,7 +107,7 @@ class ProgressBar(_StepBar):
                 f" {short} {run.curves['test_' + second][-1]:.4f}"
             )
         ratio = run.telemetry.get("drift_to_noise")
-        if ratio:  # far from 1 either way: ℓ is large for this posterior, or barely acts
+        if ratio:  # healthy chains read 0.04-0.35; above 1, ℓ is too large (docs/health.md)
             parts.append(f"drift/noise {ratio[-1]:.2g}")
         if run.timing["sampling_seconds"]:
             parts.append(f"{run.timing['sampling_seconds'][-1]:.1f} s/epoch")

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
+from sgrld.core.warmup import adapting
 from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
 from sgrld.experiments.run.build import build_likelihood
@@ -30,6 +32,7 @@ from sgrld.experiments.run.config import (
     RunConfig,
     check_collects_samples,
     derive_seed,
+    num_samples_after,
 )
 from sgrld.experiments.run.results import (
     RESULTS_FORMAT,
@@ -39,6 +42,7 @@ from sgrld.experiments.run.results import (
     Results,
     nan_to_none,
 )
+from sgrld.metrics import get_metric
 from sgrld.schedules import CyclicalLR
 
 __all__ = ["RunRecord", "restrict_splits"]
@@ -86,6 +90,23 @@ def hardware(device: torch.device) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def run_health(telemetry: Mapping[str, list[float]], optimizer: Any = None) -> Health:
+    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry, or, where the run
+    has none (``--compile``) or it shows nothing wrong, from the optimizer's own watch."""
+    verdict = health(telemetry)
+    assert isinstance(verdict, Health)
+    if optimizer is not None and not verdict.broken_down:
+        own = optimizer.health()
+        if own.broken_down:
+            return own
+    return verdict
+
+
+def blown_up_reason(verdict: Health) -> str:
+    """The reason of a breakdown without a NaN: which figure crossed which bound."""
+    return f"blown up while finite: {verdict.reason}, over {verdict.steps} steps (sgrld.health)"
 
 
 def deferred_breakdown_reason(update: int, name: str) -> str:
@@ -151,6 +172,8 @@ class RunRecord:
             )
         }
         self.curvature_means: list[float] = []  # C(θ) of every sample so far
+        self.samples_adapting = 0  # samples drawn while the metric still adapted (warm-up)
+        self._adapts = get_metric(config.sampler).preconditions  # G = I has nothing to adapt
         self.timing: dict[str, Any] = {
             "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
             "steps_after_skip": 0,
@@ -235,6 +258,8 @@ class RunRecord:
         """Close the current sample (after every split's logits were added)."""
         for ensemble in self.ensembles.values():
             ensemble.commit()
+        if self._adapts and adapting(self.global_step - 1, self.config.adapt_until):
+            self.samples_adapting += 1
         self.trace.commit(scalars=scalars)
         if curvature is not None:
             self.curvature_means.append(curvature)
@@ -284,12 +309,15 @@ class RunRecord:
         if failed_at is not None:
             self.global_step = failed_at - 1
 
-    def record_breakdown(self, reason: str) -> None:
-        """The chain hit a non-finite potential or gradient at update ``global_step + 1``."""
+    def record_breakdown(self, reason: str, *, blown_up: bool = False) -> None:
+        """The chain hit a non-finite potential or gradient at update ``global_step + 1``, or
+        (``blown_up``) its telemetry up to update ``global_step`` crossed a bound of
+        :func:`sgrld.health`."""
         self.status = "broken_down"
         self.broken_down = {
             "epoch": self.epoch,  # epochs completed before the failing one
-            "update": self.global_step + 1,  # the failing update, 1-based over the run
+            # the failing update, 1-based over the run
+            "update": self.global_step + (0 if blown_up else 1),
             "global_step": self.global_step,  # updates completed (its state is the last)
             "reason": reason,
             "hint": breakdown_hint(self.config, self.num_data),
@@ -312,6 +340,7 @@ class RunRecord:
             "timing": self.timing,
             "trace": self.trace.state_dict(),
             "telemetry": self.telemetry,
+            "samples_adapting": self.samples_adapting,
         }
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
@@ -341,6 +370,7 @@ class RunRecord:
         self.curves = {k: list(v) for k, v in state["curves"].items()}
         self.telemetry = {k: list(v) for k, v in state.get("telemetry", {}).items()}
         self.curvature_means = list(state["curvature_means"])
+        self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
         if "trace" in state:  # checkpoints from before the trace have none
             self.trace.load_state_dict(state["trace"])
         self.timing = dict(state["timing"])
@@ -350,6 +380,15 @@ class RunRecord:
         self.status = state["status"]
         if self.status == "completed" and self.epoch < self.config.epochs:
             self.status = "running"  # extended with more epochs
+
+    def _adapting_before(self) -> int:
+        """Samples drawn adapting up to :attr:`global_step` (checkpoints from before the count:
+        the schedule's sample steps within the warm-up)."""
+        until = self.config.adapt_until
+        if not self._adapts:
+            return 0
+        last = self.global_step if until is None else min(self.global_step, until)
+        return num_samples_after(last, self.config.burnin, self.config.thinning)
 
     # --- results ----------------------------------------------------------------------------
 
@@ -400,6 +439,11 @@ class RunRecord:
             "steps_per_epoch": self.steps_per_epoch,
             "num_data": self.num_data,
             "num_samples": self.ensembles["val"].num_samples,
+            # the warm-up (adapt_until: None adapts throughout) and the samples drawn during it
+            "warmup": {
+                "adapt_until": self.config.adapt_until,
+                "samples_adapting": self.samples_adapting,
+            },
             "final": self.final_scores(),
             "curvature": curvature,
             "seconds_per_epoch": self.seconds_per_epoch,

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, TypedDict
 
-from sgrld.experiments.base.files import write_atomic
+from sgrld.experiments.base.files import read_file, write_atomic
 
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "sgrld-sample-results/1"
@@ -78,6 +78,7 @@ class Results(TypedDict):
     steps_per_epoch: int
     num_data: int
     num_samples: int
+    warmup: dict[str, Any]  # adapt_until, samples_adapting (drawn while the metric adapted)
     final: dict[str, dict[str, Any]]  # split → score → value (a number, or None for NaN)
     curvature: Curvature | None
     seconds_per_epoch: float | None
@@ -119,7 +120,7 @@ def read_results(path: Path) -> Results:
             version does not know (a newer sgrld's), or a missing or malformed field.
     """
     try:
-        results = json.loads(path.read_bytes().decode("utf-8"))
+        results = json.loads(read_file(path).decode("utf-8"))
     except OSError as exc:
         raise ResultsError(f"{path}: cannot read results ({exc.strerror or exc})") from exc
     except UnicodeDecodeError:

@@ -52,7 +52,13 @@ from sgrld.experiments.run.observers import (
     breakdown_message,
 )
 from sgrld.experiments.run.parallel import DataParallel, factor_mismatch
-from sgrld.experiments.run.record import RunRecord, deferred_breakdown_reason, restrict_splits
+from sgrld.experiments.run.record import (
+    RunRecord,
+    blown_up_reason,
+    deferred_breakdown_reason,
+    restrict_splits,
+    run_health,
+)
 from sgrld.experiments.run.results import Results, write_results
 from sgrld.models import potential
 from sgrld.optim import SGRLDOptimizer
@@ -238,7 +244,7 @@ class SamplingRun(RunRecord):
             while self.status == "running" and self.epoch < target:
                 self._run_epoch()
         except _BrokeDown as exc:
-            self.record_breakdown(str(exc))
+            self.record_breakdown(str(exc.args[0]), blown_up=len(exc.args) > 1)
             self._save()
         except OutputError as exc:  # e.g. disk full: the last good checkpoint is kept
             self.status = "failed"
@@ -302,7 +308,10 @@ class SamplingRun(RunRecord):
             self.optimizer.refresh_metric()
             self.record_refresh_time(self._clock() - started)
         if self.optimizer.telemetry_enabled:  # the epoch's sums, read once
-            self.record_telemetry(self.optimizer.telemetry()[0])
+            self.record_telemetry(self.optimizer.telemetry())
+        verdict = run_health(self.telemetry, self.optimizer)
+        if verdict.broken_down:  # blown up while finite (sgrld.health)
+            raise _BrokeDown(blown_up_reason(verdict), True)
         self.end_epoch()
         self._save()
         self.observer.on_epoch(self)

@@ -9,9 +9,11 @@ submitit's executors. Both report to one :class:`GridProgress`
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import signal
+import stat
 import sys
 import time
 from collections import deque
@@ -348,11 +350,21 @@ def _output_to(log: Path, redirect: bool) -> Iterator[None]:
     if not redirect:
         yield
         return
-    log.parent.mkdir(parents=True, exist_ok=True)
+    from sgrld.experiments.base.files import OutputError
+
     sys.stdout.flush()
     sys.stderr.flush()
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    handle = os.open(log, flags, 0o644)  # never through a link planted at its name
+    flags |= getattr(os, "O_NONBLOCK", 0)
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        handle = os.open(log, flags, 0o644)  # never through a link planted at its name
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            os.close(handle)
+            raise OSError(errno.EINVAL, "not a regular file")
+    except OSError as exc:
+        why = "a symbolic link or not a regular file" if log.is_symlink() else exc.strerror
+        raise OutputError(exc.errno, f"cannot write {log}: {why}; refusing to use it") from None
     saved = [os.dup(1), os.dup(2)]
     try:
         os.dup2(handle, 1)
@@ -374,6 +386,10 @@ def run_submitit(
     then resumes its runs from their checkpoints (:meth:`SweepJob.checkpoint`). The local
     executor starts at most ``options.parallel`` jobs at a time. Logs: ``OUT/.submitit/``.
     """
+    from sgrld.experiments.base.files import refuse_links
+
+    # submitit writes its pickles and logs there and the sweep unpickles results from there
+    refuse_links(out, ".submitit")
     executor = _executor(out / ".submitit" / "%j", options)
     window = len(jobs) if not options.local else (options.parallel or 1)
     queue = list(jobs)

@@ -32,6 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.base.files import read_file
 from sgrld.experiments.run.naming import flag_of, run_label, setting_name
 
 if sys.version_info >= (3, 11):
@@ -209,7 +210,7 @@ def read_config(name: str) -> tuple[str, Path | str]:
     path = Path(name)
     if path.is_file():
         try:
-            return path.read_text(encoding="utf-8"), path
+            return read_file(path).decode("utf-8"), path
         except (OSError, UnicodeDecodeError) as exc:
             raise GridError(f"--config {name}: cannot read it ({exc})") from exc
     shipped = name.removesuffix(".toml")
@@ -374,7 +375,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
         GridError: unreadable, not JSON, not a sgrld sweep manifest (of a known format).
     """
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = json.loads(read_file(path).decode("utf-8"))
         if not isinstance(saved, dict) or saved.get("format") not in (
             MANIFEST_FORMAT,
             *OLD_MANIFEST_FORMATS,
@@ -476,7 +477,7 @@ def _check_orphan_runs(out: Path, runs: Sequence[PlannedRun]) -> None:
         if where.split("/")[0] == ".packs":
             continue
         try:
-            config = json.loads(results.read_text(encoding="utf-8"))["config"]
+            config = json.loads(read_file(results).decode("utf-8"))["config"]
         except (OSError, ValueError, KeyError, TypeError):
             config = None
         if where not in ours or (config is not None and _config_changes(config, ours[where])[0]):

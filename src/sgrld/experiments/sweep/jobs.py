@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.base.files import read_file, refuse_links
 from sgrld.experiments.run.results import FINISHED, RESULTS_FILE, impossible_values
 from sgrld.experiments.sweep.grid import PlannedRun
 
@@ -43,7 +44,7 @@ def run_state(folder: Path, config: dict[str, Any]) -> str:
     not even when ``epochs`` grew; a completed one is then extended.
     """
     try:
-        results = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))
+        results = json.loads(read_file(folder / RESULTS_FILE).decode("utf-8"))
     except (OSError, ValueError):
         results = None
     if isinstance(results, dict) and results.get("status") in FINISHED:
@@ -127,7 +128,7 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
     )
 
     digest = hashlib.sha256(run_path.encode()).hexdigest()[:16]
-    refuse_linked_folders(out, run_path, LOCKS_DIR)
+    refuse_links(out, run_path, f"{LOCKS_DIR}/{digest}")  # never written through a link
     with ExitStack() as stack:
         try:
             stack.enter_context(DirectoryLock(out / LOCKS_DIR / digest, f"sgrld sweep {run_path}"))
@@ -137,26 +138,6 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
             return
         remove_stale_temporaries(out / run_path)
         yield True
-
-
-def refuse_linked_folders(out: Path, *paths: str) -> None:
-    """Refuse a symbolic link planted at a folder a job writes into under ``out`` (a run
-    folder or one of its parents, ``.locks``, ``.packs``): its files would land where the link
-    points.
-
-    Raises:
-        OutputError: naming the link.
-    """
-    from sgrld.experiments.base.files import OutputError
-
-    for path in paths:
-        parts = Path(path).parts
-        for depth in range(1, len(parts) + 1):
-            folder = out.joinpath(*parts[:depth])
-            if folder.is_symlink():
-                raise OutputError(
-                    None, f"cannot write in {folder}: it is a symbolic link; refusing to follow it"
-                )
 
 
 def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
@@ -265,7 +246,7 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             return [RunOutcome(r.path, "busy") for r in open_runs]
         from sgrld.experiments.base.files import remove_stale_temporaries
 
-        refuse_linked_folders(out, f"{PACKS_DIR}/{pack_id(runs)}")
+        refuse_links(out, f"{PACKS_DIR}/{pack_id(runs)}")
         remove_stale_temporaries(out / PACKS_DIR / pack_id(runs))  # of a killed pack process
         if not (out / PACKS_DIR / pack_id(runs) / CHECKPOINT_FILE).is_file():
             runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]

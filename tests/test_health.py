@@ -1,0 +1,196 @@
+"""The health call (``sgrld.health``): a chain that blew up while finite, and ℓ too large or too
+small, judged once from the telemetry and used by the optimizer's warning, the runner's status
+and the reports (issue 33 item 1 and 4, issue 29's warnings); no false alarm on the goldens, the
+docs' runs and the paper's configurations."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import sgrld
+from sgrld.cli import main
+from sgrld.experiments.base import exits
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "data" / "golden"
+
+#: per-epoch telemetry of the paper's MNIST configurations, 2 epochs of 500 updates each
+#: (``sgrld sample --width 400 --prior gaussian --epochs 2 --burn-in 300 --eval-subset 1000``,
+#: docs/health.md): drift_rms, noise_rms, theta (the norm, old name theta_rms)
+PAPER = {
+    "identity lr 0.1": ([0.137, 0.118], [1.38, 1.38], [40.6, 40.8]),
+    "rmsprop lr 7.5e-4": ([0.697, 0.557], [5.36, 4.68], [48.9, 44.1]),
+    "shampoo lr 7.5e-3": ([0.439, 0.463], [4.22, 4.54], [41.3, 41.2]),
+}
+
+
+def results_files() -> list[tuple[str, dict[str, Any]]]:
+    """Every results.json stored in the goldens and the old run of main."""
+    found = []
+    for path in sorted(GOLDEN.glob("*.json")):
+        for name, content in json.loads(path.read_text())["files"].items():
+            if name.endswith("results.json"):
+                found.append((f"{path.stem}/{name}", content))
+    old = REPO / "tests" / "data" / "run_of_main_7e6ae7c" / "results.json"
+    found.append(("run_of_main", json.loads(old.read_text())))
+    return found
+
+
+def test_no_false_alarm_on_the_goldens_and_the_paper_configurations() -> None:
+    files = results_files()
+    assert len(files) >= 5
+    for name, results in files:
+        verdict = sgrld.health(results)
+        assert isinstance(verdict, sgrld.Health) and verdict.ok, (name, verdict)
+    for name, (drift, noise, theta) in PAPER.items():
+        figures = {"steps": [500, 500], "drift_rms": drift, "noise_rms": noise}
+        verdict = sgrld.health({**figures, "theta_rms": theta})
+        assert isinstance(verdict, sgrld.Health) and verdict.verdict == "healthy", name
+
+
+def test_the_blown_up_run_of_the_issue_is_broken_down_and_says_why() -> None:
+    # issue 33 item 1: results.json recorded drift/noise 1.7e7 and |theta| 1.4e9, status completed
+    figures = {"steps": 500, "drift_rms": 1.7e7 * 8.0, "noise_rms": 8.0, "theta_rms": 1.4e9}
+    verdict = sgrld.health(figures)
+    assert isinstance(verdict, sgrld.Health) and verdict.broken_down
+    assert verdict.figure == "drift_to_noise" and verdict.bound == 1e3
+    assert "drift/noise 1.7e+07 >= 1e+03" in str(verdict) and "smaller lr" in str(verdict)
+    # growing away from the start while the drift dominates, below the ratio's bound
+    growth = {
+        "steps": [500] * 3,
+        "drift_rms": [2.0, 20.0, 300.0],
+        "noise_rms": [1.0] * 3,
+        "theta_rms": [10.0, 1e3, 2e4],
+    }
+    verdict = sgrld.health(growth)
+    assert isinstance(verdict, sgrld.Health)
+    assert (verdict.verdict, verdict.figure) == ("broken_down", "theta_growth")
+
+
+def diabetes(scale: float = 1.0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    x = (x - x.mean(0)) / x.std(0) * scale
+    y = (y - y.mean()) / y.std()
+    return torch.tensor(x, dtype=dtype), torch.tensor(y, dtype=dtype)
+
+
+def run_regression(
+    opt_of: Any,
+    steps: int,
+    scale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    at_mean: bool = False,
+) -> tuple[sgrld.SGRLDOptimizer, list[str]]:
+    """Bayesian linear regression on diabetes (batch 32, N(0, 1) prior), from the initial
+    weights or (``at_mean``) the posterior's mean; the warnings issued."""
+    x, y = diabetes(scale, dtype)
+    n = len(y)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 1).to(dtype)
+    if at_mean:  # the exact posterior mean: (XᵀX + I)⁻¹ Xᵀy with the bias as a feature
+        features = torch.cat([x, torch.ones(n, 1, dtype=dtype)], 1).double()
+        mean = torch.linalg.solve(
+            features.T @ features + torch.eye(11, dtype=torch.float64), features.T @ y.double()
+        )
+        with torch.no_grad():
+            model.weight.copy_(mean[:10].reshape(1, 10))
+            model.bias.copy_(mean[10:])
+    opt = opt_of(model.parameters(), n)
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            i = torch.randint(0, n, (32,), generator=g)
+            opt.zero_grad()
+            nll = 0.5 * ((model(x[i]).squeeze(-1) - y[i]) ** 2).mean()
+            prior = 0.5 * sum((p**2).sum() for p in model.parameters()) / n
+            (nll + prior).backward()
+            opt.step()
+    return opt, [str(w.message) for w in caught if issubclass(w.category, sgrld.HealthWarning)]
+
+
+@pytest.mark.parametrize(
+    ("lr", "verdict", "words"),
+    [
+        (0.01, "healthy", ()),  # samples the exact posterior's σ within a few per cent
+        (0.3, "lr_too_large", ("lr is too large", "drift/noise", "> 1", "smaller lr")),  # 30x
+        (1e-5, "lr_too_small", ("lr is too small", "steps to relax", "larger lr")),  # 1,000x
+    ],
+)
+def test_a_chain_says_when_its_lr_is_wrong_once(
+    lr: float, verdict: str, words: tuple[str, ...]
+) -> None:
+    # from the posterior's mean: a chain still descending from far away is not judged slow
+    opt_of = lambda p, n: sgrld.SGLD(p, lr=lr, num_data=n)  # noqa: E731
+    opt, warned = run_regression(opt_of, 3000, at_mean=True)
+    assert opt.health().verdict == verdict
+    assert len(warned) == (verdict != "healthy"), warned  # one warning per run
+    for word in words:
+        assert word in warned[0], (word, warned[0])
+
+
+def test_shampoo_blowing_up_while_finite_warns() -> None:
+    # issue 33 item 4: features x10, precondition_vectors, ℓ = 1e-2: |θ| ~ 1e45, all finite
+    def shampoo(params: Any, n: int) -> sgrld.SGRLDOptimizer:
+        return sgrld.ShampooSGLD(params, lr=1e-2, num_data=n, precondition_vectors=True)
+
+    opt, warned = run_regression(shampoo, 600, scale=10.0, dtype=torch.float64)
+    assert all(bool(torch.isfinite(p).all()) for p in opt.param_groups[0]["params"])
+    verdict = opt.health()
+    assert verdict.broken_down and sgrld.health(opt) == verdict
+    assert len(warned) == 1 and "the chain broke down (drift/noise" in warned[0], warned
+
+
+def test_the_nonfinite_error_names_the_step_and_the_fix() -> None:
+    # issue 33 item 12: the NaN error named no step and gave no hint
+    with pytest.raises(sgrld.NonFiniteGradientError) as caught:
+        run_regression(lambda p, n: sgrld.SGLD(p, lr=1.0, num_data=n), 3000, dtype=torch.float64)
+    message = str(caught.value)
+    assert "at step" in message and "|theta| over the last" in message and "smaller lr" in message
+
+
+def test_a_blown_up_run_exits_broken_down_naming_the_bound(
+    mnist_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    args = ["sample", "--data-dir", str(mnist_dir.parent), "--out", str(out), "--lr", "50"]
+    args += ["--sampler", "shampoo", "--prior", "horseshoe", "--width", "50", "--epochs", "1"]
+    args += ["--subset", "200", "--batch-size", "50", "--eval-subset", "50", "--burn-in", "2"]
+    args += ["--thinning", "2", "--threads", "1", "--no-progress", "--no-plot"]
+    assert main(args) == exits.BROKEN_DOWN
+    assert "blown up while finite: drift/noise" in capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "broken_down"
+    assert ">= 1e+03" in results["broken_down"]["reason"]
+
+
+@pytest.mark.parametrize("command", ["table", "report"])
+def test_reports_leave_out_a_blown_up_run_naming_it(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_faults import fake, write_runs
+
+    blown = fake(1)
+    blown["telemetry"] = {
+        "per_epoch": {
+            "steps": [500.0],
+            "drift_rms": [1.4e8],
+            "noise_rms": [8.0],
+            "theta_rms": [1.4e9],  # results written before the rename to theta_norm
+        },
+        "state_bytes": None,
+    }
+    write_runs(tmp_path / "runs", {"a/lr0.1-seed0": fake(0), "a/lr0.1-seed1": blown})
+    args = [command, str(tmp_path / "runs")]
+    args += ["--out", str(tmp_path / "r"), "--no-figures"] if command == "report" else []
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "lr0.1-seed1: left out: broke down (drift/noise 1.75e+07 >= 1e+03)" in err
