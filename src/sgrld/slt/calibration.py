@@ -1,17 +1,19 @@
 """The step size of :func:`sgrld.slt.llc` when none is given: one rule, in one function.
 
 Euler–Maruyama on a Gaussian of precision a with devinterp's step ε
-(w ← w − (ε/2)·a·w + √ε·ξ) has the stationary variance 1/(a(1 − εa/4)): the LLC's share of
-that direction is biased by the factor 1/(1 − εa/4) ≈ 1 + εa/4. A constant metric G turns a into
-the eigenvalues of G⁻¹A (the chain of G^{1/2}w is SGLD on G^{-1/2}AG^{-1/2}). The rule takes
-A = nβ·∇²L_n(w₀) + γI and the G that the metric folds from the gradients at w₀, finds the
-largest eigenvalue of G⁻¹A by power iteration (Hessian-vector products), and sets
+(w ← w − (ε/2)·(a·w + nβ·ζ) + √ε·ξ, ζ the minibatch gradient's error, of variance s²) has the
+stationary variance (1 + ε·nβ²s²/4)/(a(1 − εa/4)): the LLC's share of that direction is biased
+by ≈ ε(a + nβ²s²)/4. A constant metric G turns a into the eigenvalues of S = G^{-½}AG^{-½} and
+s² into the variance of uᵀG^{-½}g_B along S's eigenvector u. The rule takes
+A = nβ·∇²L_n(w₀) + γI and the G that the metric folds from the gradients at w₀, finds S's
+largest eigenvalue a and its u by power iteration (Hessian-vector products), s² from the
+probe batches' gradients, and sets
 
-    ε = 4·bias / λ_max(G⁻¹A)
+    ε = 4·bias / (a + nβ²·s²)
 
-so that the stiffest direction's bias is ``bias`` (1 % by default) and every other direction's
-less. It ignores the gradient noise of minibatches and that G goes on adapting during the
-warm-up; ``docs/llc.md`` reports the values it gives.
+so that the stiffest direction's bias is ``bias`` (1 % by default). It ignores that G goes on
+adapting during the warm-up; ``docs/llc.md`` reports the values it gives and the errors
+measured with them.
 """
 
 from __future__ import annotations
@@ -59,31 +61,39 @@ def calibrate_lr(
     names = [str(i) for i in range(len(params))]
     state = sampler.init(dict(zip(names, [p.detach().clone() for p in params], strict=True)))
     metric, layout = sampler.metric, state.layout
+    grads = []
     for step, batch in enumerate(batches, start=1):  # G from the loss's gradients at w₀
-        grads = torch.autograd.grad(loss(model, batch), params)
-        metric.update(state.stats, layout, _flat(grads), step)
+        grads.append(_flat(torch.autograd.grad(loss(model, batch), params)))
+        metric.update(state.stats, layout, grads[-1].clone(), step)
     metric.refresh(state.stats, layout)
 
-    def curvature(v: Tensor) -> Tensor:  # A·v = nβ·H·v + γ·v, H averaged over the batches
+    def scaled(v: Tensor) -> Tensor:  # G^{-½}v
+        return metric.inverse_sqrt(state.stats, layout, v.clone())
+
+    def curvature(v: Tensor) -> Tensor:  # S·v = G^{-½}(nβ·H + γ)G^{-½}v, H the batches' mean
+        u = layout.views(scaled(v))
         hv = [torch.zeros_like(p) for p in params]
         for batch in batches:
-            grads = torch.autograd.grad(loss(model, batch), params, create_graph=True)
-            dot = sum((g * u).sum() for g, u in zip(grads, layout.views(v), strict=True))
+            first = torch.autograd.grad(loss(model, batch), params, create_graph=True)
+            dot = sum((g * w).sum() for g, w in zip(first, u, strict=True))
             parts = torch.autograd.grad(dot, params)  # type: ignore[arg-type]
             torch._foreach_add_(hv, [p.detach() / len(batches) for p in parts])
-        return _flat(hv) * nbeta + v * localization
+        return scaled(_flat(hv) * nbeta + _flat(u) * localization)
 
     gen = torch.Generator(device=params[0].device).manual_seed(seed)
     v = torch.randn(layout.size, generator=gen, dtype=params[0].dtype, device=params[0].device)
     top = 0.0
     for _ in range(iterations):
         v = v / v.norm()
-        w = metric.inverse(state.stats, layout, curvature(v))
-        top = float(w.norm())  # ‖G⁻¹Av‖ with ‖v‖ = 1 → λ_max (G⁻¹A ~ G^{-½}AG^{-½}: real λ)
+        w = curvature(v)
+        top = float(torch.dot(v, w))  # Rayleigh quotient of the symmetric S
         v = w
     if not top > 0.0:
         raise ValueError(f"calibrate_lr: the curvature at w₀ is not positive (λ_max = {top:g})")
-    return 4.0 * bias / top
+    direction = scaled(v / v.norm())
+    spread = torch.stack([torch.dot(g, direction) for g in grads])
+    noise = float(spread.var()) if len(grads) > 1 else 0.0
+    return 4.0 * bias / (top + nbeta**2 * noise)
 
 
 def _flat(tensors: Sequence[Tensor]) -> Tensor:

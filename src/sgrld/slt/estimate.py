@@ -12,7 +12,7 @@ L_n(w₀) by the mean loss over several batches, as devinterp 2.x does. devinter
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,8 @@ from sgrld.core.sampler import Sampler
 from sgrld.slt.calibration import calibrate_lr
 
 LossFn = Callable[[nn.Module, Any], Tensor]
+#: the initial batches :func:`calibrate_lr` probes (its cost: 30 Hessian-vector products each)
+PROBE_BATCHES = 16
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def llc(
     seed: int = 0,
     lr: float | None = None,
     burnin: int = 0,
-    init_batches: int = 32,
+    init_batches: int | None = None,
     adapt_until: int | None = 1000,
     vectorize: bool = True,
     progress: Callable[[int], None] | None = None,
@@ -115,7 +117,10 @@ def llc(
         lr: devinterp's ε (so that devinterp settings carry over); ``None`` calibrates it
             (:func:`~sgrld.slt.calibrate_lr`).
         burnin: leading steps of every trace left out of the mean (devinterp: 0).
-        init_batches: batches whose mean loss is L_n(w₀) (devinterp: 32).
+        init_batches: batches whose mean loss is L_n(w₀); default: one pass over ``loader``
+            where it has a length (L_n(w₀) itself for equal batches), else 32 (devinterp's
+            number). A count that is not whole passes biases λ̂ by nβ times the error of the
+            mean: ``docs/llc.md`` measures +51 % for 32 batches of a 20-batch epoch.
         adapt_until: steps during which the metric adapts (``sgrld.build``; ``None``: always,
             as devinterp's RMSprop-SGLD).
         vectorize: ``True``: the K chains in one vectorised process (:class:`sgrld.Chains`,
@@ -137,6 +142,8 @@ def llc(
             f"need num_chains >= 1, num_steps >= 1 and 0 <= burnin < num_steps, got "
             f"{num_chains}, {num_steps}, {burnin}"
         )
+    if init_batches is None:
+        init_batches = len(loader) if isinstance(loader, Sized) else 32
     if init_batches < 1:
         raise ValueError(f"init_batches: {init_batches} (expected >= 1)")
     nbeta = num_data / math.log(num_data) if nbeta is None else float(nbeta)
@@ -149,7 +156,13 @@ def llc(
     if lr is None:
         probe = _sampler(sampler, 1.0, nbeta, localization, num_data, adapt_until, metric_options)
         lr = calibrate_lr(
-            model, loss, first, probe, nbeta=nbeta, localization=localization, seed=seed
+            model,
+            loss,
+            first[:PROBE_BATCHES],
+            probe,
+            nbeta=nbeta,
+            localization=localization,
+            seed=seed,
         )
     built = _sampler(sampler, lr, nbeta, localization, num_data, adapt_until, metric_options)
     seeds = [seed + k for k in range(num_chains)]
