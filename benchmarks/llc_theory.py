@@ -98,8 +98,15 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
         try:
             start = time.perf_counter()
-            mean, se, per_chain = devinterp_llc(target, lr=args.lr, nbeta=nbeta, gamma=gamma,
-                                                chains=args.chains, steps=args.steps, seed=0)  # fmt: skip
+            mean, se, per_chain = devinterp_llc(
+                target,
+                lr=args.lr,
+                nbeta=nbeta,
+                gamma=gamma,
+                chains=args.chains,
+                steps=args.steps,
+                seed=0,
+            )
             var = float(per_chain.var(ddof=1)) * args.steps
             rows.append({
                 "target": target.name, "gamma": gamma, "theory": target.theory, "exact": exact,
