@@ -110,13 +110,12 @@ def reduced_rank_regression(
     b[:, :rank] = torch.randn(outputs, rank, generator=g, dtype=torch.float64)
     x = torch.randn(num_data, inputs, generator=g, dtype=torch.float64)
     y = x @ (b @ a).T + torch.randn(num_data, outputs, generator=g, dtype=torch.float64)
-    model = nn.Sequential(
-        nn.Linear(inputs, hidden, bias=False, dtype=torch.float64),
-        nn.Linear(hidden, outputs, bias=False, dtype=torch.float64),
-    )
+    first = nn.Linear(inputs, hidden, bias=False, dtype=torch.float64)
+    second = nn.Linear(hidden, outputs, bias=False, dtype=torch.float64)
     with torch.no_grad():
-        model[0].weight.copy_(a)
-        model[1].weight.copy_(b)
+        first.weight.copy_(a)
+        second.weight.copy_(b)
+    model = nn.Sequential(first, second)
     return Target(
         f"rrr({inputs},{outputs},{hidden},{rank})",
         model,
