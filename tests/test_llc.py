@@ -12,7 +12,7 @@ import torch
 import sgrld
 from metric_cases import CASES
 from sgrld.metrics import metric_names
-from sgrld.slt import devinterp_options
+from sgrld.slt import calibrate_lr, devinterp_options
 from sgrld.slt.theory import localized_quadratic_llc, reduced_rank_regression_llc
 
 torch.set_num_threads(1)
@@ -220,18 +220,28 @@ def test_sequential_chains_are_the_vectorised_ones() -> None:
 
 
 def test_llc_calibrates_lr_without_one() -> None:
-    """Without ``lr`` the step is :func:`sgrld.slt.calibrate_lr`'s: ε = 0.04/λ_max(A) for SGLD,
-    A = nβH + γI, which is known here in closed form."""
+    """Without ``lr`` the step is :func:`sgrld.slt.calibrate_lr`'s. Here (one full batch: no
+    minibatch noise, H the exact Hessian) A = nβH + γI is known in closed form: a long trace
+    gets ε = 4·1 %/λ_max(A) (accuracy binds), a short one 4·25 %/λ_max(A) (mixing would want
+    more than the cap)."""
     n = 2_000
     x, y = logistic_data(n, 3, seed=3)
     model = fit_logistic(x, y)
     nbeta, gamma = n / math.log(n), 10.0
-    loader = batches(x, y, n)  # one full batch: the probe's H is the exact Hessian
+    loader = batches(x, y, n)
+    eig = hessian_eigenvalues(model, x, y)
+    top, bottom = nbeta * max(eig) + gamma, nbeta * min(eig) + gamma
+    sampler = sgrld.build("identity", lr=1.0, num_data=n)
+    kw = dict(nbeta=nbeta, localization=gamma, iterations=200)
+    long = calibrate_lr(model, bce, loader, sampler, num_steps=10**9, **kw)
+    assert long == pytest.approx(0.04 / top, rel=1e-6)
+    middle = 2 * 20 * top / (0.1 * bottom)  # T with ε_mix = 2·20/(a₋T) = 0.1/top
+    mixed = calibrate_lr(model, bce, loader, sampler, num_steps=round(middle), **kw)
+    assert mixed == pytest.approx(0.1 / top, rel=1e-3)
     est = sgrld.llc(model, bce, loader, num_data=n, nbeta=nbeta, localization=gamma,
-                    num_chains=2, num_steps=10, init_batches=1)  # fmt: skip
-    top = nbeta * max(hessian_eigenvalues(model, x, y)) + gamma
+                    num_chains=2, num_steps=10)  # fmt: skip
     assert est.calibrated
-    assert est.lr == pytest.approx(0.04 / top, rel=1e-3)
+    assert est.lr == pytest.approx(1.0 / top, rel=1e-2)  # 20 power iterations, not 200
 
 
 def test_reduced_rank_regression_formula() -> None:

@@ -2,18 +2,22 @@
 
 Euler–Maruyama on a Gaussian of precision a with devinterp's step ε
 (w ← w − (ε/2)·(a·w + nβ·ζ) + √ε·ξ, ζ the minibatch gradient's error, of variance s²) has the
-stationary variance (1 + ε·nβ²s²/4)/(a(1 − εa/4)): the LLC's share of that direction is biased
-by ≈ ε(a + nβ²s²)/4. A constant metric G turns a into the eigenvalues of S = G^{-½}AG^{-½} and
-s² into the variance of uᵀG^{-½}g_B along S's eigenvector u. The rule takes
-A = nβ·∇²L_n(w₀) + γI and the G that the metric folds from the gradients at w₀, finds S's
-largest eigenvalue a and its u by power iteration (Hessian-vector products), s² from the
-probe batches' gradients, and sets
+stationary variance (1 + ε·nβ²s²/4)/(a(1 − εa/4)), so that direction's share of λ̂ is
+inflated by ≈ ε(a + nβ²s²)/4; and a chain started at w₀ relaxes along it in 2/(εa) steps, so
+a trace of T steps that starts there falls short by ≈ 2/(εaT) of that share. A constant metric
+G turns a into the eigenvalues of S = G^{-½}AG^{-½} (A = nβ·∇²L_n(w₀) + γI) and s² into the
+variance of uᵀG^{-½}g_B along S's eigenvector u. The rule folds G from the probe batches'
+gradients at w₀, finds S's largest and smallest eigenvalues a₊, a₋ by power iteration
+(Hessian-vector products) and s² from the same gradients, and takes
 
-    ε = 4·bias / (a + nβ²·s²)
+    ε_bias = 4·1 % / (a₊ + nβ²s²)      the stiffest direction inflated by 1 %
+    ε_mix  = 2·20 / (a₋·T)              the slowest one relaxed 20 times over the trace
+    ε_max  = 4·25 % / (a₊ + nβ²s²)      no direction inflated by more than 25 %
+    ε      = min(max(ε_bias, ε_mix), ε_max)
 
-so that the stiffest direction's bias is ``bias`` (1 % by default). It ignores that G goes on
-adapting during the warm-up; ``docs/llc.md`` reports the values it gives and the errors
-measured with them.
+accuracy first, mixing where accuracy alone would leave the trace short of its target, and
+a bound on what mixing may cost. G goes on adapting during the warm-up, which the rule
+ignores. ``docs/llc.md`` reports the values it gives and the errors measured with them.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from torch import Tensor, nn
 
 from sgrld.core.sampler import Sampler
 
-#: the stiffest direction's relative bias the rule aims at
-DEFAULT_BIAS = 0.01
+#: the stiffest direction's relative inflation the rule aims at, and the most it allows
+BIAS, MAX_BIAS = 0.01, 0.25
+#: relaxations of the slowest direction over the trace the rule aims at
+RELAXATIONS = 20.0
 
 
 def calibrate_lr(
@@ -37,8 +43,8 @@ def calibrate_lr(
     *,
     nbeta: float,
     localization: float,
-    bias: float = DEFAULT_BIAS,
-    iterations: int = 30,
+    num_steps: int,
+    iterations: int = 20,
     seed: int = 0,
 ) -> float:
     """devinterp's ε for ``sampler``'s metric at the model's current parameters w₀.
@@ -50,8 +56,8 @@ def calibrate_lr(
         sampler: the sampler whose metric (and options) the chains will use.
         nbeta: the inverse temperature nβ.
         localization: devinterp's γ.
-        bias: the stiffest direction's relative bias of the LLC (see the module docstring).
-        iterations: power iterations.
+        num_steps: the steps of each chain's trace, T.
+        iterations: power iterations (for each end of the spectrum).
         seed: the start vector's seed.
 
     Returns:
@@ -81,19 +87,28 @@ def calibrate_lr(
         return scaled(_flat(hv) * nbeta + _flat(u) * localization)
 
     gen = torch.Generator(device=params[0].device).manual_seed(seed)
-    v = torch.randn(layout.size, generator=gen, dtype=params[0].dtype, device=params[0].device)
-    top = 0.0
+    start = torch.randn(layout.size, generator=gen, dtype=params[0].dtype, device=params[0].device)
+    top, v = _power(curvature, start, iterations)
+    gap, _ = _power(lambda x: top * x - curvature(x), start, iterations)  # a₊ − a₋
+    if not top > 0.0:
+        raise ValueError(f"calibrate_lr: the curvature at w₀ is not positive (a = {top:g})")
+    direction = scaled(v)
+    spread = torch.stack([torch.dot(g, direction) for g in grads])
+    stiff = top + nbeta**2 * (float(spread.var()) if len(grads) > 1 else 0.0)
+    slow = max(top - gap, 1e-12 * top)  # a₋ (≤ 0 where w₀ is no minimum: ε_max decides)
+    mix = 2.0 * RELAXATIONS / (slow * num_steps)
+    return min(max(4.0 * BIAS / stiff, mix), 4.0 * MAX_BIAS / stiff)
+
+
+def _power(op: Callable[[Tensor], Tensor], v: Tensor, iterations: int) -> tuple[float, Tensor]:
+    """The largest eigenvalue of the symmetric ``op`` (Rayleigh quotient) and its vector."""
+    value = 0.0
     for _ in range(iterations):
         v = v / v.norm()
-        w = curvature(v)
-        top = float(torch.dot(v, w))  # Rayleigh quotient of the symmetric S
+        w = op(v)
+        value = float(torch.dot(v, w))
         v = w
-    if not top > 0.0:
-        raise ValueError(f"calibrate_lr: the curvature at w₀ is not positive (λ_max = {top:g})")
-    direction = scaled(v / v.norm())
-    spread = torch.stack([torch.dot(g, direction) for g in grads])
-    noise = float(spread.var()) if len(grads) > 1 else 0.0
-    return 4.0 * bias / (top + nbeta**2 * noise)
+    return value, v / v.norm()
 
 
 def _flat(tensors: Sequence[Tensor]) -> Tensor:

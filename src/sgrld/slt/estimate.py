@@ -162,6 +162,7 @@ def llc(
             probe,
             nbeta=nbeta,
             localization=localization,
+            num_steps=num_steps - burnin,
             seed=seed,
         )
     built = _sampler(sampler, lr, nbeta, localization, num_data, adapt_until, metric_options)
