@@ -12,7 +12,7 @@ gradients at w₀, finds S's largest and smallest eigenvalues a₊, a₋ by powe
 
     ε_bias = 4·1 % / (a₊ + nβ²s²)      the stiffest direction inflated by 1 %
     ε_mix  = 2·20 / (a₋·T)              the slowest one relaxed 20 times over the trace
-    ε_max  = 4·25 % / (a₊ + nβ²s²)      no direction inflated by more than 25 %
+    ε_max  = 4·50 % / (a₊ + nβ²s²)      halfway to the stability edge εa₊ = 4
     ε      = min(max(ε_bias, ε_mix), ε_max)
 
 accuracy first, mixing where accuracy alone would leave the trace short of its target, and
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from sgrld.core.sampler import Sampler
 
 #: the stiffest direction's relative inflation the rule aims at, and the most it allows
-BIAS, MAX_BIAS = 0.01, 0.25
+BIAS, MAX_BIAS = 0.01, 0.5
 #: relaxations of the slowest direction over the trace the rule aims at
 RELAXATIONS = 20.0
 

@@ -104,3 +104,33 @@ def synthetic_language(
     positions = torch.arange(length + 1).expand(num_sequences, -1)
     ids[short[:, None] & (positions >= ends[:, None])] = IGNORE_INDEX
     return ids
+
+
+def train(
+    model: nn.Module,
+    ids: Tensor,
+    checkpoints: list[int],
+    *,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> dict[int, dict[str, Tensor]]:
+    """Train ``model`` with AdamW on random batches of ``ids`` (next-token loss) and keep a copy
+    of its parameters after each step count in ``checkpoints`` (0: the initialisation).
+
+    Returns:
+        ``{step: state_dict}`` for every checkpoint, in order.
+    """
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    saved: dict[int, dict[str, Tensor]] = {}
+    for step in range(max(checkpoints) + 1):
+        if step in checkpoints:
+            saved[step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if step == max(checkpoints):
+            break
+        batch = ids[torch.randint(0, len(ids), (batch_size,), generator=g)]
+        opt.zero_grad()
+        next_token_loss(model, batch).backward()
+        opt.step()
+    return saved
