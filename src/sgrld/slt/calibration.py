@@ -45,6 +45,7 @@ def calibrate_lr(
     localization: float,
     num_steps: int,
     iterations: int = 20,
+    hessian_batches: int = 4,
     seed: int = 0,
 ) -> float:
     """devinterp's ε for ``sampler``'s metric at the model's current parameters w₀.
@@ -52,12 +53,14 @@ def calibrate_lr(
     Args:
         model: the model at w₀ (left unchanged).
         loss: ``loss(model, batch)``, the batch-mean negative log-likelihood.
-        batches: the batches whose gradients build G and whose mean loss's Hessian is H.
+        batches: the batches whose gradients build G and give s².
         sampler: the sampler whose metric (and options) the chains will use.
         nbeta: the inverse temperature nβ.
         localization: devinterp's γ.
         num_steps: the steps of each chain's trace, T.
         iterations: power iterations (for each end of the spectrum).
+        hessian_batches: the first batches whose mean loss's Hessian is H (each Hessian-vector
+            product costs about three gradients per batch).
         seed: the start vector's seed.
 
     Returns:
@@ -79,11 +82,11 @@ def calibrate_lr(
     def curvature(v: Tensor) -> Tensor:  # S·v = G^{-½}(nβ·H + γ)G^{-½}v, H the batches' mean
         u = layout.views(scaled(v))
         hv = [torch.zeros_like(p) for p in params]
-        for batch in batches:
+        for batch in batches[:hessian_batches]:
             first = torch.autograd.grad(loss(model, batch), params, create_graph=True)
             dot = sum((g * w).sum() for g, w in zip(first, u, strict=True))
             parts = torch.autograd.grad(dot, params)  # type: ignore[arg-type]
-            torch._foreach_add_(hv, [p.detach() / len(batches) for p in parts])
+            torch._foreach_add_(hv, [p.detach() / len(batches[:hessian_batches]) for p in parts])
         return scaled(_flat(hv) * nbeta + _flat(u) * localization)
 
     gen = torch.Generator(device=params[0].device).manual_seed(seed)
