@@ -13,6 +13,7 @@ import torch
 
 import sgrld
 from metric_cases import CASES
+from sgrld.core.multistep import BlockRunner
 from sgrld.metrics import metric_names
 from sgrld.slt import calibrate_lr, devinterp_options
 from sgrld.slt.language import IGNORE_INDEX, CausalLM, next_token_loss, synthetic_language
@@ -91,6 +92,10 @@ def test_localised_drift_is_g_inverse_of_the_sum(name: str) -> None:
 def test_localization_is_refused_where_it_cannot_act() -> None:
     with pytest.raises(ValueError, match="localization"):
         sgrld.build("identity", lr=1e-2, num_data=10, localization=-1.0)
+    sampler = sgrld.build("identity", lr=1e-2, num_data=10, localization=1.0, adapt_until=None)
+    state = sampler.init({"w": torch.zeros(3)})
+    with pytest.raises(ValueError, match="localization"):  # its compiled blocks have no pull
+        BlockRunner(sampler, state, lambda theta, gen: theta, grad_generator=torch.Generator())
 
 
 def test_localised_state_dict_round_trips_the_centre() -> None:
