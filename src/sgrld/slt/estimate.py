@@ -94,7 +94,6 @@ def llc(
     init_batches: int | None = None,
     adapt_until: int | None = 1000,
     vectorize: bool = True,
-    progress: Callable[[int], None] | None = None,
     **metric_options: Any,
 ) -> LLCEstimate:
     """Estimate the LLC of ``model`` at its current parameters w₀ with a sampler of the registry.
@@ -127,7 +126,6 @@ def llc(
             K copies of the parameters); ``False``: one after the other on the model's own
             parameters (one copy of w₀ besides them), for models ``torch.vmap`` cannot run or
             memory cannot hold K times.
-        progress: called with the number of steps done by every chain (a progress bar).
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
@@ -168,7 +166,7 @@ def llc(
     built = _sampler(sampler, lr, nbeta, localization, num_data, adapt_until, metric_options)
     seeds = [seed + k for k in range(num_chains)]
     run = _vectorized if vectorize else _sequential
-    trace = run(model, loss, loader, built, seeds, num_steps, progress)
+    trace = run(model, loss, loader, built, seeds, num_steps)
     per_chain = nbeta * (trace[:, burnin:].mean(axis=1) - init_loss)
     std = float(per_chain.std(ddof=1)) if num_chains > 1 else math.nan
     return LLCEstimate(
@@ -235,7 +233,6 @@ def _vectorized(
     sampler: Sampler,
     seeds: list[int],
     num_steps: int,
-    progress: Callable[[int], None] | None,
 ) -> np.ndarray:
     """K chains in one process (:class:`sgrld.Chains` on copies of ``model``)."""
     chains = Chains(model, sampler, seeds)
@@ -250,8 +247,6 @@ def _vectorized(
 
         # every chain the same batch: a stride-0 chain dim, no copy
         trace[:, t] = chains.step(fn, *(x.expand(k, *x.shape) for x in tensors)).double()
-        if progress is not None:
-            progress(t + 1)
     chains.check()
     return trace.numpy()
 
@@ -263,12 +258,13 @@ def _sequential(
     sampler: Sampler,
     seeds: list[int],
     num_steps: int,
-    progress: Callable[[int], None] | None,
 ) -> np.ndarray:
-    """The chains one after the other on the model's own parameters, restored afterwards."""
+    """The chains one after the other on the model's own parameters, restored afterwards (its
+    buffers too: a BatchNorm's running statistics move in train mode)."""
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     params: list[Tensor] = list(named.values())
-    saved = [p.detach().clone() for p in params]
+    kept = params + list(model.buffers())
+    saved = [t.detach().clone() for t in kept]
     trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
     try:
         for k, s in enumerate(seeds):
@@ -279,12 +275,10 @@ def _sequential(
                 grads = torch.autograd.grad(value, params)
                 trace[k, t] = float(value.detach())
                 sampler.step(state, dict(zip(named, grads, strict=True)))
-                if progress is not None and k == len(seeds) - 1:
-                    progress(t + 1)
             sampler.check(state)
             with torch.no_grad():
-                torch._foreach_copy_(params, saved)
+                torch._foreach_copy_(kept, saved)
     finally:
         with torch.no_grad():
-            torch._foreach_copy_(params, saved)
+            torch._foreach_copy_(kept, saved)
     return trace.numpy()
