@@ -307,3 +307,11 @@ def test_cli_writes_estimates_and_figure(tmp_path: Path) -> None:
     assert rows[0]["theory"] == reduced_rank_regression_llc(2, 2, 1, 1)
     assert all(len(r["per_chain"]) == 2 and r["lr"] == 1e-4 for r in rows)
     assert (out / "llc.png").stat().st_size > 10_000
+
+
+def test_cli_refuses_bad_input_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from sgrld.cli import main
+
+    assert main(["llc", "rrr", "--samplers", "mongee"]) == 2
+    assert "did you mean 'monge'" in capsys.readouterr().err
+    assert main(["llc", "rrr", "--rrr", "4,4,3"]) == 2

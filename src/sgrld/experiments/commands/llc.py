@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from sgrld.core import NonFiniteGradientError
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import save_figure, write_atomic
 from sgrld.experiments.commands.sample import OptionAction
-from sgrld.metrics import get_metric, metric_names
+from sgrld.metrics import get_metric
 from sgrld.slt import LLCEstimate, llc, targets
 from sgrld.slt.language import CausalLM, next_token_loss, synthetic_language, train
 
@@ -79,9 +80,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Estimate, print, write ``llc.json`` and ``llc.png``."""
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    for name in samplers:
-        if name not in metric_names():
+    try:
+        for name in samplers:
             get_metric(name)  # the registry's message, with the closest name
+        if len(args.rrr) != 4:
+            raise ValueError("--rrr takes four integers M,N,H,R")
+    except ValueError as exc:
+        print(f"sgrld llc: error: {exc}", file=sys.stderr)
+        return exits.USAGE
+    samplers = [get_metric(name).name for name in samplers]  # aliases: their registry name
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cases = _cases(args)
     steps = args.steps or (200 if args.target == "transformer" else 3000)
@@ -125,8 +132,6 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, Any, int, floa
         t = targets.logistic(seed=args.seed)
         return [(t.name, t.model, t.loss, t.batches, t.num_data, t.theory)]
     if args.target == "rrr":
-        if len(args.rrr) != 4:
-            raise SystemExit("sgrld llc: error: --rrr takes four integers M,N,H,R")
         m, n, h, r = args.rrr
         t = targets.reduced_rank_regression(m, n, h, r, seed=args.seed)
         return [(t.name, t.model, t.loss, t.batches, t.num_data, t.theory)]
