@@ -81,6 +81,12 @@ def run(args: argparse.Namespace) -> int:
     """Estimate, print, write ``llc.json`` and ``llc.png``."""
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     try:
+        import matplotlib  # noqa: F401  (llc.png, at the end: refuse before the work)
+    except ImportError:
+        print("sgrld llc: error: it draws llc.png with matplotlib: pip install 'sgrld[plots]'",
+              file=sys.stderr)  # fmt: skip
+        return exits.USAGE
+    try:
         for name in samplers:
             get_metric(name)  # the registry's message, with the closest name
         if len(args.rrr) != 4:
