@@ -66,6 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "0,25,50,100,200,400)",
     )  # fmt: skip
     parser.add_argument(
+        "--width", type=int, default=16, help="transformer: model width (default 16; 2 heads)"
+    )
+    parser.add_argument("--layers", type=int, default=2, help="transformer: blocks (default 2)")
+    parser.add_argument(
         "--sequential", action="store_true",
         help="chains one after the other on the model's own parameters (default: vectorised)",
     )  # fmt: skip
@@ -145,11 +149,12 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, Any, int, floa
     held = ids[:1024]  # the LLC's data; training draws from all of it
     batches = [held[i : i + 64] for i in range(0, len(held), 64)]
     tokens = int((held[:, 1:] != -100).sum())
-    model = CausalLM(vocab=16, width=32, heads=2, layers=2, context=16)
+    size = {"vocab": 16, "width": args.width, "heads": 2, "layers": args.layers, "context": 16}
+    model = CausalLM(**size)
     saved = train(model, ids, sorted(set(args.checkpoints)), seed=args.seed)
     cases: list[tuple[str, Any, Any, Any, int, float | None]] = []
     for step, state in saved.items():
-        m = CausalLM(vocab=16, width=32, heads=2, layers=2, context=16)
+        m = CausalLM(**size)
         m.load_state_dict(state)
         cases.append((f"transformer@{step}", m, next_token_loss, batches, tokens, None))
     return cases
