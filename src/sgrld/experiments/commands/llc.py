@@ -123,9 +123,13 @@ def run(args: argparse.Namespace) -> int:
             shown = "" if theory is None else f"{theory:7.2f}"
             print(f"{label:24} {name:9} {est.lr:9.2e} {est.mean:7.2f} ± {est.std_error:5.2f} "
                   f"{shown:>7} {wall:7.1f}", flush=True)  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out / "llc.json", json.dumps(rows, indent=1) + "\n")
-    _figure(args, rows, traces, samplers)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.out / "llc.json", json.dumps(rows, indent=1) + "\n")
+        _figure(args, rows, traces, samplers)
+    except OSError as exc:
+        print(f"sgrld llc: error: cannot write to {args.out}: {exc}", file=sys.stderr)
+        return exits.IO_ERROR
     print(f"wrote {args.out / 'llc.json'} and {args.out / 'llc.png'}")
     return 0
 
