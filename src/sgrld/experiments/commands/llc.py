@@ -154,6 +154,7 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, Any, int, floa
     batches = [held[i : i + 64] for i in range(0, len(held), 64)]
     tokens = int((held[:, 1:] != -100).sum())
     size = {"vocab": 16, "width": args.width, "heads": 2, "layers": args.layers, "context": 16}
+    torch.manual_seed(args.seed)  # the initialisation: the run is a function of --seed
     model = CausalLM(**size)
     saved = train(model, ids, sorted(set(args.checkpoints)), seed=args.seed)
     cases: list[tuple[str, Any, Any, Any, int, float | None]] = []
