@@ -27,6 +27,9 @@ $(BIN)/.installed: pyproject.toml Makefile
 		echo "installing $(TORCH_PIN)"; $(BIN)/pip install --quiet $(TORCH_PIN); \
 	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
+	# test-only: tests/test_llc*.py compare with devinterp's SGLD; its devinterp.optim needs only
+	# torch and numpy, the rest of its dependencies (transformers, datasets, ...) is not wanted
+	$(BIN)/pip install --quiet --no-deps 'devinterp==2.0.1'
 	touch $@
 
 venv: $(BIN)/.installed

@@ -8,7 +8,8 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 * the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
   ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
 
-A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC).
+A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC). The local learning
+coefficient with every metric: :func:`llc` (``docs/llc.md``).
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         posterior_predictive,
     )
     from sgrld.schedules import CyclicalLR
+    from sgrld.slt import LLCEstimate, llc
 
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
 # line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
@@ -78,6 +80,7 @@ _LAZY = {
     **dict.fromkeys(("Health", "HealthWarning", "health"), "sgrld.chain_health"),
     "CyclicalLR": "sgrld.schedules",
     "Chains": "sgrld.chains",
+    **dict.fromkeys(("LLCEstimate", "llc"), "sgrld.slt"),
 }
 
 
@@ -109,11 +112,13 @@ def build(
     capturable: bool = False,
     sync_checks: bool | None = None,
     adapt_until: int | None = 1000,  # sgrld.core.warmup.DEFAULT_WARMUP (torch-free import here)
+    localization: float = 0.0,
     **metric_options: Any,
 ) -> Sampler:
     """A functional sampler for ``metric`` (a registry name or a :class:`Metric` instance).
 
-    The options are :class:`Sampler`'s; the rest go to the metric. The random generator (and
+    The options are :class:`Sampler`'s (``localization``: the local posterior's pull towards
+    the initial parameters, ``docs/llc.md``); the rest go to the metric. The random generator (and
     per-chain seeds) belong to the state: ``sampler.init(params, generator=..., seeds=...)``.
 
     Examples:
@@ -149,6 +154,7 @@ def build(
         capturable,
         sync_checks,
         adapt_until,
+        localization,
     )
 
 
@@ -159,6 +165,7 @@ __all__ = [
     "Health",
     "HealthWarning",
     "IdentityMetric",
+    "LLCEstimate",
     "Metric",
     "MongeMetric",
     "MongeSGLD",
@@ -177,6 +184,7 @@ __all__ = [
     "build",
     "get_metric",
     "health",
+    "llc",
     "log_density",
     "log_predictive_density",
     "metric_names",

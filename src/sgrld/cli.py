@@ -25,6 +25,7 @@ HELP = {
     "sweep": "a grid of sample runs, resumable, local or SLURM",
     "report": "the paper's selection rule, every table and figure",
     "table": "aggregate runs into the paper's table format",
+    "llc": "the local learning coefficient with every metric",
 }
 COMMANDS: dict[str, tuple[str, str]] = {
     name: (f"sgrld.experiments.commands.{name}", text) for name, text in HELP.items()

@@ -270,18 +270,23 @@ def body(
     refresh: bool = False,
     views: Callable[[Tensor], list[Tensor]] | None = None,
     telemetry: Tensor | None = None,
+    pull: Callable[[Tensor], None] | None = None,
 ) -> None:
     """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ.
 
     ``grad`` and ``xi`` are private flat buffers (the metric may overwrite them). ``lr`` and
     ``sigma`` are Python floats (eager) or tensors: 0-d, or per chain ``(*batch, 1)``. With
     ``refresh`` the metric's scheduled part (Shampoo's roots) is recomputed after the update,
-    so that this step already uses it (as the paper's code does).
+    so that this step already uses it (as the paper's code does). ``pull`` adds the
+    localisation's gradient to ``grad`` after the statistics have seen the loss's alone
+    (:func:`localization_pull`).
     """
     if adapt:
         metric.update(stats, layout, grad, step)
         if refresh:
             metric.refresh(stats, layout)
+    if pull is not None:
+        pull(grad)
     shape = layout.views if views is None else views  # eager steps reuse the buffers' views
     drift = shape(metric.inverse(stats, layout, grad))
     noise = None if xi is None else shape(metric.inverse_sqrt(stats, layout, xi))
@@ -384,6 +389,7 @@ def advance(
     direct: bool = True,
     telemetry: Tensor | None = None,
     closes_warmup: bool = False,
+    localization: float = 0.0,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -395,6 +401,8 @@ def advance(
     SGLD (G = I) through the flat buffers like every other metric instead of its direct path
     (the same numbers, bit for bit; tests compare the two). ``telemetry``: a float64
     ``(*batch, 4)`` device accumulator that :func:`record_telemetry` adds this step's figures to.
+    ``localization`` c > 0 adds c·(θ − θ₀) (θ₀ = ``state.center``) to the drift's gradient
+    only: the metric's statistics see ĝ alone (:func:`localization_pull`).
     """
     layout = state.layout
     params = list(state.params.values())
@@ -412,8 +420,14 @@ def advance(
         work = Workspace.for_layout(sub_layout, params[0])
         params = [params[i] for i in active]
     ok: Tensor | None = None
+    if localization and (state.center is None or layout.shards is not None):
+        raise ValueError(
+            "localization needs a state with a centre (init by a sampler with localization > 0)"
+            " and unsharded parameters"
+        )
     if (
         direct
+        and not localization
         and not metric.preconditions
         and checks != "deferred"
         and compiled is None
@@ -441,6 +455,7 @@ def advance(
     due = refresh and adapt and (refresh_due(metric, step) or closes_warmup)
     # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
     fuse = compiled is not None and stats is state.stats and not due and telemetry is None
+    fuse = fuse and not localization  # the pull is added eagerly (:func:`localization_pull`)
     # compiled with counter-based noise: ξ is drawn inside the compiled call, which then makes
     # one fused pass over D (the same numbers: a function of the keys and the step count)
     inline = fuse and positive and noise_source == "philox" and ok is None
@@ -471,6 +486,11 @@ def advance(
     step_arg: int | Tensor = state.device_step + 1 if checks == "deferred" else step
     lr_arg, sigma_arg = _per_chain(lr, sub_layout, grad), _per_chain(sigma, sub_layout, grad)
     fused = False
+    pull = None
+    if localization:
+        assert state.center is not None
+        centers = state.center if sub_layout is layout else [state.center[i] for i in active]
+        pull = localization_pull(localization, params, centers, work.views, ok)
     if fuse and compiled is not None:
         keys = (state.keys, state.device_step) if inline else ()
         fused = compiled(  # type: ignore[operator]
@@ -480,7 +500,7 @@ def advance(
         if inline:  # not compiled after all: the same ξ, drawn eagerly
             xi = draw()
         args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
-        body(*args, adapt, due, work.views, telemetry)
+        body(*args, adapt, due, work.views, telemetry, pull)
     if sub_layout.shards is not None:
         sub_layout.shards.ahead.clear()
     if saved is not None and ok is not None:
@@ -491,6 +511,26 @@ def advance(
     state.device_step.add_(1)
     if stats is not state.stats:
         _merge(metric, state.stats, stats, layout, active)
+
+
+def localization_pull(
+    strength: float,
+    params: list[Tensor],
+    centers: list[Tensor],
+    views: Callable[[Tensor], list[Tensor]],
+    ok: Tensor | None,
+) -> Callable[[Tensor], None]:
+    """The localisation's gradient c·(θ − θ₀), added to the flat gradient between the metric's
+    update and G⁻¹: the drift is G⁻¹(ĝ + c(θ − θ₀)) while G is built from ĝ alone, the loss's
+    gradient (Hitchcock & Hoogland 2025, App. D.3). A chain the deferred check stopped (``ok``
+    false) stays exactly where it is. ``docs/llc.md`` maps c to devinterp's γ."""
+
+    def pull(grad: Tensor) -> None:
+        torch._foreach_add_(views(grad), torch._foreach_sub(params, centers), alpha=strength)
+        if ok is not None:
+            grad.masked_fill_(~ok, 0.0)
+
+    return pull
 
 
 def update_metric(

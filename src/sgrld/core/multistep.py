@@ -112,8 +112,11 @@ class BlockRunner:
         self.sampler, self.state, self.grad_fn = sampler, state, grad_fn
         self.grad_generator = grad_generator
         self.block, self.noise = block, noise
-        if isinstance(sampler.lr, torch.Tensor) or sampler.capturable:
-            raise ValueError("BlockRunner needs a sampler with a float lr and capturable=False")
+        if isinstance(sampler.lr, torch.Tensor) or sampler.capturable or sampler.localization:
+            raise ValueError(
+                "BlockRunner needs a sampler with a float lr, capturable=False and no "
+                "localization (a localised step runs eagerly: Sampler.run)"
+            )
         if adapt and sampler.adapt_until is not None:
             raise ValueError(
                 f"BlockRunner adapts the metric at every step or never, not for a warm-up of "

@@ -103,6 +103,7 @@ class Sampler:
     capturable: bool = False
     sync_checks: bool | None = None
     adapt_until: int | None = DEFAULT_WARMUP
+    localization: float = 0.0
     # the compiled step (compile=True), shared by the states this sampler steps; not state
     _compiled: list[CompiledMove] = field(
         default_factory=list, init=False, repr=False, compare=False
@@ -114,6 +115,7 @@ class Sampler:
         check_compile(self.compile, self.metric)
         check_flags(self.check_finite, self.capturable, self.sync_checks, self.noise)
         check_adapt_until(self.adapt_until)
+        check_range("localization", self.localization, lambda v: v >= 0.0, "localization >= 0")
 
     def init(
         self,
@@ -156,6 +158,8 @@ class Sampler:
         gen = generator if generator is not None else new_generator(first.device)
         stats = self.metric.init(layout, first)
         state = SamplerState(dict(params), stats, 0, gen, layout)
+        if self.localization:
+            state.center = [t.detach().clone() for t in tensors]
         if seeds is not None:
             if len(seeds) != max(1, math.prod(layout.batch_shape)):
                 raise ValueError(
@@ -209,6 +213,7 @@ class Sampler:
             refresh=not (self.capturable and in_graph()),
             telemetry=telemetry,
             closes_warmup=closes_warmup(self.metric, state.step + 1, self.adapt_until),
+            localization=self.localization,
         )
         return state
 
@@ -295,4 +300,5 @@ def clone_state(state: SamplerState) -> SamplerState:
         keys=state.keys.clone(),
         device_step=state.device_step.clone(),
         flags=state.flags.clone(),
+        center=None if state.center is None else [c.clone() for c in state.center],
     )

@@ -79,6 +79,8 @@ class SamplerState:
             compiled and captured steps read).
         flags: ``(*batch, 2)`` int64 deferred-check flags per chain: the first step whose
             gradient was non-finite (0: none) and the index of its first bad tensor.
+        center: the localisation's centre θ₀, one copy of each parameter taken at ``init``
+            (a sampler with ``localization > 0``; ``None`` otherwise).
     """
 
     params: dict[str, Tensor]
@@ -90,6 +92,7 @@ class SamplerState:
     device_step: Tensor = field(default=None)  # type: ignore[assignment]
     flags: Tensor = field(default=None)  # type: ignore[assignment]
     workspace: Workspace | None = field(default=None, repr=False, compare=False)
+    center: list[Tensor] | None = None
 
     def __post_init__(self) -> None:
         device = next(iter(self.params.values())).device
@@ -102,15 +105,18 @@ class SamplerState:
             self.flags = torch.zeros((*batch, 2), dtype=torch.int64, device=device)
 
     def state_dict(self) -> dict[str, Any]:
-        """Statistics, step, generator state, Philox keys and check flags (not the parameters,
-        which the caller saves)."""
-        return {
+        """Statistics, step, generator state, Philox keys, check flags and the localisation's
+        centre if any (not the parameters, which the caller saves)."""
+        sd = {
             "stats": {k: v.clone() for k, v in self.stats.items()},
             "step": self.step,
             "generator": self.generator.get_state(),
             "keys": self.keys.clone(),
             "flags": self.flags.clone(),
         }
+        if self.center is not None:
+            sd["center"] = [c.clone() for c in self.center]
+        return sd
 
     def validate_state_dict(self, sd: Any, label: str = "state dict") -> None:
         """Refuse ``sd`` unless it fits this state exactly; changes nothing.
@@ -144,6 +150,12 @@ class SamplerState:
                 v, mine = sd[name], getattr(self, name)
                 if not isinstance(v, Tensor) or v.shape != mine.shape or v.dtype != mine.dtype:
                     raise ValueError(f"{label}: {name} do not match this sampler's chains")
+        if (self.center is None) != ("center" not in sd) or (
+            self.center is not None
+            and [(c.shape, c.dtype) for c in sd["center"]]
+            != [(c.shape, c.dtype) for c in self.center]
+        ):
+            raise ValueError(f"{label}: the localisation's centre does not match this sampler")
         check_generator_state(self.generator, sd["generator"], label)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -163,6 +175,8 @@ class SamplerState:
             self.keys.copy_(sd["keys"])
         if "flags" in sd:
             self.flags.copy_(sd["flags"])
+        if self.center is not None:
+            torch._foreach_copy_(self.center, sd["center"])
 
 
 def check_generator_state(generator: torch.Generator, saved: Any, label: str) -> None:

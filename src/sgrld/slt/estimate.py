@@ -1,0 +1,284 @@
+"""The local learning coefficient (LLC) estimated with any sampler of the registry.
+
+    λ̂(w₀) = nβ · (E_w[L_n(w)] − L_n(w₀)),   p(w) ∝ exp(−nβ·L_n(w) − γ/2·‖w − w₀‖²)
+
+(Lau et al. 2023), E_w estimated by the mean minibatch loss along K chains started at w₀ and
+L_n(w₀) by the mean loss over several batches, as devinterp 2.x does. devinterp's step
+Δw = −(ε/2)(nβ∇L_B + γ(w − w₀)) + N(0, ε) is sgrld's SGRLD step with
+ℓ = ε·nβ/2, n = ``num_data``, τ = n/nβ and localisation c = γ/nβ
+(:func:`devinterp_options`); the metric's statistics see ∇L_B alone. ``docs/llc.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from sgrld import build
+from sgrld.chains import Chains
+from sgrld.core.sampler import Sampler
+from sgrld.slt.calibration import calibrate_lr
+
+LossFn = Callable[[nn.Module, Any], Tensor]
+#: the initial batches :func:`calibrate_lr` probes (its cost: 30 Hessian-vector products each)
+PROBE_BATCHES = 16
+
+
+@dataclass(frozen=True)
+class LLCEstimate:
+    """An LLC estimate and what it was computed from.
+
+    Attributes:
+        mean: λ̂, the mean of the per-chain estimates.
+        std_error: their standard error, std/√K (NaN for one chain).
+        std: their standard deviation over the chains (devinterp's ``llc_std``).
+        per_chain: ``(K,)`` nβ·(mean of chain k's trace − init_loss).
+        trace: ``(K, num_steps)`` the batch loss of every chain at every step, at the
+            parameters the step started from (devinterp's ``loss_trace``).
+        init_loss: L_n(w₀), the mean loss over the initial batches.
+        lr: devinterp's ε used (given, or from :func:`~sgrld.slt.calibrate_lr`).
+        calibrated: whether ``lr`` was calibrated.
+        nbeta: nβ.
+        localization: γ.
+    """
+
+    mean: float
+    std_error: float
+    std: float
+    per_chain: np.ndarray
+    trace: np.ndarray
+    init_loss: float
+    lr: float
+    calibrated: bool
+    nbeta: float
+    localization: float
+
+
+def devinterp_options(
+    lr: float, *, nbeta: float, localization: float, num_data: float
+) -> dict[str, float]:
+    """sgrld's ``build`` options for devinterp's step ε, inverse temperature nβ and γ.
+
+    devinterp: Δw = −(ε/2)(nβ∇L_B + γ(w − w₀)) + √ε·G^{-1/2}ξ (G⁻¹ on the drift as well).
+    sgrld: Δθ = −ℓG⁻¹(ĝ + c(θ − θ₀)) + √(2ℓτ/n)·G^{-1/2}ξ with ĝ = ∇L_B. Equal drifts and
+    noises: ℓ = ε·nβ/2, 2ℓτ/n = ε ⇒ τ = n/nβ, ℓc = εγ/2 ⇒ c = γ/nβ.
+    """
+    return {
+        "lr": lr * nbeta / 2.0,
+        "num_data": num_data,
+        "temperature": num_data / nbeta,
+        "localization": localization / nbeta,
+    }
+
+
+def llc(
+    model: nn.Module,
+    loss: LossFn,
+    loader: Iterable[Any],
+    *,
+    num_data: int,
+    sampler: str = "identity",
+    nbeta: float | None = None,
+    localization: float = 100.0,
+    num_chains: int = 4,
+    num_steps: int = 1000,
+    seed: int = 0,
+    lr: float | None = None,
+    burnin: int = 0,
+    init_batches: int | None = None,
+    adapt_until: int | None = 1000,
+    vectorize: bool = True,
+    **metric_options: Any,
+) -> LLCEstimate:
+    """Estimate the LLC of ``model`` at its current parameters w₀ with a sampler of the registry.
+
+    Args:
+        model: the model at w₀; its parameters are as they were when this returns.
+        loss: ``loss(model, batch)``: the batch-mean negative log-likelihood per datum (e.g.
+            the mean cross-entropy; for token batches the per-token mean over the positions
+            not ignored).
+        loader: an iterable of batches (a tensor, or a tuple, list or dict of tensors), iterated
+            again whenever it runs out. Every chain sees the same batches (as devinterp).
+        num_data: n, the number of training data.
+        sampler: a metric name of the registry (``identity`` is devinterp's SGLD, ``rmsprop``
+            its RMSprop-SGLD with ``decay=alpha, eps=eps``).
+        nbeta: the inverse temperature nβ (default n/log n).
+        localization: γ, the pull towards w₀.
+        num_chains: K.
+        num_steps: steps per chain, each one gradient evaluation.
+        seed: chain k's noise is keyed by ``seed + k`` (``noise="philox"``).
+        lr: devinterp's ε (so that devinterp settings carry over); ``None`` calibrates it
+            (:func:`~sgrld.slt.calibrate_lr`).
+        burnin: leading steps of every trace left out of the mean (devinterp: 0).
+        init_batches: batches whose mean loss is L_n(w₀); default: one pass over ``loader``
+            where it has a length (L_n(w₀) itself for equal batches), else 32 (devinterp's
+            number). A count that is not whole passes biases λ̂ by nβ times the error of the
+            mean: ``docs/llc.md`` measures +51 % for 32 batches of a 20-batch epoch.
+        adapt_until: steps during which the metric adapts (``sgrld.build``; ``None``: always,
+            as devinterp's RMSprop-SGLD).
+        vectorize: ``True``: the K chains in one vectorised process (:class:`sgrld.Chains`,
+            K copies of the parameters); ``False``: one after the other on the model's own
+            parameters (one copy of w₀ besides them), for models ``torch.vmap`` cannot run or
+            memory cannot hold K times.
+        metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
+
+    Returns:
+        The :class:`LLCEstimate`.
+
+    References:
+        Lau, Furman, Wang, Murfet, Wei: "The local learning coefficient: a singularity-aware
+        complexity measure", 2023. ``docs/llc.md``.
+    """
+    if num_chains < 1 or num_steps < 1 or not 0 <= burnin < num_steps:
+        raise ValueError(
+            f"need num_chains >= 1, num_steps >= 1 and 0 <= burnin < num_steps, got "
+            f"{num_chains}, {num_steps}, {burnin}"
+        )
+    if init_batches is None:
+        init_batches = len(loader) if isinstance(loader, Sized) else 32
+    if init_batches < 1:
+        raise ValueError(f"init_batches: {init_batches} (expected >= 1)")
+    nbeta = num_data / math.log(num_data) if nbeta is None else float(nbeta)
+    if not nbeta > 0.0 or localization < 0.0:
+        raise ValueError(f"need nbeta > 0 and localization >= 0, got {nbeta}, {localization}")
+    first = _take(loader, init_batches)
+    with torch.no_grad():
+        init_loss = float(np.mean([float(loss(model, b)) for b in first]))
+    calibrated = lr is None
+    if lr is None:
+        probe = _sampler(sampler, 1.0, nbeta, localization, num_data, adapt_until, metric_options)
+        lr = calibrate_lr(
+            model,
+            loss,
+            first[:PROBE_BATCHES],
+            probe,
+            nbeta=nbeta,
+            localization=localization,
+            num_steps=num_steps - burnin,
+            seed=seed,
+        )
+    built = _sampler(sampler, lr, nbeta, localization, num_data, adapt_until, metric_options)
+    seeds = [seed + k for k in range(num_chains)]
+    run = _vectorized if vectorize else _sequential
+    trace = run(model, loss, loader, built, seeds, num_steps)
+    per_chain = nbeta * (trace[:, burnin:].mean(axis=1) - init_loss)
+    std = float(per_chain.std(ddof=1)) if num_chains > 1 else math.nan
+    return LLCEstimate(
+        mean=float(per_chain.mean()),
+        std_error=std / math.sqrt(num_chains),
+        std=std,
+        per_chain=per_chain,
+        trace=trace,
+        init_loss=init_loss,
+        lr=float(lr),
+        calibrated=calibrated,
+        nbeta=nbeta,
+        localization=float(localization),
+    )
+
+
+def _sampler(
+    name: str,
+    lr: float,
+    nbeta: float,
+    localization: float,
+    num_data: float,
+    adapt_until: int | None,
+    options: Mapping[str, Any],
+) -> Sampler:
+    m = devinterp_options(lr, nbeta=nbeta, localization=localization, num_data=num_data)
+    return build(name, lr=m["lr"], num_data=m["num_data"], temperature=m["temperature"],
+                 localization=m["localization"], noise="philox", adapt_until=adapt_until,
+                 **options)  # fmt: skip
+
+
+def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yields no batch")
+
+
+def _take(loader: Iterable[Any], count: int) -> list[Any]:
+    batches = _cycle(loader)
+    return [next(batches) for _ in range(count)]
+
+
+def _leaves(batch: Any) -> tuple[tuple[Tensor, ...], Callable[[tuple[Tensor, ...]], Any]]:
+    """A batch's tensors and the function that rebuilds the batch from them."""
+    if isinstance(batch, Tensor):
+        return (batch,), lambda ts: ts[0]
+    if isinstance(batch, (tuple, list)):
+        kind = type(batch)
+        return tuple(batch), lambda ts: kind(ts)
+    if isinstance(batch, Mapping):
+        keys = list(batch)
+        return tuple(batch[k] for k in keys), lambda ts: dict(zip(keys, ts, strict=True))
+    raise TypeError(f"a batch must be a tensor or a tuple, list or dict of them: {type(batch)}")
+
+
+def _vectorized(
+    model: nn.Module,
+    loss: LossFn,
+    loader: Iterable[Any],
+    sampler: Sampler,
+    seeds: list[int],
+    num_steps: int,
+) -> np.ndarray:
+    """K chains in one process (:class:`sgrld.Chains` on copies of ``model``)."""
+    chains = Chains(model, sampler, seeds)
+    k = len(seeds)
+    trace = torch.empty(k, num_steps, dtype=torch.float64)
+    batches = _cycle(loader)
+    for t in range(num_steps):
+        tensors, rebuild = _leaves(next(batches))
+
+        def fn(m: nn.Module, *ts: Tensor, rebuild: Any = rebuild) -> Tensor:
+            return loss(m, rebuild(ts))
+
+        # every chain the same batch: a stride-0 chain dim, no copy
+        trace[:, t] = chains.step(fn, *(x.expand(k, *x.shape) for x in tensors)).double()
+    chains.check()
+    return trace.numpy()
+
+
+def _sequential(
+    model: nn.Module,
+    loss: LossFn,
+    loader: Iterable[Any],
+    sampler: Sampler,
+    seeds: list[int],
+    num_steps: int,
+) -> np.ndarray:
+    """The chains one after the other on the model's own parameters, restored afterwards (its
+    buffers too: a BatchNorm's running statistics move in train mode)."""
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    params: list[Tensor] = list(named.values())
+    kept = params + list(model.buffers())
+    saved = [t.detach().clone() for t in kept]
+    trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
+    try:
+        for k, s in enumerate(seeds):
+            state = sampler.init({n: p.detach() for n, p in named.items()}, seeds=[s])
+            batches = _cycle(loader)
+            for t in range(num_steps):
+                value = loss(model, next(batches))
+                grads = torch.autograd.grad(value, params)
+                trace[k, t] = float(value.detach())
+                sampler.step(state, dict(zip(named, grads, strict=True)))
+            sampler.check(state)
+            with torch.no_grad():
+                torch._foreach_copy_(kept, saved)
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(kept, saved)
+    return trace.numpy()

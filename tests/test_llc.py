@@ -1,0 +1,317 @@
+"""The local learning coefficient: localisation on every metric, devinterp's step mapped exactly,
+``sgrld.llc`` against closed forms (fast cases here, long runs in ``test_llc_slow.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import sgrld
+from metric_cases import CASES
+from sgrld.core.multistep import BlockRunner
+from sgrld.metrics import metric_names
+from sgrld.slt import calibrate_lr, devinterp_options
+from sgrld.slt.language import IGNORE_INDEX, CausalLM, next_token_loss, synthetic_language
+from sgrld.slt.theory import localized_quadratic_llc, reduced_rank_regression_llc
+
+torch.set_num_threads(1)
+
+
+def logistic_data(n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w = torch.randn(d, generator=g, dtype=torch.float64)
+    y = torch.bernoulli(torch.sigmoid(x @ w), generator=g)
+    return x, y
+
+
+def bce(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(-1), y)
+
+
+def batches(x: torch.Tensor, y: torch.Tensor, size: int) -> list[tuple[torch.Tensor, ...]]:
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
+
+
+# ------------------------------------------------------------------ localisation on every metric
+
+
+@pytest.mark.parametrize("name", metric_names())
+def test_statistics_see_the_loss_gradient_only(name: str) -> None:
+    """Two chains fed the same loss gradients, one localised: equal statistics, different moves
+    (the localisation's c(θ − θ₀) enters the drift, never G)."""
+    options = CASES[name].options
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(12)]
+    states = []
+    for c in (0.0, 3.0):
+        sampler = sgrld.build(name, lr=1e-2, num_data=10, localization=c, **options)
+        theta = torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        state = sampler.init({"w": theta}, generator=torch.Generator().manual_seed(2))
+        for grad in grads:
+            sampler.step(state, {"w": grad})
+        sampler.refresh(state)
+        states.append(state)
+    plain, localised = states
+    assert plain.stats.keys() == localised.stats.keys()
+    for key in plain.stats:
+        torch.testing.assert_close(localised.stats[key], plain.stats[key], rtol=0, atol=0)
+    assert not torch.equal(plain.params["w"], localised.params["w"])
+
+
+@pytest.mark.parametrize("name", metric_names())
+def test_localised_drift_is_g_inverse_of_the_sum(name: str) -> None:
+    """At τ = 0 a step moves by −ℓ·G⁻¹(ĝ + c(θ − θ₀)), G from ĝ alone: the same move as an
+    unlocalised sampler whose metric is frozen on those statistics, given ĝ + c(θ − θ₀)."""
+    options = CASES[name].options
+    c, lr = 2.5, 1e-2
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(5)]
+    loc = sgrld.build(name, lr=lr, num_data=1, temperature=0.0, localization=c, **options)
+    ref = sgrld.build(name, lr=lr, num_data=1, temperature=0.0, **options)
+    theta0 = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    a = loc.init({"w": theta0.clone()})
+    b = ref.init({"w": theta0.clone()})
+    for grad in grads:
+        before = b.params["w"].clone()
+        ref.step(b, {"w": grad}, adapt=True)  # G folds ĝ ...
+        b.params["w"].copy_(before)  # ... and the move is redone with the localised gradient
+        ref.step(b, {"w": grad + c * (before - theta0)}, adapt=False)
+        b.step -= 1
+        b.device_step.sub_(1)
+        loc.step(a, {"w": grad})
+        torch.testing.assert_close(a.params["w"], b.params["w"], rtol=1e-12, atol=1e-14)
+
+
+def test_localization_is_refused_where_it_cannot_act() -> None:
+    with pytest.raises(ValueError, match="localization"):
+        sgrld.build("identity", lr=1e-2, num_data=10, localization=-1.0)
+    sampler = sgrld.build("identity", lr=1e-2, num_data=10, localization=1.0, adapt_until=None)
+    state = sampler.init({"w": torch.zeros(3)})
+    with pytest.raises(ValueError, match="localization"):  # its compiled blocks have no pull
+        BlockRunner(sampler, state, lambda theta, gen: theta, grad_generator=torch.Generator())
+
+
+def test_localised_state_dict_round_trips_the_centre() -> None:
+    sampler = sgrld.build("rmsprop", lr=1e-2, num_data=10, localization=1.0)
+    state = sampler.init({"w": torch.zeros(3)}, generator=torch.Generator().manual_seed(0))
+    sampler.step(state, {"w": torch.ones(3)})
+    sd = state.state_dict()
+    other = sampler.init({"w": torch.full((3,), 5.0)})
+    other.load_state_dict(sd)
+    assert other.center is not None and torch.equal(other.center[0], torch.zeros(3))
+    plain = sgrld.build("rmsprop", lr=1e-2, num_data=10).init({"w": torch.zeros(3)})
+    with pytest.raises(ValueError, match="centre"):
+        plain.load_state_dict(sd)
+
+
+# ------------------------------------------------------------------ devinterp, step for step
+
+
+@pytest.mark.parametrize("method", ["sgld", "rmsprop_sgld"])
+def test_devinterp_step_for_step(method: str) -> None:
+    """devinterp 2.x's SGMCMC step and sgrld's with :func:`devinterp_options` are the same chain:
+    same data, ε, nβ, γ and noise (one parameter tensor: both draw ξ in one ``normal`` call
+    from a generator of the same seed)."""
+    optim = pytest.importorskip("devinterp.optim")
+    n, eps, gamma = 2_000, 3e-4, 100.0
+    nbeta = n / math.log(n)
+    x, y = logistic_data(n, 7, seed=0)
+    data = batches(x, y, 200)
+    model = torch.nn.Linear(7, 1, bias=False, dtype=torch.float64)
+    theirs = torch.nn.Linear(7, 1, bias=False, dtype=torch.float64)
+    theirs.load_state_dict(model.state_dict())
+    start = model.weight.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        factory = getattr(optim.SGMCMC, method)
+        extra = {"alpha": 0.9, "eps": 0.1} if method == "rmsprop_sgld" else {}
+        opt = factory(theirs.parameters(), lr=eps, nbeta=nbeta, localization=gamma, **extra)
+    name, options = ("rmsprop", {"decay": 0.9, "eps": 0.1}) if extra else ("identity", {})
+    mapped = devinterp_options(eps, nbeta=nbeta, localization=gamma, num_data=n)
+    sampler = sgrld.build(name, adapt_until=None, **mapped, **options)
+    w = model.weight
+    state = sampler.init({"w": w.detach()}, generator=torch.Generator().manual_seed(7))
+    noise = torch.Generator().manual_seed(7)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # devinterp draws ξ in the default dtype
+    try:
+        for t in range(40):
+            batch = data[t % len(data)]
+            opt.zero_grad()
+            bce(theirs, batch).backward()
+            opt.step(noise_generator=noise)
+            sampler.step(state, {"w": torch.autograd.grad(bce(model, batch), w)[0]})
+            torch.testing.assert_close(w, theirs.weight, rtol=1e-12, atol=1e-14)
+    finally:
+        torch.set_default_dtype(default)
+    assert (w - start).abs().max() > 0.01  # it moved: the comparison is not vacuous
+
+
+def test_devinterp_mapping() -> None:
+    """ℓ = ε·nβ/2, τ = n/nβ, c = γ/nβ: the drift −ℓ(ĝ + c·d) = −(ε/2)(nβĝ + γd) and the noise
+    variance 2ℓτ/n = ε."""
+    got = devinterp_options(1e-4, nbeta=500.0, localization=100.0, num_data=10_000)
+    assert got == pytest.approx(
+        {"lr": 0.025, "num_data": 10_000, "temperature": 20.0, "localization": 0.2}
+    )
+    assert 2 * got["lr"] * got["temperature"] / got["num_data"] == pytest.approx(1e-4)
+
+
+# ------------------------------------------------------------------ sgrld.llc
+
+
+@pytest.mark.slow
+def test_llc_call_as_written() -> None:
+    """The issue's call, verbatim (on a small regular model so that it is cheap), and what it
+    returns: a logistic regression at its MLE, whose localised LLC is known exactly."""
+    n = 2_000
+    x, y = logistic_data(n, 4, seed=1)
+    model = fit_logistic(x, y)
+    loader = batches(x, y, 250)
+    loss = bce
+    est = sgrld.llc(model, loss, loader, num_data=n, sampler="monge", nbeta=n / math.log(n),
+                    localization=100.0, num_chains=4, num_steps=3_000, seed=0, lr=1e-4)  # fmt: skip
+    assert est.trace.shape == (4, 3_000)
+    assert est.per_chain.shape == (4,)
+    assert est.mean == pytest.approx(est.per_chain.mean())
+    assert est.std_error == pytest.approx(est.per_chain.std(ddof=1) / 2)
+    assert est.lr == 1e-4 and not est.calibrated
+    exact = localized_quadratic_llc(hessian_eigenvalues(model, x, y), n / math.log(n), 100.0)
+    assert abs(est.mean - exact) < 4 * est.std_error + 0.05 * exact
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor) -> torch.nn.Linear:
+    """The MLE by Newton's method (float64, to machine precision)."""
+    d = x.shape[1]
+    model = torch.nn.Linear(d, 1, dtype=torch.float64)
+    xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+    w = torch.zeros(d + 1, dtype=x.dtype)
+    for _ in range(30):
+        p = torch.sigmoid(xb @ w)
+        grad = xb.T @ (p - y)
+        hess = (xb * (p * (1 - p))[:, None]).T @ xb
+        w = w - torch.linalg.solve(hess, grad)
+    with torch.no_grad():
+        model.weight.copy_(w[:d])
+        model.bias.copy_(w[d:])
+    return model
+
+
+def hessian_eigenvalues(model: torch.nn.Linear, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+    p = torch.sigmoid(model(x).squeeze(-1)).detach()
+    hess = (xb * (p * (1 - p))[:, None]).T @ xb / len(x)
+    return torch.linalg.eigvalsh(hess).tolist()
+
+
+def test_sequential_chains_are_the_vectorised_ones() -> None:
+    """``vectorize=False`` (the model's own parameters, one chain after the other) gives chain k
+    of the vectorised run, and leaves the model's parameters exactly as they were."""
+    n = 1_000
+    x, y = logistic_data(n, 3, seed=2)
+    model = fit_logistic(x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    loader = batches(x, y, 100)
+    kw = dict(num_data=n, sampler="rmsprop", num_chains=3, num_steps=50, lr=1e-4, init_batches=10)
+    a = sgrld.llc(model, bce, loader, **kw)
+    b = sgrld.llc(model, bce, loader, vectorize=False, **kw)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    torch.testing.assert_close(a.trace, b.trace, rtol=1e-10, atol=0)
+    assert a.init_loss == b.init_loss
+
+
+def test_llc_calibrates_lr_without_one() -> None:
+    """Without ``lr`` the step is :func:`sgrld.slt.calibrate_lr`'s. Here (one full batch: no
+    minibatch noise, H the exact Hessian) A = nβH + γI is known in closed form: a long trace
+    gets ε = 4·1 %/λ_max(A) (accuracy binds), a short one 4·50 %/λ_max(A) (mixing would want
+    more than the cap)."""
+    n = 2_000
+    x, y = logistic_data(n, 3, seed=3)
+    model = fit_logistic(x, y)
+    nbeta, gamma = n / math.log(n), 10.0
+    loader = batches(x, y, n)
+    eig = hessian_eigenvalues(model, x, y)
+    top, bottom = nbeta * max(eig) + gamma, nbeta * min(eig) + gamma
+    sampler = sgrld.build("identity", lr=1.0, num_data=n)
+    kw = dict(nbeta=nbeta, localization=gamma, iterations=200)
+    long = calibrate_lr(model, bce, loader, sampler, num_steps=10**9, **kw)
+    assert long == pytest.approx(0.04 / top, rel=1e-6)
+    middle = 2 * 20 * top / (0.1 * bottom)  # T with ε_mix = 2·20/(a₋T) = 0.1/top
+    mixed = calibrate_lr(model, bce, loader, sampler, num_steps=round(middle), **kw)
+    assert mixed == pytest.approx(0.1 / top, rel=1e-3)
+    est = sgrld.llc(model, bce, loader, num_data=n, nbeta=nbeta, localization=gamma,
+                    num_chains=2, num_steps=10)  # fmt: skip
+    assert est.calibrated
+    assert est.lr == pytest.approx(2.0 / top, rel=1e-2)  # 20 power iterations, not 200
+
+
+def test_reduced_rank_regression_formula() -> None:
+    """Aoyagi & Watanabe's λ against the cases it must reduce to: a rank-H truth is regular
+    modulo GL(H), λ = H(M + N − H)/2 (the dimension of the rank-H matrices over 2), and with
+    H ≥ M + N the product covers every matrix, λ = MN/2; and the issue's two devinterp figures."""
+    for m, n, h in [(5, 3, 2), (3, 5, 2), (4, 4, 3), (6, 6, 1)]:
+        assert reduced_rank_regression_llc(m, n, h, h) == h * (m + n - h) / 2
+    for m, n in [(2, 3), (4, 4)]:
+        for h in (m + n, m + n + 1, m + n + 3):
+            assert reduced_rank_regression_llc(m, n, h, 0) == m * n / 2
+    assert reduced_rank_regression_llc(4, 4, 3, 1) == 6.0
+    assert reduced_rank_regression_llc(5, 3, 4, 1) == 6.5  # (80 − 4 − 25 + 1)/8, odd sum
+
+
+# ------------------------------------------------------------------ the language-model path
+
+
+def test_next_token_loss_ignores_padding() -> None:
+    """The per-token mean over the targets that are not IGNORE_INDEX, as written out."""
+    ids = synthetic_language(6, 8, vocab=5, padded=0.5, seed=1)
+    assert (ids == IGNORE_INDEX).any()
+    model = CausalLM(vocab=5, width=8, heads=2, layers=1, context=8)
+    logits = model(ids[:, :-1].clamp_min(0))
+    terms = [
+        -torch.log_softmax(logits[b, t], -1)[ids[b, t + 1]]
+        for b in range(6)
+        for t in range(8)
+        if ids[b, t + 1] != IGNORE_INDEX
+    ]
+    torch.testing.assert_close(next_token_loss(model, ids), torch.stack(terms).mean())
+
+
+def test_transformer_chains_vectorised_and_sequential_agree() -> None:
+    """The written-out attention runs under vmap: K chains in one call are the chains run one
+    after the other on the model itself (float32 rounding apart)."""
+    ids = synthetic_language(64, 8, vocab=6, seed=2)
+    loader = [ids[i : i + 16] for i in range(0, 64, 16)]
+    model = CausalLM(vocab=6, width=8, heads=2, layers=1, context=8)
+    kw = dict(num_data=400, sampler="monge", num_chains=2, num_steps=8, lr=1e-3, seed=3)
+    a = sgrld.llc(model, next_token_loss, loader, **kw)
+    b = sgrld.llc(model, next_token_loss, loader, vectorize=False, **kw)
+    torch.testing.assert_close(a.trace, b.trace, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_writes_estimates_and_figure(tmp_path: Path) -> None:
+    from sgrld.cli import main
+
+    out = tmp_path / "llc"
+    argv = ["llc", "rrr", "--rrr", "2,2,1,1", "--steps", "40", "--chains", "2", "--lr", "1e-4"]
+    argv += ["--samplers", "identity,shampoo", "--option", "precondition_vectors=true"]
+    assert main([*argv, "--out", str(out)]) == 0
+    rows = json.loads((out / "llc.json").read_text())
+    assert [r["sampler"] for r in rows] == ["identity", "shampoo"]
+    assert rows[0]["theory"] == reduced_rank_regression_llc(2, 2, 1, 1)
+    assert all(len(r["per_chain"]) == 2 and r["lr"] == 1e-4 for r in rows)
+    assert (out / "llc.png").stat().st_size > 10_000
+
+
+def test_cli_refuses_bad_input_with_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from sgrld.cli import main
+
+    assert main(["llc", "rrr", "--samplers", "mongee"]) == 2
+    assert "did you mean 'monge'" in capsys.readouterr().err
+    assert main(["llc", "rrr", "--rrr", "4,4,3"]) == 2
