@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sgrld.experiments.commands import sample, sweep
-from sgrld.experiments.run.build import OWN_FIELDS, make_sampler, option_names
-from sgrld.experiments.run.config import RunConfig
+from sgrld.experiments.run.build import make_sampler, option_names
+from sgrld.experiments.run.config import METRIC_FIELDS, RunConfig
 from sgrld.experiments.run.naming import default_out_dir
 from sgrld.metrics import get_metric, metric_names
 
@@ -34,7 +34,7 @@ CASES = [
     (name, option)
     for name in metric_names()
     for option in option_names(name)
-    if option not in OWN_FIELDS
+    if option not in METRIC_FIELDS
 ]
 
 

@@ -45,6 +45,7 @@ from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_
 from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     GRAD_MAX,
+    TUNED_FIELDS,
     RunConfig,
     config_differences,
     is_sample_step,
@@ -65,7 +66,7 @@ __all__ = [
 
 CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
 #: The fields in which the chains of one process may differ.
-PER_CHAIN_FIELDS = ("seed", "lr", "alpha2")
+PER_CHAIN_FIELDS = ("seed", "lr", *TUNED_FIELDS)
 
 
 def check_chain_configs(configs: Sequence[RunConfig]) -> None:
@@ -86,7 +87,8 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
         )
         if differences:
             raise ValueError(
-                "the chains of one process may differ only in seed, lr and alpha2; "
+                f"the chains of one process may differ only in {', '.join(PER_CHAIN_FIELDS[:-1])} "
+                f"and {PER_CHAIN_FIELDS[-1]}; "
                 f"{c.label()} differs from {base.label()} in {', '.join(differences)}"
             )
     labels = [chain_label(c) for c in configs]
@@ -222,7 +224,7 @@ class ChainsRun:
             for r in self.records
         ]
         sampler = sgrld.build(
-            build_metric(base.sampler, base.sampler_options, base.alpha2, base.alpha2_rule),
+            build_metric(base.sampler, base.metric_options),
             lr=base.lr,
             num_data=self.num_data,
             temperature=base.temperature,
@@ -243,12 +245,15 @@ class ChainsRun:
             free, _ = torch.cuda.mem_get_info(self.device)
             chain_batch = plan_chain_batch(k, free, state_bytes, step_bytes)
         self.chain_batch = chain_batch
+        tuned: dict[str, Any] = {
+            n: [getattr(c, n) for c in self.configs] for n in sampler.metric.tuned
+        }
         self.chains = Chains(
             model,
             sampler,
             seeds=[r.seeds["init"] for r in self.records],
             lr=[c.lr for c in self.configs],
-            alpha2=[c.alpha2 for c in self.configs] if base.sampler == "monge" else None,  # type: ignore[misc]
+            **tuned,
             noise_seeds=noise_seeds,
             chain_batch=chain_batch,
             device=self.device,
