@@ -35,7 +35,7 @@ from sgrld.experiments.run import launch
 from sgrld.experiments.run.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.run.choices import MODELS as MODEL_CHOICES
 from sgrld.experiments.run.choices import NOISE as NOISE_CHOICES
-from sgrld.experiments.run.choices import PRIORS, SAMPLERS, sampler_name
+from sgrld.experiments.run.choices import PRIORS, SAMPLERS
 from sgrld.experiments.run.naming import (
     cli_names,
     default_chains_out_dir,
@@ -43,6 +43,7 @@ from sgrld.experiments.run.naming import (
     dest_of,
     option_text,
 )
+from sgrld.metrics import resolve_metric_name
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
@@ -255,6 +256,17 @@ class OptionAction(argparse.Action):
         setattr(namespace, self.dest, options)
 
 
+def sampler_name(text: str) -> str:
+    """An argparse ``type``: a sampler's registry name from itself or an alias (``sgld``)."""
+    try:
+        return resolve_metric_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+sampler_name.__name__ = "sampler"  # argparse's "invalid sampler value" before the message
+
+
 def float_list(text: str) -> list[float]:
     """An argparse ``type``: ``0.1,0.25`` → ``[0.1, 0.25]`` (one value or more)."""
     values = []
@@ -432,9 +444,7 @@ def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
         else:
             same = mine == value
         if not same:
-            field = {"subset": "max_train", "eval_subset": "max_eval", "burn_in": "burnin"}.get(
-                dest, dest
-            )
+            field = {dest_of(f.name): f.name for f in dataclasses.fields(first)}.get(dest, dest)
             flag = "--chains" if dest == "chains" else None
             theirs = f"--chains {value}" if flag else option_text(field, value)
             yours = f"--chains {mine}" if flag else option_text(field, mine)
