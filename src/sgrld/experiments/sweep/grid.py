@@ -161,9 +161,8 @@ def expand(
         samplers = axes.get("sampler", [])
         for name in own:
             if samplers and not set(samplers) & set(tuned[name]):
-                owner = " or ".join(tuned[name])
                 raise GridError(
-                    f"{name} is a {owner.title()} option, and this block has no {owner} run"
+                    f"{name} is an option of {', '.join(tuned[name])} only: no such run"
                 )
         names = list(axes)
         for values in itertools.product(*(axes[n] for n in names)):
