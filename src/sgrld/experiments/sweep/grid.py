@@ -161,8 +161,9 @@ def expand(
         samplers = axes.get("sampler", [])
         for name in own:
             if samplers and not set(samplers) & set(tuned[name]):
+                owner = " or ".join(tuned[name])
                 raise GridError(
-                    f"{name} is an option of {', '.join(tuned[name])} only: no such run"
+                    f"{name} is a {owner.title()} option; this block has no {owner} run"
                 )
         names = list(axes)
         for values in itertools.product(*(axes[n] for n in names)):
