@@ -43,13 +43,6 @@ from sgrld.metrics import get_metric, metric_names
 #: The sampler whose metric is G = I: the baseline of the paper's selection rule.
 IDENTITY = next(n for n in metric_names() if not get_metric(n).preconditions)
 SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
-SAMPLER_TITLES = {
-    "identity": "Identity",
-    "wenzel": "Wenzel",
-    "rmsprop": "RMSprop",
-    "monge": "Monge",
-    "shampoo": "Shampoo",
-}
 
 
 def identity_at(sampler: str) -> str:
@@ -63,8 +56,11 @@ def identity_at(sampler: str) -> str:
 
 
 def sampler_title(name: str) -> str:
-    """The paper's name of a sampler; a metric it does not know by its capitalised name."""
-    return SAMPLER_TITLES.get(name, name.capitalize())
+    """The paper's name of a sampler, its metric's class name (``RMSpropMetric``: RMSprop);
+    a name not registered, capitalised."""
+    if name not in metric_names():
+        return name.capitalize()
+    return get_metric(name).__name__.removesuffix("Metric")
 
 
 PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
