@@ -96,8 +96,8 @@ class AdamOracle(SecondMomentOracle):
 
 
 class WenzelOracle(DenseOracle):
-    """G⁻¹ = M_p I per tensor, M_p = (s_p/min s)^{-1/2}, s_p = mean of v over tensor p + ε,
-    v ← λv + (1−λ)g² from ones; M = 1 until the first refresh."""
+    """G⁻¹ = M_p I per tensor, M_p = max((s_p/min s)^{-1/2}, min_scale), s_p = mean of v over
+    tensor p + ε, v ← λv + (1−λ)g² from ones; M = 1 until the first refresh."""
 
     def __init__(self, shapes: list[tuple[int, ...]], **options: Any) -> None:
         super().__init__(shapes, **options)
@@ -110,7 +110,7 @@ class WenzelOracle(DenseOracle):
 
     def refresh(self) -> None:
         s = torch.stack([seg.mean() for seg in self.v.split(self.sizes)]) + self.opt["eps"]
-        self.scale = torch.sqrt(s.min() / s)
+        self.scale = torch.sqrt(s.min() / s).clamp(min=self.opt.get("min_scale", 0.0))
 
     def g_inv(self) -> Tensor:
         return torch.diag(torch.repeat_interleave(self.scale, torch.tensor(self.sizes)))
@@ -265,7 +265,7 @@ CASES: dict[str, MetricCase] = {
     ),
     "wenzel": MetricCase(
         oracle=WenzelOracle,
-        oracle_options=({"decay": 0.9, "eps": 1e-8},),
+        oracle_options=({"decay": 0.9, "eps": 1e-8}, {"decay": 0.9, "eps": 0.0, "min_scale": 0.9}),
         options={"decay": 0.9},
         stationary={"decay": 0.9},
         warmup={"wenzel": {"decay": 0.9}},

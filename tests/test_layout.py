@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
+import sgrld
 import sgrld.experiments.commands as commands
 from sgrld.cli import HELP
 
@@ -40,3 +42,22 @@ def test_the_experiment_rooms_import_no_command() -> None:
     for path in rooms.rglob("*.py"):
         if path.parent.name != "commands":
             assert "experiments.commands" not in path.read_text(), path
+
+
+def test_no_sampler_name_is_compared_outside_the_metrics() -> None:
+    """What a run, a sweep or a report needs of a metric it reads from the metric's declaration
+    (its fields, ``Metric.tuned``, ``Metric.identity_at``): only metrics/ compares its names."""
+    names = set(sgrld.metric_names())
+    package = ROOT / "src" / "sgrld"
+    found = []
+    for path in package.rglob("*.py"):
+        if path.relative_to(package).parts[0] == "metrics":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            values = [e for s in sides for e in getattr(s, "elts", [s])]
+            if any(isinstance(v, ast.Constant) and v.value in names for v in values):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found

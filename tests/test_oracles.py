@@ -192,3 +192,17 @@ def test_trajectory_matches_dense_oracle(
             oracle.refresh()
     flat = torch.cat([v.reshape(-1) for v in state.params.values()])
     torch.testing.assert_close(flat, theta, rtol=1e-9, atol=1e-11)
+
+
+def test_wenzel_min_scale_floors_the_scales_a_refresh_sets() -> None:
+    layout = FlatLayout(tuple(SHAPES), tuple(SHAPES.values()))
+    g = torch.cat([torch.full((12,), 0.1), torch.full((3,), 1.0), torch.full((1,), 10.0)])
+    scales = []
+    for min_scale in (0.0, 0.05):
+        metric = sgrld.WenzelMetric(decay=0.0, eps=0.0, min_scale=min_scale)
+        stats = metric.init(layout, torch.zeros(1, dtype=torch.float64))
+        metric.update(stats, layout, g.double(), 1)
+        metric.refresh(stats, layout)
+        scales.append(stats["scale"])
+    torch.testing.assert_close(scales[0], torch.tensor([1.0, 0.1, 0.01], dtype=torch.float64))
+    torch.testing.assert_close(scales[1], torch.tensor([1.0, 0.1, 0.05], dtype=torch.float64))

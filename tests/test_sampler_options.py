@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sgrld.experiments.commands import sample, sweep
-from sgrld.experiments.run.build import OWN_FIELDS, make_sampler, option_names
-from sgrld.experiments.run.config import RunConfig
+from sgrld.experiments.run.build import make_sampler, option_names
+from sgrld.experiments.run.config import METRIC_FIELDS, RunConfig
 from sgrld.experiments.run.naming import default_out_dir
 from sgrld.metrics import get_metric, metric_names
 
@@ -34,7 +34,7 @@ CASES = [
     (name, option)
     for name in metric_names()
     for option in option_names(name)
-    if option not in OWN_FIELDS
+    if option not in METRIC_FIELDS
 ]
 
 
@@ -72,6 +72,7 @@ def test_no_options_read_as_before_they_existed() -> None:
         ("rmsprop", {"block_size": 4}, "rmsprop has no option 'block_size'; its options: decay"),
         ("identity", {"decay": 0.9}, "identity has no option 'decay'; its options: none"),
         ("rmsprop", {"decay": 1.5}, "invalid decay: 1.5"),
+        ("wenzel", {"min_scale": -0.1}, "invalid min_scale: -0.1"),
         ("monge", {"alpha2": 2.0}, "give alpha2 as its own option"),
         ("shampoo", {"root_dtype": "float65"}, "expected a torch dtype name"),
         ("rmsprop", {"decay": [0.9]}, "invalid sampler option decay=[0.9]"),

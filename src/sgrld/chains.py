@@ -102,8 +102,6 @@ class Chains:
         seeds: one seed per chain (int in [0, 2⁶³)): the chain's Philox key and the argument of
             ``model``.
         lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
-        alpha2: α² per chain (a metric with an ``alpha2`` option, i.e. Monge). Each run of
-            equal consecutive values is stepped by one sampler call.
         noise_seeds: the chains' Philox seeds (ints in [0, 2⁶⁴), the key's two words) where they
             differ from ``seeds`` (e.g. a runner that derives independent init and noise
             streams from one master seed).
@@ -115,6 +113,9 @@ class Chains:
             adapters: ``lambda n: "lora" in n``); the others are frozen and held once, shared
             by every chain (chain 0's; every chain's model must build them alike), so memory is
             the base model once plus K times the sampled subset.
+        **options: per chain values of the metric's tuned options (:attr:`Metric.tuned`, e.g.
+            Monge's ``alpha2=[1.0, 2.0]``). Each run of equal consecutive values is stepped by
+            one sampler call.
 
     **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
     (parameters, statistics and buffers) and reported by :meth:`failures` and :meth:`check`,
@@ -152,12 +153,12 @@ class Chains:
         seeds: Sequence[int],
         *,
         lr: Sequence[float] | Tensor | None = None,
-        alpha2: Sequence[float] | None = None,
         noise_seeds: Sequence[int] | None = None,
         chain_batch: int | None = None,
         device: torch.device | str | None = None,
         sample: Callable[[str], bool] | None = None,
         telemetry: bool = False,
+        **options: Sequence[float],
     ) -> None:
         if not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be a sgrld.Sampler, got {type(sampler).__name__}")
@@ -196,7 +197,7 @@ class Chains:
         ):
             raise ValueError(f"invalid chain_batch: {chain_batch!r} (expected an int >= 1)")
         self.chain_batch = chain_batch or k
-        self.groups = self._make_groups(sampler, lr, alpha2, keys)
+        self.groups = self._make_groups(sampler, lr, options, keys)
         if telemetry:
             for g in self.groups:
                 g.telemetry = torch.zeros(g.stop - g.start, 4, dtype=torch.float64,
@@ -208,7 +209,7 @@ class Chains:
         self,
         sampler: Sampler,
         lr: Sequence[float] | Tensor | None,
-        alpha2: Sequence[float] | None,
+        options: dict[str, Sequence[float]],
         keys: list[int],
     ) -> list[_Group]:
         k = self.num_chains
@@ -220,22 +221,23 @@ class Chains:
             lrs = torch.tensor(
                 _per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device
             )
-        alphas: list[float | None] = [None] * k
-        if alpha2 is not None:
-            if not hasattr(sampler.metric, "alpha2"):
-                name = type(sampler.metric).__name__
-                raise ValueError(f"alpha2 per chain needs a metric with alpha2 (Monge), not {name}")
-            alphas = list(_per_chain("alpha2", alpha2, k))
+        per_chain: list[dict[str, float]] = [{} for _ in range(k)]
+        for name, values in options.items():
+            if name not in sampler.metric.tuned:
+                cls = type(sampler.metric).__name__
+                raise ValueError(f"{name} per chain needs a metric that tunes {name}, not {cls}")
+            for chain, value in zip(per_chain, _per_chain(name, values, k), strict=True):
+                chain[name] = value
         if sampler.check_finite and sampler.sync_checks is None:
             sampler = dataclasses.replace(sampler, sync_checks=False)  # a bad chain stops alone
             self._host_checks = like.device.type == "cpu"
         groups, start = [], 0
         for stop in range(1, k + 1):
-            if stop < k and alphas[stop] == alphas[start] and stop - start < self.chain_batch:
+            if stop < k and per_chain[stop] == per_chain[start] and stop - start < self.chain_batch:
                 continue
             metric = sampler.metric
-            if alphas[start] is not None:
-                metric = dataclasses.replace(metric, alpha2=alphas[start])  # type: ignore[type-var]
+            if per_chain[start]:
+                metric = dataclasses.replace(metric, **per_chain[start])  # type: ignore[type-var]
             lr_g = sampler.lr if lrs is None else lrs[start:stop].clone()
             s = dataclasses.replace(sampler, metric=metric, lr=lr_g)
             view = {n: p[start:stop] for n, p in self.params.items()}  # contiguous views

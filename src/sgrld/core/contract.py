@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import difflib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar, Literal
 
 from torch import Tensor
@@ -47,6 +47,14 @@ class Metric(abc.ABC):
     preconditions: ClassVar[bool] = True
     #: other names the sampler is known by (matched without regard to case), e.g. ``("psgld",)``
     aliases: ClassVar[tuple[str, ...]] = ()
+    #: options tuned with ℓ (Monge's ``("alpha2",)``): a run sweeps them as axes of their own,
+    #: varies them per chain (:class:`sgrld.Chains`) and names its folder by them
+    tuned: ClassVar[tuple[str, ...]] = ()
+    #: option values at which G = I (Monge's ``{"alpha2": 0.0}``): the paper's selection then
+    #: takes Identity's run as this metric's point there (Tables 4-5: "α² = 0")
+    identity_at: ClassVar[Mapping[str, float]] = {}
+    #: how tables and figures write an option (Monge's ``{"alpha2": "α²"}``; default: its name)
+    symbols: ClassVar[Mapping[str, str]] = {}
 
     @abc.abstractmethod
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:

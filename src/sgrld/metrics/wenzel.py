@@ -29,9 +29,15 @@ class WenzelMetric(Metric):
     is the reference's statistic exactly (up to rounding) at the cost of one read-only dot
     product per tensor per step, with no parameter-sized buffer (memory as SGLD's).
 
+    With ``min_scale`` > 0 a refresh floors every M_p at it (damping): the tensor with the
+    largest mean squared gradient then still moves at least √min_scale as far per unit of noise
+    as the one with the smallest, instead of being nearly frozen for the epoch. Any M_p > 0 is a
+    valid constant metric between refreshes, so the floor keeps the chain's stationary law.
+
     Args:
         decay: EMA weight in [0, 1).
         eps: ε ≥ 0 added to mean(V) (inside the square root).
+        min_scale: floor on M_p in [0, 1] (0, the reference's: none; 1 makes Wenzel SGLD).
     """
 
     name = "wenzel"
@@ -40,10 +46,12 @@ class WenzelMetric(Metric):
     compilable = True
     decay: float = 0.99
     eps: float = 1e-8
+    min_scale: float = 0.0
 
     def __post_init__(self) -> None:
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
+        check_range("min_scale", self.min_scale, lambda v: 0.0 <= v <= 1.0, "0 <= min_scale <= 1")
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         ntensors = len(layout.shapes)
@@ -86,6 +94,8 @@ class WenzelMetric(Metric):
         s = stats["mean_square_avg"] + self.eps
         s_min = s.amin(dim=-1, keepdim=True)
         stats["scale"].copy_(torch.rsqrt(s / s_min))
+        if self.min_scale > 0:
+            stats["scale"].clamp_(min=self.min_scale)
         stats["scale_sqrt"].copy_(stats["scale"].sqrt())
 
     @staticmethod

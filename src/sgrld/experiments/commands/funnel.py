@@ -27,6 +27,7 @@ from sgrld.experiments.base.files import (
 )
 from sgrld.experiments.base.progress import Progress
 from sgrld.experiments.funnel.run import (
+    NOT_RUN,
     SETTINGS,
     V_THRESHOLD,
     WENZEL_NOTE,
@@ -80,8 +81,9 @@ def parse_samplers(text: str) -> list[str]:
     if not names:
         raise ValueError("--samplers is empty")
     names = [ALIASES.get(s.lower(), s.lower()) for s in names]
-    if "wenzel" in names:
-        raise ValueError(WENZEL_NOTE)
+    for name in names:
+        if name in NOT_RUN:
+            raise ValueError(NOT_RUN[name])
     unknown = [s for s in names if s not in SETTINGS]
     if unknown:
         close = difflib.get_close_matches(unknown[0], SETTINGS, n=1)

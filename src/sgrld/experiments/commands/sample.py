@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ from sgrld.experiments.run import launch
 from sgrld.experiments.run.choices import DATASETS as DATASET_CHOICES
 from sgrld.experiments.run.choices import MODELS as MODEL_CHOICES
 from sgrld.experiments.run.choices import NOISE as NOISE_CHOICES
-from sgrld.experiments.run.choices import PRIORS, SAMPLERS, sampler_name
+from sgrld.experiments.run.choices import PRIORS, SAMPLERS
 from sgrld.experiments.run.naming import (
     cli_names,
     default_chains_out_dir,
@@ -43,6 +44,7 @@ from sgrld.experiments.run.naming import (
     dest_of,
     option_text,
 )
+from sgrld.metrics import resolve_metric_name
 
 PRIOR_CHOICES = tuple(PRIORS)
 SAMPLER_CHOICES = SAMPLERS
@@ -261,6 +263,17 @@ class OptionAction(argparse.Action):
         setattr(namespace, self.dest, options)
 
 
+def sampler_name(text: str) -> str:
+    """An argparse ``type``: a sampler's registry name from itself or an alias (``sgld``)."""
+    try:
+        return resolve_metric_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+sampler_name.__name__ = "sampler"  # argparse's "invalid sampler value" before the message
+
+
 def float_list(text: str) -> list[float]:
     """An argparse ``type``: ``0.1,0.25`` → ``[0.1, 0.25]`` (one value or more)."""
     values = []
@@ -291,26 +304,31 @@ def _values(value: Any) -> list[Any]:
 
 def is_multichain(args: argparse.Namespace) -> bool:
     """Whether the command line asks for more than one chain."""
-    chains = getattr(args, "chains", 1)
-    return chains != 1 or len(_values(args.lr)) > 1 or len(_values(args.alpha2)) > 1
+    from sgrld.experiments.run.config import TUNED_FIELDS
+
+    lists = [getattr(args, dest_of(n), None) for n in ("lr", *TUNED_FIELDS)]
+    return getattr(args, "chains", 1) != 1 or any(len(_values(v)) > 1 for v in lists)
 
 
 def configs_from_args(args: argparse.Namespace) -> list[Any]:
-    """The runs of the command line: every α² × ℓ × seed (α² outermost, so that chains with
-    equal α² are neighbours and share a sampler call).
+    """The runs of the command line: every tuned option (α²) × ℓ × seed (α² outermost, so that
+    chains with equal α² are neighbours and share a sampler call).
 
     Raises:
         UsageError: invalid or inconsistent options.
     """
+    from sgrld.experiments.run.config import TUNED_FIELDS
+
     chains = getattr(args, "chains", 1)
     if isinstance(chains, bool) or not isinstance(chains, int) or chains < 1:
         raise UsageError(f"--chains must be >= 1, got {chains}")
     batch = getattr(args, "chain_batch", None)
     if batch is not None and batch < 1:
         raise UsageError(f"--chain-batch must be >= 1, got {batch}")
+    lists = [_values(getattr(args, dest_of(n), None)) for n in TUNED_FIELDS]
     return [
-        _config(args, lr, alpha2, args.seed + k)
-        for alpha2 in _values(args.alpha2)
+        _config(args, lr, dict(zip(TUNED_FIELDS, tuned, strict=True)), args.seed + k)
+        for tuned in itertools.product(*lists)
         for lr in _values(args.lr)
         for k in range(chains)
     ]
@@ -324,37 +342,39 @@ def config_from_args(args: argparse.Namespace) -> Any:
     """
     if is_multichain(args):
         raise UsageError("more than one run asked for (--chains or comma lists)")
-    return _config(args, _values(args.lr)[0], _values(args.alpha2)[0], args.seed)
+    return configs_from_args(args)[0]
 
 
-def _config(args: argparse.Namespace, lr: float | None, alpha2: float | None, seed: int) -> Any:
+def _config(args: argparse.Namespace, lr: float | None, tuned: dict[str, Any], seed: int) -> Any:
     from sgrld.data import dataset_info
     from sgrld.experiments.report.paper import paper_entry
     from sgrld.experiments.run.choices import MODEL_FOR_DATASET
-    from sgrld.experiments.run.config import RunConfig
+    from sgrld.experiments.run.config import METRIC_FIELDS, RunConfig
+    from sgrld.metrics import get_metric
 
     model = args.model or MODEL_FOR_DATASET[args.dataset]
     paper = paper_entry(args.dataset, args.prior, args.width, args.sampler)
     if lr is None and paper is not None:
         lr = paper.lr
-    if args.sampler == "monge":
-        if alpha2 is None:
-            known = paper.alpha2 if paper is not None else None
-            # the paper's α² is not a c: the normalized rule defaults to c = 1
-            fixed = args.alpha2_rule == "fixed" and known is not None
-            alpha2 = known if fixed else DEFAULT_ALPHA2
-    elif alpha2 is not None:
-        raise UsageError(f"--alpha2 is a Monge option; it does nothing for {args.sampler}")
-    if args.sampler != "monge" and args.alpha2_rule != "fixed":
-        raise UsageError(f"--alpha2-rule is a Monge option; it does nothing for {args.sampler}")
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    metric = {f.name: f.default for f in dataclasses.fields(get_metric(args.sampler))}  # type: ignore[arg-type]
+    # a tuned option not given: the paper's value where the run's other metric options are the
+    # paper's (its α² is not a normalized rule's c), else the metric's default
+    as_paper = paper is not None and all(
+        getattr(args, dest_of(n)) == defaults[n] for n in METRIC_FIELDS if n not in tuned
+    )
+    for name, value in tuned.items():
+        if value is None and name in metric:
+            known = getattr(paper, name, None) if as_paper else None
+            tuned[name] = metric[name] if known is None else known
     if args.schedule != "cyclical" and (args.cycles, args.explore_fraction) != (1, 0.0):
         raise UsageError("--cycles and --explore-fraction need --schedule cyclical")
     # every other field comes from its flag (one table, _FLAGS, for names that differ)
     computed: dict[str, Any] = {
         "model": model,
         "lr": 1.0 if lr is None else lr,
-        "alpha2": alpha2,
         "seed": seed,
+        **tuned,
         "sampler_options": dict(getattr(args, "sampler_options", None) or {}),
         "num_val": dataset_info(args.dataset).num_val if args.num_val is None else args.num_val,
     }
@@ -432,18 +452,21 @@ def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
     Raises:
         UsageError: a given flag disagrees with the run, or its checkpoint cannot be read.
     """
+    from sgrld.experiments.run.config import TUNED_FIELDS
+
     saved = _saved_configs(out)
     if not saved:
         return
     given = _given_options(args)
     values: dict[str, Any] = {}
     first = saved[0]
+    listed = ("lr", *TUNED_FIELDS)  # one value per chain
     for f in dataclasses.fields(first):
-        if f.name not in ("lr", "alpha2", "seed"):
+        if f.name not in (*listed, "seed"):
             values[dest_of(f.name)] = getattr(first, f.name)
-    values["lr"] = list(dict.fromkeys(c.lr for c in saved))
-    alphas = list(dict.fromkeys(c.alpha2 for c in saved))
-    values["alpha2"] = None if alphas == [None] else alphas
+    for name in listed:
+        chosen = list(dict.fromkeys(getattr(c, name) for c in saved))
+        values[dest_of(name)] = None if chosen == [None] else chosen
     seeds = sorted({c.seed for c in saved})
     values["seed"], values["chains"] = seeds[0], len(seeds)
     conflicts = []
@@ -451,14 +474,12 @@ def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
         if dest not in given or dest == "epochs":
             continue
         mine = getattr(args, dest, None)
-        if dest in ("lr", "alpha2") and mine is not None:
+        if dest in listed and mine is not None:
             same = value is not None and sorted(_values(mine)) == sorted(value)
         else:
             same = mine == value
         if not same:
-            field = {"subset": "max_train", "eval_subset": "max_eval", "burn_in": "burnin"}.get(
-                dest, dest
-            )
+            field = {dest_of(f.name): f.name for f in dataclasses.fields(first)}.get(dest, dest)
             flag = "--chains" if dest == "chains" else None
             theirs = f"--chains {value}" if flag else option_text(field, value)
             yours = f"--chains {mine}" if flag else option_text(field, mine)

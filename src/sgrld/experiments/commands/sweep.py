@@ -85,6 +85,13 @@ def option_kinds() -> dict[str, Kind]:
     return kinds
 
 
+def tuned_options() -> dict[str, list[str]]:
+    """The run options tuned with ℓ (α²), each with the samplers whose metric takes it."""
+    from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
+
+    return {name: samplers_taking(name) for name in TUNED_FIELDS}
+
+
 def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """``parse`` with its message shown by argparse (which hides plain ValueErrors)."""
 
@@ -227,7 +234,8 @@ def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], st
         return [{**defaults, **typed}], "command line"
     text, source = grid.read_config(args.config)
     blocks = grid.parse_config(text, source, defaults, option_kinds())
-    return [{**defaults, **grid.narrow(block, typed)} for block in blocks], str(source)
+    tuned = tuned_options()
+    return [{**defaults, **grid.narrow(block, typed, tuned)} for block in blocks], str(source)
 
 
 def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
@@ -239,13 +247,10 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
     """
     blocks, source = blocks_from_args(args)
     configs: dict[str, dict[str, Any]] = {}
-    for point in grid.expand(blocks):
+    for point in grid.expand(blocks, tuned_options()):
         if point.get("sampler") is None:
             raise GridError("no sampler: give --sampler or set sampler in the config")
-        namespace = argparse.Namespace(**point)
-        if point["sampler"] != "monge":
-            namespace.alpha2 = None
-        config = sample.config_from_args(namespace).to_dict()
+        config = sample.config_from_args(argparse.Namespace(**point)).to_dict()
         configs.setdefault(repr(sorted(config.items())), config)
     if not configs:
         raise GridError("the grid is empty")

@@ -216,10 +216,10 @@ def run_exact_funnel(
     normalised rule) and ``alpha2_rule``; all share ℓ = 0.003 and the noise streams of ``config``.
     """
     monge = _monge_setting(alpha2, alpha2_rule)
+    settings = {**SETTINGS, monge.metric: monge}
     runs: dict[str, SamplerRun] = {}
     for name in names:
-        setting = monge if name == "monge" else SETTINGS[name]
-        runs[name] = run_baseline(name, config, setting, progress)
+        runs[name] = run_baseline(name, config, settings[name], progress)
     metric = MongeMetric(alpha2=monge.options["alpha2"], alpha2_rule=alpha2_rule)  # type: ignore[arg-type]
     runs[current_name(correction)] = run_current(config, metric, monge.lr, correction, progress)
     return runs

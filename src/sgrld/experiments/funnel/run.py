@@ -51,6 +51,8 @@ WENZEL_NOTE = (
     "wenzel is not run on the funnel: its metric is one scale per parameter tensor, divided by "
     "the smallest, and the funnel's θ is one tensor, so Wenzel is Identity here step for step"
 )
+#: Registered samplers the funnel does not run, with the reason.
+NOT_RUN = {"wenzel": WENZEL_NOTE}
 V_THRESHOLD = -5.0  # the neck: P(v < −5) = 0.288 under N(0, 80)
 
 

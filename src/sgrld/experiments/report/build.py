@@ -37,12 +37,14 @@ import numpy as np
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.report.selection import Choice, select_cell, val_lp
 from sgrld.experiments.report.tables import (
+    IDENTITY,
     PRIOR_ORDER,
     PRIOR_SHORT,
     SAMPLER_ORDER,
     WITHIN_SETTING,
     Group,
     format_stat,
+    identity_at,
     is_regression,
     markdown_table,
     sampler_title,
@@ -139,9 +141,9 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
     keys = sorted(cells, key=lambda k: (k[0], *_rank(k[1], k[2])))
     for key in keys:
         key_text, prior, sampler = key
-        identity = choices.get((key_text, prior, "identity"))
+        identity = choices.get((key_text, prior, IDENTITY))
         identity_score = None
-        if sampler == "monge" and identity is not None and identity.chosen is not None:
+        if identity_at(sampler) and identity is not None and identity.chosen is not None:
             identity_score = val_lp(identity.chosen)
         chosen, stages, zero = select_cell(cells[key], identity_score=identity_score)
         choices[key] = Choice(
@@ -282,7 +284,7 @@ def _paper_lr(choice: Choice) -> Cell:
     width = choice.setting.get("width")
     entry = paper_entry(str(choice.setting["dataset"]), choice.prior, width, choice.sampler)
     if entry is None:
-        return "α² = 0" if choice.sampler == "monge" else "–"
+        return identity_at(choice.sampler) or "–"
     return f"{entry.lr:g}" + (f", α² {entry.alpha2:g}" if entry.alpha2 is not None else "")
 
 

@@ -14,7 +14,13 @@ import numpy as np
 
 from sgrld.experiments.base.files import save_figure
 from sgrld.experiments.report.build import Choice, curves, lr_text, setting_key, setting_label
-from sgrld.experiments.report.tables import PRIOR_SHORT, Group, sampler_title
+from sgrld.experiments.report.tables import (
+    IDENTITY,
+    PRIOR_SHORT,
+    Group,
+    identity_at,
+    sampler_title,
+)
 from sgrld.experiments.run.plots import new_figure, plot_convergence, wrap_title
 from sgrld.experiments.run.results import second_score
 
@@ -65,7 +71,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: 
             name = sampler_title(other.sampler)
             (hline,) = ax.plot([0.0, alpha2[-1]], [mean, mean], lw=1, label=name)
             ax.axhspan(mean - 1.96 * std, mean + 1.96 * std, alpha=0.1, color=hline.get_color())
-            if other.sampler == "identity":
+            if other.sampler == IDENTITY:
                 ax.plot([0.0, alpha2[0]], [mean, stats[0, 0]], "--", color=line.get_color())
         ax.set_xlabel("α²")
         ax.set_title(f"final ensemble {title}")
@@ -97,11 +103,11 @@ def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:
                 title += " († Monge's own best α²; the rule chooses Identity)"
             plot_convergence(chosen, path, title=title)
             written.append(path)
-        for monge in (c for c in members if c.sampler == "monge"):
+        for monge in (c for c in members if identity_at(c.sampler)):
             tried = {s.alpha2 for s in monge.stages if s.kind == "lr" and s.chosen is not None}
             if len(tried) >= 2:
                 path = out / f"figure4_{_slug(setting, prior)}.png"
-                others = [c for c in members if c.sampler != "monge"]
+                others = [c for c in members if c is not monge]
                 title = f"Figure 4: {_title(setting, prior)}: Monge's α² at its chosen ℓ"
                 draw_figure4(monge, others, path, title=title)
                 written.append(path)

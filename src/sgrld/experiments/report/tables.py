@@ -39,20 +39,29 @@ from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.naming import run_label
 from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
+from sgrld.metrics import get_metric, metric_names
 
+#: The sampler whose metric is G = I: the baseline of the paper's selection rule.
+IDENTITY = next(n for n in metric_names() if not get_metric(n).preconditions)
 SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
-SAMPLER_TITLES = {
-    "identity": "Identity",
-    "wenzel": "Wenzel",
-    "rmsprop": "RMSprop",
-    "monge": "Monge",
-    "shampoo": "Shampoo",
-}
+
+
+def identity_at(sampler: str) -> str:
+    """Where ``sampler``'s metric is G = I (``"α² = 0"`` for Monge), empty if nowhere: the
+    paper's selection then compares its runs with Identity's."""
+    if sampler not in metric_names():
+        return ""
+    metric = get_metric(sampler)
+    at = metric.identity_at.items()
+    return ", ".join(f"{metric.symbols.get(name, name)} = {value:g}" for name, value in at)
 
 
 def sampler_title(name: str) -> str:
-    """The paper's name of a sampler; a metric it does not know by its capitalised name."""
-    return SAMPLER_TITLES.get(name, name.capitalize())
+    """The paper's name of a sampler, its metric's class name (``RMSpropMetric``: RMSprop);
+    a name not registered, capitalised."""
+    if name not in metric_names():
+        return name.capitalize()
+    return get_metric(name).__name__.removesuffix("Metric")
 
 
 PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
@@ -428,7 +437,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
                     row += (
                         [f"{ref.lp:.4f}", f"{ref.accuracy:.4f}", f"{ref.seconds_per_epoch:.1f}"]
                         if ref is not None
-                        else ["= Identity" if sampler == "monge" else "–", "–", "–"]
+                        else ["= Identity" if identity_at(sampler) else "–", "–", "–"]
                     )
             rows.append(row)
         title = _setting_title(config, setting_groups)

@@ -23,9 +23,6 @@ from sgrld.metrics import Metric, get_metric
 from sgrld.models import BayesianModel, build_model, potential
 from sgrld.optim import SGRLDOptimizer
 
-#: RunConfig fields that are metric options with a field of their own (the paper's α²).
-OWN_FIELDS = ("alpha2", "alpha2_rule")
-
 
 def option_names(sampler: str) -> list[str]:
     """The options ``sampler``'s metric takes (its public dataclass fields)."""
@@ -46,29 +43,15 @@ def _typed(cls: type[Metric], name: str, value: Any) -> Any:
     return value
 
 
-def build_metric(
-    sampler: str,
-    options: Mapping[str, Any],
-    alpha2: float | None = None,
-    alpha2_rule: str = "fixed",
-    paper: bool = False,
-) -> Metric:
-    """The metric ``sampler`` with ``options``; the metric validates them (a ValueError names
-    the option). Monge's α² and its rule come from their own config fields. ``paper`` (the
-    paper's protocol, ``adapt="always"``) keeps the paper's absolute ε: a ``floor`` relative
-    to the statistics' scale (RMSprop's, Adam's) is 0 unless an option sets it."""
+def build_metric(sampler: str, options: Mapping[str, Any], paper: bool = False) -> Metric:
+    """The metric ``sampler`` with ``options`` (a config's :attr:`~.RunConfig.metric_options`,
+    their names checked there); the metric validates the values (a ValueError names the option).
+    ``paper`` (the paper's protocol, ``adapt="always"``) keeps the paper's absolute ε: a
+    ``floor`` relative to the statistics' scale (RMSprop's, Adam's) is 0 unless an option sets
+    it."""
     cls = get_metric(sampler)
-    known = option_names(sampler)
-    for name in options:
-        if name in OWN_FIELDS:
-            raise ValueError(f"give {name} as its own option, not among the sampler options")
-        if name not in known:
-            valid = ", ".join(n for n in known if n not in OWN_FIELDS) or "none"
-            raise ValueError(f"{sampler} has no option {name!r}; its options: {valid}")
     values = {name: _typed(cls, name, value) for name, value in options.items()}
-    if alpha2 is not None:
-        values |= {"alpha2": alpha2, "alpha2_rule": alpha2_rule}
-    if paper and "floor" in known and "floor" not in values:
+    if paper and "floor" in option_names(sampler) and "floor" not in values:
         values["floor"] = 0.0
     try:
         return cls(**values)
@@ -93,13 +76,7 @@ def make_sampler(
     lr: float | Tensor = config.lr
     if capturable:
         lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
-    metric = build_metric(
-        config.sampler,
-        config.sampler_options,
-        config.alpha2,
-        config.alpha2_rule,
-        paper=config.adapt == "always",
-    )
+    metric = build_metric(config.sampler, config.metric_options, paper=config.adapt == "always")
     return SGRLDOptimizer(
         params,
         lr,

@@ -45,6 +45,7 @@ from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_
 from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     GRAD_MAX,
+    TUNED_FIELDS,
     RunConfig,
     config_differences,
     is_sample_step,
@@ -71,7 +72,7 @@ __all__ = [
 
 CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
 #: The fields in which the chains of one process may differ.
-PER_CHAIN_FIELDS = ("seed", "lr", "alpha2")
+PER_CHAIN_FIELDS = ("seed", "lr", *TUNED_FIELDS)
 
 
 def check_chain_configs(configs: Sequence[RunConfig]) -> None:
@@ -92,7 +93,8 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
         )
         if differences:
             raise ValueError(
-                "the chains of one process may differ only in seed, lr and alpha2; "
+                f"the chains of one process may differ only in {', '.join(PER_CHAIN_FIELDS[:-1])} "
+                f"and {PER_CHAIN_FIELDS[-1]}; "
                 f"{c.label()} differs from {base.label()} in {', '.join(differences)}"
             )
     labels = [chain_label(c) for c in configs]
@@ -228,13 +230,7 @@ class ChainsRun:
             for r in self.records
         ]
         sampler = sgrld.build(
-            build_metric(
-                base.sampler,
-                base.sampler_options,
-                base.alpha2,
-                base.alpha2_rule,
-                paper=base.adapt == "always",
-            ),
+            build_metric(base.sampler, base.metric_options, paper=base.adapt == "always"),
             lr=base.lr,
             num_data=self.num_data,
             temperature=base.temperature,
@@ -255,12 +251,15 @@ class ChainsRun:
             free, _ = torch.cuda.mem_get_info(self.device)
             chain_batch = plan_chain_batch(k, free, state_bytes, step_bytes)
         self.chain_batch = chain_batch
+        tuned: dict[str, Any] = {
+            n: [getattr(c, n) for c in self.configs] for n in sampler.metric.tuned
+        }
         self.chains = Chains(
             model,
             sampler,
             seeds=[r.seeds["init"] for r in self.records],
             lr=[c.lr for c in self.configs],
-            alpha2=[c.alpha2 for c in self.configs] if base.sampler == "monge" else None,  # type: ignore[misc]
+            **tuned,
             noise_seeds=noise_seeds,
             chain_batch=chain_batch,
             device=self.device,

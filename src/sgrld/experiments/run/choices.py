@@ -7,11 +7,9 @@ and the model and data modules, so that a metric or prior registered there is a 
 
 from __future__ import annotations
 
-import argparse
-
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import DATASET_NAMES
-from sgrld.metrics import metric_names, resolve_metric_name
+from sgrld.metrics import metric_names
 from sgrld.models.build import MODEL_NAMES
 from sgrld.priors import prior_names
 
@@ -27,14 +25,3 @@ DATASETS: tuple[str, ...] = tuple(DATASET_NAMES)
 NOISE: tuple[str, ...] = tuple(NOISE_SOURCES)
 #: The architecture each dataset is run with (the paper's; diabetes: the same fc net).
 MODEL_FOR_DATASET = {"mnist": "fc", "cifar10": "resnet20", "diabetes": "fc"}
-
-
-def sampler_name(text: str) -> str:
-    """An argparse ``type``: a sampler's registry name from itself or an alias (``sgld``)."""
-    try:
-        return resolve_metric_name(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-sampler_name.__name__ = "sampler"  # argparse's "invalid sampler value" before the message

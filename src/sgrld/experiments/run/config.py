@@ -17,8 +17,9 @@ import numpy as np
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import dataset_info
+from sgrld.experiments.run.build import build_metric, option_names
 from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
-from sgrld.metrics import MongeMetric, get_metric
+from sgrld.metrics import get_metric, metric_names
 from sgrld.schedules import check_cyclical
 
 SAMPLER_NAMES = (
@@ -144,11 +145,7 @@ class RunConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.sampler == "monge":
-            if self.alpha2 is None or not (math.isfinite(self.alpha2) and self.alpha2 >= 0):
-                raise ValueError(f"monge needs alpha2 >= 0, got {self.alpha2}")
-        elif self.alpha2 is not None:
-            raise ValueError(f"alpha2 is a Monge option; leave it unset for {self.sampler}")
+        self._check_metric_fields()
         self._check_beyond()
         self._check_sampler_options()
         self._check_likelihood()
@@ -172,15 +169,9 @@ class RunConfig:
         return num_data if self.max_train is None else min(num_data, self.max_train)
 
     def _check_beyond(self) -> None:
-        """The α² rule and the schedule."""
-        choice = {"alpha2_rule": ("fixed", "normalized"), "schedule": ("constant", "cyclical")}
-        for name, valid in choice.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; valid: {valid}")
-        if self.alpha2_rule != "fixed":
-            if self.sampler != "monge":
-                raise ValueError(f"alpha2_rule is a Monge option; leave it for {self.sampler}")
-            MongeMetric(alpha2=self.alpha2, alpha2_rule=self.alpha2_rule)  # type: ignore[arg-type]
+        """The warm-up and the schedule."""
+        if self.schedule not in ("constant", "cyclical"):
+            raise ValueError(f"unknown schedule {self.schedule!r}; valid: constant, cyclical")
         if not (self.adapt in ADAPT_CHOICES or _is_count(self.adapt)):
             raise ValueError(
                 f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
@@ -191,10 +182,28 @@ class RunConfig:
         elif (self.cycles, self.explore_fraction) != (1, 0.0):
             raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
 
+    def _check_metric_fields(self) -> None:
+        """A metric option with a field of its own is given for a sampler whose metric takes it
+        (a tuned one, Monge's α², is required) and left at its default for the others."""
+        takes = option_names(self.sampler)
+        for f in fields(self):
+            if f.name not in METRIC_FIELDS:
+                continue
+            value = getattr(self, f.name)
+            if f.name in takes and value is None:
+                raise ValueError(f"{self.sampler} needs {f.name}")
+            if f.name not in takes and value != f.default:
+                owner = " or ".join(n.capitalize() for n in samplers_taking(f.name))
+                raise ValueError(f"{f.name} is a {owner} option; leave it unset for {self.sampler}")
+
+    @property
+    def metric_options(self) -> dict[str, Any]:
+        """The metric's options: ``sampler_options`` and the fields of its own it takes."""
+        own = {n: getattr(self, n) for n in METRIC_FIELDS if n in option_names(self.sampler)}
+        return {**self.sampler_options, **own}
+
     def _check_sampler_options(self) -> None:
         """The metric takes the options (it validates them); JSON values only."""
-        from sgrld.experiments.run.build import build_metric
-
         if not isinstance(self.sampler_options, Mapping):
             raise ValueError(
                 f"sampler_options must be a table of options, got {self.sampler_options!r}"
@@ -206,7 +215,14 @@ class RunConfig:
                 raise ValueError(
                     f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
                 )
-        build_metric(self.sampler, self.sampler_options, self.alpha2, self.alpha2_rule)
+        takes = [n for n in option_names(self.sampler) if n not in METRIC_FIELDS]
+        for name in self.sampler_options:
+            if name in METRIC_FIELDS:
+                raise ValueError(f"give {name} as its own option, not among the sampler options")
+            if name not in takes:
+                valid = ", ".join(takes) or "none"
+                raise ValueError(f"{self.sampler} has no option {name!r}; its options: {valid}")
+        build_metric(self.sampler, self.metric_options)
 
     def _check_likelihood(self) -> None:
         scale = self.likelihood_scale
@@ -251,6 +267,20 @@ class RunConfig:
         extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
         extra += "".join(f" {k}={v}" for k, v in sorted(self.sampler_options.items()))
         return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
+
+
+def samplers_taking(option: str) -> list[str]:
+    """The samplers whose metric takes ``option``."""
+    return [name for name in metric_names() if option in option_names(name)]
+
+
+#: RunConfig fields that are metric options (Monge's α² and its rule, in the paper's format).
+METRIC_FIELDS = tuple(f.name for f in fields(RunConfig) if samplers_taking(f.name))
+
+#: Those tuned with ℓ (:attr:`sgrld.metrics.Metric.tuned`): axes of a sweep, varied per chain.
+TUNED_FIELDS = tuple(
+    n for n in METRIC_FIELDS if any(n in get_metric(m).tuned for m in metric_names())
+)
 
 
 def _is_count(value: object) -> bool:

@@ -32,22 +32,10 @@ def options_label(options: Mapping[str, Any]) -> str:
 def default_out_dir(config: Any) -> Path:
     """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>][-cyc<M>r<r>]
     [-sub<N>]-seed<s>`` (``lr…-alpha…-seed…`` as in a sweep's run folders)."""
-    model = model_label(config.model, config.width)
-    alpha = f"-alpha{config.alpha2:g}" if config.alpha2 is not None else ""
-    if config.alpha2_rule == "normalized":
-        alpha = f"-c{config.alpha2:g}"
-    alpha += options_label(config.sampler_options)
-    if config.schedule == "cyclical":
-        alpha += f"-cyc{config.cycles}r{config.explore_fraction:g}"
-    subset = f"-sub{config.max_train}" if config.max_train is not None else ""
-    name = (
-        f"{config.dataset}-{model}-{config.prior}-{config.sampler}-lr{config.lr:g}{alpha}"
-        f"{subset}-seed{config.seed}"
-    )
-    return Path("runs") / name
+    return default_chains_out_dir([config], seeds=str(config.seed))
 
 
-def default_chains_out_dir(configs: list[Any]) -> Path:
+def default_chains_out_dir(configs: list[Any], seeds: str | None = None) -> Path:
     """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-alpha<α²,...>]-seed<first>-<last>``
     for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
     first = configs[0]
@@ -60,11 +48,15 @@ def default_chains_out_dir(configs: list[Any]) -> Path:
     if first.alpha2_rule == "normalized":
         alpha = f"-c{values('alpha2')}"
     alpha += options_label(first.sampler_options)
+    if first.schedule == "cyclical":
+        alpha += f"-cyc{first.cycles}r{first.explore_fraction:g}"
     subset = f"-sub{first.max_train}" if first.max_train is not None else ""
-    seeds = sorted({c.seed for c in configs})
+    if seeds is None:
+        ordered = sorted({c.seed for c in configs})
+        seeds = f"{ordered[0]}-{ordered[-1]}"
     name = (
         f"{first.dataset}-{model}-{first.prior}-{first.sampler}-lr{values('lr')}{alpha}"
-        f"{subset}-seed{seeds[0]}-{seeds[-1]}"
+        f"{subset}-seed{seeds}"
     )
     return Path("runs") / name
 

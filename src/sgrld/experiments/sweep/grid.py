@@ -4,8 +4,8 @@ Nothing here imports torch: a grid is planned, checked and listed before any wor
 
 A grid is the union of *blocks*; a block maps run options (the ``sgrld sample`` flags, by their
 argparse names) to a value or, for the axes in :data:`AXES`, a list of values, and contributes
-the product of its lists. Monge's α² multiplies Monge's runs only: the other samplers of a block
-run once per ℓ and seed whatever the α² list.
+the product of its lists. A tuned metric option (Monge's α²) multiplies the runs of the samplers
+that take it only: the others run once per ℓ and seed whatever its list.
 
 Config files (``--config FILE.toml`` or a shipped name such as ``paper/mnist_table1``)::
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -140,50 +140,62 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def expand(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every point of the union of the blocks' products (α² for Monge only), without repeats.
+def expand(
+    blocks: Sequence[Mapping[str, Any]], tuned: Mapping[str, Sequence[str]]
+) -> list[dict[str, Any]]:
+    """Every point of the union of the blocks' products, without repeats. A tuned option
+    (``tuned``: its name → the samplers that take it, e.g. α² → Monge) multiplies only the
+    runs of those samplers; the others take ``None``.
 
     Each point maps option names to one value, with ``seed`` for ``seeds``.
 
     Raises:
-        GridError: no point at all, or α² values with no Monge run in a block.
+        GridError: no point at all, or a tuned option's values with no run that takes it.
     """
     if not blocks:
         raise GridError("the grid is empty: no block of runs")
     points: dict[str, dict[str, Any]] = {}
     for block in blocks:
         fixed = {k: v for k, v in block.items() if k not in AXES}
-        axes = {k: _as_list(k, v) for k, v in block.items() if k in AXES and k != "alpha2"}
-        alpha2 = _as_list("alpha2", block["alpha2"]) if block.get("alpha2") is not None else None
+        axes = {k: _as_list(k, v) for k, v in block.items() if k in AXES and k not in tuned}
+        own = {k: _as_list(k, block[k]) for k in tuned if block.get(k) is not None}
         samplers = axes.get("sampler", [])
-        if alpha2 is not None and samplers and "monge" not in samplers:
-            raise GridError("alpha2 is a Monge option, and this block has no monge run")
+        for name in own:
+            if samplers and not set(samplers) & set(tuned[name]):
+                owner = " or ".join(tuned[name])
+                raise GridError(
+                    f"{name} is a {owner.title()} option; this block has no {owner} run"
+                )
         names = list(axes)
         for values in itertools.product(*(axes[n] for n in names)):
             point = {**fixed, **dict(zip(names, values, strict=True))}
             if "seeds" in point:
                 point["seed"] = point.pop("seeds")
-            monge = point.get("sampler") == "monge"
-            for a2 in alpha2 if (monge and alpha2 is not None) else [None]:
-                full = {**point, "alpha2": a2}
+            lists = [
+                own.get(n, [None]) if point.get("sampler") in tuned[n] else [None] for n in tuned
+            ]
+            for chosen in itertools.product(*lists):
+                full = {**point, **dict(zip(tuned, chosen, strict=True))}
                 points.setdefault(json.dumps(full, sort_keys=True), full)
     if not points:
         raise GridError("the grid is empty: a list of values (or its narrowing) is empty")
     return list(points.values())
 
 
-def narrow(block: Mapping[str, Any], typed: Mapping[str, Any]) -> dict[str, Any]:
+def narrow(
+    block: Mapping[str, Any], typed: Mapping[str, Any], tuned: Collection[str]
+) -> dict[str, Any]:
     """A config block under command-line flags: an axis the block sets keeps only the typed
     values (``--width 400`` runs a config's width-400 part), any other option is replaced.
 
-    Typed α² values leave blocks without α² (the other samplers) alone.
+    Typed values of a ``tuned`` option (α²) leave blocks without it (the other samplers) alone.
     """
     result = dict(block)
     for key, value in typed.items():
         if key in AXES and block.get(key) is not None:
             wanted = _as_list(key, value)
             result[key] = [v for v in _as_list(key, block[key]) if v in wanted]
-        elif key != "alpha2":
+        elif key not in tuned:
             result[key] = value
     return result
 
