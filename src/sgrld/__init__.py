@@ -8,7 +8,8 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 * the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
   ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
 
-A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC).
+A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC). Choosing ℓ:
+:func:`tune` (``docs/tuning.md``).
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         posterior_predictive,
     )
     from sgrld.schedules import CyclicalLR
+    from sgrld.tuning import TuneResult, tune
 
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
 # line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
@@ -76,6 +78,7 @@ _LAZY = {
     ),
     "CyclicalLR": "sgrld.schedules",
     "Chains": "sgrld.chains",
+    **dict.fromkeys(("TuneResult", "tune"), "sgrld.tuning"),
 }
 
 
@@ -162,6 +165,7 @@ __all__ = [
     "SamplerState",
     "ShampooMetric",
     "ShampooSGLD",
+    "TuneResult",
     "WenzelMetric",
     "WenzelSGLD",
     "__version__",
@@ -171,4 +175,5 @@ __all__ = [
     "log_predictive_density",
     "metric_names",
     "posterior_predictive",
+    "tune",
 ]
