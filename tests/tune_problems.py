@@ -45,3 +45,30 @@ def model(seed: int = 0) -> nn.Module:
 
 def loader(x: torch.Tensor, y: torch.Tensor) -> DataLoader:
     return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
+
+
+def sample(
+    x: torch.Tensor, y: torch.Tensor, name: str, options: dict, steps: int, chains: int = 8
+) -> torch.Tensor:
+    """``chains`` chains of ``steps`` steps with the tuned options, each its own data order; the
+    second halves' draws (every 10th step) pooled, ``(draws, 11)``."""
+    import sgrld
+    from sgrld.chains import chain_batches
+
+    n = len(y)
+    sampler = sgrld.build(name, num_data=n, noise="philox", **options)
+    runs = sgrld.Chains(lambda s: model(1000 + s), sampler, seeds=list(range(chains)))
+    generators = [torch.Generator().manual_seed(100 + k) for k in range(chains)]
+    draws, step = [], 0
+    while step < steps:
+        for index in chain_batches(n, BATCH, generators):
+            runs.step(lambda m, u, v: potential(m, (u, v), n), x[index], y[index])
+            step += 1
+            if step > steps // 2 and step % 10 == 0:
+                draws.append(torch.cat([runs.params["weight"][:, 0], runs.params["bias"]], 1))
+            if step == steps:
+                break
+        if sampler.metric.refresh_per_epoch:
+            runs.refresh()
+    runs.check()
+    return torch.cat(draws)

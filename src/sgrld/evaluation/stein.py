@@ -99,7 +99,10 @@ def coordinate_stein_discrepancy(
         scale: ``(d,)`` positive per-coordinate scales h.
 
     Returns:
-        √(mean over subsets of KSD²), in float64.
+        The square root of the mean over subsets of the U-statistic of KSD² (unbiased: zero
+        mean for exact independent draws, whatever their number), with its sign: negative
+        values are exact draws' noise. The V-statistic's diagonal is left out because it
+        grows with ‖s‖², which would favour samples that are too narrow.
     """
     x = np.asarray(samples, dtype=np.float64)
     s = np.asarray(scores, dtype=np.float64)
@@ -109,8 +112,19 @@ def coordinate_stein_discrepancy(
                          f"{s.shape}, {h.shape}")  # fmt: skip
     if not len(subsets) or not bool((h > 0).all()):
         raise ValueError("need at least one subset and positive scales")
-    squares = [
-        kernel_stein_discrepancy(x[:, cols] / h[cols], s[:, cols] * h[cols]) ** 2
-        for cols in (list(c) for c in subsets)
-    ]
-    return math.sqrt(sum(squares) / len(squares))
+    c, beta = 1.0, -0.5  # the defaults of kernel_stein_discrepancy
+    m = len(x)
+    if m < 2:
+        raise ValueError("need at least two samples")
+    squares = []
+    for cols in (list(c) for c in subsets):
+        xs, ss = x[:, cols] / h[cols], s[:, cols] * h[cols]
+        total = (kernel_stein_discrepancy(xs, ss, c=c, beta=beta) * m) ** 2
+        # k₀(x, x) = ‖s(x)‖² c^{2β} − 2β|S| c^{2β−2}: the V-statistic's diagonal, whose mean
+        # grows with ‖s‖² and so would favour samples too narrow (small scores)
+        diagonal = float((ss**2).sum()) * c ** (2 * beta) - 2 * beta * len(cols) * m * c ** (
+            2 * beta - 2
+        )
+        squares.append((total - diagonal) / (m * (m - 1)))
+    mean = sum(squares) / len(squares)
+    return math.copysign(math.sqrt(abs(mean)), mean)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Batches", "flatten"]
+__all__ = ["Batches", "bind", "expanded", "flatten", "size"]
 
 
 def flatten(batch: Any) -> tuple[list[Tensor], Callable[[tuple[Tensor, ...]], Any]]:
@@ -28,9 +28,8 @@ def flatten(batch: Any) -> tuple[list[Tensor], Callable[[tuple[Tensor, ...]], An
     if isinstance(batch, (tuple, list)):
         kind = type(batch) if isinstance(batch, list) else tuple
         return list(batch), lambda ts: kind(ts)
-    raise TypeError(
-        f"a batch must be a tensor, a tuple/list or a mapping of tensors, got {type(batch).__name__}"
-    )
+    name = type(batch).__name__
+    raise TypeError(f"a batch must be a tensor, a tuple/list or a mapping of tensors, got {name}")
 
 
 @dataclasses.dataclass
@@ -88,3 +87,14 @@ def expanded(batch: Any, k: int) -> tuple[tuple[Tensor, ...], Callable[[tuple[Te
 def size(batch: Any) -> int:
     """The number of data in ``batch`` (the first dimension of its first tensor)."""
     return len(flatten(batch)[0][0])
+
+
+def bind(
+    fn: Callable[[Any, Any], Tensor], rebuild: Callable[[tuple[Tensor, ...]], Any]
+) -> Callable[..., Tensor]:
+    """``fn(model, batch)`` as a function ``(model, *tensors)`` of the batch's tensors."""
+
+    def call(model: Any, *tensors: Tensor) -> Tensor:
+        return fn(model, rebuild(tensors))
+
+    return call

@@ -80,4 +80,5 @@ class TuneResult:
             return value
 
         out = dataclasses.asdict(self)
-        return clean(out)  # type: ignore[no-any-return]
+        cleaned: dict[str, Any] = clean(out)
+        return cleaned

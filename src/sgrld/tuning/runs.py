@@ -10,6 +10,7 @@ each validation datum's log-likelihood. Whether each chain diverged is read once
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -20,7 +21,8 @@ from torch import Tensor, nn
 from sgrld.chains import Chains
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.evaluation.divergence import diverged
-from sgrld.tuning.data import Batches, expanded, flatten, size
+from sgrld.metrics import get_metric
+from sgrld.tuning.data import Batches, bind, expanded, flatten, size
 
 __all__ = ["Problem", "Record", "run_round"]
 
@@ -93,16 +95,19 @@ def run_round(
     stride = max(1, (length - burn) // problem.points)
     thinned = {burn + stride * (i + 1) for i in range(problem.points)} if scored else set()
     kept: dict[str, list[Tensor]] = {"x": [], "s": [], "ll": []}
-    start = worst = None
-    rebuild = None
+    start: Tensor | None = None
+    worst: Tensor | None = None
     temperature = float(problem.fixed.get("temperature", 1.0)) or 1.0
     for step, (batch, epoch_end) in enumerate(problem.batches.epochs(), 1):
         tensors, rebuild = expanded(batch, k)
-        losses = chains.step(lambda m, *ts: problem.potential(m, rebuild(ts)), *tensors)
         if start is None:
-            start, worst = losses.clone(), losses.clone()
+            with torch.no_grad():
+                start = chains.map(bind(problem.potential, rebuild), *tensors)
+            worst = start.clone()
+        assert worst is not None
+        losses = chains.step(_guarded(bind(problem.potential, rebuild)), start, *tensors)
         worst = torch.maximum(worst, losses)  # NaN stays NaN: diverged
-        if epoch_end and chains.groups[0].sampler.metric.refresh_per_epoch:
+        if epoch_end and get_metric(problem.sampler).refresh_per_epoch:
             chains.refresh()
         if step in thinned:
             x, s = _score(problem, chains)
@@ -119,6 +124,18 @@ def run_round(
     return _records(problem, bad, kept)
 
 
+def _guarded(potential: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``potential`` with each chain's start as an argument: a chain that has diverged
+    (:func:`~sgrld.evaluation.divergence.diverged`) gets a NaN potential, so that Chains freezes
+    it (its gradient is non-finite) before its metric sees overflowing gradients."""
+
+    def call(model: nn.Module, start: Tensor, *tensors: Tensor) -> Tensor:
+        u = potential(model, *tensors)
+        return torch.where(diverged(start, u), torch.full_like(u, math.nan), u)
+
+    return call
+
+
 def _score(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
     """Every chain's scored coordinates and −∇u on them from the scoring batches."""
     k = chains.num_chains
@@ -126,7 +143,7 @@ def _score(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
     grad = None
     for batch in problem.batches.scoring:
         tensors, rebuild = expanded(batch, k)
-        _, grads = chains.grads(lambda m, *ts: problem.potential(m, rebuild(ts)), *tensors)
+        _, grads = chains.grads(bind(problem.potential, rebuild), *tensors)
         part = _flat(grads.values(), k)[:, problem.coords] * (size(batch) / total)
         grad = part if grad is None else grad + part
     assert grad is not None
@@ -142,8 +159,7 @@ def _validation(problem: Problem, chains: Chains) -> Tensor:
     with torch.no_grad():
         for batch in data:
             tensors, rebuild = flatten(batch)
-            out.append(chains.map(lambda m, *ts: log_likelihood(m, rebuild(ts)), *tensors,
-                                  shared=True))  # fmt: skip
+            out.append(chains.map(bind(log_likelihood, rebuild), *tensors, shared=True))
     return torch.cat(out, 1).double().cpu()
 
 

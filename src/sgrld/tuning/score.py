@@ -25,19 +25,21 @@ from sgrld.tuning.runs import Record
 __all__ = ["round_scores"]
 
 
-def round_scores(records: Sequence[Record], subsets: Sequence[Sequence[int]], kind: str) -> list[float]:
+def round_scores(
+    records: Sequence[Record], subsets: Sequence[Sequence[int]], kind: str
+) -> list[float]:
     """One score per record of a round, +∞ for a diverged one."""
     ok = [not r.diverged and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):
         return [math.inf] * len(records)
     if kind == "validation":
-        return [_validation(r) if fine else math.inf for r, fine in zip(records, ok)]
-    pooled = np.concatenate([r.scores for r, fine in zip(records, ok) if fine])
+        return [_validation(r) if fine else math.inf for r, fine in zip(records, ok, strict=False)]
+    pooled = np.concatenate([r.scores for r, fine in zip(records, ok, strict=False) if fine])
     rms = np.sqrt(np.mean(pooled**2, axis=0))
     scale = 1.0 / np.where((rms > 0) & np.isfinite(rms), rms, 1.0)
     return [
         coordinate_stein_discrepancy(r.samples, r.scores, subsets, scale) if fine else math.inf
-        for r, fine in zip(records, ok)
+        for r, fine in zip(records, ok, strict=False)
     ]
 
 

@@ -4,7 +4,6 @@ best candidates. ``docs/tuning.md`` says why each choice was made."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -165,9 +164,13 @@ class _Search:
             sampler=self.problem.sampler,
             options={"lr": best, **self.problem.fixed},
             candidates=tuple(
-                Candidate(lr, tuple(s for _, s in h), tuple(n for n, _ in h),
-                          sum(n for n, _ in h) * self.problem.chains_per_candidate,
-                          lr in self.broken)  # fmt: skip
+                Candidate(
+                    lr,
+                    tuple(s for _, s in h),
+                    tuple(n for n, _ in h),
+                    sum(n for n, _ in h) * self.problem.chains_per_candidate,
+                    lr in self.broken,
+                )
                 for lr, h in sorted(self.history.items())
             ),
             rounds=tuple(self.rounds),
