@@ -24,6 +24,7 @@ HELP = {
     "sweep": "a grid of sample runs, resumable, local or SLURM",
     "report": "the paper's selection rule, every table and figure",
     "table": "aggregate runs into the paper's table format",
+    "tune": "choose each sampler's ℓ for a run from its own chains (sgrld.tune)",
 }
 COMMANDS: dict[str, tuple[str, str]] = {
     name: (f"sgrld.experiments.commands.{name}", text) for name, text in HELP.items()

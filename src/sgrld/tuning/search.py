@@ -42,7 +42,7 @@ def tune(
     seed: int = 0,
     validation: tuple[Iterable[Any], Callable[[nn.Module, Any], Tensor]] | None = None,
     chains: int = 1,
-    points: int = 32,
+    points: int = 128,
     score_points: int = 2048,
     **fixed: Any,
 ) -> TuneResult:
@@ -142,7 +142,7 @@ class _Search:
 
     def run(self) -> TuneResult:
         probe_cost = self.problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
-        minimum = probe_cost + self.problem.cost(2, self.min_length)
+        minimum = probe_cost + self._least()
         if self.budget < minimum:
             raise ValueError(
                 f"budget={self.budget} cannot compare two candidates: give at least {minimum} "
@@ -156,7 +156,8 @@ class _Search:
         for count, length in plan[1:]:
             ranked = sorted((s, lr) for lr, s in scores.items() if math.isfinite(s))
             lrs = [lr for _, lr in ranked[:count] if lr < min(self.broken, default=math.inf)]
-            if len(lrs) < 2:
+            length = min(length, self._affordable(len(lrs)))
+            if len(lrs) < 2 or length < self.min_length:
                 break
             scores = self._round("halving", lrs, length)
         best = self._best()
@@ -187,7 +188,7 @@ class _Search:
         stable = self._ladder(0)
         if stable and len(stable) < width:
             return max(stable)
-        if self.spent + self._probe_cost() <= self.budget:
+        if self.spent + self._probe_cost() + self._least() <= self.budget:
             shift = width if stable else -width
             moved = self._ladder(shift)
             if moved:
@@ -204,6 +205,15 @@ class _Search:
         self.rounds.append(Round("probe", PROBE_STEPS, tuple(lrs), marks, self._probe_cost()))
         self.broken.update(lr for lr, r in zip(lrs, records, strict=True) if r.diverged)
         return [lr for lr, r in zip(lrs, records, strict=True) if not r.diverged]
+
+    def _affordable(self, candidates: int) -> int:
+        """The longest chains ``candidates`` can still run within the budget."""
+        per_step = self.problem.cost(candidates, 1) - self.problem.cost(candidates, 0)
+        return (self.budget - self.spent - self.problem.cost(candidates, 0)) // per_step
+
+    def _least(self) -> int:
+        """The cost of the smallest comparison: two candidates, the shortest chains."""
+        return self.problem.cost(2, self.min_length)
 
     def _probe_cost(self) -> int:
         return self.problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
@@ -223,7 +233,7 @@ class _Search:
             length = min((left - fixed) // max(per_step, 1), self.steps // 2 ** (len(counts) - 1))
             if length >= self.min_length:
                 return [(c, length * 2**r) for r, c in enumerate(counts)]
-        return [(2, self.min_length)]
+        return [(2, self.min_length)]  # fits: the probe left room for it (run, _probe)
 
     def _bracket(self, lrs: list[float], length: int) -> dict[float, float]:
         """Score the bracket, widening it by one candidate at a time while the best is at an

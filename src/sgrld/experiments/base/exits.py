@@ -19,7 +19,7 @@ TERMINATED = 143  # 128 + SIGTERM
 STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     OK: (
         "done: every run finished (in a sweep: completed or broken down), outputs written",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "tune"),
     ),
     FAILED: (
         "sweep: a run failed (its error is listed, the others went on); report and table with "
@@ -29,7 +29,7 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     USAGE: (
         "bad input, refused before any work: invalid options or config, a damaged or "
         "misfitting checkpoint, an --out held by another run or grid, unreadable results",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "tune"),
     ),
     BROKEN_DOWN: (
         "a chain broke down (non-finite value): sample writes its results (status "
@@ -39,7 +39,7 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     IO_ERROR: (
         "an output could not be written (a read-only --out, disk full); the last good "
         "checkpoint is kept",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "tune"),
     ),
     BUSY: (
         "sweep: runs are still held by another sweep or job; run the sweep again when they end",
@@ -47,11 +47,11 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     ),
     INTERRUPTED: (
         "interrupted (Ctrl-C), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "tune"),
     ),
     TERMINATED: (
         "terminated (SIGTERM), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "tune"),
     ),
 }
 
