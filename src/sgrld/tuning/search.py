@@ -237,28 +237,31 @@ class _Search:
 
     def _bracket(self, lrs: list[float], length: int) -> dict[float, float]:
         """Score the bracket, widening it by one candidate at a time while the best is at an
-        end that did not diverge (a larger ℓ known to diverge closes the top)."""
+        end that did not diverge (a larger ℓ known to diverge closes the top), at most
+        ``MAX_WIDEN`` times; while every candidate diverged, downwards as long as the budget
+        allows."""
         records = dict(zip(lrs, run_round(self.problem, lrs, length), strict=True))
         self.spent += self.problem.cost(len(lrs), length)
-        for _ in range(MAX_WIDEN + 1):
+        widened = 0
+        while True:
             scores = dict(zip(records, round_scores(list(records.values()), self.subsets,
                                                     self.kind), strict=True))  # fmt: skip
             finite = [lr for lr, s in scores.items() if math.isfinite(s)]
-            if not finite:
-                raise self._all_diverged(list(records))
-            best = min(finite, key=lambda lr: scores[lr])
-            if best == min(records):
-                extra = best / SPACING
+            best = min(finite, key=lambda lr: scores[lr]) if finite else None
+            if best is None or best == min(records):  # every one diverged, or the best is
+                extra = min(records) / SPACING  # the smallest: look lower
             elif best == max(records) and best * SPACING < min(self.broken, default=math.inf):
                 extra = best * SPACING
             else:
                 break
-            if self.spent + self.problem.cost(1, length) > self.budget or len(records) >= (
-                BRACKET + MAX_WIDEN
-            ):
+            room = self.spent + self.problem.cost(1, length) <= self.budget
+            if not room or (best is not None and widened == MAX_WIDEN):
                 break
             records[extra] = run_round(self.problem, [extra], length)[0]
             self.spent += self.problem.cost(1, length)
+            widened += 1
+        if best is None:
+            raise self._all_diverged(list(records))
         self._note("bracket", length, records, scores)
         return scores
 
