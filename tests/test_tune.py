@@ -49,7 +49,11 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     assert opt.param_groups[0]["lr"] == result.lr
 
 
-@pytest.mark.parametrize("name", [m for m in sgrld.metric_names() if m != "identity"])
+@pytest.mark.parametrize(
+    "name",
+    [n if n in ("monge", "shampoo") else pytest.param(n, marks=pytest.mark.slow)
+     for n in sgrld.metric_names() if n != "identity"],
+)  # fmt: skip
 def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -> None:
     model, potential, loader, n = _diabetes()
     fixed: dict[str, Any] = {"adapt_until": 500}
