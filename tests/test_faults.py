@@ -141,7 +141,7 @@ def test_an_unwritable_out_exits_74_in_every_command(
             "32",
             "--out",
             out,
-        ],  # fmt: skip
+        ],
     }[command]
     assert code_of(argv) == exits.IO_ERROR
     assert "Traceback" not in capsys.readouterr().err

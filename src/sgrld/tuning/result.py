@@ -18,6 +18,7 @@ class Round:
     lrs: tuple[float, ...]
     scores: tuple[float, ...]  # +inf: diverged (a probe scores 0 for a stable ℓ)
     spent: int
+    errors: tuple[float, ...] = ()  # the scores' standard errors
 
 
 @dataclasses.dataclass(frozen=True)

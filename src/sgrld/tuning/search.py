@@ -244,8 +244,9 @@ class _Search:
         self.spent += self.problem.cost(len(lrs), length)
         widened = 0
         while True:
-            scores = dict(zip(records, round_scores(list(records.values()), self.subsets,
+            scored = dict(zip(records, round_scores(list(records.values()), self.subsets,
                                                     self.kind), strict=True))  # fmt: skip
+            scores = {lr: v[0] for lr, v in scored.items()}
             finite = [lr for lr, s in scores.items() if math.isfinite(s)]
             best = min(finite, key=lambda lr: scores[lr]) if finite else None
             if best is None or best == min(records):  # every one diverged, or the best is
@@ -262,38 +263,49 @@ class _Search:
             widened += 1
         if best is None:
             raise self._all_diverged(list(records))
-        self._note("bracket", length, records, scores)
+        self._note("bracket", length, records, scored)
         return scores
 
     def _round(self, name: str, lrs: list[float], length: int) -> dict[float, float]:
         records = dict(zip(lrs, run_round(self.problem, lrs, length), strict=True))
         self.spent += self.problem.cost(len(lrs), length)
-        scores = dict(zip(lrs, round_scores(list(records.values()), self.subsets, self.kind),
+        scored = dict(zip(lrs, round_scores(list(records.values()), self.subsets, self.kind),
                           strict=True))  # fmt: skip
-        self._note(name, length, records, scores)
-        return scores
+        self._note(name, length, records, scored)
+        return {lr: v[0] for lr, v in scored.items()}
 
     def _note(
-        self, name: str, length: int, records: dict[float, Record], scores: dict[float, float]
+        self,
+        name: str,
+        length: int,
+        records: dict[float, Record],
+        scored: dict[float, tuple[float, float]],
     ) -> None:
         lrs = sorted(records)
         for lr in lrs:
-            self.history.setdefault(lr, []).append((length, scores[lr]))
+            self.history.setdefault(lr, []).append((length, scored[lr][0]))
             if records[lr].diverged:
                 self.broken.add(lr)
         cost = self.problem.cost(len(lrs), length)
-        self.rounds.append(Round(name, length, tuple(lrs), tuple(scores[lr] for lr in lrs), cost))
+        scores = tuple(scored[lr][0] for lr in lrs)
+        errors = tuple(scored[lr][1] for lr in lrs)
+        self.rounds.append(Round(name, length, tuple(lrs), scores, cost, errors))
 
     def _best(self) -> float:
-        """The best candidate of the last round with one below every ℓ that diverged."""
+        """The best candidate of the last round with one below every ℓ that diverged, or the
+        smallest ℓ whose score is within one standard error of the best's (the one-standard-
+        error rule): a too-large ℓ's bias stays in a chain of any length, while a too-small
+        one's slower mixing shrinks in the user's chain, longer than the round's."""
         ceiling = min(self.broken, default=math.inf)
         for r in reversed(self.rounds):
             if r.name == "probe":
                 continue
-            fine = [(s, lr) for lr, s in zip(r.lrs, r.scores, strict=True)
+            fine = [(s, lr, e) for lr, s, e in zip(r.lrs, r.scores, r.errors, strict=True)
                     if math.isfinite(s) and lr < ceiling]  # fmt: skip
             if fine:
-                return min(fine)[1]
+                score, _, error = min(fine)
+                close = [c for s, c, e in fine if s <= score + math.hypot(error, e)]
+                return min(close)
         raise self._all_diverged(list(self.history))
 
     def _all_diverged(self, lrs: list[float]) -> ValueError:
