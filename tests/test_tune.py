@@ -43,6 +43,12 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     best = next(c for c in result.candidates if c.lr == result.lr)
     assert not best.diverged and best.steps > 0 and math.isfinite(best.score)
     assert sum(c.steps for c in result.candidates) < result.spent  # + probe and scoring
+    # the last round's best, or a smaller ℓ within one standard error of it
+    last = result.rounds[-1]
+    rows = dict(zip(last.lrs, zip(last.scores, last.errors, strict=True), strict=True))
+    top = min(rows, key=lambda lr: rows[lr][0])
+    assert result.lr <= top
+    assert rows[result.lr][0] <= rows[top][0] + math.hypot(rows[top][1], rows[result.lr][1])
     again = sgrld.tune("identity", model, potential, loader, num_data=n, seed=3, **SMALL)
     assert again.to_dict() == result.to_dict()  # the same seed, the same search
     opt = sgrld.SGRLDOptimizer(model.parameters(), metric="identity", num_data=n, **result.options)
