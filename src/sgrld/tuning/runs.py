@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from sgrld import build
 from sgrld.chains import Chains
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.evaluation.divergence import diverged
@@ -47,13 +48,11 @@ class Problem:
 
     def build(self, lrs: Sequence[float], length: int) -> Chains:
         """The round's chains: candidate c's chains are ``c·C, …, c·C + C − 1``."""
-        import sgrld  # the public build(): metric options and the sampler's own, as the user's
-
         options = dict(self.fixed)
         warmup = options.pop("adapt_until", DEFAULT_WARMUP)
         if warmup is not None:
             warmup = min(warmup, length // 4)  # inside the burn-in (the first half) of a round
-        sampler = sgrld.build(
+        sampler = build(
             self.sampler, lr=float(lrs[0]), num_data=self.num_data, noise="philox",
             adapt_until=warmup, **options,
         )  # fmt: skip
@@ -111,7 +110,7 @@ def run_round(
             chains.refresh()
         if step in thinned:
             x, s = _score(problem, chains)
-            kept["x"].append(x * 1.0)
+            kept["x"].append(x)
             kept["s"].append(s * (problem.num_data / temperature))
             if problem.validation is not None:
                 kept["ll"].append(_validation(problem, chains))
@@ -119,7 +118,8 @@ def run_round(
             break
     assert start is not None and worst is not None
     finite = torch.isfinite(_flat(chains.params.values(), k)).all(1)
-    finite &= torch.tensor([i not in chains.failures() for i in range(k)], device=finite.device)
+    failed = chains.failures()
+    finite &= torch.tensor([i not in failed for i in range(k)], device=finite.device)
     bad = diverged(start, worst, finite).reshape(len(lrs), -1).any(1).tolist()
     return _records(problem, bad, kept)
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sgrld import build
 from sgrld.metrics import resolve_metric_name
 from sgrld.tuning.data import Batches
 from sgrld.tuning.result import Candidate, Round, TuneResult
@@ -93,15 +94,13 @@ def tune(
         >>> opt = sgrld.SGRLDOptimizer(model.parameters(), metric="monge", num_data=n,
         ...                            **result.options)  # doctest: +SKIP
     """
-    import sgrld
-
     name = resolve_metric_name(sampler)
     for label, value, low in (("steps", steps, 1), ("budget", budget, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"invalid {label}: {value!r} (expected an int >= {low})")
     if "lr" in fixed:
         raise TypeError("tune() chooses lr: pass the other options only")
-    sgrld.build(name, lr=1.0, num_data=num_data, noise="philox", **fixed)  # refuse bad options
+    build(name, lr=1.0, num_data=num_data, noise="philox", **fixed)  # refuse bad options
     first = next(iter(model.parameters()), None)
     if first is None:
         raise ValueError("the model has no parameters")
