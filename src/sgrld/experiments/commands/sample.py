@@ -286,6 +286,7 @@ def lr_list(text: str) -> list[float | str]:
 
 
 lr_list.item_type = lr_value  # type: ignore[attr-defined]
+lr_value.config_kind = "float"  # type: ignore[attr-defined]  # a config's lr: numbers
 
 
 def _values(value: Any) -> list[Any]:
