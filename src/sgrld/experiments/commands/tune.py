@@ -214,6 +214,7 @@ def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, len(samplers), figsize=(3.2 * len(samplers), 3), squeeze=False)
     for ax, (name, result) in zip(axes[0], samplers.items(), strict=True):
@@ -228,6 +229,7 @@ def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:
             ax.plot(bad, [top] * len(bad), "x", color="red")
         ax.axvline(result["options"]["lr"], color="black", lw=0.8, ls="--")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
         ax.set_title(f"{name}: ℓ = {result['options']['lr']:.3g}", fontsize=9)
         ax.set_xlabel("ℓ")
         ax.set_ylabel("KSD" if result["score"] == "ksd" else "−validation log p")
