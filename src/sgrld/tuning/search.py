@@ -155,8 +155,10 @@ class _Search:
         for count, length in plan[1:]:
             ranked = sorted((s, lr) for lr, s in scores.items() if math.isfinite(s))
             lrs = [lr for _, lr in ranked[:count] if lr < min(self.broken, default=math.inf)]
+            if len(lrs) < 2:
+                break
             length = min(length, self._affordable(len(lrs)))
-            if len(lrs) < 2 or length < self.min_length:
+            if length < self.min_length:
                 break
             scores = self._round("halving", lrs, length)
         best = self._best()
