@@ -17,6 +17,7 @@ first root refreshes at large ℓ, for each damping δ.
     python benchmarks/gold.py                  # the table (about 100k steps: long on a CPU)
     python benchmarks/gold.py --steps 20000    # a quicker table
     python benchmarks/gold.py --survival
+    python benchmarks/gold.py --tuned --steps 20000 --budget 60000   # sgrld.tune's ℓ vs the grid
 """
 
 from __future__ import annotations
@@ -229,6 +230,55 @@ def table(steps: int, seeds: int, only: list[str] | None, raw: bool = False) -> 
             sys.stdout.flush()
 
 
+def tuned_table(steps: int, seeds: int, budget: int, only: list[str] | None) -> None:
+    """Per setting (frozen protocol): the ℓ ``sgrld.tune`` chooses for a chain of ``steps`` steps
+    within ``budget`` gradients, its errors, beside the grid's best ℓ (chosen by W1 against NUTS,
+    which the tuner never sees) and the grid's gradients (ℓ values × chains × steps)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    ref, problem = reference(), Problem()
+    n, warmup = problem.num_data, steps // 10
+
+    def potential(model: torch.nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        nll = torch.nn.functional.binary_cross_entropy_with_logits(model(x)[..., 0], y)
+        return nll + sum((p**2).sum() for p in model.parameters()) / (2 * n)
+
+    model = torch.nn.Linear(30, 1, dtype=torch.float64)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()  # the grid's chains start at 0 too
+    loader = DataLoader(TensorDataset(problem.x, problem.y), batch_size=problem.batch, shuffle=True)
+    print(f"{steps} steps, minibatch {problem.batch}, {seeds} chains, frozen after {warmup}; "
+          f"tuner budget {budget} gradients\n")  # fmt: skip
+    print("| sampler | ℓ | chosen by | mean \\|Δμ\\|/σ | σ_SG/σ_NUTS median [min, max] "
+          "| mean W1/σ | gradients |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for setting in SETTINGS:
+        if only and not any(o.lower() in setting.label.lower() for o in only):
+            continue
+        result = sgrld.tune(
+            setting.metric, model, potential, loader, num_data=n, steps=steps, budget=budget,
+            seed=0, adapt_until=warmup, **setting.options,
+        )  # fmt: skip
+        draws, ok = run(problem, setting, [result.lr], seeds=seeds, steps=steps,
+                        adapt_until=warmup)  # fmt: skip
+        e = errors(draws.reshape(-1, 31).numpy(), ref) if bool(ok.all()) else {}
+        lr, g, _ = best(problem, setting, ref, seeds=seeds, steps=steps, adapt_until=warmup)
+        grid_cost = len(setting.lrs) * seeds * steps
+        for how, value, err, cost in (("sgrld.tune", result.lr, e, result.spent),
+                                      ("grid (W1)", lr, g, grid_cost)):  # fmt: skip
+            if not err:
+                print(f"| {setting.label} | {value:.3g} | {how} | chains lost | | | {cost} |")
+                continue
+            print(
+                f"| {setting.label} | {value:.3g} | {how} | {err['mean_err']:.3f} | "
+                f"{err['std_median']:.2f} [{err['std_min']:.2f}, {err['std_max']:.2f}] | "
+                f"{err['w1']:.3f} | {cost} |"
+            )
+        sys.stdout.flush()
+
+
 def survival(seeds: int, steps: int, lrs: list[float], options: dict[str, Any]) -> None:
     """Shampoo chains alive and within 10 σ of the NUTS mean after ``steps`` steps."""
     ref, problem = reference(), Problem()
@@ -257,6 +307,8 @@ def main() -> None:
         "--survival", action="store_true", help="Shampoo chains alive at ℓ = 0.1, 0.2, 0.3"
     )
     parser.add_argument("-v", action="store_true", help="print each row's seconds")
+    parser.add_argument("--tuned", action="store_true", help="sgrld.tune's ℓ against the grid's")
+    parser.add_argument("--budget", type=int, default=60_000, help="the tuner's (60000)")
     parser.add_argument(
         "--raw", action="store_true", help="the ill-conditioned variant: unscaled features"
     )
@@ -266,6 +318,9 @@ def main() -> None:
         for damping in (0.0, 1e-3, 1e-2, 1e-1):  # docs/posterior.md's survival table
             options = {"precondition_vectors": True, "damping": damping}
             survival(10, 1000, [0.1, 0.2, 0.3], options)
+        return
+    if args.tuned:
+        tuned_table(args.steps, args.seeds, args.budget, args.only)
         return
     table(args.steps, args.seeds, args.only, args.raw)
 

@@ -105,7 +105,9 @@ def test_sigterm_of_a_sweep_exits_143(
     assert capsys.readouterr().err.splitlines()[-1] == "terminated"
 
 
-@pytest.mark.parametrize("command", ["sample", "sweep", "funnel", "geodesics", "report", "table"])
+@pytest.mark.parametrize(
+    "command", ["sample", "sweep", "funnel", "geodesics", "report", "table", "tune"]
+)
 def test_an_unwritable_out_exits_74_in_every_command(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,6 +127,21 @@ def test_an_unwritable_out_exits_74_in_every_command(
         "geodesics": ["geodesics", "--out", out, "--directions", "2"],
         "report": ["report", str(runs), "--out", out, "--no-figures"],
         "table": ["table", str(runs), "--markdown", str(blocker / "t.md")],
+        "tune": [
+            "tune",
+            "--dataset",
+            "diabetes",
+            "--model",
+            "fc",
+            "--sampler",
+            "identity",
+            "--epochs",
+            "120",
+            "--batch-size",
+            "32",
+            "--out",
+            out,
+        ],
     }[command]
     assert code_of(argv) == exits.IO_ERROR
     assert "Traceback" not in capsys.readouterr().err

@@ -8,8 +8,9 @@ Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only 
 * the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
   ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
 
-A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC). The local learning
-coefficient with every metric: :func:`llc` (``docs/llc.md``).
+A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC). Choosing ℓ:
+:func:`tune` (``docs/tuning.md``). The local learning coefficient with every metric: :func:`llc`
+(``docs/llc.md``).
 Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     )
     from sgrld.schedules import CyclicalLR
     from sgrld.slt import LLCEstimate, llc
+    from sgrld.tuning import TuneResult, tune
 
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
 # line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
@@ -81,6 +83,7 @@ _LAZY = {
     "CyclicalLR": "sgrld.schedules",
     "Chains": "sgrld.chains",
     **dict.fromkeys(("LLCEstimate", "llc"), "sgrld.slt"),
+    **dict.fromkeys(("TuneResult", "tune"), "sgrld.tuning"),
 }
 
 
@@ -178,6 +181,7 @@ __all__ = [
     "SamplerState",
     "ShampooMetric",
     "ShampooSGLD",
+    "TuneResult",
     "WenzelMetric",
     "WenzelSGLD",
     "__version__",
@@ -189,4 +193,5 @@ __all__ = [
     "log_predictive_density",
     "metric_names",
     "posterior_predictive",
+    "tune",
 ]

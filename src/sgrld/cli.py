@@ -26,6 +26,7 @@ HELP = {
     "report": "the paper's selection rule, every table and figure",
     "table": "aggregate runs into the paper's table format",
     "llc": "the local learning coefficient with every metric",
+    "tune": "choose each sampler's ℓ for a run from its own chains (sgrld.tune)",
 }
 COMMANDS: dict[str, tuple[str, str]] = {
     name: (f"sgrld.experiments.commands.{name}", text) for name, text in HELP.items()

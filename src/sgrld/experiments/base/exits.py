@@ -19,7 +19,7 @@ TERMINATED = 143  # 128 + SIGTERM
 STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     OK: (
         "done: every run finished (in a sweep: completed or broken down), outputs written",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
     ),
     FAILED: (
         "sweep: a run failed (its error is listed, the others went on); sample under torchrun: "
@@ -30,7 +30,7 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     USAGE: (
         "bad input, refused before any work: invalid options or config, a damaged or "
         "misfitting checkpoint, an --out held by another run or grid, unreadable results",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
     ),
     BROKEN_DOWN: (
         "a chain broke down (a non-finite value, or blown up while finite: sgrld.health): "
@@ -40,7 +40,7 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     IO_ERROR: (
         "an output could not be written (a read-only --out, disk full); the last good "
         "checkpoint is kept",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
     ),
     BUSY: (
         "sweep: runs are still held by another sweep or job; run the sweep again when they end",
@@ -48,11 +48,11 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     ),
     INTERRUPTED: (
         "interrupted (Ctrl-C), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
     ),
     TERMINATED: (
         "terminated (SIGTERM), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc"),
+        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
     ),
 }
 

@@ -7,10 +7,14 @@ import sys
 from pathlib import Path
 
 from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.base.files import write_atomic
 from sgrld.experiments.commands.common import add_strict_argument, report_problems
 from sgrld.experiments.report.build import plural
 from sgrld.experiments.report.tables import TableError, aggregate, find_results, load_checked
+from sgrld.experiments.report.tuning import tuning_table
 from sgrld.experiments.report.write import write_report
+from sgrld.experiments.run.tuned import read_tune
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paper", action="store_true", help="the paper's numbers beside ours")
     parser.add_argument(
         "--no-figures", action="store_true", help="tables only (no figures, no matplotlib needed)"
+    )
+    parser.add_argument(
+        "--tuned",
+        type=Path,
+        metavar="DIR",
+        help="a sgrld tune folder: write tuning.md, the tuner's compute against the paper's grid",
     )
     add_strict_argument(parser)
     parser.epilog = exits.epilog("report")
@@ -45,11 +55,22 @@ def run(args: argparse.Namespace) -> int:
     except TableError as exc:
         print(f"sgrld report: error: {exc}", file=sys.stderr)
         return exits.USAGE
+    tuning = None
+    if args.tuned is not None:
+        try:
+            tuning = tuning_table(read_tune(args.tuned))
+        except UsageError as exc:
+            print(f"sgrld report: error: {exc}", file=sys.stderr)
+            return exits.USAGE
     try:
         groups = aggregate(runs)
         written = write_report(
             groups, args.out, paper=args.paper, figures=not args.no_figures, left_out=problems
         )
+        if tuning is not None:
+            write_atomic(args.out / "tuning.md", tuning)
+            written.append(args.out / "tuning.md")
+            print(tuning, end="")
     except OSError as exc:
         print(f"sgrld report: error: {exc}", file=sys.stderr)
         return exits.IO_ERROR

@@ -44,6 +44,7 @@ from sgrld.experiments.run.naming import (
     dest_of,
     option_text,
 )
+from sgrld.experiments.run.tuned import lr_value, tuned_lr
 from sgrld.metrics import resolve_metric_name
 
 PRIOR_CHOICES = tuple(PRIORS)
@@ -80,9 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument(
         "--lr",
-        type=float_list,
+        type=lr_list,
         metavar="LR[,LR...]",
-        help="learning rate ℓ (h = ℓ/n); default: the paper's for the setting. A comma list "
+        help="learning rate ℓ (h = ℓ/n), or tuned:DIR for the ℓ that sgrld tune --out DIR "
+        "chose for the sampler; default: the paper's for the setting. A comma list "
         "runs one chain per value (crossed with --alpha2 and the seeds of --chains)",
     )
     what.add_argument(
@@ -297,6 +299,16 @@ def adapt_choice(text: str) -> str | int:
 float_list.item_type = float  # type: ignore[attr-defined]  # what a sweep's comma list holds
 
 
+def lr_list(text: str) -> list[float | str]:
+    """An argparse ``type``: ``0.1,0.25`` → ``[0.1, 0.25]``; ``tuned:DIR`` is kept as text and
+    read once the sampler is known (:mod:`sgrld.experiments.run.tuned`)."""
+    return [lr_value(part.strip()) for part in text.split(",")]
+
+
+lr_list.item_type = lr_value  # type: ignore[attr-defined]
+lr_value.config_kind = "float"  # type: ignore[attr-defined]  # a config's lr: numbers
+
+
 def _values(value: Any) -> list[Any]:
     """A flag's values: ``None`` → ``[None]``, a number → ``[number]``, a list → itself."""
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -345,7 +357,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return configs_from_args(args)[0]
 
 
-def _config(args: argparse.Namespace, lr: float | None, tuned: dict[str, Any], seed: int) -> Any:
+def _config(
+    args: argparse.Namespace, lr: float | str | None, tuned: dict[str, Any], seed: int
+) -> Any:
     from sgrld.data import dataset_info
     from sgrld.experiments.report.paper import paper_entry
     from sgrld.experiments.run.choices import MODEL_FOR_DATASET
@@ -354,6 +368,8 @@ def _config(args: argparse.Namespace, lr: float | None, tuned: dict[str, Any], s
 
     model = args.model or MODEL_FOR_DATASET[args.dataset]
     paper = paper_entry(args.dataset, args.prior, args.width, args.sampler)
+    if lr is not None:
+        lr = tuned_lr(lr, args.sampler)
     if lr is None and paper is not None:
         lr = paper.lr
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}

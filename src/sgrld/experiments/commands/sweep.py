@@ -75,8 +75,8 @@ def option_kinds() -> dict[str, Kind]:
             kind = "bool"
         elif parse is int:
             kind = "int"
-        elif parse is float:
-            kind = "float"
+        elif parse is float or getattr(parse, "config_kind", None) == "float":
+            kind = "float"  # lr: a number in a config (tuned:DIR is for the command line)
         else:
             kind = "str"
         choices = tuple(action.choices) if action.choices else None

@@ -1,0 +1,239 @@
+"""``sgrld tune``: choose each sampler's ℓ for an experiment's run with :func:`sgrld.tune`.
+
+Example (MNIST, N = 400, horseshoe prior, a 3-epoch run, every sampler)::
+
+    sgrld tune --dataset mnist --width 400 --prior horseshoe --epochs 3 --budget 20000 \\
+        --data-dir DIR --out OUT
+
+takes every option of ``sgrld sample`` (the run the ℓ is for: its data, model, prior, epochs,
+batch size and fixed sampler options) and writes ``OUT/tune.json`` (each sampler's
+:class:`~sgrld.TuneResult`, with the compute of the paper's ℓ grid for the setting it replaces)
+and ``OUT/tune.png`` (score against ℓ per sampler, one line per round). ``sgrld sample --lr
+tuned:OUT`` and ``sgrld sweep --lr tuned:OUT`` then run with the chosen ℓ; ``sgrld report
+--tuned OUT`` states the tuner's compute against the grid's. ``docs/tuning.md`` says how it
+chooses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.commands import sample
+from sgrld.experiments.run.choices import SAMPLERS, sampler_name
+from sgrld.experiments.run.tuned import TUNE_FILE
+from sgrld.experiments.sweep.grid import comma_list
+
+FIGURE = "tune.png"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``sgrld sample``'s options (the run to tune for) and the search's own."""
+    sample.add_arguments(parser)
+    parser.epilog = exits.epilog("tune")
+    for action in parser._actions:  # as sweep does: --sampler takes a list, --out is required
+        if action.dest == "sampler":
+            action.type, action.choices = comma_list(sampler_name, SAMPLERS), None
+            action.metavar = "S[,S...]"
+            action.help = f"the samplers to tune (default: all of {', '.join(SAMPLERS)})"
+        elif action.dest == "out":
+            action.type, action.required = Path, True
+            action.help = "the folder for tune.json and tune.png"
+    search = parser.add_argument_group("the search")
+    search.add_argument(
+        "--budget",
+        type=int,
+        default=50_000,
+        help="gradient evaluations per sampler (one minibatch gradient of one chain; 50000)",
+    )
+    search.add_argument(
+        "--score",
+        choices=("ksd", "validation"),
+        default="ksd",
+        help="sample quality by kernel Stein discrepancy (default) or the validation log "
+        "predictive (the paper's rule)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``sgrld tune``."""
+    import torch
+
+    from sgrld.experiments.base.files import OutputError
+    from sgrld.experiments.run import launch
+
+    names = args.sampler or list(SAMPLERS)
+    try:
+        if args.lr is not None:
+            raise UsageError("sgrld tune chooses --lr: leave it out")
+        args.lr = [1.0]  # a placeholder: the config's other fields are the run's
+        configs = {s: sample.config_from_args(_with(args, sampler=s)) for s in names}
+        first = configs[names[0]]
+        data_dir = launch.data_dir_of(args, {first.dataset})
+        splits = launch.load_splits(args, first, data_dir, args.out)
+        if splits is None:
+            return exits.USAGE
+        device = launch.resolve_device(args.device)
+        results = {s: _tune(configs[s], splits, args, device) for s in names}
+    except UsageError as exc:
+        print(f"sgrld tune: error: {exc}", file=sys.stderr)
+        return exits.USAGE
+    except OutputError as exc:
+        print(f"sgrld tune: error: {exc}", file=sys.stderr)
+        return exits.IO_ERROR
+    except ValueError as exc:  # the tuner's refusals: one line each
+        print(f"sgrld tune: error: {exc}", file=sys.stderr)
+        return exits.USAGE
+    del torch
+    data = {"config": _setting(first, args, splits), "samplers": results}
+    try:
+        _write(args.out, data)
+    except OSError as exc:
+        print(f"sgrld tune: error: writing failed: {exc}", file=sys.stderr)
+        return exits.IO_ERROR
+    for name, result in results.items():
+        grid = result["grid"]
+        share = f", {result['spent'] / grid['evaluations']:.0%} of its grid" if grid else ""
+        print(f"{name}: ℓ = {result['options']['lr']:.3g} ({result['spent']} gradients{share})")
+    print(f"wrote {args.out / TUNE_FILE}, {args.out / FIGURE}")
+    return exits.OK
+
+
+def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
+def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> dict[str, Any]:
+    """One sampler's search for ``config``'s run, as a JSON-ready dict with its grid."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import sgrld
+    from sgrld.experiments.run.build import build_run_model
+    from sgrld.models import potential
+
+    n = config.max_train or splits.num_train
+    x, y = splits.x_train[:n].to(device), splits.y_train[:n].to(device)
+    gen = torch.Generator().manual_seed(config.seed)
+    model = build_run_model(config, splits, generator=gen).to(device)
+    fixed: dict[str, Any] = {**config.sampler_options, "temperature": config.temperature}
+    fixed["adapt_until"] = config.adapt_until
+    if config.alpha2 is not None:
+        fixed |= {"alpha2": config.alpha2, "alpha2_rule": config.alpha2_rule}
+    batches = math.ceil(n / config.batch_size)
+    validation = None
+    if args.score == "validation":
+        m = config.max_eval or len(splits.y_val)
+        xv, yv = splits.x_val[:m].to(device), splits.y_val[:m].to(device)
+        step = config.eval_batch_size
+        val = [(xv[i : i + step], yv[i : i + step]) for i in range(0, m, step)]
+        validation = (val, lambda mod, b: mod.likelihood.log_prob(mod(b[0]), b[1]))
+
+    def per_datum(mod: Any, batch: Any) -> Any:
+        return potential(mod, batch[0], batch[1], n)
+
+    result = sgrld.tune(
+        config.sampler, model, per_datum,
+        DataLoader(TensorDataset(x, y), batch_size=config.batch_size, shuffle=True),
+        num_data=n, steps=config.epochs * batches, budget=args.budget, seed=config.seed,
+        validation=validation, **fixed,
+    )  # fmt: skip
+    out = result.to_dict()
+    out["grid"] = paper_grid(config, config.epochs * batches)
+    return out
+
+
+def paper_grid(config: Any, steps: int) -> dict[str, Any] | None:
+    """The paper's ℓ (× α²) grid for the setting, one seed, and its gradient evaluations."""
+    from importlib import resources
+
+    import tomllib
+
+    points = []
+    for path in resources.files("sgrld.configs").joinpath("paper").iterdir():
+        if not path.name.endswith(".toml"):
+            continue
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        defaults = data.get("defaults", {})
+        for block in data.get("grid", []):
+            merged = {**defaults, **block}
+            if all(
+                config_value in _list(merged.get(key))
+                for key, config_value in (
+                    ("dataset", config.dataset), ("prior", config.prior),
+                    ("width", config.width), ("sampler", config.sampler),
+                )
+            ):  # fmt: skip
+                alphas = _list(merged.get("alpha2")) or [None]
+                points += [(lr, a) for lr in _list(merged.get("lr")) for a in alphas]
+    if not points:
+        return None
+    unique = sorted(set(points), key=lambda p: (p[0], p[1] or 0.0))
+    return {
+        "runs": len(unique),
+        "lrs": sorted({p[0] for p in unique}),
+        "evaluations": len(unique) * steps,
+    }
+
+
+def _list(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def _setting(config: Any, args: argparse.Namespace, splits: Any) -> dict[str, Any]:
+    keys = ("dataset", "model", "width", "prior", "epochs", "batch_size", "seed", "max_train")
+    return {
+        **{k: getattr(config, k) for k in keys},
+        "num_train": config.max_train or splits.num_train,
+        "budget": args.budget,
+        "score": args.score,
+    }
+
+
+def _write(out: Path, data: dict[str, Any]) -> None:
+    import json
+
+    from sgrld.experiments.base.files import write_atomic
+
+    buffer = io.BytesIO()
+    plot(data["samplers"], buffer)
+    write_atomic(out / FIGURE, buffer.getvalue())
+    write_atomic(out / TUNE_FILE, (json.dumps(data, indent=1) + "\n").encode())
+
+
+def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:
+    """Score against ℓ per sampler: one line per round (bracket, then halving), the chosen ℓ
+    marked; diverged candidates as crosses on the top edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    fig, axes = plt.subplots(1, len(samplers), figsize=(3.2 * len(samplers), 3), squeeze=False)
+    for ax, (name, result) in zip(axes[0], samplers.items(), strict=True):
+        rounds = [r for r in result["rounds"] if r["name"] != "probe"]
+        top = max((s for r in rounds for s in r["scores"] if s is not None), default=1.0)
+        for i, r in enumerate(rounds):
+            pairs = list(zip(r["lrs"], r["scores"], strict=True))
+            fine = [(lr, s) for lr, s in pairs if s is not None]
+            label = f"{r['name']} {i}: {r['length']} steps"
+            ax.plot([p[0] for p in fine], [p[1] for p in fine], "o-", ms=3, label=label)
+            bad = [lr for lr, s in pairs if s is None]
+            ax.plot(bad, [top] * len(bad), "x", color="red")
+        ax.axvline(result["options"]["lr"], color="black", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
+        ax.set_title(f"{name}: ℓ = {result['options']['lr']:.3g}", fontsize=9)
+        ax.set_xlabel("ℓ")
+        ax.set_ylabel("KSD" if result["score"] == "ksd" else "−validation log p")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(target, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,32 @@
+"""The tuner's compute against the grid it replaces: a table from ``sgrld tune``'s tune.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["tuning_table"]
+
+
+def tuning_table(data: dict[str, Any]) -> str:
+    """Markdown: per sampler the tuned ℓ, the gradient evaluations the search spent, the paper's
+    ℓ grid for the setting (runs of one seed, their gradient evaluations) and the ratio."""
+    c = data["config"]
+    lines = [
+        f"Tuning ({c['dataset']}, {c['model']} N = {c['width']}, {c['prior']} prior, "
+        f"{c['epochs']} epochs, score {c['score']}, seed {c['seed']}): gradient evaluations are "
+        "minibatch gradients of one chain.",
+        "",
+        "| sampler | tuned ℓ | tuner | paper's grid (runs × steps) | tuner / grid |",
+        "|---|---|---|---|---|",
+    ]
+    for name, result in data["samplers"].items():
+        grid = result.get("grid")
+        if grid:
+            per_run = grid["evaluations"] // grid["runs"]
+            cells = f"{grid['evaluations']} ({grid['runs']} × {per_run})"
+            share = f"{result['spent'] / grid['evaluations']:.2f}"
+        else:
+            cells, share = "no paper grid for this setting", "–"
+        lr = result["options"]["lr"]
+        lines.append(f"| {name} | {lr:.3g} | {result['spent']} | {cells} | {share} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,67 @@
+"""Tuned step sizes as run options: ``--lr tuned:DIR`` reads the ℓ ``sgrld tune`` chose.
+
+``DIR/tune.json`` (written by ``sgrld tune``) holds one :class:`sgrld.TuneResult` per sampler;
+a run of sampler S takes ``samplers[S].options.lr`` from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from sgrld.experiments.base.exits import UsageError
+
+__all__ = ["PREFIX", "TUNE_FILE", "lr_value", "read_tune", "tuned_lr"]
+
+PREFIX = "tuned:"
+TUNE_FILE = "tune.json"
+
+
+def lr_value(text: str) -> float | str:
+    """An argparse ``type`` for one ℓ: a number, or ``tuned:DIR`` (kept as text until the
+    sampler is known) where ``DIR/tune.json`` exists."""
+    if text.startswith(PREFIX):
+        path = Path(text.removeprefix(PREFIX)) / TUNE_FILE
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"{text}: no {path} (run sgrld tune --out DIR)")
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or tuned:DIR: {text!r}") from None
+
+
+def read_tune(folder: Path) -> dict[str, Any]:
+    """The contents of ``folder/tune.json``.
+
+    Raises:
+        UsageError: it cannot be read or is not a tune file.
+    """
+    path = folder / TUNE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data.get("samplers"), dict):
+            raise ValueError("no samplers")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UsageError(f"cannot read the tuned options in {path}: {exc}") from exc
+    return data
+
+
+def tuned_lr(value: float | str, sampler: str) -> float:
+    """``value`` itself, or the ℓ that ``tuned:DIR`` holds for ``sampler``.
+
+    Raises:
+        UsageError: the folder holds no tuned ℓ for ``sampler``.
+    """
+    if not isinstance(value, str):
+        return value
+    folder = Path(value.removeprefix(PREFIX))
+    samplers = read_tune(folder)["samplers"]
+    if sampler not in samplers:
+        raise UsageError(
+            f"--lr {value}: {folder / TUNE_FILE} has no tuned ℓ for {sampler} (it has "
+            f"{', '.join(sorted(samplers)) or 'none'}): run sgrld tune --sampler {sampler}"
+        )
+    return float(samplers[sampler]["options"]["lr"])

@@ -1,0 +1,85 @@
+"""What :func:`sgrld.tune` returns: the chosen options and every candidate it tried."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+__all__ = ["Candidate", "Round", "TuneResult"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One round of the search: its chain length and each candidate's ℓ and score."""
+
+    name: str  # "probe", "bracket" or "halving"
+    length: int
+    lrs: tuple[float, ...]
+    scores: tuple[float, ...]  # +inf: diverged (a probe scores 0 for a stable ℓ)
+    spent: int
+    errors: tuple[float, ...] = ()  # the scores' standard errors
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A candidate ℓ: its score in each round it was scored in (lower is better), the sampler
+    steps spent on it (all its chains, all rounds) and whether it diverged in any."""
+
+    lr: float
+    scores: tuple[float, ...]
+    lengths: tuple[int, ...]
+    steps: int
+    diverged: bool
+
+    @property
+    def score(self) -> float:
+        """Its score in the longest round it ran (+∞ if it diverged there)."""
+        return self.scores[-1] if self.scores else math.inf
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    """The outcome of :func:`sgrld.tune`.
+
+    Attributes:
+        sampler: the registry name of the sampler.
+        options: the chosen ``lr`` with the fixed options, ready for
+            ``SGRLDOptimizer(..., metric=sampler, num_data=n, **options)`` or ``sgrld.build``.
+        candidates: every candidate scored, by increasing ℓ.
+        rounds: the probe, the bracket (with its widening) and the halving rounds, in order.
+        spent: gradient evaluations spent in all (≤ ``budget``).
+        budget: the budget it was given.
+        score: ``"ksd"`` or ``"validation"``: what the scores are.
+        steps: the length of chain the options are for.
+    """
+
+    sampler: str
+    options: dict[str, Any]
+    candidates: tuple[Candidate, ...]
+    rounds: tuple[Round, ...]
+    spent: int
+    budget: int
+    score: str
+    steps: int
+
+    @property
+    def lr(self) -> float:
+        """The chosen ℓ."""
+        return float(self.options["lr"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (infinite scores as ``None``)."""
+
+        def clean(value: Any) -> Any:
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, (list, tuple)):
+                return [clean(v) for v in value]
+            if isinstance(value, dict):
+                return {k: clean(v) for k, v in value.items()}
+            return value
+
+        out = dataclasses.asdict(self)
+        cleaned: dict[str, Any] = clean(out)
+        return cleaned

@@ -1,0 +1,183 @@
+"""One round of the search: every candidate ℓ a chain (or a few) of one :class:`~sgrld.Chains`.
+
+A round runs all its candidates together for ``length`` steps from the user's model, on the same
+minibatches, and keeps, at ``points`` thinned steps of each chain's second half, what the score
+needs: the chain's coordinates on the scoring subset, the posterior's score ∇log p = −(n/τ)∇u
+there from the near-full-data gradient (the cached scoring batches), and, with validation data,
+each validation datum's log-likelihood. Whether each chain diverged is read once, at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from sgrld import build
+from sgrld.chains import Chains
+from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.evaluation.divergence import diverged
+from sgrld.metrics import get_metric
+from sgrld.tuning.data import Batches, bind, expanded, flatten, size
+
+__all__ = ["Problem", "Record", "run_round"]
+
+Potential = Callable[[nn.Module, Any], Tensor]
+
+
+@dataclasses.dataclass
+class Problem:
+    """What every round shares: the sampler, the model, the data and the scoring subset."""
+
+    sampler: str
+    model: nn.Module
+    potential: Potential
+    batches: Batches
+    num_data: float
+    fixed: dict[str, Any]
+    coords: Tensor  # flat indices of the scored coordinates
+    seed: int
+    chains_per_candidate: int
+    points: int
+    validation: tuple[list[Any], Callable[[nn.Module, Any], Tensor]] | None = None
+
+    def build(self, lrs: Sequence[float], length: int) -> Chains:
+        """The round's chains: candidate c's chains are ``c·C, …, c·C + C − 1``."""
+        options = dict(self.fixed)
+        warmup = options.pop("adapt_until", DEFAULT_WARMUP)
+        if warmup is not None:
+            warmup = min(warmup, length // 4)  # inside the burn-in (the first half) of a round
+        sampler = build(
+            self.sampler, lr=float(lrs[0]), num_data=self.num_data, noise="philox",
+            adapt_until=warmup, **options,
+        )  # fmt: skip
+        c = self.chains_per_candidate
+        seeds = [(self.seed * 1_000_003 + j) % 2**63 for _ in lrs for j in range(c)]
+        per_chain = [float(lr) for lr in lrs for _ in range(c)]
+        return Chains(self.model, sampler, seeds, lr=per_chain)
+
+    def cost(self, candidates: int, length: int, *, scored: bool = True) -> int:
+        """Gradient evaluations (minibatch gradients of one chain) of a round; a scoring or
+        validation batch at a thinned point counts as one."""
+        chains = candidates * self.chains_per_candidate
+        per_point = len(self.batches.scoring) + len(self.validation[0] if self.validation else [])
+        return chains * (length + self.points * per_point * scored)
+
+
+@dataclasses.dataclass
+class Record:
+    """One candidate's round: whether it diverged and what was kept at its thinned points."""
+
+    diverged: bool
+    samples: np.ndarray  # (points·C, d) scored coordinates
+    scores: np.ndarray  # (points·C, d) ∇log p on them
+    log_likelihoods: np.ndarray | None  # (points·C, V) validation log-likelihoods
+
+
+def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
+    return torch.cat([t.reshape(k, -1) for t in tensors], 1)
+
+
+def run_round(
+    problem: Problem, lrs: Sequence[float], length: int, *, scored: bool = True
+) -> list[Record]:
+    """Run every candidate ℓ of ``lrs`` for ``length`` steps; one :class:`Record` each
+    (``scored=False``: whether it diverged only, e.g. for a stability probe)."""
+    chains = problem.build(lrs, length)
+    k = chains.num_chains
+    burn = length // 2
+    stride = max(1, (length - burn) // problem.points)
+    thinned = {burn + stride * (i + 1) for i in range(problem.points)} if scored else set()
+    kept: dict[str, list[Tensor]] = {"x": [], "s": [], "ll": []}
+    start: Tensor | None = None
+    worst: Tensor | None = None
+    temperature = float(problem.fixed.get("temperature", 1.0)) or 1.0
+    for step, (batch, epoch_end) in enumerate(problem.batches.epochs(), 1):
+        tensors, rebuild = expanded(batch, k)
+        if start is None:
+            with torch.no_grad():
+                start = chains.map(bind(problem.potential, rebuild), *tensors)
+            worst = start.clone()
+        assert worst is not None
+        losses = chains.step(_guarded(bind(problem.potential, rebuild)), start, *tensors)
+        worst = torch.maximum(worst, losses)  # NaN stays NaN: diverged
+        if epoch_end and get_metric(problem.sampler).refresh_per_epoch:
+            chains.refresh()
+        if step in thinned:
+            x, s = _score(problem, chains)
+            kept["x"].append(x)
+            kept["s"].append(s * (problem.num_data / temperature))
+            if problem.validation is not None:
+                kept["ll"].append(_validation(problem, chains))
+        if step == length:
+            break
+    assert start is not None and worst is not None
+    finite = torch.isfinite(_flat(chains.params.values(), k)).all(1)
+    failed = chains.failures()
+    finite &= torch.tensor([i not in failed for i in range(k)], device=finite.device)
+    bad = diverged(start, worst, finite).reshape(len(lrs), -1).any(1).tolist()
+    return _records(problem, bad, kept)
+
+
+def _guarded(potential: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``potential`` with each chain's start as an argument: a chain that has diverged
+    (:func:`~sgrld.evaluation.divergence.diverged`) gets a NaN potential, so that Chains freezes
+    it (its gradient is non-finite) before its metric sees overflowing gradients."""
+
+    def call(model: nn.Module, start: Tensor, *tensors: Tensor) -> Tensor:
+        u = potential(model, *tensors)
+        return torch.where(diverged(start, u), torch.full_like(u, math.nan), u)
+
+    return call
+
+
+def _score(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
+    """Every chain's scored coordinates and −∇u on them from the scoring batches."""
+    k = chains.num_chains
+    total = sum(size(b) for b in problem.batches.scoring)
+    grad = None
+    for batch in problem.batches.scoring:
+        tensors, rebuild = expanded(batch, k)
+        _, grads = chains.grads(bind(problem.potential, rebuild), *tensors)
+        part = _flat(grads.values(), k)[:, problem.coords] * (size(batch) / total)
+        grad = part if grad is None else grad + part
+    assert grad is not None
+    x = _flat(chains.params.values(), k)[:, problem.coords]
+    return x.detach().double().cpu(), -grad.double().cpu()
+
+
+def _validation(problem: Problem, chains: Chains) -> Tensor:
+    """Every chain's log-likelihood of each validation datum, ``(K, V)``."""
+    assert problem.validation is not None
+    data, log_likelihood = problem.validation
+    out = []
+    with torch.no_grad():
+        for batch in data:
+            tensors, rebuild = flatten(batch)
+            out.append(chains.map(bind(log_likelihood, rebuild), *tensors, shared=True))
+    return torch.cat(out, 1).double().cpu()
+
+
+def _records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) -> list[Record]:
+    c = problem.chains_per_candidate
+    if not kept["x"]:  # a probe: nothing kept
+        kept["x"] = kept["s"] = [torch.zeros(len(bad) * c, 1, dtype=torch.float64)]
+    x, s = torch.stack(kept["x"], 1), torch.stack(kept["s"], 1)  # (K, points, d)
+    ll = torch.stack(kept["ll"], 1) if kept["ll"] else None  # (K, points, V)
+    out = []
+    for i, broken in enumerate(bad):
+        part = slice(i * c, (i + 1) * c)
+        out.append(
+            Record(
+                broken,
+                x[part].reshape(-1, x.shape[-1]).numpy(),
+                s[part].reshape(-1, s.shape[-1]).numpy(),
+                None if ll is None else ll[part].reshape(-1, ll.shape[-1]).numpy(),
+            )
+        )
+    return out

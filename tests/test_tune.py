@@ -1,0 +1,187 @@
+"""sgrld.tune: what it returns, that it leaves the model alone, its score in high dimension, and
+its answers to bad input (the exact-posterior evidence: ``tests/test_tune_exact.py``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import sgrld
+import tune_problems as tp
+from sgrld.evaluation.divergence import diverged
+from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
+
+pytest.importorskip("sklearn")
+
+SMALL: dict[str, Any] = {"steps": 2_000, "budget": 7_000, "points": 8}
+
+
+def _diabetes() -> tuple[torch.nn.Module, Any, Any, int]:
+    x, y, _, _ = tp.diabetes()
+    n = len(y)
+    return tp.model(), lambda m, b: tp.potential(m, b, n), tp.loader(x, y), n
+
+
+def _log_likelihood(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+    u, v = batch
+    return -0.5 * (v - m(u)[..., 0]) ** 2 / tp.NOISE_VAR - 0.5 * math.log(
+        2 * math.pi * tp.NOISE_VAR
+    )
+
+
+def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed() -> None:
+    """With validation data, whose log predictive is then the score (the KSD score: every
+    other test here)."""
+    model, potential, loader, n = _diabetes()
+    x, y, _, _ = tp.diabetes()
+    validation = ([(x[:100], y[:100])], _log_likelihood)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    result = sgrld.tune(
+        "sgld", model, potential, loader, num_data=n, seed=3, validation=validation, **SMALL
+    )
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert result.sampler == "identity" and result.score == "validation"
+    assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr"}
+    assert [r.name for r in result.rounds][:2] == ["probe", "bracket"]
+    lrs = [c.lr for c in result.candidates]
+    assert lrs == sorted(lrs) and result.lr in lrs and len(lrs) >= 2
+    best = next(c for c in result.candidates if c.lr == result.lr)
+    assert not best.diverged and best.steps > 0
+    # minus the log predictive per datum: about ½ log(2π s²) + ½ E(y − ŷ)²/s², so near 1
+    assert 0.5 < best.score < 1.5
+    assert sum(c.steps for c in result.candidates) < result.spent  # + probe and scoring
+    # the last round's best, or a smaller ℓ within one standard error of it
+    last = result.rounds[-1]
+    rows = dict(zip(last.lrs, zip(last.scores, last.errors, strict=True), strict=True))
+    top = min(rows, key=lambda lr: rows[lr][0])
+    assert result.lr <= top
+    assert rows[result.lr][0] <= rows[top][0] + math.hypot(rows[top][1], rows[result.lr][1])
+    again = sgrld.tune(
+        "identity", model, potential, loader, num_data=n, seed=3, validation=validation, **SMALL
+    )
+    assert again.to_dict() == result.to_dict()  # the same seed, the same search
+    opt = sgrld.SGRLDOptimizer(model.parameters(), metric="identity", num_data=n, **result.options)
+    assert opt.param_groups[0]["lr"] == result.lr
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in ("monge", "shampoo") else pytest.param(n, marks=pytest.mark.slow)
+     for n in sgrld.metric_names() if n != "identity"],
+)  # fmt: skip
+def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -> None:
+    model, potential, loader, n = _diabetes()
+    fixed: dict[str, Any] = {"adapt_until": 500}
+    if name == "shampoo":
+        fixed["precondition_vectors"] = True  # a (1, 10) weight: else G = I (SGLD)
+    result = sgrld.tune(name, model, potential, loader, num_data=n, seed=0, **SMALL, **fixed)
+    assert result.options == {"lr": result.lr, **fixed} and result.spent <= SMALL["budget"]
+    sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)
+
+
+def test_the_coordinate_ksd_ranks_widths_in_high_dimension() -> None:
+    """D = 4,000 Gaussian coordinates with scales over two decades; samples of the right
+    width, too wide, too narrow and autocorrelated: the coordinate-subset KSD ranks the right
+    one first and the wide ones by their error; the full IMQ KSD does not."""
+    rng = np.random.default_rng(0)
+    d, m = 4_000, 64
+    sd = 10 ** rng.uniform(-1, 1, d)
+    subsets = [list(c) for c in rng.permutation(d)[:128].reshape(8, 16)]
+
+    def draws(width: float, rho: float = 0.0) -> np.ndarray:
+        z = rng.standard_normal((m, d))
+        for i in range(1, m):  # an AR(1) chain: fewer effective draws
+            z[i] = rho * z[i - 1] + math.sqrt(1 - rho**2) * z[i]
+        return width * sd * z
+
+    cases = {"exact": draws(1.0), "wide": draws(1.3), "wider": draws(1.7), "narrow": draws(0.7),
+             "sticky": draws(1.0, 0.95)}  # fmt: skip
+    scores = {k: -x / sd**2 for k, x in cases.items()}
+    rms = np.sqrt(np.mean(np.concatenate(list(scores.values())) ** 2, 0))
+    ksd = {k: coordinate_stein_discrepancy(cases[k], scores[k], subsets, 1 / rms) for k in cases}
+    assert min(ksd, key=ksd.__getitem__) == "exact"
+    assert ksd["exact"] < ksd["wide"] < ksd["wider"]
+    assert ksd["narrow"] > ksd["exact"] and ksd["sticky"] > ksd["exact"]
+    # the full IMQ KSD (V-statistic, every coordinate, the same common scale) ranks the narrow
+    # draws first: its diagonal, ∝ ‖s‖², dominates in high dimension
+    full = {k: kernel_stein_discrepancy(cases[k] / rms, scores[k] * rms) for k in cases}
+    assert min(full, key=full.__getitem__) == "narrow"
+
+
+def test_diverged_flags_nan_inf_and_blow_ups_only() -> None:
+    start = torch.tensor([1.0, 1.0, -50.0, 0.01, 2.0, 1.0])
+    worst = torch.tensor([900.0, 2e3, 1e4, 999.0, float("nan"), 1.0])
+    finite = torch.tensor([True, True, True, True, True, False])
+    assert diverged(start, worst, finite).tolist() == [False, True, False, False, True, True]
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_a_budget_too_small_names_the_minimum() -> None:
+    model, potential, loader, n = _diabetes()
+    with pytest.raises(ValueError, match=r"^budget=1000 cannot compare two candidates: give at "
+                       r"least \d+ gradient evaluations") as info:  # fmt: skip
+        sgrld.tune("monge", model, potential, loader, num_data=n, steps=100, budget=1000, points=8)
+    minimum = int(re.search(r"at least (\d+)", str(info.value)).group(1))  # type: ignore[union-attr]
+    result = sgrld.tune(
+        "monge", model, potential, loader, num_data=n, steps=1000, budget=minimum, points=8
+    )
+    assert result.spent <= minimum
+    assert "\n" not in str(info.value)
+
+
+def test_a_generator_loader_names_the_fix() -> None:
+    model, potential, _, n = _diabetes()
+    x, y, _, _ = tp.diabetes()
+    once = ((x[i : i + 32], y[i : i + 32]) for i in range(0, len(y), 32))
+    with pytest.raises(ValueError, match=r"empty on its second pass.*DataLoader or a list"):
+        sgrld.tune("sgld", model, potential, once, num_data=n, steps=1000, budget=10_000)
+
+
+def test_every_candidate_diverging_names_the_range_and_what_to_change() -> None:
+    model, potential, loader, n = _diabetes()
+
+    def broken(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return potential(m, batch) * float("nan")
+
+    with pytest.raises(ValueError, match=r"^every candidate diverged \(ℓ from 1e-08 to 1e\+04 "
+                       r"tried\): check that potential\(model, batch\) is finite"):  # fmt: skip
+        sgrld.tune("sgld", model, broken, loader, num_data=n, **SMALL)
+
+
+def test_a_nan_potential_marks_its_candidate_diverged_and_the_search_goes_on() -> None:
+    model, potential, loader, n = _diabetes()
+
+    def nan_far_out(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        u = potential(m, batch)  # NaN (not Inf) once a chain leaves a ball of radius 5
+        return torch.where(m.weight.norm() > 5, torch.full_like(u, float("nan")), u)
+
+    result = sgrld.tune("sgld", model, nan_far_out, loader, num_data=n, **SMALL)
+    probe = result.rounds[0]
+    assert math.isinf(probe.scores[-1]) and math.isfinite(probe.scores[0])
+    assert result.lr < min(
+        lr for lr, s in zip(probe.lrs, probe.scores, strict=False) if math.isinf(s)
+    )
+
+
+@pytest.mark.slow  # the call of docs/tuning.md as written: 150,000 gradients, ~2 min
+def test_the_documented_call_runs_as_written() -> None:
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "tuning.md").read_text("utf-8")
+    block = re.search(r"```python\n(result = sgrld\.tune\(.*?)```", docs, re.S)
+    assert block is not None, "docs/tuning.md lost its call"
+    model, potential, loader, n = _diabetes()
+    scope = {"sgrld": sgrld, "model": model, "potential": potential, "loader": loader, "n": n}
+    exec(compile(block.group(1), "tuning.md", "exec"), scope)
+    assert (
+        scope["result"].spent <= 150_000 and scope["result"].options["alpha2_rule"] == "normalized"
+    )
+    assert isinstance(scope["opt"], sgrld.SGRLDOptimizer)
