@@ -55,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, help="devinterp's ε (default: calibrated)")
     parser.add_argument("--nbeta", type=float, help="inverse temperature nβ (default n/log n)")
     parser.add_argument("--localization", type=float, default=100.0, help="γ (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the data, the chains and the model (default 0)"
+    )
     parser.add_argument(
         "--rrr", type=_ints, default=[4, 4, 3, 1], metavar="M,N,H,R",
         help="reduced-rank regression: inputs, outputs, hidden, true rank (default 4,4,3,1)",
@@ -78,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an option of the metrics that have it, e.g. eps=0.1 (rmsprop, adam) or "
         "precondition_vectors=true (shampoo); repeatable",
     )  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("out/llc"), help="output directory")
+    parser.add_argument(
+        "--out", type=Path, default=Path("out/llc"), help="output directory (default out/llc)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.commands import sample
-from sgrld.experiments.run.choices import SAMPLERS, sampler_name
+from sgrld.experiments.run.choices import SAMPLERS
 from sgrld.experiments.run.tuned import TUNE_FILE
 from sgrld.experiments.sweep.grid import comma_list
 
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = exits.epilog("tune")
     for action in parser._actions:  # as sweep does: --sampler takes a list, --out is required
         if action.dest == "sampler":
-            action.type, action.choices = comma_list(sampler_name, SAMPLERS), None
+            action.type, action.choices = comma_list(sample.sampler_name, SAMPLERS), None
             action.metavar = "S[,S...]"
             action.help = f"the samplers to tune (default: all of {', '.join(SAMPLERS)})"
         elif action.dest == "out":
