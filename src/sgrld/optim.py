@@ -379,11 +379,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         masks = [self._masks.get(p) for p in params]
         standins = None
         if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
-            if any(is_sharded(p) for p in params):
-                raise NotImplementedError(
-                    "sharded parameters (DTensor, FSDP2) in a precision below master_dtype or "
-                    "with masks are not supported: shard them in float32 or float64"
-                )
+            if any(is_sharded(p) for p in params) and any(m is not None for m in masks):
+                self._check_sharded(self._names(index)[0])  # masks: refused, with the reason
             standins = StandIns(params, masks, self.low_precision, self.master_dtype)
             params = standins.work
         names = self._names(index)
@@ -548,9 +545,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         watched: bool,
     ) -> None:
         for index, group in enumerate(self.param_groups):
-            if states[index].layout.shards is not None:
-                _follow_shards(states[index], group["params"])
             standins = self._standins.get(index)
+            if states[index].layout.shards is not None and standins is None:
+                _follow_shards(states[index], group["params"])  # stand-ins stay where they are
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
             adapt = self.adapts(index)
@@ -730,11 +727,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if standins is None:
             return grads
         for name, p, g in zip(self._names(index), params, grads, strict=True):
-            if g is not None and (g.dtype != p.dtype or g.shape != p.shape):
+            shard = local(p)  # a sharded gradient's shard against the parameter's
+            if g is not None and (g.dtype != shard.dtype or g.shape != shard.shape):
                 raise ValueError(
                     f"gradient of parameter {name!r} is {g.dtype} of shape {tuple(g.shape)}, "
-                    f"the parameter {p.dtype} of shape {tuple(p.shape)}: a gradient must have "
-                    "its parameter's dtype and shape"
+                    f"the parameter {shard.dtype} of shape {tuple(shard.shape)}: a gradient must "
+                    "have its parameter's dtype and shape"
                 )
         out = standins.grads(grads)
         return out

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.noise import NoiseBuffer, philox_normal_
+from sgrld.core.shards import ShardSpec, is_sharded, local
 
 LowPrecision = Literal["master", "stochastic", "nearest"]
 LOW_PRECISION_MODES: tuple[str, ...] = ("master", "stochastic", "nearest")
@@ -63,16 +64,25 @@ def stochastic_round_(out: Tensor, x: Tensor, uniform: Tensor) -> None:
 
 
 class Rounding:
-    """The uniforms of stochastic rounding for one group's flat layout (a scratch buffer)."""
+    """The uniforms of stochastic rounding for one group's flat layout (a scratch buffer);
+    sharded, each shard's at its elements' global indices (:mod:`sgrld.core.shards`)."""
 
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.buffer = NoiseBuffer((numel,), torch.float32 if dtype != torch.float64 else dtype,
-                                  device)  # fmt: skip
+    def __init__(
+        self,
+        numel: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        segments: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        width = torch.float32 if dtype != torch.float64 else dtype
+        self.buffer = NoiseBuffer((numel,), width, device, segments)
 
     def uniforms(self, keys: Tensor, step: Tensor) -> Tensor:
         """U(0, 1) as Φ of counter-based normals under the derived key (no generator state)."""
         key = keys.clone()
         key[..., 0] = key[..., 0] ^ _ROUNDING_KEY
+        if self.buffer.picks is not None:
+            return torch.special.ndtr(self.buffer.draw(None, "philox", key, step))  # type: ignore[arg-type]
         philox_normal_(self.buffer.blocks, key, step)
         return torch.special.ndtr(self.buffer.flat)
 
@@ -84,6 +94,11 @@ class StandIns:
     across steps in ``"master"`` mode, refilled each step in ``"stochastic"`` mode) or when it
     has an element mask (only the selected elements, a 1-d tensor: the others stay fixed bit for
     bit, and the metric acts on the selected ones only). Others are their own stand-ins.
+
+    Sharded parameters (FSDP2's DTensors) get sharded stand-ins: DTensors of the same mesh and
+    placement whose shards are the parameter's shard in ``master_dtype``, so that the group's
+    layout (:class:`~sgrld.core.shards.ShardSpec`) and its noise at global indices are those of
+    the one-process chain; every copy in and out is of the rank's shard alone.
     """
 
     def __init__(
@@ -101,9 +116,13 @@ class StandIns:
         ]
         self.rounding = None
         if self.low and mode == "stochastic":
-            self.rounding = Rounding(
-                sum(w.numel() for w in self.work), self.dtype, params[0].device
-            )
+            spec = ShardSpec.of([str(i) for i in range(len(self.work))], self.work)
+            shards = [local(w) for w in self.work]
+            segments = None
+            if spec is not None:  # the rounding's uniforms at global indices, as ξ's
+                segments = list(zip(spec.starts, (s.numel() for s in shards), strict=True))
+            numel = sum(s.numel() for s in shards)
+            self.rounding = Rounding(numel, self.dtype, shards[0].device, segments)
 
     @staticmethod
     def needed(params: Sequence[Tensor], masks: Sequence[Tensor | None], mode: str,
@@ -113,7 +132,11 @@ class StandIns:
 
     @staticmethod
     def _values(p: Tensor, mask: Tensor | None) -> Tensor:
-        return p.detach() if mask is None else p.detach()[mask]
+        if mask is None:
+            return p.detach()
+        if is_sharded(p):
+            raise NotImplementedError("element masks of sharded parameters")
+        return p.detach()[mask]
 
     @property
     def masters(self) -> list[Tensor] | None:
@@ -125,7 +148,7 @@ class StandIns:
         rounded image (the user assigned it, e.g. loaded weights); scratch is refilled. No host
         read."""
         for p, m, w in zip(self.params, self.masks, self.work, strict=True):
-            values = self._values(p, m)
+            values, w = local(self._values(p, m)), local(w)
             if self.masters is not None:
                 torch.where(values == w.to(values.dtype), w, values.to(w.dtype), out=w)
             else:
@@ -144,6 +167,7 @@ class StandIns:
         uniforms = None if self.rounding is None else self.rounding.uniforms(keys, step)
         offset = 0
         for p, m, w in zip(self.params, self.masks, self.work, strict=True):
+            p, w = local(p), local(w)  # the rank's shards: a DTensor copy would communicate
             value = w
             if uniforms is not None:
                 value = torch.empty(w.shape, dtype=p.dtype, device=w.device)
