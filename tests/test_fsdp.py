@@ -325,9 +325,19 @@ def _bf16_grads(full: dict[str, torch.Tensor], step: int) -> dict[str, torch.Ten
     return {n: g.to(torch.bfloat16) for n, g in zip(values, grads, strict=True)}
 
 
-def bf16_chain(name: str, mode: str, world: int, sharded: bool) -> dict[str, torch.Tensor]:
-    """STEPS steps of a bfloat16 model with float32 masters (``mode``): its parameters and
-    masters, whole."""
+def _masks(params: dict[str, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+    """Half the elements of every weight, drawn once (a bias unmasked beside them)."""
+    draw = torch.Generator().manual_seed(3)
+    return {
+        p: torch.rand(p.shape, generator=draw) < 0.5 for n, p in params.items() if "weight" in n
+    }
+
+
+def bf16_chain(
+    name: str, mode: str, world: int, sharded: bool, masked: bool = False
+) -> dict[str, torch.Tensor]:
+    """STEPS steps of a bfloat16 model with float32 masters (``mode``), its weights ``masked``
+    or not: its parameters and masters, whole."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
@@ -337,8 +347,11 @@ def bf16_chain(name: str, mode: str, world: int, sharded: bool) -> dict[str, tor
     if sharded:
         fully_shard(model)
     shampoo = {"row_shards": world} if name == "shampoo" and not sharded else {}
-    opt = _optimizer(name, model.named_parameters(), noise="philox", low_precision=mode, **shampoo)
     params = dict(model.named_parameters())
+    masks = _masks(params) if masked else None
+    opt = _optimizer(
+        name, model.named_parameters(), noise="philox", low_precision=mode, masks=masks, **shampoo
+    )
     for step in range(STEPS):
         full = {n: p.full_tensor() if sharded else p for n, p in params.items()}  # type: ignore[operator]
         for n, g in _bf16_grads(full, step).items():
@@ -353,8 +366,10 @@ def bf16_chain(name: str, mode: str, world: int, sharded: bool) -> dict[str, tor
     out = {}
     for n, p in params.items():
         out[n] = (p.full_tensor() if sharded else p).detach().clone()  # type: ignore[operator]
-        if "master" in opt.state[p]:
-            master = opt.state[p]["master"]
+        if sharded and masks is not None and p in masks and mode == "master":  # the rank's own
+            assert f"master#shard{dist.get_rank()}of{world}" in opt.state[p], list(opt.state[p])
+        master = opt.state[p].get("master")
+        if master is not None:
             out[f"{n}/master"] = (master.full_tensor() if sharded else master).clone()
     return out
 
@@ -363,8 +378,13 @@ def _bf16(rank: int, world: int, out: Path) -> dict[str, Any]:
     return {(name, mode): bf16_chain(name, mode, world, True) for name in NAMES for mode in LOW}
 
 
+def _masked(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {name: bf16_chain(name, "master", world, True, masked=True) for name in NAMES}
+
+
 CASES = {
     "same": _same,
+    "masked": _masked,
     "bf16": _bf16,
     "nan": _nan,
     "seeds": _seeds,
@@ -490,3 +510,34 @@ def test_a_sharded_bfloat16_chain_with_float32_masters_is_the_one_process_chain(
         start = {n: p.detach().double() for n, p in _model().named_parameters()}
         moved = {n: alone[n].double() for n in start}
         assert relative_error(moved, start) > 1e-3, name  # the chain moved
+
+
+@pytest.mark.slow
+def test_a_sharded_masked_bfloat16_chain_is_the_one_process_masked_chain(tmp_path: Path) -> None:
+    """Half of every weight's elements masked (a weight-restricted chain), bfloat16 with float32
+    masters, sharded over W = 3 ranks (uneven: each rank's selected elements are a run of the
+    one-process stand-in, another length on every rank): every sampler's chain is the one-process
+    masked chain within ``LOW_BOUND`` (measured: 0), and the unselected elements never move.
+    Shampoo steps a masked weight's selected elements as a vector, so without
+    ``precondition_vectors`` its G is I there on one process and sharded alike."""
+    world = 3
+    ranks = spawn(tmp_path, world, "masked")
+    start = {n: p.detach().to(torch.bfloat16) for n, p in _model().named_parameters()}
+    drawn = _masks(start)
+    masks = {n: drawn[p] for n, p in start.items() if "weight" in n}
+    for name, chain in ranks[0].items():
+        params = {n: chain[n] for n in start}
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], v) for n, v in params.items())
+        if name == "shampoo":
+            with pytest.warns(UserWarning, match="merged rank <= 1"):
+                alone = bf16_chain(name, "master", world, sharded=False, masked=True)
+        else:
+            alone = bf16_chain(name, "master", world, sharded=False, masked=True)
+        error = relative_error(
+            {n: v.double() for n, v in params.items()}, {n: alone[n].double() for n in start}
+        )
+        assert error <= LOW_BOUND, (name, error)
+        for n, m in masks.items():
+            assert torch.equal(params[n][~m], start[n][~m]), (name, n)
+            assert not torch.equal(params[n][m], start[n][m]), (name, n)  # the selected moved

@@ -44,7 +44,14 @@ from sgrld.core.noise import (
     keys_from_generator,
     keys_from_seeds,
 )
-from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load, publish
+from sgrld.core.param_state import (
+    GENERATOR,
+    MASTER,
+    apply_load,
+    plan_load,
+    publish,
+    shard_key,
+)
 from sgrld.core.precision import (
     LowPrecision,
     StandIns,
@@ -378,13 +385,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         params: list[Tensor] = group["params"]
         masks = [self._masks.get(p) for p in params]
         standins = None
+        names = self._names(index)
         if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
-            if any(is_sharded(p) for p in params) and any(m is not None for m in masks):
-                self._check_sharded(self._names(index)[0])  # masks: refused, with the reason
             standins = StandIns(params, masks, self.low_precision, self.master_dtype)
             params = standins.work
-        names = self._names(index)
-        layout = FlatLayout.from_tensors(names, params)
+            layout = standins.layout(names)
+        else:
+            layout = FlatLayout.from_tensors(names, params)
         if layout.shards is not None:
             self._check_sharded(names[0])
         shards = [local(p) for p in params]  # the rank's shards of sharded parameters
@@ -400,7 +407,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "noise='torch'": self.noise == "torch",
             "compile=True": self.compile,
             "capturable=True": self.capturable,
-            "masks": bool(self._masks),
         }
         for option, given in refused.items():
             if given:
@@ -420,12 +426,15 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _publish(
         metric: Metric, state: SamplerState, standins: StandIns | None
     ) -> list[dict[str, Tensor]]:
-        """:func:`publish` plus the master copies of low-precision parameters."""
+        """:func:`publish` plus the master copies of low-precision parameters (a masked
+        sharded parameter's: the rank's own, under its shard's key)."""
         entries = publish(metric, state)
         masters = None if standins is None else standins.masters
+        shards = state.layout.shards
         if masters is not None:
-            for entry, master in zip(entries, masters, strict=True):
-                entry[MASTER] = master
+            for j, (entry, master) in enumerate(zip(entries, masters, strict=True)):
+                own = shards is not None and j in shards.uneven
+                entry[shard_key(MASTER, shards) if own else MASTER] = master  # type: ignore[arg-type]
         return entries
 
     def _seed_key(self, device: torch.device) -> Tensor:

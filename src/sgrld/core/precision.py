@@ -20,14 +20,16 @@ it warns, as moves below half an ulp are lost.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseBuffer, philox_normal_
-from sgrld.core.shards import ShardSpec, is_sharded, local
+from sgrld.core.shards import ShardSpec, is_sharded, local, rows_of
 
 LowPrecision = Literal["master", "stochastic", "nearest"]
 LOW_PRECISION_MODES: tuple[str, ...] = ("master", "stochastic", "nearest")
@@ -108,21 +110,36 @@ class StandIns:
         mode: LowPrecision,
         master_dtype: torch.dtype,
     ) -> None:
-        self.params, self.masks, self.mode = list(params), list(masks), mode
+        self.params, self.mode = list(params), mode
         self.low = mode != "nearest" and is_low_precision(params[0].dtype, master_dtype)
         self.dtype = master_dtype if self.low else params[0].dtype
+        self.spec: ShardSpec | None = None  # the stand-ins' shards (masked ones: their own)
+        if any(is_sharded(p) for p in params):
+            self.spec = _masked_spec(params, masks)
+        # a sharded parameter's mask is of its global shape: each rank selects in its rows
+        self.masks = [
+            m if m is None or not is_sharded(p) else _rows(m, p) for p, m in zip(params, masks,
+                                                                                  strict=True)
+        ]  # fmt: skip
         self.work = [
-            self._values(p, m).to(self.dtype, copy=True) for p, m in zip(params, masks, strict=True)
+            self._values(p, m).to(self.dtype, copy=True)
+            for p, m in zip(params, self.masks, strict=True)
         ]
         self.rounding = None
         if self.low and mode == "stochastic":
-            spec = ShardSpec.of([str(i) for i in range(len(self.work))], self.work)
             shards = [local(w) for w in self.work]
             segments = None
-            if spec is not None:  # the rounding's uniforms at global indices, as ξ's
-                segments = list(zip(spec.starts, (s.numel() for s in shards), strict=True))
+            if self.spec is not None:  # the rounding's uniforms at global indices, as ξ's
+                segments = list(zip(self.spec.starts, (s.numel() for s in shards), strict=True))
             numel = sum(s.numel() for s in shards)
             self.rounding = Rounding(numel, self.dtype, shards[0].device, segments)
+
+    def layout(self, names: Sequence[str]) -> FlatLayout:
+        """The flat layout of the stand-ins (sharded: :attr:`spec`, named ``names``)."""
+        if self.spec is None:
+            return FlatLayout.from_tensors(names, self.work)
+        spec = dataclasses.replace(self.spec, names=tuple(names))
+        return FlatLayout(tuple(names), tuple(tuple(local(w).shape) for w in self.work), (), spec)
 
     @staticmethod
     def needed(params: Sequence[Tensor], masks: Sequence[Tensor | None], mode: str,
@@ -132,11 +149,7 @@ class StandIns:
 
     @staticmethod
     def _values(p: Tensor, mask: Tensor | None) -> Tensor:
-        if mask is None:
-            return p.detach()
-        if is_sharded(p):
-            raise NotImplementedError("element masks of sharded parameters")
-        return p.detach()[mask]
+        return p.detach() if mask is None else local(p.detach())[mask]
 
     @property
     def masters(self) -> list[Tensor] | None:
@@ -178,3 +191,34 @@ class StandIns:
                     p.copy_(value)
                 else:
                     p[m] = value.to(p.dtype)
+
+
+def _rows(mask: Tensor, p: Tensor) -> Tensor:
+    """The rows of a global-shape ``mask`` that the rank holds of the sharded ``p``."""
+    first, count = rows_of(p.shape[0], p.device_mesh.size(), p.device_mesh.get_coordinate()[0])  # type: ignore[attr-defined]
+    return mask[first : first + count]
+
+
+def _masked_spec(params: Sequence[Tensor], masks: Sequence[Tensor | None]) -> ShardSpec:
+    """Where each rank's stand-ins lie in the one-process stand-ins' flat buffer: a masked
+    parameter's one-process stand-in is its selected elements in row-major order, so a shard's
+    selected elements are one run of it, starting at the count selected in the rows before."""
+    names = [str(i) for i in range(len(params))]
+    base = ShardSpec.of(names, params)
+    assert base is not None
+    full_shapes, starts, uneven, offset = [], [], [], 0
+    for i, (p, m) in enumerate(zip(params, masks, strict=True)):
+        if m is None:
+            full_shapes.append(tuple(p.shape))
+            starts.append(offset + base.starts[i] - sum(base.full_numels[:i]))
+            offset += p.numel()
+            continue
+        first, _ = rows_of(p.shape[0], base.world, base.rank)
+        selected = int(m.sum())  # once, at construction
+        full_shapes.append((selected,))
+        starts.append(offset + int(m[:first].sum()))
+        uneven.append(i)
+        offset += selected
+    return dataclasses.replace(
+        base, full_shapes=tuple(full_shapes), starts=tuple(starts), uneven=tuple(uneven)
+    )
