@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -334,10 +336,10 @@ def _masks(params: dict[str, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
 
 
 def bf16_chain(
-    name: str, mode: str, world: int, sharded: bool, masked: bool = False
+    name: str, mode: str, world: int, sharded: bool, masked: bool = False, localization: float = 0.0
 ) -> dict[str, torch.Tensor]:
     """STEPS steps of a bfloat16 model with float32 masters (``mode``), its weights ``masked``
-    or not: its parameters and masters, whole."""
+    or not, ``localization`` c: its parameters and masters, whole."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
@@ -350,7 +352,13 @@ def bf16_chain(
     params = dict(model.named_parameters())
     masks = _masks(params) if masked else None
     opt = _optimizer(
-        name, model.named_parameters(), noise="philox", low_precision=mode, masks=masks, **shampoo
+        name,
+        model.named_parameters(),
+        noise="philox",
+        low_precision=mode,
+        masks=masks,
+        localization=localization,
+        **shampoo,
     )
     for step in range(STEPS):
         full = {n: p.full_tensor() if sharded else p for n, p in params.items()}  # type: ignore[operator]
@@ -382,8 +390,59 @@ def _masked(rank: int, world: int, out: Path) -> dict[str, Any]:
     return {name: bf16_chain(name, "master", world, True, masked=True) for name in NAMES}
 
 
+#: the localisation of the localised case: c(θ − θ₀) rivals the loss's gradient within the run
+PULL = 2.0
+
+
+def _localised(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {
+        name: bf16_chain(name, "master", world, True, masked=True, localization=PULL)
+        for name in NAMES
+    }
+
+
+#: relative bound on the LLC case's traces and estimates, sharded against one process
+LLC_BOUND = 1e-6
+#: the samplers of the LLC case: elementwise, and summing over the ranks
+LLC_SAMPLERS = ("identity", "rmsprop", "monge")
+
+
+def _mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
+
+
+def llc_estimates(world: int, sharded: bool) -> dict[str, Any]:
+    """``sgrld.llc`` of the bfloat16 MLP (FSDP2-sharded or whole), half of every weight's
+    elements sampled, every rank on the whole batches (FSDP2's mean of equal gradients is the
+    gradient): per sampler the estimate's trace and per-chain values."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model().to(torch.bfloat16)
+    if sharded:
+        fully_shard(model)
+    masks_params = list(model.parameters())  # FSDP2's sharded ones: its root stays unsharded
+    masks = _masks(dict(model.named_parameters()))  # after a forward without gradients
+    loader = [tuple(t.to(torch.bfloat16) for t in _batch(step)) for step in range(4)]
+    out: dict[str, Any] = {}
+    for name in LLC_SAMPLERS:
+        settings = dict(nbeta=100.0, localization=10.0, num_chains=2, num_steps=30, lr=1e-3)
+        est = sgrld.llc(model, _mse, loader, num_data=1000, sampler=name, masks=masks, **settings)
+        out[name] = {"trace": est.trace, "per_chain": est.per_chain}
+    params = dict(zip(dict(model.named_parameters()), masks_params, strict=True))
+    full = {n: p.full_tensor() if sharded else p for n, p in params.items()}  # type: ignore[operator]
+    out["after"] = {n: p.detach().clone() for n, p in full.items()}
+    return out
+
+
+def _llc(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return llc_estimates(world, sharded=True)
+
+
 CASES = {
     "same": _same,
+    "llc": _llc,
+    "localised": _localised,
     "masked": _masked,
     "bf16": _bf16,
     "nan": _nan,
@@ -513,6 +572,27 @@ def test_a_sharded_bfloat16_chain_with_float32_masters_is_the_one_process_chain(
 
 
 @pytest.mark.slow
+def test_a_sharded_localised_chain_is_the_one_process_localised_chain(tmp_path: Path) -> None:
+    """The masked bfloat16 chain with masters, localised (c = PULL), over W = 2 ranks: every
+    sampler's chain is the one-process localised chain within ``LOW_BOUND``, and the pull acts
+    (another chain than the unlocalised one)."""
+    world = 2
+    ranks = spawn(tmp_path, world, "localised")
+    start = [n for n, _ in _model().named_parameters()]
+    for name, chain in ranks[0].items():
+        params = {n: chain[n].double() for n in start}
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], chain[n]) for n in start)
+        with warnings.catch_warnings():  # Shampoo's on the masked vectors: G = I (test above)
+            warnings.simplefilter("ignore", UserWarning)
+            alone = bf16_chain(name, "master", world, False, masked=True, localization=PULL)
+            free = bf16_chain(name, "master", world, False, masked=True)
+        error = relative_error(params, {n: alone[n].double() for n in start})
+        assert error <= LOW_BOUND, (name, error)
+        assert relative_error(params, {n: free[n].double() for n in start}) > 1e-2, name
+
+
+@pytest.mark.slow
 def test_a_sharded_masked_bfloat16_chain_is_the_one_process_masked_chain(tmp_path: Path) -> None:
     """Half of every weight's elements masked (a weight-restricted chain), bfloat16 with float32
     masters, sharded over W = 3 ranks (uneven: each rank's selected elements are a run of the
@@ -541,3 +621,19 @@ def test_a_sharded_masked_bfloat16_chain_is_the_one_process_masked_chain(tmp_pat
         for n, m in masks.items():
             assert torch.equal(params[n][~m], start[n][~m]), (name, n)
             assert not torch.equal(params[n][m], start[n][m]), (name, n)  # the selected moved
+
+
+@pytest.mark.slow
+def test_llc_of_a_sharded_bfloat16_model_with_masks(tmp_path: Path) -> None:
+    """``sgrld.llc`` on a bfloat16 model sharded by FSDP2 over W = 2 ranks, with masks (a
+    weight-restricted LLC) and float32 master copies: every rank gets the estimate of the
+    one-process bfloat16 run (traces within ``LLC_BOUND``), and the model is w₀ again after."""
+    ranks = spawn(tmp_path, 2, "llc")
+    alone = llc_estimates(2, sharded=False)
+    start = {n: p.detach().to(torch.bfloat16) for n, p in _model().named_parameters()}
+    for rank in ranks:
+        assert all(torch.equal(rank["after"][n], start[n]) for n in start)
+        for name in LLC_SAMPLERS:
+            mine, theirs = rank[name], alone[name]
+            np.testing.assert_allclose(mine["trace"], theirs["trace"], rtol=LLC_BOUND, atol=0)
+            np.testing.assert_allclose(mine["per_chain"], theirs["per_chain"], rtol=LLC_BOUND)

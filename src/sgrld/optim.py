@@ -119,6 +119,8 @@ _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "sc
 
 #: group options of the facade itself (beside ℓ, n, τ, the metric's options and adapt_until)
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
+#: a localised chain's centre θ₀ in a parameter's state
+CENTER = "center"
 #: the value each facade option had before it existed (what an older state dict ran with)
 _BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
 
@@ -194,6 +196,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
             samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
             stationary law is biased: ``docs/posterior.md``). A group option.
+        localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters θ₀ at construction
+            (held in the state as ``center``), added to the drift's gradient after the metric
+            has seen the loss's gradient alone: the local posterior of the learning
+            coefficient (``docs/llc.md``; :func:`sgrld.build`'s option). 0 (default): none.
         **metric_options: the metric's options (``decay``, ``alpha2``, ...) when ``metric`` is a
             name, e.g. ``SGRLDOptimizer(params, lr=1e-3, num_data=n, metric="rmsprop", decay=0.9)``.
 
@@ -224,6 +230,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         "telemetry_enabled",
         "_masks",
         "data_parallel",
+        "localization",
     )
 
     def __init__(
@@ -246,9 +253,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
+        localization: float = 0.0,
         **metric_options: Any,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        if not (isinstance(localization, (int, float)) and 0.0 <= localization < math.inf):
+            raise ValueError(f"invalid localization: {localization!r} (expected finite >= 0)")
         own = _facade_arguments()
         if isinstance(metric, str):
             cls = get_metric(metric)
@@ -296,6 +306,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._reset_watch()
         self._masks: dict[Tensor, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
+        self.localization = float(localization)
         self._replicas_checked = data_parallel is False
         super().__init__(params, defaults)
         _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
@@ -399,6 +410,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         state = SamplerState(
             dict(zip(names, shards, strict=True)), stats, 0, self.generator, layout
         )
+        if self.localization:  # θ₀: the chain's tensors (master copies) as they are now
+            state.center = [t.detach().clone() for t in shards]
         return state, standins
 
     def _check_sharded(self, name: str) -> None:
@@ -435,6 +448,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             for j, (entry, master) in enumerate(zip(entries, masters, strict=True)):
                 own = shards is not None and j in shards.uneven
                 entry[shard_key(MASTER, shards) if own else MASTER] = master  # type: ignore[arg-type]
+        for j, (entry, center) in enumerate(zip(entries, state.center or [], strict=False)):
+            if shards is None:
+                entry[CENTER] = center
+            elif j in shards.uneven:  # a masked shard's: the rank's own
+                entry[shard_key(CENTER, shards)] = center
+            else:
+                entry[CENTER] = shards.global_view(center, j)
         return entries
 
     def _seed_key(self, device: torch.device) -> Tensor:
@@ -576,6 +596,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
                 telemetry=telemetry,
+                localization=self.localization,
                 closes_warmup=closes_warmup(
                     self._group_metrics[index], states[index].step + 1, group["adapt_until"]
                 ),
@@ -1282,6 +1303,7 @@ class ShampooSGLD(SGRLDOptimizer):
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
+        localization: float = 0.0,
         **metric_options: Any,
     ) -> None:
         check_options(ShampooMetric, metric_options, "ShampooSGLD", _facade_arguments())
@@ -1310,6 +1332,7 @@ class ShampooSGLD(SGRLDOptimizer):
             masks=masks,
             data_parallel=data_parallel,
             adapt_until=adapt_until,
+            localization=localization,
         )
 
     def partition(self) -> dict[str, TensorBlocks]:
