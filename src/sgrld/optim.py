@@ -186,7 +186,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         master_dtype: the dtype of master copies and of low-precision arithmetic (float32).
         telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
         masks: ``{parameter: bool tensor of its shape}``: only the ``True`` elements are
-            sampled (the metric acts on them alone), the others stay fixed bit for bit.
+            sampled (the metric acts on them alone), the others stay fixed bit for bit. A
+            sharded (FSDP2) parameter's mask has its global shape, the same on every rank.
         data_parallel: whether the ranks of a ``torch.distributed`` process group hold replicas
             of one chain (``DistributedDataParallel``): the first step then refuses ranks that
             would draw different noise. ``None`` (default): whenever a group of several ranks
