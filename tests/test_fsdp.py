@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -75,6 +77,8 @@ def _loss(
     net: Callable[[torch.Tensor], torch.Tensor], step: int, rank: int, world: int
 ) -> torch.Tensor:
     x, y = _batch(step)
+    if isinstance(net, torch.nn.Module):  # a bfloat16 model gets its batch in bfloat16
+        x, y = (t.to(next(net.parameters()).dtype) for t in (x, y))
     part = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     return ((net(x[part]) - y[part]) ** 2).mean()
 
@@ -168,10 +172,10 @@ SAVED = ("rmsprop", "wenzel", "monge", "shampoo")
 HALF = 5  # steps before the checkpoint, and after it
 
 
-def _sharded(name: str) -> tuple[torch.nn.Module, sgrld.SGRLDOptimizer]:
+def _sharded(name: str, dtype: torch.dtype = torch.float64) -> tuple[torch.nn.Module, Any]:
     from torch.distributed.fsdp import fully_shard
 
-    model = _model()
+    model = _model().to(dtype)
     fully_shard(model)
     return model, _optimizer(name, model.named_parameters())
 
@@ -194,7 +198,7 @@ def _full_state(model: torch.nn.Module, opt: sgrld.SGRLDOptimizer) -> dict[str, 
     return out
 
 
-def _save(rank: int, world: int, out: Path) -> dict[str, Any]:
+def _save(rank: int, world: int, out: Path, dtype: torch.dtype = torch.float64) -> dict[str, Any]:
     """HALF steps, a DCP checkpoint of model and optimizer, HALF more steps."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
@@ -204,7 +208,7 @@ def _save(rank: int, world: int, out: Path) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     for name in SAVED:
-        model, opt = _sharded(name)
+        model, opt = _sharded(name, dtype)
         _run(model, opt, range(HALF), rank, world)
         state = {
             "model": get_model_state_dict(model),
@@ -217,7 +221,7 @@ def _save(rank: int, world: int, out: Path) -> dict[str, Any]:
     return result
 
 
-def _load(rank: int, world: int, out: Path) -> dict[str, Any]:
+def _load(rank: int, world: int, out: Path, dtype: torch.dtype = torch.float64) -> dict[str, Any]:
     """The checkpoint loaded on ``world`` ranks, then the last HALF steps."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -230,7 +234,7 @@ def _load(rank: int, world: int, out: Path) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     for name in SAVED:
-        model, opt = _sharded(name)
+        model, opt = _sharded(name, dtype)
         state = {
             "model": get_model_state_dict(model),
             "optim": get_optimizer_state_dict(model, opt),
@@ -305,8 +309,154 @@ def _resnet_case(rank: int, world: int, out: Path) -> dict[str, Any]:
     return {name: resnet_chain(name, rank, world, sharded=True) for name in RESNET}
 
 
+#: low-precision modes stepped sharded (bfloat16 parameters, float32 arithmetic)
+LOW = ("master", "stochastic")
+#: relative bound of a W-rank bfloat16 chain (parameters and float32 masters) against the one-
+#: process chain after STEPS steps; measured: 0 with stochastic rounding, ≤ 1.3e-7 with masters
+#: (a master's last float32 bits: the ranks' sums add in another order, and a shard's flat buffer
+#: is split into vector lanes and a tail elsewhere than the whole one)
+LOW_BOUND = 1e-6
+
+
+def _bf16_grads(full: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+    """The gradient at the whole bfloat16 parameters ``full``, computed in float64 from the
+    whole batch and rounded to bfloat16: the same on every rank and in one process, so that the
+    comparison is of the optimizer's steps, not of two reductions of a bfloat16 gradient."""
+    values = {n: v.detach().double().requires_grad_() for n, v in full.items()}
+    x, y = _batch(step)
+    loss = ((torch.func.functional_call(_model(), values, (x,)) - y) ** 2).mean()
+    grads = torch.autograd.grad(loss, list(values.values()))
+    return {n: g.to(torch.bfloat16) for n, g in zip(values, grads, strict=True)}
+
+
+def _masks(params: dict[str, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+    """Half the elements of every weight, drawn once (a bias unmasked beside them)."""
+    draw = torch.Generator().manual_seed(3)
+    return {
+        p: torch.rand(p.shape, generator=draw) < 0.5 for n, p in params.items() if "weight" in n
+    }
+
+
+def bf16_chain(
+    name: str, mode: str, world: int, sharded: bool, masked: bool = False, localization: float = 0.0
+) -> dict[str, torch.Tensor]:
+    """STEPS steps of a bfloat16 model with float32 masters (``mode``), its weights ``masked``
+    or not, ``localization`` c: its parameters and masters, whole."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from sgrld.core.shards import rows_of
+
+    model = _model().to(torch.bfloat16)
+    if sharded:
+        fully_shard(model)
+    shampoo = {"row_shards": world} if name == "shampoo" and not sharded else {}
+    params = dict(model.named_parameters())
+    masks = _masks(params) if masked else None
+    opt = _optimizer(
+        name,
+        model.named_parameters(),
+        noise="philox",
+        low_precision=mode,
+        masks=masks,
+        localization=localization,
+        **shampoo,
+    )
+    for step in range(STEPS):
+        full = {n: p.full_tensor() if sharded else p for n, p in params.items()}  # type: ignore[operator]
+        for n, g in _bf16_grads(full, step).items():
+            p = params[n]
+            if sharded:
+                mesh = p.device_mesh  # type: ignore[attr-defined]
+                first, count = rows_of(g.shape[0], world, mesh.get_coordinate()[0])
+                shard = g[first : first + count]
+                g = DTensor.from_local(shard, mesh, p.placements, shape=g.shape, stride=g.stride())  # type: ignore[attr-defined]
+            p.grad = g
+        opt.step()
+    out = {}
+    for n, p in params.items():
+        out[n] = (p.full_tensor() if sharded else p).detach().clone()  # type: ignore[operator]
+        if sharded and masks is not None and p in masks and mode == "master":  # the rank's own
+            assert f"master#shard{dist.get_rank()}of{world}" in opt.state[p], list(opt.state[p])
+        master = opt.state[p].get("master")
+        if master is not None:
+            out[f"{n}/master"] = (master.full_tensor() if sharded else master).clone()
+    return out
+
+
+def _bf16(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {(name, mode): bf16_chain(name, mode, world, True) for name in NAMES for mode in LOW}
+
+
+def _masked(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {name: bf16_chain(name, "master", world, True, masked=True) for name in NAMES}
+
+
+#: the localisation of the localised case: c(θ − θ₀) rivals the loss's gradient within the run
+PULL = 2.0
+
+
+def _localised(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return {
+        name: bf16_chain(name, "master", world, True, masked=True, localization=PULL)
+        for name in NAMES
+    }
+
+
+#: relative bound on the LLC case's traces and estimates, sharded against one process
+LLC_BOUND = 1e-6
+#: the samplers of the LLC case: elementwise, and summing over the ranks
+LLC_SAMPLERS = ("identity", "rmsprop", "monge")
+
+
+def _mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
+
+
+def llc_estimates(world: int, sharded: bool) -> dict[str, Any]:
+    """``sgrld.llc`` of the bfloat16 MLP (FSDP2-sharded or whole), half of every weight's
+    elements sampled, every rank on the whole batches (FSDP2's mean of equal gradients is the
+    gradient): per sampler the estimate's trace and per-chain values."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model().to(torch.bfloat16)
+    if sharded:
+        fully_shard(model)
+    masks_params = list(model.parameters())  # FSDP2's sharded ones: its root stays unsharded
+    masks = _masks(dict(model.named_parameters()))  # after a forward without gradients
+    loader = [tuple(t.to(torch.bfloat16) for t in _batch(step)) for step in range(4)]
+    out: dict[str, Any] = {}
+    for name in LLC_SAMPLERS:
+        settings = dict(nbeta=100.0, localization=10.0, num_chains=2, num_steps=30, lr=1e-3)
+        est = sgrld.llc(model, _mse, loader, num_data=1000, sampler=name, masks=masks, **settings)
+        out[name] = {"trace": est.trace, "per_chain": est.per_chain}
+    params = dict(zip(dict(model.named_parameters()), masks_params, strict=True))
+    full = {n: p.full_tensor() if sharded else p for n, p in params.items()}  # type: ignore[operator]
+    out["after"] = {n: p.detach().clone() for n, p in full.items()}
+    return out
+
+
+def _llc(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return llc_estimates(world, sharded=True)
+
+
+def _save_bf16(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return _save(rank, world, out, torch.bfloat16)
+
+
+def _load_bf16(rank: int, world: int, out: Path) -> dict[str, Any]:
+    return _load(rank, world, out, torch.bfloat16)
+
+
 CASES = {
     "same": _same,
+    "save_bf16": _save_bf16,
+    "load_bf16": _load_bf16,
+    "llc": _llc,
+    "localised": _localised,
+    "masked": _masked,
+    "bf16": _bf16,
     "nan": _nan,
     "seeds": _seeds,
     "save": _save,
@@ -407,3 +557,116 @@ def test_a_sharded_resnet20_chain_is_the_one_process_chain(tmp_path: Path, world
         assert error <= BOUND[name], (name, world, error)
         start = {n: p.detach() for n, p in _resnet().named_parameters()}
         assert relative_error(alone, start) > 1e-4, name  # the chain moved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_sharded_bfloat16_chain_with_float32_masters_is_the_one_process_chain(
+    tmp_path: Path, world: int
+) -> None:
+    """bfloat16 parameters sharded by FSDP2, float32 masters (``"master"``) or stochastic
+    rounding at global indices (``"stochastic"``), every sampler, the same gradients: the one-
+    process bfloat16 chain within ``LOW_BOUND``; every rank holds the same chain; the masters
+    are DTensors of the parameters' layout (``full_tensor`` gathers them)."""
+    ranks = spawn(tmp_path, world, "bf16")
+    for (name, mode), chain in ranks[0].items():
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name, mode][n], chain[n]) for n in chain)
+        alone = bf16_chain(name, mode, world, sharded=False)
+        assert set(chain) == set(alone), (name, mode)
+        assert any(k.endswith("/master") for k in alone) == (mode == "master")
+        error = relative_error({k: v.double() for k, v in chain.items()},
+                               {k: v.double() for k, v in alone.items()})  # fmt: skip
+        assert error <= LOW_BOUND, (name, mode, world, error)
+        start = {n: p.detach().double() for n, p in _model().named_parameters()}
+        moved = {n: alone[n].double() for n in start}
+        assert relative_error(moved, start) > 1e-3, name  # the chain moved
+
+
+@pytest.mark.slow
+def test_a_sharded_localised_chain_is_the_one_process_localised_chain(tmp_path: Path) -> None:
+    """The masked bfloat16 chain with masters, localised (c = PULL), over W = 2 ranks: every
+    sampler's chain is the one-process localised chain within ``LOW_BOUND``, and the pull acts
+    (another chain than the unlocalised one)."""
+    world = 2
+    ranks = spawn(tmp_path, world, "localised")
+    start = [n for n, _ in _model().named_parameters()]
+    for name, chain in ranks[0].items():
+        params = {n: chain[n].double() for n in start}
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], chain[n]) for n in start)
+        with warnings.catch_warnings():  # Shampoo's on the masked vectors: G = I (test above)
+            warnings.simplefilter("ignore", UserWarning)
+            alone = bf16_chain(name, "master", world, False, masked=True, localization=PULL)
+            free = bf16_chain(name, "master", world, False, masked=True)
+        error = relative_error(params, {n: alone[n].double() for n in start})
+        assert error <= LOW_BOUND, (name, error)
+        assert relative_error(params, {n: free[n].double() for n in start}) > 1e-2, name
+
+
+@pytest.mark.slow
+def test_a_sharded_masked_bfloat16_chain_is_the_one_process_masked_chain(tmp_path: Path) -> None:
+    """Half of every weight's elements masked (a weight-restricted chain), bfloat16 with float32
+    masters, sharded over W = 3 ranks (uneven: each rank's selected elements are a run of the
+    one-process stand-in, another length on every rank): every sampler's chain is the one-process
+    masked chain within ``LOW_BOUND`` (measured: 0), and the unselected elements never move.
+    Shampoo steps a masked weight's selected elements as a vector, so without
+    ``precondition_vectors`` its G is I there on one process and sharded alike."""
+    world = 3
+    ranks = spawn(tmp_path, world, "masked")
+    start = {n: p.detach().to(torch.bfloat16) for n, p in _model().named_parameters()}
+    drawn = _masks(start)
+    masks = {n: drawn[p] for n, p in start.items() if "weight" in n}
+    for name, chain in ranks[0].items():
+        params = {n: chain[n] for n in start}
+        for other in ranks[1:]:
+            assert all(torch.equal(other[name][n], v) for n, v in params.items())
+        if name == "shampoo":
+            with pytest.warns(UserWarning, match="merged rank <= 1"):
+                alone = bf16_chain(name, "master", world, sharded=False, masked=True)
+        else:
+            alone = bf16_chain(name, "master", world, sharded=False, masked=True)
+        error = relative_error(
+            {n: v.double() for n, v in params.items()}, {n: alone[n].double() for n in start}
+        )
+        assert error <= LOW_BOUND, (name, error)
+        for n, m in masks.items():
+            assert torch.equal(params[n][~m], start[n][~m]), (name, n)
+            assert not torch.equal(params[n][m], start[n][m]), (name, n)  # the selected moved
+
+
+@pytest.mark.slow
+def test_llc_of_a_sharded_bfloat16_model_with_masks(tmp_path: Path) -> None:
+    """``sgrld.llc`` on a bfloat16 model sharded by FSDP2 over W = 2 ranks, with masks (a
+    weight-restricted LLC) and float32 master copies: every rank gets the estimate of the
+    one-process bfloat16 run (traces within ``LLC_BOUND``), and the model is w₀ again after."""
+    ranks = spawn(tmp_path, 2, "llc")
+    alone = llc_estimates(2, sharded=False)
+    start = {n: p.detach().to(torch.bfloat16) for n, p in _model().named_parameters()}
+    for rank in ranks:
+        assert all(torch.equal(rank["after"][n], start[n]) for n in start)
+        for name in LLC_SAMPLERS:
+            mine, theirs = rank[name], alone[name]
+            np.testing.assert_allclose(mine["trace"], theirs["trace"], rtol=LLC_BOUND, atol=0)
+            np.testing.assert_allclose(mine["per_chain"], theirs["per_chain"], rtol=LLC_BOUND)
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_of_bfloat16_masters(tmp_path: Path) -> None:
+    """A bfloat16 model's float32 masters (DTensors) saved with torch.distributed.checkpoint on
+    W = 2 ranks: loaded on W′ = 2 and 3, the masters and statistics are the saved ones bit for
+    bit; on W′ = 2 the continuation is the never-stopped chain bit for bit (Shampoo on W′ = 3:
+    refused, as in float64)."""
+    saved = spawn(tmp_path, 2, "save_bf16")
+    for world in (2, 3):
+        loaded = spawn(tmp_path, world, "load_bf16")
+        for name in SAVED:
+            mine, before = loaded[0][name], saved[0][name]
+            if name == "shampoo" and world != 2:
+                assert "#shard" in mine["error"]
+                continue
+            assert any(key.endswith("/master") for key in before["saved"]), name
+            for key, value in before["saved"].items():
+                assert torch.equal(mine["loaded"][key], value), (name, world, key)
+            if world == 2:
+                assert all(torch.equal(mine["end"][k], v) for k, v in before["end"].items())

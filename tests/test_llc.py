@@ -8,6 +8,7 @@ import math
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,6 +64,37 @@ def test_statistics_see_the_loss_gradient_only(name: str) -> None:
     for key in plain.stats:
         torch.testing.assert_close(localised.stats[key], plain.stats[key], rtol=0, atol=0)
     assert not torch.equal(plain.params["w"], localised.params["w"])
+
+
+@pytest.mark.parametrize("name", metric_names())
+def test_localised_optimizer_is_the_localised_functional_sampler(name: str) -> None:
+    """``SGRLDOptimizer(..., localization=c)`` steps as ``sgrld.build(..., localization=c)``,
+    bit for bit (so its statistics see the loss's gradient alone, as the sampler's above), its
+    centre θ₀ in the state (``center``) and through a state dict; with c = 0 no centre."""
+    options, c = CASES[name].options, 3.0
+    g = torch.Generator().manual_seed(5)
+    theta0 = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    grads = [torch.randn(6, 5, generator=g, dtype=torch.float64) for _ in range(8)]
+    w = theta0.clone().requires_grad_()
+    opt = sgrld.SGRLDOptimizer([w], lr=1e-2, num_data=10, metric=name, localization=c,
+                               generator=torch.Generator().manual_seed(2), **options)  # fmt: skip
+    sampler = sgrld.build(name, lr=1e-2, num_data=10, localization=c, **options)
+    state = sampler.init({"w": theta0.clone()}, generator=torch.Generator().manual_seed(2))
+    for grad in grads:
+        w.grad = grad.clone()
+        opt.step()
+        sampler.step(state, {"w": grad})
+        assert torch.equal(w.detach(), state.params["w"]), name
+    assert torch.equal(opt.state[w]["center"], theta0)
+    twin = torch.zeros_like(theta0, requires_grad=True)
+    again = sgrld.SGRLDOptimizer([twin], lr=1e-2, num_data=10, metric=name, localization=c,
+                                 **options)  # fmt: skip
+    again.load_state_dict(opt.state_dict())
+    assert torch.equal(again.state[twin]["center"], theta0)
+    plain = sgrld.SGRLDOptimizer([w], lr=1e-2, num_data=10, metric=name, **options)
+    assert "center" not in plain.state[w]
+    with pytest.raises(ValueError, match="localization"):
+        sgrld.SGRLDOptimizer([w], lr=1e-2, num_data=10, metric=name, localization=-1.0)
 
 
 @pytest.mark.parametrize("name", metric_names())
@@ -225,6 +257,36 @@ def test_sequential_chains_are_the_vectorised_ones() -> None:
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
     torch.testing.assert_close(a.trace, b.trace, rtol=1e-10, atol=0)
     assert a.init_loss == b.init_loss
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "monge"])
+def test_masked_chains_through_the_optimizer(name: str) -> None:
+    """``masks`` runs the chains through ``SGRLDOptimizer``: with masks of every element they
+    are the sequential functional chains (same noise keys), and a weight-restricted run moves
+    only the selected elements (the bias, left out, stays at w₀ throughout)."""
+    n = 1_000
+    x, y = logistic_data(n, 3, seed=2)
+    model = fit_logistic(x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    loader = batches(x, y, 100)
+    kw = dict(num_data=n, sampler=name, num_chains=2, num_steps=40, lr=1e-4, init_batches=10)
+    every = {p: torch.ones_like(p, dtype=torch.bool) for p in model.parameters()}
+    a = sgrld.llc(model, bce, loader, vectorize=False, **kw)
+    b = sgrld.llc(model, bce, loader, masks=every, **kw)
+    torch.testing.assert_close(a.trace, b.trace, rtol=1e-12, atol=0)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    seen: list[torch.Tensor] = []
+
+    def watched(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        seen.append(m.bias.detach().clone())
+        return bce(m, batch)
+
+    first = torch.tensor([[True, False, True]])
+    c = sgrld.llc(model, watched, loader, masks={model.weight: first}, **kw)
+    assert all(torch.equal(b_, before[1]) for b_ in seen)
+    assert not np.array_equal(c.trace, b.trace)
+    with pytest.raises(ValueError, match="need lr"):
+        sgrld.llc(model, bce, loader, masks=every, **{**kw, "lr": None})
 
 
 def test_llc_calibrates_lr_without_one() -> None:

@@ -44,7 +44,14 @@ from sgrld.core.noise import (
     keys_from_generator,
     keys_from_seeds,
 )
-from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load, publish
+from sgrld.core.param_state import (
+    GENERATOR,
+    MASTER,
+    apply_load,
+    plan_load,
+    publish,
+    shard_key,
+)
 from sgrld.core.precision import (
     LowPrecision,
     StandIns,
@@ -112,6 +119,8 @@ _STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "sc
 
 #: group options of the facade itself (beside ℓ, n, τ, the metric's options and adapt_until)
 _FACADE_DEFAULTS: dict[str, Any] = {"adapt_metric": True}
+#: a localised chain's centre θ₀ in a parameter's state
+CENTER = "center"
 #: the value each facade option had before it existed (what an older state dict ran with)
 _BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
 
@@ -177,7 +186,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         master_dtype: the dtype of master copies and of low-precision arithmetic (float32).
         telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
         masks: ``{parameter: bool tensor of its shape}``: only the ``True`` elements are
-            sampled (the metric acts on them alone), the others stay fixed bit for bit.
+            sampled (the metric acts on them alone), the others stay fixed bit for bit. A
+            sharded (FSDP2) parameter's mask has its global shape, the same on every rank.
         data_parallel: whether the ranks of a ``torch.distributed`` process group hold replicas
             of one chain (``DistributedDataParallel``): the first step then refuses ranks that
             would draw different noise. ``None`` (default): whenever a group of several ranks
@@ -187,6 +197,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
             samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
             stationary law is biased: ``docs/posterior.md``). A group option.
+        localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters θ₀ at construction
+            (held in the state as ``center``), added to the drift's gradient after the metric
+            has seen the loss's gradient alone: the local posterior of the learning
+            coefficient (``docs/llc.md``; :func:`sgrld.build`'s option). 0 (default): none.
         **metric_options: the metric's options (``decay``, ``alpha2``, ...) when ``metric`` is a
             name, e.g. ``SGRLDOptimizer(params, lr=1e-3, num_data=n, metric="rmsprop", decay=0.9)``.
 
@@ -217,6 +231,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         "telemetry_enabled",
         "_masks",
         "data_parallel",
+        "localization",
     )
 
     def __init__(
@@ -239,9 +254,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
+        localization: float = 0.0,
         **metric_options: Any,
     ) -> None:
         _validate_group(lr, num_data, temperature)
+        if not (isinstance(localization, (int, float)) and 0.0 <= localization < math.inf):
+            raise ValueError(f"invalid localization: {localization!r} (expected finite >= 0)")
         own = _facade_arguments()
         if isinstance(metric, str):
             cls = get_metric(metric)
@@ -289,6 +307,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._reset_watch()
         self._masks: dict[Tensor, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
+        self.localization = float(localization)
         self._replicas_checked = data_parallel is False
         super().__init__(params, defaults)
         _check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
@@ -378,16 +397,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         params: list[Tensor] = group["params"]
         masks = [self._masks.get(p) for p in params]
         standins = None
+        names = self._names(index)
         if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
-            if any(is_sharded(p) for p in params):
-                raise NotImplementedError(
-                    "sharded parameters (DTensor, FSDP2) in a precision below master_dtype or "
-                    "with masks are not supported: shard them in float32 or float64"
-                )
             standins = StandIns(params, masks, self.low_precision, self.master_dtype)
             params = standins.work
-        names = self._names(index)
-        layout = FlatLayout.from_tensors(names, params)
+            layout = standins.layout(names)
+        else:
+            layout = FlatLayout.from_tensors(names, params)
         if layout.shards is not None:
             self._check_sharded(names[0])
         shards = [local(p) for p in params]  # the rank's shards of sharded parameters
@@ -395,6 +411,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         state = SamplerState(
             dict(zip(names, shards, strict=True)), stats, 0, self.generator, layout
         )
+        if self.localization:  # θ₀: the chain's tensors (master copies) as they are now
+            state.center = [t.detach().clone() for t in shards]
         return state, standins
 
     def _check_sharded(self, name: str) -> None:
@@ -403,7 +421,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "noise='torch'": self.noise == "torch",
             "compile=True": self.compile,
             "capturable=True": self.capturable,
-            "masks": bool(self._masks),
         }
         for option, given in refused.items():
             if given:
@@ -423,12 +440,22 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _publish(
         metric: Metric, state: SamplerState, standins: StandIns | None
     ) -> list[dict[str, Tensor]]:
-        """:func:`publish` plus the master copies of low-precision parameters."""
+        """:func:`publish` plus the master copies of low-precision parameters (a masked
+        sharded parameter's: the rank's own, under its shard's key)."""
         entries = publish(metric, state)
         masters = None if standins is None else standins.masters
+        shards = state.layout.shards
         if masters is not None:
-            for entry, master in zip(entries, masters, strict=True):
-                entry[MASTER] = master
+            for j, (entry, master) in enumerate(zip(entries, masters, strict=True)):
+                own = shards is not None and j in shards.uneven
+                entry[shard_key(MASTER, shards) if own else MASTER] = master  # type: ignore[arg-type]
+        for j, (entry, center) in enumerate(zip(entries, state.center or [], strict=False)):
+            if shards is None:
+                entry[CENTER] = center
+            elif j in shards.uneven:  # a masked shard's: the rank's own
+                entry[shard_key(CENTER, shards)] = center
+            else:
+                entry[CENTER] = shards.global_view(center, j)
         return entries
 
     def _seed_key(self, device: torch.device) -> Tensor:
@@ -548,9 +575,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         watched: bool,
     ) -> None:
         for index, group in enumerate(self.param_groups):
-            if states[index].layout.shards is not None:
-                _follow_shards(states[index], group["params"])
             standins = self._standins.get(index)
+            if states[index].layout.shards is not None and standins is None:
+                _follow_shards(states[index], group["params"])  # stand-ins stay where they are
             if standins is not None:  # step master copies, scratch or selected elements
                 standins.pull()
             adapt = self.adapts(index)
@@ -570,6 +597,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 compiled=self._compiled_move(index),
                 refresh=not (self.capturable and traced),
                 telemetry=telemetry,
+                localization=self.localization,
                 closes_warmup=closes_warmup(
                     self._group_metrics[index], states[index].step + 1, group["adapt_until"]
                 ),
@@ -730,11 +758,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if standins is None:
             return grads
         for name, p, g in zip(self._names(index), params, grads, strict=True):
-            if g is not None and (g.dtype != p.dtype or g.shape != p.shape):
+            shard = local(p)  # a sharded gradient's shard against the parameter's
+            if g is not None and (g.dtype != shard.dtype or g.shape != shard.shape):
                 raise ValueError(
                     f"gradient of parameter {name!r} is {g.dtype} of shape {tuple(g.shape)}, "
-                    f"the parameter {p.dtype} of shape {tuple(p.shape)}: a gradient must have "
-                    "its parameter's dtype and shape"
+                    f"the parameter {shard.dtype} of shape {tuple(shard.shape)}: a gradient must "
+                    "have its parameter's dtype and shape"
                 )
         out = standins.grads(grads)
         return out
@@ -1275,6 +1304,7 @@ class ShampooSGLD(SGRLDOptimizer):
         masks: Mapping[Tensor, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
+        localization: float = 0.0,
         **metric_options: Any,
     ) -> None:
         check_options(ShampooMetric, metric_options, "ShampooSGLD", _facade_arguments())
@@ -1303,6 +1333,7 @@ class ShampooSGLD(SGRLDOptimizer):
             masks=masks,
             data_parallel=data_parallel,
             adapt_until=adapt_until,
+            localization=localization,
         )
 
     def partition(self) -> dict[str, TensorBlocks]:

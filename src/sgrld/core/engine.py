@@ -189,7 +189,7 @@ def _record_bad(
 
 
 def _sum_ahead(
-    metric: Metric,
+    metric: Metric | None,
     stats: Stats,
     layout: FlatLayout,
     grad: Tensor,
@@ -199,7 +199,8 @@ def _sum_ahead(
 ) -> None:
     """Sharded parameters: the finite check's per-tensor sums and the metric's sums of this
     step (:class:`~sgrld.core.shards.SumsAhead`) in one all-reduce, before anything changes; a
-    bad gradient is refused here, on every rank alike; the metric takes its sums by name."""
+    bad gradient is refused here, on every rank alike; the metric takes its sums by name
+    (``metric=None``: the check alone)."""
     shards = layout.shards
     assert shards is not None
     shards.ahead.clear()
@@ -420,10 +421,9 @@ def advance(
         work = Workspace.for_layout(sub_layout, params[0])
         params = [params[i] for i in active]
     ok: Tensor | None = None
-    if localization and (state.center is None or layout.shards is not None):
+    if localization and state.center is None:
         raise ValueError(
             "localization needs a state with a centre (init by a sampler with localization > 0)"
-            " and unsharded parameters"
         )
     if (
         direct
@@ -477,7 +477,10 @@ def advance(
         state.device_step.add_(1)
         return
     if sub_layout.shards is not None and checks != "deferred":
-        _sum_ahead(metric, stats, sub_layout, grad, xi, adapt, checks == "sync")
+        # localised: G⁻¹ acts on ĝ + c(θ − θ₀), which the sums ahead (taken from ĝ) do not
+        # see, so the metric then sums over the ranks itself, one all-reduce per sum
+        summing = None if localization else metric
+        _sum_ahead(summing, stats, sub_layout, grad, xi, adapt, checks == "sync")
     if xi is not None and ok is not None:
         xi.masked_fill_(~ok, 0.0)
     saved = None

@@ -57,7 +57,12 @@ def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
             entries[int(i)][stat if shards is None else shard_key(stat, shards)] = value
         elif kinds[key] == "element":
             for j, (entry, view) in enumerate(zip(entries, layout.views(value), strict=True)):
-                entry[key] = view if shards is None else shards.global_view(view, j)
+                if shards is None:
+                    entry[key] = view
+                elif j in shards.uneven:  # a masked shard: the rank's own (no global view)
+                    entry[shard_key(key, shards)] = view
+                else:
+                    entry[key] = shards.global_view(view, j)
         elif kinds[key] == "tensor":
             for j, entry in enumerate(entries):
                 entry[key] = value.select(-1, j)

@@ -20,13 +20,16 @@ it warns, as moves below half an ulp are lost.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
+from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseBuffer, philox_normal_
+from sgrld.core.shards import ShardSpec, is_sharded, local, rows_of
 
 LowPrecision = Literal["master", "stochastic", "nearest"]
 LOW_PRECISION_MODES: tuple[str, ...] = ("master", "stochastic", "nearest")
@@ -63,16 +66,25 @@ def stochastic_round_(out: Tensor, x: Tensor, uniform: Tensor) -> None:
 
 
 class Rounding:
-    """The uniforms of stochastic rounding for one group's flat layout (a scratch buffer)."""
+    """The uniforms of stochastic rounding for one group's flat layout (a scratch buffer);
+    sharded, each shard's at its elements' global indices (:mod:`sgrld.core.shards`)."""
 
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.buffer = NoiseBuffer((numel,), torch.float32 if dtype != torch.float64 else dtype,
-                                  device)  # fmt: skip
+    def __init__(
+        self,
+        numel: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        segments: Sequence[tuple[int, int]] | None = None,
+    ) -> None:
+        width = torch.float32 if dtype != torch.float64 else dtype
+        self.buffer = NoiseBuffer((numel,), width, device, segments)
 
     def uniforms(self, keys: Tensor, step: Tensor) -> Tensor:
         """U(0, 1) as Φ of counter-based normals under the derived key (no generator state)."""
         key = keys.clone()
         key[..., 0] = key[..., 0] ^ _ROUNDING_KEY
+        if self.buffer.picks is not None:
+            return torch.special.ndtr(self.buffer.draw(None, "philox", key, step))  # type: ignore[arg-type]
         philox_normal_(self.buffer.blocks, key, step)
         return torch.special.ndtr(self.buffer.flat)
 
@@ -84,6 +96,11 @@ class StandIns:
     across steps in ``"master"`` mode, refilled each step in ``"stochastic"`` mode) or when it
     has an element mask (only the selected elements, a 1-d tensor: the others stay fixed bit for
     bit, and the metric acts on the selected ones only). Others are their own stand-ins.
+
+    Sharded parameters (FSDP2's DTensors) get sharded stand-ins: DTensors of the same mesh and
+    placement whose shards are the parameter's shard in ``master_dtype``, so that the group's
+    layout (:class:`~sgrld.core.shards.ShardSpec`) and its noise at global indices are those of
+    the one-process chain; every copy in and out is of the rank's shard alone.
     """
 
     def __init__(
@@ -93,17 +110,36 @@ class StandIns:
         mode: LowPrecision,
         master_dtype: torch.dtype,
     ) -> None:
-        self.params, self.masks, self.mode = list(params), list(masks), mode
+        self.params, self.mode = list(params), mode
         self.low = mode != "nearest" and is_low_precision(params[0].dtype, master_dtype)
         self.dtype = master_dtype if self.low else params[0].dtype
+        self.spec: ShardSpec | None = None  # the stand-ins' shards (masked ones: their own)
+        if any(is_sharded(p) for p in params):
+            self.spec = _masked_spec(params, masks)
+        # a sharded parameter's mask is of its global shape: each rank selects in its rows
+        self.masks = [
+            m if m is None or not is_sharded(p) else _rows(m, p) for p, m in zip(params, masks,
+                                                                                  strict=True)
+        ]  # fmt: skip
         self.work = [
-            self._values(p, m).to(self.dtype, copy=True) for p, m in zip(params, masks, strict=True)
+            self._values(p, m).to(self.dtype, copy=True)
+            for p, m in zip(params, self.masks, strict=True)
         ]
         self.rounding = None
         if self.low and mode == "stochastic":
-            self.rounding = Rounding(
-                sum(w.numel() for w in self.work), self.dtype, params[0].device
-            )
+            shards = [local(w) for w in self.work]
+            segments = None
+            if self.spec is not None:  # the rounding's uniforms at global indices, as ξ's
+                segments = list(zip(self.spec.starts, (s.numel() for s in shards), strict=True))
+            numel = sum(s.numel() for s in shards)
+            self.rounding = Rounding(numel, self.dtype, shards[0].device, segments)
+
+    def layout(self, names: Sequence[str]) -> FlatLayout:
+        """The flat layout of the stand-ins (sharded: :attr:`spec`, named ``names``)."""
+        if self.spec is None:
+            return FlatLayout.from_tensors(names, self.work)
+        spec = dataclasses.replace(self.spec, names=tuple(names))
+        return FlatLayout(tuple(names), tuple(tuple(local(w).shape) for w in self.work), (), spec)
 
     @staticmethod
     def needed(params: Sequence[Tensor], masks: Sequence[Tensor | None], mode: str,
@@ -113,7 +149,7 @@ class StandIns:
 
     @staticmethod
     def _values(p: Tensor, mask: Tensor | None) -> Tensor:
-        return p.detach() if mask is None else p.detach()[mask]
+        return p.detach() if mask is None else local(p.detach())[mask]
 
     @property
     def masters(self) -> list[Tensor] | None:
@@ -125,7 +161,7 @@ class StandIns:
         rounded image (the user assigned it, e.g. loaded weights); scratch is refilled. No host
         read."""
         for p, m, w in zip(self.params, self.masks, self.work, strict=True):
-            values = self._values(p, m)
+            values, w = local(self._values(p, m)), local(w)
             if self.masters is not None:
                 torch.where(values == w.to(values.dtype), w, values.to(w.dtype), out=w)
             else:
@@ -144,6 +180,7 @@ class StandIns:
         uniforms = None if self.rounding is None else self.rounding.uniforms(keys, step)
         offset = 0
         for p, m, w in zip(self.params, self.masks, self.work, strict=True):
+            p, w = local(p), local(w)  # the rank's shards: a DTensor copy would communicate
             value = w
             if uniforms is not None:
                 value = torch.empty(w.shape, dtype=p.dtype, device=w.device)
@@ -154,3 +191,34 @@ class StandIns:
                     p.copy_(value)
                 else:
                     p[m] = value.to(p.dtype)
+
+
+def _rows(mask: Tensor, p: Tensor) -> Tensor:
+    """The rows of a global-shape ``mask`` that the rank holds of the sharded ``p``."""
+    first, count = rows_of(p.shape[0], p.device_mesh.size(), p.device_mesh.get_coordinate()[0])  # type: ignore[attr-defined]
+    return mask[first : first + count]
+
+
+def _masked_spec(params: Sequence[Tensor], masks: Sequence[Tensor | None]) -> ShardSpec:
+    """Where each rank's stand-ins lie in the one-process stand-ins' flat buffer: a masked
+    parameter's one-process stand-in is its selected elements in row-major order, so a shard's
+    selected elements are one run of it, starting at the count selected in the rows before."""
+    names = [str(i) for i in range(len(params))]
+    base = ShardSpec.of(names, params)
+    assert base is not None
+    full_shapes, starts, uneven, offset = [], [], [], 0
+    for i, (p, m) in enumerate(zip(params, masks, strict=True)):
+        if m is None:
+            full_shapes.append(tuple(p.shape))
+            starts.append(offset + base.starts[i] - sum(base.full_numels[:i]))
+            offset += p.numel()
+            continue
+        first, _ = rows_of(p.shape[0], base.world, base.rank)
+        selected = int(m.sum())  # once, at construction
+        full_shapes.append((selected,))
+        starts.append(offset + int(m[:first].sum()))
+        uneven.append(i)
+        offset += selected
+    return dataclasses.replace(
+        base, full_shapes=tuple(full_shapes), starts=tuple(starts), uneven=tuple(uneven)
+    )

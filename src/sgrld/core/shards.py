@@ -92,6 +92,10 @@ class ShardSpec:
     world: int
     mesh: Any = field(compare=False, repr=False)
     placements: tuple[Any, ...] = field(compare=False, repr=False)
+    #: parameters whose shards are not ``torch.chunk``'s split of a tensor (a masked
+    #: parameter's selected elements): their per-element state is the rank's own, published
+    #: under :func:`~sgrld.core.param_state.shard_key` rather than as a global view
+    uneven: tuple[int, ...] = field(default=(), compare=False)
     #: this step's sums, summed ahead by the engine (:class:`SumsAhead`), by name; consumed
     #: by :meth:`sum_`, emptied at the end of each step
     ahead: dict[str, Tensor] = field(default_factory=dict, compare=False, repr=False)
@@ -161,6 +165,7 @@ class ShardSpec:
             self.world,
             self.mesh,
             self.placements,
+            uneven=tuple(j for j, i in enumerate(active) if i in self.uneven),
         )
 
     def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:

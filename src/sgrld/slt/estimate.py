@@ -22,7 +22,10 @@ from torch import Tensor, nn
 
 from sgrld import build
 from sgrld.chains import Chains
+from sgrld.core.noise import keys_from_seeds
+from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.sampler import Sampler
+from sgrld.core.shards import is_sharded
 from sgrld.slt.calibration import calibrate_lr
 
 LossFn = Callable[[nn.Module, Any], Tensor]
@@ -94,6 +97,7 @@ def llc(
     init_batches: int | None = None,
     adapt_until: int | None = 1000,
     vectorize: bool = True,
+    masks: Mapping[Tensor, Tensor] | None = None,
     **metric_options: Any,
 ) -> LLCEstimate:
     """Estimate the LLC of ``model`` at its current parameters w₀ with a sampler of the registry.
@@ -126,6 +130,13 @@ def llc(
             K copies of the parameters); ``False``: one after the other on the model's own
             parameters (one copy of w₀ besides them), for models ``torch.vmap`` cannot run or
             memory cannot hold K times.
+        masks: ``{parameter: bool tensor of its (global) shape}``: only those elements are
+            sampled, every other parameter and element stays at w₀ (devinterp's weight-
+            restricted LLC). Given, or with parameters sharded by FSDP2 or below float32
+            (bfloat16: float32 master copies), the chains run one after the other through
+            :class:`sgrld.SGRLDOptimizer` on the model's own parameters (every rank of a
+            sharded model calls this alike; ``lr`` is then needed: the calibration runs on
+            whole float parameters only).
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
@@ -147,10 +158,20 @@ def llc(
     nbeta = num_data / math.log(num_data) if nbeta is None else float(nbeta)
     if not nbeta > 0.0 or localization < 0.0:
         raise ValueError(f"need nbeta > 0 and localization >= 0, got {nbeta}, {localization}")
+    # the parameters now: FSDP2's root module holds whole ones after a forward without grad
+    named: dict[str, Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
     first = _take(loader, init_batches)
     with torch.no_grad():
         init_loss = float(np.mean([float(loss(model, b)) for b in first]))
     calibrated = lr is None
+    through_optimizer = masks is not None or any(
+        is_sharded(p) or torch.finfo(p.dtype).bits < 32 for p in named.values()
+    )
+    if lr is None and through_optimizer:
+        raise ValueError(
+            "llc: masks, sharded (FSDP2) or low-precision parameters need lr (devinterp's ε): "
+            "the calibration runs on whole float32/float64 parameters"
+        )
     if lr is None:
         probe = _sampler(sampler, 1.0, nbeta, localization, num_data, adapt_until, metric_options)
         lr = calibrate_lr(
@@ -165,8 +186,16 @@ def llc(
         )
     built = _sampler(sampler, lr, nbeta, localization, num_data, adapt_until, metric_options)
     seeds = [seed + k for k in range(num_chains)]
-    run = _vectorized if vectorize else _sequential
-    trace = run(model, loss, loader, built, seeds, num_steps)
+    if through_optimizer:
+        settings: dict[str, Any] = {
+            **devinterp_options(lr, nbeta=nbeta, localization=localization, num_data=num_data),
+            **metric_options,
+            "adapt_until": adapt_until,
+        }
+        trace = _optimized(model, named, loss, loader, sampler, settings, masks, seeds, num_steps)
+    else:
+        run = _vectorized if vectorize else _sequential
+        trace = run(model, loss, loader, built, seeds, num_steps)
     per_chain = nbeta * (trace[:, burnin:].mean(axis=1) - init_loss)
     std = float(per_chain.std(ddof=1)) if num_chains > 1 else math.nan
     return LLCEstimate(
@@ -181,6 +210,57 @@ def llc(
         nbeta=nbeta,
         localization=float(localization),
     )
+
+
+def _optimized(
+    model: nn.Module,
+    named: dict[str, Tensor],
+    loss: LossFn,
+    loader: Iterable[Any],
+    metric: str,
+    settings: dict[str, Any],
+    masks: Mapping[Tensor, Tensor] | None,
+    seeds: list[int],
+    num_steps: int,
+) -> np.ndarray:
+    """The chains one after the other through :class:`sgrld.SGRLDOptimizer` on the model's
+    own parameters (sharded, bfloat16 with master copies, masked), restored afterwards. Chain
+    k's noise is keyed by ``seeds[k]`` as the functional sampler's: with whole float
+    parameters and masks of every element, the chains of :func:`_sequential`."""
+    from sgrld.optim import SGRLDOptimizer
+
+    params = list(named.values())
+    kept = [*params, *model.buffers()]
+    if masks is not None:  # devinterp's weight restriction: the others stay at w₀
+        named = {n: p for n, p in named.items() if any(p is q for q in masks)}
+    saved = [t.detach().clone() for t in kept]
+    trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, s in zip(kept, saved, strict=True):
+                t.copy_(s)
+
+    try:
+        for k, s in enumerate(seeds):
+            opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox",
+                                 masks=masks, **settings)  # fmt: skip
+            key = opt.state[next(iter(named.values()))][NOISE_KEY]
+            key.copy_(keys_from_seeds([s], key.device).view_as(key))
+            batches = _cycle(loader)
+            for t in range(num_steps):
+                opt.zero_grad(set_to_none=True)
+                value = loss(model, next(batches))
+                value.backward()
+                trace[k, t] = float(value.detach())
+                opt.step()
+            opt.check()
+            restore()
+    finally:
+        for p in params:
+            p.grad = None
+        restore()
+    return trace.numpy()
 
 
 def _sampler(
