@@ -342,3 +342,17 @@ def test_kernel_is_right_after_a_compiled_block_runner() -> None:
         return done.stdout
 
     assert draw("after") == draw("alone")
+
+
+@pytest.mark.slow  # a dozen compilations of the kernel
+def test_the_kernel_compiles_every_dtype_and_size_one_dimension_in_one_process() -> None:
+    """Dynamo compiles the kernel once per dtype and per size-1 dimension (one chain, one
+    counter) even with ``dynamic=True``: 3 dtypes × 1 or 3 chains × 1 or 5 counters are 12
+    forms, beyond torch's default recompile limit of 8, and none may fall back to eager."""
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        for chains in (1, 3):
+            for size in (1, 5):
+                buf = NoiseBuffer((chains, 4 * size), dtype, torch.device("cpu"))
+                keys = keys_from_seeds(list(range(chains)), torch.device("cpu"))
+                assert torch.isfinite(buf.draw(torch.Generator(), "philox", keys, _step(1))).all()
+    assert not noise_mod._compile_failed

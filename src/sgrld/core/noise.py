@@ -149,6 +149,23 @@ def _kernel(fn: Callable[..., None] = _philox_normal) -> Callable[..., None]:
     return _compiled[fn]
 
 
+#: Recompiles the kernel may need in one process. Even with ``dynamic=True`` dynamo compiles
+#: once per dtype and specialises every dimension of size 1 (one chain, one counter): a process
+#: with float32, float64 and bfloat16 groups, one and several chains, reaches torch's default
+#: of 8, after which the kernel would fall back to its eager arithmetic for good.
+RECOMPILE_LIMIT = 64
+
+
+@contextlib.contextmanager
+def _kernel_context() -> Iterator[None]:
+    """The kernel's call: quiet, no autograd, one default dtype, room for its recompiles."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    limit = max(getattr(config, name), RECOMPILE_LIMIT)
+    with quiet_compile(), torch.no_grad(), _float32_default(), config.patch({name: limit}):
+        yield
+
+
 @contextlib.contextmanager
 def _float32_default() -> Iterator[None]:
     """Call the kernel under one default dtype: dynamo guards on it, so a caller that runs in
@@ -184,7 +201,7 @@ def philox_normal_(
         keys2 = key.reshape(-1, 2)
         steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
         try:
-            with quiet_compile(), torch.no_grad(), _float32_default():
+            with _kernel_context():
                 _kernel()(keys2, blocks3, 0, steps)
             return
         except Exception as exc:  # no C++ toolchain, unsupported backend, ...
@@ -206,7 +223,7 @@ def philox_normal_at_(
     global _compile_failed
     if not _compile_failed and not torch.compiler.is_compiling():
         try:
-            with quiet_compile(), torch.no_grad(), _float32_default():
+            with _kernel_context():
                 args = (counters, picks, step)
                 _kernel(_philox_normal_at)(key.reshape(1, 2), flat.detach(), *args)
             return
