@@ -456,7 +456,8 @@ class Chains:
     def health(self) -> list[Health]:
         """Every chain's health (:func:`sgrld.health`) from its telemetry since the last read
         (``telemetry=True``; read without resetting it): one verdict per chain."""
-        return [judge([figures]) for figures in self.telemetry(reset=False)]
+        temperature = self.groups[0].sampler.temperature
+        return [judge([f], temperature) for f in self.telemetry(reset=False)]
 
     def state_bytes(self) -> int:
         """Bytes of sampler state (statistics, keys, flags) per chain."""

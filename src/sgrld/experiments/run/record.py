@@ -92,15 +92,16 @@ def hardware(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def run_health(telemetry: Mapping[str, list[float]], optimizer: Any = None) -> Health:
-    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry, or, where the run
-    has none (``--compile``) or it shows nothing wrong, from the optimizer's own watch."""
-    verdict = health(telemetry)
+def run_health(
+    telemetry: Mapping[str, list[float]], temperature: float, optimizer: Any = None
+) -> Health:
+    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry at temperature τ,
+    or, where the run has none (``--compile``: telemetry off), from the optimizer's own watch
+    (consulted only then: under FSDP its read is a collective, made by every rank alike)."""
+    if optimizer is not None and not telemetry:
+        return optimizer.health()
+    verdict = health({**telemetry, "temperature": temperature})
     assert isinstance(verdict, Health)
-    if optimizer is not None and not verdict.broken_down:
-        own = optimizer.health()
-        if own.broken_down:
-            return own
     return verdict
 
 
@@ -369,6 +370,9 @@ class RunRecord:
         self.global_step = int(state["global_step"])
         self.curves = {k: list(v) for k, v in state["curves"].items()}
         self.telemetry = {k: list(v) for k, v in state.get("telemetry", {}).items()}
+        if "theta_rms" in self.telemetry:  # a checkpoint from before the rename: one column
+            old = self.telemetry.pop("theta_rms")
+            self.telemetry["theta_norm"] = old + self.telemetry.get("theta_norm", [])
         self.curvature_means = list(state["curvature_means"])
         self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
         if "trace" in state:  # checkpoints from before the trace have none
