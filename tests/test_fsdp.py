@@ -305,8 +305,16 @@ def _resnet_case(rank: int, world: int, out: Path) -> dict[str, Any]:
     return {name: resnet_chain(name, rank, world, sharded=True) for name in RESNET}
 
 
+def _watch(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """512 steps: the health watch closes its first window, over the whole chain."""
+    model, opt = _sharded("rmsprop")
+    _run(model, opt, range(512), rank, world)
+    return {"windows": opt._watch.windows, "health": str(opt.health())}
+
+
 CASES = {
     "same": _same,
+    "watch": _watch,
     "nan": _nan,
     "seeds": _seeds,
     "save": _save,
@@ -354,6 +362,23 @@ def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> 
     assert ranks[0]["error"] == ranks[1]["error"]
     assert "'2.weight' contains NaN or Inf" in ranks[0]["error"]
     assert all(r["unchanged"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_every_rank_watches_the_whole_chain(tmp_path: Path) -> None:
+    """The health watch sums over the mesh (every rank reaches the same verdict: a rank that
+    alone saw a breakdown would stop and leave the others hanging), as the one-process chain."""
+    ranks = spawn(tmp_path, 2, "watch")
+    assert ranks[0] == ranks[1] and len(ranks[0]["windows"]) == 1
+    model = _model()
+    opt = _optimizer("rmsprop", model.named_parameters(), noise="philox")
+    for step in range(512):
+        opt.zero_grad()
+        _loss(model, step, 0, 1).backward()
+        opt.step()
+    (alone,) = opt._watch.windows
+    for key, value in ranks[0]["windows"][0].items():
+        assert value == pytest.approx(alone[key], rel=1e-9), key
 
 
 @pytest.mark.slow
