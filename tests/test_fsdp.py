@@ -432,3 +432,31 @@ def test_a_sharded_resnet20_chain_is_the_one_process_chain(tmp_path: Path, world
         assert error <= BOUND[name], (name, world, error)
         start = {n: p.detach() for n, p in _resnet().named_parameters()}
         assert relative_error(alone, start) > 1e-4, name  # the chain moved
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+def test_the_floor_is_summed_ahead_with_the_check(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RMSprop's and Adam's floor takes its Σ V by name from the engine's one all-reduce
+    (``sums_ahead``), exactly the sum its update would send: no collective of its own."""
+    from sgrld.core.layout import FlatLayout
+    from sgrld.core.shards import SumsAhead
+
+    metric = sgrld.get_metric(name)()
+    assert isinstance(metric, SumsAhead)
+    layout = FlatLayout(("a", "b"), ((3, 4), (5,)))
+    stats = metric.init(layout, torch.empty(layout.size, dtype=torch.float64))
+    grad = torch.randn(layout.size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    metric.update(stats, layout, grad, 1)
+    ahead = metric.sums_ahead(stats, layout, grad, None, True)
+    sent: list[tuple[str | None, torch.Tensor]] = []
+
+    def sum_(self: FlatLayout, partial: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        sent.append((name, partial.clone()))
+        return partial
+
+    monkeypatch.setattr(FlatLayout, "sum_", sum_)
+    metric.update(stats, layout, grad, 2)
+    assert [(n, torch.equal(p, ahead[n])) for n, p in sent] == [("scale", True)]
+    assert metric.sums_ahead(stats, layout, grad, None, False) == {}  # frozen: no update
