@@ -9,22 +9,21 @@ too small. The optimizer's default warning, the runner's broken-down status, ``s
 ``sgrld report`` all call :func:`health`, so they agree; ``docs/health.md`` explains the rule.
 
 The rule reads the drift-to-noise ratio r = ‖ℓG⁻¹ĝ‖ / ‖σG^{-½}ξ‖ (root-mean-square over the
-steps of a window). For a Gaussian posterior with per-datum Hessian λ (in G's coordinates), a
-chain at stationarity has r² = ℓλ/2 for that direction, so r < 1 wherever the Euler–Maruyama
-step is stable (ℓλ < 2) and r² is half the fraction of a posterior σ relaxed per step:
+steps of a window) as r·√τ: the injected noise shrinks like √τ, the minibatch noise in the drift
+does not. For a Gaussian posterior with per-datum Hessian λ (in G's coordinates), a chain at
+τ = 1 at stationarity has r² = ℓλ/2 for that direction, so r < 1 wherever the Euler–Maruyama
+step is stable (ℓλ < 2). A divergence and a descent from far away both read a large r; in a
+divergence the drift grows with ‖θ‖, in a descent it falls (:func:`_falling`, :func:`_descending`):
 
-* **broken down**: r ≥ :data:`BROKEN_RATIO` (the drift a thousand times the injected noise: far
-  past the stability limit), or r ≥ 1 while ‖θ‖ has grown :data:`BROKEN_GROWTH` times since
-  the first window (the distance from the start keeps growing); without noise (τ = 0), growth
-  alone at :data:`BROKEN_GROWTH_NO_NOISE`;
-* **ℓ too large**: r > :data:`LARGE_RATIO` = 1 in the last window: the drift (with its minibatch
-  noise) dominates the injected noise, so the chain is closer to SGD than to Langevin dynamics
-  and its variance is not the posterior's;
+* **broken down**: r√τ ≥ :data:`BROKEN_RATIO` in a window whose drift is not falling, or
+  r√τ ≥ 1 while ‖θ‖ has grown :data:`BROKEN_GROWTH` times since the first window and the drift
+  grew too; without noise (τ = 0), that growth at :data:`BROKEN_GROWTH_NO_NOISE`;
+* **ℓ too large**: r√τ > :data:`LARGE_RATIO` = 1 in the last window of a chain not descending:
+  the drift (with its minibatch noise) dominates the injected noise, so the chain is closer to
+  SGD than to Langevin dynamics and its variance is not the posterior's;
 * **ℓ too small**: relaxing once across the posterior takes about 1/(2r²) steps; when that is
   more than :data:`SMALL_FACTOR` times the steps taken (after at least :data:`SMALL_MIN_STEPS`),
-  the chain has hardly moved against the posterior's scale. A chain still descending from a
-  start far from the posterior is not called slow: its drift, so r, stays large until it
-  arrives (the distance to the posterior is not the posterior's scale, and neither is ‖θ‖).
+  the chain has hardly moved against the posterior's scale.
 
 Healthy runs read r ≈ 0.04–0.35 (``docs/health.md`` lists the runs checked).
 """
@@ -90,7 +89,7 @@ _FIXES: dict[str, str] = {
 
 class HealthWarning(RuntimeWarning):
     """A chain that broke down while staying finite, or whose step size ℓ is too large or too
-    small (:func:`health`); issued once per optimizer or :class:`~sgrld.Chains`."""
+    small (:func:`health`); issued once per verdict by an optimizer's watch."""
 
 
 @dataclass(frozen=True)
@@ -290,9 +289,10 @@ def health(source: Any) -> Health | list[Health]:
     return judge(_windows(source), temperature=temperature)
 
 
-#: the watch every optimizer and :class:`~sgrld.Chains` keeps: the figures of one step in
-#: :data:`WATCH_EVERY` are summed on the device (three reductions on that step only) and read
-#: on the host once every :data:`WATCH_WINDOW` such steps (one read per 512 steps)
+#: the watch every optimizer keeps (:class:`~sgrld.Chains` keeps none: it is judged from its
+#: telemetry): the figures of one step in :data:`WATCH_EVERY` are summed on the device (three
+#: reductions on that step only) and read on the host once every :data:`WATCH_WINDOW` such
+#: steps (one read per 512 steps, at step multiples of 512)
 WATCH_EVERY = 16
 WATCH_WINDOW = 32
 

@@ -19,7 +19,8 @@ from sgrld.metrics.rmsprop import (
 @register
 @dataclass(frozen=True, kw_only=True)
 class AdamMetric(Metric):
-    """G = diag(√v̂ + ε), v ← β₂·v + (1−β₂)·g², v̂ = v/(1−β₂ᵗ) (v from zeros, current g included).
+    """G = diag(√v̂ + max(ε, floor·s)), v ← β₂·v + (1−β₂)·g², v̂ = v/(1−β₂ᵗ) (v from zeros,
+    current g included), s = √mean(v̂) over the group.
 
     The second moment is Adam's (Kingma & Ba 2015, Algorithm 1), with no first moment: the drift
     stays −ℓ G⁻¹ĝ. Without the bias correction (pSGLD, :class:`~sgrld.metrics.RMSpropMetric`)
