@@ -55,7 +55,13 @@ from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.shards import ShardSpec, is_sharded, local
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
+from sgrld.core.warmup import (
+    DEFAULT_WARMUP,
+    adapting,
+    check_adapt_until,
+    closes_warmup,
+    drawn_while_adapting,
+)
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -97,13 +103,8 @@ def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | N
         index = found[0]
         group, steps = opt.param_groups[index], opt.num_steps
         until = group["adapt_until"]
-        adapted = (
-            steps > 0
-            and opt._group_metrics[index].preconditions  # G = I has nothing to adapt
-            and bool(group["adapt_metric"])
-            and adapting(steps - 1, until)
-        )
-        return adapted, steps, until
+        metric, adapt = opt._group_metrics[index], bool(group["adapt_metric"])
+        return drawn_while_adapting(metric, steps, until, adapt), steps, until
     return None
 
 
