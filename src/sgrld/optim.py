@@ -24,7 +24,7 @@ from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.contract import check_options
+from sgrld.core.contract import check_options, option_names
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
@@ -126,12 +126,8 @@ def _facade_arguments() -> list[str]:
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
-    """The metric's public hyper-parameters (its dataclass fields), e.g. ``alpha2``, ``decay``."""
-    return {
-        f.name: getattr(metric, f.name)
-        for f in dataclasses.fields(metric)  # type: ignore[arg-type]
-        if f.init and not f.name.startswith("_")
-    }
+    """The metric's public hyper-parameters and their values, e.g. ``alpha2``, ``decay``."""
+    return {name: getattr(metric, name) for name in option_names(type(metric))}
 
 
 class SGRLDOptimizer(torch.optim.Optimizer):
