@@ -292,3 +292,18 @@ def test_the_watch_resumes_with_its_windows_and_first_window() -> None:
     # steps 704, 720, ..., 1024 watched after the resume (21 x 16 steps), then 1040, ..., 1088
     assert [w["steps"] for w in resumed._watch.windows] == [336]
     assert (straight.health().steps, resumed.health().steps) == (512 + 512 + 64, 512 + 336 + 64)
+
+
+def test_the_watch_reads_the_host_once_per_512_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/health.md: the step closing a window reads its sums, the other 511 read nothing
+    reads: list[int] = []
+    read = sgrld.SGRLDOptimizer._open_window
+
+    def counted(self: sgrld.SGRLDOptimizer) -> Any:
+        reads.append(self.num_steps)
+        return read(self)
+
+    monkeypatch.setattr(sgrld.SGRLDOptimizer, "_open_window", counted)
+    params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
+    diverging(lambda p: sgrld.SGLD(p, lr=1e-3, num_data=100), 1100, params)
+    assert reads == [512, 1024]
