@@ -449,6 +449,13 @@ def _load_bf16(rank: int, world: int, out: Path) -> dict[str, Any]:
     return _load(rank, world, out, torch.bfloat16)
 
 
+def _watch(rank: int, world: int, out: Path) -> dict[str, Any]:
+    """512 steps: the health watch closes its first window, over the whole chain."""
+    model, opt = _sharded("rmsprop")
+    _run(model, opt, range(512), rank, world)
+    return {"windows": opt._watch.windows, "health": str(opt.health())}
+
+
 CASES = {
     "same": _same,
     "save_bf16": _save_bf16,
@@ -457,6 +464,7 @@ CASES = {
     "localised": _localised,
     "masked": _masked,
     "bf16": _bf16,
+    "watch": _watch,
     "nan": _nan,
     "seeds": _seeds,
     "save": _save,
@@ -504,6 +512,23 @@ def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> 
     assert ranks[0]["error"] == ranks[1]["error"]
     assert "'2.weight' contains NaN or Inf" in ranks[0]["error"]
     assert all(r["unchanged"] for r in ranks)
+
+
+@pytest.mark.slow
+def test_every_rank_watches_the_whole_chain(tmp_path: Path) -> None:
+    """The health watch sums over the mesh (every rank reaches the same verdict: a rank that
+    alone saw a breakdown would stop and leave the others hanging), as the one-process chain."""
+    ranks = spawn(tmp_path, 2, "watch")
+    assert ranks[0] == ranks[1] and len(ranks[0]["windows"]) == 1
+    model = _model()
+    opt = _optimizer("rmsprop", model.named_parameters(), noise="philox")
+    for step in range(512):
+        opt.zero_grad()
+        _loss(model, step, 0, 1).backward()
+        opt.step()
+    (alone,) = opt._watch.windows
+    for key, value in ranks[0]["windows"][0].items():
+        assert value == pytest.approx(alone[key], rel=1e-9), key
 
 
 @pytest.mark.slow
@@ -670,3 +695,31 @@ def test_dcp_checkpoint_of_bfloat16_masters(tmp_path: Path) -> None:
                 assert torch.equal(mine["loaded"][key], value), (name, world, key)
             if world == 2:
                 assert all(torch.equal(mine["end"][k], v) for k, v in before["end"].items())
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+def test_the_floor_is_summed_ahead_with_the_check(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RMSprop's and Adam's floor takes its Σ V by name from the engine's one all-reduce
+    (``sums_ahead``), exactly the sum its update would send: no collective of its own."""
+    from sgrld.core.layout import FlatLayout
+    from sgrld.core.shards import SumsAhead
+
+    metric = sgrld.get_metric(name)()
+    assert isinstance(metric, SumsAhead)
+    layout = FlatLayout(("a", "b"), ((3, 4), (5,)))
+    stats = metric.init(layout, torch.empty(layout.size, dtype=torch.float64))
+    grad = torch.randn(layout.size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    metric.update(stats, layout, grad, 1)
+    ahead = metric.sums_ahead(stats, layout, grad, None, True)
+    sent: list[tuple[str | None, torch.Tensor]] = []
+
+    def sum_(self: FlatLayout, partial: torch.Tensor, name: str | None = None) -> torch.Tensor:
+        sent.append((name, partial.clone()))
+        return partial
+
+    monkeypatch.setattr(FlatLayout, "sum_", sum_)
+    metric.update(stats, layout, grad, 2)
+    assert [(n, torch.equal(p, ahead[n])) for n, p in sent] == [("scale", True)]
+    assert metric.sums_ahead(stats, layout, grad, None, False) == {}  # frozen: no update

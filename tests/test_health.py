@@ -194,3 +194,116 @@ def test_reports_leave_out_a_blown_up_run_naming_it(
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "lr0.1-seed1: left out: broke down (drift/noise 1.75e+07 >= 1e+03)" in err
+
+
+@pytest.mark.parametrize("temperature", [1e-4, 1e-8, 0.0])
+def test_a_cold_chain_is_judged_as_at_temperature_one(temperature: float) -> None:
+    # minibatch noise in the drift does not shrink with τ, the injected noise does: r ~ 1/√τ;
+    # before, τ = 1e-4 read "lr too large (16)" and τ = 1e-8 "broke down (2.1e3)"
+    opt_of = lambda p, n: sgrld.SGLD(p, lr=0.01, num_data=n, temperature=temperature)  # noqa: E731
+    opt, warned = run_regression(opt_of, 3000)
+    assert opt.health().verdict == "healthy" and not warned, warned
+    cold = {"steps": [500] * 2, "drift_rms": [2.0] * 2, "noise_rms": [2e-3] * 2}
+    assert sgrld.health({**cold, "theta_norm": [3.0] * 2, "temperature": 1e-6}).verdict == "healthy"
+
+
+def gaussian_descent(lr: float, num_data: int, dim: int, start: float, steps: int) -> list[str]:
+    """SGLD on a Gaussian posterior N(μ, I/n) with ‖μ‖ = 10 (exact gradients), started
+    ``start`` posterior σ from μ towards 0; the warnings issued."""
+    mu = torch.full((dim,), 10.0 / dim**0.5, dtype=torch.float64)
+    theta = torch.nn.Parameter(mu * (1.0 - start / (10.0 * num_data**0.5)))
+    opt = sgrld.SGLD([theta], lr=lr, num_data=num_data, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            theta.grad = theta.detach() - mu
+            opt.step()
+    return [str(w.message) for w in caught if issubclass(w.category, sgrld.HealthWarning)]
+
+
+def test_a_chain_descending_from_far_away_is_not_called_broken_or_too_large() -> None:
+    # ℓλ = 2.5e-4, 8,000x below the stability limit, 800 σ away: "lr too large (2.26)" at 1,024
+    assert gaussian_descent(2.5e-4, 10**5, 30, 800.0, 3000) == []
+    # from θ = 0 (ℓλ = 1e-6, n = 1e7: still approaching after 360,000 steps), as windows: ‖θ‖
+    # grows 1e3x while the drift falls; a divergence's drift grows with ‖θ‖
+    theta = [0.003, 0.03, 3.0]
+    descent = {"steps": [1e5] * 3, "drift_rms": [1e-5, 0.99e-5, 0.7e-5], "noise_rms": [4.5e-6] * 3}
+    assert sgrld.health({**descent, "theta_norm": theta}).verdict == "healthy"
+    diverging = {**descent, "drift_rms": [1e-5, 1e-4, 1e-3]}
+    verdict = sgrld.health({**diverging, "theta_norm": theta})
+    assert isinstance(verdict, sgrld.Health) and verdict.figure == "theta_growth"
+
+
+def test_a_checkpoint_from_before_the_rename_of_theta_rms_keeps_being_judged(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from sgrld.experiments.base import files
+    from sgrld.experiments.run.single import CHECKPOINT_FILE, load_checkpoint, run_sampling
+    from test_runner import synthetic_splits, tiny_config
+
+    config, splits = tiny_config(epochs=1), synthetic_splits()
+    run_sampling(config, splits, tmp_path)
+    checkpoint = load_checkpoint(tmp_path / CHECKPOINT_FILE)
+    checkpoint["telemetry"]["theta_rms"] = checkpoint["telemetry"].pop("theta_norm")
+    files.save_checkpoint(tmp_path / CHECKPOINT_FILE, checkpoint)
+    results = run_sampling(replace(config, epochs=3), splits, tmp_path, resume=True)
+    per_epoch = results["telemetry"]["per_epoch"]
+    assert "theta_rms" not in per_epoch and len(per_epoch["theta_norm"]) == 3
+    assert sgrld.health(per_epoch).steps == sum(per_epoch["steps"])  # every epoch judged
+
+
+def diverging(opt_of: Any, steps: int, params: list[torch.nn.Parameter]) -> sgrld.SGRLDOptimizer:
+    """A chain that blows up (ℓλ = 2.1 on N(0, I)), stepped ``steps`` times."""
+    opt = opt_of(params)
+    for _ in range(steps):
+        for p in params:
+            p.grad = p.detach().clone()
+        opt.step()
+    return opt
+
+
+def test_a_health_warning_raised_as_an_error_leaves_the_step_done() -> None:
+    params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
+    opt = sgrld.WenzelSGLD(params, lr=2.1, num_data=100, refresh_every=512)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sgrld.HealthWarning)
+        with pytest.raises(sgrld.HealthWarning, match="broke down"):
+            diverging(lambda _: opt, 512, params)
+    assert opt._last_refresh == 512  # Wenzel's refresh of step 512 ran before the warning
+    assert opt.health().steps == 512  # the closed window only: the open one was reset
+
+
+def test_the_watch_resumes_with_its_windows_and_first_window() -> None:
+    def sgld(params: list[torch.nn.Parameter]) -> sgrld.SGRLDOptimizer:
+        return sgrld.SGLD(params, lr=1e-3, num_data=100, generator=torch.Generator())
+
+    params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
+    straight = diverging(sgld, 1100, params)
+    params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
+    saved = diverging(sgld, 700, params).state_dict()
+    assert set(saved["health_watch"]) >= {"theta_norm", "drift_rms"}
+    resumed = sgld(params)
+    resumed.load_state_dict(saved)
+    diverging(lambda _: resumed, 400, params)
+    # windows close at the same steps (multiples of 512) and grow from the same first window
+    assert resumed._watch.first == straight._watch.first
+    # steps 704, 720, ..., 1024 watched after the resume (21 x 16 steps), then 1040, ..., 1088
+    assert [w["steps"] for w in resumed._watch.windows] == [336]
+    assert (straight.health().steps, resumed.health().steps) == (512 + 512 + 64, 512 + 336 + 64)
+
+
+def test_the_watch_reads_the_host_once_per_512_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/health.md: the step closing a window reads its sums, the other 511 read nothing
+    reads: list[int] = []
+    read = sgrld.SGRLDOptimizer._open_window
+
+    def counted(self: sgrld.SGRLDOptimizer) -> Any:
+        reads.append(self.num_steps)
+        return read(self)
+
+    monkeypatch.setattr(sgrld.SGRLDOptimizer, "_open_window", counted)
+    params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
+    diverging(lambda p: sgrld.SGLD(p, lr=1e-3, num_data=100), 1100, params)
+    assert reads == [512, 1024]

@@ -69,8 +69,17 @@ def test_no_options_read_as_before_they_existed() -> None:
 @pytest.mark.parametrize(
     ("sampler", "options", "message"),
     [
-        ("rmsprop", {"block_size": 4}, "rmsprop has no option 'block_size'; its options: decay"),
-        ("identity", {"decay": 0.9}, "identity has no option 'decay'; its options: none"),
+        (
+            "rmsprop",
+            {"block_size": 4},
+            "rmsprop has no option 'block_size'; the options of RMSpropMetric: decay",
+        ),
+        ("rmsprop", {"decai": 0.9}, "rmsprop has no option 'decai' \\(did you mean 'decay'\\?\\)"),
+        (
+            "identity",
+            {"decay": 0.9},
+            "identity has no option 'decay'; the options of IdentityMetric: none",
+        ),
         ("rmsprop", {"decay": 1.5}, "invalid decay: 1.5"),
         ("wenzel", {"min_scale": -0.1}, "invalid min_scale: -0.1"),
         ("monge", {"alpha2": 2.0}, "give alpha2 as its own option"),

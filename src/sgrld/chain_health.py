@@ -9,22 +9,21 @@ too small. The optimizer's default warning, the runner's broken-down status, ``s
 ``sgrld report`` all call :func:`health`, so they agree; ``docs/health.md`` explains the rule.
 
 The rule reads the drift-to-noise ratio r = ‖ℓG⁻¹ĝ‖ / ‖σG^{-½}ξ‖ (root-mean-square over the
-steps of a window). For a Gaussian posterior with per-datum Hessian λ (in G's coordinates), a
-chain at stationarity has r² = ℓλ/2 for that direction, so r < 1 wherever the Euler–Maruyama
-step is stable (ℓλ < 2) and r² is half the fraction of a posterior σ relaxed per step:
+steps of a window) as r·√τ: the injected noise shrinks like √τ, the minibatch noise in the drift
+does not. For a Gaussian posterior with per-datum Hessian λ (in G's coordinates), a chain at
+τ = 1 at stationarity has r² = ℓλ/2 for that direction, so r < 1 wherever the Euler–Maruyama
+step is stable (ℓλ < 2). A divergence and a descent from far away both read a large r; in a
+divergence the drift grows with ‖θ‖, in a descent it falls (:func:`_falling`, :func:`_descending`):
 
-* **broken down**: r ≥ :data:`BROKEN_RATIO` (the drift a thousand times the injected noise: far
-  past the stability limit), or r ≥ 1 while ‖θ‖ has grown :data:`BROKEN_GROWTH` times since
-  the first window (the distance from the start keeps growing); without noise (τ = 0), growth
-  alone at :data:`BROKEN_GROWTH_NO_NOISE`;
-* **ℓ too large**: r > :data:`LARGE_RATIO` = 1 in the last window: the drift (with its minibatch
-  noise) dominates the injected noise, so the chain is closer to SGD than to Langevin dynamics
-  and its variance is not the posterior's;
+* **broken down**: r√τ ≥ :data:`BROKEN_RATIO` in a window whose drift is not falling, or
+  r√τ ≥ 1 while ‖θ‖ has grown :data:`BROKEN_GROWTH` times since the first window and the drift
+  grew too; without noise (τ = 0), that growth at :data:`BROKEN_GROWTH_NO_NOISE`;
+* **ℓ too large**: r√τ > :data:`LARGE_RATIO` = 1 in the last window of a chain not descending:
+  the drift (with its minibatch noise) dominates the injected noise, so the chain is closer to
+  SGD than to Langevin dynamics and its variance is not the posterior's;
 * **ℓ too small**: relaxing once across the posterior takes about 1/(2r²) steps; when that is
   more than :data:`SMALL_FACTOR` times the steps taken (after at least :data:`SMALL_MIN_STEPS`),
-  the chain has hardly moved against the posterior's scale. A chain still descending from a
-  start far from the posterior is not called slow: its drift, so r, stays large until it
-  arrives (the distance to the posterior is not the posterior's scale, and neither is ‖θ‖).
+  the chain has hardly moved against the posterior's scale.
 
 Healthy runs read r ≈ 0.04–0.35 (``docs/health.md`` lists the runs checked).
 """
@@ -37,13 +36,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sgrld.core.engine import telemetry_figures
+
 __all__ = [
     "BROKEN_GROWTH",
     "BROKEN_GROWTH_NO_NOISE",
     "BROKEN_RATIO",
+    "FALLING",
     "LARGE_RATIO",
+    "MOVING",
     "SMALL_FACTOR",
     "SMALL_MIN_STEPS",
+    "TREND_WINDOWS",
     "Health",
     "HealthWarning",
     "health",
@@ -64,6 +68,13 @@ LARGE_RATIO = 1.0
 SMALL_FACTOR = 1.0
 #: steps a chain must have taken before it can be called too slow
 SMALL_MIN_STEPS = 2000
+#: a drift below this fraction of the drift :data:`TREND_WINDOWS` windows before is falling: a
+#: descent towards the posterior, not a divergence (nor, yet, a too large ℓ)
+FALLING = 0.9
+#: how many windows back the trend of the drift is judged against
+TREND_WINDOWS = 4
+#: ‖θ‖ moving between windows by this fraction of drift × steps is a descent, not a too large ℓ
+MOVING = 0.25
 
 Verdict = Literal["healthy", "lr_too_large", "lr_too_small", "broken_down", "unknown"]
 
@@ -78,7 +89,7 @@ _FIXES: dict[str, str] = {
 
 class HealthWarning(RuntimeWarning):
     """A chain that broke down while staying finite, or whose step size ℓ is too large or too
-    small (:func:`health`); issued once per optimizer or :class:`~sgrld.Chains`."""
+    small (:func:`health`); issued once per verdict by an optimizer's watch."""
 
 
 @dataclass(frozen=True)
@@ -152,41 +163,72 @@ def _series(value: Any) -> list[float]:
     return [math.nan if v is None else float(v) for v in value]
 
 
-def judge(windows: Sequence[Mapping[str, float]], first_theta: float | None = None) -> Health:
+def _falling(windows: Sequence[Mapping[str, float]], i: int) -> bool:
+    """Whether the drift of window ``i`` is below :data:`FALLING` times that of the window
+    :data:`TREND_WINDOWS` before it (or the first): a chain descending towards the posterior
+    (its drift shrinks as it nears) rather than diverging (its drift grows with ‖θ‖)."""
+    earlier = windows[max(0, i - TREND_WINDOWS)]["drift_rms"]
+    return i > 0 and windows[i]["drift_rms"] < FALLING * earlier
+
+
+def _descending(windows: Sequence[Mapping[str, float]], i: int) -> bool:
+    """Whether window ``i`` is still on its way to the posterior: its drift falls
+    (:func:`_falling`), or ‖θ‖ moved since the window before by at least :data:`MOVING` times
+    what the drift could move it (a coherent descent; at stationarity the drift's steps cancel,
+    and in an oscillating divergence they alternate)."""
+    if i == 0:
+        return False
+    moved = abs(windows[i]["theta_norm"] - windows[i - 1]["theta_norm"])
+    return _falling(windows, i) or moved >= MOVING * windows[i]["drift_rms"] * windows[i]["steps"]
+
+
+def judge(windows: Sequence[Mapping[str, float]], temperature: float = 1.0) -> Health:
     """The verdict on one chain from its telemetry windows, oldest first (each a mapping with
-    ``steps``, ``drift_rms``, ``noise_rms``, ``theta_norm`` as :func:`health` reads them);
-    ``first_theta``: ‖θ‖ of the chain's first window when ``windows`` no longer hold it."""
+    ``steps``, ``drift_rms``, ``noise_rms``, ``theta_norm`` as :func:`health` reads them, and
+    optionally ``temperature``); ``temperature``: τ of windows without their own."""
     windows = [w for w in windows if w.get("steps", 0) > 0]
     if not windows:
         return Health("unknown")
     steps = int(sum(w["steps"] for w in windows))
-    first = windows[0]["theta_norm"] if first_theta is None else first_theta
-    for w in windows:
-        theta, noise = w["theta_norm"], w["noise_rms"]
-        growth = theta / first if first and first > 0 else 1.0
+    first = windows[0]["theta_norm"]
+    ratios = [_ratio(w, temperature) for w in windows]
+    for i, w in enumerate(windows):
+        theta, drift = w["theta_norm"], w["drift_rms"]
         if not math.isfinite(theta):
             return Health("broken_down", "theta_norm", theta, math.inf, steps)
-        if not math.isfinite(w["drift_rms"]):
-            return Health("broken_down", "drift_rms", w["drift_rms"], math.inf, steps)
-        if not noise > 0:  # τ = 0 (or a cyclical schedule's exploration): no ratio
-            if growth >= BROKEN_GROWTH_NO_NOISE:
+        if not math.isfinite(drift):
+            return Health("broken_down", "drift_rms", drift, math.inf, steps)
+        growth = theta / first if first and first > 0 else 1.0
+        # diverging: ‖θ‖ and with it the drift grow (a descent from far away: the drift falls)
+        drift_grew = drift > windows[0]["drift_rms"]
+        ratio = ratios[i]
+        if ratio is None:  # τ = 0 (or a cyclical schedule's exploration): no ratio
+            if growth >= BROKEN_GROWTH_NO_NOISE and drift_grew:
                 return Health("broken_down", "theta_growth", growth, BROKEN_GROWTH_NO_NOISE, steps)
             continue
-        ratio = w["drift_rms"] / noise
-        if ratio >= BROKEN_RATIO:
+        if ratio >= BROKEN_RATIO and not _falling(windows, i):
             return Health("broken_down", "drift_to_noise", ratio, BROKEN_RATIO, steps)
-        if ratio >= 1.0 and growth >= BROKEN_GROWTH:
+        if ratio >= 1.0 and growth >= BROKEN_GROWTH and drift_grew:
             return Health("broken_down", "theta_growth", growth, BROKEN_GROWTH, steps)
-    last = windows[-1]
-    if not last["noise_rms"] > 0:
+    ratio = ratios[-1]
+    if ratio is None:
         return Health("healthy", steps=steps)
-    ratio = last["drift_rms"] / last["noise_rms"]
-    if ratio > LARGE_RATIO:
+    if ratio > LARGE_RATIO and not _descending(windows, len(windows) - 1):
         return Health("lr_too_large", "drift_to_noise", ratio, LARGE_RATIO, steps)
     relax = math.inf if ratio == 0 else 1.0 / (2.0 * ratio * ratio)
     if steps >= SMALL_MIN_STEPS and relax > SMALL_FACTOR * steps:
         return Health("lr_too_small", "relaxation_steps", relax, SMALL_FACTOR * steps, steps)
     return Health("healthy", steps=steps)
+
+
+def _ratio(window: Mapping[str, float], temperature: float) -> float | None:
+    """r·√τ: drift/noise against the noise at τ = 1 (the minibatch noise in the drift does not
+    shrink with τ while the injected noise does, so a cold chain's r grows like 1/√τ);
+    ``None`` without noise."""
+    noise = window["noise_rms"]
+    if not noise > 0:
+        return None
+    return window["drift_rms"] / noise * math.sqrt(window.get("temperature", temperature))
 
 
 def _windows(figures: Mapping[str, Any]) -> list[dict[str, float]]:
@@ -199,6 +241,8 @@ def _windows(figures: Mapping[str, Any]) -> list[dict[str, float]]:
     if not all(k in figures for k in keys.values()):
         return []
     columns = {mine: _series(figures[theirs]) for mine, theirs in keys.items()}
+    if isinstance(figures.get("temperature"), Sequence):  # a column (else health()'s τ)
+        columns["temperature"] = _series(figures["temperature"])
     count = min(len(c) for c in columns.values())
     return [{k: c[i] for k, c in columns.items()} for i in range(count)]
 
@@ -212,12 +256,13 @@ def health(source: Any) -> Health | list[Health]:
             :class:`~sgrld.Chains` (one verdict per chain), a ``results.json`` mapping (its
             ``telemetry.per_epoch``), or telemetry figures as
             :meth:`~sgrld.SGRLDOptimizer.telemetry` returns them (one window) or as per-window
-            lists.
+            lists, with the chain's τ as ``temperature`` where it is not 1 (a ``results.json``
+            has it in its config).
 
     Returns:
         A :class:`Health` (a list of them, one per chain, for :class:`~sgrld.Chains`).
 
-    Example:
+    Examples:
         >>> figures = {"steps": 500, "drift_rms": 3e6, "noise_rms": 2.0, "theta_norm": 1e9}
         >>> h = health(figures)
         >>> h.broken_down, h.reason
@@ -232,15 +277,22 @@ def health(source: Any) -> Health | list[Health]:
             "health() takes an SGRLDOptimizer, a Chains, a results.json mapping or telemetry "
             f"figures, not a {type(source).__name__}"
         )
+    temperature = 1.0
     telemetry = source.get("telemetry")
     if isinstance(telemetry, Mapping) and "per_epoch" in telemetry:
+        config = source.get("config")
+        if isinstance(config, Mapping) and config.get("temperature") is not None:
+            temperature = float(config["temperature"])
         source = telemetry["per_epoch"] or {}
-    return judge(_windows(source))
+    elif isinstance(source.get("temperature"), (int, float)):
+        temperature = float(source["temperature"])
+    return judge(_windows(source), temperature=temperature)
 
 
-#: the watch every optimizer and :class:`~sgrld.Chains` keeps: the figures of one step in
-#: :data:`WATCH_EVERY` are summed on the device (three reductions on that step only) and read
-#: on the host once every :data:`WATCH_WINDOW` such steps (one read per 512 steps)
+#: the watch every optimizer keeps (:class:`~sgrld.Chains` keeps none: it is judged from its
+#: telemetry): the figures of one step in :data:`WATCH_EVERY` are summed on the device (three
+#: reductions on that step only) and read on the host once every :data:`WATCH_WINDOW` such
+#: steps (one read per 512 steps, at step multiples of 512)
 WATCH_EVERY = 16
 WATCH_WINDOW = 32
 
@@ -249,40 +301,47 @@ class Watch:
     """The host side of one chain's sparse watch: its windows, the verdict, one warning each.
 
     The device sums (drift², noise², θ², steps, as :func:`sgrld.core.engine.record_telemetry`
-    adds them) of the watched steps are handed to :meth:`close` once a window is full.
+    adds them) of the watched steps become a window (:meth:`window`) once one closes.
+    ``first``: the chain's first window, kept across a resume (the growth reference).
     """
 
-    def __init__(self, label: str = "") -> None:
+    def __init__(self, label: str = "", first: Mapping[str, float] | None = None) -> None:
         self.label = label
         self.windows: list[dict[str, float]] = []
+        self.first = dict(first) if first else None
         self.warned: set[str] = set()
 
-    def close(self, sums: Sequence[float], settled: bool) -> Health:
-        """Add a window (the watched steps' sums) and judge; warn once per verdict.
+    @staticmethod
+    def window(sums: Sequence[float], temperature: float) -> dict[str, float]:
+        """A window of the watched steps' sums (each watched step stands for
+        :data:`WATCH_EVERY` steps) at temperature τ."""
+        figures = telemetry_figures(sums, {})
+        keep = ("drift_rms", "noise_rms", "theta_norm")
+        window = {key: figures[key] for key in keep}
+        return {"steps": sums[3] * WATCH_EVERY, **window, "temperature": temperature}
 
-        ``settled``: whether the chain is past its warm-up, so that ℓ may be judged (before,
-        only a breakdown is).
-        """
-        drift_sq, noise_sq, theta_sq, watched = sums
-        n = max(watched, 1.0)
-        self.windows.append(
-            {
-                "steps": watched * WATCH_EVERY,
-                "drift_rms": math.sqrt(drift_sq / n),
-                "noise_rms": math.sqrt(noise_sq / n),
-                "theta_norm": math.sqrt(theta_sq / n),
-            }
-        )
-        verdict = self.verdict(settled)
+    def close(self, window: dict[str, float], settled: bool) -> Health:
+        """Add a closed window and judge (:meth:`verdict`)."""
+        self.windows.append(window)
+        if self.first is None:
+            self.first = window
+        return self.verdict(settled)
+
+    def warn(self, verdict: Health) -> None:
+        """Warn once per verdict that is not ok (after the step's bookkeeping is done, so that
+        warnings turned into errors leave the chain consistent)."""
         if not verdict.ok and verdict.verdict not in self.warned:
             self.warned.add(verdict.verdict)
-            # the user's opt.step(): close ← _watch_step ← step ← torch's two step wrappers
+            # the user's opt.step(): warn ← _watch_step ← step ← torch's two step wrappers
             warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=6)
-        return verdict
 
-    def verdict(self, settled: bool = True) -> Health:
-        """The verdict on every window so far."""
-        result = judge(self.windows)
+    def verdict(self, settled: bool = True, open_window: dict[str, float] | None = None) -> Health:
+        """The verdict on every window so far (and ``open_window``, not yet closed); before the
+        chain has ``settled`` (its warm-up), only a breakdown."""
+        windows = self.windows + ([open_window] if open_window else [])
+        if self.first is not None and (not windows or windows[0] is not self.first):
+            windows = [self.first, *windows]  # a resumed chain: the reference of its start
+        result = judge(windows)
         if not settled and result.verdict in ("lr_too_large", "lr_too_small"):
             return Health("healthy", steps=result.steps)
         return result

@@ -35,7 +35,7 @@ from sgrld.chain_health import Health, judge
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
-from sgrld.core.warmup import adapting
+from sgrld.core.warmup import drawn_while_adapting
 
 __all__ = ["Chains", "chain_batches"]
 
@@ -449,14 +449,13 @@ class Chains:
         """Whether the last step adapted the metric (still in the warm-up of ``adapt_until``
         steps, :mod:`sgrld.core.warmup`): a sample of the chains now is drawn adapting."""
         sampler = self.groups[0].sampler
-        steps = self.step_count
-        warming = steps > 0 and adapting(steps - 1, sampler.adapt_until)
-        return sampler.metric.preconditions and warming
+        return drawn_while_adapting(sampler.metric, self.step_count, sampler.adapt_until)
 
     def health(self) -> list[Health]:
         """Every chain's health (:func:`sgrld.health`) from its telemetry since the last read
         (``telemetry=True``; read without resetting it): one verdict per chain."""
-        return [judge([figures]) for figures in self.telemetry(reset=False)]
+        temperature = self.groups[0].sampler.temperature
+        return [judge([f], temperature) for f in self.telemetry(reset=False)]
 
     def state_bytes(self) -> int:
         """Bytes of sampler state (statistics, keys, flags) per chain."""

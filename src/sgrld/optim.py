@@ -16,7 +16,7 @@ import math
 import warnings
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.contract import check_options
+from sgrld.core.contract import check_options, option_names
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
@@ -62,7 +62,13 @@ from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags, validate_hyperparameters
 from sgrld.core.shards import ShardSpec, is_sharded, local
 from sgrld.core.state import SamplerState, check_generator_state, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
+from sgrld.core.warmup import (
+    DEFAULT_WARMUP,
+    adapting,
+    check_adapt_until,
+    closes_warmup,
+    drawn_while_adapting,
+)
 from sgrld.metrics import (
     IdentityMetric,
     Metric,
@@ -104,13 +110,8 @@ def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | N
         index = found[0]
         group, steps = opt.param_groups[index], opt.num_steps
         until = group["adapt_until"]
-        adapted = (
-            steps > 0
-            and opt._group_metrics[index].preconditions  # G = I has nothing to adapt
-            and bool(group["adapt_metric"])
-            and adapting(steps - 1, until)
-        )
-        return adapted, steps, until
+        metric, adapt = opt._group_metrics[index], bool(group["adapt_metric"])
+        return drawn_while_adapting(metric, steps, until, adapt), steps, until
     return None
 
 
@@ -134,12 +135,8 @@ def _facade_arguments() -> list[str]:
 
 
 def _metric_options(metric: Metric) -> dict[str, Any]:
-    """The metric's public hyper-parameters (its dataclass fields), e.g. ``alpha2``, ``decay``."""
-    return {
-        f.name: getattr(metric, f.name)
-        for f in dataclasses.fields(metric)  # type: ignore[arg-type]
-        if f.init and not f.name.startswith("_")
-    }
+    """The metric's public hyper-parameters and their values, e.g. ``alpha2``, ``decay``."""
+    return {name: getattr(metric, name) for name in option_names(type(metric))}
 
 
 class SGRLDOptimizer(torch.optim.Optimizer):
@@ -560,9 +557,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self._advance_groups(states, grads, modes, noise, traced, watched)
         except NonFiniteGradientError as exc:
             raise NonFiniteGradientError(self._nonfinite_message(str(exc), states)) from None
-        if watched:
-            self._watch_step(states[0].step)
         self._after_step()
+        if watched:  # after the step's bookkeeping: a warning raised as an error leaves it done
+            self._watch_step(states[0].step)
         return loss
 
     def _advance_groups(
@@ -609,11 +606,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     # --- the health watch (sgrld.health) ----------------------------------------------------
 
-    def _reset_watch(self) -> None:
-        self._watch = Watch()
+    def _reset_watch(self, first: dict[str, float] | None = None) -> None:
+        self._watch = Watch(first=first)
         self._watch_acc: dict[int, Tensor] = {}  # per group: the window's float64 (4,) sums
         self._watch_step_sums: dict[int, Tensor] = {}  # per group: this step's, while it runs
-        self._watched = 0  # watched steps in the open window
 
     def _watch_sums(self, index: int, telemetry: Tensor | None) -> Tensor:
         device = self.param_groups[index]["params"][0].device
@@ -631,28 +627,31 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             user.add_(step)
 
     def _watch_step(self, steps: int) -> None:
-        """After a watched step: close the window when it is full (one host read)."""
-        self._watched += 1
-        if self._watched < WATCH_WINDOW:
+        """After watched step ``steps``: close the window at every multiple of its length
+        (counted from step 0, so a resumed chain closes the same windows; one host read)."""
+        if steps % (WATCH_EVERY * WATCH_WINDOW):
             return
-        sums = self._watch_window()
-        self._watch.close(sums, self._settled(steps))
+        window = self._open_window()
         for acc in self._watch_acc.values():
             acc.zero_()
-        self._watched = 0
+        if window is not None:
+            self._watch.warn(self._watch.close(window, self._settled(steps)))
 
-    def _watch_window(self) -> list[float]:
-        """The open window's sums over the groups (squares add; the steps are each group's)."""
-        accs = list(self._watch_acc.values())
-        if not accs:
-            return [0.0, 0.0, 0.0, 0.0]
-        total = torch.stack([a.to(accs[0].device) for a in accs]).sum(0).tolist()
-        total[3] = float(accs[0][3])
-        return total
+    def _open_window(self) -> dict[str, float] | None:
+        """The open window's sums as a window (one host read; the groups' sums over the mesh
+        under FSDP, so that every rank reaches the same verdict); ``None`` when empty."""
+        sums_of = []
+        for index, acc in self._watch_acc.items():
+            shards = self._group_states[index].layout.shards
+            sums_of.append((_over_the_mesh(shards, acc.clone(), {})[0] if shards else acc).tolist())
+        if not sums_of or not sums_of[0][3]:
+            return None
+        return Watch.window(_chain_sums(sums_of), self.param_groups[0]["temperature"])
 
     def _settled(self, steps: int) -> bool:
-        """Past the warm-up (or, adapting always, the default warm-up's length): only then is
-        ℓ judged, not the descent from the initial θ."""
+        """Past the warm-up (while the metric adapts G changes under the chain): only then is
+        ℓ judged; a chain still descending towards the posterior is told apart by its falling
+        drift (:func:`sgrld.chain_health.judge`)."""
         until = self.param_groups[0]["adapt_until"]
         return steps > max(DEFAULT_WARMUP if until is None else until, WATCH_EVERY * WATCH_WINDOW)
 
@@ -661,34 +660,17 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         down while staying finite, or its ℓ is too large or too small, with the figure that
         crossed which bound. Every optimizer watches one step in 16 on the device (three
         reductions) and reads the figures once per 512 steps, warning once per verdict
-        (:class:`sgrld.HealthWarning`); this reads the open window too (one host read)."""
-        steps = self.num_steps
-        if self._watched:
-            sums = self._watch_window()
-            saved = list(self._watch.windows)
-            self._watch.windows.append(
-                {
-                    "steps": sums[3] * WATCH_EVERY,
-                    "drift_rms": (sums[0] / sums[3]) ** 0.5,
-                    "noise_rms": (sums[1] / sums[3]) ** 0.5,
-                    "theta_norm": (sums[2] / sums[3]) ** 0.5,
-                }
-            )
-            try:
-                return self._watch.verdict(self._settled(steps))
-            finally:
-                self._watch.windows = saved
-        return self._watch.verdict(self._settled(steps))
+        (:class:`sgrld.HealthWarning`); this reads the open window too (one host read; under
+        FSDP one all-reduce, so call it on every rank)."""
+        return self._watch.verdict(self._settled(self.num_steps), self._open_window())
 
     def _nonfinite_message(self, message: str, states: list[SamplerState]) -> str:
         """The non-finite error with the step, ‖θ‖ over the last watched windows and the fix."""
         text = f"{message} at step {states[0].step + 1}"
-        recent = [w["theta_norm"] for w in self._watch.windows[-3:]]
-        if self._watched:  # the open window's watched steps too (a read on the error path)
-            sums = self._watch_window()
-            recent.append((sums[2] / sums[3]) ** 0.5)
-        if recent:
-            norms = ", ".join(f"{v:.3g}" for v in recent)
+        open_window = self._open_window()  # a read on the error path
+        windows = self._watch.windows[-3:] + ([open_window] if open_window else [])
+        if windows:
+            norms = ", ".join(f"{w['theta_norm']:.3g}" for w in windows)
             text += f" (|theta| over the last {WATCH_EVERY * WATCH_WINDOW}-step windows: {norms})"
         return text + "; a smaller lr usually avoids this"
 
@@ -742,8 +724,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 acc.zero_()
         if per_group:
             return [telemetry_figures(s, e) for s, e in zip(sums_of, extras, strict=True)]
-        total = [sum(column) for column in zip(*sums_of, strict=True)]
-        total[3] = sums_of[0][3]  # the groups step together
+        total = _chain_sums(sums_of)
         extra: dict[str, float] = {}
         for e in extras:
             for key, value in e.items():
@@ -857,7 +838,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         are the optimizer's own (not copies) and the state-dict hooks see the whole dict."""
         self.check()
         self._snapshot_generator()
-        return super().state_dict()
+        state_dict = super().state_dict()
+        if self._watch.first is not None:  # the health watch's reference: ‖θ‖, drift at start
+            state_dict[_WATCH_KEY] = dict(self._watch.first)
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a :meth:`state_dict` (or one of sgrld's first format, converted).
@@ -900,6 +884,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             metrics.append(metric)
         if "sgrld" in state_dict:  # the first format: the sampler state beside torch's
             return self._plan_legacy(state_dict["sgrld"], groups, metrics)
+        watch_first = _watch_first(state_dict.get(_WATCH_KEY))
         fresh, copies = [], []
         generator_state: Tensor | None = None
         for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
@@ -927,6 +912,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             ):
                 state.step = int(state.device_step.item())
                 self._install(index, state, metric, mine, standins)
+            self._reset_watch(watch_first)
 
         return apply
 
@@ -1057,6 +1043,29 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             )
             start += n
         return out
+
+
+#: the state dict's entry of the health watch's first window (:class:`sgrld.chain_health.Watch`)
+_WATCH_KEY = "health_watch"
+
+
+def _watch_first(saved: Any) -> dict[str, float] | None:
+    """The watch's first window from a state dict (``None``: none, or a dict from before)."""
+    if saved is None:
+        return None
+    if not isinstance(saved, Mapping) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in saved.values()
+    ):
+        raise ValueError(f"{_WATCH_KEY!r}: not a mapping of figures to floats")
+    return {str(k): float(v) for k, v in saved.items()}
+
+
+def _chain_sums(sums_of: Sequence[Sequence[float]]) -> list[float]:
+    """The chain's telemetry sums from its groups': the squares add; the step count is each
+    group's (the groups step together)."""
+    total = [sum(column) for column in zip(*sums_of, strict=True)]
+    total[3] = sums_of[0][3]
+    return total
 
 
 def _over_the_mesh(

@@ -155,6 +155,15 @@ def metric_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def option_names(cls: type) -> list[str]:
+    """A metric class's options: its public dataclass fields (``alpha2``, ``decay``, ...)."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(cls):
+        return []
+    return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+
+
 def check_options(
     cls: type,
     given: Iterable[str],
@@ -176,9 +185,7 @@ def check_options(
     Raises:
         TypeError: naming each refused option.
     """
-    import dataclasses
-
-    mine = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+    mine = option_names(cls)
     valid = sorted({*mine, *others})
     given = list(given)
     if instance and given:

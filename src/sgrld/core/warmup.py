@@ -18,7 +18,13 @@ from typing import Any
 #: Steps of warm-up by default: the runner's default burn-in (and Stan's default warm-up).
 DEFAULT_WARMUP = 1000
 
-__all__ = ["DEFAULT_WARMUP", "adapting", "check_adapt_until", "closes_warmup"]
+__all__ = [
+    "DEFAULT_WARMUP",
+    "adapting",
+    "check_adapt_until",
+    "closes_warmup",
+    "drawn_while_adapting",
+]
 
 
 def check_adapt_until(adapt_until: int | None) -> None:
@@ -40,6 +46,16 @@ def adapting(steps_taken: int, adapt_until: int | None) -> bool:
     was after step ``adapt_until``. ``adapt_until=0`` never adapts (G stays at its initial value).
     """
     return adapt_until is None or steps_taken < adapt_until
+
+
+def drawn_while_adapting(
+    metric: Any, steps_taken: int, adapt_until: int | None, adapt: bool = True
+) -> bool:
+    """Whether a sample of the chain after ``steps_taken`` steps was drawn while ``metric``
+    still adapted: its last step updated G (G = I has nothing to adapt; ``adapt=False``: the
+    user froze it). The one answer of the optimizer, :class:`~sgrld.Chains` and the runner."""
+    last = steps_taken - 1
+    return steps_taken > 0 and adapt and metric.preconditions and adapting(last, adapt_until)
 
 
 def closes_warmup(metric: Any, step: int, adapt_until: int | None) -> bool:

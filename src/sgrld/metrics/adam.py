@@ -8,13 +8,19 @@ from torch import Tensor
 
 from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
-from sgrld.metrics.rmsprop import RMSpropMetric, init_second_moment, update_second_moment
+from sgrld.metrics.rmsprop import (
+    RMSpropMetric,
+    init_second_moment,
+    second_moment_sums_ahead,
+    update_second_moment,
+)
 
 
 @register
 @dataclass(frozen=True, kw_only=True)
 class AdamMetric(Metric):
-    """G = diag(√v̂ + ε), v ← β₂·v + (1−β₂)·g², v̂ = v/(1−β₂ᵗ) (v from zeros, current g included).
+    """G = diag(√v̂ + max(ε, floor·s)), v ← β₂·v + (1−β₂)·g², v̂ = v/(1−β₂ᵗ) (v from zeros,
+    current g included), s = √mean(v̂) over the group.
 
     The second moment is Adam's (Kingma & Ba 2015, Algorithm 1), with no first moment: the drift
     stays −ℓ G⁻¹ĝ. Without the bias correction (pSGLD, :class:`~sgrld.metrics.RMSpropMetric`)
@@ -56,6 +62,12 @@ class AdamMetric(Metric):
             stats["exp_avg_sq"], stats["inv_sqrt"], grad, step, self.beta2, self.eps,
             bias_correction=True, floor=self.floor, layout=layout,
         )  # fmt: skip
+
+    def sums_ahead(
+        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """Sharded parameters: the floor's Σ v, summed ahead (as RMSprop's)."""
+        return second_moment_sums_ahead(stats["exp_avg_sq"], grad, self.beta2, self.floor, adapt)
 
     # G⁻¹ = r², G^{-1/2} = r from the shared buffer, as RMSprop's
     inverse = RMSpropMetric.inverse

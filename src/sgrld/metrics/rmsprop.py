@@ -66,6 +66,13 @@ class RMSpropMetric(Metric):
             bias_correction=self.bias_correction, floor=self.floor, layout=layout,
         )  # fmt: skip
 
+    def sums_ahead(
+        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """Sharded parameters: the floor's Σ V, summed with the finite check in the engine's
+        one all-reduce (:class:`sgrld.core.shards.SumsAhead`)."""
+        return second_moment_sums_ahead(stats["square_avg"], grad, self.decay, self.floor, adapt)
+
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         r = stats["inv_sqrt"]
         return grad.mul_(r).mul_(r)
@@ -79,6 +86,17 @@ def init_second_moment(key: str, layout: FlatLayout, like: Tensor, eps: float) -
     buffer serves both), shared by the RMSprop and Adam metrics."""
     v = layout.zeros(like.dtype, like.device)
     return {key: v, "inv_sqrt": torch.full_like(v, eps**-0.5 if eps else math.inf)}
+
+
+def second_moment_sums_ahead(
+    v: Tensor, grad: Tensor, decay: float, floor: float, adapt: bool
+) -> dict[str, Tensor]:
+    """This rank's Σ of the v that :func:`update_second_moment` is about to make (its
+    ``"scale"`` sum), computed as it computes it; nothing without a floor or when frozen."""
+    if not (floor and adapt):
+        return {}
+    ahead = v.mul(decay).addcmul_(grad, grad, value=1.0 - decay)
+    return {"scale": ahead.sum(dim=-1, keepdim=True)}
 
 
 def update_second_moment(
@@ -103,14 +121,17 @@ def update_second_moment(
     turns pow into a slow generic pow, rsqrt into rsqrt.
     """
     v.mul_(decay).addcmul_(grad, grad, value=1.0 - decay)
+    correction = None
     if bias_correction:  # 1 − λᵗ in float64 for an int and a 0-d int64 tensor step alike
-        t = step if isinstance(step, int) else step.double()
-        torch.div(v, 1.0 - decay**t, out=r)
+        correction = 1.0 - decay ** (step if isinstance(step, int) else step.double())
+        torch.div(v, correction, out=r)
         r.sqrt_()
     else:
         torch.sqrt(v, out=r)
     if floor and layout is not None:  # one more pass over D: the group's mean of v
-        total = layout.sum_(torch.linalg.vector_norm(r, dim=-1, keepdim=True).square_())
+        total = layout.sum_(v.sum(dim=-1, keepdim=True), "scale")  # summed ahead if sharded
+        if correction is not None:
+            total = total / correction
         scale = (total / sum(layout.full_numels)).sqrt_()
         r.add_(torch.clamp(scale * floor, min=eps))
         r.masked_fill_(scale == 0.0, 1.0)  # nothing seen yet: G = I

@@ -85,7 +85,7 @@ class CheckpointError(ValueError):
 
 class UnsafePathError(OSError):
     """A path the commands refuse to read or write through: a symbolic link, a special file
-    (FIFO, device, socket), a hard-linked lock file, or a file too large to be what it claims."""
+    (FIFO, device, socket), or a file too large to be what it claims."""
 
 
 def _reason(exc: OSError) -> str:
@@ -251,13 +251,6 @@ def _open_lock_file(path: Path) -> int:
         os.close(fd)
         message = f"cannot lock {path}: it is not a regular file; refusing to use it"
         raise OutputError(errno.EINVAL, message)
-    if info.st_nlink > 1:  # a hard link: writing the holder would overwrite the other name
-        os.close(fd)
-        message = (
-            f"cannot lock {path}: it has {info.st_nlink - 1} other hard link(s); refusing to "
-            "write into it (remove it if no run is using it)"
-        )
-        raise OutputError(errno.EMLINK, message)
     return fd
 
 
@@ -303,7 +296,12 @@ class DirectoryLock:
                 # locked: only a lock on the file now at the path counts.
                 with contextlib.suppress(FileNotFoundError):
                     if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
-                        break
+                        if os.fstat(fd).st_nlink == 1:
+                            break
+                        # a hard link (a folder snapshotted with cp -al or rsync --link-dest):
+                        # never write through it to the other name; a file of our own replaces
+                        # it (unlinked under the lock, so a racing run retries as above)
+                        os.unlink(self.path)
                 os.close(fd)
             host = socket.gethostname()
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -29,7 +29,6 @@ from sgrld.experiments.base.progress import Progress
 from sgrld.experiments.funnel.run import (
     NOT_RUN,
     SETTINGS,
-    V_THRESHOLD,
     WENZEL_NOTE,
     FunnelConfig,
     SamplerRun,
@@ -41,6 +40,7 @@ from sgrld.experiments.funnel.run import (
     sample_quality,
     write_outputs,
 )
+from sgrld.experiments.funnel.verdict import V_THRESHOLD
 
 __all__ = [
     "SETTINGS",

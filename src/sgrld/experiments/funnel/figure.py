@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from sgrld.experiments.funnel.verdict import NECK, mean_and_error
+from sgrld.experiments.funnel.verdict import NECK, V_THRESHOLD, mean_and_error
 
 if TYPE_CHECKING:
     from sgrld.experiments.funnel.run import SamplerRun
@@ -65,7 +65,10 @@ def _sampler_panels(sub: Any, name: str, r: SamplerRun, grid: dict[str, Any]) ->
     axh.legend(loc="lower right", fontsize=9)
     mass, error = mean_and_error(r.distances[NECK])
     spread = "" if math.isnan(error) else f" ± {error:.0%}"
-    sub.suptitle(f"{name}: {mass:.0%}{spread} of iterates below v = −5 (truth 29%)")
+    neck = f"{grid['neck']:g}".replace("-", "−")
+    sub.suptitle(
+        f"{name}: {mass:.0%}{spread} of iterates below v = {neck} (truth {grid['truth']:.0%})"
+    )
 
 
 def _spread_panel(ax: Any, runs: dict[str, SamplerRun], key: str, truth: float | None) -> None:
@@ -116,7 +119,8 @@ def funnel_figure(runs: dict[str, SamplerRun], *, title: str = "") -> Any:
         "x1": x1,
         "logp": target.log_prob(mesh).numpy(),
         "true_density": target.v_pdf(torch.from_numpy(x1)).numpy(),
-        "neck": -5.0,
+        "neck": V_THRESHOLD,
+        "truth": target.prob_v_below(V_THRESHOLD),
     }
     n = len(runs)
     cols = 2 if n > 1 else 1

@@ -32,6 +32,7 @@ from sgrld.experiments.base.files import (
 from sgrld.experiments.base.process import die_with_parent
 from sgrld.experiments.base.progress import Progress
 from sgrld.experiments.funnel.figure import plot_funnel
+from sgrld.experiments.funnel.verdict import V_THRESHOLD
 
 __all__ = [
     "SETTINGS",
@@ -53,7 +54,6 @@ WENZEL_NOTE = (
 )
 #: Registered samplers the funnel does not run, with the reason.
 NOT_RUN = {"wenzel": WENZEL_NOTE}
-V_THRESHOLD = -5.0  # the neck: P(v < −5) = 0.288 under N(0, 80)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ import numpy as np
 __all__ = ["mean_and_error", "verdicts"]
 
 NECK = "frac_v_below_minus5"
+#: the neck: v below it (P(v < −5) = 0.288 under N(0, 80)); the figure, the run and the verdict
+V_THRESHOLD = -5.0
 
 
 def mean_and_error(values: Sequence[float] | np.ndarray) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sgrld.core import contract
 from sgrld.data import Splits, dataset_info
 from sgrld.experiments.run.choices import PRIORS
 from sgrld.likelihoods import Likelihood, get_likelihood
@@ -25,11 +26,8 @@ from sgrld.optim import SGRLDOptimizer
 
 
 def option_names(sampler: str) -> list[str]:
-    """The options ``sampler``'s metric takes (its public dataclass fields)."""
-    cls = get_metric(sampler)
-    if not dataclasses.is_dataclass(cls):
-        return []
-    return [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+    """The options ``sampler``'s metric takes (:func:`sgrld.core.contract.option_names`)."""
+    return contract.option_names(get_metric(sampler))
 
 
 def _typed(cls: type[Metric], name: str, value: Any) -> Any:
@@ -50,6 +48,10 @@ def build_metric(sampler: str, options: Mapping[str, Any], paper: bool = False) 
     ``floor`` relative to the statistics' scale (RMSprop's, Adam's) is 0 unless an option sets
     it."""
     cls = get_metric(sampler)
+    try:  # misspellings: did-you-mean and the list, as the library says them
+        contract.check_options(cls, options, sampler)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
     values = {name: _typed(cls, name, value) for name, value in options.items()}
     if paper and "floor" in option_names(sampler) and "floor" not in values:
         values["floor"] = 0.0

@@ -336,7 +336,7 @@ class ChainsRun:
         figures = self.chains.telemetry()  # the epoch's sums, read once
         for r in self.running:
             r.record_telemetry(figures[self.records.index(r)])
-            verdict = run_health(r.telemetry)
+            verdict = run_health(r.telemetry, r.config.temperature)
             if verdict.broken_down:  # blown up while finite (sgrld.health)
                 r.record_breakdown(blown_up_reason(verdict), blown_up=True)
                 continue

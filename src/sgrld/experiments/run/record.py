@@ -22,7 +22,7 @@ from torch import Tensor
 
 from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
-from sgrld.core.warmup import adapting
+from sgrld.core.warmup import drawn_while_adapting
 from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
 from sgrld.experiments.run.build import build_likelihood
@@ -92,15 +92,16 @@ def hardware(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def run_health(telemetry: Mapping[str, list[float]], optimizer: Any = None) -> Health:
-    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry, or, where the run
-    has none (``--compile``) or it shows nothing wrong, from the optimizer's own watch."""
-    verdict = health(telemetry)
+def run_health(
+    telemetry: Mapping[str, list[float]], temperature: float, optimizer: Any = None
+) -> Health:
+    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry at temperature τ,
+    or, where the run has none (``--compile``: telemetry off), from the optimizer's own watch
+    (consulted only then: under FSDP its read is a collective, made by every rank alike)."""
+    if optimizer is not None and not telemetry:
+        return optimizer.health()
+    verdict = health({**telemetry, "temperature": temperature})
     assert isinstance(verdict, Health)
-    if optimizer is not None and not verdict.broken_down:
-        own = optimizer.health()
-        if own.broken_down:
-            return own
     return verdict
 
 
@@ -173,7 +174,7 @@ class RunRecord:
         }
         self.curvature_means: list[float] = []  # C(θ) of every sample so far
         self.samples_adapting = 0  # samples drawn while the metric still adapted (warm-up)
-        self._adapts = get_metric(config.sampler).preconditions  # G = I has nothing to adapt
+        self._metric = get_metric(config.sampler)
         self.timing: dict[str, Any] = {
             "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
             "steps_after_skip": 0,
@@ -258,7 +259,7 @@ class RunRecord:
         """Close the current sample (after every split's logits were added)."""
         for ensemble in self.ensembles.values():
             ensemble.commit()
-        if self._adapts and adapting(self.global_step - 1, self.config.adapt_until):
+        if drawn_while_adapting(self._metric, self.global_step, self.config.adapt_until):
             self.samples_adapting += 1
         self.trace.commit(scalars=scalars)
         if curvature is not None:
@@ -369,6 +370,9 @@ class RunRecord:
         self.global_step = int(state["global_step"])
         self.curves = {k: list(v) for k, v in state["curves"].items()}
         self.telemetry = {k: list(v) for k, v in state.get("telemetry", {}).items()}
+        if "theta_rms" in self.telemetry:  # a checkpoint from before the rename: one column
+            old = self.telemetry.pop("theta_rms")
+            self.telemetry["theta_norm"] = old + self.telemetry.get("theta_norm", [])
         self.curvature_means = list(state["curvature_means"])
         self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
         if "trace" in state:  # checkpoints from before the trace have none
@@ -385,7 +389,7 @@ class RunRecord:
         """Samples drawn adapting up to :attr:`global_step` (checkpoints from before the count:
         the schedule's sample steps within the warm-up)."""
         until = self.config.adapt_until
-        if not self._adapts:
+        if not self._metric.preconditions:  # G = I has nothing to adapt
             return 0
         last = self.global_step if until is None else min(self.global_step, until)
         return num_samples_after(last, self.config.burnin, self.config.thinning)

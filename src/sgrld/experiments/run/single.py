@@ -309,7 +309,7 @@ class SamplingRun(RunRecord):
             self.record_refresh_time(self._clock() - started)
         if self.optimizer.telemetry_enabled:  # the epoch's sums, read once
             self.record_telemetry(self.optimizer.telemetry())
-        verdict = run_health(self.telemetry, self.optimizer)
+        verdict = run_health(self.telemetry, self.config.temperature, self.optimizer)
         if verdict.broken_down:  # blown up while finite (sgrld.health)
             raise _BrokeDown(blown_up_reason(verdict), True)
         self.end_epoch()
