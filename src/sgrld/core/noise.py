@@ -109,15 +109,14 @@ def philox4x32(
     """Philox4x32-10 of the counter (c0..c3) under the key (k0, k1), all int64 words in
     [0, 2³²); the result's words are int64 too, or (``int32_lanes``) the int32 holding their
     bits, computed in int32 lanes (the key schedule stays in int64: one value per chain)."""
-    mulhilo: Callable[[Tensor, int], tuple[Tensor, Tensor]] = _mulhilo
-    keyword: Callable[[Tensor], Tensor] = lambda k: k  # noqa: E731
+    mulhilo = _mulhilo32 if int32_lanes else _mulhilo
     if int32_lanes:
-        mulhilo, keyword = _mulhilo32, _to_int32
         c0, c1, c2, c3 = (_to_int32(c) for c in (c0, c1, c2, c3))
     for _ in range(ROUNDS):
         hi0, lo0 = mulhilo(c0, _M0)
         hi1, lo1 = mulhilo(c2, _M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ keyword(k0), lo1, hi0 ^ c3 ^ keyword(k1), lo0
+        key0, key1 = (_to_int32(k0), _to_int32(k1)) if int32_lanes else (k0, k1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ key0, lo1, hi0 ^ c3 ^ key1, lo0
         k0 = (k0 + _W0) & _MASK32
         k1 = (k1 + _W1) & _MASK32
     return c0, c1, c2, c3
