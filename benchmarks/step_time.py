@@ -7,9 +7,14 @@ compilable ones with ``compile=True``; Shampoo also with ``tiling="even"``), ``t
 source, the cost every sampler pays — run on their own copy of the model, interleaved round by
 round in shuffled order, so that every ratio is measured side by side under the same machine
 conditions. In the same rounds, the noise draw alone (D normals: the default counter-based
-kernel and torch's ``normal_``) is timed against a ``copy_`` of D values, the memory-bandwidth
-figure of this machine. The load average is printed before and after (a shared machine's figures
-are only comparable at the same load). On CUDA each sampler also runs as a captured CUDA graph
+kernel and torch's ``normal_``; on CPU also the kernel in each lane width, int64 and int32,
+whatever this CPU would choose) is timed against a ``copy_`` of D values, the memory-bandwidth
+figure of this machine. ``ATEN_CPU_CAPABILITY=avx2`` emulates a CPU without AVX-512 on one that
+has it: ATen's kernels (``normal_``) and inductor's code (the Philox kernel) then use AVX2 only;
+this script also sets inductor's ``cpp.simdlen`` to match, which is part of inductor's cache key
+(the variable alone is not: a kernel compiled for AVX-512 earlier would be reused from the
+cache). The load average is printed before and after (a shared machine's figures are only
+comparable at the same load). On CUDA each sampler also runs as a captured CUDA graph
 (:class:`sgrld.capture.GraphedStep`), and host syncs per optimizer step are counted with
 ``torch.cuda.set_sync_debug_mode``.
 
@@ -37,9 +42,11 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch._inductor.config
 from torch import nn
 
 import sgrld
+from sgrld.core import noise
 from sgrld.core.noise import NoiseBuffer, keys_from_seeds
 from sgrld.models.resnet20 import ResNet20
 
@@ -194,8 +201,9 @@ class Row:
 
 
 class Draw:
-    """The noise draw alone, D values per call: the default kernel, ``normal_``, or a ``copy_``
-    of D values (what a pass over memory costs on this machine)."""
+    """The noise draw alone, D values per call: the Philox kernel (``philox/int64``,
+    ``philox/int32``: in that lane width, not the CPU's choice), ``normal_``, or a ``copy_`` of D
+    values (what a pass over memory costs on this machine)."""
 
     def __init__(self, kind: str, size: int, device: str) -> None:
         self.buf = NoiseBuffer((size,), torch.float32, torch.device(device))
@@ -210,11 +218,20 @@ class Draw:
             self.buf.flat.copy_(self.src)
         elif self.kind == "normal_":
             self.buf.draw(self.gen, "torch")
-        else:
+        elif self.kind == "philox":
             self.buf.draw(self.gen, "philox", self.keys, self.step)
+        else:  # the lane width is read when dynamo traces (and guards on it): one graph each
+            choice, noise.INT32_LANES = noise.INT32_LANES, self.kind.endswith("int32")
+            try:
+                self.buf.draw(self.gen, "philox", self.keys, self.step)
+            finally:
+                noise.INT32_LANES = choice
 
 
 DRAWS = ("copy_", "philox", "normal_")
+LANES = ("philox/int64", "philox/int32")
+#: inductor's vector width (bits) for each ``ATEN_CPU_CAPABILITY``
+SIMDLEN = {"avx2": 256, "avx512": 512}
 
 
 #: the competing process of ``--competitor T``: the same MLP trained with SGD on T threads, forever
@@ -289,6 +306,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if capability in SIMDLEN:
+        torch._inductor.config.cpp.simdlen = SIMDLEN[capability]
     device = args.device
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -316,7 +336,8 @@ def main() -> None:
     if device == "cuda":
         syncs = {n: syncs_per_step(r, xs[0], ys[0]) for n, r in rows.items() if r.graphed is None}
     num_params = sum(p.numel() for p in rows["SGD"].model.parameters())
-    draws = {f"draw: {kind}": Draw(kind, num_params, device) for kind in DRAWS}
+    kinds = DRAWS + (LANES if device == "cpu" else ())
+    draws = {f"draw: {kind}": Draw(kind, num_params, device) for kind in kinds}
     for draw in draws.values():
         draw(xs[0], ys[0])  # compiles the kernel
     rows |= draws
@@ -354,7 +375,9 @@ def main() -> None:
     print(
         f"{args.model}, {num_params:,} parameters, {device} "
         f"({torch.cuda.get_device_name() if device == 'cuda' else f'{args.threads} threads'}), "
-        f"torch {torch.__version__}, {args.clock} clock, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, {args.clock} clock, {os.cpu_count()} CPUs "
+        f"({torch.backends.cpu.get_cpu_capability()}; Philox in "
+        f"{'int32' if noise.INT32_LANES else 'int64'} lanes), "
         f"{f'a competing process on {args.competitor} threads, ' if args.competitor else ''}"
         "load average "
         f"(1, 5, 15 min) {_load(load_before)} before, {_load(load_after)} after; median of "

@@ -14,10 +14,13 @@ from scipy import stats as sps
 import sgrld
 from conftest import check_resume_is_bit_identical
 from sgrld.core import noise as noise_mod
+from sgrld.core._compile import quiet_compile
 from sgrld.core.noise import (
     NoiseBuffer,
     _mulhilo,
+    _mulhilo32,
     _philox_normal,
+    _to_int32,
     keys_from_seeds,
     philox4x32,
 )
@@ -43,24 +46,56 @@ KAT = [
 ]
 
 
+@pytest.mark.parametrize("int32_lanes", [False, True])
 @pytest.mark.parametrize(("counter", "key", "expected"), KAT)
 def test_philox_known_answers(
-    counter: tuple[int, ...], key: tuple[int, int], expected: tuple[int, ...]
+    counter: tuple[int, ...], key: tuple[int, int], expected: tuple[int, ...], int32_lanes: bool
 ) -> None:
     c = [torch.tensor([v], dtype=torch.int64) for v in counter]
     k = [torch.tensor(v, dtype=torch.int64) for v in key]
-    out = philox4x32(*c, *k)
-    assert tuple(int(w) for w in out) == expected
+    out = philox4x32(*c, *k, int32_lanes=int32_lanes)
+    assert tuple(int(w) & 0xFFFFFFFF for w in out) == expected
+
+
+WORDS = [0, 1, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, 0xFFFF0000, 0xFFFFFFFF]
 
 
 def test_mulhilo_matches_integer_arithmetic() -> None:
     rng = random.Random(0)
-    values = [0, 1, 0xFFFF, 0x10000, 0xFFFFFFFF] + [rng.getrandbits(32) for _ in range(2000)]
+    values = WORDS + [rng.getrandbits(32) for _ in range(2000)]
     a = torch.tensor(values, dtype=torch.int64)
     for m in (0xD2511F53, 0xCD9E8D57, 0xFFFFFFFF, 1):
         hi, lo = _mulhilo(a, m)
         assert hi.tolist() == [(v * m) >> 32 for v in values]
         assert lo.tolist() == [(v * m) & 0xFFFFFFFF for v in values]
+    # the int32-lane products (Philox's two multipliers), on the int32 holding each word's bits
+    a32 = _to_int32(a)
+    assert a32.dtype == torch.int32 and [v & 0xFFFFFFFF for v in a32.tolist()] == values
+    for m in (0xD2511F53, 0xCD9E8D57):
+        hi, lo = _mulhilo32(a32, m)
+        assert [v & 0xFFFFFFFF for v in hi.tolist()] == [(v * m) >> 32 for v in values]
+        assert [v & 0xFFFFFFFF for v in lo.tolist()] == [(v * m) & 0xFFFFFFFF for v in values]
+
+
+def test_int32_lanes_give_the_same_words_compiled() -> None:
+    """The compiled int32-lane kernel (C++: where signed overflow would be undefined) computes
+    the int64 lanes' words, on counters that reach every 16-bit digit's extremes; 4099 rows
+    leave a scalar tail after the vectorised loop."""
+    rng = random.Random(1)
+    rows = [rng.choice(WORDS) if rng.random() < 0.2 else rng.getrandbits(32) for _ in range(4099)]
+    words = torch.tensor(rows, dtype=torch.int64).view(-1, 1).expand(-1, 4).contiguous()
+    words[:, 1:] = torch.tensor(rows[::-1], dtype=torch.int64).view(-1, 1)
+    c = [words[:, i] for i in range(4)]
+    k = [torch.tensor([v], dtype=torch.int64) for v in (0xFFFFFFFF, 0x80000000)]
+
+    def lanes32(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return philox4x32(*args, int32_lanes=True)
+
+    with quiet_compile():
+        compiled = torch.compile(lanes32, fullgraph=True, dynamic=True)(*c, *k)
+    expected = philox4x32(*c, *k)
+    for got, want in zip(compiled, expected, strict=True):
+        assert torch.equal(got.to(torch.int64) & 0xFFFFFFFF, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -186,6 +221,20 @@ def test_step_fills_the_counters_high_words() -> None:
     u = [((x >> 8) + 0.5) * 2.0**-24 for x in w]
     radius = math.sqrt(-2.0 * math.log(u[0]))
     assert math.isclose(float(blocks[0, 1, 0]), radius * math.cos(2 * math.pi * u[1]), rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_int32_lanes_draw_the_same_normals(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane width is the CPU's choice (``INT32_LANES``), never the chain's numbers."""
+    drawn = []
+    for int32_lanes in (False, True):
+        monkeypatch.setattr(noise_mod, "INT32_LANES", int32_lanes)
+        blocks = torch.empty(2, 1025, noise_mod.values_per_counter(dtype), dtype=dtype)
+        _philox_normal(torch.cat([KEY, KEY + 1]), blocks, step=_step(2**32 + 5))
+        drawn.append(blocks)
+    assert torch.equal(*drawn)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

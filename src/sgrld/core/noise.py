@@ -16,8 +16,13 @@ is exact. The first call compiles (seconds; inductor caches it on disk). Without
 compiler it runs the same arithmetic eagerly (correct but slow) after a warning. Whether it is
 faster than ``"torch"`` depends on the machine: measure (``benchmarks/step_time.py``).
 
-32-bit words are handled in int64 lanes; the 32×32→64-bit products of Philox are split into
-16-bit halves so that no intermediate overflows int64 (no wrap-around is relied upon).
+The same integers are computed in one of two lane widths, chosen by the CPU (every result is
+bit-identical; ``tests/test_noise.py``): 32-bit words in int64 lanes, whose 32×32→64-bit products
+are two int64 products of 16-bit halves, where ATen's CPU capability is AVX-512 (native 64-bit
+lane products) or the device is not a CPU; in int32 lanes (:func:`_mulhilo32`: four int32
+products of signed 16-bit digits) elsewhere, since AVX2 multiplies int64 lanes one at a time.
+No intermediate overflows in either (no signed wrap-around is relied upon; only ``<<`` drops the
+bits above 32, which C++20 and torch define).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ _M0, _M1 = 0xD2511F53, 0xCD9E8D57  # Philox4x32 multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85  # Weyl key increments
 _MASK32 = 0xFFFFFFFF
 ROUNDS = 10
+#: whether CPU kernels compute the words in int32 lanes (see the module's docstring)
+INT32_LANES = torch.backends.cpu.get_cpu_capability() != "AVX512"
 
 
 def check_noise_source(noise: str) -> None:
@@ -57,14 +64,59 @@ def _mulhilo(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
     return high, low
 
 
+def _digits(m: int) -> tuple[int, int]:
+    """(h, l) with m = h·2¹⁶ + l + 2³² and -2¹⁵ ≤ h, l < 2¹⁵: signed 16-bit digits of m ≥ 2³¹."""
+    low = m & 0xFFFF
+    low -= (low >= 0x8000) << 16
+    high = (m - low) >> 16
+    assert 0x8000 <= high < 0x10000
+    return high - 0x10000, low
+
+
+def _mulhilo32(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
+    """(high, low) words of a·m for a uint32 ``a`` held in int32 lanes (its bits; so are the
+    results) and Philox's multipliers m (2³¹ ≤ m < 2³², digits |h| < 2¹⁴, |l| < 2¹⁵).
+
+    With a = a₁·2¹⁶ + a₀ (0 ≤ aᵢ < 2¹⁶) and m = h·2¹⁶ + l + 2³²: every product aᵢ·d is below
+    2³¹ in magnitude (a·h below 2³⁰), every sum below 2³⁰ + 2¹⁷, and
+    a·m = (p00 mod 2¹⁶) + 2¹⁶·(r mod 2¹⁶) + 2³²·s + 2⁴⁸·a₁ with r, s as below.
+    """
+    high, low = _digits(m)
+    assert high > -0x4000 and -0x8000 < low < 0x8000
+    a0 = a & 0xFFFF
+    a1 = (a >> 16) & 0xFFFF
+    p00, p01, p10, p11 = a0 * low, a0 * high, a1 * low, a1 * high
+    r = (p00 >> 16) + p01 + (p10 & 0xFFFF)
+    s = p11 + a0 + (p10 >> 16) + (r >> 16)
+    return (((s >> 16) + a1) << 16) | (s & 0xFFFF), (r << 16) | (p00 & 0xFFFF)
+
+
+def _to_int32(x: Tensor) -> Tensor:
+    """The int32 whose bits are the word 0 ≤ x < 2³² (int64), without an overflowing cast."""
+    return ((x ^ 0x80000000) - 0x80000000).to(torch.int32)
+
+
 def philox4x32(
-    c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor, k0: Tensor, k1: Tensor
+    c0: Tensor,
+    c1: Tensor,
+    c2: Tensor,
+    c3: Tensor,
+    k0: Tensor,
+    k1: Tensor,
+    *,
+    int32_lanes: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Philox4x32-10 of the counter (c0..c3) under the key (k0, k1); 32-bit words in int64."""
+    """Philox4x32-10 of the counter (c0..c3) under the key (k0, k1), all int64 words in
+    [0, 2³²); the result's words are int64 too, or (``int32_lanes``) the int32 holding their
+    bits, computed in int32 lanes (the key schedule stays in int64: one value per chain)."""
+    mulhilo = _mulhilo32 if int32_lanes else _mulhilo
+    if int32_lanes:
+        c0, c1, c2, c3 = (_to_int32(c) for c in (c0, c1, c2, c3))
     for _ in range(ROUNDS):
-        hi0, lo0 = _mulhilo(c0, _M0)
-        hi1, lo1 = _mulhilo(c2, _M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        hi0, lo0 = mulhilo(c0, _M0)
+        hi1, lo1 = mulhilo(c2, _M1)
+        key0, key1 = (_to_int32(k0), _to_int32(k1)) if int32_lanes else (k0, k1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ key0, lo1, hi0 ^ c3 ^ key1, lo0
         k0 = (k0 + _W0) & _MASK32
         k1 = (k1 + _W1) & _MASK32
     return c0, c1, c2, c3
@@ -111,9 +163,14 @@ def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype
     t_lo = zero if step is None else zero + (step & _MASK32)
     t_hi = zero if step is None else zero + (step >> 32)
     k0, k1 = key[..., 0:1], key[..., 1:2]  # (..., 1): broadcast over the rows
+    int32_lanes = INT32_LANES and index.device.type == "cpu"
     # counter (i mod 2³², ⌊i / 2³²⌋, t mod 2³², ⌊t / 2³²⌋): every word stays below 2³²
-    w = philox4x32(index & _MASK32, index >> 32, t_lo, t_hi, k0, k1)
+    w: Sequence[Tensor] = philox4x32(
+        index & _MASK32, index >> 32, t_lo, t_hi, k0, k1, int32_lanes=int32_lanes
+    )
     if dtype == torch.float64:
+        if int32_lanes:
+            w = [x.to(torch.int64) & _MASK32 for x in w]
         # 53-bit uniforms from pairs of words; one Box–Muller pair per counter.
         u1, u2 = (
             (((hi << 21) | (lo >> 11)).to(torch.float64) + 0.5) * 2.0**-53
@@ -121,7 +178,7 @@ def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype
         )
         return torch.stack(_box_muller(u1, u2), dim=-1)
     # 24-bit uniforms, as torch's own float32 sampling; two Box–Muller pairs per counter.
-    u = [((x >> 8).to(torch.float32) + 0.5) * 2.0**-24 for x in w]
+    u = [(((x >> 8) & 0xFFFFFF).to(torch.float32) + 0.5) * 2.0**-24 for x in w]
     return torch.stack([*_box_muller(u[0], u[1]), *_box_muller(u[2], u[3])], dim=-1)
 
 
