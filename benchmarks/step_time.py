@@ -1,22 +1,22 @@
 """Time per full training step (forward + backward + sampler step) of every sampler, as ratios.
 
 Models: MLP 784-N-N-10 (N = 400 or 1200, batch 100) or ResNet-20 (batch 128), random data.
-Every sampler (eager, default options; with ``noise="torch"``; with ``capturable=True``; the
-compilable ones with ``compile=True``; Shampoo also with ``tiling="even"``), ``torch.optim.SGD``
-(foreach, eager) and the *floor* — SGD's step plus drawing D normals with the default noise
-source, the cost every sampler pays — run on their own copy of the model, interleaved round by
-round in shuffled order, so that every ratio is measured side by side under the same machine
-conditions. In the same rounds, the noise draw alone (D normals: the default counter-based
-kernel and torch's ``normal_``; on CPU also the kernel in each lane width, int64 and int32,
-whatever this CPU would choose) is timed against a ``copy_`` of D values, the memory-bandwidth
-figure of this machine. ``ATEN_CPU_CAPABILITY=avx2`` emulates a CPU without AVX-512 on one that
-has it: ATen's kernels (``normal_``) and inductor's code (the Philox kernel) then use AVX2 only;
-this script also sets inductor's ``cpp.simdlen`` to match, which is part of inductor's cache key
-(the variable alone is not: a kernel compiled for AVX-512 earlier would be reused from the
-cache). The load average is printed before and after (a shared machine's figures are only
-comparable at the same load). On CUDA each sampler also runs as a captured CUDA graph
-(:class:`sgrld.capture.GraphedStep`), and host syncs per optimizer step are counted with
-``torch.cuda.set_sync_debug_mode``.
+Every sampler (eager, default options, whose noise is ``"torch"``; with ``noise="philox"``; with
+``capturable=True``; the compilable ones with ``compile=True`` and Philox noise, drawn inside the
+fused call; Shampoo also with ``tiling="even"``), ``torch.optim.SGD`` (foreach, eager) and the
+*floor* — SGD's step plus drawing D normals with the counter-based kernel, the cost every sampler
+with ``noise="philox"`` pays — run on their own copy of the model, interleaved round by round in
+shuffled order, so that every ratio is measured side by side under the same machine conditions. In
+the same rounds, the noise draw alone (D normals: the counter-based kernel and torch's
+``normal_``; on CPU also the kernel in each lane width, int64 and int32, whatever this CPU would
+choose) is timed against a ``copy_`` of D values, the memory-bandwidth figure of this machine.
+``ATEN_CPU_CAPABILITY=avx2`` emulates a CPU without AVX-512 on one that has it: ATen's kernels
+(``normal_``) and inductor's code (the Philox kernel) then use AVX2 only; this script also sets
+inductor's ``cpp.simdlen`` to match, which is part of inductor's cache key (the variable alone is
+not: a kernel compiled for AVX-512 earlier would be reused from the cache). The load average is
+printed before and after (a shared machine's figures are only comparable at the same load). On CUDA
+each sampler also runs as a captured CUDA graph (:class:`sgrld.capture.GraphedStep`), and host syncs
+per optimizer step are counted with ``torch.cuda.set_sync_debug_mode``.
 
 Targets of the step engine: on CPU, SGLD ≤ 1.3x SGD, RMSprop, Wenzel, Monge ≤ 1.4x SGD and
 Shampoo ≤ 4.5x SGD; on a GPU, eager SGLD, RMSprop, Wenzel, Monge ≤ 1.10x SGD, Shampoo ≤ 1.5x
@@ -68,10 +68,10 @@ def make(name: str, device: str, variant: str = "", **kw: Any) -> Callable[..., 
     cls, lr, options = BASE[name]
     if variant in ("capturable", "graph"):
         kw |= {"noise": "philox", "capturable": True, "lr": torch.tensor(lr, device=device)}
-    elif variant == "torch":
-        kw |= {"noise": "torch"}
+    elif variant == "philox":
+        kw |= {"noise": "philox"}
     elif variant == "compile":
-        kw |= {"compile": True}
+        kw |= {"compile": True, "noise": "philox"}
     kw.setdefault("lr", lr)
     return partial(cls, num_data=NUM_DATA, **options, **kw)
 
@@ -84,7 +84,7 @@ def samplers(
     }
     for name in BASE:
         out[name] = make(name, device)
-        for variant in ("torch", "capturable"):
+        for variant in ("philox", "capturable"):
             out[f"{name}/{variant}"] = make(name, device, variant)
         if name in COMPILABLE and device == "cpu":
             out[f"{name}/compile"] = make(name, device, "compile")
@@ -176,7 +176,7 @@ class Row:
         self.opt.zero_grad(set_to_none=False)
         nn.functional.cross_entropy(self.model(self.x), self.y).backward()
         self.opt.step()
-        if self.floor:  # the default noise source's draw
+        if self.floor:  # the counter-based kernel's draw (noise='philox')
             self.noise.draw(torch.Generator(), "philox", self.keys, self.step)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
