@@ -377,3 +377,43 @@ def test_cli_refuses_bad_input_with_status_2(capsys: pytest.CaptureFixture[str])
     assert main(["llc", "rrr", "--samplers", "mongee"]) == 2
     assert "did you mean 'monge'" in capsys.readouterr().err
     assert main(["llc", "rrr", "--rrr", "4,4,3"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "-5"], "--steps must be >= 1, got -5"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--chains", "0"], "--chains must be >= 1"),
+        (["--lr", "-1"], "--lr must be > 0"),
+        (["--nbeta", "0"], "--nbeta must be > 0"),
+        (["--localization", "-2"], "--localization must be >= 0"),
+        (["--width", "3"], "--width must be even"),
+        (["--checkpoints", "0,-1"], "--checkpoints must be training steps >= 0"),
+        (["--rrr", "4,0,3,1"], "--rrr must be >= 1"),
+    ],
+)
+def test_cli_refuses_a_value_out_of_range_in_one_line_before_any_work(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.cli import main
+
+    out = tmp_path / "llc"
+    assert main(["llc", "transformer", *flags, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sgrld llc: error: "), lines
+    assert message in captured.err and captured.out == ""  # nothing trained or estimated
+    assert not out.exists()
+
+
+def test_cli_refuses_an_unwritable_out_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sgrld.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["llc", "logistic", "--out", str(blocker / "llc")]) == 74
+    captured = capsys.readouterr()
+    assert "cannot write to" in captured.err and captured.out == ""

@@ -99,9 +99,15 @@ def run(args: argparse.Namespace) -> int:
             get_metric(name)  # the registry's message, with the closest name
         if len(args.rrr) != 4:
             raise ValueError("--rrr takes four integers M,N,H,R")
+        _check_ranges(args)
     except ValueError as exc:
         print(f"sgrld llc: error: {exc}", file=sys.stderr)
         return exits.USAGE
+    try:  # an unwritable --out is refused before the work, not after it
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"sgrld llc: error: cannot write to {args.out}: {exc}", file=sys.stderr)
+        return exits.IO_ERROR
     samplers = [get_metric(name).name for name in samplers]  # aliases: their registry name
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cases = _cases(args)
@@ -136,6 +142,26 @@ def run(args: argparse.Namespace) -> int:
         return exits.IO_ERROR
     print(f"wrote {args.out / 'llc.json'} and {args.out / 'llc.png'}")
     return 0
+
+
+def _check_ranges(args: argparse.Namespace) -> None:
+    """Every numeric option in its range, before any work (a ValueError names the flag)."""
+    at_least_one = {"--chains": args.chains, "--width": args.width, "--layers": args.layers}
+    at_least_one |= {"--steps": args.steps} if args.steps is not None else {}
+    at_least_one |= {"--rrr": min(args.rrr)}
+    bad = [f"{flag} must be >= 1, got {value}" for flag, value in at_least_one.items() if value < 1]
+    positive = {"--lr": args.lr, "--nbeta": args.nbeta}
+    bad += [
+        f"{flag} must be > 0, got {v}" for flag, v in positive.items() if v is not None and v <= 0
+    ]
+    if args.localization < 0:
+        bad.append(f"--localization must be >= 0, got {args.localization}")
+    if args.width % 2:
+        bad.append(f"--width must be even (2 attention heads), got {args.width}")
+    if min(args.checkpoints) < 0:
+        bad.append(f"--checkpoints must be training steps >= 0, got {min(args.checkpoints)}")
+    if bad:
+        raise ValueError("; ".join(bad))
 
 
 def _options(name: str, options: dict[str, Any]) -> dict[str, Any]:
