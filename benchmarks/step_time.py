@@ -94,9 +94,27 @@ def samplers(
             out[f"{name}/compiled-step"] = make(name, device, "capturable")
         if telemetry:
             out[f"{name}/telemetry"] = make(name, device, telemetry=True)
+    out |= peers()
     out["Shampoo/even"] = make("Shampoo", device, tiling="even")
     out["Shampoo/frozen"] = make("Shampoo", device)  # G kept: the sampling phase after warm-up
     return out
+
+
+def peers() -> dict[str, Callable[[list[nn.Parameter]], Any]]:
+    """devinterp's samplers (the most used SGLD in PyTorch today) at the same ℓ and nβ = n, where
+    installed (``make venv`` installs devinterp 2.0.1 for the tests): ``devinterp`` its ``SGLD``
+    class, ``devinterp.sgld``/``.rmsprop`` its ``SGMCMC`` factories; they draw their noise with
+    torch's ``normal_``, as ours do by default."""
+    try:
+        from devinterp.optim.sgld import SGLD as DevSGLD
+        from devinterp.optim.sgmcmc import SGMCMC
+    except ImportError:
+        return {}
+    return {
+        "devinterp": lambda p: DevSGLD(p, lr=0.05, nbeta=NUM_DATA),
+        "devinterp.sgld": lambda p: SGMCMC.sgld(p, lr=0.05, nbeta=NUM_DATA),
+        "devinterp.rmsprop": lambda p: SGMCMC.rmsprop_sgld(p, lr=2.5e-4, nbeta=NUM_DATA),
+    }
 
 
 def targets(device: str, model: str) -> dict[str, tuple[str, float]]:
