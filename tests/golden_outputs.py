@@ -172,7 +172,7 @@ CASES = (
             _cmd(
                 "sample",
                 _MNIST,
-                ["--prior", "gaussian", "--sampler", "rmsprop", "--lr", "0.05", "--adapt", "5"],
+                ["--prior", "gaussian", "--sampler", "rmsprop", "--lr", "0.005", "--adapt", "5"],
                 ["--option", "decay=0.95", "--epochs", "2", "--seed", "5"],
                 ["--out", "{root}/run", "--no-plot"],
             ),
@@ -342,8 +342,11 @@ def _map_timings(value: Any, timed: bool = False) -> Any:
 # --- normalising ------------------------------------------------------------------------------
 
 #: Keys whose values depend on the machine, its load or the installed versions, never on the
-#: chain: wall times (``*seconds*``, ``ess_bulk_per_second``), the CPU's name, versions.
-VARYING_KEYS = frozenset({"hardware", "torch", "python", "version", "hostname", "pid", "date"})
+#: chain: wall times (``*seconds*``, ``ess_bulk_per_second``), the CPU's name, the kernel's
+#: (``platform``), versions.
+VARYING_KEYS = frozenset(
+    {"hardware", "platform", "torch", "python", "version", "hostname", "pid", "date"}
+)
 
 
 def _is_timing(key: str) -> bool:
