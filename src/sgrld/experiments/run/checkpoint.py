@@ -32,7 +32,7 @@ CHECKPOINT_KEYS = (
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU), checking it first.
+    """Read a one-chain run's checkpoint (tensors on CPU), checking it first.
 
     The file's SHA-256 must match (:func:`~.base.files.load_checkpoint`), every entry
     must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
