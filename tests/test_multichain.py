@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from sgrld.cli import main
-from sgrld.experiments.run.chains import check_chain_configs, load_chains_checkpoint
+from sgrld.experiments.run.chains import check_chain_configs
+from sgrld.experiments.run.checkpoint import load_checkpoint
 from sgrld.experiments.run.loop import SamplingRun, run_sampling
 from sgrld.experiments.run.naming import chain_label
 from test_runner import SAMPLERS, synthetic_splits, tiny_config
@@ -250,8 +251,8 @@ def test_cli_resume_of_a_killed_run_is_bit_identical(tmp_path: Path, mnist_dir: 
             b = json.loads((tmp_path / "cut" / folder.name / "results.json").read_text())
             assert _without_timing(a) == _without_timing(b)
             assert a["epochs_completed"] == 2
-    whole = load_chains_checkpoint(tmp_path / "whole" / "checkpoint.pt")["chains"]
-    cut = load_chains_checkpoint(tmp_path / "cut" / "checkpoint.pt")["chains"]
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoint.pt", chains=True)["chains"]
+    cut = load_checkpoint(tmp_path / "cut" / "checkpoint.pt", chains=True)["chains"]
     for kind in ("params", "buffers"):
         for name, value in whole[kind].items():
             assert torch.equal(value, cut[kind][name]), name

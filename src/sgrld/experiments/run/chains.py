@@ -1,28 +1,17 @@
 """K sampling runs in one process (``--chains K``): the stepper of a stacked model.
 
-:class:`VmappedChains` steps the configs of K single runs that differ only in seed, ℓ and the
-tuned options (α²) as one :class:`sgrld.Chains` (stacked parameters, one vmapped
-forward/backward and one sampler call per step); the loop (:class:`~.run.loop.SamplingRun`)
-keeps one record per chain, so that each writes ``OUT/<label>/results.json`` in exactly the
-single-run format. What makes chain k *the* single run of its config (``sgrld sample --seed s``),
-whatever K and its position:
-
-* initialisation from the chain's ``init`` seed, minibatch order from its ``data_order``
-  generator (:func:`sgrld.chain_batches`), curvature points from its ``curvature`` generator;
-* noise: Philox keys drawn from its ``chain`` generator exactly as the single run's optimizer
-  draws them (so the runs need ``noise="philox"``, the runner's default);
-* evaluation at the same updates, each sample folded into the chain's own ensembles.
-
-A chain that breaks down (non-finite potential or gradient) is frozen by the engine's device
-flags at that update (the potential poisons its own gradient, so a non-finite loss freezes it
-too) and its record is closed as a single run's would be; the others go on. One checkpoint
-(``OUT/checkpoint.pt``) holds every chain.
+:class:`VmappedChains` steps K single runs' configs that differ only in seed, ℓ and the tuned
+options (α²) as one :class:`sgrld.Chains`: one vmapped forward/backward and one sampler call
+per step. Chain k is *the* single run of its config, whatever K and its position: its model
+from its ``init`` seed, its minibatches from its ``data_order`` generator
+(:func:`sgrld.chain_batches`), its Philox keys drawn from its ``chain`` generator as the single
+run's optimizer draws them. A chain that breaks down is frozen by the engine's device flags
+(the potential poisons its own gradient) and the others go on (``docs/experiments.md``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,8 +22,6 @@ import sgrld
 from sgrld.chains import Chains
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
-from sgrld.experiments.base import files
-from sgrld.experiments.base.files import CheckpointError
 from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_potential
 from sgrld.experiments.run.config import GRAD_MAX, TUNED_FIELDS, RunConfig, config_differences
 from sgrld.experiments.run.naming import chain_label
@@ -43,14 +30,11 @@ from sgrld.experiments.run.single import deferred_refusal
 from sgrld.schedules import CyclicalLR
 
 __all__ = [
-    "CHAINS_CHECKPOINT_FORMAT",
     "VmappedChains",
     "check_chain_configs",
-    "load_chains_checkpoint",
     "plan_chain_batch",
 ]
 
-CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
 #: The fields in which the chains of one process may differ.
 PER_CHAIN_FIELDS = ("seed", "lr", *TUNED_FIELDS)
 
@@ -273,30 +257,3 @@ class VmappedChains:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.chains.load_state_dict(state["chains"])
-
-
-def load_chains_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a multi-chain checkpoint (tensors on CPU), checking it first.
-
-    Raises:
-        CheckpointError: damaged (its SHA-256), foreign, incomplete, or NaN/Inf in an
-            accumulator.
-    """
-    state = files.load_checkpoint(path)
-    if not isinstance(state, dict) or state.get("format") != CHAINS_CHECKPOINT_FORMAT:
-        found = state.get("format") if isinstance(state, dict) else None
-        hint = "; it was made by a single run: resume it without --chains" if found else ""
-        raise CheckpointError(f"checkpoint {path} is not a sgrld multi-chain checkpoint{hint}")
-    missing = [
-        k for k in ("configs", "epoch", "global_step", "chains", "records") if k not in state
-    ]
-    if missing:
-        raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
-    bad = [
-        b
-        for i, record in enumerate(state["records"])
-        for b in files.find_nonfinite(record["ensembles"], f"records.{i}", allow_minus_inf=True)
-    ]
-    if bad:
-        raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")
-    return state

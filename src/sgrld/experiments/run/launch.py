@@ -158,7 +158,6 @@ def refuse_other_threads(results: list[Path], threads: int | None) -> None:
 def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     """Refuse an ``--out`` that holds a run (without ``--resume``), or whose checkpoint is
     damaged, of other runs or options, or further along than ``--epochs``."""
-    from sgrld.experiments.run.chains import load_chains_checkpoint
     from sgrld.experiments.run.checkpoint import check_checkpoint_fits, load_checkpoint
     from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
     from sgrld.experiments.run.results import RESULTS_FILE
@@ -172,7 +171,7 @@ def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     if not checkpoint.exists():
         return
     try:  # a damaged, foreign or misfitting checkpoint is refused before any work
-        state = (load_chains_checkpoint if multi else load_checkpoint)(checkpoint)
+        state = load_checkpoint(checkpoint, chains=multi)
         saved = [RunConfig.from_dict(c) for c in (state["configs"] if multi else [state["config"]])]
     except (ValueError, TypeError) as exc:
         raise UsageError(f"cannot resume: {exc}") from exc

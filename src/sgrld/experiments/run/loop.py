@@ -34,13 +34,8 @@ from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
 from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError, OutputError
-from sgrld.experiments.run.chains import (
-    CHAINS_CHECKPOINT_FORMAT,
-    VmappedChains,
-    check_chain_configs,
-    load_chains_checkpoint,
-)
-from sgrld.experiments.run.checkpoint import load_checkpoint
+from sgrld.experiments.run.chains import VmappedChains, check_chain_configs
+from sgrld.experiments.run.checkpoint import CHAINS_CHECKPOINT_FORMAT, load_checkpoint
 from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
     CHECKPOINT_FORMAT,
@@ -351,14 +346,8 @@ class SamplingRun:
         older than K chains; K: one entry per chain)."""
         stepper = self.stepper.state_dict()
         if self.one:
-            record = self.records[0]
-            config = self.config.to_dict()
-            return {
-                "format": CHECKPOINT_FORMAT,
-                "config": config,
-                **stepper,
-                **record.record_state(),
-            }
+            record = self.records[0].record_state()  # its epoch and global_step are the loop's
+            return {"format": CHECKPOINT_FORMAT, "config": self.config.to_dict()} | stepper | record
         return {
             "format": CHAINS_CHECKPOINT_FORMAT,
             "configs": [c.to_dict() for c in self.configs],
@@ -377,18 +366,16 @@ class SamplingRun:
                 restored.
         """
         saved = [state["config"]] if self.one else state["configs"]
-        if len(saved) != len(self.configs):
-            raise CheckpointError(f"it holds {len(saved)} chains, not {len(self.configs)}")
-        for old, new in zip(saved, self.configs, strict=True):
-            differences = config_differences(RunConfig.from_dict(old), new)
-            if differences:
-                raise CheckpointError(
-                    f"{new.label()} was made with another config: " + "; ".join(differences)
-                )
         records = [state] if self.one else state["records"]
         try:
-            if len(records) != len(self.records):
-                raise CheckpointError(f"it holds {len(records)} records")
+            if len(saved) != len(self.configs) or len(records) != len(self.records):
+                raise CheckpointError(f"it holds {len(saved)} chains, not {len(self.configs)}")
+            for old, new in zip(saved, self.configs, strict=True):
+                differences = config_differences(RunConfig.from_dict(old), new)
+                if differences:
+                    raise CheckpointError(
+                        f"{new.label()}: another config: {'; '.join(differences)}"
+                    )
             pairs = list(zip(self.records, records, strict=True))
             wrong = self.stepper.mismatches(state)
             wrong += [w for r, s in pairs for w in r.ensemble_mismatches(s)]
@@ -397,12 +384,11 @@ class SamplingRun:
             self.stepper.load_state_dict(state)
             for r, s in pairs:
                 r.restore_record(s)
+        except CheckpointError:
+            raise
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-            if isinstance(exc, CheckpointError):
-                raise
             raise CheckpointError(f"{type(exc).__name__}: {exc}") from exc
-        self.epoch = self.records[0].epoch if self.one else int(state["epoch"])
-        self.global_step = self.records[0].global_step if self.one else int(state["global_step"])
+        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
 
     def _save(self) -> None:
         if self.out_dir is None:
@@ -454,10 +440,8 @@ def run_sampling(
     checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
     state = None
     if resume and checkpoint is not None and checkpoint.is_file():
-        if isinstance(configs, RunConfig):
-            state = load_checkpoint(checkpoint)
-        else:
-            state = load_chains_checkpoint(checkpoint)
+        state = load_checkpoint(checkpoint, chains=not isinstance(configs, RunConfig))
+        if not isinstance(configs, RunConfig):
             saved = state.get("chain_batch") or len(configs)  # None: all in one call
             if chain_batch is not None and min(chain_batch, len(configs)) != saved:
                 raise CheckpointError(

@@ -1,13 +1,10 @@
-"""One chain's steps through the optimizer facade: eager, deferred or captured, on one process or
-W ranks (the :class:`~.run.loop.Stepper` of a one-config :class:`~.run.loop.SamplingRun`).
-
-The step modes (``docs/experiments.md``): ``"eager"`` reads the potential's finiteness every
-step; ``"deferred"`` never syncs inside a step (static minibatch buffers, a ``capturable``
-optimizer whose flags are read before a sample and at the epoch end, the potential poisoning its
-own gradient so the flags freeze the chain at the failing update); ``"graph"`` (CUDA) captures
-the deferred step (:class:`sgrld.capture.GraphedStep`). Under ``parallel`` (DDP or FSDP) the
-step is the eager one, each rank on its share of the minibatch. The gradient handed to the
-sampler is that of the per-datum potential (``docs/conventions.md``).
+"""One chain's steps through the optimizer facade (the :class:`~.run.loop.Stepper` of a
+one-config :class:`~.run.loop.SamplingRun`), in one of three modes (``docs/experiments.md``):
+``"eager"`` reads the potential's finiteness every step; ``"deferred"`` never syncs inside a
+step (static minibatch buffers, a ``capturable`` optimizer whose device flags the loop reads
+before a sample and at the epoch end, the potential poisoning its own gradient); ``"graph"``
+(CUDA) captures the deferred step (:class:`sgrld.capture.GraphedStep`). Under ``parallel``
+(DDP or FSDP) the step is the eager one, each rank on its share of the minibatch.
 """
 
 from __future__ import annotations
