@@ -231,7 +231,7 @@ def test_runner_graph_equals_eager_loop(sampler: str) -> None:
     """120 updates (a short last batch each epoch, Shampoo's refresh at update 100, Wenzel's at
     each epoch end): the captured loop gives the eager loop's results within float32 rounding
     and the uncaptured deferred loop's to the same kernels."""
-    from sgrld.experiments.run.single import SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
     from test_runner_graph import counts, gap
 
     c = _runner_config(sampler)
@@ -239,8 +239,10 @@ def test_runner_graph_equals_eager_loop(sampler: str) -> None:
         mode: SamplingRun(c, _runner_splits(), device=DEVICE, step_mode=mode)
         for mode in ("eager", "deferred", "graph")
     }
-    results = {mode: run.run() for mode, run in runs.items()}
-    assert SamplingRun(c, _runner_splits(), device=DEVICE).step_mode == "graph"  # the default
+    results = {mode: run.run()[0] for mode, run in runs.items()}
+    assert (
+        SamplingRun(c, _runner_splits(), device=DEVICE).stepper.step_mode == "graph"
+    )  # the default
     graphed = runs["graph"]._graphed
     assert graphed is not None and graphed.replays > 90
     assert results["graph"]["timing"]["step_mode"] == "graph"
@@ -252,7 +254,8 @@ def test_runner_graph_equals_eager_loop(sampler: str) -> None:
 def test_runner_graph_has_no_host_sync_between_samples() -> None:
     """Between two samples a captured step reads nothing on the host: torch's sync debug mode
     set to "error" for updates 16-19 (samples at 15 and 20; no refresh due) raises on any."""
-    from sgrld.experiments.run.single import RunObserver, SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
+    from sgrld.experiments.run.observers import RunObserver
     from test_runner import synthetic_splits, tiny_config
 
     class NoSync(RunObserver):
@@ -274,18 +277,18 @@ def test_runner_graph_has_no_host_sync_between_samples() -> None:
             config, synthetic_splits(), device=DEVICE, observer=observer, step_mode="graph"
         )
         try:
-            results = run.run()
+            (results,) = run.run()
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert observer.checked == [16, 17, 18, 19], sampler
         assert results["status"] == "completed"
-        assert run._graphed is not None and run._graphed.replays >= 26
+        assert run.stepper._graphed is not None and run.stepper._graphed.replays >= 26
 
 
 def test_runner_graph_breakdown_and_resume(tmp_path: Any) -> None:
     """A breakdown while replaying is recorded at its update, as by the eager loop; a run killed
     mid-epoch resumes (capturing again) to the uninterrupted run's results."""
-    from sgrld.experiments.run.single import run_sampling
+    from sgrld.experiments.run.loop import run_sampling
     from test_runner import KillAt
     from test_runner_graph import PoisonAfter, counts, failing_update, gap
 
@@ -298,17 +301,17 @@ def test_runner_graph_breakdown_and_resume(tmp_path: Any) -> None:
             device=DEVICE,
             observer=PoisonAfter(2, 1),
             step_mode=mode,
-        )
+        )[0]
         for mode in ("eager", "graph")
     }
     assert counts(broken["eager"]) == counts(broken["graph"])
     assert broken["graph"]["broken_down"]["update"] == failing_update(2, 1)
 
-    straight = run_sampling(c, _runner_splits(), tmp_path / "straight", device=DEVICE)
+    straight = run_sampling(c, _runner_splits(), tmp_path / "straight", device=DEVICE)[0]
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         run_sampling(c, _runner_splits(), killed, device=DEVICE, observer=KillAt(47))
-    resumed = run_sampling(c, _runner_splits(), killed, device=DEVICE, resume=True)
+    resumed = run_sampling(c, _runner_splits(), killed, device=DEVICE, resume=True)[0]
     assert resumed["timing"]["step_mode"] == "graph"
     assert counts(resumed) == counts(straight)
     # the resumed run's warm-up steps run eagerly on a side stream where the straight run
@@ -322,7 +325,9 @@ def test_runner_nan_gradient_under_a_finite_potential_on_cuda(
     """A NaN gradient whose potential is finite: every loop on CUDA records the breakdown at its
     update (the eager loop refuses the step at once, the deferred and captured loops read the
     device flags before the next sample) and writes its checkpoint."""
-    from sgrld.experiments.run.single import CHECKPOINT_FILE, load_checkpoint, run_sampling
+    from sgrld.experiments.run.checkpoint import load_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE
+    from sgrld.experiments.run.loop import run_sampling
     from test_runner_graph import MarkAfter, counts, failing_update, patch_potential
 
     patch_potential(monkeypatch)
@@ -334,7 +339,7 @@ def test_runner_nan_gradient_under_a_finite_potential_on_cuda(
             device=DEVICE,
             observer=MarkAfter(2, 1),
             step_mode=mode,
-        )
+        )[0]
         for mode in ("eager", "deferred", "graph")
     }
     update = failing_update(2, 1)

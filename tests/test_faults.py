@@ -488,18 +488,18 @@ def test_a_pack_never_rewrites_its_finished_runs(
 ) -> None:
     """Without the pack's checkpoint (lost, or another --chains of an old sweep), only its
     open runs run: a finished results.json is never written again."""
-    import sgrld.experiments.run.chains as multichain
+    import sgrld.experiments.run.loop as loop
     from sgrld.experiments.sweep import jobs
 
     runs = sweep.plan(parse("--sampler", "identity", "--lr", "0.05", "--seeds", "0-2", *TINY))[0]
     fake_finished(tmp_path, runs[0])
     ran: list[list[str]] = []
 
-    def run_chains(configs: Any, splits: Any, out: Any, **kw: Any) -> list[dict[str, Any]]:
+    def run_sampling(configs: Any, splits: Any, out: Any, **kw: Any) -> list[dict[str, Any]]:
         ran.append([str(f) for f in kw["folders"]])
         return [{"status": "completed", "epochs_completed": 1} for _ in configs]
 
-    monkeypatch.setattr(multichain, "run_chains", run_chains)
+    monkeypatch.setattr(loop, "run_sampling", run_sampling)
     monkeypatch.setattr(jobs, "_splits", lambda *args: None)
     machine = jobs.Machine(data_dir="unused", threads=1)
     outcomes = jobs.execute_pack(runs, tmp_path, machine)

@@ -240,7 +240,9 @@ def test_a_checkpoint_from_before_the_rename_of_theta_rms_keeps_being_judged(
     from dataclasses import replace
 
     from sgrld.experiments.base import files
-    from sgrld.experiments.run.single import CHECKPOINT_FILE, load_checkpoint, run_sampling
+    from sgrld.experiments.run.checkpoint import load_checkpoint
+    from sgrld.experiments.run.config import CHECKPOINT_FILE
+    from sgrld.experiments.run.loop import run_sampling
     from test_runner import synthetic_splits, tiny_config
 
     config, splits = tiny_config(epochs=1), synthetic_splits()
@@ -248,7 +250,7 @@ def test_a_checkpoint_from_before_the_rename_of_theta_rms_keeps_being_judged(
     checkpoint = load_checkpoint(tmp_path / CHECKPOINT_FILE)
     checkpoint["telemetry"]["theta_rms"] = checkpoint["telemetry"].pop("theta_norm")
     files.save_checkpoint(tmp_path / CHECKPOINT_FILE, checkpoint)
-    results = run_sampling(replace(config, epochs=3), splits, tmp_path, resume=True)
+    results = run_sampling(replace(config, epochs=3), splits, tmp_path, resume=True)[0]
     per_epoch = results["telemetry"]["per_epoch"]
     assert "theta_rms" not in per_epoch and len(per_epoch["theta_norm"]) == 3
     assert sgrld.health(per_epoch).steps == sum(per_epoch["steps"])  # every epoch judged

@@ -10,13 +10,10 @@ import pytest
 import torch
 
 from sgrld.cli import main
-from sgrld.experiments.run.chains import (
-    ChainsRun,
-    chain_label,
-    check_chain_configs,
-    load_chains_checkpoint,
-)
-from sgrld.experiments.run.single import SamplingRun
+from sgrld.experiments.run.chains import check_chain_configs
+from sgrld.experiments.run.checkpoint import load_checkpoint
+from sgrld.experiments.run.loop import SamplingRun, run_sampling
+from sgrld.experiments.run.naming import chain_label
 from test_runner import SAMPLERS, synthetic_splits, tiny_config
 
 SPLITS = synthetic_splits()
@@ -50,9 +47,9 @@ def test_every_chain_is_its_single_run(sampler: str) -> None:
     configs = [
         tiny_config(sampler=sampler, seed=s, lr=0.01, epochs=3, adapt="always") for s in (0, 1, 2)
     ]
-    together = ChainsRun(configs, SPLITS).run()
+    together = SamplingRun(configs, SPLITS).run()
     for config, chain in zip(configs, together, strict=True):
-        single = SamplingRun(config, SPLITS).run()
+        single = SamplingRun(config, SPLITS).run()[0]
         assert chain["config"] == single["config"]
         assert chain["status"] == single["status"] == "completed"
         assert chain["global_steps"] == single["global_steps"] == 30
@@ -88,13 +85,17 @@ def test_every_chain_is_its_single_run_in_float64(sampler: str, float64: Any) ->
     refreshes at each epoch end, Shampoo's roots at update 100): float32's differences are
     rounding, which RMSprop amplifies where second moments are tiny."""
     configs = [tiny_config(sampler=sampler, seed=s, lr=0.05, epochs=12) for s in (0, 1)]
-    run = ChainsRun(configs, float64)
-    assert next(iter(run.chains.params.values())).dtype == torch.float64
+    run = SamplingRun(configs, float64)
+    assert next(iter(run.stepper.chains.params.values())).dtype == torch.float64
     results = run.run()
     for k, config in enumerate(configs):
         single = SamplingRun(config, float64)
-        expected = single.run()
-        pairs = zip(run.chains.module(k).parameters(), single.model.parameters(), strict=True)
+        (expected,) = single.run()
+        pairs = zip(
+            run.stepper.chains.module(k).parameters(),
+            single.stepper.model.parameters(),
+            strict=True,
+        )
         for mine, theirs in pairs:
             assert (mine - theirs).abs().max() <= 1e-8 * theirs.abs().max()
         assert _final_gap(results[k], expected) < 1e-8
@@ -107,18 +108,18 @@ def test_per_chain_lr_and_alpha2_match_single_runs() -> None:
         for lr in (0.005, 0.02)
         for s in (3, 4)
     ]
-    run = ChainsRun(configs, SPLITS)
-    assert len(run.chains.groups) == 2  # one sampler call per α²
+    run = SamplingRun(configs, SPLITS)
+    assert len(run.stepper.chains.groups) == 2  # one sampler call per α²
     for config, chain in zip(configs, run.run(), strict=True):
-        single = SamplingRun(config, SPLITS).run()
+        single = SamplingRun(config, SPLITS).run()[0]
         assert (chain["config"]["lr"], chain["config"]["alpha2"]) == (config.lr, config.alpha2)
         assert _final_gap(chain, single) < 1e-5
 
 
 def test_a_broken_chain_is_closed_as_its_single_run_and_the_others_go_on() -> None:
     configs = [tiny_config(seed=0, lr=0.01), tiny_config(seed=1, lr=1e9), tiny_config(seed=2)]
-    results = ChainsRun(configs, SPLITS).run()
-    broken = SamplingRun(configs[1], SPLITS).run()
+    results = SamplingRun(configs, SPLITS).run()
+    broken = SamplingRun(configs[1], SPLITS).run()[0]
     assert broken["status"] == results[1]["status"] == "broken_down"
     for key in ("epoch", "update", "global_step"):
         assert results[1]["broken_down"][key] == broken["broken_down"][key]
@@ -127,7 +128,7 @@ def test_a_broken_chain_is_closed_as_its_single_run_and_the_others_go_on() -> No
     assert results[1]["curves"] == broken["curves"]
     assert results[1]["timing"]["steps_all"] == broken["broken_down"]["global_step"]
     for k in (0, 2):
-        single = SamplingRun(configs[k], SPLITS).run()
+        single = SamplingRun(configs[k], SPLITS).run()[0]
         assert results[k]["status"] == "completed"
         assert _final_gap(results[k], single) < 1e-5
 
@@ -138,14 +139,13 @@ def _without_timing(results: dict[str, Any]) -> dict[str, Any]:
 
 def test_resume_is_bit_identical(tmp_path: Path) -> None:
     configs = [tiny_config(sampler="wenzel", seed=s, epochs=3) for s in (0, 1)]
-    whole = ChainsRun(configs, SPLITS)
+    whole = SamplingRun(configs, SPLITS)
     expected = whole.run()
-    first = ChainsRun(configs, SPLITS, out_dir=tmp_path)
+    first = SamplingRun(configs, SPLITS, out_dir=tmp_path)
     first.run(epochs=1)  # as if killed after the first epoch's checkpoint
     del first
-    from sgrld.experiments.run.chains import run_chains
 
-    resumed = run_chains(configs, SPLITS, tmp_path, resume=True)
+    resumed = run_sampling(configs, SPLITS, tmp_path, resume=True)
     for a, b in zip(resumed, expected, strict=True):
         assert _without_timing(a) == _without_timing(b)
     on_disk = json.loads((tmp_path / chain_label(configs[1]) / "results.json").read_text())
@@ -154,13 +154,12 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
 
 def test_resume_refuses_other_chains(tmp_path: Path) -> None:
     from sgrld.experiments.base.files import CheckpointError
-    from sgrld.experiments.run.chains import run_chains
 
     configs = [tiny_config(seed=s, epochs=2) for s in (0, 1)]
-    run_chains(configs, SPLITS, tmp_path)
+    run_sampling(configs, SPLITS, tmp_path)
     other = [tiny_config(seed=s, epochs=2, lr=0.02) for s in (0, 1)]
     with pytest.raises(CheckpointError, match="lr"):
-        run_chains(other, SPLITS, tmp_path, resume=True)
+        run_sampling(other, SPLITS, tmp_path, resume=True)
 
 
 def test_chain_configs_are_checked() -> None:
@@ -176,9 +175,9 @@ def test_chain_configs_are_checked() -> None:
 
 def test_chain_batch_gives_the_same_chains() -> None:
     configs = [tiny_config(sampler="rmsprop", seed=s, epochs=2) for s in range(3)]
-    whole = ChainsRun(configs, SPLITS).run()
-    split = ChainsRun(configs, SPLITS, chain_batch=2)
-    assert len(split.chains.groups) == 2
+    whole = SamplingRun(configs, SPLITS).run()
+    split = SamplingRun(configs, SPLITS, chain_batch=2)
+    assert len(split.stepper.chains.groups) == 2
     for a, b in zip(split.run(), whole, strict=True):
         assert _final_gap(a, b) < 1e-6
 
@@ -252,8 +251,8 @@ def test_cli_resume_of_a_killed_run_is_bit_identical(tmp_path: Path, mnist_dir: 
             b = json.loads((tmp_path / "cut" / folder.name / "results.json").read_text())
             assert _without_timing(a) == _without_timing(b)
             assert a["epochs_completed"] == 2
-    whole = load_chains_checkpoint(tmp_path / "whole" / "checkpoint.pt")["chains"]
-    cut = load_chains_checkpoint(tmp_path / "cut" / "checkpoint.pt")["chains"]
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoint.pt", chains=True)["chains"]
+    cut = load_checkpoint(tmp_path / "cut" / "checkpoint.pt", chains=True)["chains"]
     for kind in ("params", "buffers"):
         for name, value in whole[kind].items():
             assert torch.equal(value, cut[kind][name]), name
@@ -277,33 +276,32 @@ def test_chain_batch_plan_fits_the_state_and_one_call() -> None:
 
 def test_resume_keeps_the_call_groups_of_the_checkpoint(tmp_path: Path) -> None:
     from sgrld.experiments.base.files import CheckpointError
-    from sgrld.experiments.run.chains import run_chains
 
     configs = [tiny_config(seed=s, epochs=2) for s in range(3)]
-    run_chains(configs, SPLITS, tmp_path, chain_batch=2)
+    run_sampling(configs, SPLITS, tmp_path, chain_batch=2)
     more = [tiny_config(seed=s, epochs=3) for s in range(3)]
-    resumed = run_chains(more, SPLITS, tmp_path, resume=True)  # no --chain-batch: the saved one
+    resumed = run_sampling(more, SPLITS, tmp_path, resume=True)  # no --chain-batch: the saved one
     assert all(r["epochs_completed"] == 3 for r in resumed)
     with pytest.raises(CheckpointError, match="chain_batch 2, not 3"):
-        run_chains(more, SPLITS, tmp_path, resume=True, chain_batch=3)
+        run_sampling(more, SPLITS, tmp_path, resume=True, chain_batch=3)
 
 
 @pytest.mark.cuda
 def test_chain_batch_is_planned_from_measured_memory_on_cuda() -> None:
     configs = [tiny_config(seed=s) for s in range(4)]
-    run = ChainsRun(configs, SPLITS, device="cuda")
-    assert run.chain_batch == 4  # tiny chains: all in one call
+    run = SamplingRun(configs, SPLITS, device="cuda")
+    assert run.stepper.chain_batch == 4  # tiny chains: all in one call
     assert run.run()[0]["status"] == "completed"
 
 
 def test_progress_shows_every_chain() -> None:
     import io
 
-    from sgrld.experiments.run.observers import ChainsProgressBar
+    from sgrld.experiments.run.observers import ProgressBar
 
     stream = io.StringIO()
     configs = [tiny_config(seed=0, epochs=2), tiny_config(seed=1, lr=1e9, epochs=2)]
-    ChainsRun(configs, SPLITS, observer=ChainsProgressBar(stream)).run()
+    SamplingRun(configs, SPLITS, observer=ProgressBar(stream)).run()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2  # one per epoch (not a terminal: no bar)
     assert lines[-1].startswith("epoch 2/2 step 20 | 2 chains: 0 running, 1 completed, 1 broken")

@@ -258,7 +258,7 @@ def test_a_two_process_fsdp_mnist_chain_is_the_single_run(tmp_path: Path, mnist_
 def test_curvature_under_fsdp_is_refused_with_the_reason() -> None:
     from sgrld.data import load_dataset
     from sgrld.experiments.run.config import RunConfig
-    from sgrld.experiments.run.single import SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
 
     config = RunConfig.from_dict(
         {"dataset": "diabetes", "model": "fc", "prior": "gaussian", "sampler": "identity",

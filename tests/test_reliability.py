@@ -21,10 +21,12 @@ import torch
 import sgrld.data
 from sgrld.cli import main
 from sgrld.experiments.base import files as _io
+from sgrld.experiments.base.files import CheckpointError
 from sgrld.experiments.commands import funnel as funnel_command
 from sgrld.experiments.commands.sample import add_arguments
 from sgrld.experiments.funnel import run as funnel
-from sgrld.experiments.run.single import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+from sgrld.experiments.run.checkpoint import load_checkpoint
+from sgrld.experiments.run.config import CHECKPOINT_FILE
 
 RUN = ["sample", "--dataset", "mnist", "--prior", "horseshoe", "--sampler", "identity"]
 RUN += ["--lr", "0.05", "--width", "8", "--subset", "200", "--eval-subset", "50"]

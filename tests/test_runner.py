@@ -16,19 +16,17 @@ import torch
 import sgrld
 from conftest import state_tensors
 from sgrld.data import Splits
-from sgrld.experiments.run.results import RESULTS_FILE
-from sgrld.experiments.run.single import (
+from sgrld.experiments.run.checkpoint import load_checkpoint
+from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
-    ProgressBar,
     RunConfig,
-    RunObserver,
-    SamplingRun,
     derive_seed,
     is_sample_step,
-    load_checkpoint,
     num_samples_after,
-    run_sampling,
 )
+from sgrld.experiments.run.loop import SamplingRun, run_sampling
+from sgrld.experiments.run.observers import ProgressBar, RunObserver
+from sgrld.experiments.run.results import RESULTS_FILE
 
 #: Every registered sampler runs through the experiment loops (a new metric needs no edit here).
 SAMPLERS = tuple(sgrld.metric_names())
@@ -98,7 +96,7 @@ def test_first_sample_after_1100_updates_end_to_end() -> None:
     # epoch 10 ends at update 1,100 with the first.
     config = tiny_config(epochs=12, batch_size=10, burnin=1000, thinning=100, sampler="identity")
     run = SamplingRun(config, synthetic_splits(num_train=1000, num_eval=20))
-    results = run.run()
+    (results,) = run.run()
     assert results["curves"]["num_samples"] == [0] * 10 + [1, 2]
     assert results["curves"]["global_step"][-1] == 1200
     assert results["curves"]["val_lp"][:10] == [None] * 10  # NaN before the first sample
@@ -112,7 +110,7 @@ def test_first_sample_after_1100_updates_end_to_end() -> None:
 def test_thinning_by_global_step_across_uneven_epochs() -> None:
     # 7 steps per epoch (130 points, batch 20, last batch of 10): samples at updates 6, 9, 12, ...
     config = tiny_config(epochs=3, burnin=5, thinning=3)
-    results = SamplingRun(config, synthetic_splits(num_train=130)).run()
+    results = SamplingRun(config, synthetic_splits(num_train=130)).run()[0]
     assert results["steps_per_epoch"] == 7
     expected = [sum(is_sample_step(k, 5, 3) for k in range(1, 7 * e + 1)) for e in (1, 2, 3)]
     assert results["curves"]["num_samples"] == expected == [1, 3, 6]
@@ -149,14 +147,14 @@ def test_resume_after_kill_equals_uninterrupted_run(
         sampler=sampler, curvature=True, curvature_points=10, noise=noise, compile=compile
     )
     splits = synthetic_splits()
-    straight = run_sampling(config, splits, tmp_path / "straight")
+    straight = run_sampling(config, splits, tmp_path / "straight")[0]
 
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):  # mid-epoch 3, after the epoch-2 checkpoint
         run_sampling(config, splits, killed, observer=KillAt(27))
     partial = json.loads((killed / RESULTS_FILE).read_text())
     assert partial["status"] == "running" and partial["epochs_completed"] == 2
-    resumed = run_sampling(config, splits, killed, resume=True)
+    resumed = run_sampling(config, splits, killed, resume=True)[0]
 
     assert resumed["status"] == "completed"
     assert deterministic(resumed) == deterministic(straight)
@@ -177,11 +175,11 @@ def test_resume_extends_a_completed_run(tmp_path: Path) -> None:
     splits = synthetic_splits()
     config = tiny_config(sampler="wenzel", epochs=2)
     run_sampling(config, splits, tmp_path / "a")
-    extended = run_sampling(replace(config, epochs=4), splits, tmp_path / "a", resume=True)
-    straight = run_sampling(replace(config, epochs=4), splits, tmp_path / "b")
+    extended = run_sampling(replace(config, epochs=4), splits, tmp_path / "a", resume=True)[0]
+    straight = run_sampling(replace(config, epochs=4), splits, tmp_path / "b")[0]
     assert deterministic(extended) == deterministic(straight)
     # A completed run resumed with the same epochs does no work and keeps its results.
-    again = run_sampling(replace(config, epochs=4), splits, tmp_path / "b", resume=True)
+    again = run_sampling(replace(config, epochs=4), splits, tmp_path / "b", resume=True)[0]
     assert deterministic(again) == deterministic(straight)
 
 
@@ -197,8 +195,8 @@ def test_resume_refuses_another_config(tmp_path: Path) -> None:
 
 def test_curvature_has_its_own_generator_and_never_perturbs_the_chain() -> None:
     splits = synthetic_splits()
-    plain = SamplingRun(tiny_config(), splits).run()
-    measured = SamplingRun(tiny_config(curvature=True, curvature_points=20), splits).run()
+    plain = SamplingRun(tiny_config(), splits).run()[0]
+    measured = SamplingRun(tiny_config(curvature=True, curvature_points=20), splits).run()[0]
     for key, curve in plain["curves"].items():
         if key != "curvature":
             assert measured["curves"][key] == curve, key
@@ -216,12 +214,14 @@ def test_streaming_ensemble_equals_stored_samples() -> None:
     class Keep(RunObserver):
         def on_step(self, run: SamplingRun) -> None:
             if is_sample_step(run.global_step, run.config.burnin, run.config.thinning):
-                run.model.eval()
+                run.stepper.model.eval()
                 with torch.no_grad():
-                    stored.append(torch.log_softmax(run.model(splits.x_test).double(), dim=1))
-                run.model.train()
+                    stored.append(
+                        torch.log_softmax(run.stepper.model(splits.x_test).double(), dim=1)
+                    )
+                run.stepper.model.train()
 
-    results = SamplingRun(tiny_config(epochs=2), splits, observer=Keep()).run()
+    results = SamplingRun(tiny_config(epochs=2), splits, observer=Keep()).run()[0]
     log_mean = torch.logsumexp(torch.stack(stored), dim=0) - math.log(len(stored))
     lp = float(log_mean.gather(1, splits.y_test[:, None]).mean())
     accuracy = float((log_mean.argmax(1) == splits.y_test).double().mean())
@@ -234,7 +234,7 @@ def test_model_is_back_in_train_mode_after_evaluation() -> None:
 
     class Watch(RunObserver):
         def on_step(self, run: SamplingRun) -> None:
-            modes.append(run.model.training)
+            modes.append(run.stepper.model.training)
 
     SamplingRun(tiny_config(epochs=1), synthetic_splits(), observer=Watch()).run()
     assert modes and all(modes)
@@ -243,15 +243,15 @@ def test_model_is_back_in_train_mode_after_evaluation() -> None:
 def test_wenzel_refreshed_at_each_epoch_end() -> None:
     run = SamplingRun(tiny_config(sampler="wenzel", epochs=3), synthetic_splits())
     run.run()
-    assert run.timing["refreshes"] == 3
-    scale = run.optimizer._group_state(0).stats["scale"]
+    assert run.records[0].timing["refreshes"] == 3
+    scale = run.stepper.optimizer._group_state(0).stats["scale"]
     assert float(scale.min()) < 1.0 and float(scale.max()) == 1.0
 
 
 def test_nan_potential_stops_the_run_as_broken_down(tmp_path: Path) -> None:
     splits = synthetic_splits()
     splits.x_train[57] = math.nan  # some batch of the first epoch holds it
-    results = run_sampling(tiny_config(epochs=3), splits, tmp_path)
+    results = run_sampling(tiny_config(epochs=3), splits, tmp_path)[0]
     assert results["status"] == "broken_down"
     assert results["epochs_completed"] == 0
     assert results["broken_down"]["epoch"] == 0
@@ -270,7 +270,7 @@ def test_progress_bar_prints_running_ensemble_metrics() -> None:
 
 
 def test_seeds_recorded_and_distinct_per_stream() -> None:
-    results = SamplingRun(tiny_config(epochs=1, seed=3), synthetic_splits()).run()
+    results = SamplingRun(tiny_config(epochs=1, seed=3), synthetic_splits()).run()[0]
     assert results["seed"] == 3
     assert results["seeds"] == {s: derive_seed(3, s) for s in results["seeds"]}
     assert len(set(results["seeds"].values())) == 4
@@ -304,7 +304,7 @@ def test_results_hold_per_epoch_telemetry_and_the_state_size(tmp_path: Path, sam
     """results.json: the optimizer's telemetry of every epoch (drift, noise, their ratio and the
     metric's own figure) and the sampler state's bytes."""
     config = tiny_config(sampler=sampler, epochs=2)
-    results = run_sampling(config, synthetic_splits(), tmp_path)
+    results = run_sampling(config, synthetic_splits(), tmp_path)[0]
     per_epoch = results["telemetry"]["per_epoch"]
     assert per_epoch["steps"] == [10.0, 10.0]
     assert all(v > 0 for v in per_epoch["drift_rms"] + per_epoch["noise_rms"])

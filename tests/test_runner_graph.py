@@ -21,16 +21,12 @@ from sgrld.data import Splits
 from sgrld.experiments.commands import sweep
 from sgrld.experiments.commands.sweep import MACHINE_OPTIONS, run_defaults
 from sgrld.experiments.run import single as runner_module
-from sgrld.experiments.run.config import derive_seed
+from sgrld.experiments.run.checkpoint import load_checkpoint
+from sgrld.experiments.run.config import CHECKPOINT_FILE, derive_seed
+from sgrld.experiments.run.loop import SamplingRun, run_sampling
+from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.results import RESULTS_FILE
-from sgrld.experiments.run.single import (
-    CHECKPOINT_FILE,
-    RunObserver,
-    SamplingRun,
-    load_checkpoint,
-    resolve_step_mode,
-    run_sampling,
-)
+from sgrld.experiments.run.single import resolve_step_mode
 from sgrld.experiments.sweep.jobs import Machine
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
 
@@ -89,18 +85,20 @@ def test_deferred_loop_equals_eager_loop(sampler: str) -> None:
     c = config(sampler, curvature=True, curvature_points=10)
     eager = SamplingRun(c, synthetic_splits(num_train=NUM_TRAIN), step_mode="eager")
     deferred = SamplingRun(c, synthetic_splits(num_train=NUM_TRAIN), step_mode="deferred")
-    a, b = eager.run(), deferred.run()
+    (a,), (b,) = eager.run(), deferred.run()
     assert (a["timing"]["step_mode"], b["timing"]["step_mode"]) == ("eager", "deferred")
     assert counts(a) == counts(b)
     assert b["status"] == "completed" and b["global_steps"] == 120 and b["num_samples"] == 23
     assert gap(a, b) < 1e-6  # float32; ℓ as a tensor rounds σ and the move differently
     assert a["curvature"]["num_samples"] == b["curvature"]["num_samples"] == 23
-    for p, q in zip(eager.model.parameters(), deferred.model.parameters(), strict=True):
+    for p, q in zip(
+        eager.stepper.model.parameters(), deferred.stepper.model.parameters(), strict=True
+    ):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5)  # a few ulps per update
-    assert deferred.optimizer.capturable and not eager.optimizer.capturable
-    assert isinstance(deferred.optimizer.param_groups[0]["lr"], torch.Tensor)
+    assert deferred.stepper.optimizer.capturable and not eager.stepper.optimizer.capturable
+    assert isinstance(deferred.stepper.optimizer.param_groups[0]["lr"], torch.Tensor)
     if sampler == "shampoo":  # the roots were refreshed (update 100) inside a deferred step
-        stats = deferred.optimizer._group_state(0).stats
+        stats = deferred.stepper.optimizer._group_state(0).stats
         roots = [v for k, v in stats.items() if k.startswith("grad_root")]
         assert any(not torch.equal(r, torch.eye(r.shape[-1]).expand_as(r)) for r in roots)
 
@@ -134,10 +132,12 @@ def test_deferred_loop_equals_eager_loop_in_float64(sampler: str) -> None:
     """
     bound = 1e-8 if sampler == "shampoo" else 1e-12
     eager, deferred = float64_run(sampler, "eager"), float64_run(sampler, "deferred")
-    a, b = eager.run(), deferred.run()
+    (a,), (b,) = eager.run(), deferred.run()
     assert counts(a) == counts(b)
     assert gap(a, b) < bound
-    for p, q in zip(eager.model.parameters(), deferred.model.parameters(), strict=True):
+    for p, q in zip(
+        eager.stepper.model.parameters(), deferred.stepper.model.parameters(), strict=True
+    ):
         assert p.dtype == q.dtype == torch.float64
         assert float((q - p).detach().abs().max()) <= bound * float(p.detach().abs().max())
 
@@ -154,7 +154,7 @@ def test_deferred_loop_reads_the_flags_only_before_samples_and_at_epoch_ends(
 
     monkeypatch.setattr(runner_module, "_first_failure", counted)
     run = SamplingRun(config("monge"), synthetic_splits(num_train=NUM_TRAIN), step_mode="deferred")
-    results = run.run()
+    (results,) = run.run()
     samples = [k for k in range(1, 121) if k > 5 and k % 5 == 0]
     epoch_ends = list(range(20, 121, 20))
     assert reads == sorted(samples + epoch_ends)  # epoch ends are samples too: read twice
@@ -168,8 +168,8 @@ def test_deferred_loop_reads_the_flags_only_before_samples_and_at_epoch_ends(
 def test_huge_lr_breaks_down_at_the_same_update(sampler: str, tmp_path: Path) -> None:
     c = config(sampler, lr=1e5)
     splits = synthetic_splits(num_train=NUM_TRAIN)
-    a = run_sampling(c, splits, tmp_path / "eager", step_mode="eager")
-    b = run_sampling(c, splits, tmp_path / "deferred", step_mode="deferred")
+    a = run_sampling(c, splits, tmp_path / "eager", step_mode="eager")[0]
+    b = run_sampling(c, splits, tmp_path / "deferred", step_mode="deferred")[0]
     assert b["status"] == "broken_down"
     assert counts(a) == counts(b)
     assert "non-finite potential or gradient" in b["broken_down"]["reason"]
@@ -209,7 +209,7 @@ def test_breakdown_mid_epoch_after_samples_is_recorded_as_by_the_eager_loop(
         out = tmp_path / mode
         observer = PoisonAfter(2, 1)
         splits = synthetic_splits(num_train=NUM_TRAIN)
-        results.append(run_sampling(c, splits, out, observer=observer, step_mode=mode))
+        results.append(run_sampling(c, splits, out, observer=observer, step_mode=mode)[0])
         checkpoints.append(load_checkpoint(out / CHECKPOINT_FILE))
         assert json.loads((out / RESULTS_FILE).read_text())["status"] == "broken_down"
     a, b = results
@@ -228,7 +228,7 @@ def test_breakdown_mid_epoch_after_samples_is_recorded_as_by_the_eager_loop(
     assert isinstance(checkpoints[1]["optimizer"]["param_groups"][0]["lr"], float)
     # resuming a broken-down run does nothing and reports the same
     again = run_sampling(c, synthetic_splits(num_train=NUM_TRAIN), tmp_path / "deferred",
-                         resume=True, step_mode="deferred")  # fmt: skip
+                         resume=True, step_mode="deferred")[0]  # fmt: skip
     assert deterministic(again) == deterministic(b)
 
 
@@ -281,7 +281,7 @@ def test_nan_gradient_under_a_finite_potential_breaks_down_at_its_update(
             synthetic_splits(num_train=NUM_TRAIN),
             observer=MarkAfter(2, 1),
             step_mode=mode,
-        ).run()
+        ).run()[0]
         for mode in ("eager", "deferred")
     }
     assert counts(results["eager"]) == counts(results["deferred"])
@@ -297,11 +297,11 @@ def test_nan_gradient_under_a_finite_potential_breaks_down_at_its_update(
 def test_resume_of_the_deferred_loop_is_bit_identical(sampler: str, tmp_path: Path) -> None:
     c = tiny_config(sampler=sampler, curvature=True, curvature_points=10)
     splits = synthetic_splits()
-    straight = run_sampling(c, splits, tmp_path / "straight", step_mode="deferred")
+    straight = run_sampling(c, splits, tmp_path / "straight", step_mode="deferred")[0]
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):  # mid-epoch 3, after the epoch-2 checkpoint
         run_sampling(c, splits, killed, observer=KillAt(27), step_mode="deferred")
-    resumed = run_sampling(c, splits, killed, resume=True, step_mode="deferred")
+    resumed = run_sampling(c, splits, killed, resume=True, step_mode="deferred")[0]
     assert resumed["status"] == "completed" and resumed["timing"]["step_mode"] == "deferred"
     assert deterministic(resumed) == deterministic(straight)
     a, b = (load_checkpoint(d / CHECKPOINT_FILE) for d in (tmp_path / "straight", killed))
@@ -318,11 +318,11 @@ def test_checkpoints_move_between_step_modes(tmp_path: Path) -> None:
     """ℓ is saved as a float: an eager checkpoint resumes in the deferred loop and back."""
     c = config("monge", epochs=4)
     splits = synthetic_splits(num_train=NUM_TRAIN)
-    straight = run_sampling(c, splits, tmp_path / "a", step_mode="eager")
+    straight = run_sampling(c, splits, tmp_path / "a", step_mode="eager")[0]
     run_sampling(config("monge", epochs=2), splits, tmp_path / "b", step_mode="eager")
     run_sampling(config("monge", epochs=3), splits, tmp_path / "b", resume=True,
-                 step_mode="deferred")  # fmt: skip
-    mixed = run_sampling(c, splits, tmp_path / "b", resume=True, step_mode="eager")
+                 step_mode="deferred")[0]  # fmt: skip
+    mixed = run_sampling(c, splits, tmp_path / "b", resume=True, step_mode="eager")[0]
     assert counts(mixed) == counts(straight)
     assert gap(mixed, straight) < 1e-6
 

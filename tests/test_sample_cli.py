@@ -176,7 +176,8 @@ def test_resume_with_other_options_is_refused(
     import torch
 
     from sgrld.data import Splits
-    from sgrld.experiments.run.single import RunConfig, run_sampling
+    from sgrld.experiments.run.config import RunConfig
+    from sgrld.experiments.run.loop import run_sampling
 
     x, y = torch.rand(100, 784), torch.arange(100) % 10
     splits = Splits(x_train=x, y_train=y, x_val=x, y_val=y, x_test=x, y_test=y)

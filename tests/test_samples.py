@@ -41,7 +41,7 @@ def _walk(store: SampleStore, steps: int) -> Counter:
 
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_store_follows_the_runners_schedule(on_disk: bool, tmp_path: Path) -> None:
-    from sgrld.experiments.run.single import is_sample_step
+    from sgrld.experiments.run.config import is_sample_step
 
     directory = tmp_path / "samples" if on_disk else None
     store = SampleStore(burnin=7, thinning=3, max_samples=100, directory=directory)

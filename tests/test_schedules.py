@@ -13,8 +13,9 @@ import torch
 
 import sgrld
 from conftest import SamplerSpec
+from sgrld.experiments.run.loop import SamplingRun, run_sampling
+from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.results import RESULTS_FILE
-from sgrld.experiments.run.single import RunObserver, SamplingRun, run_sampling
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
 
 
@@ -116,10 +117,10 @@ def test_runner_applies_schedule_and_skips_samples_in_exploration() -> None:
             self.on_step(run)
 
         def on_step(self, run: SamplingRun) -> None:
-            group = run.optimizer.param_groups[0]
+            group = run.stepper.optimizer.param_groups[0]
             seen.append((group["lr"], group["temperature"]))
 
-    results = SamplingRun(config, synthetic_splits(), observer=Record()).run()
+    results = SamplingRun(config, synthetic_splits(), observer=Record()).run()[0]
     seen.pop()  # set for a 41st step
     assert [lr for lr, _ in seen] == pytest.approx(
         [_formula(k, 0.05, 40, 2) for k in range(1, 41)], rel=1e-15
@@ -135,11 +136,11 @@ def test_runner_applies_schedule_and_skips_samples_in_exploration() -> None:
 def test_cyclical_run_resumes_bit_identically(tmp_path: Path, sampler: str) -> None:
     config = tiny_config(sampler=sampler, schedule="cyclical", cycles=3, explore_fraction=0.3)
     splits = synthetic_splits()
-    straight = run_sampling(config, splits, tmp_path / "straight")
+    straight = run_sampling(config, splits, tmp_path / "straight")[0]
     killed = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         run_sampling(config, splits, killed, observer=KillAt(27))
-    resumed = run_sampling(config, splits, killed, resume=True)
+    resumed = run_sampling(config, splits, killed, resume=True)[0]
     assert deterministic(resumed) == deterministic(straight)
     on_disk = json.loads((killed / RESULTS_FILE).read_text())
     assert on_disk["schedule"] == straight["schedule"]

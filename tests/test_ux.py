@@ -55,7 +55,7 @@ def test_run_without_samples_is_refused_before_any_work(
 
 
 def test_sampling_run_refuses_data_too_small_for_any_sample() -> None:
-    from sgrld.experiments.run.single import SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
     from test_runner import synthetic_splits, tiny_config
 
     config = tiny_config(burnin=100, thinning=10, epochs=2)  # fine on official MNIST ...
@@ -159,7 +159,8 @@ def test_conventions_explain_the_subset_step() -> None:
 
 
 def test_progress_bar_says_burning_in_instead_of_nan() -> None:
-    from sgrld.experiments.run.single import ProgressBar, SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
+    from sgrld.experiments.run.observers import ProgressBar
     from test_runner import synthetic_splits, tiny_config
 
     stream = io.StringIO()
@@ -319,11 +320,11 @@ def test_documented_philox_claims_name_the_hardware() -> None:
 
 
 def test_run_results_carry_trace_and_within_run_diagnostics(tmp_path: Path) -> None:
+    from sgrld.experiments.run.loop import run_sampling
     from sgrld.experiments.run.results import RESULTS_FILE
-    from sgrld.experiments.run.single import run_sampling
     from test_runner import synthetic_splits, tiny_config
 
-    results = run_sampling(tiny_config(epochs=6), synthetic_splits(), tmp_path)
+    results = run_sampling(tiny_config(epochs=6), synthetic_splits(), tmp_path)[0]
     on_disk = json.loads((tmp_path / RESULTS_FILE).read_text())  # strict JSON
     trace, diagnostics = on_disk["trace"], on_disk["diagnostics"]
     assert len(trace["test_loglik"]) == results["num_samples"] == 11
@@ -387,7 +388,8 @@ def test_table_without_traces_has_no_diagnostics_block(
 
 
 def test_progress_bar_reports_a_breakdown_with_its_update() -> None:
-    from sgrld.experiments.run.single import ProgressBar, SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
+    from sgrld.experiments.run.observers import ProgressBar
     from test_runner import synthetic_splits, tiny_config
 
     splits = synthetic_splits()
@@ -401,7 +403,7 @@ def test_progress_bar_reports_a_breakdown_with_its_update() -> None:
 
 
 def test_breakdown_message_of_results_written_before_the_update_field() -> None:
-    from sgrld.experiments.run.single import breakdown_message
+    from sgrld.experiments.run.observers import breakdown_message
 
     old = {"epoch": 2, "global_step": 41, "reason": "potential is inf"}
     assert breakdown_message(old) == "the chain broke down at update 42 (epoch 3): potential is inf"

@@ -282,14 +282,14 @@ def test_runner_warmup_is_the_burnin_and_is_recorded(tmp_path: Path) -> None:
     """``adapt="burnin"`` is ``adapt=burnin`` updates; ``"always"`` (the paper's) differs; the
     choice is in results.json; the CLI flag parses to the same values."""
     from sgrld.experiments.commands import sample
-    from sgrld.experiments.run.single import run_sampling
+    from sgrld.experiments.run.loop import run_sampling
     from test_runner import deterministic, synthetic_splits, tiny_config
 
     splits = synthetic_splits()
     runs = {
         adapt: run_sampling(
             tiny_config(sampler="rmsprop", epochs=2, adapt=adapt), splits, tmp_path / str(adapt)
-        )
+        )[0]
         for adapt in ("burnin", 5, "always")
     }
     assert runs["burnin"]["config"]["adapt"] == "burnin"
@@ -313,21 +313,20 @@ def test_runner_warmup_is_the_burnin_and_is_recorded(tmp_path: Path) -> None:
 
 
 def test_chains_run_freezes_where_the_single_run_does() -> None:
-    """``ChainsRun`` (``sgrld.Chains``) and ``SamplingRun`` (the facade) end the warm-up at the
+    """K chains (``sgrld.Chains``, here K = 1) and one chain (the facade) end the warm-up at the
     same update: their traces agree to float32 rounding (amplified by a G⁻¹ made from five
     gradients, up to ~3e-4), far closer than a warm-up one update longer (≥ 1e-2)."""
     from dataclasses import replace
 
-    from sgrld.experiments.run.chains import ChainsRun
-    from sgrld.experiments.run.single import SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
     from test_multichain import SPLITS, tiny_config
 
     config = tiny_config(sampler="rmsprop", seed=0, lr=0.01, epochs=3)
     # the paper's ε alone: the relative floor bounds G⁻¹ and so the gap one update makes
     config = replace(config, sampler_options={"floor": 0.0})
-    (chain,) = ChainsRun([config], SPLITS).run()
-    single = SamplingRun(config, SPLITS).run()
-    later = SamplingRun(replace(config, adapt=config.burnin + 1), SPLITS).run()
+    (chain,) = SamplingRun([config], SPLITS).run()
+    single = SamplingRun(config, SPLITS).run()[0]
+    later = SamplingRun(replace(config, adapt=config.burnin + 1), SPLITS).run()[0]
 
     def gap(a: dict[str, Any], b: dict[str, Any]) -> float:
         sa, sb = a["trace"]["scalars"], b["trace"]["scalars"]

@@ -51,7 +51,7 @@ class SampleStore:
 
     Call :meth:`observe` after every sampler step: the model's state after step ``k``
     (1-based) is kept when ``k > burnin`` and ``k % thinning == 0`` (the runner's schedule,
-    :func:`sgrld.experiments.run.single.is_sample_step`). When ``max_samples`` are kept and another
+    :func:`sgrld.experiments.run.config.is_sample_step`). When ``max_samples`` are kept and another
     is due, every second kept sample is dropped and ``thinning`` doubles, so the store always
     spans the whole chain after burn-in, evenly, in at most ``max_samples`` samples.
 

@@ -558,12 +558,24 @@ def run(args: argparse.Namespace) -> int:
         device = launch.resolve_device(args.device)
         if args.threads is not None and args.threads < 1:
             raise UsageError(f"--threads must be >= 1, got {args.threads}")
-        data_dir = launch.data_dir_of(args, {c.dataset for c in configs})
+        options = launch.LaunchOptions(
+            data_dir=args.data_dir,
+            download=args.download,
+            no_verify=args.no_verify,
+            threads=args.threads,
+            resume=args.resume,
+            progress=not args.no_progress,
+            plot=not args.no_plot,
+            graph=not getattr(args, "no_graph", False),
+            parallel=getattr(args, "parallel", "none"),
+            chain_batch=args.chain_batch,
+        )
+        data_dir = launch.data_dir_of(options, {c.dataset for c in configs})
         default = default_chains_out_dir(configs) if multi else default_out_dir(configs[0])
         out = Path(args.out) if args.out else default
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} exists and is not a directory")
-        parallel = launch.join_parallel(args, device, multi)
+        parallel = launch.join_parallel(options.parallel, device, multi)
         # Held until the run ends: a second run on this --out is refused, not interleaved
         # (under --parallel by rank 0, for the whole job).
         with (
@@ -571,9 +583,7 @@ def run(args: argparse.Namespace) -> int:
             if parallel is None or parallel.is_main
             else (contextlib.nullcontext())
         ):
-            if multi:
-                return launch.run_chains_locked(args, configs, device, data_dir, out)
-            return launch.run_locked(args, configs[0], device, data_dir, out, parallel)
+            return launch.run_locked(options, configs, device, data_dir, out, parallel)
     except (UsageError, DirectoryLockedError) as exc:
         print(f"sgrld sample: error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,10 @@ from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError
 from sgrld.experiments.run.config import CHECKPOINT_FORMAT, RunConfig
 
-#: Top-level entries of a checkpoint; all must be present before anything is restored.
+#: The format of K chains' checkpoint (one run's is ``CHECKPOINT_FORMAT``).
+CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
+#: Top-level entries of one run's checkpoint and of K chains'; all must be present before
+#: anything is restored.
 CHECKPOINT_KEYS = (
     "format",
     "config",
@@ -29,10 +32,12 @@ CHECKPOINT_KEYS = (
     "curvature_means",
     "timing",
 )
+CHAINS_KEYS = ("configs", "epoch", "global_step", "chains", "records")
 
 
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by :class:`SamplingRun` (tensors on CPU), checking it first.
+def load_checkpoint(path: str | os.PathLike[str], chains: bool = False) -> dict[str, Any]:
+    """Read a run's checkpoint (``chains``: of K chains in one process; tensors on CPU),
+    checking it first.
 
     The file's SHA-256 must match (:func:`~.base.files.load_checkpoint`), every entry
     must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
@@ -42,16 +47,27 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).
     """
     state = files.load_checkpoint(path)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+    found = state.get("format") if isinstance(state, dict) else None
+    if chains and found != CHAINS_CHECKPOINT_FORMAT:
+        hint = "; it was made by a single run: resume it without --chains" if found else ""
+        raise CheckpointError(f"checkpoint {path} is not a sgrld multi-chain checkpoint{hint}")
+    if not chains and found != CHECKPOINT_FORMAT:
         hint = ""
-        if isinstance(state, dict) and str(state.get("format", "")).startswith("sgrld-chains"):
+        if str(found).startswith("sgrld-chains"):
             hint = " (a multi-chain run made it: resume it with its --chains, --lr and --alpha2)"
         raise CheckpointError(f"checkpoint {path} is not a sgrld sample checkpoint{hint}")
-    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    missing = [key for key in (CHAINS_KEYS if chains else CHECKPOINT_KEYS) if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
-    bad = files.find_nonfinite(state["ensembles"], "ensembles", allow_minus_inf=True)
-    if state["status"] != "broken_down":
+    records = {f"records.{i}": r for i, r in enumerate(state["records"])} if chains else {"": state}
+    bad = [
+        b
+        for name, record in records.items()
+        for b in files.find_nonfinite(
+            record["ensembles"], name or "ensembles", allow_minus_inf=True
+        )
+    ]
+    if not chains and state["status"] != "broken_down":
         bad += files.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
     if bad:
         raise CheckpointError(f"checkpoint {path} is damaged: NaN or Inf in {', '.join(bad)}")

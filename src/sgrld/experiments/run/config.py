@@ -1,7 +1,7 @@
 """A run's configuration: :class:`RunConfig`, its validation, the seeds and the sampling schedule.
 
 The first room of a sampling run (``docs/experiments.md``): what to run, checked before any work.
-The loop is :mod:`~sgrld.experiments.run.single`, checkpoints :mod:`~.run.checkpoint`,
+The loop is :mod:`~sgrld.experiments.run.loop`, checkpoints :mod:`~.run.checkpoint`,
 progress :mod:`sgrld.experiments.run.observers`, output :mod:`sgrld.experiments.base.files`.
 """
 

@@ -1,19 +1,19 @@
 """A sample run from the command's options: the device and data, the ``--out`` folder's checks
-(resume, held, other options), the lock, the loop, the summary and the curves.
+(resume, held, other options), the loop (:mod:`~.run.loop`), the summary and the curves.
 
-The options are those of ``sgrld sample`` (its command module parses them and builds the
-configs); the loops are :mod:`~.run.single` and :mod:`~.run.chains`.
+``sgrld sample`` parses its command line, builds the configs and a :class:`LaunchOptions`, and
+holds the lock; one run and K chains go through the same functions here.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
@@ -25,6 +25,35 @@ if TYPE_CHECKING:
     from sgrld.experiments.run.parallel import DataParallel
 
 EXIT_IO_ERROR = exits.IO_ERROR
+
+
+class DataOptions(Protocol):
+    """Where a command's data comes from (``sgrld sample``'s, ``tune``'s and ``sweep``'s)."""
+
+    @property
+    def data_dir(self) -> str | None: ...
+    @property
+    def download(self) -> bool: ...
+    @property
+    def no_verify(self) -> bool: ...
+    @property
+    def threads(self) -> int | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """What ``sgrld sample`` asks of its run beyond the configs (its command line's flags)."""
+
+    data_dir: str | None = None
+    download: bool = False
+    no_verify: bool = False
+    threads: int | None = None
+    resume: bool = False
+    progress: bool = True
+    plot: bool = True
+    graph: bool = True  # capture the step on CUDA (``--no-graph``: the eager loop)
+    parallel: str = "none"
+    chain_batch: int | None = None
 
 
 def resolve_device(name: str) -> Any:
@@ -44,7 +73,7 @@ def resolve_device(name: str) -> Any:
     return device
 
 
-def data_dir_of(args: argparse.Namespace, datasets: set[str] | None = None) -> Path | None:
+def data_dir_of(args: DataOptions, datasets: set[str] | None = None) -> Path | None:
     """The data directory; ``None`` when every data set of ``datasets`` ships with a package."""
     from sgrld.data import DATA_DIR_ENV, dataset_info
 
@@ -111,8 +140,6 @@ def refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) 
 def refuse_other_threads(results: list[Path], threads: int | None) -> None:
     """A run resumed with another thread count than it ran with: float reductions split
     differently, so the chain would not continue bit-identically (``timing.threads``)."""
-    import json
-
     import torch
 
     wanted = torch.get_num_threads() if threads is None else threads
@@ -128,34 +155,48 @@ def refuse_other_threads(results: list[Path], threads: int | None) -> None:
             )
 
 
-def refuse_more_epochs(checkpoint: Path, done: int, epochs: int) -> None:
-    if done > epochs:
-        raise UsageError(f"cannot resume {checkpoint}: it already has {done} epochs > --epochs")
-
-
-def check_out_dir(out: Path, config: Any, resume: bool) -> None:
+def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
+    """Refuse an ``--out`` that holds a run (without ``--resume``), or whose checkpoint is
+    damaged, of other runs or options, or further along than ``--epochs``."""
     from sgrld.experiments.run.checkpoint import check_checkpoint_fits, load_checkpoint
     from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
     from sgrld.experiments.run.results import RESULTS_FILE
 
     checkpoint = out / CHECKPOINT_FILE
+    multi = len(configs) > 1
     if not resume:
-        refuse_held(out, checkpoint.exists() or (out / RESULTS_FILE).exists())
+        held = any((folder / RESULTS_FILE).exists() for folder in run_folders(out, configs))
+        refuse_held(out, checkpoint.exists() or held)
         return
     if not checkpoint.exists():
         return
     try:  # a damaged, foreign or misfitting checkpoint is refused before any work
-        state = load_checkpoint(checkpoint)
-        saved = RunConfig.from_dict(state["config"])
+        state = load_checkpoint(checkpoint, chains=multi)
+        saved = [RunConfig.from_dict(c) for c in (state["configs"] if multi else [state["config"]])]
     except (ValueError, TypeError) as exc:
         raise UsageError(f"cannot resume: {exc}") from exc
-    refuse_other_options(checkpoint, [saved], [config])
-    try:
-        check_checkpoint_fits(state, config)
+    if multi and [chain_label(c) for c in saved] != [chain_label(c) for c in configs]:
+        raise UsageError(
+            f"cannot resume {checkpoint}: it holds other chains ("
+            + ", ".join(c.label() for c in saved)
+            + ")"
+        )
+    refuse_other_options(checkpoint, saved, configs)
+    try:  # K chains' fit is checked by Chains itself
+        if not multi:
+            check_checkpoint_fits(state, configs[0])
     except ValueError as exc:
         message = f"cannot resume: checkpoint {checkpoint} does not fit this run: {exc}"
         raise UsageError(message) from exc
-    refuse_more_epochs(checkpoint, int(state["epoch"]), config.epochs)
+    if int(state["epoch"]) > configs[0].epochs:
+        raise UsageError(
+            f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
+        )
+
+
+def run_folders(out: Path, configs: list[Any]) -> list[Path]:
+    """Where each run's ``results.json`` goes: ``OUT`` for one, ``OUT/<label>`` for K."""
+    return [out / chain_label(c) for c in configs] if len(configs) > 1 else [out]
 
 
 def make_out_dir(out: Path) -> None:
@@ -174,7 +215,7 @@ def make_out_dir(out: Path) -> None:
         raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
 
 
-def load_splits(args: argparse.Namespace, config: Any, data_dir: Path | None, out: Path) -> Any:
+def load_splits(args: DataOptions, config: Any, data_dir: Path | None, out: Path) -> Any:
     """The dataset (and a writable ``out``), or ``None`` after reporting why not."""
     import torch
 
@@ -201,13 +242,12 @@ def load_splits(args: argparse.Namespace, config: Any, data_dir: Path | None, ou
     return splits
 
 
-def join_parallel(args: argparse.Namespace, device: Any, multi: bool) -> DataParallel | None:
+def join_parallel(mode: str, device: Any, multi: bool) -> DataParallel | None:
     """This process's place in a ``--parallel ddp|fsdp`` job, or ``None`` for a run of its own.
 
     Raises:
         UsageError: ``--parallel`` with ``--chains`` or comma lists, or outside torchrun.
     """
-    mode = getattr(args, "parallel", "none")
     if mode == "none":
         return None
     if multi:
@@ -221,38 +261,43 @@ def join_parallel(args: argparse.Namespace, device: Any, multi: bool) -> DataPar
 
 
 def run_locked(
-    args: argparse.Namespace,
-    config: Any,
+    options: LaunchOptions,
+    configs: list[Any],
     device: Any,
     data_dir: Path | None,
     out: Path,
     parallel: DataParallel | None = None,
 ) -> int:
-    from sgrld.experiments.base.files import remove_stale_temporaries
+    """Run ``configs`` (one run, or K chains in one process) in the locked ``out``; report."""
+    from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
 
     main = parallel is None or parallel.is_main
     if main:  # of killed runs; nobody else writes here while we hold it
         remove_stale_temporaries(out)
-    check_out_dir(out, config, args.resume)
-    if args.resume:
-        refuse_other_threads([out / "results.json"], args.threads)
+    check_out_dir(out, configs, options.resume)
+    folders = run_folders(out, configs)
+    if options.resume:
+        refuse_other_threads([f / "results.json" for f in folders], options.threads)
 
-    from sgrld.experiments.run.single import CheckpointError, ProgressBar, run_sampling
+    from sgrld.experiments.run.loop import run_sampling
+    from sgrld.experiments.run.observers import ProgressBar, breakdown_message
 
-    splits = load_splits(args, config, data_dir, out)
+    splits = load_splits(options, configs[0], data_dir, out)
     if splits is None:
         return 2
-    observer = None if args.no_progress or not main else ProgressBar(report_breakdown=False)
+    multi = len(configs) > 1
+    observer = ProgressBar(report_breakdown=False) if options.progress and main else None
     try:
         results = run_sampling(
-            config,
+            configs if multi else configs[0],
             splits,
             out,
             device=device,
-            resume=args.resume,
+            resume=options.resume,
             observer=observer,
-            step_mode="eager" if getattr(args, "no_graph", False) else "auto",
+            step_mode="eager" if not (options.graph or multi) else "auto",  # K are never captured
             parallel=parallel,
+            chain_batch=options.chain_batch,
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc
@@ -260,104 +305,19 @@ def run_locked(
         if parallel is None:
             raise
         raise UsageError(str(exc)) from exc
+    done = all(r["status"] == "completed" for r in results)
     if not main:  # rank 0 reports for the job
-        return 0 if results["status"] == "completed" else 3
-    if results["broken_down"] is not None:  # always on stderr, progress bar or not
-        from sgrld.experiments.run.single import breakdown_message
-
-        print(
-            f"sgrld sample: {cli_names(breakdown_message(results['broken_down']))}",
-            file=sys.stderr,
-        )
-    if not args.no_plot:
-        plot_results(results, out)
-    print_summary(results, out)
-    return 0 if results["status"] == "completed" else 3
-
-
-def check_chains_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
-    from sgrld.experiments.base.files import CheckpointError
-    from sgrld.experiments.run.chains import load_chains_checkpoint
-    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
-    from sgrld.experiments.run.results import RESULTS_FILE
-
-    checkpoint = out / CHECKPOINT_FILE
-    if not resume:
-        held = any((out / chain_label(c) / RESULTS_FILE).exists() for c in configs)
-        refuse_held(out, checkpoint.exists() or held)
-        return
-    if not checkpoint.exists():
-        return
-    try:  # a damaged, foreign or misfitting checkpoint is refused before any work
-        state = load_chains_checkpoint(checkpoint)
-        saved = [RunConfig.from_dict(c) for c in state["configs"]]
-    except (CheckpointError, ValueError, TypeError) as exc:
-        raise UsageError(f"cannot resume: {exc}") from exc
-    if [chain_label(c) for c in saved] != [chain_label(c) for c in configs]:
-        raise UsageError(
-            f"cannot resume {checkpoint}: it holds other chains ("
-            + ", ".join(c.label() for c in saved)
-            + ")"
-        )
-    refuse_other_options(checkpoint, saved, configs)
-    refuse_more_epochs(checkpoint, int(state["epoch"]), configs[0].epochs)
-
-
-def run_chains_locked(
-    args: argparse.Namespace, configs: list[Any], device: Any, data_dir: Path | None, out: Path
-) -> int:
-    from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
-
-    remove_stale_temporaries(out)
-    check_chains_out_dir(out, configs, args.resume)
-
-    from sgrld.experiments.run.chains import run_chains
-
-    if args.resume:
-        refuse_other_threads([out / chain_label(c) / "results.json" for c in configs], args.threads)
-    from sgrld.experiments.run.observers import ChainsProgressBar, breakdown_message
-
-    splits = load_splits(args, configs[0], data_dir, out)
-    if splits is None:
-        return 2
-    observer = None if args.no_progress else ChainsProgressBar()
-    try:
-        results = run_chains(
-            configs,
-            splits,
-            out,
-            device=device,
-            resume=args.resume,
-            observer=observer,
-            chain_batch=args.chain_batch,
-        )
-    except CheckpointError as exc:
-        raise UsageError(str(exc)) from exc
-    for config, result in zip(configs, results, strict=True):
-        folder = out / chain_label(config)
-        if result["broken_down"] is not None:
+        return 0 if done else 3
+    for config, result, folder in zip(configs, results, folders, strict=True):
+        if result["broken_down"] is not None:  # always on stderr, progress bar or not
             message = cli_names(breakdown_message(result["broken_down"]))
-            print(f"sgrld sample: {config.label()}: {message}", file=sys.stderr)
-        if not args.no_plot:
+            print(
+                f"sgrld sample: {config.label() + ': ' if multi else ''}{message}", file=sys.stderr
+            )
+        if options.plot:
             plot_results(result, folder)
-    print_chains_summary(configs, results, out)
-    return 0 if all(r["status"] == "completed" for r in results) else 3
-
-
-def print_chains_summary(configs: list[Any], results: list[Results], out: Path) -> None:
-    def fmt(value: float | None) -> str:
-        return "nan" if value is None else f"{value:.4f}"
-
-    done = sum(r["status"] == "completed" for r in results)
-    print(f"{done} of {len(results)} chains completed; results: {out}/<run>/results.json")
-    width = max(len(c.label()) for c in configs)
-    for config, r in zip(configs, results, strict=True):
-        val, test = r["final"]["val"], r["final"]["test"]
-        print(
-            f"  {config.label():<{width}}  {r['status']:<11} val LP {fmt(val['lp'])}  "
-            f"test LP {fmt(test['lp'])}  {SHORT[second_score(test)]} "
-            f"{fmt(test[second_score(test)])}"
-        )
+    print_summary(configs, results, out)
+    return 0 if done else 3
 
 
 def plot_results(results: Results, out: Path) -> None:
@@ -374,30 +334,45 @@ def plot_results(results: Results, out: Path) -> None:
         raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
 
 
-def print_summary(results: Results, out: Path) -> None:
+def print_summary(configs: list[Any], results: list[Results], out: Path) -> None:
+    """One run's scores, or a line per chain of K."""
+
     def fmt(value: float | None) -> str:
         return "nan" if value is None else f"{value:.4f}"
 
-    final = results["final"]
+    if len(results) > 1:
+        done = sum(r["status"] == "completed" for r in results)
+        print(f"{done} of {len(results)} chains completed; results: {out}/<run>/results.json")
+        width = max(len(c.label()) for c in configs)
+        for config, r in zip(configs, results, strict=True):
+            val, test = r["final"]["val"], r["final"]["test"]
+            print(
+                f"  {config.label():<{width}}  {r['status']:<11} val LP {fmt(val['lp'])}  "
+                f"test LP {fmt(test['lp'])}  {SHORT[second_score(test)]} "
+                f"{fmt(test[second_score(test)])}"
+            )
+        return
+    (results_,) = results
+    final = results_["final"]
     print(
-        f"{results['status']}: {count(results['epochs_completed'], 'epoch')}, "
-        f"{count(results['num_samples'], 'sample')}, {speed_text(results)}"
+        f"{results_['status']}: {count(results_['epochs_completed'], 'epoch')}, "
+        f"{count(results_['num_samples'], 'sample')}, {speed_text(results_)}"
     )
-    warmup = results.get("warmup") or {}
+    warmup = results_.get("warmup") or {}
     if warmup.get("samples_adapting"):
         until = warmup["adapt_until"]
         when = "at every update" if until is None else f"until update {until}"
         print(
-            f"  {warmup['samples_adapting']} of {results['num_samples']} samples were drawn while "
-            f"the metric adapted ({when}); --adapt burnin freezes it before the first"
+            f"  {warmup['samples_adapting']} of {results_['num_samples']} samples were drawn "
+            f"while the metric adapted ({when}); --adapt burnin freezes it before the first"
         )
     for split in ("val", "test"):
         m = final[split]
         third = "ece" if "ece" in m else "coverage_90"
         line = f"LP {fmt(m['lp'])}  {SHORT[second_score(m)]} {fmt(m[second_score(m)])}"
         print(f"  {split:<4} {line}  {SHORT[third]} {fmt(m[third])}")
-    if results["curvature"] is not None:
-        print(f"  curvature {fmt(results['curvature']['mean'])}")
+    if results_["curvature"] is not None:
+        print(f"  curvature {fmt(results_['curvature']['mean'])}")
     print(f"  results: {out / 'results.json'}")
 
 

@@ -12,11 +12,12 @@ from tqdm import tqdm
 from sgrld.experiments.run.results import SHORT, second_score
 
 if TYPE_CHECKING:
-    from sgrld.experiments.run.single import SamplingRun
+    from sgrld.experiments.run.loop import SamplingRun
 
 
 class RunObserver:
-    """Hooks called by :class:`SamplingRun`; the base class does nothing."""
+    """Hooks called by the loop (:class:`~.run.loop.SamplingRun`, one chain or K); the base
+    class does nothing."""
 
     def on_start(self, run: SamplingRun) -> None:
         """Before the first epoch of this call (after a resume, the restored state is visible)."""
@@ -43,106 +44,49 @@ def breakdown_message(broken_down: Mapping[str, Any]) -> str:
     return text
 
 
-class _StepBar(RunObserver):
-    """What both progress displays share: a tqdm bar over the process's updates on a terminal,
-    one line per epoch (above the bar on a terminal; elsewhere, e.g. logs, the only output)."""
-
-    def __init__(self, stream: TextIO | None, interval: float) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.interval = interval
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._bar: tqdm | None = None
-
-    def _open(self, run: Any, desc: str | None = None) -> None:
-        if self.live:
-            self._bar = tqdm(
-                total=run.config.epochs * run.steps_per_epoch,
-                initial=run.global_step,
-                file=self.stream,
-                mininterval=self.interval,
-                dynamic_ncols=True,
-                unit="step",
-                desc=desc,
-            )
-
-    def _write(self, line: str) -> None:
-        if self._bar is not None:
-            self._bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
-
-    def _close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-class ProgressBar(_StepBar):
-    """Progress of a run on stderr: the bar with the running ensemble metrics, and a line per
-    epoch. A breakdown is reported with :func:`breakdown_message` unless ``report_breakdown``
-    is off (``sgrld sample`` reports it itself, progress bar or not).
+class ProgressBar(RunObserver):
+    """Progress on stderr: a tqdm bar over the process's updates on a terminal, and one line per
+    epoch (above the bar; elsewhere, e.g. logs, the only output): one run's ensemble metrics,
+    or of K chains how many run, completed and broke down and the spread of their metrics. One
+    run's breakdown is reported with :func:`breakdown_message` unless ``report_breakdown`` is
+    off (``sgrld sample`` reports it itself, progress bar or not).
     """
 
     def __init__(
         self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True
     ) -> None:
-        super().__init__(stream, interval)
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.report_breakdown = report_breakdown
+        self._bar: tqdm | None = None
         self._last = 0.0
 
     def _line(self, run: SamplingRun, *, epoch_done: bool = False) -> str:
+        if len(run.records) > 1:
+            return self._chains_line(run)
         epoch = run.epoch if epoch_done else run.epoch + 1
-        parts = [f"epoch {epoch}/{run.config.epochs} step {run.global_step}"]
-        parts.append(f"S={run.ensembles['val'].num_samples}")
-        if not run.ensembles["val"].num_samples:  # no ensemble yet: its metrics are NaN
-            first = (run.config.burnin // run.config.thinning + 1) * run.config.thinning
+        record, config = run.records[0], run.config
+        samples = record.ensembles["val"].num_samples
+        parts = [f"epoch {epoch}/{config.epochs} step {run.global_step}", f"S={samples}"]
+        curves = record.curves
+        if not samples:  # no ensemble yet: its metrics are NaN
+            first = (config.burnin // config.thinning + 1) * config.thinning
             parts.append(f"burning in (first sample after update {first})")
-        elif run.curves["epoch"]:
-            second = second_score(run.curves)
+        elif curves["epoch"]:
+            second = second_score(curves)
             short = SHORT[second]
             parts.append(
-                f"val LP {run.curves['val_lp'][-1]:.4f} {short} "
-                f"{run.curves['val_' + second][-1]:.4f}"
-                f" | test LP {run.curves['test_lp'][-1]:.4f}"
-                f" {short} {run.curves['test_' + second][-1]:.4f}"
+                f"val LP {curves['val_lp'][-1]:.4f} {short} {curves['val_' + second][-1]:.4f}"
+                f" | test LP {curves['test_lp'][-1]:.4f} {short} "
+                f"{curves['test_' + second][-1]:.4f}"
             )
-        ratio = run.telemetry.get("drift_to_noise")
+        ratio = record.telemetry.get("drift_to_noise")
         if ratio:  # healthy chains read 0.04-0.35; above 1, ℓ is too large (docs/health.md)
             parts.append(f"drift/noise {ratio[-1]:.2g}")
-        if run.timing["sampling_seconds"]:
-            parts.append(f"{run.timing['sampling_seconds'][-1]:.1f} s/epoch")
+        if record.timing["sampling_seconds"]:
+            parts.append(f"{record.timing['sampling_seconds'][-1]:.1f} s/epoch")
         return " | ".join(parts)
-
-    def on_start(self, run: SamplingRun) -> None:
-        if run.epoch:
-            print(f"resuming {run.config.label()} after epoch {run.epoch}", file=self.stream)
-        self._open(run)
-
-    def on_step(self, run: SamplingRun) -> None:
-        if self._bar is None:
-            return
-        self._bar.update(run.global_step - self._bar.n)
-        now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
-            self._bar.set_description_str(self._line(run), refresh=False)
-
-    def on_epoch(self, run: SamplingRun) -> None:
-        self._write(self._line(run, epoch_done=True))
-
-    def on_finish(self, run: SamplingRun) -> None:
-        self._close()
-        if run.broken_down is not None and self.report_breakdown:
-            print(breakdown_message(run.broken_down), file=self.stream)
-
-
-class ChainsProgressBar(_StepBar):
-    """Progress of a multi-chain run (:class:`~sgrld.experiments.run.chains.ChainsRun`) on
-    stderr: the bar over the process's updates, and a line per epoch with how many chains run,
-    completed and broke down and the spread of their ensemble metrics."""
-
-    def __init__(self, stream: TextIO | None = None, *, interval: float = 0.5) -> None:
-        super().__init__(stream, interval)
 
     @staticmethod
     def _spread(values: list[float]) -> str:
@@ -152,7 +96,7 @@ class ChainsProgressBar(_StepBar):
         middle = ordered[len(ordered) // 2]
         return f"{middle:.4f} [{ordered[0]:.4f}, {ordered[-1]:.4f}]"
 
-    def _line(self, run: Any) -> str:
+    def _chains_line(self, run: SamplingRun) -> str:
         records = run.records
         status = [r.status for r in records]
         parts = [
@@ -172,17 +116,42 @@ class ChainsProgressBar(_StepBar):
             parts.append(f"{seconds:.1f} s/epoch (all chains)")
         return " | ".join(parts)
 
-    def on_start(self, run: Any) -> None:
+    def on_start(self, run: SamplingRun) -> None:
+        k = len(run.records)
         if run.epoch:
-            print(f"resuming {len(run.records)} chains after epoch {run.epoch}", file=self.stream)
-        self._open(run, desc=f"{len(run.records)} chains")
+            what = run.config.label() if k == 1 else f"{k} chains"
+            print(f"resuming {what} after epoch {run.epoch}", file=self.stream)
+        if self.live:
+            self._bar = tqdm(
+                total=run.config.epochs * run.steps_per_epoch,
+                initial=run.global_step,
+                file=self.stream,
+                mininterval=self.interval,
+                dynamic_ncols=True,
+                unit="step",
+                desc=None if k == 1 else f"{k} chains",
+            )
 
-    def on_step(self, run: Any) -> None:
+    def on_step(self, run: SamplingRun) -> None:
+        if self._bar is None:
+            return
+        self._bar.update(run.global_step - self._bar.n)
+        now = time.monotonic()
+        if len(run.records) == 1 and now - self._last >= self.interval:
+            self._last = now
+            self._bar.set_description_str(self._line(run), refresh=False)
+
+    def on_epoch(self, run: SamplingRun) -> None:
+        line = self._line(run, epoch_done=True)
         if self._bar is not None:
-            self._bar.update(run.global_step - self._bar.n)
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
 
-    def on_epoch(self, run: Any) -> None:
-        self._write(self._line(run))
-
-    def on_finish(self, run: Any) -> None:
-        self._close()
+    def on_finish(self, run: SamplingRun) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        broken_down = run.records[0].broken_down
+        if len(run.records) == 1 and broken_down is not None and self.report_breakdown:
+            print(breakdown_message(broken_down), file=self.stream)

@@ -1,18 +1,11 @@
 """One chain over several processes: ``torchrun … sgrld sample --parallel ddp|fsdp``.
 
-``ddp`` (:class:`DataParallel`) is data parallel, as DistributedDataParallel: every rank holds
-the whole model and the sampler's whole state; each takes its contiguous slice of every global
-minibatch, the gradients are summed over the ranks in one all-reduce, and every rank's sampler
-then takes the same step (the same seeds on every rank give the same noise; the library checks
-that at the first step). The local
-potential is weighted so that the sum over ranks is the single run's per-datum potential
-u_B = mean_B nll − log p(θ)/n exactly (up to the order of float additions):
-u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W). Each rank evaluates its slice of the
-evaluation points and the predictions are all-gathered, so every rank folds the single run's
-ensemble; rank 0 alone writes results, checkpoints and progress.
-
-``fsdp`` (:class:`FullyShardedData`) is the same chain with the parameters and the sampler's
-state sharded over the ranks (FSDP2).
+``ddp`` (:class:`DataParallel`): every rank holds the whole model and sampler state, takes its
+contiguous slice of every global minibatch with its potential weighted so that the ranks' sum
+is the single run's, u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W), and the
+gradients are summed in one all-reduce. ``fsdp`` (:class:`FullyShardedData`): the same chain
+with parameters and sampler state sharded (FSDP2). How, and what was measured:
+``docs/experiments.md`` ("One chain over several processes").
 """
 
 from __future__ import annotations
@@ -272,18 +265,12 @@ def _whole_tensors(model: nn.Module) -> dict[str, Tensor]:
 
 class FullyShardedData(DataParallel):
     """``--parallel fsdp``: one chain whose parameters and sampler state are sharded over the
-    ranks (FSDP2's ``fully_shard``, each rank steps its rows; :mod:`sgrld.core.shards`).
+    ranks (FSDP2's ``fully_shard``; each rank steps its rows, :mod:`sgrld.core.shards`).
 
-    The model is one FSDP2 unit holding every parameter: the potential (likelihood and prior)
-    is one forward that gathers them, the backward reduce-scatters the gradient as a sum (the
-    ranks' weighted potentials add up to u_B, as under ``ddp``), and each rank's sampler moves
-    its shard, drawing the noise at the global indices: the single run's chain up to the order
-    of float additions. 0-d parameters (the horseshoe's scales, a learned σ) become one-row
-    tensors held by rank 0 (:class:`_Scalar`), so the sampled tensors keep the single run's
-    order, and so its flat buffer and noise. Evaluation runs with the parameters gathered
-    (:meth:`within`), each rank on its slice of the points. A checkpoint holds whole tensors in
-    the single run's names and shapes (gathered, written by rank 0), so it resumes on any
-    number of processes — Shampoo's factors, which belong to one W's blocks, on the same W.
+    The model is one FSDP2 unit whose forward is the rank's potential (likelihood and prior),
+    so the backward reduce-scatters the summed gradient; 0-d parameters are one-row tensors held
+    by rank 0 (:class:`_Scalar`), so the sampled tensors keep the single run's order, flat
+    buffer and noise. Checkpoints hold whole tensors in the single run's names and shapes.
     """
 
     mode = "fsdp"

@@ -1,11 +1,10 @@
 """What one chain's run records and reports: accumulators, curves, timing, ``results.json``.
 
-:class:`RunRecord` is the bookkeeping shared by a single run (:class:`~sgrld.experiments.run.single.
-SamplingRun`, which also owns the model and the optimizer) and every chain of a multi-chain run
-(:class:`~sgrld.experiments.run.chains.ChainsRun`, where K records share one stacked model): its
-seeds and generators, the streaming ensembles and the sample trace, the per-epoch curves, the
-step timing and the breakdown record, and :meth:`RunRecord.results`, the one writer of the
-``results.json`` format (so a chain of a K-chain run reports exactly as a single run does).
+:class:`RunRecord` is the bookkeeping of one chain, composed into the loop
+(:class:`~sgrld.experiments.run.loop.SamplingRun` keeps one per chain, whichever stepper moves
+them): its seeds and generators, the streaming ensembles and the sample trace, the per-epoch
+curves, the step timing and the breakdown record, and :meth:`RunRecord.results`, the one writer
+of the ``results.json`` format (so a chain of a K-chain run reports exactly as a single run does).
 """
 
 from __future__ import annotations
@@ -125,10 +124,6 @@ class RunRecord:
         chains_in_process: chains sharing the process's steps (timing divides by it).
     """
 
-    #: The loop that stepped the chain (``timing.step_mode``): a multi-chain run's reads its
-    #: flags only at samples and epoch ends; a single run sets its own (``SamplingRun``).
-    step_mode = "deferred"
-
     def __init__(
         self,
         config: RunConfig,
@@ -145,6 +140,7 @@ class RunRecord:
         check_collects_samples(config, self.num_data)  # the data may be smaller than official
         self.seeds = {stream: derive_seed(config.seed, stream) for stream in SEED_STREAMS}
         self.chains_in_process = chains_in_process
+        self.step_mode = "eager"  # the loop that stepped it (``timing.step_mode``): its stepper's
         self.schedule: CyclicalLR | None = None  # ℓ (and τ) per step; None: constant
         self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
         self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
@@ -188,10 +184,9 @@ class RunRecord:
         self._epoch_sampling = 0.0
         self._epoch_evaluation = 0.0
         self._epoch_curvatures: list[float] = []
-        self.step_in_epoch = 0
-        # per epoch: the optimizer's telemetry (single runs; figure -> one value per epoch)
+        # per epoch: the sampler's telemetry (figure -> one value per epoch)
         self.telemetry: dict[str, list[float]] = {}
-        self.state_bytes: int | None = None  # the sampler state's size (single runs)
+        self.state_bytes: int | None = None  # the sampler state's size
 
     # --- timing -----------------------------------------------------------------------------
 

@@ -91,13 +91,14 @@ def _splits(dataset: str, data_dir: str, num_val: int, verify: bool, download: b
 
 def _sample(run: Any, machine: Any, folder: Path, device: Any, parallel: Any = None) -> Any:
     """Run (or resume) ``run`` in ``folder``: the sample run of one job or one rank of it."""
-    from sgrld.experiments.run.single import RunConfig, run_sampling
+    from sgrld.experiments.run.config import RunConfig
+    from sgrld.experiments.run.loop import run_sampling
 
     config = RunConfig.from_dict(run.config)
     splits = _splits(
         config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
     )
-    return run_sampling(
+    (results,) = run_sampling(
         config,
         splits,
         folder,
@@ -106,6 +107,7 @@ def _sample(run: Any, machine: Any, folder: Path, device: Any, parallel: Any = N
         step_mode="auto" if machine.graph else "eager",
         parallel=parallel,
     )
+    return results
 
 
 @contextmanager
@@ -254,8 +256,8 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             return [RunOutcome(r.path, "skipped") for r in open_runs]
         import torch
 
-        from sgrld.experiments.run.chains import run_chains
-        from sgrld.experiments.run.single import RunConfig
+        from sgrld.experiments.run import loop
+        from sgrld.experiments.run.config import RunConfig
 
         if machine.threads is not None:
             torch.set_num_threads(machine.threads)
@@ -264,7 +266,7 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
         splits = _splits(
             first.dataset, machine.data_dir, first.num_val, machine.verify, machine.download
         )
-        results = run_chains(
+        results = loop.run_sampling(
             configs,
             splits,
             out / PACKS_DIR / pack_id(runs),
@@ -345,7 +347,7 @@ def make_jobs(
     if chains == 1:
         return [SweepJob([r], str(out), machine) for r in runs if r.path in todo]
     from sgrld.experiments.run.chains import check_chain_configs
-    from sgrld.experiments.run.single import RunConfig
+    from sgrld.experiments.run.config import RunConfig
 
     groups: dict[str, list[PlannedRun]] = {}
     for r in runs:

@@ -1,0 +1,458 @@
+"""The sampling loop: one loop for every way of running chains (``docs/experiments.md``).
+
+:class:`SamplingRun` owns the protocol once — epochs and minibatch orders, burn-in and thinning,
+the evaluation of each sample, the metric's per-epoch refresh, telemetry and health, step timing,
+breakdowns, checkpoints, results and observers — and one :class:`~.run.record.RunRecord` per
+chain (composed, not inherited). How the chains step is a :class:`Stepper`, chosen by what runs
+(as numpyro's ``chain_method``):
+
+* one config: :class:`~.run.single.OneChain`, the optimizer facade, eager, deferred or captured
+  in a CUDA graph, in one process or over W ranks (``parallel``);
+* a sequence of configs (``--chains K``): :class:`~.run.chains.VmappedChains`, one
+  :class:`sgrld.Chains` (K chains per vmapped call).
+
+An eager stepper's finiteness is read every step; the others' device flags only before a sample
+is evaluated and at the epoch end, when the steps' times are credited to each chain up to its
+failing update. A chain that broke down is frozen and its record closed; the run goes on while
+any chain runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from sgrld.chains import chain_batches
+from sgrld.data import Splits
+from sgrld.evaluation import measure_curvature
+from sgrld.experiments.base import files
+from sgrld.experiments.base.files import CheckpointError, OutputError
+from sgrld.experiments.run.chains import VmappedChains, check_chain_configs
+from sgrld.experiments.run.checkpoint import CHAINS_CHECKPOINT_FORMAT, load_checkpoint
+from sgrld.experiments.run.config import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_FORMAT,
+    RunConfig,
+    config_differences,
+    is_sample_step,
+)
+from sgrld.experiments.run.naming import chain_label
+from sgrld.experiments.run.observers import RunObserver
+from sgrld.experiments.run.parallel import DataParallel
+from sgrld.experiments.run.record import RunRecord, blown_up_reason, restrict_splits, run_health
+from sgrld.experiments.run.results import Results, write_results
+from sgrld.experiments.run.single import OneChain
+from sgrld.schedules import CyclicalLR
+
+__all__ = ["SamplingRun", "Stepper", "run_sampling"]
+
+#: ``add(chain, split, start, logits)``: fold a batch of a chain's predictions into its record.
+Fold = Callable[[int, str, int, Tensor], None]
+
+
+class Stepper(Protocol):
+    """How the chains of a run take their steps: the loop's one variable part."""
+
+    #: ``timing.step_mode``: ``"eager"`` reads the chain's finiteness (and the clock) every
+    #: step; ``"deferred"`` and ``"graph"`` read device flags (and time the steps in blocks)
+    #: before a sample and at the epoch end
+    step_mode: str
+    #: the sampler state's bytes per chain (``telemetry.state_bytes``)
+    state_bytes: int | None
+    schedule: CyclicalLR | None
+    #: whether this process writes the outputs, and whether building the checkpoint takes every
+    #: rank (gathering shards)
+    is_main: bool
+    collective_state: bool
+    #: the optimizer whose own watch judges a run without telemetry (``--compile``), or None
+    watch: Any
+
+    def step(self, index: Tensor) -> bool:
+        """One update of every chain on the training rows ``index`` ``(K, B)``; ``False`` for
+        an update that may not be a sample (exploration, τ = 0)."""
+
+    def failures(self, last: int) -> dict[int, tuple[int, str]]:
+        """The chains broken down since the last call, ``chain -> (failing update, reason)``,
+        each set back to the update before it (``last``: the loop's last update)."""
+
+    def refresh(self) -> bool:
+        """The metric's refresh at an epoch end (Wenzel's); whether there was one."""
+
+    def telemetry(self) -> list[Mapping[str, float]] | None:
+        """Each chain's figures since the last read (``None``: telemetry off)."""
+
+    def train(self, mode: bool) -> None: ...
+
+    def predict(
+        self, inputs: Mapping[str, Tensor], batch: int, add: Fold
+    ) -> list[dict[str, float]]:
+        """Without gradients, each chain's logits of each split's ``inputs`` to ``add``, in
+        batches; each chain's recorded scalars (the horseshoe's scales)."""
+
+    def module(self, chain: int) -> nn.Module:
+        """Chain ``chain``'s model (curvature)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def mismatches(self, state: Mapping[str, Any]) -> list[str]:
+        """What in a checkpoint does not fit (checked before anything is restored)."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class SamplingRun:
+    """One sampling run of one chain or of K chains; see the module docstring.
+
+    Args:
+        configs: one run, or the K runs of ``--chains K`` (:func:`~.run.chains.
+            check_chain_configs`: they differ only in seed, ℓ and the tuned options).
+        splits: the dataset (any device); restricted by ``max_train``/``max_eval`` and moved.
+        device: where the models, the data, the noise and the accumulators live.
+        out_dir: ``checkpoint.pt`` each epoch, with ``results.json`` beside it for one run and
+            in ``OUT/<label>`` for each of K (``None``: nowhere).
+        observer: progress hooks (:class:`~.run.observers.ProgressBar`).
+        step_mode: one run's loop: ``"auto"`` (``"graph"`` on CUDA when the config allows it,
+            else ``"eager"``), ``"eager"``, ``"deferred"`` or ``"graph"``; K chains run
+            ``"deferred"``.
+        parallel: one run's place in a data-parallel job (:mod:`~.run.parallel`).
+        chain_batch: at most this many of K chains per vmapped call (``None``: all on a CPU,
+            as many as fit on CUDA).
+        folders: each of K runs' results folder instead of ``OUT/<label>`` (a sweep's).
+
+    Raises:
+        ValueError: what the chosen stepper cannot run, in one line.
+    """
+
+    def __init__(
+        self,
+        configs: RunConfig | Sequence[RunConfig],
+        splits: Splits,
+        *,
+        device: torch.device | str = "cpu",
+        out_dir: str | os.PathLike[str] | None = None,
+        observer: RunObserver | None = None,
+        step_mode: str = "auto",
+        parallel: DataParallel | None = None,
+        chain_batch: int | None = None,
+        folders: Sequence[str | os.PathLike[str]] | None = None,
+    ) -> None:
+        self.one = isinstance(configs, RunConfig)  # one run: the single-run checkpoint format
+        self.configs = [configs] if isinstance(configs, RunConfig) else list(configs)
+        if not self.one:
+            check_chain_configs(self.configs)
+            if parallel is not None:
+                raise ValueError(f"--parallel {parallel.mode} runs one chain: drop --chains")
+            if step_mode not in ("auto", "deferred"):
+                raise ValueError(f"K chains run the deferred loop, not step_mode {step_mode!r}")
+        if folders is not None and len(folders) != len(self.configs):
+            raise ValueError(f"{len(folders)} folders for {len(self.configs)} chains")
+        self.config = self.configs[0]  # the fields the chains share
+        self.device = torch.device(device)
+        self.splits = restrict_splits(splits, self.config).to(self.device)
+        k = len(self.configs)
+        self.records = [
+            RunRecord(c, self.splits, self.device, chains_in_process=k) for c in self.configs
+        ]
+        self.num_data = self.records[0].num_data
+        self.steps_per_epoch = self.records[0].steps_per_epoch
+        self.stepper: Stepper
+        if self.one:
+            self.stepper = OneChain(
+                self.config, self.splits, self.records[0].seeds, self.device, step_mode, parallel
+            )
+        else:
+            seeds = [r.seeds for r in self.records]
+            self.stepper = VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
+        for r in self.records:
+            r.step_mode = self.stepper.step_mode
+            r.state_bytes = self.stepper.state_bytes
+            r.schedule = self.stepper.schedule
+        self.out_dir = None if out_dir is None else Path(out_dir)
+        self.folders: list[Path] | None = None
+        if folders is not None:
+            self.folders = [Path(f) for f in folders]
+        elif self.out_dir is not None:
+            self.folders = (
+                [self.out_dir]
+                if self.one
+                else [self.out_dir / chain_label(c) for c in self.configs]
+            )
+        self.observer = observer if observer is not None else RunObserver()
+        self.epoch = 0  # epochs the loop completed
+        self.global_step = 0  # updates the loop took (a frozen chain's record stops earlier)
+        self._pending: list[tuple[int, float]] = []  # (update, seconds) not yet credited
+        self._block: list[int] = []  # updates timed together, since :attr:`_block_started`
+        self._block_started = 0.0
+
+    @property
+    def running(self) -> list[RunRecord]:
+        """The records still running (not completed, broken down or failed)."""
+        return [r for r in self.records if r.status == "running"]
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self, epochs: int | None = None) -> list[Results]:
+        """Run until ``epochs`` epochs (default ``config.epochs``) or no chain runs.
+
+        Returns:
+            Every chain's results (as written to its ``results.json``).
+        """
+        if not self.running:  # a finished run resumed: refresh its results
+            self._save()
+            return self.results()
+        target = self.config.epochs if epochs is None else epochs
+        self.observer.on_start(self)
+        try:
+            while self.running and self.epoch < target:
+                self._run_epoch()
+        except OutputError as exc:  # e.g. disk full: the last good checkpoint is kept
+            for r in self.running:
+                r.status, r.failure = "failed", str(exc)
+            with contextlib.suppress(OutputError):  # say so, if there is room for that
+                for r in self.records:
+                    self._save_results(r)
+            raise
+        self.observer.on_finish(self)
+        return self.results()
+
+    def results(self) -> list[Results]:
+        return [r.results() for r in self.records]
+
+    def _run_epoch(self) -> None:
+        for r in self.running:
+            r.start_epoch()
+        generators = [r.order_generator for r in self.records]
+        batches = chain_batches(self.num_data, self.config.batch_size, generators, self.device)
+        config, stepper = self.config, self.stepper
+        self._block_started = self._clock()
+        eager = stepper.step_mode == "eager"  # each step timed alone, its finiteness read at once
+        for index in batches:
+            if eager:
+                self._block_started = self._clock()
+            may_sample = stepper.step(index)
+            self.global_step += 1
+            self._block.append(self.global_step)
+            if eager:
+                self._credit()
+            if may_sample and is_sample_step(self.global_step, config.burnin, config.thinning):
+                self._credit()
+                self._evaluate_sample()
+                self._block_started = self._clock()
+            if not self.running:  # every chain broke down: stop at once
+                self._save()
+                return
+            self.observer.on_step(self)
+        self._credit()
+        if not self.running:
+            self._save()
+            return
+        self._finish_epoch()
+
+    def _finish_epoch(self) -> None:
+        """The metric's per-epoch refresh (Wenzel's), the epoch's telemetry, health and
+        curves, the checkpoint, the observer."""
+        started = self._clock()
+        if self.stepper.refresh():
+            seconds = (self._clock() - started) / len(self.records)
+            for r in self.running:
+                r.record_refresh_time(seconds)
+        figures = self.stepper.telemetry()  # the epoch's sums, read once
+        ended = False
+        for k, r in enumerate(self.records):
+            if r.status != "running":
+                continue
+            if figures is not None:
+                r.record_telemetry(figures[k])
+            verdict = run_health(r.telemetry, r.config.temperature, self.stepper.watch)
+            if verdict.broken_down:  # blown up while finite (sgrld.health)
+                r.record_breakdown(blown_up_reason(verdict), blown_up=True)
+                continue
+            r.end_epoch()
+            ended = True
+        self.epoch += 1
+        self._save()
+        if ended:
+            self.observer.on_epoch(self)
+
+    def _credit(self) -> None:
+        """Read the breakdowns (at most one host read) and credit the pending updates' times to
+        every running chain up to its failing update; close the records of those that failed."""
+        if self._block:  # each chain is charged its share of the process's steps
+            seconds = self._clock() - self._block_started
+            share = seconds / len(self._block) / len(self.records)
+            self._pending += [(update, share) for update in self._block]
+            self._block = []
+        failed = self.stepper.failures(self.global_step)
+        for k, r in enumerate(self.records):
+            if r.status != "running":
+                continue
+            update, reason = failed.get(k, (None, ""))
+            r.credit_updates(self._pending, update)
+            if update is not None:
+                r.record_breakdown(reason)
+                if self.running:  # the others go on: its results now
+                    self._save_results(r)
+        self._pending = []
+
+    def _evaluate_sample(self) -> None:
+        """Fold each running chain's current state into its ensembles (eval mode)."""
+        running = [(k, r) for k, r in enumerate(self.records) if r.status == "running"]
+        if not running:
+            return
+        started = self._clock()
+        config, test = self.config, self.splits
+
+        def add(chain: int, split: str, start: int, logits: Tensor) -> None:
+            if self.records[chain].status == "running":
+                self.records[chain].add_logits(split, start, logits)
+
+        self.stepper.train(False)
+        try:
+            inputs = {split: getattr(self.splits, f"x_{split}") for split in ("val", "test")}
+            scalars = self.stepper.predict(inputs, config.eval_batch_size, add)
+            for k, r in running:
+                curvature = None
+                if config.curvature:
+                    curvature = measure_curvature(
+                        self.stepper.module(k),
+                        test.x_test,
+                        test.y_test,
+                        generator=r.curvature_generator,
+                        num_points=min(config.curvature_points, len(test.y_test)),
+                    ).mean
+                r.commit_sample(scalars[k], curvature)
+        finally:
+            self.stepper.train(True)
+        seconds = (self._clock() - started) / len(running)
+        for _, r in running:
+            r.add_evaluation_time(seconds)
+
+    # --- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue every chain exactly (one run: the single-run format,
+        older than K chains; K: one entry per chain)."""
+        stepper = self.stepper.state_dict()
+        if self.one:
+            record = self.records[0].record_state()  # its epoch and global_step are the loop's
+            return {"format": CHECKPOINT_FORMAT, "config": self.config.to_dict()} | stepper | record
+        return {
+            "format": CHAINS_CHECKPOINT_FORMAT,
+            "configs": [c.to_dict() for c in self.configs],
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            **stepper,
+            "records": [r.record_state() for r in self.records],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict` of the same runs (``epochs`` may grow: a completed run
+        is extended).
+
+        Raises:
+            CheckpointError: a checkpoint of other runs, or one that does not fit; nothing is
+                restored.
+        """
+        saved = [state["config"]] if self.one else state["configs"]
+        records = [state] if self.one else state["records"]
+        try:
+            if len(saved) != len(self.configs) or len(records) != len(self.records):
+                raise CheckpointError(f"it holds {len(saved)} chains, not {len(self.configs)}")
+            for old, new in zip(saved, self.configs, strict=True):
+                differences = config_differences(RunConfig.from_dict(old), new)
+                if differences:
+                    raise CheckpointError(
+                        f"{new.label()}: another config: {'; '.join(differences)}"
+                    )
+            pairs = list(zip(self.records, records, strict=True))
+            wrong = self.stepper.mismatches(state)
+            wrong += [w for r, s in pairs for w in r.ensemble_mismatches(s)]
+            if wrong:  # refused before anything is restored
+                raise CheckpointError("; ".join(wrong))
+            self.stepper.load_state_dict(state)
+            for r, s in pairs:
+                r.restore_record(s)
+        except CheckpointError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            raise CheckpointError(f"{type(exc).__name__}: {exc}") from exc
+        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
+
+    def _save(self) -> None:
+        if self.out_dir is None:
+            return
+        if not self.stepper.is_main:
+            if self.stepper.collective_state:  # rank 0 gathers the shards with every rank
+                self.state_dict()
+            return
+        state = self.state_dict()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        files.save_checkpoint(self.out_dir / CHECKPOINT_FILE, state)
+        for r in self.records:
+            self._save_results(r)
+
+    def _save_results(self, record: RunRecord) -> None:
+        if self.folders is None or not self.stepper.is_main:
+            return
+        folder = self.folders[self.records.index(record)]
+        if folder != self.out_dir:  # OUT/<run name> planted as a link
+            files.refuse_links(folder.parent, folder.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_results(folder, record.results())
+
+
+def run_sampling(
+    configs: RunConfig | Sequence[RunConfig],
+    splits: Splits,
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    resume: bool = False,
+    chain_batch: int | None = None,
+    **options: Any,
+) -> list[Results]:
+    """Run (or, with ``resume``, continue from ``out_dir/checkpoint.pt``) a :class:`SamplingRun`
+    and return every chain's results.
+
+    Args:
+        configs: one run or K (:class:`SamplingRun`); a resumed run's may have larger
+            ``epochs`` (they extend it).
+        splits: the dataset (see :func:`sgrld.data.load_dataset`).
+        out_dir: where the checkpoint and the results are written every epoch.
+        resume: continue from the checkpoint if there is one.
+        chain_batch: K chains per vmapped call; a resumed run keeps its checkpoint's.
+        options: the other arguments of :class:`SamplingRun`.
+
+    Raises:
+        CheckpointError: the checkpoint is damaged or does not fit these runs.
+    """
+    checkpoint = None if out_dir is None else Path(out_dir) / CHECKPOINT_FILE
+    state = None
+    if resume and checkpoint is not None and checkpoint.is_file():
+        state = load_checkpoint(checkpoint, chains=not isinstance(configs, RunConfig))
+        if not isinstance(configs, RunConfig):
+            saved = state.get("chain_batch") or len(configs)  # None: all in one call
+            if chain_batch is not None and min(chain_batch, len(configs)) != saved:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint} was made with chain_batch {saved}, not "
+                    f"{chain_batch}: resume it with the same (or no) --chain-batch"
+                )
+            chain_batch = saved  # the same call groups, whatever memory is free now
+    run = SamplingRun(configs, splits, out_dir=out_dir, chain_batch=chain_batch, **options)
+    if state is not None:
+        try:
+            run.load_state_dict(state)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint} does not fit this run: {exc}") from None
+    return run.run()
