@@ -65,7 +65,7 @@ def test_state_lives_in_optimizer_state_as_views_of_what_the_step_uses(spec: Sam
     _steps(model, opt, range(3))
     for p in params:
         assert int(opt.state[p][STEP]) == 3
-    engine = opt._group_states[0]
+    engine = opt.sampler_states[0]
     published = {v.data_ptr() for e in opt.state.values() for v in e.values()}
     for value in engine.stats.values():  # every statistic is visible, no copy per step
         assert any(value.data_ptr() <= ptr for ptr in published)

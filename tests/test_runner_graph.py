@@ -100,7 +100,7 @@ def test_deferred_loop_equals_eager_loop(sampler: str) -> None:
     assert deferred.optimizer.capturable and not eager.optimizer.capturable
     assert isinstance(deferred.optimizer.param_groups[0]["lr"], torch.Tensor)
     if sampler == "shampoo":  # the roots were refreshed (update 100) inside a deferred step
-        stats = deferred.optimizer._group_state(0).stats
+        stats = deferred.optimizer.sampler_states[0].stats
         roots = [v for k, v in stats.items() if k.startswith("grad_root")]
         assert any(not torch.equal(r, torch.eye(r.shape[-1]).expand_as(r)) for r in roots)
 
