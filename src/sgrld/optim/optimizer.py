@@ -520,13 +520,15 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                         modes[index] = "off"  # checked just now: not again inside the step
             self._advance_groups(states, grads, modes, noise, traced, watched)
         except NonFiniteGradientError as exc:
-            message = self._watch.nonfinite_message(str(exc), states[0].step + 1, self._window())
+            window = self._open_window()  # a read on the error path
+            message = self._watch.nonfinite_message(str(exc), states[0].step + 1, window)
             raise NonFiniteGradientError(message) from None
         self._after_step()
         steps = states[0].step
-        if watched and steps % WINDOW_STEPS == 0:  # after the step's bookkeeping: a
-            self._watch.end_window(self._window(), self._settled(steps))  # warning raised as an
-        return loss  # error leaves it done
+        # after the step's bookkeeping: a warning raised as an error leaves it done
+        if watched and steps % WINDOW_STEPS == 0:
+            self._watch.end_window(self._open_window(), self._settled(steps))
+        return loss
 
     def _advance_groups(
         self,
@@ -606,7 +608,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     # --- health and telemetry ----------------------------------------------------------------
 
-    def _window(self) -> dict[str, float] | None:
+    def _open_window(self) -> dict[str, float] | None:
         shards = [state.layout.shards for state in self._group_states]
         return self._watch.open_window(shards, self.param_groups[0]["temperature"])
 
@@ -620,7 +622,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         reductions) and reads the figures once per 512 steps, warning once per verdict
         (:class:`sgrld.HealthWarning`); this reads the open window too (one host read; under
         FSDP one all-reduce, so call it on every rank)."""
-        return self._watch.verdict(self._settled(self.num_steps), self._window())
+        return self._watch.verdict(self._settled(self.num_steps), self._open_window())
 
     def _accumulator(self, index: int) -> Tensor | None:
         if not self.telemetry_enabled:
