@@ -1,17 +1,11 @@
-"""The optimizer of every sampler: :class:`SGRLDOptimizer`, any metric, over :mod:`sgrld.core`.
-
-As torch.optim's optimizers do, it validates its arguments eagerly, keeps parameter groups
-(each with its own ℓ, n, τ and metric options) and all of its state in ``optimizer.state``. A
-step is :func:`sgrld.core.engine.advance` for each group; what surrounds it lives beside this
-module: loading state dicts (:mod:`~sgrld.optim.loading`), a group's tensors — masks,
-low-precision masters, shards (:mod:`~sgrld.optim.groups`) — and the figures summed on the
-device (:mod:`~sgrld.optim.watch`).
-"""
+""":class:`SGRLDOptimizer`: every sampler as a ``torch.optim`` optimizer, a step being
+:func:`sgrld.core.engine.advance` per parameter group."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import math
 import warnings
 from collections import defaultdict
@@ -93,14 +87,12 @@ def _check_schedule(refresh_every: int | None, batch_size: int | None, metric: M
 
 
 class SGRLDOptimizer(torch.optim.Optimizer):
-    """SGRLD with an arbitrary metric plug-in: θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ.
+    """SGRLD with an arbitrary metric plug-in: θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ, ĝ the
+    gradient of the per-datum potential in ``p.grad`` (``docs/conventions.md``).
 
-    ``p.grad`` must hold the gradient ĝ of the per-datum potential (batch-mean negative
-    log-likelihood minus log-prior / num_data; ``docs/conventions.md``). Each parameter group
-    is one metric: Monge's inner products and Wenzel's normalisation run over all parameters
-    of a group, as in the paper's code. The presets (:class:`~sgrld.SGLD`,
-    :class:`~sgrld.RMSpropSGLD`, ...) are this class with the metric fixed; they take the
-    arguments below.
+    Each parameter group is one metric (Monge's inner products and Wenzel's normalisation run
+    over all of a group's parameters, as in the paper's code). The presets
+    (:class:`~sgrld.SGLD`, ...) are this class with the metric fixed, taking these arguments.
 
     Args:
         params: parameters, ``(name, parameter)`` pairs (e.g. ``model.named_parameters()``:
@@ -186,9 +178,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     metric_class: ClassVar[type[Metric] | None] = None
     #: attributes besides torch's (defaults, state, param_groups) that a copy carries
     _config_attrs: tuple[str, ...] = tuple(
-        "metric _options check_finite noise compile capturable sync_checks low_precision "  # noqa: SIM905
-        "master_dtype telemetry_enabled _masks data_parallel localization refresh_every "
-        "_last_refresh".split()
+        "metric _options check_finite noise compile capturable sync_checks "  # noqa: SIM905
+        "low_precision master_dtype telemetry_enabled _masks data_parallel localization "
+        "refresh_every _last_refresh".split()
     )
     refresh_every: int | None = None
     _last_refresh = 0  # the step of the last refresh_metric()
@@ -381,11 +373,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             state.center = [t.detach().clone() for t in shards]
         return state, standins
 
-    def _build(self, index: int) -> None:
-        """Create group ``index``'s state and publish it in ``self.state``."""
+    def _build(self, index: int, keys: Tensor | None = None) -> None:
+        """Create group ``index``'s state (with ``keys``, or new ones) in ``self.state``."""
         metric = self._group_metric(self.param_groups[index])
         state, standins = self._new_state(index, metric)
-        if self.noise == "philox":
+        if keys is not None:
+            state.keys.copy_(keys)
+        elif self.noise == "philox":
             state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
         else:
             state.keys.copy_(loading.seed_key(self.generator, state.keys.device))
@@ -427,12 +421,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if options != self._group_options[index]:
             current = self._group_metrics[index]
             if state.step == 0:  # nothing to keep yet: a layout may still change
-                metric = self._group_metric(group)
-                keys = state.keys.clone()
-                state, standins = self._new_state(index, metric)
-                state.keys.copy_(keys)
-                entries = publish_group(metric, state, standins)
-                self._install(index, state, metric, entries, standins)
+                self._build(index, state.keys.clone())
+                state = self._group_states[index]
             else:
                 self._group_metrics[index] = self._group_metric(group, current)
                 self._group_options[index] = options
@@ -458,17 +448,21 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's
         last step, a ``refresh_every`` refresh): a step that cannot be replayed from a CUDA
         graph (:class:`sgrld.capture.GraphedStep` runs it eagerly)."""
-        for index, (metric, state) in enumerate(
-            zip(self.group_metrics, self._group_states, strict=True)
-        ):
-            until = self.param_groups[index]["adapt_until"]
-            due = refresh_due(metric, state.step + 1) or closes_warmup(
-                metric, state.step + 1, until
-            )
-            if due and self.adapts(index):  # a frozen metric is not refreshed
+        for index, state in enumerate(self.sampler_states):  # a frozen metric is not refreshed
+            if (
+                self._refresh_due(index, state.step + 1)
+                and self.param_groups[index]["adapt_metric"]
+            ):
                 return True
         every = self.refresh_every
         return every is not None and (self.num_steps + 1) % every == 0
+
+    def _refresh_due(self, index: int, step: int) -> bool:
+        """Whether step ``step`` (from 1) of group ``index`` refreshes G: a scheduled refresh
+        or the warm-up's last step, in the warm-up (after it G is frozen)."""
+        metric, until = self._group_metrics[index], self.param_groups[index]["adapt_until"]
+        due = refresh_due(metric, step) or closes_warmup(metric, step, until)
+        return due and adapting(step - 1, until)
 
     def after_replay(self) -> None:
         """The host's part of a step that ran on the device alone (a replayed CUDA graph):
@@ -692,17 +686,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def refresh_if_due(self) -> bool:
         """Run a due scheduled refresh (Shampoo's roots) in every group; for ``capturable``
         optimizers, whose steps leave it to the host. Returns whether one ran."""
-        ran = False
-        for index, state in enumerate(self._group_states):
-            metric = self._group_metrics[index]
-            until = self.param_groups[index]["adapt_until"]
-            if not (refresh_due(metric, state.step) or closes_warmup(metric, state.step, until)):
-                continue
-            if not adapting(state.step - 1, until):
-                continue  # that step was after the warm-up: G is frozen
-            metric.refresh(state.stats, state.layout)
-            ran = True
-        return ran
+        due = [i for i, s in enumerate(self._group_states) if self._refresh_due(i, s.step)]
+        for index in due:
+            state = self._group_states[index]
+            self._group_metrics[index].refresh(state.stats, state.layout)
+        return bool(due)
 
     def refresh_metric(self) -> None:
         """Recompute the explicitly scheduled part of the metric in every group (Wenzel's
@@ -806,11 +794,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._replicas_checked = self.data_parallel is False
         self._warned_nearest = self._ready = True
         self._group_states, self._group_metrics, self._group_options = [], [], []
+        ids = itertools.count()  # as state_dict packs them: parameters by index
+        groups = [{**g, "params": [next(ids) for _ in g["params"]]} for g in self.param_groups]
         params = [p for g in self.param_groups for p in g["params"]]
-        groups, start = [], 0
-        for g in self.param_groups:  # as state_dict packs them: parameters by index
-            groups.append({**g, "params": list(range(start, start + len(g["params"])))})
-            start += len(g["params"])
         saved = {i: self.state[p] for i, p in enumerate(params)}
         loading.plan(self, {"state": saved, "param_groups": groups})()
 
