@@ -739,7 +739,9 @@ def test_sgld_facade_with_unused_parameters_equals_the_flat_path(
 
     runs = []
     for direct in (True, False):
-        monkeypatch.setattr(sgrld.optim.optimizer, "advance", functools.partial(advance, direct=direct))
+        monkeypatch.setattr(
+            sgrld.optim.optimizer, "advance", functools.partial(advance, direct=direct)
+        )
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Linear(13, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3)
