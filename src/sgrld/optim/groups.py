@@ -76,18 +76,18 @@ def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:
 
 def check_sharded(name: str, noise: str, compile: bool, capturable: bool) -> None:
     """Refuse, with the reason, the options that sharded parameters (FSDP2) do not have."""
-    if noise == "torch":
-        raise NotImplementedError(
-            f"parameter {name!r} is sharded (DTensor, FSDP2) and the optimizer has "
-            "noise='torch': a generator's stream cannot be drawn at a shard's global indices, "
-            "so the ranks would not form one chain (use noise='philox', the default for "
-            "sharded parameters)"
-        )
-    for option, given in (("compile=True", compile), ("capturable=True", capturable)):
+    unsharded = "not implemented for sharded parameters"
+    for option, given, reason in (
+        ("noise='torch'", noise == "torch", "a generator's stream cannot be drawn at a shard's "
+         "global indices, so the ranks would not form one chain (use noise='philox', the "
+         "default for sharded parameters)"),
+        ("compile=True", compile, unsharded),
+        ("capturable=True", capturable, unsharded),
+    ):  # fmt: skip
         if given:
             raise NotImplementedError(
                 f"parameter {name!r} is sharded (DTensor, FSDP2) and the optimizer has "
-                f"{option}: not implemented for sharded parameters"
+                f"{option}: {reason}"
             )
 
 

@@ -72,16 +72,16 @@ def plan(opt: SGRLDOptimizer, state_dict: dict[str, Any]) -> Callable[[], None]:
             if generator_state is None:
                 raise ValueError(f"{label}: the state dict has no generator state")
             check_generator_state(opt.generator, generator_state, "the state dict")
-        fresh.append((state, mine, standins))
+        fresh.append((state, standins))
 
     def apply() -> None:
         opt._apply_groups(groups, watch_first)
         apply_load(copies)
         assert generator_state is not None
         opt.generator.set_state(generator_state.to("cpu", torch.uint8))
-        for index, ((state, mine, standins), metric) in enumerate(zip(fresh, metrics, strict=True)):
+        for index, ((state, standins), metric) in enumerate(zip(fresh, metrics, strict=True)):
             state.step = int(state.device_step.item())
-            opt._install(index, state, metric, mine, standins)
+            opt._install(index, state, metric, standins)
 
     return apply
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal, overload
 import torch
 from torch import Tensor
 
-from sgrld.chain_health import Health
+from sgrld.chain_health import WATCH_EVERY, Health
 from sgrld.core.compiled import CompiledMove, check_compile
 from sgrld.core.contract import check_options, option_names
 from sgrld.core.engine import (
@@ -383,23 +383,18 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
         else:
             state.keys.copy_(loading.seed_key(self.generator, state.keys.device))
-        self._install(index, state, metric, publish_group(metric, state, standins), standins)
+        self._install(index, state, metric, standins)
 
     def _install(
-        self,
-        index: int,
-        state: SamplerState,
-        metric: Metric,
-        entries: list[dict[str, Tensor]],
-        standins: StandIns | None,
+        self, index: int, state: SamplerState, metric: Metric, standins: StandIns | None
     ) -> None:
+        """Make ``state`` group ``index``'s, published in ``self.state``."""
         group = self.param_groups[index]
-        options = {k: group[k] for k in self._options}
         self._group_states[index : index + 1] = [state]  # replaced, or appended (a new group)
         self._group_metrics[index : index + 1] = [metric]
-        self._group_options[index : index + 1] = [options]
-        for p, entry in zip(group["params"], entries, strict=True):
-            self.state[p] = entry
+        self._group_options[index : index + 1] = [{k: group[k] for k in self._options}]
+        entries = publish_group(metric, state, standins)
+        self.state.update(zip(group["params"], entries, strict=True))
         if standins is None:
             self._standins.pop(index, None)
         else:
@@ -504,7 +499,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         traced = in_graph()
         noise: NoiseSource = "philox" if traced else self.noise
         # the health watch (sgrld.health): this step's figures summed if it is a watched one
-        watched = not traced and self._watch.watches(states[0].step + 1)
+        watched = not traced and (states[0].step + 1) % WATCH_EVERY == 0
         try:
             if len(states) > 1:  # refuse before the first group moves
                 for index, (state, gs) in enumerate(zip(states, grads, strict=True)):

@@ -79,11 +79,6 @@ class HealthWatch(Watch):
         super().__init__(first=first)
         self.sums: dict[int, Tensor] = {}  # per group: the open window's
 
-    @staticmethod
-    def watches(step: int) -> bool:
-        """Whether step ``step`` (counted from 1) is summed."""
-        return step % WATCH_EVERY == 0
-
     def step_sums(self, index: int, device: torch.device) -> Tensor:
         """Zeros for group ``index``'s figures of a watched step (added by :meth:`add`)."""
         if index not in self.sums:
