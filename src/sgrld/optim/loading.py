@@ -49,11 +49,8 @@ def plan(opt: SGRLDOptimizer, state_dict: dict[str, Any]) -> Callable[[], None]:
     saved_state = state_dict.get("state")
     if not isinstance(saved_state, dict):
         raise ValueError("not an optimizer state dict (no 'state' entry)")
-    groups, metrics = [], []
-    for index, saved in enumerate(saved_groups):
-        group, metric = load_group(opt, index, saved)
-        groups.append(group)
-        metrics.append(metric)
+    loaded = [load_group(opt, index, saved) for index, saved in enumerate(saved_groups)]
+    groups, metrics = [group for group, _ in loaded], [metric for _, metric in loaded]
     if "sgrld" in state_dict:
         saved_state = from_first_format(opt, state_dict["sgrld"], saved_groups, groups, metrics)
     watch_first = first_window(state_dict.get(WATCH_KEY))

@@ -73,10 +73,9 @@ def _metric_options(metric: Metric) -> dict[str, Any]:
 
 
 def _check_schedule(refresh_every: int | None, batch_size: int | None, metric: Metric) -> None:
+    """The host's refresh schedule: one of the two, for a metric refreshed per epoch."""
     for name, value in (("refresh_every", refresh_every), ("batch_size", batch_size)):
-        if value is not None and (
-            not isinstance(value, int) or isinstance(value, bool) or value < 1
-        ):
+        if value is not None and (type(value) is not int or value < 1):
             raise ValueError(f"invalid {name}: {value!r} (expected an integer >= 1 or None)")
     if refresh_every is not None and batch_size is not None:
         raise ValueError("give refresh_every or batch_size, not both")
@@ -443,12 +442,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's
         last step, a ``refresh_every`` refresh): a step that cannot be replayed from a CUDA
         graph (:class:`sgrld.capture.GraphedStep` runs it eagerly)."""
-        for index, state in enumerate(self.sampler_states):  # a frozen metric is not refreshed
-            if (
-                self._refresh_due(index, state.step + 1)
-                and self.param_groups[index]["adapt_metric"]
-            ):
-                return True
+        groups = enumerate(zip(self.sampler_states, self.param_groups, strict=True))
+        # a frozen metric (adapt_metric False) is not refreshed
+        if any(g["adapt_metric"] and self._refresh_due(i, s.step + 1) for i, (s, g) in groups):
+            return True
         every = self.refresh_every
         return every is not None and (self.num_steps + 1) % every == 0
 
