@@ -1,14 +1,6 @@
-"""``torch.optim`` facade: the samplers as optimizers, thin wrappers over :mod:`sgrld.core`.
-
-``p.grad`` must hold the gradient of the per-datum potential (batch-mean negative log-likelihood
-minus log-prior / num_data); every sampler then applies
-
-    θ ← θ − lr · G⁻¹ · grad + √(2 · lr · temperature / num_data) · G^{-1/2} · ξ
-
-(see ``docs/conventions.md``): :class:`SGRLDOptimizer` with any metric
-(:mod:`~sgrld.optim.optimizer`), and one preset per metric of the paper
-(:mod:`~sgrld.optim.presets`).
-"""
+"""``torch.optim`` facade over :mod:`sgrld.core`: :class:`SGRLDOptimizer` with any metric
+(:mod:`~sgrld.optim.optimizer`) and one preset per metric of the paper
+(:mod:`~sgrld.optim.presets`); ``docs/conventions.md`` fixes ℓ, n, τ and the signs."""
 
 from sgrld.optim.groups import drawn_adapting
 from sgrld.optim.optimizer import ParamsT, SGRLDOptimizer
