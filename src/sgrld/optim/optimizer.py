@@ -435,7 +435,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     @property
     def group_metrics(self) -> list[Metric]:
         """Each parameter group's metric: :attr:`metric` with the group's own options."""
-        self.sampler_states  # noqa: B018 - brings the metrics up to date with the groups
+        for index in range(len(self.param_groups)):
+            self._group_state(index)  # a group's options changed since: its metric follows
         return list(self._group_metrics)
 
     def refreshes_next(self) -> bool:
