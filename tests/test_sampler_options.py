@@ -171,6 +171,10 @@ def test_a_preset_takes_every_option_of_its_metric(name: str, preset: type) -> N
         assert generic.metric == opt.metric
     with pytest.raises(TypeError, match="takes no metric="):
         preset([torch.zeros(3)], lr=0.1, num_data=10, metric=name)
+    with pytest.raises(TypeError, match="needs metric="):
+        sgrld.SGRLDOptimizer([torch.zeros(3)], lr=0.1, num_data=10)
+    with pytest.raises(TypeError, match="not 3"):
+        sgrld.SGRLDOptimizer([torch.zeros(3)], lr=0.1, num_data=10, metric=3)  # type: ignore[arg-type]
 
 
 def test_wenzel_preset_floors_its_scales_at_min_scale() -> None:

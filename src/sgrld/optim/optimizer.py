@@ -277,22 +277,24 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _make_metric(self, metric: Metric | str | None, options: dict[str, Any]) -> Metric:
         """The metric from ``metric`` (or the preset's class) and the keyword options left."""
         owner = type(self).__name__
+        given: Metric | type[Metric] | str | None = metric
         if self.metric_class is not None:
             if metric is not None:
                 raise TypeError(
-                    f"{owner} takes no metric= (it is the {self.metric_class.name} one)"
+                    f"{owner} takes no metric= (its metric is {self.metric_class.name})"
                 )
-            metric = self.metric_class  # type: ignore[assignment]
+            given = self.metric_class
         elif metric is None:
             raise TypeError(f"{owner} needs metric=: a Metric or a registry name")
         elif isinstance(metric, str):
-            owner, metric = f"{owner}({metric!r})", get_metric(metric)  # type: ignore[assignment]
-        if isinstance(metric, Metric):  # set its options on the instance, not beside it
-            check_options(type(metric), options, owner, _FACADE_OPTIONS, instance=True)
-            return metric
-        assert isinstance(metric, type)
-        check_options(metric, options, owner, _FACADE_OPTIONS)
-        return metric(**options)
+            owner, given = f"{owner}({metric!r})", get_metric(metric)
+        if isinstance(given, Metric):  # its options are set on the instance, not beside it
+            check_options(type(given), options, owner, _FACADE_OPTIONS, instance=True)
+            return given
+        if not (isinstance(given, type) and issubclass(given, Metric)):
+            raise TypeError(f"metric must be a Metric or a registry name, not {metric!r}")
+        check_options(given, options, owner, _FACADE_OPTIONS)
+        return given(**options)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
