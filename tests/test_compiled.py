@@ -42,8 +42,8 @@ def _run(opt: sgrld.SGRLDOptimizer, params: list[torch.nn.Parameter], steps: ran
             p.grad = 0.5 * p.detach() + 0.1 * p.detach() ** 3 + 0.3 * torch.cos(p.detach() + t + i)
         opt.step()
         sched.step()
-        if t % 7 == 6 and isinstance(opt, sgrld.WenzelSGLD):
-            opt.update_preconditioner()
+        if t % 7 == 6 and opt.metric.refresh_per_epoch:
+            opt.refresh_metric()
         if t == 15:
             opt.freeze_metric()  # adapt=False from here on
 

@@ -33,12 +33,12 @@ def _set_grads(params: list[torch.nn.Parameter], t: int) -> None:
         p.grad += 0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype)
 
 
-def _run(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], steps: range) -> None:
+def _run(opt: sgrld.SGRLDOptimizer, params: list[torch.nn.Parameter], steps: range) -> None:
     for t in steps:
         _set_grads(params, t)
         opt.step()
-        if isinstance(opt, sgrld.WenzelSGLD) and t % 4 == 3:
-            opt.update_preconditioner()
+        if opt.metric.refresh_per_epoch and t % 4 == 3:  # Wenzel's epoch end
+            opt.refresh_metric()
 
 
 def _snapshot(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:

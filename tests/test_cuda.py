@@ -177,7 +177,7 @@ def test_every_graphed_call_is_one_step() -> None:
         y.copy_(ys[t])
         step()
         assert opt.num_steps == t + 1
-    state = opt._group_states[0]
+    state = opt.sampler_states[0]
     assert state is not None and int(state.device_step) == 10
     assert step.warmed == 2 and step.replays == 8  # the capture call replays too
     eager = _run(spec, 10, graphed=False)

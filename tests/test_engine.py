@@ -180,13 +180,13 @@ def test_nan_in_second_group_changes_no_group(spec: SamplerSpec) -> None:
     opt.step()
     before = [p.detach().clone() for p in ps]
     gen = opt.generator.get_state()
-    stats = copy.deepcopy([s.stats for s in opt._group_states if s is not None])
+    stats = copy.deepcopy([s.stats for s in opt.sampler_states])
     ps[2].grad[0, 0, 0] = math.nan  # type: ignore[index]
     with pytest.raises(NonFiniteGradientError):
         opt.step()
     assert all(torch.equal(p.detach(), b) for p, b in zip(ps, before, strict=True))
     assert torch.equal(gen, opt.generator.get_state())
-    after = [s.stats for s in opt._group_states if s is not None]
+    after = [s.stats for s in opt.sampler_states]
     assert all(_same(a, b) for a, b in zip(stats, after, strict=True))
 
 
@@ -548,7 +548,7 @@ def test_wenzel_refreshes_once_per_epoch_from_the_batch_size() -> None:
         if (t + 1) % 3 == 0:
             manual.update_preconditioner()
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-    scale = auto._group_states[0].stats["scale"]
+    scale = auto.sampler_states[0].stats["scale"]
     assert not torch.equal(scale, torch.ones_like(scale))
 
 
@@ -734,12 +734,14 @@ def test_sgld_facade_with_unused_parameters_equals_the_flat_path(
     the direct path and the general path give the same parameters bit for bit."""
     import functools
 
-    import sgrld.optim
+    import sgrld.optim.optimizer
     from sgrld.core.engine import advance
 
     runs = []
     for direct in (True, False):
-        monkeypatch.setattr(sgrld.optim, "advance", functools.partial(advance, direct=direct))
+        monkeypatch.setattr(
+            sgrld.optim.optimizer, "advance", functools.partial(advance, direct=direct)
+        )
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Linear(13, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3)

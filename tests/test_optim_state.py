@@ -65,7 +65,7 @@ def test_state_lives_in_optimizer_state_as_views_of_what_the_step_uses(spec: Sam
     _steps(model, opt, range(3))
     for p in params:
         assert int(opt.state[p][STEP]) == 3
-    engine = opt._group_states[0]
+    engine = opt.sampler_states[0]
     published = {v.data_ptr() for e in opt.state.values() for v in e.values()}
     for value in engine.stats.values():  # every statistic is visible, no copy per step
         assert any(value.data_ptr() <= ptr for ptr in published)
@@ -290,3 +290,38 @@ def test_every_room_imports_on_its_own(module: str) -> None:
         [sys.executable, "-c", f"import {module}"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-500:]
+
+
+def test_the_host_side_of_a_step_is_public() -> None:
+    """What a CUDA graph's caller needs, with no private name: whether the coming step
+    refreshes G on the host (then run eagerly), and the host's part of a replayed step — the
+    counters advance and a ``refresh_every`` refresh runs as after an eager step."""
+    matrix = torch.nn.Parameter(torch.zeros(4, 3))
+    shampoo = sgrld.ShampooSGLD(
+        [matrix], lr=0.01, num_data=N, update_interval=2, adapt_until=5, precondition_vectors=True
+    )
+    due = []
+    for t in range(8):
+        due.append(shampoo.refreshes_next())
+        matrix.grad = torch.full((4, 3), t + 1.0)
+        shampoo.step()
+    # roots at steps 2 and 4, the warm-up's last step 5; frozen after it
+    assert due == [False, True, False, True, True, False, False, False]
+
+    def wenzel() -> sgrld.WenzelSGLD:
+        opt = sgrld.WenzelSGLD(params, lr=0.01, num_data=N, refresh_every=3)
+        for _ in range(2):
+            params[0].grad, params[1].grad = torch.full((4,), 3.0), torch.ones(2)
+            opt.step()
+        return opt
+
+    params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2))]
+    replayed, reference = wenzel(), wenzel()
+    assert replayed.refreshes_next()
+    replayed.after_replay()  # the graph's device work is not replayed here: V is as it was
+    reference.refresh_metric()
+    assert replayed.num_steps == 3 and not replayed.refreshes_next()
+    scales = [opt.sampler_states[0].stats["scale"] for opt in (replayed, reference)]
+    assert not torch.equal(scales[0], torch.ones(2))  # refreshed by after_replay
+    assert torch.equal(scales[0], scales[1])
+    assert replayed.group_metrics == [replayed.metric]

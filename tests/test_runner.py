@@ -244,7 +244,7 @@ def test_wenzel_refreshed_at_each_epoch_end() -> None:
     run = SamplingRun(tiny_config(sampler="wenzel", epochs=3), synthetic_splits())
     run.run()
     assert run.records[0].timing["refreshes"] == 3
-    scale = run.stepper.optimizer._group_state(0).stats["scale"]
+    scale = run.stepper.optimizer.sampler_states[0].stats["scale"]
     assert float(scale.min()) < 1.0 and float(scale.max()) == 1.0
 
 

@@ -98,7 +98,7 @@ def test_deferred_loop_equals_eager_loop(sampler: str) -> None:
     assert deferred.stepper.optimizer.capturable and not eager.stepper.optimizer.capturable
     assert isinstance(deferred.stepper.optimizer.param_groups[0]["lr"], torch.Tensor)
     if sampler == "shampoo":  # the roots were refreshed (update 100) inside a deferred step
-        stats = deferred.stepper.optimizer._group_state(0).stats
+        stats = deferred.stepper.optimizer.sampler_states[0].stats
         roots = [v for k, v in stats.items() if k.startswith("grad_root")]
         assert any(not torch.equal(r, torch.eye(r.shape[-1]).expand_as(r)) for r in roots)
 

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+import sgrld
+from metric_cases import CASES as METRIC_CASES
 from sgrld.experiments.commands import sample, sweep
 from sgrld.experiments.run.build import make_sampler, option_names
 from sgrld.experiments.run.config import METRIC_FIELDS, RunConfig
@@ -150,3 +152,53 @@ def test_a_sweep_command_line_takes_one_table_of_options() -> None:
         "lr0.01-beta20.99-eps1e-06-seed0",
         "lr0.02-beta20.99-eps1e-06-seed0",
     ]
+
+
+PRESETS = [(name, case.facade) for name, case in METRIC_CASES.items() if case.facade]
+
+
+@pytest.mark.parametrize(("name", "preset"), PRESETS, ids=[n for n, _ in PRESETS])
+def test_a_preset_takes_every_option_of_its_metric(name: str, preset: type) -> None:
+    """A preset is the base with its metric fixed: each of the metric's option sets (the
+    oracle's, away from the defaults) reaches the metric as it does through the registry."""
+    for options in METRIC_CASES[name].oracle_options:
+        opt = preset([torch.nn.Parameter(torch.zeros(4, 4))], lr=0.1, num_data=10, **options)
+        generic = sgrld.SGRLDOptimizer(
+            [torch.nn.Parameter(torch.zeros(4, 4))], lr=0.1, num_data=10, metric=name, **options
+        )
+        assert {k: getattr(opt.metric, k) for k in options} == options
+        assert all(opt.param_groups[0][k] == v for k, v in options.items())
+        assert generic.metric == opt.metric
+    with pytest.raises(TypeError, match="takes no metric="):
+        preset([torch.zeros(3)], lr=0.1, num_data=10, metric=name)
+    with pytest.raises(TypeError, match="needs metric="):
+        sgrld.SGRLDOptimizer([torch.zeros(3)], lr=0.1, num_data=10)
+    with pytest.raises(TypeError, match="not 3"):
+        sgrld.SGRLDOptimizer([torch.zeros(3)], lr=0.1, num_data=10, metric=3)  # type: ignore[arg-type]
+
+
+def test_wenzel_preset_floors_its_scales_at_min_scale() -> None:
+    """``min_scale`` (a WenzelMetric option) through the preset: after a refresh no M_p is
+    below it, while without it the tensor of large gradients gets a smaller scale."""
+    scales = []
+    for floor in (0.0, 0.5):
+        params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))]
+        opt = sgrld.WenzelSGLD(params, lr=0.01, num_data=10, min_scale=floor, refresh_every=2)
+        for _ in range(2):
+            params[0].grad, params[1].grad = torch.full((3,), 100.0), torch.ones(3)
+            opt.step()
+        scales.append(opt.sampler_states[0].stats["scale"])
+    assert float(scales[0][0]) < 0.5 and float(scales[1][0]) == 0.5
+    assert float(scales[0][1]) == float(scales[1][1]) == 1.0
+
+
+def test_a_refresh_schedule_needs_a_metric_refreshed_per_epoch() -> None:
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    with pytest.raises(ValueError, match="no per-epoch refresh"):
+        sgrld.SGLD(p, lr=0.1, num_data=10, refresh_every=3)
+    with pytest.raises(ValueError, match="no per-epoch refresh"):
+        sgrld.SGRLDOptimizer(p, lr=0.1, num_data=10, metric="rmsprop", batch_size=5)
+    assert (
+        sgrld.SGRLDOptimizer(p, lr=0.1, num_data=10, metric="wenzel", batch_size=3).refresh_every
+        == 4
+    )

@@ -14,8 +14,9 @@ the chain on the data in the static inputs, so a loop can use it from its first 
   every later replay (a float would be baked into the graph);
 * NaN/Inf checks are deferred (device flags, read by ``opt.check()``);
 * what the host schedules stays on the host: a step that makes a refresh due (Shampoo's roots,
-  Wenzel's ``refresh_every``) runs eagerly instead of replaying (so the chain is exactly the
-  eager one), and the optimizer's host step counter is advanced after each replay. A refresh the
+  Wenzel's ``refresh_every``: :meth:`~sgrld.SGRLDOptimizer.refreshes_next`) runs eagerly instead
+  of replaying (so the chain is exactly the eager one), and the optimizer's host side of a step
+  runs after each replay (:meth:`~sgrld.SGRLDOptimizer.after_replay`). A refresh the
   caller runs between replays (Wenzel's ``update_preconditioner()``) writes the statistics in
   place, so the next replay reads it;
 * whether the metric adapts is baked into a capture, so the step after the warm-up
@@ -49,9 +50,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from sgrld.core.engine import refresh_due
-from sgrld.core.warmup import closes_warmup
-from sgrld.optim import SGRLDOptimizer, WenzelSGLD
+from sgrld.optim import SGRLDOptimizer
 
 __all__ = ["GraphedStep"]
 
@@ -63,9 +62,9 @@ class GraphedStep:
     ``warmup`` calls run eagerly on a side stream (CUDA libraries initialise their workspaces
     there, the optimizer creates its state), the next one captures the step and replays it
     (capturing records the kernels without running them), later ones replay. A call whose step
-    makes a scheduled refresh due (Shampoo's roots, a :class:`~sgrld.WenzelSGLD`
-    ``refresh_every``) runs eagerly instead, at any point. Make a new ``GraphedStep`` after
-    ``optimizer.load_state_dict`` (it replaces the state tensors the graph writes).
+    makes a scheduled refresh due (Shampoo's roots, a ``refresh_every``) runs eagerly instead,
+    at any point. Make a new ``GraphedStep`` after ``optimizer.load_state_dict`` (it replaces
+    the state tensors the graph writes).
 
     Args:
         step_fn: the whole training step (forward, backward, ``optimizer.step()``), reading its
@@ -107,19 +106,6 @@ class GraphedStep:
         self._side: torch.cuda.Stream | None = None
         self._adapts: tuple[bool, ...] = ()  # whether each group adapted when captured
 
-    def _refresh_next(self) -> bool:
-        """Whether the coming step makes a host-scheduled refresh due (it then runs eagerly)."""
-        opt = self.optimizer
-        for index, state in enumerate(opt._group_states):
-            metric = opt._group_metrics[index]
-            if state is None or metric is None or not opt.adapts(index):
-                continue  # a frozen metric is not refreshed
-            until = opt.param_groups[index]["adapt_until"]
-            if refresh_due(metric, state.step + 1) or closes_warmup(metric, state.step + 1, until):
-                return True
-        every = opt.refresh_every if isinstance(opt, WenzelSGLD) else None
-        return every is not None and (opt.num_steps + 1) % every == 0
-
     def _warm(self) -> Tensor | None:
         """One eager step on a side stream (the recipe of ``make_graphed_callables``)."""
         if self._side is None:
@@ -135,15 +121,15 @@ class GraphedStep:
         """Record the step. Nothing runs on the device, but the step's host side does (the
         optimizer's host step counts advance): undo that, so the replay that follows counts it."""
         opt = self.optimizer
-        counts = [None if state is None else state.step for state in opt._group_states]
+        states = opt.sampler_states
+        counts = [state.step for state in states]
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
                 self.output = self.step_fn()
         finally:  # also when the capture fails: no step was taken
-            for state, count in zip(opt._group_states, counts, strict=True):
-                if state is not None and count is not None:
-                    state.step = count
+            for state, count in zip(states, counts, strict=True):
+                state.step = count
         self.graph = graph
         self._adapts = self._adapting()
 
@@ -155,16 +141,12 @@ class GraphedStep:
         assert self.graph is not None
         self.graph.replay()
         self.replays += 1
-        opt = self.optimizer
-        for state in opt._group_states:
-            if state is not None:
-                state.step += 1  # the device count advanced inside the graph
-        opt._after_step()
+        self.optimizer.after_replay()  # the device count advanced inside the graph
         return self.output
 
     def __call__(self) -> Tensor | None:
         """One training step: eager (warm-up, due refresh), or captured and replayed."""
-        if self._refresh_next():
+        if self.optimizer.refreshes_next():
             return self.step_fn()  # an eager step refreshes on schedule itself
         if self.graph is not None and self._adapting() != self._adapts:
             self.graph = None  # the warm-up ended (or the metric was frozen): capture anew

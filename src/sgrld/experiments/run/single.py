@@ -76,7 +76,7 @@ def resolve_step_mode(step_mode: str, config: RunConfig, device: torch.device) -
 def _first_failure(optimizer: SGRLDOptimizer) -> tuple[int, int] | None:
     """The first failing update and the index of its first non-finite tensor, from the
     optimizer's deferred device flags (one host read), or ``None``."""
-    for state in optimizer._group_states:  # one group (make_sampler)
+    for state in optimizer.sampler_states:  # one group (make_sampler)
         if state is not None:
             step, tensor = (int(v) for v in state.flags.tolist())
             if step:
@@ -89,7 +89,7 @@ def _rewind(optimizer: SGRLDOptimizer, update: int) -> None:
     (parameters and statistics untouched), only the step counters ran on. Set them back to the
     last good update and clear the flags, so that the checkpoint holds the state after update
     ``update - 1`` as the eager loop's does (and ``state_dict`` does not refuse it)."""
-    for state in optimizer._group_states:
+    for state in optimizer.sampler_states:
         if state is not None:
             state.flags.zero_()
             state.step = update - 1

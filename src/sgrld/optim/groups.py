@@ -1,0 +1,151 @@
+"""What a parameter group is stepped through: its validated options and tensors, the tensors
+stepped in their place (masks, low-precision masters: :class:`sgrld.core.precision.StandIns`),
+FSDP2 shards, and the per-parameter state entries beyond the statistics."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from sgrld.core.contract import Metric
+from sgrld.core.param_state import MASTER, publish, shard_key
+from sgrld.core.precision import StandIns
+from sgrld.core.sampler import validate_hyperparameters
+from sgrld.core.shards import local
+from sgrld.core.state import SamplerState
+from sgrld.core.warmup import drawn_while_adapting
+
+if TYPE_CHECKING:
+    from sgrld.optim.optimizer import SGRLDOptimizer
+
+#: a localised chain's centre θ₀ in a parameter's state
+CENTER = "center"
+
+
+def validate_group(lr: float | Tensor, num_data: float, temperature: float) -> None:
+    """ℓ, n and τ of a group, as torch.optim takes ℓ: a float or any one-element tensor."""
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1:
+            raise ValueError(
+                f"invalid lr: a tensor of shape {tuple(lr.shape)} (expected a float or a "
+                "one-element tensor)"
+            )
+        lr = lr.reshape(())
+    validate_hyperparameters(lr, num_data, temperature)
+
+
+def as_scalar(lr: float | Tensor) -> float | Tensor:
+    """ℓ as the engine takes it: a float, or a 0-d view of any one-element tensor."""
+    return lr.view(()) if isinstance(lr, Tensor) and lr.dim() > 0 else lr
+
+
+def check_params(names: list[str], params: list[Tensor]) -> None:
+    """A group's parameters are stepped as one flat buffer: one dtype and device, floating."""
+    first = params[0]
+    for name, p in zip(names, params, strict=True):
+        if p.dtype != first.dtype or p.device != first.device:
+            raise ValueError(
+                f"parameter {name!r} is {p.dtype} on {p.device}, {names[0]!r} {first.dtype} "
+                f"on {first.device}: the parameters of one group are stepped as one flat "
+                "buffer, so they must share dtype and device (put the others in a group of "
+                "their own)"
+            )
+        if not p.is_floating_point():
+            raise ValueError(f"parameter {name!r} is {p.dtype}: expected floating point")
+
+
+def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:
+    """Masks: boolean, of their parameter's shape and device, for parameters of this optimizer."""
+    mine = {id(p) for p in params}
+    for p, mask in masks.items():
+        if not isinstance(p, Tensor) or id(p) not in mine:
+            raise ValueError("masks: every key must be a parameter of this optimizer")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != p.shape:
+            got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else mask
+            raise ValueError(
+                f"masks: a mask must be a bool tensor of its parameter's shape {tuple(p.shape)}, "
+                f"got {got}"
+            )
+        if mask.device != p.device:
+            raise ValueError(f"masks: a mask on {mask.device} for a parameter on {p.device}")
+
+
+def check_sharded(name: str, noise: str, compile: bool, capturable: bool) -> None:
+    """Refuse, with the reason, the options that sharded parameters (FSDP2) do not have."""
+    unsharded = "not implemented for sharded parameters"
+    for option, given, reason in (
+        ("noise='torch'", noise == "torch", "a generator's stream cannot be drawn at a shard's "
+         "global indices, so the ranks would not form one chain (use noise='philox', the "
+         "default for sharded parameters)"),
+        ("compile=True", compile, unsharded),
+        ("capturable=True", capturable, unsharded),
+    ):  # fmt: skip
+        if given:
+            raise NotImplementedError(
+                f"parameter {name!r} is sharded (DTensor, FSDP2) and the optimizer has "
+                f"{option}: {reason}"
+            )
+
+
+def follow_shards(state: SamplerState, params: list[Tensor]) -> None:
+    """Point the state at the parameters' current shards: FSDP2 moves a shard into its own
+    padded storage at its first forward (lazy initialisation), after the optimizer was built."""
+    for name, p in zip(state.params, params, strict=True):
+        shard = local(p)
+        if shard.data_ptr() != state.params[name].data_ptr():
+            state.params[name] = shard
+
+
+def publish_group(
+    metric: Metric, state: SamplerState, standins: StandIns | None
+) -> list[dict[str, Tensor]]:
+    """:func:`~sgrld.core.param_state.publish` plus the master copies of low-precision
+    parameters and the localisation's centre (a masked sharded parameter's: the rank's own,
+    under its shard's key)."""
+    entries = publish(metric, state)
+    shards = state.layout.shards
+    for name, tensors in ((MASTER, standins and standins.masters), (CENTER, state.center)):
+        for j, (entry, tensor) in enumerate(zip(entries, tensors or [], strict=False)):
+            if shards is not None and j in shards.uneven:
+                entry[shard_key(name, shards)] = tensor
+            elif shards is not None and name == CENTER:
+                entry[name] = shards.global_view(tensor, j)
+            else:
+                entry[name] = tensor
+    return entries
+
+
+#: the optimizer stepping each parameter (weakly held on both sides), so that a
+#: :class:`~sgrld.SampleStore` given only the model can tell whether a sample was drawn while
+#: the metric was still adapting (:func:`drawn_adapting`)
+_OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[SGRLDOptimizer]]] = {}
+
+
+def own(p: Tensor, opt: SGRLDOptimizer) -> None:
+    """Record ``opt`` as the optimizer of ``p`` (by id: a tensor's ``==`` is elementwise, so
+    no mapping can key on tensors; the entry goes when ``p`` does)."""
+    key = id(p)
+    _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))
+
+
+def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | None:
+    """Whether the state of ``params`` was produced by a step that adapted the metric (the
+    warm-up, :mod:`sgrld.core.warmup`), as ``(adapting, steps taken, adapt_until)`` of the
+    optimizer that steps them; ``None`` when no sgrld optimizer steps them."""
+    for p in params:
+        refs = _OWNERS.get(id(p))
+        opt = None if refs is None or refs[0]() is not p else refs[1]()
+        if opt is None:
+            continue
+        found = [i for i, g in enumerate(opt.param_groups) if any(q is p for q in g["params"])]
+        if not found:
+            continue
+        group, steps = opt.param_groups[found[0]], opt.num_steps
+        until, adapt = group["adapt_until"], bool(group["adapt_metric"])
+        metric = opt.group_metrics[found[0]]
+        return drawn_while_adapting(metric, steps, until, adapt), steps, until
+    return None

@@ -1,0 +1,157 @@
+"""Loading an optimizer state dict: validated completely before anything is applied.
+
+Two formats load. Today's is torch.optim's (``state`` by parameter index, ``param_groups``),
+every tensor in the per-parameter entries of :mod:`sgrld.core.param_state`. sgrld's first
+format kept each group's flat sampler state beside an empty torch ``state``
+(``{"sgrld": {"generator", "groups": [flat state or None]}}``); it is converted to today's
+(:func:`from_first_format`) and then loaded as one. Group options a dict predates take the value
+they had before they existed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from sgrld.core.contract import Metric
+from sgrld.core.noise import keys_from_generator, keys_from_seeds
+from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load
+from sgrld.core.state import check_generator_state
+from sgrld.core.warmup import check_adapt_until
+from sgrld.optim.groups import publish_group, validate_group
+from sgrld.optim.watch import WATCH_KEY, first_window
+
+if TYPE_CHECKING:
+    from sgrld.optim.optimizer import SGRLDOptimizer
+
+#: the value each facade option had before it existed (what an older state dict ran with): it
+#: adapted throughout; RMSprop's and Adam's ε was absolute (no floor)
+BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
+
+
+def seed_key(generator: torch.Generator, device: torch.device) -> Tensor:
+    """The noise key of ``noise="torch"`` groups (a traced step's): from the generator's seed."""
+    return keys_from_seeds([generator.initial_seed() % 2**64], device)[0]
+
+
+def plan(opt: SGRLDOptimizer, state_dict: dict[str, Any]) -> Callable[[], None]:
+    """Validate ``state_dict`` completely; return the function that applies it (cannot fail)."""
+    saved_groups = state_dict.get("param_groups")
+    if not isinstance(saved_groups, list) or len(saved_groups) != len(opt.param_groups):
+        have = len(saved_groups) if isinstance(saved_groups, list) else 0
+        raise ValueError(
+            f"the state dict has {have} parameter groups, this optimizer {len(opt.param_groups)}"
+        )
+    saved_state = state_dict.get("state")
+    if not isinstance(saved_state, dict):
+        raise ValueError("not an optimizer state dict (no 'state' entry)")
+    loaded = [load_group(opt, index, saved) for index, saved in enumerate(saved_groups)]
+    groups, metrics = [group for group, _ in loaded], [metric for _, metric in loaded]
+    if "sgrld" in state_dict:
+        saved_state = from_first_format(opt, state_dict["sgrld"], saved_groups, groups, metrics)
+    watch_first = first_window(state_dict.get(WATCH_KEY))
+    fresh, copies = [], []
+    generator_state: Tensor | None = None
+    for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
+        label = f"param group {index}"
+        state, standins = opt._new_state(index, metric, groups[index])
+        mine = publish_group(metric, state, standins)
+        entries = [saved_state.get(pid) for pid in saved["params"]]
+        extra = (GENERATOR,) if index == 0 else ()
+        copies += plan_load(mine, entries, opt._names(index), label, extra, (MASTER,))
+        if index == 0:
+            first = entries[0] if entries else None
+            generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
+            if generator_state is None:
+                raise ValueError(f"{label}: the state dict has no generator state")
+            check_generator_state(opt.generator, generator_state, "the state dict")
+        fresh.append((state, standins))
+
+    def apply() -> None:
+        opt._apply_groups(groups, watch_first)
+        apply_load(copies)
+        assert generator_state is not None
+        opt.generator.set_state(generator_state.to("cpu", torch.uint8))
+        for index, ((state, standins), metric) in enumerate(zip(fresh, metrics, strict=True)):
+            state.step = int(state.device_step.item())
+            opt._install(index, state, metric, standins)
+
+    return apply
+
+
+def load_group(opt: SGRLDOptimizer, index: int, saved: Any) -> tuple[dict[str, Any], Metric]:
+    """Group ``index`` as it will be after loading ``saved`` (validated, options missing from
+    an older dict filled in) and its metric."""
+    label = f"param group {index}"
+    mine = opt.param_groups[index]
+    if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
+        raise ValueError(f"{label}: not a parameter group")
+    if len(saved["params"]) != len(mine["params"]):
+        raise ValueError(
+            f"{label}: the state dict has {len(saved['params'])} parameters, this optimizer "
+            f"{len(mine['params'])}"
+        )
+    group = {k: v for k, v in saved.items() if k != "params"}
+    defaults = {f.name: f.default for f in dataclasses.fields(opt.metric)}  # type: ignore[arg-type]
+    defaults.update(BEFORE_IT_EXISTED)
+    for key in mine:
+        if key not in group and key != "params":
+            default = defaults.get(key, dataclasses.MISSING)
+            group[key] = mine[key] if default is dataclasses.MISSING else default
+    group["params"] = mine["params"]
+    if "param_names" in mine:
+        group["param_names"] = mine["param_names"]
+    try:
+        validate_group(group["lr"], group["num_data"], group["temperature"])
+        check_adapt_until(group["adapt_until"])
+        metric = opt._group_metric(group)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{label}: {exc}") from None
+    return group, metric
+
+
+def from_first_format(
+    opt: SGRLDOptimizer,
+    extra: Any,
+    saved_groups: list[dict[str, Any]],
+    groups: list[dict[str, Any]],
+    metrics: list[Metric],
+) -> dict[int, dict[str, Tensor]]:
+    """Today's per-parameter ``state`` from the first format's flat group states: each is loaded
+    into a fresh state of its group, whose entries are then published, as that optimizer would
+    have continued (a group never stepped draws its Philox key at the load, as the first
+    format did at its first step; the generator then is the one that drew it)."""
+    if not isinstance(extra, dict) or not {"generator", "groups"} <= set(extra):
+        raise ValueError("not an sgrld optimizer state dict (no valid 'sgrld' entry)")
+    if not isinstance(extra["groups"], list) or len(extra["groups"]) != len(groups):
+        raise ValueError("the state dict's sgrld entry does not match its parameter groups")
+    check_generator_state(opt.generator, extra["generator"], "the state dict")
+    generator = torch.Generator(opt.generator.device)
+    generator.set_state(extra["generator"])
+    out: dict[int, dict[str, Tensor]] = {}
+    for index, (saved, metric) in enumerate(zip(extra["groups"], metrics, strict=True)):
+        label = f"param group {index}"
+        state, standins = opt._new_state(index, metric, groups[index])
+        state.generator = generator
+        if saved is not None:
+            shapes = saved.get("shapes") if isinstance(saved, dict) else None
+            mine = [list(s) for s in state.layout.shapes]
+            if shapes is not None and shapes != mine:
+                raise ValueError(
+                    f"{label}: the state dict is for parameters of shapes {shapes}, these are "
+                    f"{mine}"
+                )
+            state.validate_state_dict(saved, label)
+            state.apply_state_dict(saved)
+        elif opt.noise == "philox":
+            state.keys.copy_(keys_from_generator((), generator, state.keys.device))
+        if opt.noise != "philox":
+            state.keys.copy_(seed_key(generator, state.keys.device))
+        entries = publish_group(metric, state, standins)
+        out.update(zip(saved_groups[index]["params"], entries, strict=True))
+    out[saved_groups[0]["params"][0]][GENERATOR] = generator.get_state()
+    return out

@@ -1,0 +1,123 @@
+"""The figures an optimizer sums on the device: telemetry, and :func:`sgrld.health`'s watch.
+
+The engine adds a step's sums of squares (‖ℓG⁻¹ĝ‖², ‖σG^{-½}ξ‖², ‖θ‖²) and a step count to a
+float64 ``(4,)`` tensor (:func:`sgrld.core.engine.telemetry_figures`); nothing is read in a step.
+The watch does so on one step in ``WATCH_EVERY`` and reads its window once per ``WATCH_WINDOW``
+of those (:mod:`sgrld.chain_health` holds the rule); under FSDP the sums are the rank's shard's
+and are summed over the mesh at the read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Watch
+from sgrld.core.shards import ShardSpec
+from sgrld.core.warmup import DEFAULT_WARMUP
+
+#: steps between two closes of the watch's window
+WINDOW_STEPS = WATCH_EVERY * WATCH_WINDOW
+#: the state dict's entry of the watch's first window (the growth reference, kept on a resume)
+WATCH_KEY = "health_watch"
+
+
+def new_sums(device: torch.device) -> Tensor:
+    return torch.zeros(4, dtype=torch.float64, device=device)
+
+
+def chain_sums(sums_of: Sequence[Sequence[float]]) -> list[float]:
+    """The chain's sums from its groups': the squares add; the step count is each group's (the
+    groups step together)."""
+    total = [sum(column) for column in zip(*sums_of, strict=True)]
+    total[3] = sums_of[0][3]
+    return total
+
+
+def over_the_mesh(
+    shards: ShardSpec, sums: Tensor, diagnostics: dict[str, Tensor]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """A sharded group's figures for the whole chain: the sums of squares of the rank's shard
+    summed over the ranks, the metric's figures (largest over the rank's own blocks) their
+    largest over the ranks; two collectives, at the read only."""
+    import torch.distributed as dist
+
+    shards.sum_(sums[:3])  # the step count is every rank's
+    if diagnostics:
+        names = sorted(diagnostics)
+        peaks = torch.stack([diagnostics[n].to(sums.device, torch.float64) for n in names])
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX, group=shards.mesh.get_group())
+        diagnostics = dict(zip(names, peaks.unbind(), strict=True))
+    return sums, diagnostics
+
+
+def settled(steps: int, adapt_until: int | None) -> bool:
+    """Past the warm-up (while the metric adapts, G changes under the chain) and the first
+    window: only then is ℓ judged (:func:`sgrld.chain_health.judge`)."""
+    return steps > max(DEFAULT_WARMUP if adapt_until is None else adapt_until, WINDOW_STEPS)
+
+
+def first_window(saved: Any) -> dict[str, float] | None:
+    """The watch's first window from a state dict (``None``: none, or a dict from before)."""
+    if saved is None:
+        return None
+    if not isinstance(saved, Mapping) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in saved.values()
+    ):
+        raise ValueError(f"{WATCH_KEY!r}: not a mapping of figures to floats")
+    return {str(k): float(v) for k, v in saved.items()}
+
+
+class HealthWatch(Watch):
+    """One optimizer's watch: the rule's windows (:class:`sgrld.chain_health.Watch`) and the
+    open window's sums per parameter group."""
+
+    def __init__(self, first: dict[str, float] | None = None) -> None:
+        super().__init__(first=first)
+        self.sums: dict[int, Tensor] = {}  # per group: the open window's
+
+    def step_sums(self, index: int, device: torch.device) -> Tensor:
+        """Zeros for group ``index``'s figures of a watched step (added by :meth:`add`)."""
+        if index not in self.sums:
+            self.sums[index] = new_sums(device)
+        return new_sums(device)
+
+    def add(self, index: int, step: Tensor, telemetry: Tensor | None) -> None:
+        """Add a watched step's sums to the window and to the user's telemetry."""
+        self.sums[index].add_(step)
+        if telemetry is not None:
+            telemetry.add_(step)
+
+    def open_window(
+        self, shards: Sequence[ShardSpec | None], temperature: float
+    ) -> dict[str, float] | None:
+        """The open window (one host read; summed over the mesh under FSDP, so that every rank
+        reaches the same verdict); ``None`` when empty."""
+        sums_of = []
+        for index, acc in self.sums.items():
+            mesh = shards[index]
+            sums_of.append(
+                (acc if mesh is None else over_the_mesh(mesh, acc.clone(), {})[0]).tolist()
+            )
+        if not sums_of or not sums_of[0][3]:
+            return None
+        return Watch.window(chain_sums(sums_of), temperature)
+
+    def end_window(self, window: dict[str, float] | None, settled: bool) -> None:
+        """Start a new window; judge the closed one, warning once per verdict."""
+        for acc in self.sums.values():
+            acc.zero_()
+        if window is not None:
+            self.warn(self.close(window, settled))
+
+    def nonfinite_message(self, message: str, step: int, window: dict[str, float] | None) -> str:
+        """A non-finite gradient's error with the step, ‖θ‖ over the last windows and the fix."""
+        text = f"{message} at step {step}"
+        windows = self.windows[-3:] + ([window] if window else [])
+        if windows:
+            norms = ", ".join(f"{w['theta_norm']:.3g}" for w in windows)
+            text += f" (|theta| over the last {WINDOW_STEPS}-step windows: {norms})"
+        return text + "; a smaller lr usually avoids this"
