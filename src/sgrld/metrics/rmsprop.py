@@ -57,7 +57,7 @@ class RMSpropMetric(Metric):
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return init_second_moment("square_avg", layout, like, self.eps)
 
-    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
         return {"square_avg": "element", "inv_sqrt": "element"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
