@@ -1,16 +1,13 @@
 """``compile=True``: a step's metric update, G⁻¹ĝ, G^{-1/2}ξ and move as one compiled call.
 
-Eagerly every operation of an elementwise metric is a pass over the flat buffers (RMSprop needs
-eight, Monge six), and at 478k parameters each pass costs about 0.05 ms inside a training step:
-more than the ≤ 10 % a preconditioner may add to SGLD (``docs/performance.md``). Here the same
-library code — ``metric.update``, ``metric.inverse``, ``metric.inverse_sqrt`` and
-:func:`~sgrld.core.integrator.euler_maruyama` — is traced by ``torch.compile`` and inductor fuses
-it into a few loops. With ``noise="philox"`` ξ is drawn inside the same call
+Eagerly every operation of an elementwise metric is a pass over the flat buffers
+(``docs/performance.md`` counts them per sampler). Here the same library code — the engine's
+:func:`~sgrld.core.engine.body`: ``metric.update``, ``metric.inverse``, ``metric.inverse_sqrt``
+and :func:`~sgrld.core.integrator.euler_maruyama` — is traced by ``torch.compile`` and inductor
+fuses it into a few loops. With ``noise="philox"`` ξ is drawn inside the same call
 (:func:`~sgrld.core.noise.philox_normals`: the same numbers as the eager kernel, to the last bits
-of log/cos/sin), so no separate kernel writes and re-reads a noise buffer: on one thread of this
-project's 2-core VM the MLP's ``opt.step()`` then costs 0.99 ms (SGLD) and 1.29 ms (RMSprop)
-instead of 1.27 and 1.51 ms with ξ drawn before the call, and 1.19 / 1.82 ms eagerly. Two things
-keep the traced graph fusable and stable:
+of log/cos/sin), so no kernel writes and re-reads a noise buffer. Two things keep the traced
+graph fusable and stable:
 
 * the metric works on private clones of the gradient and noise buffers, which inductor sees as
   intermediates (in-place writes to graph inputs would each cost a store pass);
@@ -43,14 +40,14 @@ _counter = itertools.count()
 
 
 def _move(
+    keys: Tensor | None,
+    noise_step: Tensor | None,
     metric: Metric,
     stats: Stats,
     layout: FlatLayout,
     grad: Tensor,
     xi: Tensor | None,
     *rest: object,
-    keys: Tensor | None = None,
-    noise_step: Tensor | None = None,
 ) -> None:
     """The engine's :func:`~sgrld.core.engine.body` of a :class:`~sgrld.core.engine.Move` on
     private clones (fusable intermediates); with ``keys`` ξ is drawn here (Philox at
@@ -118,7 +115,7 @@ class CompiledMove:
             move = move._replace(lr=lr, sigma=sigma)
         try:
             with quiet_compile():
-                self._fn(*move._replace(params=list(move.params)), keys=keys, noise_step=noise_step)
+                self._fn(keys, noise_step, *move._replace(params=list(move.params)))
         except Exception as exc:  # fullgraph: tracing or compiling failed before anything ran
             self.failed = True
             warnings.warn(
