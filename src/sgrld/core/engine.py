@@ -105,14 +105,16 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
             )
 
 
-def _refuse_nonfinite(total: Tensor, named: Callable[[], Sequence[tuple[str, Tensor]]]) -> None:
+def _refuse_nonfinite(
+    total: Tensor, names: Sequence[str], tensors: Callable[[], Sequence[Tensor]]
+) -> None:
     """The ``"sync"`` check: one host read of ``total`` (a sum over the gradients: NaN/Inf
-    anywhere makes it non-finite); only then each tensor of ``named()`` is looked at, to name the
+    anywhere makes it non-finite); only then each of ``tensors()`` is looked at, to name the
     first bad one. A sum that overflowed although every element is finite refuses nothing."""
     # one ``item`` (free on CPU) instead of isfinite → all → bool, five small kernels
     if math.isfinite(total.item()):
         return
-    for name, g in named():
+    for name, g in zip(names, tensors(), strict=True):
         if not bool(torch.isfinite(g).all()):
             raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
@@ -121,16 +123,17 @@ def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> Non
     """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
     present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
     if present:
-        _check_each(present, state.layout)
+        names, tensors = zip(*present, strict=True)
+        _check_each(names, tensors, state.layout)
 
 
-def _check_each(named: list[tuple[str, Tensor]], layout: FlatLayout) -> None:
+def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayout) -> None:
     """The ``"sync"`` check on parameter-shaped gradients: one sum each, one host read."""
-    sums = torch.stack([g.sum() for _, g in named])
+    sums = torch.stack([g.sum() for g in grads])
     if layout.shards is not None:
-        _refuse_shards(layout.sum_(sums), [n for n, _ in named])
+        _refuse_shards(layout.sum_(sums), names)
     else:
-        _refuse_nonfinite(sums.sum(), lambda: named)
+        _refuse_nonfinite(sums.sum(), names, lambda: grads)
 
 
 def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
@@ -481,7 +484,7 @@ def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:
 def _by_gradient(plan: Plan, state: SamplerState, part: Part, telemetry: Tensor | None) -> None:
     """G = I: θ ← θ − ℓĝ + σξ by the gradients themselves (no statistics, no flat copy)."""
     if plan.checks == "sync":
-        _check_each(list(zip(part.layout.names, part.grads, strict=True)), part.layout)
+        _check_each(part.layout.names, part.grads, part.layout)
     noise = part.work.views(_draw(state, part, plan)) if part.draws else None
     if telemetry is not None:
         record_telemetry(telemetry, part.params, part.grads, noise, part.lr, part.sigma)
@@ -505,8 +508,7 @@ def _through_flat(
     grad = part.work.gather(part.grads)
     ok: Tensor | None = None  # deferred checks: per chain, whether it may move
     if plan.checks == "sync" and layout.shards is None:  # sharded: with the sums, below
-        named = lambda: list(zip(layout.names, layout.segments(grad), strict=True))  # noqa: E731
-        _refuse_nonfinite(grad.sum(), named)  # one reduction, one host read
+        _refuse_nonfinite(grad.sum(), layout.names, lambda: layout.segments(grad))
     elif plan.checks == "deferred":
         ok = _record_bad(state, layout, grad, part.active)
         grad.masked_fill_(~ok, 0.0)  # a bad chain's move is then exactly zero
