@@ -293,3 +293,30 @@ def test_a_step_allocates_no_parameter_sized_memory(spec: SamplerSpec) -> None:
         opt.step()
     allocated = sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0)
     assert allocated < 1024, f"{allocated} bytes allocated in one step"
+
+
+@pytest.mark.parametrize("num_chains", [None, 3])
+def test_stat_kinds_declare_every_statistic(spec: SamplerSpec, num_chains: int | None) -> None:
+    """``stat_kinds(layout)`` gives exactly the keys ``init(layout)`` makes, each with a kind
+    whose shape fits (what a subset step restricts and the optimizer state publishes), and a
+    per-tensor statistic's kind names its key and a tensor of the layout."""
+    from sgrld.core.contract import PerTensor
+    from sgrld.core.layout import FlatLayout
+
+    params, _ = quadratic_problem()
+    batch = () if num_chains is None else (num_chains,)
+    tensors = [v.expand(*batch, *v.shape) for v in params.values()]
+    layout = FlatLayout.from_tensors(list(params), tensors, num_chains)
+    metric = spec.make_sampler(lr=0.01, num_data=N).metric
+    stats = metric.init(layout, tensors[0])
+    kinds = metric.stat_kinds(layout)
+    assert set(kinds) == set(stats)
+    for key, kind in kinds.items():
+        if isinstance(kind, PerTensor):
+            assert kind.key == key and 0 <= kind.tensor < len(layout.names)
+        elif kind == "element":
+            assert stats[key].shape == (*batch, layout.size)
+        elif kind == "tensor":
+            assert stats[key].shape[-1] == len(layout.names)
+        else:
+            assert kind == "global"

@@ -762,3 +762,23 @@ def test_sgld_facade_with_unused_parameters_equals_the_flat_path(
         assert unused.grad is None and torch.equal(unused.detach(), torch.ones(5))
         runs.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+def test_the_plan_is_decided_once_per_state_and_again_when_the_caller_changes_it() -> None:
+    """A state keeps the plan of its first step (no per-step decisions from flags); a caller
+    that changes the configuration (a traced facade step: deferred checks) gets a new one, and
+    SGLD moves by its gradients only on the eager path with checks it can take at once."""
+    from sgrld.core.engine import Plan, advance
+
+    sampler = sgrld.build("identity", lr=0.05, num_data=N)
+    params, steps = _sgld_problem(torch.float32, None)
+    state = sampler.init(params, generator=torch.Generator().manual_seed(0))
+    sampler.step(state, steps[0])
+    plan = state.plan
+    assert isinstance(plan, Plan) and plan.by_gradient and plan.fused is None
+    sampler.step(state, steps[1])
+    assert state.plan is plan
+    grads = [steps[3].get(n) for n in state.params]
+    advance(sampler.metric, state, grads, lr=0.05, num_data=N, temperature=1.0, checks="deferred")
+    assert isinstance(state.plan, Plan) and state.plan is not plan
+    assert state.plan.checks == "deferred" and not state.plan.by_gradient

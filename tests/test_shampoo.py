@@ -18,13 +18,24 @@ import pytest
 import torch
 
 from metric_cases import row_major_blocks, shampoo_dense
-from sgrld.core.engine import update_metric
+from sgrld.core.contract import Metric, Stats
+from sgrld.core.engine import refresh_due
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks, plan_buckets
 from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
 from sgrld.metrics.shampoo import ShampooMetric
 
 # ----------------------------------------------------------------------------- oracle
+
+
+def update_metric(
+    metric: Metric, stats: Stats, layout: FlatLayout, grad: torch.Tensor, t: int
+) -> None:
+    """``metric.update`` then, when due at step ``t``, the scheduled refresh, as the engine's
+    step calls them."""
+    metric.update(stats, layout, grad, t)
+    if refresh_due(metric, t):
+        metric.refresh(stats, layout)
 
 
 def dense_apply(metric: ShampooMetric, stats: dict, layout: FlatLayout, sqrt: bool) -> np.ndarray:

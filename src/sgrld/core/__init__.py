@@ -12,14 +12,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sgrld.core.engine import NonFiniteGradientError, advance, body, check
+    from sgrld.core.engine import Move, NonFiniteGradientError, advance, body, check
     from sgrld.core.integrator import euler_maruyama, noise_scale
     from sgrld.core.layout import FlatLayout
     from sgrld.core.sampler import Sampler, clone_state
     from sgrld.core.state import SamplerState
 
 _LAZY = {
-    **dict.fromkeys(("NonFiniteGradientError", "advance", "body", "check"), "sgrld.core.engine"),
+    **dict.fromkeys(
+        ("Move", "NonFiniteGradientError", "advance", "body", "check"), "sgrld.core.engine"
+    ),
     **dict.fromkeys(("euler_maruyama", "noise_scale"), "sgrld.core.integrator"),
     "FlatLayout": "sgrld.core.layout",
     **dict.fromkeys(("Sampler", "clone_state"), "sgrld.core.sampler"),
@@ -28,6 +30,7 @@ _LAZY = {
 
 __all__ = [
     "FlatLayout",
+    "Move",
     "NonFiniteGradientError",
     "Sampler",
     "SamplerState",

@@ -1,16 +1,13 @@
 """``compile=True``: a step's metric update, G⁻¹ĝ, G^{-1/2}ξ and move as one compiled call.
 
-Eagerly every operation of an elementwise metric is a pass over the flat buffers (RMSprop needs
-eight, Monge six), and at 478k parameters each pass costs about 0.05 ms inside a training step:
-more than the ≤ 10 % a preconditioner may add to SGLD (``docs/performance.md``). Here the same
-library code — ``metric.update``, ``metric.inverse``, ``metric.inverse_sqrt`` and
-:func:`~sgrld.core.integrator.euler_maruyama` — is traced by ``torch.compile`` and inductor fuses
-it into a few loops. With ``noise="philox"`` ξ is drawn inside the same call
+Eagerly every operation of an elementwise metric is a pass over the flat buffers
+(``docs/performance.md`` counts them per sampler). Here the same library code — the engine's
+:func:`~sgrld.core.engine.body`: ``metric.update``, ``metric.inverse``, ``metric.inverse_sqrt``
+and :func:`~sgrld.core.integrator.euler_maruyama` — is traced by ``torch.compile`` and inductor
+fuses it into a few loops. With ``noise="philox"`` ξ is drawn inside the same call
 (:func:`~sgrld.core.noise.philox_normals`: the same numbers as the eager kernel, to the last bits
-of log/cos/sin), so no separate kernel writes and re-reads a noise buffer: on one thread of this
-project's 2-core VM the MLP's ``opt.step()`` then costs 0.99 ms (SGLD) and 1.29 ms (RMSprop)
-instead of 1.27 and 1.51 ms with ξ drawn before the call, and 1.19 / 1.82 ms eagerly. Two things
-keep the traced graph fusable and stable:
+of log/cos/sin), so no kernel writes and re-reads a noise buffer. Two things keep the traced
+graph fusable and stable:
 
 * the metric works on private clones of the gradient and noise buffers, which inductor sees as
   intermediates (in-place writes to graph inputs would each cost a store pass);
@@ -29,14 +26,13 @@ from __future__ import annotations
 import itertools
 import types
 import warnings
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
 from sgrld.core.contract import Metric, Stats
-from sgrld.core.engine import body
+from sgrld.core.engine import Move, body
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import philox_normals
 
@@ -44,37 +40,23 @@ _counter = itertools.count()
 
 
 def _move(
+    keys: Tensor | None,
+    noise_step: Tensor | None,
     metric: Metric,
     stats: Stats,
     layout: FlatLayout,
     grad: Tensor,
     xi: Tensor | None,
-    params: list[Tensor],
-    step: int | Tensor,
-    lr: Tensor,
-    sigma: Tensor,
-    adapt: bool,
-    keys: Tensor | None = None,
-    noise_step: Tensor | None = None,
+    *rest: object,
 ) -> None:
-    """The engine's :func:`~sgrld.core.engine.body` on private clones (fusable intermediates);
-    with ``keys`` ξ is drawn here (Philox at ``noise_step``), fused with the step."""
+    """The engine's :func:`~sgrld.core.engine.body` of a :class:`~sgrld.core.engine.Move` on
+    private clones (fusable intermediates); with ``keys`` ξ is drawn here (Philox at
+    ``noise_step``), fused with the step."""
     if keys is not None and noise_step is not None:
         xi = philox_normals((*layout.batch_shape, layout.size), grad.dtype, keys, noise_step)
     elif xi is not None:
         xi = xi.clone()
-    body(
-        metric,
-        stats,
-        layout,
-        grad.clone(),
-        xi,
-        params,
-        step,
-        lr,
-        sigma,
-        adapt,
-    )
+    body(Move(metric, stats, layout, grad.clone(), xi, *rest))  # type: ignore[arg-type]
 
 
 def check_compile(compile: bool, metric: Metric) -> None:
@@ -120,38 +102,24 @@ class CompiledMove:
         return lr_t, sigma_t
 
     def __call__(
-        self,
-        metric: Metric,
-        stats: Stats,
-        layout: FlatLayout,
-        grad: Tensor,
-        xi: Tensor | None,
-        params: Sequence[Tensor],
-        step: int | Tensor,
-        lr: float | Tensor,
-        sigma: float | Tensor,
-        adapt: bool,
-        keys: Tensor | None = None,
-        noise_step: Tensor | None = None,
+        self, move: Move, keys: Tensor | None = None, noise_step: Tensor | None = None
     ) -> bool:
         """Run the step; ``False`` if it cannot be compiled (the caller then runs it eagerly).
 
-        With ``keys`` (and ``xi=None``) the Philox noise of ``noise_step`` is drawn inside the
-        compiled call, so that an elementwise metric's step is one fused pass over D."""
+        With ``keys`` (and ``move.xi=None``) the Philox noise of ``noise_step`` is drawn inside
+        the compiled call, so that an elementwise metric's step is one fused pass over D."""
         if self.failed:
             return False
-        if isinstance(lr, Tensor) and isinstance(sigma, Tensor):
-            lr_t, sigma_t = lr, sigma
-        else:
-            lr_t, sigma_t = self._lr_sigma(grad, float(lr), float(sigma))
+        if not (isinstance(move.lr, Tensor) and isinstance(move.sigma, Tensor)):
+            lr, sigma = self._lr_sigma(move.grad, float(move.lr), float(move.sigma))
+            move = move._replace(lr=lr, sigma=sigma)
         try:
             with quiet_compile():
-                args = (metric, stats, layout, grad, xi, list(params), step)
-                self._fn(*args, lr_t, sigma_t, adapt, keys, noise_step)
+                self._fn(keys, noise_step, *move._replace(params=list(move.params)))
         except Exception as exc:  # fullgraph: tracing or compiling failed before anything ran
             self.failed = True
             warnings.warn(
-                f"sgrld: compiling the {metric.name} step failed ({failure_reason(exc)}); "
+                f"sgrld: compiling the {move.metric.name} step failed ({failure_reason(exc)}); "
                 "running it eagerly",
                 RuntimeWarning,
                 stacklevel=4,

@@ -13,7 +13,7 @@ that the core can restrict the state to the parameters that have gradients this 
 * ``"element"``: last dim is ``D`` (one entry per parameter element);
 * ``"tensor"``: last dim is the number of parameter tensors;
 * ``"global"``: anything else shared by the whole group (kept as is);
-* keys of the form ``"<stat>@<i>"`` belong to parameter tensor ``i`` only (e.g. Shampoo factors).
+* :class:`PerTensor`: belongs to one parameter tensor only (e.g. Shampoo's factors).
 """
 
 from __future__ import annotations
@@ -21,14 +21,30 @@ from __future__ import annotations
 import abc
 import difflib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
 
-StatKind = Literal["element", "tensor", "global"]
 Stats = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class PerTensor:
+    """The kind of a statistic that belongs to parameter tensor ``tensor`` alone (Shampoo's
+    factors): stored under :attr:`key`, published as ``stat`` in that parameter's state."""
+
+    stat: str
+    tensor: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.stat}@{self.tensor}"
+
+
+StatKind = Literal["element", "tensor", "global"] | PerTensor
 
 
 class Metric(abc.ABC):
@@ -60,8 +76,8 @@ class Metric(abc.ABC):
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         """Fresh statistics for ``layout``; ``like`` gives dtype and device."""
 
-    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
-        """Kind of every key of ``stats`` that is not of the per-tensor ``"<stat>@<i>"`` form."""
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
+        """The kind of every statistic that :meth:`init` makes for ``layout``."""
         return {}
 
     @abc.abstractmethod

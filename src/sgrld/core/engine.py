@@ -7,13 +7,15 @@ call the same function, so an option either works on every path or is refused on
 One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``):
 
 1. validate the gradients against the parameters (shape, dtype, device: host metadata only);
-2. gather them into the flat buffer and check them (see *checks* below); SGLD (G = I) skips the
-   copy: its check and move read the gradients themselves (the same numbers, bit for bit);
-3. draw ξ (:mod:`sgrld.core.noise`);
-4. :func:`body`: ``metric.update`` → ``metric.inverse`` → ``metric.inverse_sqrt`` → the
-   Euler–Maruyama move (:func:`~sgrld.core.integrator.euler_maruyama`);
-5. count the step on the host and on the device, and refresh a scheduled metric part (Shampoo's
-   roots) when it is due — on the host, outside the hot step.
+   the tensors that move are those with a gradient (:class:`Part`);
+2. follow the sampler's :class:`Plan`, decided once from its configuration: SGLD (G = I) moves
+   by the gradients themselves (:func:`_by_gradient`: the same numbers, bit for bit, without
+   their flat copy); every other step gathers them into the flat buffer and checks them (see
+   *checks* below), draws ξ (:mod:`sgrld.core.noise`) and runs :func:`body`, eagerly or
+   compiled: ``metric.update`` → ``metric.inverse`` → ``metric.inverse_sqrt`` → the one
+   Euler–Maruyama integrator (:func:`~sgrld.core.integrator.euler_maruyama`);
+3. count the step on the host and on the device; a due scheduled refresh (Shampoo's roots)
+   runs on the host, outside the hot step.
 
 **Checks** (``NaN``/``Inf`` in a gradient), three modes:
 
@@ -36,13 +38,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, Stats
-from sgrld.core.integrator import euler_maruyama
+from sgrld.core.contract import Metric, PerTensor, StatKind, Stats
+from sgrld.core.integrator import euler_maruyama, noise_scale
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
 from sgrld.core.shards import SumsAhead
@@ -102,14 +105,16 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
             )
 
 
-def _refuse_nonfinite(total: Tensor, named: Callable[[], Sequence[tuple[str, Tensor]]]) -> None:
+def _refuse_nonfinite(
+    total: Tensor, names: Sequence[str], tensors: Callable[[], Sequence[Tensor]]
+) -> None:
     """The ``"sync"`` check: one host read of ``total`` (a sum over the gradients: NaN/Inf
-    anywhere makes it non-finite); only then each tensor of ``named()`` is looked at, to name the
+    anywhere makes it non-finite); only then each of ``tensors()`` is looked at, to name the
     first bad one. A sum that overflowed although every element is finite refuses nothing."""
     # one ``item`` (free on CPU) instead of isfinite → all → bool, five small kernels
     if math.isfinite(total.item()):
         return
-    for name, g in named():
+    for name, g in zip(names, tensors(), strict=True):
         if not bool(torch.isfinite(g).all()):
             raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
@@ -118,36 +123,23 @@ def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> Non
     """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
     present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
     if present:
-        _check_each(present, state.layout)
+        names, tensors = zip(*present, strict=True)
+        _check_each(names, tensors, state.layout)
 
 
-def _check_each(named: list[tuple[str, Tensor]], layout: FlatLayout) -> None:
+def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayout) -> None:
     """The ``"sync"`` check on parameter-shaped gradients: one sum each, one host read."""
-    sums = torch.stack([g.sum() for _, g in named])
+    sums = torch.stack([g.sum() for g in grads])
     if layout.shards is not None:
-        _check_shards(sums, [n for n, _ in named], layout)
-        return
-    _refuse_nonfinite(sums.sum(), lambda: named)
-
-
-def _check_now(names: Sequence[str], layout: FlatLayout, flat: Tensor) -> None:
-    """The ``"sync"`` check on the gathered flat gradient: one reduction, one host read."""
-    if layout.shards is not None:
-        sums = torch.stack([seg.sum() for seg in layout.segments(flat)])
-        _check_shards(sums, names, layout)
-        return
-    _refuse_nonfinite(flat.sum(), lambda: list(zip(names, layout.segments(flat), strict=True)))
-
-
-def _check_shards(sums: Tensor, names: Sequence[str], layout: FlatLayout) -> None:
-    """The ``"sync"`` check of sharded gradients: the per-tensor sums of every rank's shard,
-    summed over the ranks (one all-reduce), so that every rank refuses the same step naming the
-    same tensor, whichever rank holds the bad element."""
-    _refuse_shards(layout.sum_(sums), names)
+        _refuse_shards(layout.sum_(sums), names)
+    else:
+        _refuse_nonfinite(sums.sum(), names, lambda: grads)
 
 
 def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
-    """Refuse unless every tensor's gradient sum over the ranks (``total``) is finite."""
+    """The ``"sync"`` check of sharded gradients: refuse unless every tensor's gradient sum over
+    the ranks (``total``, one all-reduce) is finite, so that every rank refuses the same step
+    naming the same tensor, whichever rank holds the bad element."""
     finite = torch.isfinite(total)
     if bool(finite.all()):
         return
@@ -156,7 +148,7 @@ def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
 
 
 def _record_bad(
-    state: SamplerState, layout: FlatLayout, grad: Tensor, active: list[int] | None = None
+    state: SamplerState, layout: FlatLayout, grad: Tensor, active: Sequence[int] | None = None
 ) -> Tensor:
     """Device-side check: per chain, whether it may move this step, shape (*batch, 1).
 
@@ -164,10 +156,14 @@ def _record_bad(
     its gradient is finite and it had no bad step before. No host read. ``active`` maps the
     tensors of ``layout`` (a step's subset with gradients) to the state's tensor indices.
     """
-    # max |g| per tensor and chain (NaN propagates through amax); abs + amax is ~15x faster
-    # than the inf-norm kernel on CPU (4 x 478k float32: 0.4 ms against 5.6 ms)
+    # max |g| per tensor and chain as max(max g, −min g) (NaN propagates through both): two
+    # reads of D and no |g| buffer, where abs + amax reads, writes and reads D (and is itself
+    # ~15x faster than the inf-norm kernel on CPU; aminmax, one read, is ~15x slower)
     peaks = torch.stack(
-        [s.abs().amax(dim=-1) if s.shape[-1] else s.sum(-1) for s in layout.segments(grad)],
+        [
+            torch.maximum(s.amax(-1), -s.amin(-1)) if s.shape[-1] else s.sum(-1)
+            for s in layout.segments(grad)
+        ],
         dim=-1,
     )  # an empty shard (a rank FSDP2 gave no rows) has peak 0
     if layout.shards is not None:  # each rank's peaks summed: NaN/Inf on any rank shows on all
@@ -243,13 +239,6 @@ def check(state: SamplerState, label: str = "") -> None:
     )
 
 
-def sigma_of(lr: Scalar, num_data: float, temperature: float) -> Scalar:
-    """σ = √(2ℓτ/n), on the device when ℓ is a tensor."""
-    if isinstance(lr, Tensor):
-        return torch.sqrt(lr * (2.0 * temperature / num_data))
-    return math.sqrt(2.0 * lr * temperature / num_data)
-
-
 def _per_chain(value: Scalar, layout: FlatLayout, like: Tensor) -> Scalar:
     """A per-chain ℓ or σ of shape (K,) as (K, 1): broadcast over the flat (K, D) buffers."""
     if isinstance(value, Tensor) and value.dim() > 0:
@@ -257,31 +246,39 @@ def _per_chain(value: Scalar, layout: FlatLayout, like: Tensor) -> Scalar:
     return value
 
 
+class Move(NamedTuple):
+    """One step's arguments of :func:`body`, eager or compiled (:mod:`sgrld.core.compiled`):
+    ``grad`` and ``xi`` private flat buffers (the metric may overwrite them), ``step`` the count
+    after it (an int, or a 0-d device tensor), ℓ and σ floats or 0-d or ``(*batch, 1)`` tensors."""
+
+    metric: Metric
+    stats: Stats
+    layout: FlatLayout
+    grad: Tensor
+    xi: Tensor | None
+    params: list[Tensor]
+    step: int | Tensor
+    lr: Scalar
+    sigma: Scalar
+    adapt: bool
+
+
 def body(
-    metric: Metric,
-    stats: Stats,
-    layout: FlatLayout,
-    grad: Tensor,
-    xi: Tensor | None,
-    params: list[Tensor],
-    step: int | Tensor,
-    lr: Scalar,
-    sigma: Scalar,
-    adapt: bool,
+    move: Move,
     refresh: bool = False,
     views: Callable[[Tensor], list[Tensor]] | None = None,
     telemetry: Tensor | None = None,
     pull: Callable[[Tensor], None] | None = None,
 ) -> None:
-    """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ.
+    """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ
+    (paper eq. 4, Γ dropped) by the one integrator, :func:`~sgrld.core.integrator.euler_maruyama`.
 
-    ``grad`` and ``xi`` are private flat buffers (the metric may overwrite them). ``lr`` and
-    ``sigma`` are Python floats (eager) or tensors: 0-d, or per chain ``(*batch, 1)``. With
-    ``refresh`` the metric's scheduled part (Shampoo's roots) is recomputed after the update,
-    so that this step already uses it (as the paper's code does). ``pull`` adds the
+    With ``refresh`` the metric's scheduled part (Shampoo's roots) is recomputed after the
+    update, so that this step already uses it (as the paper's code does). ``pull`` adds the
     localisation's gradient to ``grad`` after the statistics have seen the loss's alone
     (:func:`localization_pull`).
     """
+    metric, stats, layout, grad, xi, params, step, lr, sigma, adapt = move
     if adapt:
         metric.update(stats, layout, grad, step)
         if refresh:
@@ -293,7 +290,7 @@ def body(
     noise = None if xi is None else shape(metric.inverse_sqrt(stats, layout, xi))
     if telemetry is not None:
         record_telemetry(telemetry, params, drift, noise, lr, sigma)
-    move(layout, params, drift, noise, lr, sigma)
+    euler_maruyama(params, drift, noise, lr, sigma)
 
 
 #: what :func:`record_telemetry` sums per step, in this order (then the step count)
@@ -351,27 +348,77 @@ def record_telemetry(
     acc.add_(torch.stack([p.expand(batch) for p in parts], dim=-1))
 
 
-def move(
-    layout: FlatLayout,
-    params: list[Tensor],
-    drift: Sequence[Tensor],
-    noise: Sequence[Tensor] | None,
-    lr: Scalar,
-    sigma: Scalar,
-) -> None:
-    """θ ← θ − ℓ·drift + σ·noise per tensor (drift = G⁻¹ĝ, noise = G^{-½}ξ, parameter-shaped)."""
-    if isinstance(lr, Tensor) and lr.dim() > 0:  # per chain: (K, 1) → (K, 1, ..., 1) per tensor
-        nb = len(layout.batch_shape)
-        lrs = [lr.reshape(*lr.shape[:nb], *([1] * (d.dim() - nb))) for d in drift]
-        sig = sigma if isinstance(sigma, Tensor) else torch.as_tensor(sigma)
-        sigs = [sig.reshape(*lr.shape[:nb], *([1] * (d.dim() - nb))) for d in drift]
-        if noise is None:
-            moves = [-d * r for d, r in zip(drift, lrs, strict=True)]
-        else:
-            moves = [n * s - d * r for d, n, r, s in zip(drift, noise, lrs, sigs, strict=True)]
-        torch._foreach_add_(params, moves)
-        return
-    euler_maruyama(params, drift, noise, lr, sigma)
+@dataclass(frozen=True)
+class Plan:
+    """How a sampler's steps run, decided from its configuration at its state's first step and
+    kept on the state; a step then looks only at its own facts (which tensors have a gradient,
+    whether a refresh is due, telemetry)."""
+
+    config: tuple[object, ...]  # what it was decided from (a traced facade step changes it)
+    checks: CheckMode
+    noise: NoiseSource
+    by_gradient: bool  # G = I eagerly, checks not deferred: θ moves by ĝ itself (_by_gradient)
+    fused: Callable[..., bool] | None  # the compiled body; None eagerly or localised
+    inline: bool  # Philox ξ drawn inside the compiled call: one fused pass over D
+    localization: float
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Plan:
+        return self  # immutable; a copied state shares it (and its compiled body)
+
+    @staticmethod
+    def of(state: SamplerState, metric: Metric, *options: Any) -> Plan:
+        """``options``: ``advance``'s checks, noise_source, compiled, direct, localization."""
+        config = (metric.preconditions, *options)
+        if isinstance(state.plan, Plan) and state.plan.config == config:
+            return state.plan
+        checks, noise, compiled, direct, localization = options
+        eager = compiled is None and not localization
+        fused = None if localization else compiled  # the pull is added eagerly
+        # deferred checks mask ξ; sharded ξ is drawn at global indices (sgrld.core.shards)
+        inline = noise == "philox" and checks != "deferred" and state.layout.shards is None
+        by_gradient = direct and eager and not metric.preconditions and checks != "deferred"
+        state.plan = Plan(
+            config, checks, noise, by_gradient, fused, fused is not None and inline, localization
+        )
+        return state.plan
+
+
+@dataclass
+class Part:
+    """What moves this step: all of a group's tensors, or (rarely) those with a gradient,
+    ``active`` (their indices), with restricted copies of the statistics written back by
+    :func:`_merge` (a tensor without a gradient neither moves nor updates statistics); and by
+    how much: ℓ, σ, and whether ξ is drawn."""
+
+    layout: FlatLayout
+    stats: Stats
+    params: list[Tensor]
+    grads: list[Tensor]
+    work: Workspace
+    active: tuple[int, ...] | None
+    lr: Scalar = 0.0
+    sigma: Scalar = 0.0
+    draws: bool = False
+
+    @staticmethod
+    def of(metric: Metric, state: SamplerState, grads: Sequence[Tensor | None]) -> Part:
+        params = list(state.params.values())
+        present = [g for g in grads if g is not None]
+        if len(present) == len(params):
+            if state.workspace is None:
+                state.workspace = Workspace.for_layout(state.layout, params[0])
+            return Part(state.layout, state.stats, params, present, state.workspace, None)
+        active = tuple(i for i, g in enumerate(grads) if g is not None)
+        whole = state.layout
+        layout = FlatLayout(
+            tuple(whole.names[i] for i in active),
+            tuple(whole.shapes[i] for i in active),
+            whole.batch_shape,
+            None if whole.shards is None else whole.shards.restrict(list(active)),
+        )
+        stats = _restrict(metric.stat_kinds(whole), state.stats, whole, active)
+        work = Workspace.for_layout(layout, params[0])
+        return Part(layout, stats, [params[i] for i in active], present, work, active)
 
 
 def advance(
@@ -385,7 +432,7 @@ def advance(
     checks: CheckMode = "sync",
     adapt: bool = True,
     noise_source: NoiseSource = "torch",
-    compiled: object | None = None,
+    compiled: Callable[..., bool] | None = None,
     refresh: bool = True,
     direct: bool = True,
     telemetry: Tensor | None = None,
@@ -405,115 +452,102 @@ def advance(
     ``localization`` c > 0 adds c·(θ − θ₀) (θ₀ = ``state.center``) to the drift's gradient
     only: the metric's statistics see ĝ alone (:func:`localization_pull`).
     """
-    layout = state.layout
-    params = list(state.params.values())
-    active = [i for i, g in enumerate(grads) if g is not None]
-    if not active:
+    if all(g is None for g in grads):
         return
     validate_grads(state, grads)
-    present = [g for g in grads if g is not None]
-    if len(active) == len(params):
-        if state.workspace is None:
-            state.workspace = Workspace.for_layout(layout, params[0])
-        work, stats, sub_layout = state.workspace, state.stats, layout
-    else:  # rare: a subset of the group has gradients this step
-        stats, sub_layout = _restrict(metric, state.stats, layout, active)
-        work = Workspace.for_layout(sub_layout, params[0])
-        params = [params[i] for i in active]
-    ok: Tensor | None = None
     if localization and state.center is None:
         raise ValueError(
             "localization needs a state with a centre (init by a sampler with localization > 0)"
         )
-    if (
-        direct
-        and not localization
-        and not metric.preconditions
-        and checks != "deferred"
-        and compiled is None
-        and all(g.is_contiguous() for g in present)
-    ):
-        # G = I: the drift is the gradient itself, so no flat copy of it (one read and one
-        # write of D saved). Contiguous gradients only: the move's kernels then iterate them
-        # exactly as the flat buffer's views, so every number is the general path's.
-        grad = None
-        if checks == "sync":
-            _check_each(list(zip(sub_layout.names, present, strict=True)), sub_layout)
-    else:
-        grad = work.gather(present)
-        if checks == "sync" and sub_layout.shards is None:  # sharded: with the sums, below
-            _check_now(sub_layout.names, sub_layout, grad)
-        elif checks == "deferred":
-            ok = _record_bad(state, sub_layout, grad, None if sub_layout is layout else active)
-            grad.masked_fill_(~ok, 0.0)  # a bad chain's move is then exactly zero
-
-    step = state.step + 1
-    sigma = sigma_of(lr, num_data, temperature)
+    plan = Plan.of(state, metric, checks, noise_source, compiled, direct, localization)
+    part = Part.of(metric, state, grads)
+    part.lr, part.sigma = lr, noise_scale(lr, num_data, temperature)
     # σ > 0 exactly then (n > 0 is validated); a float ℓ = 0 (a warm-up's start) draws nothing
-    positive = temperature > 0.0 and not (isinstance(lr, (int, float)) and lr == 0.0)
-    # the warm-up's last step refreshes as a scheduled one would (:func:`~.warmup.closes_warmup`)
-    due = refresh and adapt and (refresh_due(metric, step) or closes_warmup)
-    # a grad subset and a refresh step (eigh on the host, every few hundred steps) run eagerly
-    fuse = compiled is not None and stats is state.stats and not due and telemetry is None
-    fuse = fuse and not localization  # the pull is added eagerly (:func:`localization_pull`)
-    # compiled with counter-based noise: ξ is drawn inside the compiled call, which then makes
-    # one fused pass over D (the same numbers: a function of the keys and the step count)
-    inline = fuse and positive and noise_source == "philox" and ok is None
-    inline = inline and sub_layout.shards is None
+    part.draws = temperature > 0.0 and not (isinstance(lr, (int, float)) and lr == 0.0)
+    if plan.by_gradient and all(g.is_contiguous() for g in part.grads):
+        _by_gradient(plan, state, part, telemetry)
+    else:
+        # the warm-up's last step refreshes as a scheduled one would (warmup.closes_warmup)
+        due = refresh and adapt and (refresh_due(metric, state.step + 1) or closes_warmup)
+        _through_flat(plan, metric, state, part, adapt, due, telemetry)
+    state.step += 1
+    state.device_step.add_(1)
+    if part.active is not None:  # a subset's statistics back into the group's
+        _merge(metric.stat_kinds(state.layout), state.stats, part.stats, state.layout, part.active)
 
-    def draw() -> Tensor:
-        return work.noise.draw(state.generator, noise_source, state.keys, state.device_step)
 
+def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:
+    """This step's ξ (:mod:`sgrld.core.noise`), in the workspace's noise buffer."""
+    return part.work.noise.draw(state.generator, plan.noise, state.keys, state.device_step)
+
+
+def _by_gradient(plan: Plan, state: SamplerState, part: Part, telemetry: Tensor | None) -> None:
+    """G = I: θ ← θ − ℓĝ + σξ by the gradients themselves (no statistics, no flat copy)."""
+    if plan.checks == "sync":
+        _check_each(part.layout.names, part.grads, part.layout)
+    noise = part.work.views(_draw(state, part, plan)) if part.draws else None
+    if telemetry is not None:
+        record_telemetry(telemetry, part.params, part.grads, noise, part.lr, part.sigma)
+    like = part.grads[0]
+    lr, sigma = _per_chain(part.lr, part.layout, like), _per_chain(part.sigma, part.layout, like)
+    euler_maruyama(part.params, part.grads, noise, lr, sigma)
+
+
+def _through_flat(
+    plan: Plan,
+    metric: Metric,
+    state: SamplerState,
+    part: Part,
+    adapt: bool,
+    due: bool,
+    telemetry: Tensor | None,
+) -> None:
+    """Every other step: ĝ gathered into the flat buffer and checked, then :func:`body`, or its
+    compiled form, on it."""
+    layout, stats = part.layout, part.stats
+    grad = part.work.gather(part.grads)
+    ok: Tensor | None = None  # deferred checks: per chain, whether it may move
+    if plan.checks == "sync" and layout.shards is None:  # sharded: with the sums, below
+        _refuse_nonfinite(grad.sum(), layout.names, lambda: layout.segments(grad))
+    elif plan.checks == "deferred":
+        ok = _record_bad(state, layout, grad, part.active)
+        grad.masked_fill_(~ok, 0.0)  # a bad chain's move is then exactly zero
+    # a grad subset, a refresh step (eigh on the host) and telemetry run eagerly
+    fused = plan.fused if part.active is None and not due and telemetry is None else None
+    inline = fused is not None and plan.inline and part.draws
     # ξ first: the generator drives nothing else, so the order does not change the chain.
-    xi = draw() if positive and not inline else None
-    if grad is None:  # the direct path of G = I
-        noise = None if xi is None else work.views(xi)
-        like = present[0]
-        lr_arg, sigma_arg = _per_chain(lr, sub_layout, like), _per_chain(sigma, sub_layout, like)
-        if telemetry is not None:
-            record_telemetry(telemetry, params, present, noise, lr, sigma)
-        move(sub_layout, params, present, noise, lr_arg, sigma_arg)
-        state.step = step
-        state.device_step.add_(1)
-        return
-    if sub_layout.shards is not None and checks != "deferred":
+    xi = _draw(state, part, plan) if part.draws and not inline else None
+    if layout.shards is not None and ok is None:
         # localised: G⁻¹ acts on ĝ + c(θ − θ₀), which the sums ahead (taken from ĝ) do not
         # see, so the metric then sums over the ranks itself, one all-reduce per sum
-        summing = None if localization else metric
-        _sum_ahead(summing, stats, sub_layout, grad, xi, adapt, checks == "sync")
-    if xi is not None and ok is not None:
-        xi.masked_fill_(~ok, 0.0)
+        summing = None if plan.localization else metric
+        _sum_ahead(summing, stats, layout, grad, xi, adapt, plan.checks == "sync")
     saved = None
-    if ok is not None and adapt:
-        saved = {k: v.clone() for k, v in stats.items()}
-    step_arg: int | Tensor = state.device_step + 1 if checks == "deferred" else step
-    lr_arg, sigma_arg = _per_chain(lr, sub_layout, grad), _per_chain(sigma, sub_layout, grad)
-    fused = False
+    if ok is not None:
+        if xi is not None:
+            xi.masked_fill_(~ok, 0.0)
+        if adapt:
+            saved = {k: v.clone() for k, v in stats.items()}
+    # deferred: the count read on the device (a captured step reads no host value)
+    count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
     pull = None
-    if localization:
+    if plan.localization:
         assert state.center is not None
-        centers = state.center if sub_layout is layout else [state.center[i] for i in active]
-        pull = localization_pull(localization, params, centers, work.views, ok)
-    if fuse and compiled is not None:
-        keys = (state.keys, state.device_step) if inline else ()
-        fused = compiled(  # type: ignore[operator]
-            metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg, adapt, *keys
-        )
-    if not fused:
+        centers = state.center if part.active is None else [state.center[i] for i in part.active]
+        pull = localization_pull(plan.localization, part.params, centers, part.work.views, ok)
+    rates = _per_chain(part.lr, layout, grad), _per_chain(part.sigma, layout, grad)
+    move = Move(metric, stats, layout, grad, xi, part.params, count, *rates, adapt)
+    keys = (state.keys, state.device_step) if inline else ()
+    if fused is None or not fused(move, *keys):
         if inline:  # not compiled after all: the same ξ, drawn eagerly
-            xi = draw()
-        args = (metric, stats, sub_layout, grad, xi, params, step_arg, lr_arg, sigma_arg)
-        body(*args, adapt, due, work.views, telemetry, pull)
-    if sub_layout.shards is not None:
-        sub_layout.shards.ahead.clear()
+            move = move._replace(xi=_draw(state, part, plan))
+        body(move, due, part.work.views, telemetry, pull)
+    if layout.shards is not None:
+        layout.shards.ahead.clear()
     if saved is not None and ok is not None:
         for k, v in stats.items():  # a bad chain's statistics as they were
             keep = ok.reshape(*ok.shape[:-1], *([1] * (v.dim() - ok.dim() + 1)))
             v.copy_(torch.where(keep, v, saved[k]))
-    state.step = step
-    state.device_step.add_(1)
-    if stats is not state.stats:
-        _merge(metric, state.stats, stats, layout, active)
 
 
 def localization_pull(
@@ -536,16 +570,6 @@ def localization_pull(
     return pull
 
 
-def update_metric(
-    metric: Metric, stats: Stats, layout: FlatLayout, grad: Tensor, step: int
-) -> None:
-    """``metric.update`` then, when due at ``step``, the scheduled refresh: the statistics part
-    of an eager step (for callers that drive a metric directly, as the tests do)."""
-    metric.update(stats, layout, grad, step)
-    if refresh_due(metric, step):
-        metric.refresh(stats, layout)
-
-
 def in_graph() -> bool:
     """Whether this step is being traced by ``torch.compile`` or captured in a CUDA graph: then
     nothing may be decided from host values (a scheduled refresh is left to the host)."""
@@ -560,52 +584,43 @@ def refresh_due(metric: Metric, step: int) -> bool:
     return interval is not None and step % interval == 0
 
 
+def _renamed(key: str, kind: StatKind, active: Sequence[int]) -> str | None:
+    """A statistic's key among those of the tensors in ``active``: a
+    :class:`~sgrld.core.contract.PerTensor` one's under its tensor's new index (``None``: not
+    one of them); any other's as it is."""
+    if not isinstance(kind, PerTensor):
+        return key
+    return PerTensor(kind.stat, active.index(kind.tensor)).key if kind.tensor in active else None
+
+
 def _restrict(
-    metric: Metric, stats: Stats, layout: FlatLayout, active: list[int]
-) -> tuple[Stats, FlatLayout]:
-    """Statistics of the parameters in ``active`` only (copies, written back by ``_merge``)."""
-    sub_layout = FlatLayout(
-        tuple(layout.names[i] for i in active),
-        tuple(layout.shapes[i] for i in active),
-        layout.batch_shape,
-        None if layout.shards is None else layout.shards.restrict(active),
-    )
-    kinds = metric.stat_kinds(stats)
-    index = {i: j for j, i in enumerate(active)}
-    idx = torch.tensor(active)
+    kinds: dict[str, StatKind], stats: Stats, layout: FlatLayout, active: Sequence[int]
+) -> Stats:
+    """Statistics of the tensors in ``active`` only (copies, written back by :func:`_merge`)."""
     sub: Stats = {}
     for key, value in stats.items():
-        if "@" in key:
-            stat, i = key.rsplit("@", 1)
-            if int(i) in index:
-                sub[f"{stat}@{index[int(i)]}"] = value
-        elif kinds[key] == "element":
+        name, kind = _renamed(key, kinds[key], active), kinds[key]
+        if kind == "element":
             segs = layout.segments(value)
-            sub[key] = torch.cat([segs[i] for i in active], dim=-1)
-        elif kinds[key] == "tensor":
-            sub[key] = value.index_select(-1, idx.to(value.device))
-        else:
-            sub[key] = value
-    return sub, sub_layout
+            value = torch.cat([segs[i] for i in active], dim=-1)
+        elif kind == "tensor":
+            value = value.index_select(-1, torch.tensor(active, device=value.device))
+        if name is not None:
+            sub[name] = value
+    return sub
 
 
-def _merge(metric: Metric, stats: Stats, sub: Stats, layout: FlatLayout, active: list[int]) -> None:
-    kinds = metric.stat_kinds(stats)
-    idx = torch.tensor(active)
+def _merge(
+    kinds: dict[str, StatKind], stats: Stats, sub: Stats, layout: FlatLayout, active: Sequence[int]
+) -> None:
     for key, value in stats.items():
-        if "@" in key:
-            stat, i = key.rsplit("@", 1)
-            if int(i) in active:
-                stats[key] = sub[f"{stat}@{active.index(int(i))}"]
-        elif kinds[key] == "element":
+        name, kind = _renamed(key, kinds[key], active), kinds[key]
+        if kind == "element":
+            parts = sub[key].split([layout.numels[i] for i in active], -1)
             segs = layout.segments(value)
-            for seg, src in zip(
-                (segs[i] for i in active),
-                sub[key].split([layout.numels[i] for i in active], -1),
-                strict=True,
-            ):
+            for seg, src in zip((segs[i] for i in active), parts, strict=True):
                 seg.copy_(src)
-        elif kinds[key] == "tensor":
-            value.index_copy_(-1, idx.to(value.device), sub[key])
-        else:
-            stats[key] = sub[key]
+        elif kind == "tensor":
+            value.index_copy_(-1, torch.tensor(active, device=value.device), sub[key])
+        elif name is not None:
+            stats[key] = sub[name]

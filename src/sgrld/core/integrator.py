@@ -15,9 +15,20 @@ import torch
 from torch import Tensor
 
 
-def noise_scale(lr: float, num_data: float, temperature: float) -> float:
-    """σ = √(2ℓτ/n), the standard deviation of the injected noise before G^{-1/2}."""
+def noise_scale(lr: float | Tensor, num_data: float, temperature: float) -> float | Tensor:
+    """σ = √(2ℓτ/n), the standard deviation of the injected noise before G^{-1/2}; on the
+    device (no host read) when ℓ is a tensor (0-d, or one per chain)."""
+    if isinstance(lr, Tensor):
+        return torch.sqrt(lr * (2.0 * temperature / num_data))
     return math.sqrt(2.0 * lr * temperature / num_data)
+
+
+def _over(scale: float | Tensor, like: Tensor) -> float | Tensor:
+    """A per-chain ℓ or σ, ``(*batch, 1)``, as ``(*batch, 1, ..., 1)``: broadcast over a
+    parameter-shaped ``like`` (chain dimension first); a float or 0-d tensor as it is."""
+    if isinstance(scale, Tensor) and scale.dim() > 0:
+        return scale.reshape(*scale.shape[:-1], *([1] * (like.dim() - scale.dim() + 1)))
+    return scale
 
 
 @torch.no_grad()
@@ -31,17 +42,20 @@ def euler_maruyama(
     """In place: θ_p ← θ_p − ℓ · drift_p + σ · noise_p for every parameter tensor p.
 
     ``drift`` holds G⁻¹ĝ and ``noise`` G^{-1/2}ξ, shaped like ``params``; ``noise=None`` (τ = 0)
-    gives deterministic preconditioned descent. ``lr`` and ``sigma`` may be 0-d tensors: the
-    form traced by ``torch.compile`` (:mod:`sgrld.core.compiled`), where Python floats would be
-    guarded on and recompile whenever a scheduler changes ℓ; it is one fused expression per
-    tensor there (eagerly it would allocate, so the eager core passes floats).
+    gives deterministic preconditioned descent. ``lr`` and ``sigma`` are floats (the eager
+    core: two foreach passes, no allocation) or tensors: 0-d, the form traced by
+    ``torch.compile`` (:mod:`sgrld.core.compiled`), where Python floats would be guarded on and
+    recompile whenever a scheduler changes ℓ, or ``(*batch, 1)``, one per chain; then the move
+    is one expression per tensor (one fused loop when traced).
     """
     if isinstance(lr, Tensor) or isinstance(sigma, Tensor):
+        rates = [_over(lr, d) for d in drift]
         if noise is None:
-            torch._foreach_add_(list(params), [d * -lr for d in drift])
+            moves = [d * -r for d, r in zip(drift, rates, strict=True)]
         else:
-            moves = [n * sigma - d * lr for d, n in zip(drift, noise, strict=True)]
-            torch._foreach_add_(list(params), moves)
+            scales = [_over(sigma, d) for d in drift]
+            moves = [n * s - d * r for d, n, r, s in zip(drift, noise, rates, scales, strict=True)]
+        torch._foreach_add_(list(params), moves)
         return
     torch._foreach_add_(list(params), list(drift), alpha=-lr)
     if noise is not None:

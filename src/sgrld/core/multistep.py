@@ -39,7 +39,8 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
-from sgrld.core.engine import NonFiniteGradientError, body, refresh_due, sigma_of
+from sgrld.core.engine import Move, NonFiniteGradientError, body, refresh_due
+from sgrld.core.integrator import noise_scale
 from sgrld.core.noise import philox_normal_, values_per_counter
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
@@ -124,7 +125,7 @@ class BlockRunner:
                 "adapt=False"
             )
         self.adapt = adapt
-        self.sigma = float(sigma_of(sampler.lr, sampler.num_data, sampler.temperature))
+        self.sigma = float(noise_scale(sampler.lr, sampler.num_data, sampler.temperature))
         self.compile_seconds = 0.0
         self.compile_error: str | None = None
         self._compiled_fn: Callable[..., None] | None = None
@@ -161,7 +162,9 @@ class BlockRunner:
             step = step0 + b + 1
             noise = xi[b].clone() if sigma > 0.0 else None
             due = self.adapt and refresh_due(metric, step)
-            body(metric, stats, layout, grad, noise, [theta], step, lr, sigma, self.adapt, due)
+            body(
+                Move(metric, stats, layout, grad, noise, [theta], step, lr, sigma, self.adapt), due
+            )
             out[b].copy_(theta)
 
     def _compile_and_call(self, *args: Any) -> None:

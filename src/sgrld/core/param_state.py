@@ -10,7 +10,8 @@ Where each statistic goes (its kind, :mod:`sgrld.core.contract`):
 
 * ``"element"`` (one entry per parameter element): a parameter-shaped view, in every parameter;
 * ``"tensor"`` (one entry per parameter tensor): a 0-d view, in every parameter;
-* ``"<stat>@<i>"`` (belongs to tensor ``i``, e.g. Shampoo's factors): ``<stat>`` of parameter i;
+* :class:`~sgrld.core.contract.PerTensor` (belongs to one tensor, e.g. Shampoo's factors): its
+  ``stat`` in that parameter's dict;
 * ``"global"`` (shared by the group, e.g. Monge's ‖m‖² with ``scope="global"``): the group's
   first parameter.
 
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric
+from sgrld.core.contract import Metric, PerTensor
 from sgrld.core.shards import ShardSpec, is_sharded, local, rows_of
 from sgrld.core.state import SamplerState
 
@@ -49,13 +50,14 @@ def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
     if layout.batch_shape:
         raise ValueError("optimizer state holds one chain (use sgrld.Chains for many)")
     entries: list[dict[str, Tensor]] = [{STEP: state.device_step.view(())} for _ in layout.names]
-    kinds = metric.stat_kinds(state.stats)
+    kinds = metric.stat_kinds(layout)
     shards = layout.shards
     for key, value in state.stats.items():
-        if "@" in key:
-            stat, i = key.rsplit("@", 1)
-            entries[int(i)][stat if shards is None else shard_key(stat, shards)] = value
-        elif kinds[key] == "element":
+        kind = kinds[key]
+        if isinstance(kind, PerTensor):
+            stat = kind.stat
+            entries[kind.tensor][stat if shards is None else shard_key(stat, shards)] = value
+        elif kind == "element":
             for j, (entry, view) in enumerate(zip(entries, layout.views(value), strict=True)):
                 if shards is None:
                     entry[key] = view
@@ -63,7 +65,7 @@ def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
                     entry[shard_key(key, shards)] = view
                 else:
                     entry[key] = shards.global_view(view, j)
-        elif kinds[key] == "tensor":
+        elif kind == "tensor":
             for j, entry in enumerate(entries):
                 entry[key] = value.select(-1, j)
         else:

@@ -92,6 +92,8 @@ class SamplerState:
     device_step: Tensor = field(default=None)  # type: ignore[assignment]
     flags: Tensor = field(default=None)  # type: ignore[assignment]
     workspace: Workspace | None = field(default=None, repr=False, compare=False)
+    #: how its steps run (:class:`sgrld.core.engine.Plan`), decided at the first step
+    plan: object = field(default=None, repr=False, compare=False)
     center: list[Tensor] | None = None
 
     def __post_init__(self) -> None:

@@ -53,7 +53,7 @@ class AdamMetric(Metric):
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return init_second_moment("exp_avg_sq", layout, like, self.eps)
 
-    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
         return {"exp_avg_sq": "element", "inv_sqrt": "element"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:

@@ -92,7 +92,7 @@ class MongeMetric(Metric):
             "fallback": scalars.clone(),  # 1/c where the fallback fired this step, else 0
         }
 
-    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
         seg: StatKind = "global" if self.scope == "global" else "tensor"
         return {"exp_avg": "element", "sq_norm": seg, "fallback": seg}
 

@@ -57,7 +57,7 @@ class RMSpropMetric(Metric):
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
         return init_second_moment("square_avg", layout, like, self.eps)
 
-    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
         return {"square_avg": "element", "inv_sqrt": "element"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
@@ -115,10 +115,11 @@ def update_second_moment(
     over the group of ``layout`` (per chain; over every rank's shard), or with v/(1−decayᵗ);
     r = 1 (G = I) while s = 0.
 
-    r lives in a preallocated buffer, 3 passes over D (4 with bias correction); multiplying by r
-    twice is cheaper than dividing by √v + ε. Eagerly pow(x, −½) is the vectorised rsqrt kernel
-    on CPU (2× faster than torch.rsqrt); under torch.compile (the funnel's fast path) inductor
-    turns pow into a slow generic pow, rsqrt into rsqrt.
+    r lives in a preallocated buffer, 3 passes over D (4 with bias correction, one more with the
+    floor: its mean reads v); multiplying by r twice is cheaper than dividing by √v + ε.
+    Eagerly pow(x, −½) is the vectorised rsqrt kernel on CPU (2× faster than torch.rsqrt);
+    under torch.compile (the funnel's fast path) inductor turns pow into a slow generic pow,
+    rsqrt into rsqrt.
     """
     v.mul_(decay).addcmul_(grad, grad, value=1.0 - decay)
     correction = None
@@ -133,8 +134,12 @@ def update_second_moment(
         if correction is not None:
             total = total / correction
         scale = (total / sum(layout.full_numels)).sqrt_()
-        r.add_(torch.clamp(scale * floor, min=eps))
-        r.masked_fill_(scale == 0.0, 1.0)  # nothing seen yet: G = I
+        # r ← r + max(ε, floor·s), and r ← 1 (G = I) while nothing is seen (s = 0), as
+        # seen·r + add in one pass over D (bit for bit: r·1 and r·0 are exact); a masked
+        # fill after the add would be a second pass
+        seen = scale != 0.0
+        add = torch.where(seen, torch.clamp(scale * floor, min=eps), 1.0)
+        torch.addcmul(add, r, seen.to(r.dtype), out=r)
     else:
         r.add_(eps)
     if torch.compiler.is_compiling():

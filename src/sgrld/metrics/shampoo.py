@@ -46,7 +46,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, Stats, check_range, register
+from sgrld.core.contract import Metric, PerTensor, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
 from sgrld.core.shards import rows_of
 from sgrld.metrics._blocking import (
@@ -67,8 +67,8 @@ def _check_int(name: str, value: int, low: int) -> None:
 
 
 def _key(stat: str, group: int, axis: int, index: int) -> str:
-    """Per-tensor stat key ``"<stat>_<group>_<axis>@<index>"`` (see :mod:`sgrld.core.contract`)."""
-    return f"{stat}_{group}_{axis}@{index}"
+    """Key of a per-tensor statistic (:class:`~sgrld.core.contract.PerTensor`)."""
+    return PerTensor(f"{stat}_{group}_{axis}", index).key
 
 
 @register
@@ -351,13 +351,20 @@ class ShampooMetric(Metric):
                     for m in bucket.members:
                         part = base.narrow(0, m.start, m.group.num_blocks).movedim(0, nb)
                         views[stat, m.index, a, m.tensor] = part
-        stats: Stats = {}
+        return {_key(*k): views[k] for k in self._stat_names(layout)}
+
+    def _stat_names(self, layout: FlatLayout) -> Iterator[tuple[str, int, int, int]]:
+        """(statistic, group, axis, tensor) of every factor and root, in the state's order."""
         for i, plan in self._plans(layout):
             for g, group in enumerate(plan.groups):
                 for a in range(len(group.sizes)):
                     for stat in _STATS:
-                        stats[_key(stat, g, a, i)] = views[stat, g, a, i]
-        return stats
+                        yield stat, g, a, i
+
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
+        """Every factor and root belongs to one tensor (:class:`~sgrld.core.contract.PerTensor`)."""
+        kinds = (PerTensor(f"{s}_{g}_{a}", i) for s, g, a, i in self._stat_names(layout))
+        return {kind.key: kind for kind in kinds}
 
     @property
     def refresh_interval(self) -> int:

@@ -62,7 +62,7 @@ class WenzelMetric(Metric):
             "scale_sqrt": ones.clone(),  # √M_p = G^{-1/2} per tensor
         }
 
-    def stat_kinds(self, stats: Stats) -> dict[str, StatKind]:
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
         return {"mean_square_avg": "tensor", "scale": "tensor", "scale_sqrt": "tensor"}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
