@@ -19,9 +19,9 @@ from sgrld.capture import GraphedStep
 from sgrld.cli import main
 from sgrld.data import Splits
 from sgrld.experiments.commands import sweep
-from sgrld.experiments.commands.sweep import MACHINE_OPTIONS, run_defaults
 from sgrld.experiments.run import single as runner_module
 from sgrld.experiments.run.config import derive_seed
+from sgrld.experiments.run.options import MACHINE_OPTIONS
 from sgrld.experiments.run.results import RESULTS_FILE
 from sgrld.experiments.run.single import (
     CHECKPOINT_FILE,
@@ -31,6 +31,7 @@ from sgrld.experiments.run.single import (
     resolve_step_mode,
     run_sampling,
 )
+from sgrld.experiments.sweep.grid import run_defaults
 from sgrld.experiments.sweep.jobs import Machine
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
 
