@@ -9,7 +9,7 @@ Examples::
     sgrld sweep --config paper/cifar_table3 --data-dir DIR --out runs/table3 --device cuda \\
         --engine submitit --partition gpu --parallel ddp --nodes 2 --tasks-per-node 4
 
-The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
+The flags are those of ``sgrld sample`` (:mod:`sgrld.experiments.run.options`), where ``--sampler``,
 ``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
 (``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.sweep.grid`); flags
 given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
@@ -47,43 +47,34 @@ ENGINES = ("local", "submitit", "submitit-local")
 _RECORDED = "; recorded in sweep.json: a rerun must give the same"
 
 #: The sweep's own words for the run options (the axes take comma lists).
+# fmt: off
 SWEEP_WORDS: dict[str, dict[str, Any]] = {
     "sampler": {"help": f"samplers to sweep, comma-separated ({', '.join(SAMPLERS)})"},
     "width": {"help": "hidden widths N of fc to sweep"},
     "prior": {"help": f"priors to sweep ({', '.join(PRIORS)})"},
     "lr": {"help": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting"},
-    "alpha2": {
-        "help": "Monge's α² values to sweep (Monge's runs only); default: the paper's, else 1"
-    },
-    "adapt": {
-        "help": "when the metric adapts, comma-separated to sweep: burnin (during the burn-in, "
-        "then frozen; the default), always (the paper's protocol) or N (the first N updates)"
-    },
-    "seed": {  # --seed N and --seeds 0-9,12 are one option
-        "flags": ("--seeds", "--seed"),
-        "dest": "seeds",
-        "type": argparse_type(grid.parse_seeds),
-        "metavar": "RANGE",
-        "help": "seeds: 0-9, 0,3,5 or 0-2,7 (0)",
-    },
+    "alpha2": {"help": "Monge's α² values to sweep (Monge's runs only); default: the paper's, "
+               "else 1"},
+    "adapt": {"help": "when the metric adapts, comma-separated to sweep: burnin (during the "
+              "burn-in, then frozen; the default), always (the paper's protocol) or N (the "
+              "first N updates)"},
+    "seed": {"flags": ("--seeds", "--seed"), "dest": "seeds", "metavar": "RANGE",  # one option
+             "type": argparse_type(grid.parse_seeds), "help": "seeds: 0-9, 0,3,5 or 0-2,7 (0)"},
     "out": {"required": True, "help": "the sweep folder (required)"},
     "resume": {"help": argparse.SUPPRESS},  # accepted (a sample flag): a sweep always resumes
     "no_plot": {"default": True, "help": argparse.SUPPRESS},  # --plot turns the plots on
-    "chains": {
-        "help": "pack up to K runs of one setting and sampler (differing in seed, lr, alpha2) "
-        "into one process as chains (1: a process per run)" + _RECORDED
-    },
-    "chain_batch": {
-        "help": "at most B chains of a pack per vectorised call (default: all)" + _RECORDED
-    },
+    "chains": {"help": "pack up to K runs of one setting and sampler (differing in seed, lr, "
+               "alpha2) into one process as chains (1: a process per run)" + _RECORDED},
+    "chain_batch": {"help": "at most B chains of a pack per vectorised call (default: all)"
+                    + _RECORDED},
     "threads": {"help": "torch CPU threads per job (default: torch's choice)" + _RECORDED},
     "device": {"help": "cpu, cuda or cuda:K (cpu); its kind is" + _RECORDED[1:]},
     "no_graph": {"help": "CUDA: eager steps instead of replaying a captured step" + _RECORDED},
-    "parallel": {
-        "help": "spread each run over the --nodes × --tasks-per-node processes of its submitit "
-        "job, as sample --parallel under torchrun (none: a process per job)" + _RECORDED
-    },
+    "parallel": {"help": "spread each run over the --nodes × --tasks-per-node processes of its "
+                 "submitit job, as sample --parallel under torchrun (none: a process per job)"
+                 + _RECORDED},
 }
+# fmt: on
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,51 +87,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = exits.epilog("sweep")
     add_run_options(parser, lists=grid.AXES, grid=True, own=SWEEP_WORDS)
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument(
-        "--config",
-        metavar="FILE",
-        help="a TOML grid, by path or shipped name: " + ", ".join(grid.shipped_configs()),
-    )
-    sweep.add_argument(
-        "--plot", dest="no_plot", action="store_false", help="draw each run's curves.png (off)"
-    )
+    # fmt: off
+    configs = ", ".join(grid.shipped_configs())
+    sweep.add_argument("--config", metavar="FILE",
+                       help=f"a TOML grid, by path or shipped name: {configs}")
+    sweep.add_argument("--plot", dest="no_plot", action="store_false",
+                       help="draw each run's curves.png (off)")
     sweep.add_argument("--engine", choices=ENGINES, default="local", help="how jobs run (local)")
-    sweep.add_argument(
-        "--jobs",
-        type=int,
-        metavar="J",
-        help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
-    )
-    sweep.add_argument(
-        "--tasks-per-node",
-        type=int,
-        default=1,
-        metavar="W",
-        help="--parallel: processes per node of each job, one rank each (one per GPU on cuda) (1)",
-    )
-    sweep.add_argument(
-        "--nodes",
-        type=int,
-        default=1,
-        metavar="N",
-        help="--parallel: nodes per job (--engine submitit; submitit-local has one) (1)",
-    )
+    sweep.add_argument("--jobs", type=int, metavar="J",
+                       help="jobs at once (local engines: 1; submitit: as many as SLURM allows)")
+    sweep.add_argument("--tasks-per-node", type=int, default=1, metavar="W",
+                       help="--parallel: processes per node of each job, one rank each (one per "
+                       "GPU on cuda) (1)")
+    sweep.add_argument("--nodes", type=int, default=1, metavar="N",
+                       help="--parallel: nodes per job (--engine submitit; submitit-local has "
+                       "one) (1)")
     sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
     sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job (0)")
-    sweep.add_argument(
-        "--cpus-per-job",
-        type=int,
-        default=1,
-        metavar="C",
-        help="CPUs per job, per process under --parallel (1)",
-    )
-    sweep.add_argument(
-        "--timeout-min", type=int, default=60, metavar="T", help="job time limit in minutes (60)"
-    )
-    sweep.add_argument(
-        "--no-wait", action="store_true", help="submit the SLURM jobs and return without following"
-    )
+    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C",
+                       help="CPUs per job, per process under --parallel (1)")
+    sweep.add_argument("--timeout-min", type=int, default=60, metavar="T",
+                       help="job time limit in minutes (60)")
+    sweep.add_argument("--no-wait", action="store_true",
+                       help="submit the SLURM jobs and return without following")
     sweep.add_argument("--dry-run", action="store_true", help="list the grid's runs and stop")
+    # fmt: on
 
 
 def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:

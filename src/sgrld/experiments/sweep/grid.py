@@ -235,19 +235,18 @@ def parse_config(text: str, source: object) -> list[dict[str, Any]]:
     unknown = set(data) - {"description", "defaults", "grid"}
     if unknown:
         raise GridError(f"{source}: unknown top-level keys {sorted(unknown)}")
-    kinds = option_kinds()
 
     def options(table: Any, where: str) -> dict[str, Any]:
         if not isinstance(table, dict):
             raise GridError(f"{source}: {where} must be a table of options, got {table!r}")
         values = {k.replace("-", "_"): v for k, v in table.items()}
-        bad = sorted(set(values) - set(kinds))
+        bad = sorted(set(values) - set(KEYS))
         if bad:
             raise GridError(
-                f"{source}: unknown key(s) {bad} in {where}; valid keys: {', '.join(sorted(kinds))}"
+                f"{source}: unknown key(s) {bad} in {where}; valid keys: {', '.join(sorted(KEYS))}"
             )
         for key, value in values.items():
-            check_value(key, value, kinds[key], f"{source}: {where}")
+            check_value(key, value, f"{source}: {where}")
         return values
 
     defaults = options(data.get("defaults", {}), "[defaults]")
@@ -257,25 +256,10 @@ def parse_config(text: str, source: object) -> list[dict[str, Any]]:
     return [{**defaults, **options(b, f"[[grid]] block {i + 1}")} for i, b in enumerate(blocks)]
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What a config key takes: ``type`` one of ``bool``, ``int``, ``float``, ``str``, ``table``;
-    ``choices`` for names; ``axis`` whether a list of values is allowed."""
-
-    type: str
-    choices: tuple[str, ...] | None = None
-    axis: bool = False
-
-
 def run_defaults() -> dict[str, Any]:
     """The default of every option a grid may set (``sgrld sample``'s; ``seeds`` a list)."""
     defaults = {key: option.default for key, option in KEYS.items()}
     return {**defaults, "seeds": [defaults["seeds"]]}
-
-
-def option_kinds() -> dict[str, Kind]:
-    """What each config key takes, to refuse ``lr = true``."""
-    return {key: Kind(o.kind, o.choices, axis=o.axis) for key, o in KEYS.items()}
 
 
 def tuned_options() -> dict[str, list[str]]:
@@ -283,23 +267,24 @@ def tuned_options() -> dict[str, list[str]]:
     return {name: samplers_taking(name) for name in TUNED_FIELDS}
 
 
-def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
-    """Refuse a config value of the wrong kind, e.g. ``lr = true`` (which TOML reads as 1) or
-    ``lr = "0.1"`` (a string), naming the key.
+def check_value(key: str, value: Any, where: str, *, item: bool = False) -> None:
+    """Refuse a config value of the wrong kind for its option (:data:`KEYS`), e.g. ``lr = true``
+    (which TOML reads as 1) or ``lr = "0.1"`` (a string), naming the key.
 
     Raises:
-        GridError: the value, or an item of an axis' list, is not of ``kind``.
+        GridError: the value, or an item of an axis' list, is not of the option's kind.
     """
     if key == "seeds":
         return  # parse_seeds checks ranges and integers
+    option = KEYS[key]
     if isinstance(value, list):
-        if not kind.axis:
+        if item or not option.axis:
             raise GridError(
                 f"{where}: {key} takes one value, got a list {value!r} (only "
                 f"{', '.join(a for a in AXES)} take lists)"
             )
-        for item in value:
-            check_value(key, item, Kind(kind.type, kind.choices), where)
+        for one in value:
+            check_value(key, one, where, item=True)
         return
     if value is None:
         return
@@ -309,17 +294,17 @@ def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "str": isinstance(value, str),
         "table": isinstance(value, dict),
-    }[kind.type]
+    }[option.kind]
     expected = {
         "bool": "true or false",
         "int": "an integer",
         "float": "a number",
         "table": "a table such as {decay = 0.95}",
-    }.get(kind.type, "a string")
+    }.get(option.kind, "a string")
     if not ok:
         raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
-    if kind.choices is not None and value not in kind.choices:
-        raise GridError(f"{where}: {key} must be one of {', '.join(kind.choices)}, got {value!r}")
+    if option.choices is not None and value not in option.choices:
+        raise GridError(f"{where}: {key} must be one of {', '.join(option.choices)}, got {value!r}")
 
 
 # --- run folders and the manifest -------------------------------------------------------------
