@@ -92,7 +92,7 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    from sgrld.experiments.commands.options import given_options
+    from sgrld.experiments.commands.options import given_options  # `import sgrld.cli`: no torch
 
     args._given = given_options(argv)
     return int(importlib.import_module(args._module).run(args))

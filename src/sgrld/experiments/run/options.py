@@ -19,7 +19,15 @@ from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPL
 from sgrld.experiments.run.tuned import lr_value
 from sgrld.metrics import resolve_metric_name
 
-__all__ = ["MACHINE_OPTIONS", "OPTIONS", "RunOption", "by_field", "comma_list"]
+__all__ = [
+    "MACHINE_OPTIONS",
+    "OPTIONS",
+    "RunOption",
+    "adapt_choice",
+    "by_field",
+    "comma_list",
+    "number",
+]
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default
 
