@@ -13,10 +13,15 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from sgrld.data import dataset_info
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.run.config import TUNED_FIELDS, RunConfig
+from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.run.choices import MODEL_FOR_DATASET
+from sgrld.experiments.run.config import METRIC_FIELDS, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import cli_names
 from sgrld.experiments.run.options import OPTIONS, RunOption, by_field, comma_list
+from sgrld.experiments.run.tuned import tuned_lr
+from sgrld.metrics import get_metric
 
 _TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -185,17 +190,9 @@ def config_from_args(args: argparse.Namespace | Mapping[str, Any]) -> RunConfig:
 def _config(
     values: Mapping[str, Any], lr: float | str | None, tuned: dict[str, Any], seed: int
 ) -> RunConfig:
-    from sgrld.data import dataset_info
-    from sgrld.experiments.report.paper import paper_entry
-    from sgrld.experiments.run.choices import MODEL_FOR_DATASET
-    from sgrld.experiments.run.config import METRIC_FIELDS
-    from sgrld.experiments.run.tuned import tuned_lr
-    from sgrld.metrics import get_metric
-
-    options = by_field()
-    given = {field: values[option.name] for field, option in options.items()}
-    dataset, sampler = given["dataset"], given["sampler"]
-    paper = paper_entry(dataset, given["prior"], given["width"], sampler)
+    run = {field: values[option.name] for field, option in by_field().items()}
+    dataset, sampler = run["dataset"], run["sampler"]
+    paper = paper_entry(dataset, run["prior"], run["width"], sampler)
     if lr is not None:
         lr = tuned_lr(lr, sampler)
     if lr is None and paper is not None:
@@ -205,30 +202,30 @@ def _config(
     # a tuned option not given: the paper's value where the run's other metric options are the
     # paper's (its α² is not a normalized rule's c), else the metric's default
     as_paper = paper is not None and all(
-        given[n] == defaults[n] for n in METRIC_FIELDS if n not in tuned
+        run[n] == defaults[n] for n in METRIC_FIELDS if n not in tuned
     )
     for name, value in tuned.items():
         if value is None and name in metric:
             known = getattr(paper, name, None) if as_paper else None
             tuned[name] = metric[name] if known is None else known
-    if given["schedule"] != "cyclical" and (given["cycles"], given["explore_fraction"]) != (1, 0):
+    if run["schedule"] != "cyclical" and (run["cycles"], run["explore_fraction"]) != (1, 0):
         raise UsageError("--cycles and --explore-fraction need --schedule cyclical")
-    num_val = given["num_val"]
-    given |= {
-        "model": given["model"] or MODEL_FOR_DATASET[dataset],
+    num_val = run["num_val"]
+    run |= {
+        "model": run["model"] or MODEL_FOR_DATASET[dataset],
         "lr": 1.0 if lr is None else lr,
         "seed": seed,
         **tuned,
-        "sampler_options": dict(given["sampler_options"] or {}),
+        "sampler_options": dict(run["sampler_options"] or {}),
         "num_val": dataset_info(dataset).num_val if num_val is None else num_val,
     }
     try:
-        config = RunConfig(**given)  # ℓ is checked after the other options
+        config = RunConfig(**run)  # ℓ is checked after the other options
     except ValueError as exc:
         raise UsageError(cli_names(str(exc))) from exc
     if lr is None:
         raise UsageError(
-            f"no paper learning rate for {sampler} on {dataset} with the {given['prior']} "
+            f"no paper learning rate for {sampler} on {dataset} with the {run['prior']} "
             "prior (the paper found Identity optimal there, or the setting is not in the paper); "
             "give --lr"
         )
