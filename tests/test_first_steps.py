@@ -83,7 +83,7 @@ def test_device_gpu_is_one_line_that_names_cuda(
 
 
 def test_single_and_chained_runs_label_folders_as_a_sweep_does() -> None:
-    from sgrld.experiments.commands.sample import configs_from_args
+    from sgrld.experiments.commands.options import configs_from_args
     from sgrld.experiments.run.naming import chain_label, run_label
 
     args = build_parser().parse_args(

@@ -19,14 +19,15 @@ from sgrld.capture import GraphedStep
 from sgrld.cli import main
 from sgrld.data import Splits
 from sgrld.experiments.commands import sweep
-from sgrld.experiments.commands.sweep import MACHINE_OPTIONS, run_defaults
 from sgrld.experiments.run import single as runner_module
 from sgrld.experiments.run.checkpoint import load_checkpoint
 from sgrld.experiments.run.config import CHECKPOINT_FILE, derive_seed
 from sgrld.experiments.run.loop import SamplingRun, run_sampling
 from sgrld.experiments.run.observers import RunObserver
+from sgrld.experiments.run.options import MACHINE_OPTIONS
 from sgrld.experiments.run.results import RESULTS_FILE
 from sgrld.experiments.run.single import resolve_step_mode
+from sgrld.experiments.sweep.grid import run_defaults
 from sgrld.experiments.sweep.jobs import Machine
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
 

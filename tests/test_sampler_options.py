@@ -14,6 +14,7 @@ import torch
 import sgrld
 from metric_cases import CASES as METRIC_CASES
 from sgrld.experiments.commands import sample, sweep
+from sgrld.experiments.commands.options import config_from_args
 from sgrld.experiments.run.build import make_sampler, option_names
 from sgrld.experiments.run.config import METRIC_FIELDS, RunConfig
 from sgrld.experiments.run.naming import default_out_dir
@@ -107,7 +108,7 @@ def test_command_line_options_are_json_values_or_words() -> None:
         "--sampler", "shampoo", "--lr", "0.1", "--option", "decay=0.95", "--option",
         "root-method=newton", "--option", "precondition_vectors=true", "--option", "block_size=64",
     )  # fmt: skip
-    cfg = sample.config_from_args(args)
+    cfg = config_from_args(args)
     assert cfg.sampler_options == {
         "decay": 0.95,
         "root_method": "newton",
@@ -115,9 +116,7 @@ def test_command_line_options_are_json_values_or_words() -> None:
         "block_size": 64,
     }
     with pytest.raises(sample.UsageError, match="rmsprop has no option 'x'"):
-        sample.config_from_args(
-            _sample_args("--sampler", "rmsprop", "--lr", "0.1", "--option", "x=1")
-        )
+        config_from_args(_sample_args("--sampler", "rmsprop", "--lr", "0.1", "--option", "x=1"))
     with pytest.raises(SystemExit):
         _sample_args("--option", "decay")
 

@@ -21,6 +21,7 @@ from sgrld.cli import main
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import DirectoryLock
 from sgrld.experiments.commands import sample, sweep
+from sgrld.experiments.run.options import OPTIONS
 from sgrld.experiments.sweep import grid
 from sgrld.experiments.sweep.jobs import Machine, SweepJob
 
@@ -63,8 +64,14 @@ def test_every_sample_flag_is_a_sweep_flag() -> None:
     sample_parser, sweep_parser = argparse.ArgumentParser(), argparse.ArgumentParser()
     sample.add_arguments(sample_parser)
     sweep.add_arguments(sweep_parser)
-    flags = {s for a in sample_parser._actions for s in a.option_strings}
-    assert flags <= {s for a in sweep_parser._actions for s in a.option_strings}
+    texts = {"int": "1", "float": "0.5", "str": "x", "table": "decay=0.9"}
+    for name, option in OPTIONS.items():
+        text = {"sampler": "identity", "adapt": "always"}.get(name, texts.get(option.kind))
+        text = option.choices[0] if option.choices else text
+        argv = [option.flags[0]] + ([text] if option.kind != "bool" else [])
+        sample_parser.parse_args(argv)  # SystemExit if refused
+        swept = vars(sweep_parser.parse_args([*argv, "--out", "o"]))
+        assert ("seeds" if name == "seed" else name) in swept, name  # given: not suppressed
 
 
 def test_alpha2_multiplies_monge_runs_only() -> None:

@@ -59,9 +59,11 @@ def test_parallel_sweeps_are_validated_before_any_work(
 def test_the_parallel_modes_are_sample_s() -> None:
     parser = argparse.ArgumentParser()
     sample.add_arguments(parser)
-    (action,) = [a for a in parser._actions if a.dest == "parallel"]
-    assert sweep.parallel_modes() == tuple(c for c in action.choices if c != "none")
-    assert "ddp" in sweep.parallel_modes()
+    assert sweep.parallel_modes() == ("ddp", "fsdp")
+    assert {parser.parse_args(["--parallel", m]).parallel for m in sweep.parallel_modes()} == {
+        "ddp",
+        "fsdp",
+    }
     for mode in sweep.parallel_modes():  # every one is a sweep value too
         parser = argparse.ArgumentParser()
         sweep.add_arguments(parser)

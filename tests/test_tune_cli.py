@@ -12,6 +12,7 @@ import pytest
 from sgrld.cli import main
 from sgrld.experiments.base import exits
 from sgrld.experiments.commands import sample, sweep
+from sgrld.experiments.commands.options import config_from_args
 from sgrld.experiments.report.tuning import tuning_table
 from sgrld.experiments.run.tuned import TUNE_FILE
 
@@ -54,7 +55,7 @@ def test_sample_and_sweep_take_the_tuned_lr(tuned: Path) -> None:
     lrs = {s: r["options"]["lr"] for s, r in json.loads((tuned / TUNE_FILE).read_text())[
         "samplers"].items()}  # fmt: skip
     args = _sample_args(*RUN, "--sampler", "identity", "--lr", f"tuned:{tuned}")
-    assert sample.config_from_args(args).lr == lrs["identity"]
+    assert config_from_args(args).lr == lrs["identity"]
     parser = argparse.ArgumentParser()
     sweep.add_arguments(parser)
     argv = [*RUN, "--sampler", "identity", "--lr", f"tuned:{tuned},0.5", "--out", "unused"]
@@ -67,7 +68,7 @@ def test_a_tuned_folder_without_the_sampler_or_the_file_is_refused(
 ) -> None:
     args = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tuned}")
     with pytest.raises(ValueError, match=r"has no tuned ℓ for monge \(it has identity\)"):
-        sample.config_from_args(args)
+        config_from_args(args)
     with pytest.raises(SystemExit):
         _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}")
     err = capsys.readouterr().err

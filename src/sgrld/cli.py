@@ -92,31 +92,10 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    args._given = given_options(parser, argv)
+    from sgrld.experiments.commands.options import given_options  # `import sgrld.cli`: no torch
+
+    args._given = given_options(argv)
     return int(importlib.import_module(args._module).run(args))
-
-
-def given_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """The destinations of the options written in ``argv`` (sub-commands' included; a unique
-    prefix counts as argparse reads it), so that a command can tell a flag given from a
-    default (``sample --resume`` takes the others from the run)."""
-    actions = list(parser._actions)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                actions += sub._actions
-    options = {s: a.dest for a in actions for s in a.option_strings if s.startswith("--")}
-    given = set()
-    for token in argv:
-        if not token.startswith("--"):
-            continue
-        name = token.split("=", 1)[0]
-        matches = {options[name]} if name in options else None
-        if matches is None:
-            matches = {dest for option, dest in options.items() if option.startswith(name)}
-        if len(matches) == 1:
-            given |= matches
-    return given
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 from sgrld.core import NonFiniteGradientError
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import save_figure, write_atomic
-from sgrld.experiments.commands.sample import OptionAction
+from sgrld.experiments.commands.options import OptionAction
 from sgrld.metrics import get_metric
 from sgrld.slt import LLCEstimate, llc, targets
 from sgrld.slt.language import CausalLM, next_token_loss, synthetic_language, train

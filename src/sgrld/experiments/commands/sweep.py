@@ -9,7 +9,7 @@ Examples::
     sgrld sweep --config paper/cifar_table3 --data-dir DIR --out runs/table3 --device cuda \\
         --engine submitit --partition gpu --parallel ddp --nodes 2 --tasks-per-node 4
 
-The flags are those of ``sgrld sample`` (derived from its parser), where ``--sampler``,
+The flags are those of ``sgrld sample`` (:mod:`sgrld.experiments.run.options`), where ``--sampler``,
 ``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
 (``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.sweep.grid`); flags
 given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
@@ -31,195 +31,87 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base import exits
-from sgrld.experiments.commands import sample
+from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.commands.options import add_run_options, argparse_type, config_from_args
 from sgrld.experiments.run import launch
+from sgrld.experiments.run.choices import PRIORS, SAMPLERS
+from sgrld.experiments.run.options import OPTIONS
 from sgrld.experiments.sweep import grid
-from sgrld.experiments.sweep.grid import GridError, Kind, PlannedRun
+from sgrld.experiments.sweep.grid import GridError, PlannedRun
 
-#: ``sgrld sample`` options that say where and how to run, not what: never part of the grid.
-MACHINE_OPTIONS = frozenset(
-    {"data_dir", "no_verify", "download", "out", "resume", "device", "threads"}
-    | {"no_progress", "no_plot", "chains", "chain_batch", "no_graph", "parallel"}
-)
 ENGINES = ("local", "submitit", "submitit-local")
+_RECORDED = "; recorded in sweep.json: a rerun must give the same"
 
-
-def _sample_actions() -> list[argparse.Action]:
-    scratch = argparse.ArgumentParser(add_help=False)
-    sample.add_arguments(scratch)
-    return [a for a in scratch._actions if a.option_strings]
-
-
-def run_defaults() -> dict[str, Any]:
-    """``sgrld sample``'s defaults of the options a grid may set (``seeds`` for ``seed``)."""
-    defaults = {a.dest: a.default for a in _sample_actions() if a.dest not in MACHINE_OPTIONS}
-    defaults["seeds"] = [defaults.pop("seed")]
-    return defaults
-
-
-def option_kinds() -> dict[str, Kind]:
-    """What each config key takes (its ``sgrld sample`` flag's type), to refuse ``lr = true``."""
-    kinds = {}
-    for action in _sample_actions():
-        if action.dest in MACHINE_OPTIONS:
-            continue
-        parse = getattr(action.type, "item_type", action.type)
-        if getattr(action, "kind", None) is not None:
-            kind = action.kind  # type: ignore[attr-defined]
-        elif action.nargs == 0:
-            kind = "bool"
-        elif parse is int:
-            kind = "int"
-        elif parse is float or getattr(parse, "config_kind", None) == "float":
-            kind = "float"  # lr: a number in a config (tuned:DIR is for the command line)
-        else:
-            kind = "str"
-        choices = tuple(action.choices) if action.choices else None
-        name = "seeds" if action.dest == "seed" else action.dest
-        kinds[name] = Kind(kind, choices, axis=name in grid.AXES)
-    return kinds
-
-
-def tuned_options() -> dict[str, list[str]]:
-    """The run options tuned with ℓ (α²), each with the samplers whose metric takes it."""
-    from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
-
-    return {name: samplers_taking(name) for name in TUNED_FIELDS}
-
-
-def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``parse`` with its message shown by argparse (which hides plain ValueErrors)."""
-
-    def checked(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from exc
-
-    checked.__name__ = parse.__name__
-    return checked
+#: The sweep's own words for the run options (the axes take comma lists).
+# fmt: off
+SWEEP_WORDS: dict[str, dict[str, Any]] = {
+    "sampler": {"help": f"samplers to sweep, comma-separated ({', '.join(SAMPLERS)})"},
+    "width": {"help": "hidden widths N of fc to sweep"},
+    "prior": {"help": f"priors to sweep ({', '.join(PRIORS)})"},
+    "lr": {"help": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting"},
+    "alpha2": {"help": "Monge's α² values to sweep (Monge's runs only); default: the paper's, "
+               "else 1"},
+    "adapt": {"help": "when the metric adapts, comma-separated to sweep: burnin (during the "
+              "burn-in, then frozen; the default), always (the paper's protocol) or N (the "
+              "first N updates)"},
+    "seed": {"flags": ("--seeds", "--seed"), "dest": "seeds", "metavar": "RANGE",  # one option
+             "type": argparse_type(grid.parse_seeds), "help": "seeds: 0-9, 0,3,5 or 0-2,7 (0)"},
+    "out": {"required": True, "help": "the sweep folder (required)"},
+    "resume": {"help": argparse.SUPPRESS},  # accepted (a sample flag): a sweep always resumes
+    "no_plot": {"default": True, "help": argparse.SUPPRESS},  # --plot turns the plots on
+    "chains": {"help": "pack up to K runs of one setting and sampler (differing in seed, lr, "
+               "alpha2) into one process as chains (1: a process per run)" + _RECORDED},
+    "chain_batch": {"help": "at most B chains of a pack per vectorised call (default: all)"
+                    + _RECORDED},
+    "threads": {"help": "torch CPU threads per job (default: torch's choice)" + _RECORDED},
+    "device": {"help": "cpu, cuda or cuda:K (cpu); its kind is" + _RECORDED[1:]},
+    "no_graph": {"help": "CUDA: eager steps instead of replaying a captured step" + _RECORDED},
+    "parallel": {"help": "spread each run over the --nodes × --tasks-per-node processes of its "
+                 "submitit job, as sample --parallel under torchrun (none: a process per job)"
+                 + _RECORDED},
+}
+# fmt: on
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``sgrld sample``'s options, listed where sample lists them, plus the sweep's own.
+    """``sgrld sample``'s options, where sample lists them (the axes as comma lists), plus the
+    sweep's own.
 
     Grid options default to "not given" so that ``--config`` values are overridden only by the
-    flags actually typed; sample's defaults fill the rest (:func:`run_defaults`).
+    flags actually typed; sample's defaults fill the rest (:func:`grid.run_defaults`).
     """
-    sample.add_arguments(parser)
     parser.epilog = exits.epilog("sweep")
-    for action in parser._actions:
-        if not action.option_strings or action.dest in MACHINE_OPTIONS:
-            continue
-        action.default = argparse.SUPPRESS
-        action.required = False
-        if action.dest in grid.AXES and getattr(action, "kind", None) is None:
-            choices = f" ({', '.join(action.choices)})" if action.choices else ""
-            item_type = action.type if callable(action.type) else str
-            item_type = getattr(item_type, "item_type", item_type)  # sample's lists of floats
-            action.type = _argument_type(grid.comma_list(item_type, action.choices))
-            action.choices = None
-            action.metavar = "A,B,..."
-            own = f"{action.help}; comma-separated to sweep"  # an axis without its own words
-            action.help = f"{_AXIS_HELP.get(action.dest, own)}{choices}"
-        if action.dest == "seed":  # --seed N and --seeds 0-9,12 are one option
-            action.dest, action.type = "seeds", _argument_type(grid.parse_seeds)
-            action.option_strings = ["--seeds", *action.option_strings]
-            parser._option_string_actions["--seeds"] = action
-            action.metavar, action.help = "RANGE", "seeds: 0-9, 0,3,5 or 0-2,7 (0)"
-    for action in parser._actions:
-        if action.dest == "out":
-            action.required, action.help = True, "the sweep folder (required)"
-        elif action.dest == "resume":  # accepted (a sample flag), but a sweep always resumes
-            action.help = argparse.SUPPRESS
-        elif action.dest == "no_plot":  # the default; --plot turns the plots on
-            action.default, action.help = True, argparse.SUPPRESS
-        elif action.dest == "chains":
-            action.help = (
-                "pack up to K runs of one setting and sampler (differing in seed, lr, alpha2) "
-                "into one process as chains (1: a process per run)" + _RECORDED
-            )
-        elif action.dest == "chain_batch":
-            action.help = (
-                "at most B chains of a pack per vectorised call (default: all)" + _RECORDED
-            )
-        elif action.dest == "threads":
-            action.help = "torch CPU threads per job (default: torch's choice)" + _RECORDED
-        elif action.dest == "device":
-            action.help = "cpu, cuda or cuda:K (cpu); its kind is" + _RECORDED[1:]
-        elif action.dest == "no_graph":
-            action.help = "CUDA: eager steps instead of replaying a captured step" + _RECORDED
-        elif action.dest == "parallel":
-            action.help = (
-                "spread each run over the --nodes × --tasks-per-node processes of its submitit "
-                "job, as sample --parallel under torchrun (none: a process per job)" + _RECORDED
-            )
-
+    add_run_options(parser, lists=grid.AXES, grid=True, own=SWEEP_WORDS)
     sweep = parser.add_argument_group("sweep")
-    sweep.add_argument(
-        "--config",
-        metavar="FILE",
-        help="a TOML grid, by path or shipped name: " + ", ".join(grid.shipped_configs()),
-    )
-    sweep.add_argument(
-        "--plot", dest="no_plot", action="store_false", help="draw each run's curves.png (off)"
-    )
+    # fmt: off
+    configs = ", ".join(grid.shipped_configs())
+    sweep.add_argument("--config", metavar="FILE",
+                       help=f"a TOML grid, by path or shipped name: {configs}")
+    sweep.add_argument("--plot", dest="no_plot", action="store_false",
+                       help="draw each run's curves.png (off)")
     sweep.add_argument("--engine", choices=ENGINES, default="local", help="how jobs run (local)")
-    sweep.add_argument(
-        "--jobs",
-        type=int,
-        metavar="J",
-        help="jobs at once (local engines: 1; submitit: as many as SLURM allows)",
-    )
-    sweep.add_argument(
-        "--tasks-per-node",
-        type=int,
-        default=1,
-        metavar="W",
-        help="--parallel: processes per node of each job, one rank each (one per GPU on cuda) (1)",
-    )
-    sweep.add_argument(
-        "--nodes",
-        type=int,
-        default=1,
-        metavar="N",
-        help="--parallel: nodes per job (--engine submitit; submitit-local has one) (1)",
-    )
+    sweep.add_argument("--jobs", type=int, metavar="J",
+                       help="jobs at once (local engines: 1; submitit: as many as SLURM allows)")
+    sweep.add_argument("--tasks-per-node", type=int, default=1, metavar="W",
+                       help="--parallel: processes per node of each job, one rank each (one per "
+                       "GPU on cuda) (1)")
+    sweep.add_argument("--nodes", type=int, default=1, metavar="N",
+                       help="--parallel: nodes per job (--engine submitit; submitit-local has "
+                       "one) (1)")
     sweep.add_argument("--partition", help="SLURM partition (--engine submitit)")
     sweep.add_argument("--gpus-per-job", type=int, default=0, metavar="G", help="GPUs per job (0)")
-    sweep.add_argument(
-        "--cpus-per-job",
-        type=int,
-        default=1,
-        metavar="C",
-        help="CPUs per job, per process under --parallel (1)",
-    )
-    sweep.add_argument(
-        "--timeout-min", type=int, default=60, metavar="T", help="job time limit in minutes (60)"
-    )
-    sweep.add_argument(
-        "--no-wait", action="store_true", help="submit the SLURM jobs and return without following"
-    )
+    sweep.add_argument("--cpus-per-job", type=int, default=1, metavar="C",
+                       help="CPUs per job, per process under --parallel (1)")
+    sweep.add_argument("--timeout-min", type=int, default=60, metavar="T",
+                       help="job time limit in minutes (60)")
+    sweep.add_argument("--no-wait", action="store_true",
+                       help="submit the SLURM jobs and return without following")
     sweep.add_argument("--dry-run", action="store_true", help="list the grid's runs and stop")
-
-
-_RECORDED = "; recorded in sweep.json: a rerun must give the same"
-
-#: Help of the options that take comma lists in a sweep (sample's speak of one run's chains).
-_AXIS_HELP = {
-    "sampler": "samplers to sweep, comma-separated",
-    "width": "hidden widths N of fc to sweep",
-    "prior": "priors to sweep",
-    "lr": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting",
-    "alpha2": "Monge's α² values to sweep (Monge's runs only); default: the paper's, else 1",
-    "adapt": "when the metric adapts, comma-separated to sweep: burnin (during the burn-in, then "
-    "frozen; the default), always (the paper's protocol) or N (the first N updates)",
-}
+    # fmt: on
 
 
 def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], str]:
@@ -228,13 +120,13 @@ def blocks_from_args(args: argparse.Namespace) -> tuple[list[dict[str, Any]], st
     Raises:
         GridError: a bad config file.
     """
-    defaults = run_defaults()
+    defaults = grid.run_defaults()
     typed = {k: v for k, v in vars(args).items() if k in defaults}
     if args.config is None:
         return [{**defaults, **typed}], "command line"
     text, source = grid.read_config(args.config)
-    blocks = grid.parse_config(text, source, defaults, option_kinds())
-    tuned = tuned_options()
+    blocks = grid.parse_config(text, source)
+    tuned = grid.tuned_options()
     return [{**defaults, **grid.narrow(block, typed, tuned)} for block in blocks], str(source)
 
 
@@ -243,14 +135,14 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
 
     Raises:
         GridError: an empty or invalid grid.
-        sample.UsageError: an invalid run.
+        UsageError: an invalid run.
     """
     blocks, source = blocks_from_args(args)
     configs: dict[str, dict[str, Any]] = {}
-    for point in grid.expand(blocks, tuned_options()):
+    for point in grid.expand(blocks, grid.tuned_options()):
         if point.get("sampler") is None:
             raise GridError("no sampler: give --sampler or set sampler in the config")
-        config = sample.config_from_args(argparse.Namespace(**point)).to_dict()
+        config = config_from_args(point).to_dict()
         configs.setdefault(repr(sorted(config.items())), config)
     if not configs:
         raise GridError("the grid is empty")
@@ -277,10 +169,8 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def parallel_modes() -> tuple[str, ...]:
-    """The values of ``sgrld sample --parallel`` that spread a run over processes (all but
-    ``none``), read from sample's parser."""
-    (action,) = [a for a in _sample_actions() if a.dest == "parallel"]
-    return tuple(c for c in action.choices or () if c != "none")
+    """The values of ``--parallel`` that spread a run over processes (all but ``none``)."""
+    return tuple(c for c in OPTIONS["parallel"].choices or () if c != "none")
 
 
 def _check_parallel(args: argparse.Namespace) -> None:
@@ -399,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
             jobs = make_jobs(runs, out.resolve(), machine, args.chains)
         except ValueError as exc:
             raise GridError(f"--chains {args.chains}: {exc}") from exc
-    except (GridError, sample.UsageError) as exc:
+    except (GridError, UsageError) as exc:
         print(f"sgrld sweep: error: {exc}", file=sys.stderr)
         return exits.USAGE
     try:

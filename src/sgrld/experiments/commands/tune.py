@@ -25,26 +25,22 @@ from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.commands import sample
+from sgrld.experiments.commands.options import add_run_options, config_from_args
 from sgrld.experiments.run.choices import SAMPLERS
 from sgrld.experiments.run.tuned import TUNE_FILE
-from sgrld.experiments.sweep.grid import comma_list
 
 FIGURE = "tune.png"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``sgrld sample``'s options (the run to tune for) and the search's own."""
-    sample.add_arguments(parser)
     parser.epilog = exits.epilog("tune")
-    for action in parser._actions:  # as sweep does: --sampler takes a list, --out is required
-        if action.dest == "sampler":
-            action.type, action.choices = comma_list(sample.sampler_name, SAMPLERS), None
-            action.metavar = "S[,S...]"
-            action.help = f"the samplers to tune (default: all of {', '.join(SAMPLERS)})"
-        elif action.dest == "out":
-            action.type, action.required = Path, True
-            action.help = "the folder for tune.json and tune.png"
+    samplers = {
+        "metavar": "S[,S...]",
+        "help": f"the samplers to tune (default: all of {', '.join(SAMPLERS)})",
+    }
+    out = {"type": Path, "required": True, "help": "the folder for tune.json and tune.png"}
+    add_run_options(parser, lists=("sampler",), own={"sampler": samplers, "out": out})
     search = parser.add_argument_group("the search")
     search.add_argument(
         "--budget",
@@ -73,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         if args.lr is not None:
             raise UsageError("sgrld tune chooses --lr: leave it out")
         args.lr = [1.0]  # a placeholder: the config's other fields are the run's
-        configs = {s: sample.config_from_args(_with(args, sampler=s)) for s in names}
+        configs = {s: config_from_args(_with(args, sampler=s)) for s in names}
         first = configs[names[0]]
         data_dir = launch.data_dir_of(args, {first.dataset})
         splits = launch.load_splits(args, first, data_dir, args.out)

@@ -2,7 +2,7 @@
 
 Read from the registries (:func:`sgrld.metrics.metric_names`, :func:`sgrld.priors.prior_names`)
 and the model and data modules, so that a metric or prior registered there is a choice of
-``sgrld sample`` and ``sgrld sweep`` (whose flags derive from sample's) without an edit here.
+``sgrld sample`` and ``sgrld sweep`` (:mod:`~sgrld.experiments.run.options`) without an edit here.
 """
 
 from __future__ import annotations

@@ -22,10 +22,6 @@ from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
 from sgrld.metrics import get_metric, metric_names
 from sgrld.schedules import check_cyclical
 
-SAMPLER_NAMES = (
-    SAMPLERS  # the names live in sgrld.experiments.run.choices, read from the registries
-)
-PRIOR_NAMES = PRIORS  # CLI prior name → sgrld.priors registry name
 GRAD_MAX = 1e6  # the reference clamps every gradient element to ±grad_max
 TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -127,8 +123,8 @@ class RunConfig:
 
         choice("dataset", tuple(MODEL_FOR_DATASET))
         choice("model", tuple(MODEL_FOR_DATASET.values()))
-        choice("prior", tuple(PRIOR_NAMES))
-        choice("sampler", SAMPLER_NAMES)
+        choice("prior", tuple(PRIORS))
+        choice("sampler", SAMPLERS)
         choice("noise", NOISE_SOURCES)
         if self.compile:
             check_compilable(get_metric(self.sampler)())
@@ -314,11 +310,9 @@ def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
 
     With a cyclical schedule ``epochs`` counts too: the cycles span the whole run.
     """
-    free = "epochs" if wanted.schedule != "cyclical" else None
     return [
-        f"{f.name}: {getattr(saved, f.name)!r} vs {getattr(wanted, f.name)!r}"
-        for f in fields(RunConfig)
-        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
+        f"{name}: {getattr(saved, name)!r} vs {getattr(wanted, name)!r}"
+        for name in config_fields_differing(saved, wanted)
     ]
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.run.options import by_field
+
 
 def model_label(model: str, width: int | None) -> str:
     """``fc400`` for the fully connected net of width 400, else the model's name."""
@@ -83,30 +85,13 @@ def run_label(config: Mapping[str, Any]) -> str:
 
 
 def flag_of(field: str) -> str:
-    """The command-line flag of a config field."""
-    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+    """The command-line flag of a config field (:data:`~.run.options.OPTIONS`)."""
+    option = by_field().get(field)
+    return option.flags[0] if option else "--" + field.replace("_", "-")
 
 
-def dest_of(field: str) -> str:
-    """The argparse attribute of a config field's flag."""
-    return flag_of(field)[2:].replace("-", "_")
-
-
-#: Config fields whose command-line flag is not ``--`` + the field name.
-_FLAGS = {
-    "max_train": "--subset",
-    "max_eval": "--eval-subset",
-    "burnin": "--burn-in",
-    "batch_size": "--batch-size",
-    "eval_batch_size": "--eval-batch-size",
-    "curvature_points": "--curvature-points",
-    "num_val": "--num-val",
-    "explore_fraction": "--explore-fraction",
-    "alpha2_rule": "--alpha2-rule",
-    "cycles": "--cycles",
-    "sampler_options": "--option",
-    "likelihood_scale": "--likelihood-scale",  # named whole-word in messages ("invalid cycles: 0")
-}
+#: Fields named in messages by whole word (``invalid cycles: 0``); the others only at the start
+#: of a message or as ``name=``.
 _PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
 
 
@@ -117,7 +102,9 @@ def cli_names(message: str) -> str:
     becomes ``--flag value``; a plain word (``epochs``) is a flag only where it starts the
     message or is written ``epochs=``.
     """
-    for field, flag in _FLAGS.items():
+    named = {field: flag_of(field) for field in by_field()}
+    words = {f: flag for f, flag in named.items() if flag != f"--{f}" or f == "cycles"}
+    for field, flag in words.items():
         message = re.sub(rf"\b{field}=", flag + " ", message)
         message = re.sub(rf"\b{field}\b", flag, message)
     for word in _PLAIN:

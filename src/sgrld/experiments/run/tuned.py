@@ -6,7 +6,6 @@ a run of sampler S takes ``samplers[S].options.lr`` from it.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,21 @@ TUNE_FILE = "tune.json"
 
 
 def lr_value(text: str) -> float | str:
-    """An argparse ``type`` for one ℓ: a number, or ``tuned:DIR`` (kept as text until the
-    sampler is known) where ``DIR/tune.json`` exists."""
+    """One ℓ from its text: a number, or ``tuned:DIR`` (kept as text until the sampler is
+    known) where ``DIR/tune.json`` exists.
+
+    Raises:
+        ValueError: neither, or no ``DIR/tune.json``.
+    """
     if text.startswith(PREFIX):
         path = Path(text.removeprefix(PREFIX)) / TUNE_FILE
         if not path.is_file():
-            raise argparse.ArgumentTypeError(f"{text}: no {path} (run sgrld tune --out DIR)")
+            raise ValueError(f"{text}: no {path} (run sgrld tune --out DIR)")
         return text
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number or tuned:DIR: {text!r}") from None
+        raise ValueError(f"not a number or tuned:DIR: {text!r}") from None
 
 
 def read_tune(folder: Path) -> dict[str, Any]:

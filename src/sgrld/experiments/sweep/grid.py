@@ -1,10 +1,9 @@
-"""A sweep's grid: comma lists and seed ranges, TOML configs, expansion, run folders, manifest.
+"""A sweep's grid: seed ranges, TOML configs, expansion, run folders, manifest.
 
-Nothing here imports torch: a grid is planned, checked and listed before any work starts.
-
-A grid is the union of *blocks*; a block maps run options (the ``sgrld sample`` flags, by their
-argparse names) to a value or, for the axes in :data:`AXES`, a list of values, and contributes
-the product of its lists. A tuned metric option (Monge's α²) multiplies the runs of the samplers
+A grid is planned, checked and listed before any work starts. It is the union of *blocks*; a
+block maps run options (:data:`KEYS`, from :data:`~sgrld.experiments.run.options.OPTIONS`) to
+a value or, for the axes in :data:`AXES`, a list of values, and contributes the product of its
+lists. A tuned metric option (Monge's α²) multiplies the runs of the samplers
 that take it only: the others run once per ℓ and seed whatever its list.
 
 Config files (``--config FILE.toml`` or a shipped name such as ``paper/mnist_table1``)::
@@ -26,22 +25,27 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base.files import read_file
+from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
 from sgrld.experiments.run.naming import flag_of, run_label, setting_name
+from sgrld.experiments.run.options import OPTIONS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version marker)
     import tomli as tomllib
 
-#: Options that take a list in a sweep (``seeds`` also takes ranges such as ``0-9``).
-AXES = ("sampler", "width", "prior", "lr", "alpha2", "seeds", "adapt", "sampler_options")
+#: The options a grid may set, by their config key: the run options but the machine's, with
+#: ``seeds`` for ``seed`` (a list, or ranges such as ``0-9``).
+KEYS = {"seeds" if o.name == "seed" else o.name: o for o in OPTIONS.values() if not o.machine}
+#: Options that take a list in a sweep.
+AXES = tuple(key for key, option in KEYS.items() if option.axis)
 MANIFEST_FILE = "sweep.json"
 MANIFEST_FORMAT = "sgrld-sweep/2"
 #: Older manifests still read (they record no machine options, see :data:`CHAIN_OPTIONS`).
@@ -111,27 +115,6 @@ def parse_seeds(text: str | int | Sequence[int | str]) -> list[int]:
     if not seeds:
         raise GridError("seeds: no seed given")
     return sorted(seeds)
-
-
-def comma_list(
-    item_type: Callable[[str], Any], choices: Iterable[Any] | None = None
-) -> Callable[[str], list[Any]]:
-    """An argparse ``type`` reading ``a,b,c`` as a list of ``item_type`` values from ``choices``."""
-    valid = None if choices is None else tuple(choices)
-
-    def parse(text: str) -> list[Any]:
-        values = []
-        for part in text.split(","):
-            if not part.strip():
-                raise ValueError(f"empty item in {text!r}")
-            value = item_type(part.strip())
-            if valid is not None and value not in valid:
-                raise ValueError(f"{value!r} is not one of {', '.join(map(str, valid))}")
-            values.append(value)
-        return values
-
-    parse.__name__ = f"comma-separated {getattr(item_type, '__name__', 'value')}"
-    return parse
 
 
 def _as_list(key: str, value: Any) -> list[Any]:
@@ -234,11 +217,9 @@ def read_config(name: str) -> tuple[str, Path | str]:
     )
 
 
-def parse_config(
-    text: str, source: object, known: Iterable[str], kinds: Mapping[str, Kind] | None = None
-) -> list[dict[str, Any]]:
-    """The blocks of a TOML config, defaults merged in; keys checked against ``known`` and, where
-    ``kinds`` names them, values against their kind (:func:`check_value`).
+def parse_config(text: str, source: object) -> list[dict[str, Any]]:
+    """The blocks of a TOML config, defaults merged in; keys checked against :data:`KEYS` and
+    values against their kind (:func:`check_value`).
 
     Option names may use ``-`` or ``_`` (``burn-in`` or ``burn_in``).
 
@@ -254,21 +235,18 @@ def parse_config(
     unknown = set(data) - {"description", "defaults", "grid"}
     if unknown:
         raise GridError(f"{source}: unknown top-level keys {sorted(unknown)}")
-    allowed = set(known)
 
     def options(table: Any, where: str) -> dict[str, Any]:
         if not isinstance(table, dict):
             raise GridError(f"{source}: {where} must be a table of options, got {table!r}")
         values = {k.replace("-", "_"): v for k, v in table.items()}
-        bad = sorted(set(values) - allowed)
+        bad = sorted(set(values) - set(KEYS))
         if bad:
             raise GridError(
-                f"{source}: unknown key(s) {bad} in {where}; "
-                f"valid keys: {', '.join(sorted(allowed))}"
+                f"{source}: unknown key(s) {bad} in {where}; valid keys: {', '.join(sorted(KEYS))}"
             )
         for key, value in values.items():
-            if kinds is not None and key in kinds:
-                check_value(key, value, kinds[key], f"{source}: {where}")
+            check_value(key, value, f"{source}: {where}")
         return values
 
     defaults = options(data.get("defaults", {}), "[defaults]")
@@ -278,33 +256,35 @@ def parse_config(
     return [{**defaults, **options(b, f"[[grid]] block {i + 1}")} for i, b in enumerate(blocks)]
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What a config key takes: ``type`` one of ``bool``, ``int``, ``float``, ``str``, ``table``;
-    ``choices`` for names; ``axis`` whether a list of values is allowed."""
-
-    type: str
-    choices: tuple[str, ...] | None = None
-    axis: bool = False
+def run_defaults() -> dict[str, Any]:
+    """The default of every option a grid may set (``sgrld sample``'s; ``seeds`` a list)."""
+    defaults = {key: option.default for key, option in KEYS.items()}
+    return {**defaults, "seeds": [defaults["seeds"]]}
 
 
-def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
-    """Refuse a config value of the wrong kind, e.g. ``lr = true`` (which TOML reads as 1) or
-    ``lr = "0.1"`` (a string), naming the key.
+def tuned_options() -> dict[str, list[str]]:
+    """The run options tuned with ℓ (α²), each with the samplers whose metric takes it."""
+    return {name: samplers_taking(name) for name in TUNED_FIELDS}
+
+
+def check_value(key: str, value: Any, where: str, *, item: bool = False) -> None:
+    """Refuse a config value of the wrong kind for its option (:data:`KEYS`), e.g. ``lr = true``
+    (which TOML reads as 1) or ``lr = "0.1"`` (a string), naming the key.
 
     Raises:
-        GridError: the value, or an item of an axis' list, is not of ``kind``.
+        GridError: the value, or an item of an axis' list, is not of the option's kind.
     """
     if key == "seeds":
         return  # parse_seeds checks ranges and integers
+    option = KEYS[key]
     if isinstance(value, list):
-        if not kind.axis:
+        if item or not option.axis:
             raise GridError(
                 f"{where}: {key} takes one value, got a list {value!r} (only "
                 f"{', '.join(a for a in AXES)} take lists)"
             )
-        for item in value:
-            check_value(key, item, Kind(kind.type, kind.choices), where)
+        for one in value:
+            check_value(key, one, where, item=True)
         return
     if value is None:
         return
@@ -314,17 +294,17 @@ def check_value(key: str, value: Any, kind: Kind, where: str) -> None:
         "float": isinstance(value, (int, float)) and not isinstance(value, bool),
         "str": isinstance(value, str),
         "table": isinstance(value, dict),
-    }[kind.type]
+    }[option.kind]
     expected = {
         "bool": "true or false",
         "int": "an integer",
         "float": "a number",
         "table": "a table such as {decay = 0.95}",
-    }.get(kind.type, "a string")
+    }.get(option.kind, "a string")
     if not ok:
         raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
-    if kind.choices is not None and value not in kind.choices:
-        raise GridError(f"{where}: {key} must be one of {', '.join(kind.choices)}, got {value!r}")
+    if option.choices is not None and value not in option.choices:
+        raise GridError(f"{where}: {key} must be one of {', '.join(option.choices)}, got {value!r}")
 
 
 # --- run folders and the manifest -------------------------------------------------------------
