@@ -320,3 +320,22 @@ def test_stat_kinds_declare_every_statistic(spec: SamplerSpec, num_chains: int |
             assert stats[key].shape[-1] == len(layout.names)
         else:
             assert kind == "global"
+
+
+def test_undeclared_statistic_refused_when_the_state_is_built() -> None:
+    """A metric whose ``stat_kinds`` misses a statistic ``init`` makes is refused at once, by the
+    facade and the functional sampler alike, naming the key and the kinds to declare."""
+    from dataclasses import dataclass
+
+    from sgrld.metrics.rmsprop import RMSpropMetric
+
+    @dataclass(frozen=True, kw_only=True)
+    class Undeclared(RMSpropMetric):
+        def stat_kinds(self, layout):  # type: ignore[no-untyped-def]
+            return {}
+
+    params = _params()
+    with pytest.raises(TypeError, match=r"does not declare \[.*'square_avg'.*PerTensor"):
+        sgrld.SGRLDOptimizer(params, lr=0.1, num_data=N, metric=Undeclared).step()
+    with pytest.raises(TypeError, match="does not declare"):
+        sgrld.build(Undeclared(), lr=0.1, num_data=N).init({"w": torch.zeros(3)})

@@ -80,6 +80,18 @@ class Metric(abc.ABC):
         """The kind of every statistic that :meth:`init` makes for ``layout``."""
         return {}
 
+    def checked_init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        """:meth:`init`, refused at once if a statistic's kind is undeclared (the core restricts
+        and publishes statistics by kind: the missing key would fail later, far from here)."""
+        stats = self.init(layout, like)
+        undeclared = sorted(set(stats) - set(self.stat_kinds(layout)))
+        if undeclared:
+            raise TypeError(
+                f"{type(self).__name__}.stat_kinds(layout) does not declare {undeclared}: give "
+                "each statistic its kind ('element', 'tensor', 'global' or PerTensor(stat, i))"
+            )
+        return stats
+
     @abc.abstractmethod
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
         """Fold the flat gradient into the statistics, in place. ``step`` counts from 1.

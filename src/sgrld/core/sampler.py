@@ -156,7 +156,7 @@ class Sampler:
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         gen = generator if generator is not None else new_generator(first.device)
-        stats = self.metric.init(layout, first)
+        stats = self.metric.checked_init(layout, first)
         state = SamplerState(dict(params), stats, 0, gen, layout)
         if self.localization:
             state.center = [t.detach().clone() for t in tensors]

@@ -366,7 +366,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if layout.shards is not None:
             check_sharded(names[0], self.noise, self.compile, self.capturable)
         shards = [local(p) for p in params]  # the rank's shards of sharded parameters
-        stats = metric.init(layout, shards[0])
+        stats = metric.checked_init(layout, shards[0])
         state = SamplerState(
             dict(zip(names, shards, strict=True)), stats, 0, self.generator, layout
         )

@@ -9,7 +9,7 @@ writes ``OUT/results.json`` (config, seeds, per-epoch curves, final validation a
 accuracy, ECE, curvature if measured, seconds per epoch, number of samples), ``OUT/curves.png``
 and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exactly). Without
 ``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
-(Tables 4-5). The protocol is in :mod:`sgrld.experiments.run.single`.
+(Tables 4-5). The protocol is in :mod:`sgrld.experiments.run.loop`.
 
 Exit status: 0 when the run completed, 3 when the chain broke down (a non-finite potential, or
 parameters blown up while finite: ``docs/health.md``; the results are still written), 2 for bad
