@@ -14,8 +14,9 @@ import torch
 
 import sgrld
 import tune_problems as tp
-from sgrld.evaluation.divergence import diverged
+from sgrld.chain_health import blown_up
 from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
+from sgrld.metrics import get_metric
 
 pytest.importorskip("sklearn")
 
@@ -60,7 +61,7 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     assert sum(c.steps for c in result.candidates) < result.spent  # + probe and scoring
     # the last round's best, or a smaller ℓ within one standard error of it
     last = result.rounds[-1]
-    rows = dict(zip(last.lrs, zip(last.scores, last.errors, strict=True), strict=True))
+    rows = dict(zip(last.values, zip(last.scores, last.errors, strict=True), strict=True))
     top = min(rows, key=lambda lr: rows[lr][0])
     assert result.lr <= top
     assert rows[result.lr][0] <= rows[top][0] + math.hypot(rows[top][1], rows[result.lr][1])
@@ -83,7 +84,9 @@ def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -
     if name == "shampoo":
         fixed["precondition_vectors"] = True  # a (1, 10) weight: else G = I (SGLD)
     result = sgrld.tune(name, model, potential, loader, num_data=n, seed=0, **SMALL, **fixed)
-    assert result.options == {"lr": result.lr, **fixed} and result.spent <= SMALL["budget"]
+    searched = {n: result.options[n] for n in result.searched}
+    assert result.options == {**searched, **fixed} and result.spent <= SMALL["budget"]
+    assert result.searched == ("lr", *(n for n in get_metric(name).tuned))
     sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)
 
 
@@ -116,11 +119,10 @@ def test_the_coordinate_ksd_ranks_widths_in_high_dimension() -> None:
     assert min(full, key=full.__getitem__) == "narrow"
 
 
-def test_diverged_flags_nan_inf_and_blow_ups_only() -> None:
-    start = torch.tensor([1.0, 1.0, -50.0, 0.01, 2.0, 1.0])
-    worst = torch.tensor([900.0, 2e3, 1e4, 999.0, float("nan"), 1.0])
-    finite = torch.tensor([True, True, True, True, True, False])
-    assert diverged(start, worst, finite).tolist() == [False, True, False, False, True, True]
+def test_blown_up_flags_nan_inf_and_blow_ups_only() -> None:
+    start = torch.tensor([1.0, 1.0, -50.0, 0.01, 2.0, 1.0, float("inf")])
+    now = torch.tensor([900.0, 2e3, 1e4, 999.0, float("nan"), -float("inf"), 1.0])
+    assert blown_up(start, now).tolist() == [False, True, False, False, True, True, True]
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -169,7 +171,7 @@ def test_a_nan_potential_marks_its_candidate_diverged_and_the_search_goes_on() -
     probe = result.rounds[0]
     assert math.isinf(probe.scores[-1]) and math.isfinite(probe.scores[0])
     assert result.lr < min(
-        lr for lr, s in zip(probe.lrs, probe.scores, strict=False) if math.isinf(s)
+        lr for lr, s in zip(probe.values, probe.scores, strict=False) if math.isinf(s)
     )
 
 

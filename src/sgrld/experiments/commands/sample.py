@@ -44,7 +44,7 @@ from sgrld.experiments.run.naming import (
     dest_of,
     option_text,
 )
-from sgrld.experiments.run.tuned import lr_value, tuned_lr
+from sgrld.experiments.run.tuned import lr_value, tuned_options
 from sgrld.metrics import resolve_metric_name
 
 PRIOR_CHOICES = tuple(PRIORS)
@@ -368,8 +368,14 @@ def _config(
 
     model = args.model or MODEL_FOR_DATASET[args.dataset]
     paper = paper_entry(args.dataset, args.prior, args.width, args.sampler)
-    if lr is not None:
-        lr = tuned_lr(lr, args.sampler)
+    if isinstance(lr, str):  # tuned:DIR: its ℓ, and its tuned options (α²) not given
+        chosen = tuned_options(lr, args.sampler)
+        given = {n: getattr(args, dest_of(n)) for n in METRIC_FIELDS if n not in tuned}
+        for n, value in given.items():
+            if n in chosen and chosen[n] != value:  # e.g. an α² chosen for another rule
+                raise UsageError(f"--lr {lr}: tuned with {n} = {chosen[n]}, not {value}")
+        tuned = {n: chosen.get(n) if v is None else v for n, v in tuned.items()}
+        lr = float(chosen["lr"])
     if lr is None and paper is not None:
         lr = paper.lr
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
