@@ -90,6 +90,43 @@ def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -
     sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)
 
 
+def test_the_option_search_picks_the_clearly_better_alpha2(monkeypatch: Any) -> None:
+    """Monge's α² is searched after ℓ, at the chosen ℓ, within the budget. Real chains, with
+    scores planted as a function of each candidate (the search's choices are what is tested):
+    ℓ best at 0.01, α² best at 100 (a decade past the bracket 0.1, 1, 10, and 0): the bracket
+    widens up to it, and the choice is it; a user's α² is not searched."""
+    from sgrld.tuning import search
+
+    origin: dict[int, dict[str, float]] = {}
+    real = search.run_round
+
+    def run_round(problem: Any, candidates: Any, length: int, **kw: Any) -> Any:
+        records = real(problem, candidates, length, **kw)
+        origin.update({id(r): dict(c) for r, c in zip(records, candidates, strict=True)})
+        return records
+
+    def planted(records: Any, subsets: Any, kind: str) -> list[tuple[float, float]]:
+        def score(c: dict[str, float]) -> float:
+            a = c["alpha2"]
+            return math.log10(c["lr"] / 0.01) ** 2 + (math.log10(a / 100) ** 2 if a else 9.0)
+
+        return [(score(origin[id(r)]), 0.01) for r in records]
+
+    monkeypatch.setattr(search, "run_round", run_round)
+    monkeypatch.setattr(search, "round_scores", planted)
+    model, potential, loader, n = _diabetes()
+    result = sgrld.tune("monge", model, potential, loader, num_data=n, **SMALL)
+    assert result.searched == ("lr", "alpha2") and result.spent <= SMALL["budget"]
+    assert (result.lr, result.options["alpha2"]) == (pytest.approx(0.01), 100.0)
+    bracket = next(r for r in result.rounds if r.option == "alpha2")
+    assert bracket.at == {"lr": result.lr} and {0.0, 0.1, 1.0, 10.0, 100.0} <= set(bracket.values)
+    assert any(c.options == {"alpha2": 100.0} for c in result.candidates)
+    monkeypatch.undo()
+    fixed = sgrld.tune("monge", model, potential, loader, num_data=n, alpha2=0.5, **SMALL)
+    assert fixed.searched == ("lr",) and fixed.options["alpha2"] == 0.5
+    assert {r.option for r in fixed.rounds} == {"lr"}
+
+
 def test_the_coordinate_ksd_ranks_widths_in_high_dimension() -> None:
     """D = 4,000 Gaussian coordinates with scales over two decades; samples of the right
     width, too wide, too narrow and autocorrelated: the coordinate-subset KSD ranks the right
