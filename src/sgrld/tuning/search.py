@@ -56,18 +56,12 @@ def tune(
     """Choose the step size ℓ of ``sampler`` (and its tuned options that are not fixed, e.g.
     Monge's α²) for a chain of ``steps`` steps, within ``budget``.
 
-    A stability probe (a ladder of ℓ a decade apart, 300 steps each) finds the largest ℓ that
-    does not diverge; the bracket's candidates go down from it half a decade apart and widen
-    while the best is at an end; successive halving then reruns the better half of the
-    candidates with chains twice as long, until two are left. Each tuned option of the metric
-    that is not among ``fixed`` is then searched the same way at the chosen ℓ (a bracket a
-    decade apart around its default, and its value at which G = I), each search with an equal
-    share of what the probe leaves of the budget. Each candidate's chain is scored
-    on its second half (``points`` thinned points per chain) by the kernel Stein discrepancy of
-    its samples from near-full-data gradients on random coordinate subsets, or, with
-    ``validation``, by the validation log predictive density (the paper's rule). All candidates
-    of a round are chains of one :class:`~sgrld.Chains`, on the same minibatches. The model is
-    not changed, and torch's global random state is restored on return.
+    A stability probe, a bracket of ℓ that widens until its ends are worse, successive halving
+    (MAMBA), then the same for each tuned option not in ``fixed`` at the chosen ℓ; each chain
+    scored on its second half by the kernel Stein discrepancy on random coordinate subsets, or
+    by the validation log predictive (``docs/tuning.md``). All candidates of a round are chains
+    of one :class:`~sgrld.Chains`, on the same minibatches. The model is not changed, and
+    torch's global random state is restored on return.
 
     Args:
         sampler: a sampler name (``sgrld.metric_names()``, or an alias).
@@ -173,9 +167,11 @@ class _Search:
         self.min_length = 4 * problem.points
         self.passes = 1 + len(searched)  # ℓ, then each searched option
         self.limit = budget  # what the current pass may spend up to
+        self.probe_cost = problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
+        self.least = problem.cost(2, self.min_length)  # two candidates, the shortest chains
 
     def run(self) -> TuneResult:
-        minimum = self._probe_cost() + self.passes * self._least()
+        minimum = self.probe_cost + self.passes * self.least
         if self.budget < minimum:
             raise ValueError(
                 f"budget={self.budget} cannot compare two candidates: give at least {minimum} "
@@ -236,7 +232,10 @@ class _Search:
         values += [] if identity is None else [float(identity)]
         return [v for v in dict.fromkeys(values) if self._valid(name, v, lr)]
 
-    def _valid(self, name: str, value: float, lr: float) -> bool:
+    def _valid(self, name: str, value: float, lr: float | None) -> bool:
+        """Whether the metric takes ``name`` = ``value`` (every ℓ > 0 does)."""
+        if lr is None:
+            return True
         try:
             options = {**self.problem.fixed, **self._candidate(name, value, lr)}
             build(self.problem.sampler, num_data=self.problem.num_data, noise="philox", **options)
@@ -249,14 +248,12 @@ class _Search:
     ) -> float:
         """The bracket and the halving rounds over ``option`` (ℓ, or a tuned option at ``lr``);
         the chosen value."""
-        scores = self._bracket(option, values, plan[0][1], lr)
+        scores = self._round(option, values, plan[0][1], lr, widen=True)
         for count, length in plan[1:]:
             ranked = sorted((s, v) for v, s in scores.items() if math.isfinite(s))
             kept = [v for _, v in ranked[:count] if lr is not None or v < self.ceiling]
-            if len(kept) < 2:
-                break
             length = min(length, self._affordable(len(kept)))
-            if length < self.min_length:
+            if len(kept) < 2 or length < self.min_length:
                 break
             scores = self._round(option, kept, length, lr)
         return self._best(option, lr)
@@ -268,7 +265,7 @@ class _Search:
         stable = self._ladder(0)
         if stable and len(stable) < width:
             return max(stable)
-        if self.spent + self._probe_cost() + self.passes * self._least() <= self.budget:
+        if self.spent + self.probe_cost + self.passes * self.least <= self.budget:
             shift = width if stable else -width
             moved = self._ladder(shift)
             if moved:
@@ -281,10 +278,10 @@ class _Search:
         lrs = [10.0 ** (k + shift) for k in PROBE_EXPONENTS]
         records = run_round(self.problem, [self._candidate("lr", lr) for lr in lrs], PROBE_STEPS,
                             scored=False)  # fmt: skip
-        self.spent += self._probe_cost()
+        self.spent += self.probe_cost
         marks = tuple(math.inf if r.diverged else 0.0 for r in records)
-        cost = self._probe_cost()
-        self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, cost, at=self.at))
+        self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, self.probe_cost,
+                                 at=self.at))  # fmt: skip
         bad = [lr for lr, r in zip(lrs, records, strict=True) if r.diverged]
         self.ceiling = min([self.ceiling, *bad])
         return [lr for lr, r in zip(lrs, records, strict=True) if not r.diverged]
@@ -293,13 +290,6 @@ class _Search:
         """The longest chains ``candidates`` can still run within the pass's share."""
         per_step = self.problem.cost(candidates, 1) - self.problem.cost(candidates, 0)
         return (self.limit - self.spent - self.problem.cost(candidates, 0)) // per_step
-
-    def _least(self) -> int:
-        """The cost of the smallest comparison: two candidates, the shortest chains."""
-        return self.problem.cost(2, self.min_length)
-
-    def _probe_cost(self) -> int:
-        return self.problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
 
     def _plan(self, left: int, bracket: int, widen: int) -> list[tuple[int, int]]:
         """(candidates, length) per round: the bracket, then halving down to two; the first
@@ -336,11 +326,12 @@ class _Search:
             return None
         return best * OPTION_SPACING if best == ends[-1] else best / OPTION_SPACING
 
-    def _bracket(
-        self, option: str, values: list[float], length: int, lr: float | None
+    def _round(
+        self, option: str, values: list[float], length: int, lr: float | None, widen: bool = False
     ) -> dict[float, float]:
-        """Score the bracket, widening it by one candidate at a time (:meth:`_extra`), at most
-        ``MAX_WIDEN`` times; while every ℓ diverged, downwards as long as the budget allows."""
+        """Run and score a round; a bracket (``widen``) widens by one candidate at a time
+        (:meth:`_extra`), at most ``MAX_WIDEN`` times, and while every ℓ diverged, downwards as
+        long as the pass's share allows."""
         make = [self._candidate(option, v, lr) for v in values]
         records = dict(zip(values, run_round(self.problem, make, length), strict=True))
         self.spent += self.problem.cost(len(values), length)
@@ -348,33 +339,21 @@ class _Search:
         while True:
             scored = dict(zip(records, round_scores(list(records.values()), self.subsets,
                                                     self.kind), strict=True))  # fmt: skip
-            scores = {v: s[0] for v, s in scored.items()}
-            extra = self._extra(option, scores)
+            scores = {v: s for v, (s, _) in scored.items()}
+            extra = self._extra(option, scores) if widen else None
             diverged = not any(math.isfinite(s) for s in scores.values())
-            room = self.spent + self.problem.cost(1, length) <= self.limit
-            if extra is None or not room or (not diverged and widened == MAX_WIDEN):
+            if extra is None or self.spent + self.problem.cost(1, length) > self.limit:
                 break
-            if lr is not None and not self._valid(option, extra, lr):
+            if (not diverged and widened == MAX_WIDEN) or not self._valid(option, extra, lr):
                 break
-            records[extra] = run_round(self.problem, [self._candidate(option, extra, lr)],
-                                       length)[0]  # fmt: skip
+            make = [self._candidate(option, extra, lr)]
+            records[extra] = run_round(self.problem, make, length)[0]
             self.spent += self.problem.cost(1, length)
             widened += 1
-        if diverged and lr is None:
+        if widen and lr is None and diverged:
             raise self._all_diverged(list(records))
-        self._note(option, "bracket", length, records, scored, lr)
+        self._note(option, "bracket" if widen else "halving", length, records, scored, lr)
         return scores
-
-    def _round(
-        self, option: str, values: list[float], length: int, lr: float | None
-    ) -> dict[float, float]:
-        make = [self._candidate(option, v, lr) for v in values]
-        records = dict(zip(values, run_round(self.problem, make, length), strict=True))
-        self.spent += self.problem.cost(len(values), length)
-        scored = dict(zip(values, round_scores(list(records.values()), self.subsets, self.kind),
-                          strict=True))  # fmt: skip
-        self._note(option, "halving", length, records, scored, lr)
-        return {v: s[0] for v, s in scored.items()}
 
     def _note(
         self,
@@ -406,9 +385,7 @@ class _Search:
         while a too-small one's slower mixing shrinks in the user's chain, longer than the
         round's. A tuned option: the value ℓ was chosen at if it is among them, else the best
         (an option changes at ℓ only where the chains measure a difference)."""
-        for r in reversed(self.rounds):
-            if r.name == "probe" or r.option != option:
-                continue
+        for r in reversed([r for r in self.rounds if r.option == option and r.name != "probe"]):
             fine = [(s, v, e) for v, s, e in zip(r.values, r.scores, r.errors, strict=True)
                     if math.isfinite(s) and (lr is not None or v < self.ceiling)]  # fmt: skip
             if fine:
@@ -417,7 +394,6 @@ class _Search:
                 if lr is not None:
                     return self.at[option] if self.at[option] in close else best
                 return min(close)
-            break
         if lr is not None:  # every value diverged at ℓ: keep the one ℓ was chosen at
             return self.at[option]
         raise self._all_diverged([dict(k)["lr"] for k in self.history])
