@@ -118,6 +118,7 @@ def test_the_option_search_picks_the_clearly_better_alpha2(monkeypatch: Any) -> 
     result = sgrld.tune("monge", model, potential, loader, num_data=n, **SMALL)
     assert result.searched == ("lr", "alpha2") and result.spent <= SMALL["budget"]
     assert (result.lr, result.options["alpha2"]) == (pytest.approx(0.01), 100.0)
+    assert result.rounds[0].at == {"alpha2": 1.0}  # ℓ is searched at the default α²
     bracket = next(r for r in result.rounds if r.option == "alpha2")
     assert bracket.at == {"lr": result.lr} and {0.0, 0.1, 1.0, 10.0, 100.0} <= set(bracket.values)
     assert any(c.options == {"alpha2": 100.0} for c in result.candidates)

@@ -281,7 +281,7 @@ class _Search:
         self.spent += self.probe_cost
         marks = tuple(math.inf if r.diverged else 0.0 for r in records)
         self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, self.probe_cost,
-                                 at=self.at))  # fmt: skip
+                                 at=dict(self.at)))  # fmt: skip
         bad = [lr for lr, r in zip(lrs, records, strict=True) if r.diverged]
         self.ceiling = min([self.ceiling, *bad])
         return [lr for lr, r in zip(lrs, records, strict=True) if not r.diverged]
