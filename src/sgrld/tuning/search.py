@@ -284,7 +284,8 @@ class _Search:
                                  at=dict(self.at)))  # fmt: skip
         bad = [lr for lr, r in zip(lrs, records, strict=True) if r.diverged]
         self.ceiling = min([self.ceiling, *bad])
-        return [lr for lr, r in zip(lrs, records, strict=True) if not r.diverged]
+        # a stable ℓ above one that diverged is out too (a verdict need not be monotone in ℓ)
+        return [lr for lr, r in zip(lrs, records, strict=True) if lr < self.ceiling]
 
     def _affordable(self, candidates: int) -> int:
         """The longest chains ``candidates`` can still run within the pass's share."""
