@@ -309,3 +309,19 @@ def test_the_watch_reads_the_host_once_per_512_steps(monkeypatch: pytest.MonkeyP
     params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
     diverging(lambda p: sgrld.SGLD(p, lr=1e-3, num_data=100), 1100, params)
     assert reads == [512, 1024]
+
+
+def test_a_chains_chain_frozen_on_a_non_finite_gradient_has_broken_down() -> None:
+    """Chains' verdict includes its failures: a chain stopped by the step engine (here a NaN
+    potential for chain 1 from its third step) is broken down, its neighbour is judged on its
+    figures; what the tuner's in-step blow-up check relies on."""
+    sampler = sgrld.build("identity", lr=1e-3, num_data=100, noise="philox")
+    chains = sgrld.Chains(torch.nn.Linear(3, 1, dtype=torch.float64), sampler, seeds=[0, 1],
+                          telemetry=True)  # fmt: skip
+    x = torch.randn(2, 8, 3, dtype=torch.float64)
+    for step in range(5):
+        poison = torch.tensor([0.0, float("nan") if step >= 2 else 0.0], dtype=torch.float64)
+        chains.step(lambda m, v, p: m(v).square().mean() * (1 + p), x, poison)
+    first, second = chains.health()
+    assert not first.broken_down and second.broken_down
+    assert (second.figure, second.steps) == ("gradient", 5) and "not finite" in str(second)

@@ -14,8 +14,9 @@ import torch
 
 import sgrld
 import tune_problems as tp
-from sgrld.evaluation.divergence import diverged
+from sgrld.chain_health import blown_up
 from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
+from sgrld.metrics import get_metric
 
 pytest.importorskip("sklearn")
 
@@ -60,7 +61,7 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     assert sum(c.steps for c in result.candidates) < result.spent  # + probe and scoring
     # the last round's best, or a smaller ℓ within one standard error of it
     last = result.rounds[-1]
-    rows = dict(zip(last.lrs, zip(last.scores, last.errors, strict=True), strict=True))
+    rows = dict(zip(last.values, zip(last.scores, last.errors, strict=True), strict=True))
     top = min(rows, key=lambda lr: rows[lr][0])
     assert result.lr <= top
     assert rows[result.lr][0] <= rows[top][0] + math.hypot(rows[top][1], rows[result.lr][1])
@@ -83,8 +84,48 @@ def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -
     if name == "shampoo":
         fixed["precondition_vectors"] = True  # a (1, 10) weight: else G = I (SGLD)
     result = sgrld.tune(name, model, potential, loader, num_data=n, seed=0, **SMALL, **fixed)
-    assert result.options == {"lr": result.lr, **fixed} and result.spent <= SMALL["budget"]
+    searched = {n: result.options[n] for n in result.searched}
+    assert result.options == {**searched, **fixed} and result.spent <= SMALL["budget"]
+    assert result.searched == ("lr", *(n for n in get_metric(name).tuned))
     sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)
+
+
+def test_the_option_search_picks_the_clearly_better_alpha2(monkeypatch: Any) -> None:
+    """Monge's α² is searched after ℓ, at the chosen ℓ, within the budget. Real chains, with
+    scores planted as a function of each candidate (the search's choices are what is tested):
+    ℓ best at 0.01, α² best at 100 (a decade past the bracket 0.1, 1, 10, and 0): the bracket
+    widens up to it, and the choice is it; a user's α² is not searched."""
+    from sgrld.tuning import search
+
+    origin: dict[int, dict[str, float]] = {}
+    real = search.run_round
+
+    def run_round(problem: Any, candidates: Any, length: int, **kw: Any) -> Any:
+        records = real(problem, candidates, length, **kw)
+        origin.update({id(r): dict(c) for r, c in zip(records, candidates, strict=True)})
+        return records
+
+    def planted(records: Any, subsets: Any, kind: str) -> list[tuple[float, float]]:
+        def score(c: dict[str, float]) -> float:
+            a = c["alpha2"]
+            return math.log10(c["lr"] / 0.01) ** 2 + (math.log10(a / 100) ** 2 if a else 9.0)
+
+        return [(score(origin[id(r)]), 0.01) for r in records]
+
+    monkeypatch.setattr(search, "run_round", run_round)
+    monkeypatch.setattr(search, "round_scores", planted)
+    model, potential, loader, n = _diabetes()
+    result = sgrld.tune("monge", model, potential, loader, num_data=n, **SMALL)
+    assert result.searched == ("lr", "alpha2") and result.spent <= SMALL["budget"]
+    assert (result.lr, result.options["alpha2"]) == (pytest.approx(0.01), 100.0)
+    assert result.rounds[0].at == {"alpha2": 1.0}  # ℓ is searched at the default α²
+    bracket = next(r for r in result.rounds if r.option == "alpha2")
+    assert bracket.at == {"lr": result.lr} and {0.0, 0.1, 1.0, 10.0, 100.0} <= set(bracket.values)
+    assert any(c.options == {"alpha2": 100.0} for c in result.candidates)
+    monkeypatch.undo()
+    fixed = sgrld.tune("monge", model, potential, loader, num_data=n, alpha2=0.5, **SMALL)
+    assert fixed.searched == ("lr",) and fixed.options["alpha2"] == 0.5
+    assert {r.option for r in fixed.rounds} == {"lr"}
 
 
 def test_the_coordinate_ksd_ranks_widths_in_high_dimension() -> None:
@@ -116,11 +157,10 @@ def test_the_coordinate_ksd_ranks_widths_in_high_dimension() -> None:
     assert min(full, key=full.__getitem__) == "narrow"
 
 
-def test_diverged_flags_nan_inf_and_blow_ups_only() -> None:
-    start = torch.tensor([1.0, 1.0, -50.0, 0.01, 2.0, 1.0])
-    worst = torch.tensor([900.0, 2e3, 1e4, 999.0, float("nan"), 1.0])
-    finite = torch.tensor([True, True, True, True, True, False])
-    assert diverged(start, worst, finite).tolist() == [False, True, False, False, True, True]
+def test_blown_up_flags_nan_inf_and_blow_ups_only() -> None:
+    start = torch.tensor([1.0, 1.0, -50.0, 0.01, 2.0, 1.0, float("inf")])
+    now = torch.tensor([900.0, 2e3, 1e4, 999.0, float("nan"), -float("inf"), 1.0])
+    assert blown_up(start, now).tolist() == [False, True, False, False, True, True, True]
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -169,7 +209,7 @@ def test_a_nan_potential_marks_its_candidate_diverged_and_the_search_goes_on() -
     probe = result.rounds[0]
     assert math.isinf(probe.scores[-1]) and math.isfinite(probe.scores[0])
     assert result.lr < min(
-        lr for lr, s in zip(probe.lrs, probe.scores, strict=False) if math.isinf(s)
+        lr for lr, s in zip(probe.values, probe.scores, strict=False) if math.isinf(s)
     )
 
 

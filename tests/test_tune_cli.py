@@ -85,3 +85,40 @@ def test_tune_refuses_an_lr_and_a_budget_too_small(
     err = capsys.readouterr().err.strip()
     assert err.startswith("sgrld tune: error: budget=100 cannot compare two candidates")
     assert "\n" not in err
+
+
+def test_a_tuned_alpha2_is_shown_and_taken_by_sample(tmp_path: Path) -> None:
+    """Monge's α², searched (no --alpha2 given), reaches tune.json, the figure (a panel of its
+    own), the report's table and ``sample --lr tuned:DIR``; a run with another α² rule than the
+    one it was chosen for is refused, and a given --alpha2 wins."""
+    import sgrld
+    import tune_problems as tp
+    from sgrld.experiments.commands.tune import plot
+
+    x, y, _, _ = tp.diabetes()
+    n = len(y)
+    result = sgrld.tune(
+        "monge", tp.model(), lambda m, b: tp.potential(m, b, n), tp.loader(x, y), num_data=n,
+        steps=2_000, budget=7_000, points=8, alpha2_rule="fixed",
+    )  # fmt: skip
+    assert result.searched == ("lr", "alpha2")
+    assert {r.option for r in result.rounds} == {"lr", "alpha2"}
+    alpha2 = result.options["alpha2"]
+    data = {"config": {"dataset": "diabetes", "model": "fc", "width": 4, "prior": "gaussian",
+                       "epochs": 120, "score": "ksd", "seed": 0},
+            "samplers": {"monge": {**result.to_dict(), "grid": None}}}  # fmt: skip
+    (tmp_path / TUNE_FILE).write_text(json.dumps(data))
+    figure = tmp_path / "tune.png"
+    with figure.open("wb") as target:
+        plot(data["samplers"], target)
+    assert figure.read_bytes()[:4] == b"\x89PNG"
+    assert f"ℓ {result.lr:.3g}, alpha2 {alpha2:.3g}" in tuning_table(data)
+    config = sample.config_from_args(_sample_args(*RUN, "--sampler", "monge", "--lr",
+                                                  f"tuned:{tmp_path}"))  # fmt: skip
+    assert (config.lr, config.alpha2) == (result.lr, alpha2)
+    given = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}", "--alpha2", "3")
+    assert sample.config_from_args(given).alpha2 == 3.0
+    other = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}",
+                         "--alpha2-rule", "normalized")  # fmt: skip
+    with pytest.raises(ValueError, match=r"tuned with alpha2_rule = fixed, not normalized"):
+        sample.config_from_args(other)

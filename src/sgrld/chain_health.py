@@ -25,6 +25,11 @@ divergence the drift grows with ‖θ‖, in a descent it falls (:func:`_falling
   more than :data:`SMALL_FACTOR` times the steps taken (after at least :data:`SMALL_MIN_STEPS`),
   the chain has hardly moved against the posterior's scale.
 
+A caller that sees each chain's potential every step (:func:`sgrld.tune`) also stops a chain in
+the step it blows up (:func:`blown_up`) by making its gradient non-finite: the step engine then
+freezes it, and :meth:`sgrld.Chains.health` calls a frozen chain broken down, so that the
+verdict is still this module's.
+
 Healthy runs read r ≈ 0.04–0.35 (``docs/health.md`` lists the runs checked).
 """
 
@@ -36,9 +41,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+from torch import Tensor
+
 from sgrld.core.engine import telemetry_figures
 
 __all__ = [
+    "BLOW_UP_FACTOR",
     "BROKEN_GROWTH",
     "BROKEN_GROWTH_NO_NOISE",
     "BROKEN_RATIO",
@@ -50,6 +59,7 @@ __all__ = [
     "TREND_WINDOWS",
     "Health",
     "HealthWarning",
+    "blown_up",
     "health",
     "judge",
 ]
@@ -75,6 +85,8 @@ FALLING = 0.9
 TREND_WINDOWS = 4
 #: ‖θ‖ moving between windows by this fraction of drift × steps is a descent, not a too large ℓ
 MOVING = 0.25
+#: how many times max(|u₀|, 1) a per-datum potential may rise above its start u₀ (:func:`blown_up`)
+BLOW_UP_FACTOR = 1e3
 
 Verdict = Literal["healthy", "lr_too_large", "lr_too_small", "broken_down", "unknown"]
 
@@ -100,7 +112,8 @@ class Health:
         verdict: ``"healthy"``, ``"broken_down"``, ``"lr_too_large"``, ``"lr_too_small"``, or
             ``"unknown"`` (no step recorded yet).
         figure: the figure that crossed a bound (``"drift_to_noise"``, ``"theta_growth"``,
-            ``"relaxation_steps"``, ``"theta_norm"``), ``None`` when healthy.
+            ``"relaxation_steps"``, ``"theta_norm"``, ``"gradient"``: a :class:`~sgrld.Chains`
+            chain frozen on a non-finite gradient), ``None`` when healthy.
         value: its value.
         bound: the bound it crossed.
         steps: the steps the judgement rests on.
@@ -155,6 +168,23 @@ class Health:
         }[self.verdict]
         over = "" if self.figure == "relaxation_steps" else f", over {self.steps} steps"
         return f"{what} ({self.reason}{over}): {self.fix}"
+
+
+def blown_up(start: Tensor, potential: Tensor) -> Tensor:
+    """Per chain, on the device (no host read): whether its per-datum potential is no longer
+    finite or has risen by more than :data:`BLOW_UP_FACTOR` × max(|u₀|, 1) above its start u₀.
+
+    The in-step form of a breakdown, for callers that see the potential each step. In nats per
+    datum such a rise is a blow-up in any problem: a healthy chain started anywhere moves *down*
+    towards the typical set, where its potential fluctuates by O(D/n).
+
+    Args:
+        start: ``(K,)`` each chain's per-datum potential at its start.
+        potential: ``(K,)`` its per-datum potential now.
+    """
+    rise = potential - start
+    bad = ~torch.isfinite(potential) | ~torch.isfinite(start)
+    return bad | (rise > BLOW_UP_FACTOR * start.abs().clamp_min(1.0))
 
 
 def _series(value: Any) -> list[float]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -453,9 +454,16 @@ class Chains:
 
     def health(self) -> list[Health]:
         """Every chain's health (:func:`sgrld.health`) from its telemetry since the last read
-        (``telemetry=True``; read without resetting it): one verdict per chain."""
+        (``telemetry=True``; read without resetting it): one verdict per chain; a chain frozen
+        on a non-finite gradient (:meth:`failures`) has broken down."""
         temperature = self.groups[0].sampler.temperature
-        return [judge([f], temperature) for f in self.telemetry(reset=False)]
+        failed = self.failures()
+        return [
+            Health("broken_down", "gradient", math.nan, math.inf, int(f["steps"]))
+            if k in failed
+            else judge([f], temperature)
+            for k, f in enumerate(self.telemetry(reset=False))
+        ]
 
     def state_bytes(self) -> int:
         """Bytes of sampler state (statistics, keys, flags) per chain."""

@@ -11,26 +11,31 @@ __all__ = ["Candidate", "Round", "TuneResult"]
 
 @dataclasses.dataclass(frozen=True)
 class Round:
-    """One round of the search: its chain length and each candidate's ℓ and score."""
+    """One round of the search: the option it varies, its chain length, and each candidate's
+    value of that option and score; ``at``: the other searched options' values, held."""
 
     name: str  # "probe", "bracket" or "halving"
+    option: str  # "lr", or the tuned option searched at the chosen ℓ (Monge: "alpha2")
     length: int
-    lrs: tuple[float, ...]
+    values: tuple[float, ...]
     scores: tuple[float, ...]  # +inf: diverged (a probe scores 0 for a stable ℓ)
     spent: int
     errors: tuple[float, ...] = ()  # the scores' standard errors
+    at: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """A candidate ℓ: its score in each round it was scored in (lower is better), the sampler
-    steps spent on it (all its chains, all rounds) and whether it diverged in any."""
+    """A candidate: its ℓ and its values of the searched tuned options (``options``), its score
+    in each round it was scored in (lower is better), the sampler steps spent on it (all its
+    chains, all rounds) and whether it diverged in any."""
 
     lr: float
     scores: tuple[float, ...]
     lengths: tuple[int, ...]
     steps: int
     diverged: bool
+    options: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def score(self) -> float:
@@ -44,10 +49,13 @@ class TuneResult:
 
     Attributes:
         sampler: the registry name of the sampler.
-        options: the chosen ``lr`` with the fixed options, ready for
+        options: the chosen ``lr`` and searched options with the fixed options, ready for
             ``SGRLDOptimizer(..., metric=sampler, num_data=n, **options)`` or ``sgrld.build``.
-        candidates: every candidate scored, by increasing ℓ.
-        rounds: the probe, the bracket (with its widening) and the halving rounds, in order.
+        searched: the options chosen by the search: ``"lr"`` and the metric's tuned options
+            that were not fixed (Monge: ``"alpha2"``).
+        candidates: every candidate scored, by its searched options' values, then ℓ.
+        rounds: the probe, then per searched option its bracket (with its widening) and
+            halving rounds, in order.
         spent: gradient evaluations spent in all (≤ ``budget``).
         budget: the budget it was given.
         score: ``"ksd"`` or ``"validation"``: what the scores are.
@@ -56,6 +64,7 @@ class TuneResult:
 
     sampler: str
     options: dict[str, Any]
+    searched: tuple[str, ...]
     candidates: tuple[Candidate, ...]
     rounds: tuple[Round, ...]
     spent: int

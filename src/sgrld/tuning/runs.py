@@ -1,17 +1,21 @@
-"""One round of the search: every candidate ℓ a chain (or a few) of one :class:`~sgrld.Chains`.
+"""One round of the search: every candidate (ℓ and the searched options' values) a chain, or a
+few, of one :class:`~sgrld.Chains`.
 
 A round runs all its candidates together for ``length`` steps from the user's model, on the same
 minibatches, and keeps, at ``points`` thinned steps of each chain's second half, what the score
 needs: the chain's coordinates on the scoring subset, the posterior's score ∇log p = −(n/τ)∇u
 there from the near-full-data gradient (the cached scoring batches), and, with validation data,
-each validation datum's log-likelihood. Whether each chain diverged is read once, at the end.
+each validation datum's log-likelihood. Whether each chain diverged is :mod:`sgrld.chain_health`'s
+verdict (:meth:`~sgrld.Chains.health`, read once, at the end, on the second half): a chain whose
+potential blows up (:func:`~sgrld.chain_health.blown_up`) gets a non-finite gradient in that step,
+so that the step engine freezes it before its metric sees overflowing gradients.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,9 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from sgrld import build
+from sgrld.chain_health import blown_up
 from sgrld.chains import Chains
 from sgrld.core.warmup import DEFAULT_WARMUP
-from sgrld.evaluation.divergence import diverged
 from sgrld.metrics import get_metric
 from sgrld.tuning.data import Batches, bind, expanded, flatten, size
 
@@ -46,20 +50,23 @@ class Problem:
     points: int
     validation: tuple[list[Any], Callable[[nn.Module, Any], Tensor]] | None = None
 
-    def build(self, lrs: Sequence[float], length: int) -> Chains:
-        """The round's chains: candidate c's chains are ``c·C, …, c·C + C − 1``."""
-        options = dict(self.fixed)
+    def build(self, candidates: Sequence[Mapping[str, float]], length: int) -> Chains:
+        """The round's chains (``lr`` and the searched options per candidate): candidate c's
+        chains are ``c·C, …, c·C + C − 1``, with telemetry for their health."""
+        options: dict[str, Any] = {**self.fixed, **candidates[0]}
         warmup = options.pop("adapt_until", DEFAULT_WARMUP)
         if warmup is not None:
             warmup = min(warmup, length // 4)  # inside the burn-in (the first half) of a round
         sampler = build(
-            self.sampler, lr=float(lrs[0]), num_data=self.num_data, noise="philox",
-            adapt_until=warmup, **options,
+            self.sampler, num_data=self.num_data, noise="philox", adapt_until=warmup,
+            **options,
         )  # fmt: skip
         c = self.chains_per_candidate
-        seeds = [(self.seed * 1_000_003 + j) % 2**63 for _ in lrs for j in range(c)]
-        per_chain = [float(lr) for lr in lrs for _ in range(c)]
-        return Chains(self.model, sampler, seeds, lr=per_chain)
+        seeds = [(self.seed * 1_000_003 + j) % 2**63 for _ in candidates for j in range(c)]
+        per_chain: dict[str, Any] = {
+            name: [float(x[name]) for x in candidates for _ in range(c)] for name in candidates[0]
+        }
+        return Chains(self.model, sampler, seeds, telemetry=True, **per_chain)
 
     def cost(self, candidates: int, length: int, *, scored: bool = True) -> int:
         """Gradient evaluations (minibatch gradients of one chain) of a round; a scoring or
@@ -84,30 +91,38 @@ def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
 
 
 def run_round(
-    problem: Problem, lrs: Sequence[float], length: int, *, scored: bool = True
+    problem: Problem,
+    candidates: Sequence[Mapping[str, float]],
+    length: int,
+    *,
+    scored: bool = True,
 ) -> list[Record]:
-    """Run every candidate ℓ of ``lrs`` for ``length`` steps; one :class:`Record` each
-    (``scored=False``: whether it diverged only, e.g. for a stability probe)."""
-    chains = problem.build(lrs, length)
+    """Run every candidate (``{"lr": ℓ, **searched options}``) for ``length`` steps; one
+    :class:`Record` each (``scored=False``: whether it diverged only, e.g. for a stability
+    probe)."""
+    chains = problem.build(candidates, length)
     k = chains.num_chains
     burn = length // 2
     stride = max(1, (length - burn) // problem.points)
     thinned = {burn + stride * (i + 1) for i in range(problem.points)} if scored else set()
     kept: dict[str, list[Tensor]] = {"x": [], "s": [], "ll": []}
     start: Tensor | None = None
-    worst: Tensor | None = None
     temperature = float(problem.fixed.get("temperature", 1.0)) or 1.0
     for step, (batch, epoch_end) in enumerate(problem.batches.epochs(), 1):
         tensors, rebuild = expanded(batch, k)
+        potential = bind(problem.potential, rebuild)
         if start is None:
             with torch.no_grad():
-                start = chains.map(bind(problem.potential, rebuild), *tensors)
-            worst = start.clone()
-        assert worst is not None
-        losses = chains.step(_guarded(bind(problem.potential, rebuild)), start, *tensors)
-        worst = torch.maximum(worst, losses)  # NaN stays NaN: diverged
+                start = chains.map(potential, *tensors)
+        losses, grads = chains.grads(potential, *tensors)
+        bad = blown_up(start, losses)  # frozen by the engine from this step on
+        for g in grads.values():
+            g.masked_fill_(bad.reshape(-1, *[1] * (g.dim() - 1)), math.nan)
+        chains.apply(grads)
         if epoch_end and get_metric(problem.sampler).refresh_per_epoch:
             chains.refresh()
+        if step == burn:
+            chains.telemetry()  # health is judged on the second half, the scored one
         if step in thinned:
             x, s = _score(problem, chains)
             kept["x"].append(x)
@@ -116,24 +131,9 @@ def run_round(
                 kept["ll"].append(_validation(problem, chains))
         if step == length:
             break
-    assert start is not None and worst is not None
-    finite = torch.isfinite(_flat(chains.params.values(), k)).all(1)
-    failed = chains.failures()
-    finite &= torch.tensor([i not in failed for i in range(k)], device=finite.device)
-    bad = diverged(start, worst, finite).reshape(len(lrs), -1).any(1).tolist()
-    return _records(problem, bad, kept)
-
-
-def _guarded(potential: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``potential`` with each chain's start as an argument: a chain that has diverged
-    (:func:`~sgrld.evaluation.divergence.diverged`) gets a NaN potential, so that Chains freezes
-    it (its gradient is non-finite) before its metric sees overflowing gradients."""
-
-    def call(model: nn.Module, start: Tensor, *tensors: Tensor) -> Tensor:
-        u = potential(model, *tensors)
-        return torch.where(diverged(start, u), torch.full_like(u, math.nan), u)
-
-    return call
+    broken = [h.broken_down for h in chains.health()]
+    c = problem.chains_per_candidate
+    return _records(problem, [any(broken[i : i + c]) for i in range(0, k, c)], kept)
 
 
 def _score(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:

@@ -1,18 +1,20 @@
-"""The search: a stability probe, a bracket that widens until its ends are worse, then
+"""The search: a stability probe, a bracket of ℓ that widens until its ends are worse, then
 successive halving (MAMBA: Coullon, South & Nemeth 2023) so that most of the budget goes to the
-best candidates. ``docs/tuning.md`` says why each choice was made."""
+best candidates; then the same for each of the metric's tuned options (Monge's α²) at the
+chosen ℓ. ``docs/tuning.md`` says why each choice was made."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from sgrld import build
-from sgrld.metrics import resolve_metric_name
+from sgrld.metrics import get_metric, resolve_metric_name
 from sgrld.tuning.data import Batches
 from sgrld.tuning.result import Candidate, Round, TuneResult
 from sgrld.tuning.runs import Potential, Problem, Record, run_round
@@ -27,6 +29,10 @@ PROBE_STEPS = 300
 BRACKET = 7
 SPACING = math.sqrt(10.0)
 MAX_WIDEN = 3
+#: a tuned option's bracket: its default times these, a decade apart (and its value at which
+#: G = I, where the metric has one and takes it), widened by a decade while the best is at an end
+OPTION_FACTORS = (1.0, 0.1, 10.0)
+OPTION_SPACING = 10.0
 #: coordinates per subset of the score, and subsets when the model has more
 SUBSET, SUBSETS = 16, 8
 
@@ -47,17 +53,15 @@ def tune(
     score_points: int = 2048,
     **fixed: Any,
 ) -> TuneResult:
-    """Choose the step size ℓ of ``sampler`` for a chain of ``steps`` steps, within ``budget``.
+    """Choose the step size ℓ of ``sampler`` (and its tuned options that are not fixed, e.g.
+    Monge's α²) for a chain of ``steps`` steps, within ``budget``.
 
-    A stability probe (a ladder of ℓ a decade apart, 300 steps each) finds the largest ℓ that
-    does not diverge; the bracket's candidates go down from it half a decade apart and widen
-    while the best is at an end; successive halving then reruns the better half of the
-    candidates with chains twice as long, until two are left. Each candidate's chain is scored
-    on its second half (``points`` thinned points per chain) by the kernel Stein discrepancy of
-    its samples from near-full-data gradients on random coordinate subsets, or, with
-    ``validation``, by the validation log predictive density (the paper's rule). All candidates
-    of a round are chains of one :class:`~sgrld.Chains`, on the same minibatches. The model is
-    not changed, and torch's global random state is restored on return.
+    A stability probe, a bracket of ℓ that widens until its ends are worse, successive halving
+    (MAMBA), then the same for each tuned option not in ``fixed`` at the chosen ℓ; each chain
+    scored on its second half by the kernel Stein discrepancy on random coordinate subsets, or
+    by the validation log predictive (``docs/tuning.md``). All candidates of a round are chains
+    of one :class:`~sgrld.Chains`, on the same minibatches. The model is not changed, and
+    torch's global random state is restored on return.
 
     Args:
         sampler: a sampler name (``sgrld.metric_names()``, or an alias).
@@ -78,10 +82,12 @@ def tune(
         score_points: data of the loader's first pass used for the score's gradients (all of
             them when there are fewer: the full-data gradient).
         **fixed: the sampler's fixed options (``alpha2_rule="normalized"``, ``decay``,
-            ``temperature``, ``adapt_until``, ...), kept in the result's options.
+            ``temperature``, ``adapt_until``, ...), kept in the result's options; a tuned
+            option given here (``alpha2=1.0``) is not searched.
 
     Returns:
-        A :class:`TuneResult`: ``options`` (``lr`` and ``fixed``), ``candidates``, ``spent``.
+        A :class:`TuneResult`: ``options`` (``lr``, the searched options and ``fixed``),
+        ``candidates``, ``spent``.
 
     Raises:
         ValueError: a budget too small to compare two candidates (naming the minimum), every
@@ -113,7 +119,10 @@ def tune(
             name, model, potential, batches, num_data, dict(fixed), coords, seed, chains, points,
             None if validation is None else (list(validation[0]), validation[1]),
         )  # fmt: skip
-        return _Search(problem, steps, budget, subsets).run()
+        metric: Any = get_metric(name)  # a dataclass
+        defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(metric)}
+        searched = {n: float(defaults[n]) for n in metric.tuned if n not in fixed}
+        return _Search(problem, steps, budget, subsets, searched).run()
 
 
 def _subsets(size: int, seed: int) -> tuple[Tensor, list[list[int]]]:
@@ -127,53 +136,72 @@ def _subsets(size: int, seed: int) -> tuple[Tensor, list[list[int]]]:
     return coords, [order[i : i + SUBSET] for i in range(0, count - SUBSET + 1, SUBSET)]
 
 
-class _Search:
-    """The state of one search: what was run, what it scored, what it cost."""
+Key = tuple[tuple[str, float], ...]
 
-    def __init__(self, problem: Problem, steps: int, budget: int, subsets: list[list[int]]):
+
+def _key(candidate: Mapping[str, float]) -> Key:
+    return tuple(sorted(candidate.items()))
+
+
+class _Search:
+    """The state of one search: what was run, what it scored, what it cost. A candidate is a
+    mapping ``{"lr": ℓ, **searched options}``; ``at`` holds the searched options' values while
+    another one varies (their defaults, then each chosen value)."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        steps: int,
+        budget: int,
+        subsets: list[list[int]],
+        searched: dict[str, float],
+    ):
         self.problem, self.steps, self.budget, self.subsets = problem, steps, budget, subsets
         self.kind = "ksd" if problem.validation is None else "validation"
+        self.at = dict(searched)
         self.spent = 0
         self.rounds: list[Round] = []
-        self.history: dict[float, list[tuple[int, float]]] = {}
-        self.broken: set[float] = set()
+        self.history: dict[Key, list[tuple[int, float]]] = {}
+        self.broken: set[Key] = set()
+        self.ceiling = math.inf  # the smallest ℓ that diverged at the options' defaults
         self.min_length = 4 * problem.points
+        self.passes = 1 + len(searched)  # ℓ, then each searched option
+        self.limit = budget  # what the current pass may spend up to
+        self.probe_cost = problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
+        self.least = problem.cost(2, self.min_length)  # two candidates, the shortest chains
 
     def run(self) -> TuneResult:
-        probe_cost = self.problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
-        minimum = probe_cost + self._least()
+        minimum = self.probe_cost + self.passes * self.least
         if self.budget < minimum:
             raise ValueError(
                 f"budget={self.budget} cannot compare two candidates: give at least {minimum} "
                 f"gradient evaluations (a {PROBE_STEPS}-step stability probe and two "
-                f"{self.min_length}-step chains with {self.problem.points} scored points)"
+                f"{self.min_length}-step chains with {self.problem.points} scored points"
+                + f" for ℓ and for each of {', '.join(self.at)})" * bool(self.at)
+                + ")" * (not self.at)
             )
         top = self._probe()
-        plan = self._plan(self.budget - self.spent)
+        plan = self._plan(self._share(0), BRACKET, MAX_WIDEN)
         lrs = [top / SPACING**j for j in range(plan[0][0])]
-        scores = self._bracket(lrs, plan[0][1])
-        for count, length in plan[1:]:
-            ranked = sorted((s, lr) for lr, s in scores.items() if math.isfinite(s))
-            lrs = [lr for _, lr in ranked[:count] if lr < min(self.broken, default=math.inf)]
-            if len(lrs) < 2:
-                break
-            length = min(length, self._affordable(len(lrs)))
-            if length < self.min_length:
-                break
-            scores = self._round("halving", lrs, length)
-        best = self._best()
+        lr = self._search("lr", lrs, plan)
+        for i, name in enumerate(list(self.at), 1):
+            values = self._option_values(name, lr)
+            plan = self._plan(self._share(i), len(values), MAX_WIDEN)
+            self.at[name] = self._search(name, values[: plan[0][0]], plan, lr)
         return TuneResult(
             sampler=self.problem.sampler,
-            options={"lr": best, **self.problem.fixed},
+            options={"lr": lr, **self.at, **self.problem.fixed},
+            searched=("lr", *self.at),
             candidates=tuple(
                 Candidate(
-                    lr,
+                    dict(key)["lr"],
                     tuple(s for _, s in h),
                     tuple(n for n, _ in h),
                     sum(n for n, _ in h) * self.problem.chains_per_candidate,
-                    lr in self.broken,
+                    key in self.broken,
+                    {n: v for n, v in key if n != "lr"},
                 )
-                for lr, h in sorted(self.history.items())
+                for key, h in sorted(self.history.items())
             ),
             rounds=tuple(self.rounds),
             spent=self.spent,
@@ -182,6 +210,54 @@ class _Search:
             steps=self.steps,
         )
 
+    def _share(self, done: int) -> int:
+        """An equal share of what is left for each pass still to run, from pass ``done`` on;
+        sets :attr:`limit`, which that pass's rounds and widening stay within."""
+        share = (self.budget - self.spent) // (self.passes - done)
+        self.limit = self.spent + share
+        return share
+
+    def _candidate(self, option: str, value: float, lr: float | None = None) -> dict[str, float]:
+        """ℓ = ``value`` (``lr`` None), or ``option`` = ``value`` at ℓ = ``lr``."""
+        if lr is None:
+            return {"lr": value, **self.at}
+        return {"lr": lr, **self.at, option: value}
+
+    def _option_values(self, name: str, lr: float) -> list[float]:
+        """The bracket of a tuned option: its default × :data:`OPTION_FACTORS`, then its value
+        at which G = I; those the metric refuses (a normalized α² must be > 0) left out."""
+        start = self.at[name]
+        values = [start * f for f in OPTION_FACTORS]
+        identity = get_metric(self.problem.sampler).identity_at.get(name)
+        values += [] if identity is None else [float(identity)]
+        return [v for v in dict.fromkeys(values) if self._valid(name, v, lr)]
+
+    def _valid(self, name: str, value: float, lr: float | None) -> bool:
+        """Whether the metric takes ``name`` = ``value`` (every ℓ > 0 does)."""
+        if lr is None:
+            return True
+        try:
+            options = {**self.problem.fixed, **self._candidate(name, value, lr)}
+            build(self.problem.sampler, num_data=self.problem.num_data, noise="philox", **options)
+        except ValueError:
+            return False
+        return True
+
+    def _search(
+        self, option: str, values: list[float], plan: list[tuple[int, int]], lr: float | None = None
+    ) -> float:
+        """The bracket and the halving rounds over ``option`` (ℓ, or a tuned option at ``lr``);
+        the chosen value."""
+        scores = self._round(option, values, plan[0][1], lr, widen=True)
+        for count, length in plan[1:]:
+            ranked = sorted((s, v) for v, s in scores.items() if math.isfinite(s))
+            kept = [v for _, v in ranked[:count] if lr is not None or v < self.ceiling]
+            length = min(length, self._affordable(len(kept)))
+            if len(kept) < 2 or length < self.min_length:
+                break
+            scores = self._round(option, kept, length, lr)
+        return self._best(option, lr)
+
     def _probe(self) -> float:
         """The largest ℓ of the ladder that does not diverge in a short run; the ladder moves
         down (every ℓ diverged) or up (none did) by its width once."""
@@ -189,125 +265,139 @@ class _Search:
         stable = self._ladder(0)
         if stable and len(stable) < width:
             return max(stable)
-        if self.spent + self._probe_cost() + self._least() <= self.budget:
+        if self.spent + self.probe_cost + self.passes * self.least <= self.budget:
             shift = width if stable else -width
             moved = self._ladder(shift)
             if moved:
                 return max(moved)
         if stable:
             return max(stable)
-        raise self._all_diverged([lr for r in self.rounds for lr in r.lrs])
+        raise self._all_diverged([v for r in self.rounds for v in r.values])
 
     def _ladder(self, shift: int) -> list[float]:
         lrs = [10.0 ** (k + shift) for k in PROBE_EXPONENTS]
-        records = run_round(self.problem, lrs, PROBE_STEPS, scored=False)
-        self.spent += self._probe_cost()
+        records = run_round(self.problem, [self._candidate("lr", lr) for lr in lrs], PROBE_STEPS,
+                            scored=False)  # fmt: skip
+        self.spent += self.probe_cost
         marks = tuple(math.inf if r.diverged else 0.0 for r in records)
-        self.rounds.append(Round("probe", PROBE_STEPS, tuple(lrs), marks, self._probe_cost()))
-        self.broken.update(lr for lr, r in zip(lrs, records, strict=True) if r.diverged)
-        return [lr for lr, r in zip(lrs, records, strict=True) if not r.diverged]
+        self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, self.probe_cost,
+                                 at=dict(self.at)))  # fmt: skip
+        bad = [lr for lr, r in zip(lrs, records, strict=True) if r.diverged]
+        self.ceiling = min([self.ceiling, *bad])
+        # a stable ℓ above one that diverged is out too (a verdict need not be monotone in ℓ)
+        return [lr for lr, r in zip(lrs, records, strict=True) if lr < self.ceiling]
 
     def _affordable(self, candidates: int) -> int:
-        """The longest chains ``candidates`` can still run within the budget."""
+        """The longest chains ``candidates`` can still run within the pass's share."""
         per_step = self.problem.cost(candidates, 1) - self.problem.cost(candidates, 0)
-        return (self.budget - self.spent - self.problem.cost(candidates, 0)) // per_step
+        return (self.limit - self.spent - self.problem.cost(candidates, 0)) // per_step
 
-    def _least(self) -> int:
-        """The cost of the smallest comparison: two candidates, the shortest chains."""
-        return self.problem.cost(2, self.min_length)
-
-    def _probe_cost(self) -> int:
-        return self.problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
-
-    def _plan(self, left: int) -> list[tuple[int, int]]:
+    def _plan(self, left: int, bracket: int, widen: int) -> list[tuple[int, int]]:
         """(candidates, length) per round: the bracket, then halving down to two; the first
-        length as long as the budget allows with room to widen, the last at most ``steps``."""
+        length as long as ``left`` allows with room to widen, the last at most ``steps``."""
         cost = self.problem.cost
-        for first in range(BRACKET, 1, -1):
+        for first in range(bracket, 1, -1):
             counts = [first]
             while counts[-1] > 2:
                 counts.append(math.ceil(counts[-1] / 2))
-            widen = MAX_WIDEN if first == BRACKET else 0
-            fixed = sum(cost(c, 0) for c in counts) + cost(widen, 0)
+            room = widen if first == bracket else 0
+            fixed = sum(cost(c, 0) for c in counts) + cost(room, 0)
             per_step = sum(cost(c, 2**r) - cost(c, 0) for r, c in enumerate(counts))
-            per_step += cost(widen, 1) - cost(widen, 0)
+            per_step += cost(room, 1) - cost(room, 0)
             length = min((left - fixed) // max(per_step, 1), self.steps // 2 ** (len(counts) - 1))
             if length >= self.min_length:
                 return [(c, length * 2**r) for r, c in enumerate(counts)]
-        return [(2, self.min_length)]  # fits: the probe left room for it (run, _probe)
+        return [(2, self.min_length)]  # fits: the budget was checked for it (run, _probe)
 
-    def _bracket(self, lrs: list[float], length: int) -> dict[float, float]:
-        """Score the bracket, widening it by one candidate at a time while the best is at an
-        end that did not diverge (a larger ℓ known to diverge closes the top), at most
-        ``MAX_WIDEN`` times; while every candidate diverged, downwards as long as the budget
-        allows."""
-        records = dict(zip(lrs, run_round(self.problem, lrs, length), strict=True))
-        self.spent += self.problem.cost(len(lrs), length)
+    def _extra(self, option: str, scores: dict[float, float]) -> float | None:
+        """The value to widen the bracket by, or ``None``. ℓ: while the best is the smallest
+        (or every one diverged), downwards; while it is the largest, upwards if a larger ℓ is
+        not known to diverge. A tuned option: a decade past the end the best is at (its value
+        at which G = I, where it is the best, is an end already)."""
+        finite = [v for v, s in scores.items() if math.isfinite(s)]
+        best = min(finite, key=lambda v: scores[v]) if finite else None
+        if option == "lr":
+            if best is None or best == min(scores):
+                return min(scores) / SPACING
+            up = best * SPACING
+            return up if best == max(scores) and up < self.ceiling else None
+        ends = sorted(v for v in scores if v != get_metric(self.problem.sampler).identity_at.get(
+            option))  # fmt: skip
+        if best is None or best not in (ends[0], ends[-1]):
+            return None
+        return best * OPTION_SPACING if best == ends[-1] else best / OPTION_SPACING
+
+    def _round(
+        self, option: str, values: list[float], length: int, lr: float | None, widen: bool = False
+    ) -> dict[float, float]:
+        """Run and score a round; a bracket (``widen``) widens by one candidate at a time
+        (:meth:`_extra`), at most ``MAX_WIDEN`` times, and while every ℓ diverged, downwards as
+        long as the pass's share allows."""
+        make = [self._candidate(option, v, lr) for v in values]
+        records = dict(zip(values, run_round(self.problem, make, length), strict=True))
+        self.spent += self.problem.cost(len(values), length)
         widened = 0
         while True:
             scored = dict(zip(records, round_scores(list(records.values()), self.subsets,
                                                     self.kind), strict=True))  # fmt: skip
-            scores = {lr: v[0] for lr, v in scored.items()}
-            finite = [lr for lr, s in scores.items() if math.isfinite(s)]
-            best = min(finite, key=lambda lr: scores[lr]) if finite else None
-            if best is None or best == min(records):  # every one diverged, or the best is
-                extra = min(records) / SPACING  # the smallest: look lower
-            elif best == max(records) and best * SPACING < min(self.broken, default=math.inf):
-                extra = best * SPACING
-            else:
+            scores = {v: s for v, (s, _) in scored.items()}
+            extra = self._extra(option, scores) if widen else None
+            diverged = not any(math.isfinite(s) for s in scores.values())
+            if extra is None or self.spent + self.problem.cost(1, length) > self.limit:
                 break
-            room = self.spent + self.problem.cost(1, length) <= self.budget
-            if not room or (best is not None and widened == MAX_WIDEN):
+            if (not diverged and widened == MAX_WIDEN) or not self._valid(option, extra, lr):
                 break
-            records[extra] = run_round(self.problem, [extra], length)[0]
+            make = [self._candidate(option, extra, lr)]
+            records[extra] = run_round(self.problem, make, length)[0]
             self.spent += self.problem.cost(1, length)
             widened += 1
-        if best is None:
+        if widen and lr is None and diverged:
             raise self._all_diverged(list(records))
-        self._note("bracket", length, records, scored)
+        self._note(option, "bracket" if widen else "halving", length, records, scored, lr)
         return scores
-
-    def _round(self, name: str, lrs: list[float], length: int) -> dict[float, float]:
-        records = dict(zip(lrs, run_round(self.problem, lrs, length), strict=True))
-        self.spent += self.problem.cost(len(lrs), length)
-        scored = dict(zip(lrs, round_scores(list(records.values()), self.subsets, self.kind),
-                          strict=True))  # fmt: skip
-        self._note(name, length, records, scored)
-        return {lr: v[0] for lr, v in scored.items()}
 
     def _note(
         self,
+        option: str,
         name: str,
         length: int,
         records: dict[float, Record],
         scored: dict[float, tuple[float, float]],
+        lr: float | None,
     ) -> None:
-        lrs = sorted(records)
-        for lr in lrs:
-            self.history.setdefault(lr, []).append((length, scored[lr][0]))
-            if records[lr].diverged:
-                self.broken.add(lr)
-        cost = self.problem.cost(len(lrs), length)
-        scores = tuple(scored[lr][0] for lr in lrs)
-        errors = tuple(scored[lr][1] for lr in lrs)
-        self.rounds.append(Round(name, length, tuple(lrs), scores, cost, errors))
+        values = sorted(records)
+        for v in values:
+            key = _key(self._candidate(option, v, lr))
+            self.history.setdefault(key, []).append((length, scored[v][0]))
+            if records[v].diverged:
+                self.broken.add(key)
+                if option == "lr":
+                    self.ceiling = min(self.ceiling, v)
+        cost = self.problem.cost(len(values), length)
+        scores = tuple(scored[v][0] for v in values)
+        errors = tuple(scored[v][1] for v in values)
+        at = {k: x for k, x in self._candidate(option, 0.0, lr).items() if k != option}
+        self.rounds.append(Round(name, option, length, tuple(values), scores, cost, errors, at))
 
-    def _best(self) -> float:
-        """The best candidate of the last round with one below every ℓ that diverged, or the
-        smallest ℓ whose score is within one standard error of the best's (the one-standard-
-        error rule): a too-large ℓ's bias stays in a chain of any length, while a too-small
-        one's slower mixing shrinks in the user's chain, longer than the round's."""
-        ceiling = min(self.broken, default=math.inf)
-        for r in reversed(self.rounds):
-            if r.name == "probe":
-                continue
-            fine = [(s, lr, e) for lr, s, e in zip(r.lrs, r.scores, r.errors, strict=True)
-                    if math.isfinite(s) and lr < ceiling]  # fmt: skip
+    def _best(self, option: str, lr: float | None) -> float:
+        """The choice in the last round over ``option``, among the candidates within one
+        standard error of the best's score (the one-standard-error rule). ℓ: the smallest of
+        them below every ℓ that diverged: a too-large ℓ's bias stays in a chain of any length,
+        while a too-small one's slower mixing shrinks in the user's chain, longer than the
+        round's. A tuned option: the value ℓ was chosen at if it is among them, else the best
+        (an option changes at ℓ only where the chains measure a difference)."""
+        for r in reversed([r for r in self.rounds if r.option == option and r.name != "probe"]):
+            fine = [(s, v, e) for v, s, e in zip(r.values, r.scores, r.errors, strict=True)
+                    if math.isfinite(s) and (lr is not None or v < self.ceiling)]  # fmt: skip
             if fine:
-                score, _, error = min(fine)
-                close = [c for s, c, e in fine if s <= score + math.hypot(error, e)]
+                score, best, error = min(fine)
+                close = [v for s, v, e in fine if s <= score + math.hypot(error, e)]
+                if lr is not None:
+                    return self.at[option] if self.at[option] in close else best
                 return min(close)
-        raise self._all_diverged(list(self.history))
+        if lr is not None:  # every value diverged at ℓ: keep the one ℓ was chosen at
+            return self.at[option]
+        raise self._all_diverged([dict(k)["lr"] for k in self.history])
 
     def _all_diverged(self, lrs: list[float]) -> ValueError:
         return ValueError(

@@ -20,7 +20,7 @@ from sgrld.experiments.run.choices import MODEL_FOR_DATASET
 from sgrld.experiments.run.config import METRIC_FIELDS, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import cli_names
 from sgrld.experiments.run.options import OPTIONS, RunOption, by_field, comma_list
-from sgrld.experiments.run.tuned import tuned_lr
+from sgrld.experiments.run.tuned import tuned_options
 from sgrld.metrics import get_metric
 
 _TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
@@ -193,8 +193,13 @@ def _config(
     run = {field: values[option.name] for field, option in by_field().items()}
     dataset, sampler = run["dataset"], run["sampler"]
     paper = paper_entry(dataset, run["prior"], run["width"], sampler)
-    if lr is not None:
-        lr = tuned_lr(lr, sampler)
+    if isinstance(lr, str):  # tuned:DIR: its ℓ, and its tuned options (α²) not given
+        chosen = tuned_options(lr, sampler)
+        for n in METRIC_FIELDS:
+            if n not in tuned and n in chosen and chosen[n] != run[n]:  # e.g. another α² rule
+                raise UsageError(f"--lr {lr}: tuned with {n} = {chosen[n]}, not {run[n]}")
+        tuned = {n: chosen.get(n) if v is None else v for n, v in tuned.items()}
+        lr = float(chosen["lr"])
     if lr is None and paper is not None:
         lr = paper.lr
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     for name, result in results.items():
         grid = result["grid"]
         share = f", {result['spent'] / grid['evaluations']:.0%} of its grid" if grid else ""
-        print(f"{name}: ℓ = {result['options']['lr']:.3g} ({result['spent']} gradients{share})")
+        print(f"{name}: {_chosen(result)} ({result['spent']} gradients{share})")
     print(f"wrote {args.out / TUNE_FILE}, {args.out / FIGURE}")
     return exits.OK
 
@@ -120,8 +120,9 @@ def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> di
     model = build_run_model(config, splits, generator=gen).to(device)
     fixed: dict[str, Any] = {**config.sampler_options, "temperature": config.temperature}
     fixed["adapt_until"] = config.adapt_until
-    if config.alpha2 is not None:
-        fixed |= {"alpha2": config.alpha2, "alpha2_rule": config.alpha2_rule}
+    if config.alpha2 is not None:  # searched unless given (--alpha2)
+        fixed["alpha2_rule"] = config.alpha2_rule
+        fixed |= {} if args.alpha2 is None else {"alpha2": config.alpha2}
     batches = math.ceil(n / config.batch_size)
     validation = None
     if args.score == "validation":
@@ -143,6 +144,13 @@ def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> di
     out = result.to_dict()
     out["grid"] = paper_grid(config, config.epochs * batches)
     return out
+
+
+def _chosen(result: dict[str, Any]) -> str:
+    """``ℓ = 0.1, alpha2 = 1``: the searched options' chosen values."""
+    return ", ".join(
+        f"{'ℓ' if n == 'lr' else n} = {result['options'][n]:.3g}" for n in result["searched"]
+    )
 
 
 def paper_grid(config: Any, steps: int) -> dict[str, Any] | None:
@@ -204,30 +212,39 @@ def _write(out: Path, data: dict[str, Any]) -> None:
 
 
 def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:
-    """Score against ℓ per sampler: one line per round (bracket, then halving), the chosen ℓ
-    marked; diverged candidates as crosses on the top edge."""
+    """Score against each searched option (ℓ, then e.g. α² at the chosen ℓ) per sampler: one
+    line per round (bracket, then halving), the chosen value marked; diverged candidates as
+    crosses on the top edge."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    fig, axes = plt.subplots(1, len(samplers), figsize=(3.2 * len(samplers), 3), squeeze=False)
-    for ax, (name, result) in zip(axes[0], samplers.items(), strict=True):
-        rounds = [r for r in result["rounds"] if r["name"] != "probe"]
+    panels = [(name, option) for name, r in samplers.items() for option in r["searched"]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3), squeeze=False)
+    for ax, (name, option) in zip(axes[0], panels, strict=True):
+        result = samplers[name]
+        rounds = [r for r in result["rounds"] if r["name"] != "probe" and r["option"] == option]
         top = max((s for r in rounds for s in r["scores"] if s is not None), default=1.0)
         for i, r in enumerate(rounds):
-            pairs = list(zip(r["lrs"], r["scores"], strict=True))
-            fine = [(lr, s) for lr, s in pairs if s is not None]
+            pairs = list(zip(r["values"], r["scores"], strict=True))
+            fine = [(v, s) for v, s in pairs if s is not None and v > 0]
             label = f"{r['name']} {i}: {r['length']} steps"
             ax.plot([p[0] for p in fine], [p[1] for p in fine], "o-", ms=3, label=label)
-            bad = [lr for lr, s in pairs if s is None]
+            bad = [v for v, s in pairs if s is None and v > 0]
             ax.plot(bad, [top] * len(bad), "x", color="red")
-        ax.axvline(result["options"]["lr"], color="black", lw=0.8, ls="--")
+            zero = [s for v, s in pairs if v == 0 and s is not None]  # G = I: a level
+            if zero:
+                ax.axhline(zero[0], color="grey", lw=0.8, ls=":", label=f"{option} = 0")
+        chosen = result["options"][option]
+        if chosen > 0:
+            ax.axvline(chosen, color="black", lw=0.8, ls="--")
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
-        ax.set_title(f"{name}: ℓ = {result['options']['lr']:.3g}", fontsize=9)
-        ax.set_xlabel("ℓ")
+        symbol = "ℓ" if option == "lr" else option
+        ax.set_title(f"{name}: {symbol} = {chosen:.3g}", fontsize=9)
+        ax.set_xlabel(symbol)
         ax.set_ylabel("KSD" if result["score"] == "ksd" else "−validation log p")
         ax.legend(fontsize=6)
     fig.tight_layout()

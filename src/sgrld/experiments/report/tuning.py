@@ -8,15 +8,16 @@ __all__ = ["tuning_table"]
 
 
 def tuning_table(data: dict[str, Any]) -> str:
-    """Markdown: per sampler the tuned ℓ, the gradient evaluations the search spent, the paper's
-    ℓ grid for the setting (runs of one seed, their gradient evaluations) and the ratio."""
+    """Markdown: per sampler the tuned ℓ (and α²), the gradient evaluations the search spent,
+    the paper's ℓ grid for the setting (runs of one seed, their gradient evaluations) and the
+    ratio."""
     c = data["config"]
     lines = [
         f"Tuning ({c['dataset']}, {c['model']} N = {c['width']}, {c['prior']} prior, "
         f"{c['epochs']} epochs, score {c['score']}, seed {c['seed']}): gradient evaluations are "
         "minibatch gradients of one chain.",
         "",
-        "| sampler | tuned ℓ | tuner | paper's grid (runs × steps) | tuner / grid |",
+        "| sampler | tuned options | tuner | paper's grid (runs × steps) | tuner / grid |",
         "|---|---|---|---|---|",
     ]
     for name, result in data["samplers"].items():
@@ -27,6 +28,9 @@ def tuning_table(data: dict[str, Any]) -> str:
             share = f"{result['spent'] / grid['evaluations']:.2f}"
         else:
             cells, share = "no paper grid for this setting", "–"
-        lr = result["options"]["lr"]
-        lines.append(f"| {name} | {lr:.3g} | {result['spent']} | {cells} | {share} |")
+        chosen = ", ".join(
+            f"{'ℓ' if n == 'lr' else n} {result['options'][n]:.3g}"
+            for n in result.get("searched", ["lr"])
+        )
+        lines.append(f"| {name} | {chosen} | {result['spent']} | {cells} | {share} |")
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
-"""Tuned step sizes as run options: ``--lr tuned:DIR`` reads the ℓ ``sgrld tune`` chose.
+"""Tuned options as run options: ``--lr tuned:DIR`` reads the ℓ (and α²) ``sgrld tune`` chose.
 
 ``DIR/tune.json`` (written by ``sgrld tune``) holds one :class:`sgrld.TuneResult` per sampler;
-a run of sampler S takes ``samplers[S].options.lr`` from it.
+a run of sampler S takes ``samplers[S].options`` from it: its ``lr``, and its tuned options
+(Monge's α²) where the command line gives none.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from sgrld.experiments.base.exits import UsageError
 
-__all__ = ["PREFIX", "TUNE_FILE", "lr_value", "read_tune", "tuned_lr"]
+__all__ = ["PREFIX", "TUNE_FILE", "lr_value", "read_tune", "tuned_options"]
 
 PREFIX = "tuned:"
 TUNE_FILE = "tune.json"
@@ -52,14 +53,13 @@ def read_tune(folder: Path) -> dict[str, Any]:
     return data
 
 
-def tuned_lr(value: float | str, sampler: str) -> float:
-    """``value`` itself, or the ℓ that ``tuned:DIR`` holds for ``sampler``.
+def tuned_options(value: str, sampler: str) -> dict[str, Any]:
+    """The options that ``tuned:DIR`` holds for ``sampler``: ``lr``, the searched tuned options
+    and the fixed options they were chosen with.
 
     Raises:
         UsageError: the folder holds no tuned ℓ for ``sampler``.
     """
-    if not isinstance(value, str):
-        return value
     folder = Path(value.removeprefix(PREFIX))
     samplers = read_tune(folder)["samplers"]
     if sampler not in samplers:
@@ -67,4 +67,4 @@ def tuned_lr(value: float | str, sampler: str) -> float:
             f"--lr {value}: {folder / TUNE_FILE} has no tuned ℓ for {sampler} (it has "
             f"{', '.join(sorted(samplers)) or 'none'}): run sgrld tune --sampler {sampler}"
         )
-    return float(samplers[sampler]["options"]["lr"])
+    return dict(samplers[sampler]["options"])
