@@ -113,12 +113,12 @@ def test_a_tuned_alpha2_is_shown_and_taken_by_sample(tmp_path: Path) -> None:
         plot(data["samplers"], target)
     assert figure.read_bytes()[:4] == b"\x89PNG"
     assert f"ℓ {result.lr:.3g}, alpha2 {alpha2:.3g}" in tuning_table(data)
-    config = sample.config_from_args(_sample_args(*RUN, "--sampler", "monge", "--lr",
+    config = config_from_args(_sample_args(*RUN, "--sampler", "monge", "--lr",
                                                   f"tuned:{tmp_path}"))  # fmt: skip
     assert (config.lr, config.alpha2) == (result.lr, alpha2)
     given = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}", "--alpha2", "3")
-    assert sample.config_from_args(given).alpha2 == 3.0
+    assert config_from_args(given).alpha2 == 3.0
     other = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}",
                          "--alpha2-rule", "normalized")  # fmt: skip
     with pytest.raises(ValueError, match=r"tuned with alpha2_rule = fixed, not normalized"):
-        sample.config_from_args(other)
+        config_from_args(other)
