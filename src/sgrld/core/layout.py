@@ -103,3 +103,17 @@ class FlatLayout:
         nb = len(self.batch_shape)
         torch.cat([t.reshape(*t.shape[:nb], -1) for t in tensors], dim=-1, out=out)
         return out
+
+
+def check_one_buffer(names: Sequence[str], tensors: Sequence[Tensor], hint: str = "") -> None:
+    """Tensors stepped as one flat buffer: one dtype and device, floating point."""
+    first = tensors[0]
+    for name, t in zip(names, tensors, strict=True):
+        if t.dtype != first.dtype or t.device != first.device:
+            raise ValueError(
+                f"parameter {name!r} is {t.dtype} on {t.device}, {names[0]!r} {first.dtype} "
+                f"on {first.device}: the parameters are stepped as one flat buffer, so they "
+                f"must share dtype and device{hint}"
+            )
+        if not t.is_floating_point():
+            raise ValueError(f"parameter {name!r} is {t.dtype}: expected floating point")

@@ -25,7 +25,7 @@ from sgrld.core.engine import (
     in_graph,
     refresh_due,
 )
-from sgrld.core.layout import FlatLayout
+from sgrld.core.layout import FlatLayout, check_one_buffer
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
@@ -142,15 +142,8 @@ class Sampler:
             if not isinstance(t, Tensor):
                 raise TypeError(f"parameter {name!r} is a {type(t).__name__}, not a tensor")
         layout = FlatLayout.from_tensors(names, tensors, num_chains)
+        check_one_buffer(names, tensors)
         first = tensors[0]
-        for name, t in zip(names, tensors, strict=True):
-            if t.dtype != first.dtype or t.device != first.device:
-                raise ValueError(
-                    f"all parameters of a sampler must share one dtype and device: {name!r} is "
-                    f"{t.dtype} on {t.device}, {names[0]!r} {first.dtype} on {first.device}"
-                )
-        if not first.is_floating_point():
-            raise ValueError(f"parameters must be floating point, got {first.dtype}")
         if isinstance(self.lr, Tensor):
             check_lr_tensor(self.lr, num_chains)
         if generator is not None and not isinstance(generator, torch.Generator):

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.contract import Metric
+from sgrld.core.layout import check_one_buffer
 from sgrld.core.param_state import MASTER, publish, shard_key
 from sgrld.core.precision import StandIns
 from sgrld.core.sampler import validate_hyperparameters
@@ -45,17 +46,7 @@ def as_scalar(lr: float | Tensor) -> float | Tensor:
 
 def check_params(names: list[str], params: list[Tensor]) -> None:
     """A group's parameters are stepped as one flat buffer: one dtype and device, floating."""
-    first = params[0]
-    for name, p in zip(names, params, strict=True):
-        if p.dtype != first.dtype or p.device != first.device:
-            raise ValueError(
-                f"parameter {name!r} is {p.dtype} on {p.device}, {names[0]!r} {first.dtype} "
-                f"on {first.device}: the parameters of one group are stepped as one flat "
-                "buffer, so they must share dtype and device (put the others in a group of "
-                "their own)"
-            )
-        if not p.is_floating_point():
-            raise ValueError(f"parameter {name!r} is {p.dtype}: expected floating point")
+    check_one_buffer(names, params, " (put the others in a group of their own)")
 
 
 def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:
