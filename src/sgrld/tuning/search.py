@@ -173,12 +173,11 @@ class _Search:
     def run(self) -> TuneResult:
         minimum = self.probe_cost + self.passes * self.least
         if self.budget < minimum:
+            each = f" for ℓ and for each of {', '.join(self.at)}" if self.at else ""
             raise ValueError(
                 f"budget={self.budget} cannot compare two candidates: give at least {minimum} "
                 f"gradient evaluations (a {PROBE_STEPS}-step stability probe and two "
-                f"{self.min_length}-step chains with {self.problem.points} scored points"
-                + f" for ℓ and for each of {', '.join(self.at)})" * bool(self.at)
-                + ")" * (not self.at)
+                f"{self.min_length}-step chains with {self.problem.points} scored points{each})"
             )
         top = self._probe()
         plan = self._plan(self._share(0), BRACKET, MAX_WIDEN)
