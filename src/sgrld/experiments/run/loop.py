@@ -283,7 +283,7 @@ class SamplingRun:
             ended = True
         self.epoch += 1
         self._save()
-        if ended or len(self.records) > 1:  # K chains: a line per epoch, breakdowns included
+        if ended or not self.one:  # K chains: a line per epoch, breakdowns included
             self.observer.on_epoch(self)
 
     def _credit(self) -> None:
