@@ -23,9 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,10 +32,12 @@ from sgrld.data.funnel import FunnelTarget
 from sgrld.experiments.funnel.run import (
     SETTINGS,
     FunnelConfig,
+    Keeper,
     SamplerRun,
     SamplerSetting,
     derive_seeds,
-    v_distances,
+    run_blocks,
+    start_points,
 )
 from sgrld.metrics import MongeMetric
 from sgrld.metrics.monge_exact import monge_move
@@ -56,58 +56,6 @@ def current_name(correction: bool) -> str:
     return "monge-current+Γ" if correction else "monge-current"
 
 
-class _Keeper:
-    """Collects what a :class:`SamplerRun` keeps: v of every iterate, thinned, scatter."""
-
-    def __init__(self, config: FunnelConfig, progress: Callable[[int], None] | None) -> None:
-        steps, self.config, self.progress = config.steps, config, progress
-        self.v_all = np.empty((steps, config.chains))
-        self.thinned = np.empty((steps // config.thin, 2))
-        rng = np.random.default_rng(config.seed)
-        self.picks = np.sort(rng.choice(steps, min(config.scatter, steps), replace=False))
-        self.scatter = np.empty((self.picks.size, 2))
-
-    def __call__(self, first: int, iterates: Tensor) -> None:
-        it, thin = iterates.numpy(), self.config.thin
-        count = it.shape[0]
-        self.v_all[first : first + count] = it[:, :, 1]
-        j0 = (thin - 1 - first % thin) % thin  # iterate first + j0 + 1 is a multiple of thin
-        rows = it[j0::thin, 0]
-        r0 = (first + j0 + 1) // thin - 1
-        self.thinned[r0 : r0 + rows.shape[0]] = rows
-        lo, hi = np.searchsorted(self.picks, [first, first + count])
-        self.scatter[lo:hi] = it[self.picks[lo:hi] - first, 0]
-        if self.progress is not None:
-            self.progress(count)
-
-    def result(
-        self, name: str, settings: dict[str, Any], wall: float, compile_s: float
-    ) -> SamplerRun:
-        variance = FunnelTarget().v_variance
-        per_chain = [v_distances(self.v_all[:, c], variance) for c in range(self.config.chains)]
-        pooled = v_distances(self.v_all.reshape(-1), variance) if self.config.chains > 1 else None
-        density, edges = np.histogram(self.v_all[:, 0], bins=30, density=True)
-        return SamplerRun(
-            name=name,
-            settings=settings,
-            wall_seconds=wall,
-            compile_seconds=compile_s,
-            distances={key: [d[key] for d in per_chain] for key in per_chain[0]},
-            thinned=self.thinned,
-            scatter=self.scatter,
-            hist_density=density,
-            hist_edges=edges,
-            pooled=pooled,
-        )
-
-
-def _start(config: FunnelConfig, target: FunnelTarget) -> Tensor:
-    if config.start == "exact":
-        gen = torch.Generator().manual_seed(derive_seeds(config.seed)["start"])
-        return target.sample(config.chains, generator=gen)
-    return torch.ones(config.chains, 2, dtype=torch.float64)
-
-
 def _monge_setting(alpha2: float | None, alpha2_rule: str) -> SamplerSetting:
     setting = SETTINGS["monge"]
     options = {**setting.options, "alpha2_rule": alpha2_rule}
@@ -123,31 +71,9 @@ def run_baseline(
     progress: Callable[[int], None] | None = None,
 ) -> SamplerRun:
     """A :data:`SETTINGS` sampler on the exact gradient ĝ = −∇log p (the funnel's block runner)."""
-    import sgrld
-    from sgrld.core.multistep import BlockRunner
-
-    target, seeds = FunnelTarget(), derive_seeds(config.seed)
-    sampler = sgrld.build(
-        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
-    )
-    state = sampler.init(
-        {"theta": _start(config, target)},
-        num_chains=config.chains,
-        generator=torch.Generator().manual_seed(seeds["sampler_noise"]),
-    )
-    runner = BlockRunner(
-        sampler,
-        state,
-        lambda x, noise: target.potential_grad(x, noise, 0.0),
-        grad_generator=torch.Generator().manual_seed(seeds["gradient_noise"]),
-        block=config.block,
-        compile=config.compile,
-    )
-    keeper = _Keeper(config, progress)
-    t0 = time.perf_counter()
-    runner.run(config.steps, keeper)
+    keeper = Keeper(config, progress, every_chain=False)
     settings = {**setting.as_dict(), "gradient_noise_std": 0.0}
-    return keeper.result(name, settings, time.perf_counter() - t0, runner.compile_seconds)
+    return run_blocks(name, config, setting, 0.0, keeper, settings)
 
 
 def run_current(
@@ -158,10 +84,10 @@ def run_current(
     progress: Callable[[int], None] | None = None,
 ) -> SamplerRun:
     """Monge with m = ∇u(θ) (u = −log p, n = 1, τ = 1), ± Γ, on the exact gradient."""
-    target, seeds = FunnelTarget(), derive_seeds(config.seed)
-    theta = _start(config, target)
-    gen = torch.Generator().manual_seed(seeds["sampler_noise"])
-    keeper = _Keeper(config, progress)
+    target = FunnelTarget()
+    theta = start_points(config)
+    gen = torch.Generator().manual_seed(derive_seeds(config.seed)["sampler_noise"])
+    keeper = Keeper(config, progress, every_chain=False)
     t0 = time.perf_counter()
     done = 0
     while done < config.steps:

@@ -178,76 +178,116 @@ def run_sampler(
     """
     import torch
 
+    torch.set_num_threads(1)  # (K, 2) tensors: threads only add overhead
+    setting = SETTINGS[name]
+    keeper = Keeper(config, progress, every_chain=True)
+    return run_blocks(name, config, setting, 1.0, keeper, setting.as_dict())
+
+
+def start_points(config: FunnelConfig) -> Any:
+    """The chains' start: every chain at (1, 1), or exact funnel draws (``start="exact"``)."""
+    import torch
+
+    from sgrld.data.funnel import FunnelTarget
+
+    if config.start == "exact":
+        gen = torch.Generator().manual_seed(derive_seeds(config.seed)["start"])
+        return FunnelTarget().sample(config.chains, generator=gen)
+    return torch.ones(config.chains, 2, dtype=torch.float64)
+
+
+def run_blocks(
+    name: str,
+    config: FunnelConfig,
+    setting: SamplerSetting,
+    noise_std: float,
+    keeper: Keeper,
+    settings: dict[str, Any],
+) -> SamplerRun:
+    """``setting``'s sampler through the block runner on ĝ = −(∇log p + ``noise_std``·noise)."""
+    import torch
+
     import sgrld
     from sgrld.core.multistep import BlockRunner
     from sgrld.data.funnel import FunnelTarget
 
-    torch.set_num_threads(1)  # (K, 2) tensors: threads only add overhead
-    setting = SETTINGS[name]
-    seeds = derive_seeds(config.seed)
-    target = FunnelTarget()
-    k, steps = config.chains, config.steps
-    if config.start == "exact":
-        start = target.sample(k, generator=torch.Generator().manual_seed(seeds["start"]))
-    else:
-        start = torch.ones(k, 2, dtype=torch.float64)
+    target, seeds = FunnelTarget(), derive_seeds(config.seed)
     sampler = sgrld.build(
         setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
     )
     state = sampler.init(
-        {"theta": start.clone()},
-        num_chains=k,
+        {"theta": start_points(config)},
+        num_chains=config.chains,
         generator=torch.Generator().manual_seed(seeds["sampler_noise"]),
     )
     runner = BlockRunner(
         sampler,
         state,
-        target.potential_grad,
+        lambda x, noise: target.potential_grad(x, noise, noise_std),
         grad_generator=torch.Generator().manual_seed(seeds["gradient_noise"]),
         block=config.block,
         compile=config.compile,
     )
-    v_all = np.empty((steps, k))
-    thinned = np.empty((steps // config.thin, 2))
-    # The scatter's iterates: distinct steps, chain = step mod K, so every chain is drawn.
-    picks = np.sort(
-        np.random.default_rng(config.seed).choice(steps, min(config.scatter, steps), replace=False)
-    )
-    scatter = np.empty((picks.size, 2))
-
-    def keep(first: int, iterates: torch.Tensor) -> None:
-        it = iterates.numpy()
-        count = it.shape[0]
-        v_all[first : first + count] = it[:, :, 1]
-        j0 = (config.thin - 1 - first % config.thin) % config.thin  # iterate first+j+1 ≡ 0
-        rows = it[j0 :: config.thin, 0]
-        r0 = (first + j0 + 1) // config.thin - 1
-        thinned[r0 : r0 + rows.shape[0]] = rows
-        lo, hi = np.searchsorted(picks, [first, first + count])
-        scatter[lo:hi] = it[picks[lo:hi] - first, picks[lo:hi] % k]
-        if progress is not None:
-            progress(count)
-
     t0 = time.perf_counter()
-    runner.run(steps, keep)
-    wall = time.perf_counter() - t0
-    per_chain = [v_distances(v_all[:, c], target.v_variance) for c in range(k)]
-    # Pooled over chains: from exact starts, a sampler that preserves the target keeps the
-    # pooled law at N(0, 80) at every step, however slowly each chain mixes.
-    pooled = v_distances(v_all.reshape(-1), target.v_variance) if k > 1 else None
-    density, edges = np.histogram(v_all, bins=30, density=True)
-    return SamplerRun(
-        name=name,
-        settings=setting.as_dict(),
-        wall_seconds=wall,
-        compile_seconds=runner.compile_seconds,
-        distances={key: [d[key] for d in per_chain] for key in per_chain[0]},
-        thinned=thinned,
-        scatter=scatter,
-        hist_density=density,
-        hist_edges=edges,
-        pooled=pooled,
-    )
+    runner.run(config.steps, keeper)
+    return keeper.result(name, settings, time.perf_counter() - t0, runner.compile_seconds)
+
+
+class Keeper:
+    """Collects what a :class:`SamplerRun` keeps of the iterates: v of every iterate, the
+    thinned first chain, the scatter and the histogram (of every chain, or of the first)."""
+
+    def __init__(
+        self, config: FunnelConfig, progress: Callable[[int], None] | None, every_chain: bool
+    ) -> None:
+        steps, self.config, self.progress = config.steps, config, progress
+        self.every_chain = every_chain
+        self.v_all = np.empty((steps, config.chains))
+        self.thinned = np.empty((steps // config.thin, 2))
+        rng = np.random.default_rng(config.seed)
+        # The scatter's iterates: distinct steps, chain = step mod K (or the first chain).
+        self.picks = np.sort(rng.choice(steps, min(config.scatter, steps), replace=False))
+        self.scatter = np.empty((self.picks.size, 2))
+
+    def __call__(self, first: int, iterates: Any) -> None:
+        it, thin = iterates.numpy(), self.config.thin
+        count = it.shape[0]
+        self.v_all[first : first + count] = it[:, :, 1]
+        j0 = (thin - 1 - first % thin) % thin  # iterate first + j0 + 1 is a multiple of thin
+        rows = it[j0::thin, 0]
+        r0 = (first + j0 + 1) // thin - 1
+        self.thinned[r0 : r0 + rows.shape[0]] = rows
+        lo, hi = np.searchsorted(self.picks, [first, first + count])
+        picks = self.picks[lo:hi]
+        chains = picks % self.config.chains if self.every_chain else 0
+        self.scatter[lo:hi] = it[picks - first, chains]
+        if self.progress is not None:
+            self.progress(count)
+
+    def result(
+        self, name: str, settings: dict[str, Any], wall: float, compile_s: float
+    ) -> SamplerRun:
+        from sgrld.data.funnel import FunnelTarget
+
+        variance, k = FunnelTarget().v_variance, self.config.chains
+        per_chain = [v_distances(self.v_all[:, c], variance) for c in range(k)]
+        # Pooled over chains: from exact starts, a sampler that preserves the target keeps the
+        # pooled law at N(0, 80) at every step, however slowly each chain mixes.
+        pooled = v_distances(self.v_all.reshape(-1), variance) if k > 1 else None
+        v = self.v_all if self.every_chain else self.v_all[:, 0]
+        density, edges = np.histogram(v, bins=30, density=True)
+        return SamplerRun(
+            name=name,
+            settings=settings,
+            wall_seconds=wall,
+            compile_seconds=compile_s,
+            distances={key: [d[key] for d in per_chain] for key in per_chain[0]},
+            thinned=self.thinned,
+            scatter=self.scatter,
+            hist_density=density,
+            hist_edges=edges,
+            pooled=pooled,
+        )
 
 
 # ---------------------------------------------------------------------- several samplers

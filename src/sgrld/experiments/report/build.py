@@ -41,13 +41,16 @@ from sgrld.experiments.report.tables import (
     PRIOR_ORDER,
     PRIOR_SHORT,
     SAMPLER_ORDER,
-    WITHIN_SETTING,
     Group,
     format_stat,
     identity_at,
+    in_order,
     is_regression,
+    lr_text,
     markdown_table,
+    position,
     sampler_title,
+    setting_key,
 )
 from sgrld.experiments.run.results import second_score
 
@@ -76,10 +79,6 @@ IDENTITY_OPTIMAL = "Identity (α² = 0) is optimal"
 
 
 # --- cells and settings -----------------------------------------------------------------------
-
-
-def _order(values: Sequence[str], order: Sequence[str]) -> list[str]:
-    return sorted(set(values), key=lambda v: (order.index(v) if v in order else 99, v))
 
 
 #: Fields that set a setting apart from the paper's protocol: (field, protocol value, how the
@@ -121,10 +120,6 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def setting_key(config: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
-
-
 def _setting_order(key: str) -> tuple[str, str, int, str]:
     """Settings by dataset, model and width (400 before 1200), then the rest."""
     setting = json.loads(key)
@@ -138,7 +133,9 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
         c = group.config
         cells.setdefault((setting_key(c), c["prior"], c["sampler"]), []).append(group)
     choices: dict[tuple[str, str, str], Choice] = {}
-    keys = sorted(cells, key=lambda k: (k[0], *_rank(k[1], k[2])))
+    keys = sorted(
+        cells, key=lambda k: (k[0], position(k[1], PRIOR_ORDER), position(k[2], SAMPLER_ORDER))
+    )
     for key in keys:
         key_text, prior, sampler = key
         identity = choices.get((key_text, prior, IDENTITY))
@@ -150,17 +147,6 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
             json.loads(key_text), prior, sampler, chosen, stages, cells[key], zero
         )
     return list(choices.values())
-
-
-def _rank(prior: str, sampler: str) -> tuple[int, int]:
-    p = PRIOR_ORDER.index(prior) if prior in PRIOR_ORDER else 99
-    s = SAMPLER_ORDER.index(sampler) if sampler in SAMPLER_ORDER else 99
-    return p, s
-
-
-def lr_text(group: Group) -> str:
-    a2 = group.config.get("alpha2")
-    return f"{group.config['lr']:g}" + (f", α² {a2:g}" if a2 is not None else "")
 
 
 # --- the paper's numbers ----------------------------------------------------------------------
@@ -266,9 +252,9 @@ def _stat(metric: str) -> Callable[[Choice], Cell]:
 def _chosen_lr(choice: Choice) -> Cell:
     if choice.chosen is None:
         if choice.identity_optimal and choice.best_own is not None:
-            return f"α² = 0 (Monge's best: {lr_text(choice.best_own)})"
+            return f"α² = 0 (Monge's best: {lr_text(choice.best_own.config)})"
         return "α² = 0" if choice.identity_optimal else "–"
-    return lr_text(choice.chosen)
+    return lr_text(choice.chosen.config)
 
 
 #: Marks a cell of Monge whose rule's choice is Identity (α² = 0); explained under the table.
@@ -285,7 +271,7 @@ def _paper_lr(choice: Choice) -> Cell:
     entry = paper_entry(str(choice.setting["dataset"]), choice.prior, width, choice.sampler)
     if entry is None:
         return identity_at(choice.sampler) or "–"
-    return f"{entry.lr:g}" + (f", α² {entry.alpha2:g}" if entry.alpha2 is not None else "")
+    return lr_text(entry._asdict())
 
 
 def _wide_table(
@@ -298,7 +284,7 @@ def _wide_table(
     """Rows (setting, sampler), and per prior the columns (and the paper's beside them)."""
     if not choices:
         return None
-    priors = _order([c.prior for c in choices], PRIOR_ORDER)
+    priors = in_order([c.prior for c in choices], PRIOR_ORDER)
     by_key = {(setting_key(c.setting), c.prior, c.sampler): c for c in choices}
     settings = sorted({setting_key(c.setting) for c in choices}, key=_setting_order)
     header: list[tuple[str, int]] = [("setting", 0), ("sampler", 0)]
@@ -308,7 +294,7 @@ def _wide_table(
         header += [(f"{short} paper {name}", d) for name, d, _ in paper]
     rows: list[list[Cell]] = []
     for setting in settings:
-        samplers = _order(
+        samplers = in_order(
             [c.sampler for c in choices if setting_key(c.setting) == setting], SAMPLER_ORDER
         )
         for sampler in samplers:
@@ -398,6 +384,39 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
     return result
 
 
+_FINAL = "final-epoch test metrics of the chosen ℓ (α²), mean (std, ddof = 0) over seeds"
+TITLES = {
+    1: "MNIST, fully connected: " + _FINAL,
+    2: "MNIST: mean curvature C(θ) of the samples and seconds per epoch",
+    3: "CIFAR-10, ResNet-20: " + _FINAL,
+    4: "MNIST: chosen learning rate ℓ (and α²) by mean final validation LP",
+    5: "CIFAR-10: chosen learning rate ℓ (and α²)",
+    6: "MNIST at equal computation time (epochs × the fastest sampler's s/epoch; "
+    "ℓ re-chosen on the interpolated validation LP)",
+    7: "CIFAR-10 at equal computation time",
+    8: "MNIST: ECE (30 bins, top label) of the final ensemble",
+    9: "CIFAR-10: ECE (30 bins, top label)",
+    10: "mean confidence (top-label probability) of the final ensemble on test",
+    11: "Beyond the paper, regression (Gaussian likelihood): "
+    + _FINAL
+    + "; RMSE of the predictive mean and coverage of its central 50 % / 90 % intervals, "
+    "in the targets' units",
+}
+#: The paper's metric of a column, by the column's name.
+_PAPER_METRICS = {
+    "LP": "test_lp",
+    "acc": "test_accuracy",
+    "curv": "curvature",
+    "s/epoch": "seconds_per_epoch",
+    "ECE": "test_ece",
+    "confidence": "test_confidence",
+}
+
+
+def _from_paper(table: int, name: str) -> Callable[[Choice], Cell]:
+    return lambda choice: _paper(table, choice, _PAPER_METRICS[name])
+
+
 # --- every table ------------------------------------------------------------------------------
 
 
@@ -408,16 +427,11 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
     regression = [c for c in choices if is_regression(c.candidates)]
     classification = [c for c in choices if not is_regression(c.candidates)]
 
-    def from_paper(table: int, name: str, digits: int, metric: str) -> Column:
-        return (name, digits, lambda c: _paper(table, c, metric))
-
     lp, acc = ("LP", 4, _stat("test_lp")), ("acc", 4, _stat("test_accuracy"))
     curv, spe = ("curv", 2, _stat("curvature")), ("s/epoch", 1, _stat("seconds_per_epoch"))
     ece, conf = ("ECE", 4, _stat("test_ece")), ("confidence", 4, _stat("test_confidence"))
-    ell = ("ℓ", 0, _chosen_lr)
-
-    def p(*cols: Column) -> Sequence[Column]:
-        return cols if paper else ()
+    rmse, cov50 = ("RMSE", 4, _stat("test_rmse")), ("cov50", 4, _stat("test_coverage_50"))
+    cov90, ell = ("cov90", 4, _stat("test_coverage_90")), ("ℓ", 0, _chosen_lr)
 
     timed = equal_time(choices)
 
@@ -441,105 +455,30 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
         ("ℓ", 0, at_budget("lr")),
         ("budget s", 1, at_budget("budget")),
     ]
-    specs: list[tuple[int, list[Choice], str, Sequence[Column], Sequence[Column]]]
-    final = "final-epoch test metrics of the chosen ℓ (α²), mean (std, ddof = 0) over seeds"
-    specs = [
-        (
-            1,
-            mnist,
-            "MNIST, fully connected: " + final,
-            [lp, acc],
-            p(from_paper(1, "LP", 4, "test_lp"), from_paper(1, "acc", 4, "test_accuracy")),
-        ),
-        (
-            2,
-            mnist,
-            "MNIST: mean curvature C(θ) of the samples and seconds per epoch",
-            [curv, spe],
-            p(
-                from_paper(2, "curv", 2, "curvature"),
-                from_paper(2, "s/epoch", 1, "seconds_per_epoch"),
-            ),
-        ),
-        (
-            3,
-            cifar,
-            "CIFAR-10, ResNet-20: " + final,
-            [lp, acc, curv, spe, ell],
-            p(
-                from_paper(3, "LP", 4, "test_lp"),
-                from_paper(3, "acc", 4, "test_accuracy"),
-                from_paper(3, "s/epoch", 1, "seconds_per_epoch"),
-            ),
-        ),
-        (
-            4,
-            mnist,
-            "MNIST: chosen learning rate ℓ (and α²) by mean final validation LP",
-            [ell],
-            p(("ℓ", 0, _paper_lr)),
-        ),
-        (5, cifar, "CIFAR-10: chosen learning rate ℓ (and α²)", [ell], p(("ℓ", 0, _paper_lr))),
-        (
-            6,
-            mnist,
-            "MNIST at equal computation time (epochs × the fastest sampler's s/epoch; "
-            "ℓ re-chosen on the interpolated validation LP)",
-            timed_cols,
-            p(from_paper(6, "LP", 4, "test_lp"), from_paper(6, "acc", 4, "test_accuracy")),
-        ),
-        (
-            7,
-            cifar,
-            "CIFAR-10 at equal computation time",
-            timed_cols,
-            p(from_paper(7, "LP", 4, "test_lp"), from_paper(7, "acc", 4, "test_accuracy")),
-        ),
-        (
-            8,
-            mnist,
-            "MNIST: ECE (30 bins, top label) of the final ensemble",
-            [ece],
-            p(from_paper(8, "ECE", 4, "test_ece")),
-        ),
-        (
-            9,
-            cifar,
-            "CIFAR-10: ECE (30 bins, top label)",
-            [ece],
-            p(from_paper(9, "ECE", 4, "test_ece")),
-        ),
-        (
-            10,
-            classification,
-            "mean confidence (top-label probability) of the final ensemble on test",
-            [conf],
-            p(from_paper(10, "confidence", 4, "test_confidence")),
-        ),
-        (
-            11,
-            regression,
-            "Beyond the paper, regression (Gaussian likelihood): "
-            + final
-            + "; RMSE of the predictive mean and coverage of its central 50 % / 90 % intervals, "
-            "in the targets' units",
-            [
-                lp,
-                ("RMSE", 4, _stat("test_rmse")),
-                ("cov50", 4, _stat("test_coverage_50")),
-                ("cov90", 4, _stat("test_coverage_90")),
-                spe,
-                ell,
-            ],
-            (),
-        ),
+    # (table, its runs, its columns, the columns the paper's numbers stand beside)
+    specs: list[tuple[int, list[Choice], list[Column], tuple[str, ...]]] = [
+        (1, mnist, [lp, acc], ("LP", "acc")),
+        (2, mnist, [curv, spe], ("curv", "s/epoch")),
+        (3, cifar, [lp, acc, curv, spe, ell], ("LP", "acc", "s/epoch")),
+        (4, mnist, [ell], ("ℓ",)),
+        (5, cifar, [ell], ("ℓ",)),
+        (6, mnist, timed_cols, ("LP", "acc")),
+        (7, cifar, timed_cols, ("LP", "acc")),
+        (8, mnist, [ece], ("ECE",)),
+        (9, cifar, [ece], ("ECE",)),
+        (10, classification, [conf], ("confidence",)),
+        (11, regression, [lp, rmse, cov50, cov90, spe, ell], ()),
     ]
     tables = []
-    for number, members, title, columns, paper_columns in specs:
+    for number, members, columns, paper_names in specs:
         if number in (2, 3) and not any(c.setting.get("curvature") for c in members):
             columns = [col for col in columns if col[0] != "curv"]
-            paper_columns = [col for col in paper_columns if col[0] != "curv"]
-        table = _wide_table(number, title, members, columns, paper_columns)
+        paper_columns = [
+            (name, digits, _paper_lr if name == "ℓ" else _from_paper(number, name))
+            for name, digits, _ in columns
+            if paper and name in paper_names
+        ]
+        table = _wide_table(number, TITLES[number], members, columns, paper_columns)
         cells = {(setting_key(c.setting), c.prior, c.sampler) for c in members}
         if table is not None and (number not in (6, 7) or cells & set(timed)):
             tables.append(table)

@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from sgrld.experiments.base.files import save_figure
-from sgrld.experiments.report.build import Choice, curves, lr_text, setting_key, setting_label
+from sgrld.experiments.report.build import Choice, curves, setting_key, setting_label
 from sgrld.experiments.report.tables import (
     IDENTITY,
     PRIOR_SHORT,
     Group,
     identity_at,
+    lr_text,
     sampler_title,
 )
 from sgrld.experiments.run.plots import new_figure, plot_convergence, wrap_title
@@ -90,7 +91,7 @@ def draw_figures(choices: Sequence[Choice], out: Path) -> list[Path]:
     for (setting, prior), members in cells.items():
         # As the tables: Monge's own best α² where the rule chooses Identity, marked †
         chosen = {
-            f"{sampler_title(c.sampler)} ℓ {lr_text(group)}{' †' * c.identity_optimal}": (
+            f"{sampler_title(c.sampler)} ℓ {lr_text(group.config)}{' †' * c.identity_optimal}": (
                 group.completed
             )
             for c in members

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -190,18 +190,6 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-def load_runs(
-    files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
-) -> list[dict[str, Any]]:
-    """Read ``results.json`` files; unfinished runs are left out unless ``include_partial``
-    (``command`` names who says so on stderr).
-
-    Raises:
-        TableError: a file is not a sgrld sampling result.
-    """
-    return load_checked(files, include_partial=include_partial, command=command)[0]
-
-
 def load_checked(
     files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -299,10 +287,23 @@ def aggregate(runs: Iterable[dict[str, Any]]) -> list[Group]:
 
 def _sort_key(group: Group) -> tuple[Any, ...]:
     c = group.config
-    setting = json.dumps({k: v for k, v in c.items() if k not in WITHIN_SETTING}, sort_keys=True)
-    prior = PRIOR_ORDER.index(c["prior"]) if c["prior"] in PRIOR_ORDER else len(PRIOR_ORDER)
-    sampler = SAMPLER_ORDER.index(c["sampler"]) if c["sampler"] in SAMPLER_ORDER else 99
-    return (setting, prior, sampler, c["lr"], c.get("alpha2") or 0.0)
+    prior, sampler = position(c["prior"], PRIOR_ORDER), position(c["sampler"], SAMPLER_ORDER)
+    return (setting_key(c), prior, sampler, c["lr"], c.get("alpha2") or 0.0)
+
+
+def position(value: str, order: Sequence[str]) -> int:
+    """Where ``value`` stands in ``order`` (values not in it after all that are)."""
+    return order.index(value) if value in order else 99
+
+
+def in_order(values: Iterable[str], order: Sequence[str]) -> list[str]:
+    """The distinct ``values`` by :func:`position`, then alphabetically."""
+    return sorted(set(values), key=lambda v: (position(v, order), v))
+
+
+def setting_key(config: dict[str, Any]) -> str:
+    """The fields that define a setting (all but :data:`WITHIN_SETTING`), as JSON."""
+    return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
 
 
 def format_stat(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:
@@ -314,7 +315,8 @@ def format_stat(mean: float, std: float, digits: int = 4, bold: bool = False) ->
     return text if math.isnan(std) else f"{text} ({std:.{digits}f})"
 
 
-def _lr_text(config: dict[str, Any]) -> str:
+def lr_text(config: Mapping[str, Any]) -> str:
+    """``0.25`` or ``0.25, α² 1.25``: a configuration's ℓ (and α²)."""
     alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
     return f"{config['lr']:g}{alpha}"
 
@@ -323,7 +325,7 @@ def group_label(group: Group) -> str:
     c = group.config
     model = f"fc{c['width']}" if c["model"] == "fc" else c["model"]
     prior = PRIOR_SHORT.get(c["prior"], c["prior"])
-    return f"{model} {prior} {sampler_title(c['sampler'])} ℓ {_lr_text(c)}"
+    return f"{model} {prior} {sampler_title(c['sampler'])} ℓ {lr_text(c)}"
 
 
 def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
@@ -355,10 +357,7 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
 def _by_setting(groups: Sequence[Group]) -> dict[str, list[Group]]:
     settings: dict[str, list[Group]] = {}
     for group in groups:
-        key = json.dumps(
-            {k: v for k, v in group.config.items() if k not in WITHIN_SETTING}, sort_keys=True
-        )
-        settings.setdefault(key, []).append(group)
+        settings.setdefault(setting_key(group.config), []).append(group)
     return settings
 
 
@@ -376,14 +375,8 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
     blocks = []
     for setting_groups in _by_setting(groups).values():
         config = setting_groups[0].config
-        priors = sorted(
-            {g.config["prior"] for g in setting_groups},
-            key=lambda p: PRIOR_ORDER.index(p) if p in PRIOR_ORDER else 99,
-        )
-        samplers = sorted(
-            {g.config["sampler"] for g in setting_groups},
-            key=lambda s: SAMPLER_ORDER.index(s) if s in SAMPLER_ORDER else 99,
-        )
+        priors = in_order((g.config["prior"] for g in setting_groups), PRIOR_ORDER)
+        samplers = in_order((g.config["sampler"] for g in setting_groups), SAMPLER_ORDER)
         cells: dict[tuple[str, str], tuple[Group | None, list[Group]]] = {}
         for prior in priors:
             for sampler in samplers:
@@ -423,14 +416,14 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
                     total = sum(len(g.runs) for g in cands)
                     text = f"broke down ({broken}/{total} runs)" if broken else "–"
                     row += [text, *(["–"] * (len(scores) + 1))]
-                    row.append(_lr_text(cands[0].config) if cands else "–")
+                    row.append(lr_text(cands[0].config) if cands else "–")
                 else:
                     lp = best.stat("test_lp")
                     row += [
                         format_stat(*lp, bold=lp[0] == best_lp[prior] and len(samplers) > 1),
                         *(format_stat(*best.stat(column)) for column in scores.values()),
                         format_stat(*best.stat("seconds_per_epoch"), digits=1),
-                        _lr_text(best.config),
+                        lr_text(best.config),
                     ]
                 if paper:
                     ref = paper_entry(config["dataset"], prior, config.get("width"), sampler)
@@ -459,7 +452,7 @@ def markdown_long_layout(groups: Sequence[Group]) -> str:
             [
                 g.config["prior"],
                 sampler_title(g.config["sampler"]),
-                _lr_text(g.config),
+                lr_text(g.config),
                 str(len(g.runs)),
                 str(g.num_broken),
                 format_stat(*g.stat("test_lp")),
