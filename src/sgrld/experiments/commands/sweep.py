@@ -1,28 +1,12 @@
 """``sgrld sweep``: a grid of ``sgrld sample`` runs, resumable, on local processes or SLURM.
 
-Examples::
+Example::
 
     sgrld sweep --sampler identity,rmsprop --lr 0.05,0.1,0.25 --seeds 0-9 --prior horseshoe \\
         --data-dir DIR --out runs/hs400 --jobs 2
-    sgrld sweep --config paper/mnist_table1 --data-dir DIR --out runs/table1 \\
-        --engine submitit --partition gpu --gpus-per-job 1 --timeout-min 240
-    sgrld sweep --config paper/cifar_table3 --data-dir DIR --out runs/table3 --device cuda \\
-        --engine submitit --partition gpu --parallel ddp --nodes 2 --tasks-per-node 4
 
-The flags are those of ``sgrld sample`` (:mod:`sgrld.experiments.run.options`), where ``--sampler``,
-``--width``, ``--prior``, ``--lr`` and ``--alpha2`` take comma lists and ``--seeds`` ranges
-(``0-9``, ``0,3,5``). ``--config`` reads a TOML grid (:mod:`sgrld.experiments.sweep.grid`); flags
-given beside it narrow its axes (``--width 400 --seeds 0-2``) and set its other options. Each
-run goes to ``OUT/<setting>/<sampler>/<label>/`` (``results.json``, ``checkpoint.pt``), which
-``sgrld table`` and ``sgrld report`` read. ``OUT/sweep.json`` pins the folder to its grid.
-
-With ``--parallel ddp`` (submitit engines) each job is one run spread over its ``--nodes`` ×
-``--tasks-per-node`` processes, as ``sgrld sample --parallel ddp`` under torchrun; the folder is
-a one-process sweep's (:func:`sgrld.experiments.sweep.jobs.execute_parallel_run`).
-
-Running a sweep again skips finished runs and resumes interrupted ones from their last epoch;
-a finished sweep does nothing; a larger ``--epochs`` extends finished runs. Exit statuses:
-:mod:`sgrld.experiments.base.exits`.
+The flags are ``sgrld sample``'s, the axes taking comma lists; ``docs/experiments.md``
+("Sweeps and reports") describes folders, resuming, engines and exit statuses.
 """
 
 from __future__ import annotations
@@ -78,12 +62,8 @@ SWEEP_WORDS: dict[str, dict[str, Any]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``sgrld sample``'s options, where sample lists them (the axes as comma lists), plus the
-    sweep's own.
-
-    Grid options default to "not given" so that ``--config`` values are overridden only by the
-    flags actually typed; sample's defaults fill the rest (:func:`grid.run_defaults`).
-    """
+    """``sgrld sample``'s options (the axes as comma lists, defaulting to "not given" so that
+    only typed flags override ``--config``), plus the sweep's own."""
     parser.epilog = exits.epilog("sweep")
     add_run_options(parser, lists=grid.AXES, grid=True, own=SWEEP_WORDS)
     sweep = parser.add_argument_group("sweep")
@@ -174,8 +154,7 @@ def parallel_modes() -> tuple[str, ...]:
 
 
 def _check_parallel(args: argparse.Namespace) -> None:
-    """``--parallel``, ``--nodes`` and ``--tasks-per-node``: jobs of nodes × tasks-per-node
-    processes, one run each, on the submitit engines only."""
+    """``--parallel``, ``--nodes`` and ``--tasks-per-node``: submitit engines only."""
     mode = getattr(args, "parallel", "none")
     if args.nodes < 1 or args.tasks_per_node < 1:
         raise GridError("--nodes and --tasks-per-node must be >= 1")
@@ -225,9 +204,8 @@ def processes(args: argparse.Namespace) -> int:
 
 
 def gpus_per_node(args: argparse.Namespace) -> int:
-    """GPUs a job asks for on each node: one per rank on cuda under ``--parallel``; one for a
-    submitit-local job on cuda (its executor hides the GPUs it is not given); else
-    ``--gpus-per-job``."""
+    """GPUs a job asks for on each node: one per rank on cuda under ``--parallel`` or
+    submitit-local (its executor hides the GPUs it is not given); else ``--gpus-per-job``."""
     on_cuda = str(args.device).startswith("cuda")
     if on_cuda and (args.parallel != "none" or args.engine == "submitit-local"):
         return args.tasks_per_node
@@ -235,9 +213,7 @@ def gpus_per_node(args: argparse.Namespace) -> int:
 
 
 def chain_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options outside the runs' configs that shape their chains (recorded in the manifest:
-    :data:`sgrld.experiments.sweep.grid.CHAIN_OPTIONS`); ``parallel`` and ``processes`` only
-    under ``--parallel``."""
+    """The options outside the runs' configs that shape them (:data:`grid.CHAIN_OPTIONS`)."""
     options: dict[str, Any] = {
         "chains": args.chains,
         "chain_batch": args.chain_batch,

@@ -1,9 +1,5 @@
-"""The paper's funnel experiment (Figure 2) on the library's samplers, scored against the truth.
-
-The reference's settings (App. A.4, :data:`SETTINGS`), its gradient noise and start, the
-library's samplers through :class:`~sgrld.core.multistep.BlockRunner`; each sampler's iterates
-of v against the exact marginal N(0, 80) (W1, KS, mass below −5, minimum v). Protocol, outputs,
-faults and exit statuses: ``docs/funnel.md``. The command line: :mod:`~.commands.funnel`.
+"""The paper's funnel experiment (Figure 2) on the library's samplers, scored against the exact
+v-marginal N(0, 80); protocol, outputs and faults: ``docs/funnel.md``.
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ __all__ = [
 ]
 
 OUTPUT_FILES = ("funnel.json", "funnel_samples.npz", "funnel.png")
-#: Why the funnel runs four of the five samplers.
 WENZEL_NOTE = (
     "wenzel is not run on the funnel: its metric is one scale per parameter tensor, divided by "
     "the smallest, and the funnel's θ is one tensor, so Wenzel is Identity here step for step"
@@ -141,16 +136,8 @@ def derive_seeds(seed: int) -> dict[str, int]:
 
 
 def v_distances(v: np.ndarray, variance: float) -> dict[str, float]:
-    """Distances of v-iterates to the exact marginal N(0, ``variance``).
-
-    Args:
-        v: the iterates of v (any shape; flattened).
-        variance: σ² of the exact v-marginal (80).
-
-    Returns:
-        ``wasserstein1`` and ``ks`` (exact formulas, :mod:`sgrld.evaluation.distances`), the
-        fraction of iterates below −5 (truth 0.288) and the minimum v.
-    """
+    """``wasserstein1`` and ``ks`` of the iterates ``v`` (any shape) to N(0, ``variance``), the
+    fraction below −5 (truth 0.288) and the minimum v."""
     from sgrld.evaluation.distances import ks_normal, wasserstein1_normal
 
     std = math.sqrt(variance)
@@ -390,13 +377,11 @@ KSD_POINTS = 2000  # evenly spaced thinned iterates of the first chain (the KSD 
 
 
 def sample_quality(r: SamplerRun) -> dict[str, float | None]:
-    """KSD of the first chain's v, its bulk/tail ESS, and ESS per second of sampling.
+    """KSD of the first chain's v, its bulk/tail ESS (ArviZ; ``None`` without it), and ESS per
+    second of sampling (compile time excluded).
 
-    The KSD (IMQ kernel, :mod:`sgrld.evaluation.stein`) is that of v/σ against N(0, 1), whose
-    score −v/σ is exact since the funnel's v-marginal is N(0, σ²). The joint score is known too,
-    but in the neck it reaches ~1e11 and rules the statistic: exact draws would score worse than
-    draws that miss the neck (``tests/test_stein.py``). ESS (ArviZ; ``None`` without it) is of
-    the thinned iterates of v; seconds exclude ``torch.compile`` time.
+    The KSD is of v/σ against N(0, 1), v's exact marginal: the joint score reaches ~1e11 in the
+    neck and would rank exact draws below ones that miss it (``tests/test_stein.py``).
     """
     from sgrld.data.funnel import FunnelTarget
     from sgrld.evaluation.stein import kernel_stein_discrepancy
@@ -488,13 +473,9 @@ def results_json(runs: dict[str, SamplerRun], config: FunnelConfig) -> dict[str,
 def write_outputs(
     runs: dict[str, SamplerRun], config: FunnelConfig, out_dir: Path, *, plot: bool = True
 ) -> list[Path]:
-    """Write ``funnel_samples.npz``, (``plot``) ``funnel.png``, then ``funnel.json``, as one unit.
-
-    Everything is rendered in memory first, so a failure there writes nothing. The previous
-    ``funnel.json`` is removed before any file is replaced and the new one is written last: it is
-    the commit record and lists the SHA-256 of the files written with it (:func:`read_outputs`
-    checks them), so a kill in between leaves no ``funnel.json`` rather than one beside another
-    run's samples.
+    """Write ``funnel_samples.npz``, (``plot``) ``funnel.png``, then ``funnel.json``, as one unit:
+    rendered in memory first, the old ``funnel.json`` removed first and the new one, listing the
+    others' SHA-256 (:func:`read_outputs`), written last.
 
     Raises:
         OutputError: a file could not be written (the message names it).
@@ -565,7 +546,7 @@ How to read it (v is the funnel's log-scale coordinate; its exact law is N(0, 80
 
 def print_table(runs: dict[str, SamplerRun], file: Any = None, *, legend: bool = True) -> None:
     """One line per sampler: mean (± spread over chains) of each distance, and seconds; then
-    (``legend``) what the columns mean and which direction is better."""
+    (``legend``) :data:`LEGEND`."""
     from sgrld.data.funnel import FunnelTarget
 
     out = file if file is not None else sys.stdout

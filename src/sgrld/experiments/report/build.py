@@ -1,22 +1,6 @@
-"""``sgrld report RUNS --out DIR [--paper]``: the paper's selection rule, every table and figure.
-
-Reads ``results.json`` files (a sweep folder, run folders, or folders holding them), groups them
-by config without the seed (:mod:`sgrld.experiments.report.tables`), chooses ℓ then α² per setting,
-prior and sampler (:mod:`sgrld.experiments.report.selection`) and writes, for every table the runs
-allow, ``tableK.md`` and ``tableK.csv``:
-
-- MNIST: Table 1 (test LP, accuracy), 2 (curvature, seconds per epoch), 4 (chosen ℓ, α²),
-  6 (equal computation time), 8 (ECE); CIFAR-10: Tables 3, 5, 7, 9; any setting:
-  Table 10 (mean confidence of the final ensemble);
-- ``figure3_<setting>.png`` (test LP and accuracy per epoch, ±1.96 std) and, where Monge ran
-  with several α², ``figure4_<setting>.png`` (α² sensitivity);
-- ``selection.csv`` (every choice, its validation score and the candidates' scores) and
-  ``report.md`` (everything, with the edge-of-grid warnings).
-
-With ``--paper`` the paper's numbers stand beside ours (``sgrld/configs/paper_numbers.csv``).
-Runs that would make a table wrong (duplicates, a config unlike its folder, impossible or
-non-finite values) are left out and listed; ``--strict`` then exits with 1. Exit statuses:
-:mod:`sgrld.experiments.base.exits`.
+"""``sgrld report``'s tables: the selection rule's choices (:mod:`.selection`) per setting, prior
+and sampler, laid out as the paper's Tables 1-10 (and 11, regression), with the paper's numbers
+beside them; what is written is in ``docs/experiments.md`` ("sgrld report").
 """
 
 from __future__ import annotations
@@ -28,13 +12,11 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
-from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.report.paper import paper_entry, paper_numbers
 from sgrld.experiments.report.selection import Choice, select_cell, val_lp
 from sgrld.experiments.report.tables import (
     IDENTITY,
@@ -68,8 +50,7 @@ Cell = tuple[float, float] | float | str | None | Marked
 
 
 def _marked(cell: Cell) -> Cell:
-    """``cell`` with :data:`IDENTITY_MARK` after it; a cell that states the rule's choice is not
-    Monge's own and stays unmarked (the mark's note says the cell shows Monge's own best)."""
+    """``cell`` with :data:`IDENTITY_MARK` after it (not a cell stating the rule's choice)."""
     if isinstance(cell, Marked) or cell == IDENTITY_OPTIMAL:
         return cell
     return Marked(cell, IDENTITY_MARK)
@@ -97,9 +78,8 @@ _SETTING_EXTRAS = (
 
 
 def setting_label(setting: dict[str, Any], *, short: bool = False) -> str:
-    """``fc400`` or ``resnet20``, plus the fields that differ from the paper's protocol, as
-    command-line flags (``fc400 (3 epochs, --subset 2000)``) or, ``short``, for a file name
-    (``fc400-e3-sub2000``)."""
+    """The model and the fields that differ from the paper's protocol: ``fc400 (3 epochs,
+    --subset 2000)``, or (``short``) ``fc400-e3-sub2000`` for a file name."""
     model = f"fc{setting['width']}" if setting["model"] == "fc" else str(setting["model"])
     extras = [
         (long_form if not short else short_form).format(_value_text(setting[name]))
@@ -150,24 +130,6 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
 
 
 # --- the paper's numbers ----------------------------------------------------------------------
-
-
-@cache
-def paper_numbers() -> dict[tuple[int, str, int | None, str, str, str], tuple[float, float]]:
-    """``(table, dataset, width, prior, sampler, metric) → (mean, std)`` from the paper."""
-    text = resources.files("sgrld.configs").joinpath("paper_numbers.csv").read_text("utf-8")
-    rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
-    return {
-        (
-            int(r["table"]),
-            r["dataset"],
-            int(r["width"]) if r["width"] else None,
-            r["prior"],
-            r["sampler"],
-            r["metric"],
-        ): (float(r["mean"]), float(r["std"]) if r["std"] else math.nan)
-        for r in rows
-    }
 
 
 def _paper(table: int, choice: Choice, metric: str) -> Cell:
@@ -336,13 +298,9 @@ class EqualTime:
 
 
 def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTime]:
-    """Re-select every sampler at ``epochs × T_fastest`` per setting and prior.
-
-    Each sampler's seconds per epoch is that of its chosen configuration (Tables 2-3), used for
-    all its candidates as in the reference; broken-down configurations are left out. Where the
-    rule chooses Identity for Monge, Monge is re-selected among its own α², as the other tables
-    show its own best (marked †).
-    """
+    """Re-select every sampler at ``epochs × T_fastest`` per setting and prior, each with the
+    seconds per epoch of its chosen configuration (as the reference); broken-down
+    configurations left out, Monge among its own α² (as the other tables, marked †)."""
     from sgrld.evaluation.equal_time import SamplerCurves, equal_time_table, mean_std_over_runs
 
     cells: dict[tuple[str, str], dict[str, SamplerCurves]] = {}
@@ -485,26 +443,16 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
     return tables
 
 
+#: The columns of ``selection.csv``.
+SELECTION_COLUMNS = ["setting", "prior", "sampler", "choice", "for_alpha2", "chosen"]
+SELECTION_COLUMNS += ["val_lp_mean", "val_lp_std", "runs", "candidates", "broken_down", "warning"]
+
+
 def selection_csv(choices: Sequence[Choice]) -> str:
     """Every choice: the cell, the stage, the chosen value, its validation score, the candidates."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(
-        [
-            "setting",
-            "prior",
-            "sampler",
-            "choice",
-            "for_alpha2",
-            "chosen",
-            "val_lp_mean",
-            "val_lp_std",
-            "runs",
-            "candidates",
-            "broken_down",
-            "warning",
-        ]
-    )
+    writer.writerow(SELECTION_COLUMNS)
     for choice in choices:
         for stage in choice.stages:
             chosen = stage.chosen

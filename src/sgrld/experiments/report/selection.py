@@ -1,18 +1,7 @@
-"""The paper's tuning rule: ℓ, then α², by mean final validation LP over seeds.
-
-For one cell (a setting, a prior and a sampler) the candidates are its configurations
-(:class:`~sgrld.experiments.report.tables.Group`, one per ℓ and α²):
-
-1. for each α² (one pass for samplers without α²), the ℓ with the best mean final validation
-   log-probability; a configuration with a broken-down run, or with no finite validation LP,
-   is never chosen;
-2. for Monge, the α² whose chosen ℓ scores best. Identity is Monge with α² = 0: when the
-   Identity cell of the same setting scores at least as well, Monge's choice is α² = 0 and the
-   tables say "Identity (α² = 0) is optimal", as the paper does.
-
-Ties go to the smaller ℓ, then the smaller α². A choice at the edge of its grid (its smallest or
-largest value, with larger or smaller values untried) gets a warning, as the reference notebook
-prints one: the optimum may lie outside the grid.
+"""The paper's tuning rule: for each α² the ℓ with the best mean final validation LP over seeds,
+then Monge's α² (Identity counting as α² = 0); never a configuration with a broken-down run;
+ties to the smaller value; a choice at the edge of its grid warned about, as the reference
+notebook does. ``docs/experiments.md`` ("sgrld report") states it in full.
 """
 
 from __future__ import annotations
@@ -54,10 +43,8 @@ class Stage:
     """One choice: the ℓ for one α² (``kind="lr"``) or the α² of Monge (``kind="alpha2"``).
 
     Attributes:
-        kind: ``"lr"`` or ``"alpha2"``.
-        alpha2: the α² this ℓ choice is made for (``None`` for samplers without α²).
-        chosen: the chosen configuration (``None``: every candidate broke down; for
-            ``kind="alpha2"`` also ``None`` when α² = 0, Identity, is optimal).
+        alpha2: the α² this ℓ is chosen for (``None`` for samplers without α²).
+        chosen: ``None`` when every candidate broke down, or α² = 0 (Identity) is optimal.
         scores: candidate value (ℓ or α²) → mean final validation LP (NaN: broken down).
         broken: candidate values with a broken-down run, never chosen.
         warning: edge-of-grid or no-choice message, if any.
@@ -80,14 +67,11 @@ class Stage:
 
 @dataclass
 class Choice:
-    """A cell's selection: its stages and the chosen configuration.
+    """A cell's (setting, prior, sampler) selection.
 
     Attributes:
         setting: the config fields shared by the cell (no prior, sampler, ℓ, α²).
-        prior: the prior.
-        sampler: the sampler.
-        chosen: the selected configuration; ``None`` if every one broke down or, for Monge,
-            when Identity (α² = 0) is optimal (:attr:`identity_optimal`).
+        chosen: ``None`` if every configuration broke down or :attr:`identity_optimal`.
         stages: every choice made, ℓ per α² first, then α².
         candidates: the cell's configurations.
         identity_optimal: Monge's best α² is 0.
@@ -107,8 +91,7 @@ class Choice:
 
     @property
     def best_own(self) -> Group | None:
-        """The chosen configuration; for Monge when Identity is optimal, Monge's own best α²
-        (the α² whose chosen ℓ scores best), which the tables show beside the rule's choice."""
+        """The chosen configuration, or, when Identity is optimal, Monge's own best α²."""
         if not self.identity_optimal:
             return self.chosen
         own = [s.chosen for s in self.stages if s.kind == "lr" and s.chosen is not None]

@@ -1,21 +1,6 @@
-"""``sgrld table RUN_DIRS...``: aggregate sampling runs into the paper's table format.
-
-Runs (directories holding ``results.json``, or folders searched recursively for them) are grouped
-by their config without the seed. Each group gets the mean and the population std (ddof = 0, as
-the paper) over its seeds of the final-epoch metrics. Output:
-
-- Markdown on stdout (and ``--markdown FILE``), by default in the layout of the paper's Table 1:
-  one table per setting (dataset, model, width, epochs, ...), a row per sampler and, per prior,
-  the columns LP, accuracy, ECE, seconds per epoch and ℓ. Where a setting holds several ℓ (or α²)
-  for one sampler, the one with the best mean final validation LP is shown; a
-  configuration with a broken-down run is never selected and shows as "broke down". The best LP
-  per column is in bold. ``--paper`` adds the paper's LP, accuracy and s/epoch beside it.
-- ``--layout long``: one row per configuration instead.
-- ``--csv FILE``: every configuration, every metric's mean and std, as CSV.
-- ``--plot FILE``: test LP and accuracy per epoch of every configuration, mean ± 1.96 std.
-- MCMC diagnostics (with ArviZ, ``sgrld[diagnostics]``): per configuration, the rank-normalised
-  R-hat and bulk/tail ESS of the traced per-sample quantities (test log-likelihood, probe
-  predictions, horseshoe scales), with the seeds as chains; a single run is split in halves.
+"""``sgrld table RUN_DIRS...``: runs grouped by config without the seed, the mean and population
+std (ddof = 0) over seeds of their final-epoch metrics, in the paper's layout, the long layout,
+CSV and MCMC diagnostics (``docs/experiments.md``, "Tables").
 """
 
 from __future__ import annotations
@@ -47,8 +32,7 @@ SAMPLER_ORDER = ("identity", "wenzel", "rmsprop", "monge", "shampoo")
 
 
 def identity_at(sampler: str) -> str:
-    """Where ``sampler``'s metric is G = I (``"α² = 0"`` for Monge), empty if nowhere: the
-    paper's selection then compares its runs with Identity's."""
+    """Where ``sampler``'s metric is G = I (``"α² = 0"`` for Monge), empty if nowhere."""
     if sampler not in metric_names():
         return ""
     metric = get_metric(sampler)
@@ -57,8 +41,7 @@ def identity_at(sampler: str) -> str:
 
 
 def sampler_title(name: str) -> str:
-    """The paper's name of a sampler, its metric's class name (``RMSpropMetric``: RMSprop);
-    a name not registered, capitalised."""
+    """The paper's name of a sampler: its metric's class name less ``Metric`` (``RMSprop``)."""
     if name not in metric_names():
         return name.capitalize()
     return get_metric(name).__name__.removesuffix("Metric")
@@ -66,7 +49,7 @@ def sampler_title(name: str) -> str:
 
 PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
 PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
-#: Aggregated quantities: name → how to read it from a results dict.
+#: Aggregated quantities (:func:`_score` reads them from a results dict).
 COLUMNS = (
     "test_lp",
     "test_accuracy",
@@ -105,12 +88,8 @@ def _score(results: dict[str, Any], name: str) -> float:
 
 @dataclass
 class Group:
-    """The runs of one configuration (config without the seed).
-
-    Attributes:
-        config: the shared config (no ``seed``).
-        runs: the ``results.json`` contents of every run, broken-down ones included.
-    """
+    """The runs of one configuration: the shared config (no ``seed``) and the ``results.json``
+    contents of every run, broken-down ones included."""
 
     config: dict[str, Any]
     runs: list[dict[str, Any]] = field(default_factory=list)
@@ -136,11 +115,8 @@ class Group:
         return diagnostics_of(traces)
 
     def stat(self, name: str) -> tuple[float, float]:
-        """Mean and std (ddof = 0) of a metric over the completed runs.
-
-        The mean is NaN without any value; the std is NaN with fewer than two (one run has no
-        spread to report).
-        """
+        """Mean and std (ddof = 0) of a metric over the completed runs (NaN without any value;
+        the std NaN with fewer than two)."""
         values = np.array([_score(r, name) for r in self.completed], dtype=np.float64)
         if values.size == 0 or np.isnan(values).all():
             return math.nan, math.nan
@@ -193,16 +169,11 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
 def load_checked(
     files: Iterable[Path], *, include_partial: bool = False, command: str = "sgrld table"
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Read ``results.json`` files and leave out what would make a table wrong.
-
-    Left out, each with a line in the returned problems: a run whose final values no run can
-    produce (a log-probability above 0, an accuracy outside [0, 1], NaN in a completed run:
-    :func:`~sgrld.experiments.run.results.impossible_values`); a completed run whose telemetry
-    shows that it blew up while staying finite (:func:`sgrld.health`: results written before
-    the runner judged it); a run whose config disagrees with its
-    folder (its sweep manifest's entry, or a sweep folder name such as ``lr0.1-seed0``); a
-    second copy of a run (the same config and seed in another folder), which would count as
-    an extra seed. Unfinished runs are left out unless ``include_partial`` (not a problem).
+    """Read ``results.json`` files and leave out what would make a table wrong: impossible final
+    values (:func:`~sgrld.experiments.run.results.impossible_values`), a completed run that blew
+    up while finite (:func:`sgrld.health`), a config unlike its folder (its sweep manifest's
+    entry or folder name), a second copy of a run. Unfinished runs are left out unless
+    ``include_partial`` (``command`` names who says so on stderr).
 
     Returns:
         The runs to aggregate, and the problems as ``"PATH: why"``.
@@ -246,8 +217,7 @@ _SWEEP_LABEL = re.compile(r"^lr[^/]*-seed\d+$")
 def _folder_mismatch(
     path: Path, config: dict[str, Any], manifests: dict[Path, dict[str, Any] | None]
 ) -> list[str]:
-    """How a run's config disagrees with where it lies: its sweep manifest's entry for the
-    folder, or (in a sweep's layout) the folder's name."""
+    """How a run's config disagrees with its sweep manifest's entry, or its folder's name."""
     from sgrld.experiments.sweep import grid
 
     folder = path.parent
@@ -362,10 +332,8 @@ def _by_setting(groups: Sequence[Group]) -> dict[str, list[Group]]:
 
 
 def select_best(candidates: Sequence[Group]) -> Group | None:
-    """The configuration with the best mean final validation LP among those without failures.
-
-    Returns ``None`` if every candidate has a broken-down run or no finite validation LP.
-    """
+    """The configuration with the best mean final validation LP among those without failures
+    (``None``: none)."""
     valid = [g for g in candidates if g.num_broken == 0 and not math.isnan(g.stat("val_lp")[0])]
     return max(valid, key=lambda g: g.stat("val_lp")[0]) if valid else None
 

@@ -1,10 +1,5 @@
-"""Engines that execute a sweep's jobs: local processes, or submitit (SLURM or its local executor).
-
-No scheduler is written here: :func:`run_local` hands jobs to one-process
-:class:`concurrent.futures.ProcessPoolExecutor` s, one per worker, so that a worker's death breaks
-its own job only (or runs them in this process with one job at a time), :func:`run_submitit` to
-submitit's executors. Both report to one :class:`GridProgress`
-(tqdm): runs done, running and failed over the whole grid, with tqdm's ETA.
+"""Engines that execute a sweep's jobs: local processes (:func:`run_local`) or submitit, SLURM or
+its local executor (:func:`run_submitit`), both reporting to one :class:`GridProgress`.
 """
 
 from __future__ import annotations
@@ -111,8 +106,7 @@ class GridProgress:
 
 @contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM ends the sweep like Ctrl-C, so that worker processes are stopped too; the command
-    then exits with 143 (:class:`~sgrld.experiments.base.exits.Terminated`)."""
+    """SIGTERM ends the sweep like Ctrl-C (workers stopped, exit 143: ``Terminated``)."""
 
     def terminate(signum: int, frame: Any) -> None:
         raise Terminated
@@ -132,8 +126,7 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-#: How often a job whose worker process died (OOM killer, a stray kill) is run again before its
-#: runs count as failed. A run resumes from its last checkpoint, so a retry loses an epoch at most.
+#: How often a job whose worker died (OOM killer, a kill) is retried (from its checkpoints).
 WORKER_RETRIES = 1
 WORKER_DIED = "its worker process died (killed, e.g. by the out-of-memory killer)"
 
@@ -145,12 +138,8 @@ def _init_worker(parent: int) -> None:
 def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) -> None:
     """Execute the jobs in ``workers`` processes (in this process when ``workers`` is 1).
 
-    Each worker is a one-process pool of its own, so a worker that dies (OOM killer, a kill)
-    breaks only its job: that job is run again once in a new worker (it resumes from its
-    checkpoints), then counted as failed; the others go on. Workers die with the sweep, even
-    when it is killed with SIGKILL (:func:`~sgrld.experiments.base.process.die_with_parent`). On
-    Ctrl-C or SIGTERM the workers are terminated; each run keeps its last epoch's checkpoint,
-    so the next sweep resumes it.
+    Each worker is a one-process pool of its own, so a worker that dies breaks only its job,
+    which is retried (:data:`WORKER_RETRIES`); workers die with the sweep, even by SIGKILL.
     """
     with _sigterm_raises():
         if workers == 1:
@@ -263,12 +252,10 @@ class RankFailed(RuntimeError):
     """A task (rank) of a multi-process job failed: each failed rank's error, in one line."""
 
 
-#: How much of a failed rank's error the sweep's summary shows; of an echo (a rank that only
-#: lost its peers), less.
+#: How much of a failed rank's error the summary shows; of an echo (a rank that lost its peers).
 RANK_ERROR_CHARS = 300
 ECHO_CHARS = 100
-#: Words of errors that only echo another rank's failure: a collective that broke when a peer
-#: went away, or rank 0's refusal passed on to the other ranks.
+#: Words of errors that only echo another rank's failure (a broken collective, rank 0's refusal).
 ECHO_WORDS = (
     "connection closed",
     "connection reset",
@@ -285,8 +272,7 @@ def _cut(line: str, limit: int) -> str:
 
 
 def _last_line(error: BaseException) -> str:
-    """The gist of a submitit task error: the last line of the task's traceback (its exception),
-    or, for a task that left no result, that it died."""
+    """The gist of a submitit task error: its traceback's last line, or that it died."""
     text = str(error)
     parts = text.split("\n----------------------\n")
     if len(parts) >= 2 and parts[1].strip():  # FailedJobError: the task's traceback
@@ -306,8 +292,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def rank_failures(lines: dict[int, str], world: int) -> str:
-    """One line for the failed ranks of a job (rank → its error's last line): the causes first,
-    ranks with the same error together, then the ranks that only echo them (shortened), e.g.
+    """One line for a job's failed ranks (rank → error): causes first, then the echoes, e.g.
     ``1 of 2 ranks failed (rank 1: ValueError: …; rank 0 stopped with it: RuntimeError: …)``."""
     causes: dict[str, list[int]] = {}
     echoes: dict[str, list[int]] = {}
@@ -324,12 +309,11 @@ def rank_failures(lines: dict[int, str], world: int) -> str:
 
 
 def job_outcomes(job: Any) -> Any:
-    """A finished submitit job's result: its outcomes, rank 0's for a multi-process job.
+    """A finished submitit job's outcomes (rank 0's for a multi-process job).
 
     Raises:
         Exception: a one-task job's own error.
-        RankFailed: the ranks of a multi-process job that failed (:func:`rank_failures`), and
-            where their logs are.
+        RankFailed: a multi-process job's failed ranks (:func:`rank_failures`) and their logs.
     """
     if job.num_tasks == 1:
         return job.result()
@@ -344,9 +328,8 @@ def job_outcomes(job: Any) -> Any:
 
 @contextmanager
 def _output_to(log: Path, redirect: bool) -> Iterator[None]:
-    """With ``redirect``, the processes started in the block write their stdout and stderr to
-    ``log``: submitit's local controllers inherit this process's terminal, and a cancelled one
-    (Ctrl-C, SIGTERM of the sweep) prints a traceback there."""
+    """With ``redirect``, processes started in the block write stdout and stderr to ``log`` (a
+    cancelled submitit local controller would print a traceback on the terminal)."""
     if not redirect:
         yield
         return
@@ -380,12 +363,8 @@ def _output_to(log: Path, redirect: bool) -> Iterator[None]:
 def run_submitit(
     jobs: Sequence[SweepJob], out: Path, options: ClusterOptions, progress: GridProgress
 ) -> None:
-    """Submit the jobs through submitit and, unless ``options.wait`` is off, follow them.
-
-    SLURM jobs go out as one job array; submitit requeues a preempted or timed-out job, which
-    then resumes its runs from their checkpoints (:meth:`SweepJob.checkpoint`). The local
-    executor starts at most ``options.parallel`` jobs at a time. Logs: ``OUT/.submitit/``.
-    """
+    """Submit the jobs through submitit (one SLURM job array; the local executor at most
+    ``options.parallel`` at a time) and, unless ``options.wait`` is off, follow them."""
     from sgrld.experiments.base.files import refuse_links
 
     # submitit writes its pickles and logs there and the sweep unpickles results from there

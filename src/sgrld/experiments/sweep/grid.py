@@ -1,23 +1,8 @@
 """A sweep's grid: seed ranges, TOML configs, expansion, run folders, manifest.
 
-A grid is planned, checked and listed before any work starts. It is the union of *blocks*; a
-block maps run options (:data:`KEYS`, from :data:`~sgrld.experiments.run.options.OPTIONS`) to
-a value or, for the axes in :data:`AXES`, a list of values, and contributes the product of its
-lists. A tuned metric option (Monge's α²) multiplies the runs of the samplers
-that take it only: the others run once per ℓ and seed whatever its list.
-
-Config files (``--config FILE.toml`` or a shipped name such as ``paper/mnist_table1``)::
-
-    description = "what the grid is for"
-    [defaults]              # options shared by every block
-    dataset = "mnist"
-    epochs = 400
-    seeds = "0-9"
-    [[grid]]                # one block; as many as needed
-    width = [400, 800]
-    prior = "gaussian"
-    sampler = "identity"
-    lr = [0.01, 0.025, 0.05]
+A grid is the union of *blocks*, each mapping run options (:data:`KEYS`) to a value or, for
+:data:`AXES`, a list, and contributing the product of its lists. The config file format is in
+``docs/experiments.md`` ("Config files").
 """
 
 from __future__ import annotations
@@ -41,8 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version marker)
     import tomli as tomllib
 
-#: The options a grid may set, by their config key: the run options but the machine's, with
-#: ``seeds`` for ``seed`` (a list, or ranges such as ``0-9``).
+#: The options a grid may set: the run options but the machine's, ``seeds`` for ``seed``.
 KEYS = {"seeds" if o.name == "seed" else o.name: o for o in OPTIONS.values() if not o.machine}
 #: Options that take a list in a sweep.
 AXES = tuple(key for key, option in KEYS.items() if option.axis)
@@ -52,11 +36,9 @@ MANIFEST_FORMAT = "sgrld-sweep/2"
 OLD_MANIFEST_FORMATS = ("sgrld-sweep/1",)
 #: More seeds than this in one grid is a typo (``0-999999999999``), refused before building it.
 MAX_SEEDS = 1_000_000
-#: Options outside a run's config that still shape its chain's numbers (the float reductions of
-#: the thread count, the packing of runs into one vectorised process, the device, the CUDA
-#: graph, the processes a run is spread over): recorded in the manifest, and a rerun with other
-#: values is refused. Name → flag. ``parallel`` and ``processes`` are recorded only for sweeps of
-#: multi-process runs (``--parallel``), so a one-process sweep's manifest is as it always was.
+#: Options outside a run's config that still shape its numbers (name → flag): recorded in the
+#: manifest, a rerun with other values is refused. ``parallel`` and ``processes`` only under
+#: ``--parallel``, so a one-process sweep's manifest is as it always was.
 CHAIN_OPTIONS = {
     "chains": "--chains",
     "chain_batch": "--chain-batch",
@@ -126,11 +108,9 @@ def _as_list(key: str, value: Any) -> list[Any]:
 def expand(
     blocks: Sequence[Mapping[str, Any]], tuned: Mapping[str, Sequence[str]]
 ) -> list[dict[str, Any]]:
-    """Every point of the union of the blocks' products, without repeats. A tuned option
-    (``tuned``: its name → the samplers that take it, e.g. α² → Monge) multiplies only the
-    runs of those samplers; the others take ``None``.
-
-    Each point maps option names to one value, with ``seed`` for ``seeds``.
+    """Every point (option → value, ``seed`` for ``seeds``) of the union of the blocks'
+    products, without repeats. A tuned option (``tuned``: name → the samplers that take it)
+    multiplies only those samplers' runs; the others take ``None``.
 
     Raises:
         GridError: no point at all, or a tuned option's values with no run that takes it.
@@ -169,10 +149,7 @@ def narrow(
     block: Mapping[str, Any], typed: Mapping[str, Any], tuned: Collection[str]
 ) -> dict[str, Any]:
     """A config block under command-line flags: an axis the block sets keeps only the typed
-    values (``--width 400`` runs a config's width-400 part), any other option is replaced.
-
-    Typed values of a ``tuned`` option (α²) leave blocks without it (the other samplers) alone.
-    """
+    values, any other option is replaced; a ``tuned`` option leaves blocks without it alone."""
     result = dict(block)
     for key, value in typed.items():
         if key in AXES and block.get(key) is not None:
@@ -218,15 +195,12 @@ def read_config(name: str) -> tuple[str, Path | str]:
 
 
 def parse_config(text: str, source: object) -> list[dict[str, Any]]:
-    """The blocks of a TOML config, defaults merged in; keys checked against :data:`KEYS` and
-    values against their kind (:func:`check_value`).
-
-    Option names may use ``-`` or ``_`` (``burn-in`` or ``burn_in``).
+    """The blocks of a TOML config, defaults merged in, keys (``burn-in`` or ``burn_in``) and
+    values checked (:func:`check_value`).
 
     Raises:
-        GridError: invalid TOML, an unknown section or key, a value of the wrong kind
-            (``lr = "0.1"``, ``lr = true``, a list for a single-valued option), no ``[[grid]]``
-            block.
+        GridError: invalid TOML, an unknown section or key, a value of the wrong kind, no
+            ``[[grid]]`` block.
     """
     try:
         data = tomllib.loads(text)
@@ -268,8 +242,7 @@ def tuned_options() -> dict[str, list[str]]:
 
 
 def check_value(key: str, value: Any, where: str, *, item: bool = False) -> None:
-    """Refuse a config value of the wrong kind for its option (:data:`KEYS`), e.g. ``lr = true``
-    (which TOML reads as 1) or ``lr = "0.1"`` (a string), naming the key.
+    """Refuse a config value of the wrong kind for its option, e.g. ``lr = true`` or ``"0.1"``.
 
     Raises:
         GridError: the value, or an item of an axis' list, is not of the option's kind.
@@ -323,11 +296,8 @@ class PlannedRun:
 
 
 def place_runs(configs: Sequence[dict[str, Any]]) -> list[PlannedRun]:
-    """Give each run its folder ``<setting>/<sampler>/<label>``, unique within the grid.
-
-    Config fields outside :data:`PATH_FIELDS` that take several values in the grid (e.g.
-    ``epochs``) are added to the setting's name, so that no two runs share a folder.
-    """
+    """Give each run its folder ``<setting>/<sampler>/<label>``, unique within the grid (fields
+    outside :data:`PATH_FIELDS` that vary in the grid join the setting's name)."""
     varying = [
         name
         for name in (configs[0] if configs else {})
@@ -410,13 +380,12 @@ def check_out_folder(out: Path, runs: Sequence[PlannedRun], options: Mapping[str
     """How ``out`` stands to this grid, before any work.
 
     Returns:
-        ``"new"`` (no manifest: a new folder, or one whose lost manifest is rebuilt from its
-        runs), ``"same"`` (this grid's manifest) or ``"grown"`` (this grid with a larger
-        ``--epochs``: its finished runs are extended, as ``sgrld sample --resume`` does).
+        ``"new"`` (no manifest, or a lost one rebuilt from its runs), ``"same"`` or ``"grown"``
+        (this grid with a larger ``--epochs``: finished runs are extended).
 
     Raises:
-        GridError: ``out`` holds another grid, the same grid with other options (named by
-            flag), runs of no manifest that are not this grid's, or an unreadable manifest.
+        GridError: ``out`` holds another grid, this grid with other options, runs of no
+            manifest that are not this grid's, or an unreadable manifest.
     """
     path = out / MANIFEST_FILE
     if out.exists() and not out.is_dir():
@@ -459,8 +428,7 @@ def check_out_folder(out: Path, runs: Sequence[PlannedRun], options: Mapping[str
 
 
 def _check_orphan_runs(out: Path, runs: Sequence[PlannedRun]) -> None:
-    """Runs in ``out`` without a manifest are accepted only if they are this grid's own (a lost
-    ``sweep.json`` is rebuilt from them); anything else is refused."""
+    """Runs in ``out`` without a manifest must be this grid's own (a lost manifest is rebuilt)."""
     if not out.is_dir():
         return
     ours = {r.path: r.config for r in runs}
@@ -484,7 +452,7 @@ def _check_orphan_runs(out: Path, runs: Sequence[PlannedRun]) -> None:
 def write_manifest(
     out: Path, runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]
 ) -> None:
-    """Write ``out/sweep.json`` atomically (a temporary unique to this process, renamed).
+    """Write ``out/sweep.json`` atomically.
 
     Raises:
         OSError: it cannot be written (e.g. a read-only ``out``).

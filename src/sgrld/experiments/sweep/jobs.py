@@ -1,18 +1,9 @@
-"""The unit of work of a sweep: a job runs (or resumes, or skips) a few runs of a grid.
+"""The unit of work of a sweep: a :class:`SweepJob` runs, resumes or skips a few runs of a grid.
 
-A :class:`SweepJob` is what every engine executes: a local process pool calls it, submitit
-pickles it to a SLURM node. It is idempotent: a run whose ``results.json`` says it is finished
-is skipped, a run with a checkpoint is resumed (``sgrld sample --resume``: the runner checkpoints
-every epoch and continues bit-identically), so a job that is preempted, timed out or killed and
-run again loses at most one epoch per run. submitit calls :meth:`SweepJob.checkpoint` on
-preemption or timeout and requeues the same job.
-
-A job holds one run, or (``sgrld sweep --chains K``) a *pack*: up to K runs of one setting and
-sampler that differ only in seed, ℓ and α², run as the chains of one process
-(:mod:`sgrld.experiments.run.chains`). Each chain writes its run folder's ``results.json`` as a
-single run would; the pack's one checkpoint lives in ``OUT/.packs/<id>/``, so a pack resumes as a
-whole. Packs are formed over the whole grid (finished runs included), so a pack is the same pack
-on every rerun.
+Every engine executes it (a local pool calls it, submitit pickles it to a node). It is
+idempotent: finished runs are skipped, others resume from their checkpoint, so a job run again
+loses at most one epoch per run. With ``--chains K`` a job is a *pack* of up to K runs run as
+the chains of one process, its one checkpoint in ``OUT/.packs/<id>/`` (``docs/experiments.md``).
 """
 
 from __future__ import annotations
@@ -36,12 +27,10 @@ PACKS_DIR = ".packs"  # a pack's checkpoint: OUT/.packs/<id>/checkpoint.pt
 
 
 def run_state(folder: Path, config: dict[str, Any]) -> str:
-    """``"done"`` (completed or broken down), ``"partial"`` (a checkpoint to resume) or ``"todo"``.
+    """``"done"``, ``"partial"`` (a checkpoint to resume) or ``"todo"``.
 
-    A run counts as done when its ``results.json`` has this config, a final status and
-    possible final values (:func:`impossible_values`; otherwise resuming from the checkpoint
-    writes it again). A broken-down run is a result of the protocol, so it is not run again,
-    not even when ``epochs`` grew; a completed one is then extended.
+    Done: ``results.json`` has this config, a final status and possible values. A broken-down
+    run is a result of the protocol: not rerun even when ``epochs`` grew (a completed one is).
     """
     try:
         results = json.loads(read_file(folder / RESULTS_FILE).decode("utf-8"))
@@ -114,11 +103,8 @@ def _sample(run: Any, machine: Any, folder: Path, device: Any, parallel: Any = N
 def _locked(out: Path, run_path: str) -> Iterator[bool]:
     """Hold the run's locks (non-blocking); yields whether this process got them.
 
-    The run folder's lock is ``sgrld sample``'s own (:class:`~sgrld.experiments.base.files.
-    DirectoryLock`), so a ``sample --resume`` of a run a sweep executes is refused and the
-    other way round. A second lock outside the folder, ``OUT/.locks/<digest>``, survives the
-    folder's deletion: a run folder deleted mid-sweep is not run by a second sweep at once.
-    Temporaries that killed writers left in the folder are removed once both are held.
+    The folder's lock is ``sgrld sample``'s own; a second one, ``OUT/.locks/<digest>``, survives
+    the folder's deletion. Killed writers' temporaries are removed once both are held.
 
     Raises:
         OutputError: a folder on the way is a symbolic link (never written through).
@@ -173,14 +159,9 @@ def _decide(run: PlannedRun, out: Path, stack: ExitStack) -> str:
 def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
     """Run, resume or skip one run as a rank of a multi-process job (``sgrld sweep --parallel``).
 
-    Every task of the job calls this. It exports the job's ``torch.distributed`` environment
-    (submitit's :class:`~submitit.helpers.TorchDistributedEnvironment`: ``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the process group
-    as ``sgrld sample --parallel`` does under torchrun
-    (:meth:`~sgrld.experiments.run.parallel.DataParallel.join`). Rank 0 decides for every rank
-    whether the run is skipped (finished), held elsewhere, or run, and then holds its locks; it
-    alone writes the run's folder (the ``results.json`` and ``checkpoint.pt`` of a one-process
-    run). Every rank resumes from that checkpoint. Each rank returns the same outcome.
+    Every task calls this: it joins the job's process group (submitit's
+    ``TorchDistributedEnvironment``) as ``sample --parallel`` does under torchrun. Rank 0
+    decides for all whether to run, holds the locks and alone writes the run's folder.
 
     Raises:
         Exception: rank 0's error when it could not decide (e.g. a linked run folder), and on
@@ -231,11 +212,8 @@ def pack_id(runs: Sequence[PlannedRun]) -> str:
 
 
 def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> list[RunOutcome]:
-    """Run, resume or skip a pack of runs as the chains of one process.
-
-    A finished run is never written again: when the pack's checkpoint is missing (a lost
-    ``.packs`` folder) and some of its runs are finished, only the open ones run, as a pack
-    of their own.
+    """Run, resume or skip a pack of runs as the chains of one process (without the pack's
+    checkpoint, only its open runs run: a finished run is never written again).
 
     Returns:
         The outcomes of the runs that were not finished when the pack started.
@@ -318,11 +296,7 @@ class SweepJob:
         return [execute_run(run, Path(self.out), self.machine) for run in self.runs]
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """submitit's preemption/timeout hook: requeue this job; it resumes from the checkpoints.
-
-        The runs' state is on disk (``checkpoint.pt`` every epoch), so the job itself carries
-        none and is resubmitted as it is.
-        """
+        """submitit's preemption/timeout hook: requeue this job as it is (its state is on disk)."""
         from submitit.helpers import DelayedSubmission
 
         return DelayedSubmission(self, *args, **kwargs)
@@ -336,9 +310,8 @@ def _pack_key(config: dict[str, Any]) -> str:
 def make_jobs(
     runs: Sequence[PlannedRun], out: Path, machine: Machine, chains: int = 1
 ) -> list[SweepJob]:
-    """The jobs of the runs that are not finished: one per run, or (``chains`` > 1) packs of up
-    to ``chains`` runs of one setting and sampler, formed over all of ``runs`` (α², then ℓ, then
-    seed, so that equal α² share a sampler call).
+    """The jobs of the unfinished runs: one per run, or packs of up to ``chains`` runs of one
+    setting and sampler, formed over all of ``runs`` (by α², ℓ, seed).
 
     Raises:
         ValueError: runs that cannot be chains of one process (e.g. torch noise).
