@@ -1,14 +1,6 @@
-"""``sgrld demo``: the funnel experiment, shortened (the project's main job, ``make demo``).
-
-The four samplers of the paper's Figure 2 (Identity, RMSprop, Monge, Shampoo; Wenzel's metric is
-Identity's on the funnel, whose θ is one tensor) on the funnel, :data:`DEMO_CHAINS` independent
-chains per sampler batched in one state, 2×10⁴ steps each instead of 2×10⁶, run eagerly
-(compiling would take longer than these steps do; ``--compile`` turns it on), one process per
-core. It prints each sampler's distances to the exact v-marginal N(0, 80) with their spread over
-the chains, a legend of the columns, one line per sampler saying what the numbers show against
-the truth (or that this run cannot show it, and the command that does), and writes
-``funnel.png``, ``funnel.json`` and ``funnel_samples.npz`` to ``--out`` (default ``out/demo``).
-Every option of ``sgrld funnel`` applies; ``sgrld funnel --out DIR`` is the full-length run.
+"""``sgrld demo``: the funnel experiment shortened (``make demo``): ``sgrld funnel`` with
+:data:`DEMO_CHAINS` chains of 2×10⁴ steps instead of 2×10⁶, eagerly (compiling would take longer
+than these steps), to ``out/demo``.
 """
 
 from __future__ import annotations
@@ -25,8 +17,7 @@ DEMO_CHAINS = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``sgrld funnel``'s options with demo defaults (``--steps 20000 --chains 32 --no-compile
-    --out out/demo``)."""
+    """``sgrld funnel``'s options with the demo's defaults."""
     funnel.add_arguments(
         parser,
         default_steps=DEMO_STEPS,

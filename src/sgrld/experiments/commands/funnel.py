@@ -1,8 +1,4 @@
-"""``sgrld funnel``: the paper's funnel experiment (Figure 2) from the command line.
-
-The experiment itself is :mod:`sgrld.experiments.funnel.run`; the exact Monge variant
-:mod:`sgrld.experiments.funnel.exact`.
-"""
+"""``sgrld funnel``: the paper's funnel experiment (Figure 2), :mod:`sgrld.experiments.funnel`."""
 
 from __future__ import annotations
 
@@ -56,8 +52,7 @@ __all__ = [
     "write_outputs",
 ]
 
-#: The longer run a shortened one points to: the paper's length (docs/getting-started.md gives
-#: what it separated when measured).
+#: The longer run a shortened one points to: the paper's length.
 FULL_RUN = "sgrld funnel --out DIR --chains 8 (the paper's 2×10⁶ steps, compiled)"
 
 
@@ -218,11 +213,7 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
 
 
 def execute(args: argparse.Namespace, command: str) -> int:
-    """Run, print the table, write the outputs (shared by ``funnel`` and ``demo``).
-
-    ``--out`` is locked for the whole run (a second run on it is refused), must hold no files
-    unless ``--force`` is given, and SIGTERM ends the workers and exits with 143.
-    """
+    """Run, print the table, write the outputs (``funnel`` and ``demo``), ``--out`` locked."""
     plan = prepare(args, command)
     if isinstance(plan, int):
         return plan

@@ -1,11 +1,5 @@
-"""``sgrld llc``: the local learning coefficient with every metric (``docs/llc.md``).
-
-Targets: ``logistic`` (a logistic regression at its MLE, λ = d/2), ``rrr`` (reduced-rank
-regression at its truth, Aoyagi & Watanabe's λ) and ``transformer`` (a small causal transformer
-trained here on a synthetic language; its LLC at each training checkpoint). For each sampler it
-prints λ̂ ± its standard error, the ε used (calibrated unless ``--lr``) and the wall time, and
-writes ``llc.json`` and ``llc.png`` (every chain's loss trace per sampler — the view to judge
-a calibration by — and, for the transformer, λ̂ across training) to ``--out``.
+"""``sgrld llc``: the local learning coefficient with every metric (``docs/llc.md``): λ̂ ± its
+standard error per target and sampler, ``llc.json`` and ``llc.png`` (loss traces per chain).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The run options on the command line: the parsers of ``sgrld sample``, ``sweep`` and ``tune``
-generated from :data:`sgrld.experiments.run.options.OPTIONS`, and the runs they ask for
-(:func:`configs_from_args`, the one place a command line becomes
-:class:`~sgrld.experiments.run.config.RunConfig` s).
+"""The run options on the command line: the parsers of ``sample``, ``sweep`` and ``tune`` made
+from :data:`~sgrld.experiments.run.options.OPTIONS`, and :func:`configs_from_args`, the one place
+a command line becomes :class:`~sgrld.experiments.run.config.RunConfig` s.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ def add_run_options(
     Args:
         parser: the command's parser.
         lists: options that take comma lists on this command (beyond ``--lr``, ``--alpha2``).
-        grid: a sweep's: the options of the runs (not the machine's) default to "not given",
-            so that a config's values are overridden only by the flags typed.
+        grid: a sweep's: the runs' options default to "not given" (only typed flags override).
         own: the command's own words for an option, as ``add_argument`` keywords (and
             ``flags``).
     """
@@ -71,8 +69,7 @@ def _keywords(option: RunOption, listed: bool) -> dict[str, Any]:
 
 
 def argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``parse`` as an argparse ``type`` that shows its ValueError's message (argparse hides
-    plain ValueErrors)."""
+    """``parse`` as an argparse ``type`` that shows its ValueError's message (argparse hides it)."""
 
     def checked(text: str) -> Any:
         try:
@@ -85,8 +82,7 @@ def argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def option_value(text: str) -> bool | int | float | str | None:
-    """A ``--option`` value as JSON reads it (``0.95``, ``64``, ``true``, ``null``), else
-    the word itself (``eigh``)."""
+    """A ``--option`` value as JSON reads it (``0.95``, ``true``, ``null``), else the word."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -119,9 +115,7 @@ class OptionAction(argparse.Action):
 
 
 def given_options(argv: Sequence[str]) -> set[str]:
-    """The run options written in ``argv`` (a unique prefix counts, as argparse reads it), so
-    that a command can tell a flag given from a default (``sample --resume`` takes the others
-    from the run)."""
+    """The run options written in ``argv`` (a unique prefix counts, as for argparse)."""
     names = {flag: o.name for o in OPTIONS.values() for flag in o.flags}
     given = set()
     for token in argv:
@@ -153,9 +147,8 @@ def is_multichain(args: argparse.Namespace | Mapping[str, Any]) -> bool:
 
 
 def configs_from_args(args: argparse.Namespace | Mapping[str, Any]) -> list[RunConfig]:
-    """The runs of a command line (or a sweep's point, by option name): every tuned option
-    (α²) × ℓ × seed (α² outermost, so that chains with equal α² are neighbours and share a
-    sampler call).
+    """The runs of a command line (or a sweep's point): every tuned option (α²) × ℓ × seed, α²
+    outermost so that chains with equal α² share a sampler call.
 
     Raises:
         UsageError: invalid or inconsistent options.

@@ -5,17 +5,7 @@ Example (the paper's best Monge run on MNIST, N = 400, horseshoe prior)::
     sgrld sample --dataset mnist --model fc --width 400 --prior horseshoe --sampler monge \\
         --lr 0.25 --alpha2 1.25 --epochs 400 --seed 0 --data-dir DIR --out OUT
 
-writes ``OUT/results.json`` (config, seeds, per-epoch curves, final validation and test LP,
-accuracy, ECE, curvature if measured, seconds per epoch, number of samples), ``OUT/curves.png``
-and ``OUT/checkpoint.pt`` (every epoch; ``--resume`` continues a killed run exactly). Without
-``--lr`` (and ``--alpha2`` for Monge) the paper's selected values for the setting are used
-(Tables 4-5). The protocol is in :mod:`sgrld.experiments.run.loop`.
-
-Exit status: 0 when the run completed, 3 when the chain broke down (a non-finite potential, or
-parameters blown up while finite: ``docs/health.md``; the results are still written), 2 for bad
-input, a damaged checkpoint or an ``--out`` that another run holds (refused before any work
-starts), 74 when an output cannot be written (disk full: the last good checkpoint is kept), 130
-when interrupted. ``docs/experiments.md`` lists what survives which fault.
+Outputs, ``--resume``, exit statuses and faults: ``docs/experiments.md``.
 """
 
 from __future__ import annotations
@@ -80,9 +70,8 @@ def _saved_configs(out: Path) -> list[Any]:
 
 
 def _refuse_foreign(out: Path, checkpoint: Path, configs: list[Any]) -> None:
-    """A checkpoint that is not the run whose ``results.json`` lies beside it (one copied in
-    from another run) is refused, naming both sides: resuming would continue the other run and
-    overwrite this one's results."""
+    """Refuse a checkpoint of another run than the ``results.json`` beside it: resuming would
+    continue the other run over this one's results."""
     from sgrld.experiments.run.config import RunConfig, config_differences
     from sgrld.experiments.run.naming import chain_label
     from sgrld.experiments.run.results import RESULTS_FILE
@@ -104,11 +93,8 @@ def _refuse_foreign(out: Path, checkpoint: Path, configs: list[Any]) -> None:
 
 
 def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
-    """``--resume --out OUT``: take the run's options from its checkpoint (or results.json).
-
-    Flags given on the command line must agree with the run's, ``--epochs`` aside (a larger one
-    extends the run); a flag that disagrees is refused by name, with the fix. Flags not given
-    take the run's values. Nothing changes when ``out`` holds no run yet.
+    """``--resume --out OUT``: flags not given take the run's values (from its checkpoint, or
+    results.json); flags given must agree with them, ``--epochs`` aside (a larger one extends).
 
     Raises:
         UsageError: a given flag disagrees with the run, or its checkpoint cannot be read.
@@ -157,8 +143,7 @@ def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
 
 
 def _given_options(args: argparse.Namespace) -> set[str]:
-    """The options written on the command line (recorded by :mod:`sgrld.cli`); otherwise those
-    whose values differ from the defaults."""
+    """The options written on the command line (recorded by :mod:`sgrld.cli`), else non-defaults."""
     given = getattr(args, "_given", None)
     if given is not None:
         return set(given)

@@ -5,13 +5,8 @@ Example (MNIST, N = 400, horseshoe prior, a 3-epoch run, every sampler)::
     sgrld tune --dataset mnist --width 400 --prior horseshoe --epochs 3 --budget 20000 \\
         --data-dir DIR --out OUT
 
-takes every option of ``sgrld sample`` (the run the ℓ is for: its data, model, prior, epochs,
-batch size and fixed sampler options) and writes ``OUT/tune.json`` (each sampler's
-:class:`~sgrld.TuneResult`, with the compute of the paper's ℓ grid for the setting it replaces)
-and ``OUT/tune.png`` (score against ℓ per sampler, one line per round). ``sgrld sample --lr
-tuned:OUT`` and ``sgrld sweep --lr tuned:OUT`` then run with the chosen ℓ; ``sgrld report
---tuned OUT`` states the tuner's compute against the grid's. ``docs/tuning.md`` says how it
-chooses.
+writes ``OUT/tune.json`` and ``OUT/tune.png``, which ``sample --lr tuned:OUT`` and ``report
+--tuned OUT`` read (``docs/tuning.md``).
 """
 
 from __future__ import annotations
@@ -212,9 +207,8 @@ def _write(out: Path, data: dict[str, Any]) -> None:
 
 
 def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:
-    """Score against each searched option (ℓ, then e.g. α² at the chosen ℓ) per sampler: one
-    line per round (bracket, then halving), the chosen value marked; diverged candidates as
-    crosses on the top edge."""
+    """Score against each searched option per sampler: a line per round, the chosen value
+    marked, diverged candidates as crosses on the top edge."""
     import matplotlib
 
     matplotlib.use("Agg")

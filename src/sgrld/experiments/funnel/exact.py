@@ -1,21 +1,10 @@
 """``sgrld funnel --exact-metric``: Monge with m = ∇u(θ) on the funnel, with or without Γ.
 
-How much of Monge's funnel bias is the dropped Γ term and how much is discretisation? Every
-sampler here gets the **exact** gradient (no gradient noise), so the EMA metric, the
-current-gradient metric and the correction are compared on equal terms at the same ℓ:
-
-* the samplers of ``--samplers`` (:data:`~sgrld.experiments.funnel.run.SETTINGS`, e.g. Identity and
-  the paper's EMA-Monge with its fallback), run by the funnel's block runner on ĝ = −∇log p;
-* ``monge-current`` (or ``monge-current+Γ`` with ``--correction``): G = I + α² m mᵀ with
-  m = ∇u(θ) at the current θ (Hartmann et al. 2022), the step of
-  :func:`~sgrld.metrics.monge_exact.monge_move` with the funnel's analytic gradient and
-  Hessian–vector products (exact trace: D = 2), no fallback (‖G⁻¹∇u‖ ≤ 1/(2α) cannot
-  explode), eagerly
-  (compiled in blocks it ran no faster on one CPU core, 0.8 against 0.9 ms per step with 3 chains,
-  after 80-260 s of compiling).
-
-``--alpha2`` and ``--alpha2-rule`` set both Monge metrics (default: the paper's fixed α² = 0.1).
-Distances, outputs and seeds are those of :mod:`sgrld.experiments.funnel.run`.
+How much of Monge's funnel bias is the dropped Γ term, how much discretisation? Every sampler gets
+the exact gradient, so the EMA metric (``--samplers``), ``monge-current`` (G = I + α² m mᵀ with
+m = ∇u(θ), Hartmann et al. 2022, :func:`~sgrld.metrics.monge_exact.monge_move` with exact
+Hessian–vector products, no fallback: ‖G⁻¹∇u‖ ≤ 1/(2α)) and its ``+Γ`` are compared at one ℓ.
+``monge-current`` runs eagerly: compiled it was no faster (0.8 against 0.9 ms per step).
 """
 
 from __future__ import annotations
@@ -136,11 +125,8 @@ def run_exact_funnel(
     alpha2_rule: str = "fixed",
     progress: Callable[[int], None] | None = None,
 ) -> dict[str, SamplerRun]:
-    """The samplers ``names`` on exact gradients, then Monge with m = ∇u(θ) (± Γ), one process.
-
-    Both Monge metrics take ``alpha2`` (default: the paper's funnel α² = 0.1, or c = 0.1 for the
-    normalised rule) and ``alpha2_rule``; all share ℓ = 0.003 and the noise streams of ``config``.
-    """
+    """The samplers ``names`` on exact gradients, then Monge with m = ∇u(θ) (± Γ), one process;
+    both Monge metrics take ``alpha2`` (default 0.1) and ``alpha2_rule``."""
     monge = _monge_setting(alpha2, alpha2_rule)
     settings = {**SETTINGS, monge.metric: monge}
     runs: dict[str, SamplerRun] = {}

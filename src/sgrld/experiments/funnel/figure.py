@@ -1,10 +1,5 @@
-"""``funnel.png``: the paper's Figure 2 per sampler, and the spread over chains of its claim.
-
-Per sampler (as the paper's Figure 2): the target's log-density contours with iterates of every
-chain, and the histogram of v of all chains pooled against the exact N(0, 80). Then one row
-more: per chain, the mass below v = −5 and the deepest v reached, with the mean ± 2 standard
-errors and the truth — the numbers on which :mod:`.verdict` bases its words. Every line and mark
-is named in a legend.
+"""``funnel.png``: the paper's Figure 2 per sampler, then a row with the spread over chains of
+its claim (the numbers :mod:`.verdict` words); ``docs/funnel.md`` describes it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """``sgrld geodesics``: Monge-metric geodesics on the funnel (the paper's Figure 1).
 
-The Monge metric of ℓ = log p is G(x) = I + α² ∇ℓ ∇ℓᵀ, the metric that the graph
-x ↦ (x, α ℓ(x)) inherits from Euclidean space. Its geodesics solve (Hartmann et al.
-2022)
+The geodesics of G(x) = I + α² ∇ℓ ∇ℓᵀ, ℓ = log p, solve (Hartmann et al. 2022)
 
     ẍ = −( α² ⟨ẋ, ∇²ℓ(x) ẋ⟩ / (1 + α² ‖∇ℓ(x)‖²) ) · ∇ℓ(x),
 
-integrated as in the reference (``scipy.integrate.solve_ivp``, RK45, default tolerances, t ∈ [0, 1],
-20 output times) from a base point x̂ with initial velocities 10·(cos 2πu, sin 2πu):
-
-* the red curve joins the t = 1 end points of 500 equally spaced u ∈ [0, 1] (the image of the
-  circle of radius 10 under the exponential map);
-* 9 geodesics are drawn for u ∈ linspace(0, 1, 9) (8 directions), with an arrowhead at the end.
-
-Base points: x̂ = (2, −4) in the narrow neck and x̂ = (5, 10) in the flat region, α² = 1, the
-funnel of :class:`~sgrld.data.funnel.FunnelTarget` (μ = 2, σ² = 80) with its clipped exact
-gradient and Hessian–vector product. Outputs ``geodesics_neck.png`` and ``geodesics_flat.png``
-(6×6 in, 200 dpi, log-density contours at −10, −7.5, −5, −2.5 on a 0.05 grid) and, written last,
-``geodesics.json`` (the settings and each figure's SHA-256: a set is never mixed).
-
-scipy is needed (``pip install scipy``); matplotlib for the figures (``sgrld[plots]``).
+integrated as the reference does (RK45, t ∈ [0, 1]) from x̂ with velocities 10·(cos 2πu,
+sin 2πu): the red curve joins the end points of 500 directions, 9 geodesics are drawn whole.
+Needs scipy, and matplotlib for the figures; outputs in ``docs/funnel.md``.
 """
 
 from __future__ import annotations
@@ -47,12 +34,8 @@ SPEED = 10.0  # |ẋ(0)| (the reference's ``multiplier``)
 def _funnel_derivatives(
     x: np.ndarray, w: np.ndarray, mean: float, v_variance: float, clip: float
 ) -> tuple[np.ndarray, np.ndarray]:
-    """∇ℓ(x) and ∇²ℓ(x)·w for the funnel, in float arithmetic (no tensors).
-
-    The same formulas (and clipping) as :meth:`FunnelTarget.grad_log_prob` and
-    :meth:`FunnelTarget.hvp_log_prob`, for the thousands of single-point calls of the ODE solver,
-    where tensor overhead would dominate; ``tests/test_geodesics.py`` checks that both agree.
-    """
+    """∇ℓ(x) and ∇²ℓ(x)·w as :class:`FunnelTarget` computes them, in floats: the ODE solver's
+    single-point calls would be dominated by tensor overhead (``tests/test_geodesics.py``)."""
     t1, v = float(x[0]), float(x[1])
     s = math.log1p(math.exp(-abs(v))) + max(v, 0.0)  # softplus: the variance of θ₁
     s1 = 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
@@ -98,11 +81,8 @@ def geodesic(
     alpha2: float = 1.0,
     **solve_ivp_options: Any,
 ) -> np.ndarray:
-    """The geodesic from ``base`` with initial ``velocity``: ``(20, 2)`` points, t = 0 … 1.
-
-    RK45 with scipy's default tolerances, as the reference; ``solve_ivp_options`` may override
-    them (e.g. ``rtol``, ``atol`` in tests).
-    """
+    """The geodesic from ``base`` with initial ``velocity``: ``(20, 2)`` points, t = 0 … 1 (RK45,
+    scipy's default tolerances unless ``solve_ivp_options`` override them)."""
     from scipy.integrate import solve_ivp
 
     y0 = np.concatenate([np.asarray(base, dtype=np.float64), np.asarray(velocity, np.float64)])
@@ -168,10 +148,8 @@ def plot_panel(
 
 
 def write_set(out: Path, files: dict[str, bytes], settings: dict[str, Any]) -> list[Path]:
-    """Write the figures as one set: ``geodesics.json`` (the settings and each figure's
-    SHA-256) is removed first and written last, so a kill in between never leaves a listing
-    beside figures of another run; each file is replaced atomically (never through a link).
-    """
+    """Write the figures as one set: ``geodesics.json`` (the settings and each figure's SHA-256)
+    removed first and written last, each file replaced atomically."""
     listing = out / MANIFEST
     listing.unlink(missing_ok=True)
     written = []

@@ -1,12 +1,8 @@
 """What a funnel run shows against the truth, in words, with the spread over its chains.
 
-The paper's claim for Figure 2 (§5.1) is that the identity metric cannot reach the funnel's neck
-(the region of high curvature, v ≪ 0) while the better metrics can, Monge best. A run of K
-independent chains tests the first half directly: the mass each chain puts below v = −5 (truth
-0.288 under N(0, 80)) and the deepest v it reaches, mean ± 2 standard errors over the chains.
-Whether a sampler then samples N(0, 80) (W1 → 0), and which is best, takes far more steps than a
-demo has; :func:`verdicts` says which samplers W1 separates and which it does not, and names a
-longer run for those.
+The paper's claim (Figure 2, §5.1): Identity cannot reach the funnel's neck (v ≪ 0), the better
+metrics can. K chains test it directly (mass below v = −5, deepest v, mean ± 2 standard errors);
+whether a sampler samples N(0, 80) takes longer runs, which :func:`verdicts` names.
 """
 
 from __future__ import annotations
@@ -46,18 +42,12 @@ def verdicts(
     baseline: str | None,
     longer: str,
 ) -> list[str]:
-    """One line per sampler, then one on what the run cannot show.
+    """Each sampler's neck mass and depth against the truth and ``baseline``'s (Identity's, or
+    ``None``), then a line on what W1 separates; ``longer`` names the run for what it cannot.
 
     Args:
         distances: per sampler, the per-chain distances of :func:`~.run.v_distances`.
         truth: the exact mass below v = −5 (0.288).
-        baseline: the sampler on the identity metric, whose depth the others are compared
-            with (``None``: no comparison).
-        longer: what to run to see what this run cannot (a command, or advice).
-
-    Returns:
-        Lines of text: each sampler's neck mass and depth against the truth and identity's, then
-        what W1 does or does not separate.
     """
     lines = []
     depth = {name: mean_and_error(d["min_v"]) for name, d in distances.items()}
@@ -93,8 +83,7 @@ def verdicts(
 
 
 def _w1_line(w1: Mapping[str, tuple[float, float]], longer: str) -> str:
-    """The sampler closest to N(0, 80) in W1, those farther beyond 2 standard errors (of both),
-    and those this run cannot tell from it."""
+    """The closest sampler in W1, those farther beyond 2 standard errors, and the rest."""
     best = min(w1, key=lambda name: w1[name][0])
     mean, error = w1[best]
     if len(w1) == 1:
