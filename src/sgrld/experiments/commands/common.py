@@ -1,4 +1,4 @@
-"""What several commands share: ``--strict`` and the warning lines of left-out runs."""
+"""What several commands share: ``--strict``, the warning lines of left-out runs, an error line."""
 
 from __future__ import annotations
 
@@ -21,3 +21,9 @@ def report_problems(command: str, problems: Sequence[str]) -> None:
     """Each left-out run as a warning line on stderr."""
     for problem in problems:
         print(f"sgrld {command}: warning: {problem}", file=sys.stderr)
+
+
+def fail(command: str, message: str, status: int) -> int:
+    """Say ``sgrld COMMAND: error: MESSAGE`` on stderr; return the exit ``status``."""
+    print(f"sgrld {command}: error: {message}", file=sys.stderr)
+    return status

@@ -7,7 +7,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import (
@@ -22,6 +21,7 @@ from sgrld.experiments.base.files import (
     sigterm_raises,
 )
 from sgrld.experiments.base.progress import Progress
+from sgrld.experiments.commands.common import fail
 from sgrld.experiments.funnel.run import (
     NOT_RUN,
     SETTINGS,
@@ -182,25 +182,19 @@ def prepare(args: argparse.Namespace, command: str) -> tuple[list[str], FunnelCo
     try:
         names = parse_samplers(args.samplers)
     except ValueError as exc:
-        print(f"sgrld {command}: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(command, str(exc), 2)
     if not args.no_plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print(
-                f"sgrld {command}: error: funnel.png needs matplotlib "
-                "(pip install 'sgrld[plots]'), or pass --no-plot",
-                file=sys.stderr,
+            return fail(
+                command,
+                "funnel.png needs matplotlib (pip install 'sgrld[plots]'), or pass --no-plot",
+                2,
             )
-            return 2
     exact = (args.correction, args.alpha2 is not None, args.alpha2_rule != "fixed")
     if any(exact) and not args.exact_metric:
-        print(
-            f"sgrld {command}: error: --correction, --alpha2 and --alpha2-rule need --exact-metric",
-            file=sys.stderr,
-        )
-        return 2
+        return fail(command, "--correction, --alpha2 and --alpha2-rule need --exact-metric", 2)
     config = FunnelConfig(
         steps=args.steps,
         seed=args.seed,
@@ -222,14 +216,9 @@ def execute(args: argparse.Namespace, command: str) -> int:
     try:
         lock.__enter__()
     except DirectoryLockedError as exc:
-        print(f"sgrld {command}: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(command, str(exc), 2)
     except OutputError as exc:  # e.g. a read-only --out: as sample, EX_IOERR
-        print(
-            f"sgrld {command}: error: cannot write to --out {str(args.out)!r}: {exc}",
-            file=sys.stderr,
-        )
-        return EXIT_IO_ERROR
+        return fail(command, f"cannot write to --out {str(args.out)!r}: {exc}", EXIT_IO_ERROR)
     try:
         with sigterm_raises():
             return _execute_locked(args, command, names, config)
@@ -249,13 +238,13 @@ def _execute_locked(
     remove_stale_temporaries(args.out)  # of killed runs; we hold the lock
     present = sorted(p.name for p in args.out.iterdir() if p.name != LOCK_FILE)
     if present and not args.force:
-        print(
-            f"sgrld {command}: error: --out {str(args.out)!r} is not empty "
+        return fail(
+            command,
+            f"--out {str(args.out)!r} is not empty "
             f"({', '.join(present[:4])}{', ...' if len(present) > 4 else ''}); pass --force to "
             "replace its funnel outputs, or choose another --out",
-            file=sys.stderr,
+            2,
         )
-        return 2
     print(
         f"funnel (μ = 2, σ² = 80): {', '.join(names)}; {config.steps} steps x "
         f"{config.chains} chain(s), start {config.start}, seed {config.seed}; "
@@ -265,15 +254,23 @@ def _execute_locked(
     print(f"({WENZEL_NOTE})", flush=True)
     started = time.perf_counter()
     try:
+        progress = False if args.no_progress else None
         if args.exact_metric:
-            runs = _run_exact(names, config, args)
+            from sgrld.experiments.funnel.exact import run_exact_funnel, total_steps
+
+            with Progress(total_steps(names, config), "funnel", enabled=progress) as bar:
+                runs = run_exact_funnel(
+                    names,
+                    config,
+                    correction=args.correction,
+                    alpha2=args.alpha2,
+                    alpha2_rule=args.alpha2_rule,
+                    progress=bar.update,
+                )
         else:
-            runs = run_funnel(
-                names, config, jobs=args.jobs, progress=False if args.no_progress else None
-            )
+            runs = run_funnel(names, config, jobs=args.jobs, progress=progress)
     except NonFiniteGradientError as exc:
-        print(f"sgrld {command}: error: {exc}; no outputs written", file=sys.stderr)
-        return 3
+        return fail(command, f"{exc}; no outputs written", 3)
     wall = time.perf_counter() - started
     compiled = sum(r.compile_seconds for r in runs.values())
     print_table(runs)
@@ -286,8 +283,7 @@ def _execute_locked(
     try:
         written = write_outputs(runs, config, args.out, plot=not args.no_plot)
     except OSError as exc:
-        print(f"sgrld {command}: error: writing outputs failed: {exc}", file=sys.stderr)
-        return EXIT_IO_ERROR
+        return fail(command, f"writing outputs failed: {exc}", EXIT_IO_ERROR)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -309,23 +305,6 @@ def print_verdicts(runs: dict[str, SamplerRun], shortened: bool) -> None:
     distances = {name: r.distances for name, r in runs.items()}
     for line in verdicts(distances, truth, baseline=next(iter(identity), None), longer=longer):
         print(f"  {line}")
-
-
-def _run_exact(names: list[str], config: FunnelConfig, args: argparse.Namespace) -> Any:
-    from sgrld.experiments.funnel.exact import run_exact_funnel, total_steps
-
-    bar = Progress(
-        total_steps(names, config), "funnel", enabled=False if args.no_progress else None
-    )
-    with bar:
-        return run_exact_funnel(
-            names,
-            config,
-            correction=args.correction,
-            alpha2=args.alpha2,
-            alpha2_rule=args.alpha2_rule,
-            progress=bar.update,
-        )
 
 
 def run(args: argparse.Namespace) -> int:

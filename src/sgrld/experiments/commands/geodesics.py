@@ -6,11 +6,11 @@ import argparse
 import io
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 from sgrld.experiments.base import exits
+from sgrld.experiments.commands.common import fail
 from sgrld.experiments.funnel.geodesics import (
     BASE_POINTS,
     compute_panel,
@@ -32,28 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``sgrld geodesics``."""
     if not (math.isfinite(args.alpha2) and args.alpha2 >= 0) or args.directions < 2:
-        print("sgrld geodesics: error: need --alpha2 >= 0 and --directions >= 2", file=sys.stderr)
-        return 2
+        return fail("geodesics", "need --alpha2 >= 0 and --directions >= 2", 2)
     try:
         import matplotlib  # noqa: F401
         import scipy.integrate  # noqa: F401
     except ImportError as exc:
-        print(
-            f"sgrld geodesics: error: {exc.name} is needed (pip install scipy 'sgrld[plots]')",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("geodesics", f"{exc.name} is needed (pip install scipy 'sgrld[plots]')", 2)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=args.out)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        print(
-            f"sgrld geodesics: error: cannot write to --out {str(args.out)!r}: {exc}",
-            file=sys.stderr,
-        )
-        return exits.IO_ERROR
+        return fail("geodesics", f"cannot write to --out {str(args.out)!r}: {exc}", exits.IO_ERROR)
     panels = {}
     for name, base in BASE_POINTS.items():
         print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
@@ -66,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = write_set(args.out, files, {"alpha2": args.alpha2, "directions": args.directions})
     except OSError as exc:
-        print(f"sgrld geodesics: error: writing failed: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("geodesics", f"writing failed: {exc}", exits.IO_ERROR)
     print("wrote " + ", ".join(str(p) for p in written))
     return exits.OK

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import torch
 from sgrld.core import NonFiniteGradientError
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import save_figure, write_atomic
+from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import OptionAction
 from sgrld.metrics import get_metric
 from sgrld.slt import LLCEstimate, llc, targets
@@ -85,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401  (llc.png, at the end: refuse before the work)
     except ImportError:
-        print("sgrld llc: error: it draws llc.png with matplotlib: pip install 'sgrld[plots]'",
-              file=sys.stderr)  # fmt: skip
-        return exits.USAGE
+        return fail("llc", "it draws llc.png with matplotlib: pip install 'sgrld[plots]'", 2)
     try:
         for name in samplers:
             get_metric(name)  # the registry's message, with the closest name
@@ -95,13 +93,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--rrr takes four integers M,N,H,R")
         _check_ranges(args)
     except ValueError as exc:
-        print(f"sgrld llc: error: {exc}", file=sys.stderr)
-        return exits.USAGE
+        return fail("llc", str(exc), exits.USAGE)
     try:  # an unwritable --out is refused before the work, not after it
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"sgrld llc: error: cannot write to {args.out}: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("llc", f"cannot write to {args.out}: {exc}", exits.IO_ERROR)
     samplers = [get_metric(name).name for name in samplers]  # aliases: their registry name
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cases = _cases(args)
@@ -132,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(args.out / "llc.json", json.dumps(rows, indent=1) + "\n")
         _figure(args, rows, traces, samplers)
     except OSError as exc:
-        print(f"sgrld llc: error: cannot write to {args.out}: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("llc", f"cannot write to {args.out}: {exc}", exits.IO_ERROR)
     print(f"wrote {args.out / 'llc.json'} and {args.out / 'llc.png'}")
     return 0
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import write_atomic
-from sgrld.experiments.commands.common import add_strict_argument, report_problems
+from sgrld.experiments.commands.common import add_strict_argument, fail, report_problems
 from sgrld.experiments.report.build import plural
 from sgrld.experiments.report.tables import TableError, aggregate, find_results, load_checked
 from sgrld.experiments.report.tuning import tuning_table
@@ -41,27 +40,25 @@ def run(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print(
-                "sgrld report: error: the figures need matplotlib: pip install 'sgrld[plots]', "
+            return fail(
+                "report",
+                "the figures need matplotlib: pip install 'sgrld[plots]', "
                 "or pass --no-figures for the tables alone",
-                file=sys.stderr,
+                2,
             )
-            return 2
     try:
         runs, problems = load_checked(find_results(args.runs), command="sgrld report")
         report_problems("report", problems)
         if not runs:
             raise TableError("no usable run (every run found is unfinished or left out)")
     except TableError as exc:
-        print(f"sgrld report: error: {exc}", file=sys.stderr)
-        return exits.USAGE
+        return fail("report", str(exc), exits.USAGE)
     tuning = None
     if args.tuned is not None:
         try:
             tuning = tuning_table(read_tune(args.tuned))
         except UsageError as exc:
-            print(f"sgrld report: error: {exc}", file=sys.stderr)
-            return exits.USAGE
+            return fail("report", str(exc), exits.USAGE)
     try:
         groups = aggregate(runs)
         written = write_report(
@@ -72,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
             written.append(args.out / "tuning.md")
             print(tuning, end="")
     except OSError as exc:
-        print(f"sgrld report: error: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("report", str(exc), exits.IO_ERROR)
     print(f"{plural(len(runs), 'run')}; wrote {', '.join(p.name for p in written)} to {args.out}")
     return exits.FAILED if args.strict and problems else exits.OK

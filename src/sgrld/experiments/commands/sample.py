@@ -14,13 +14,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import read_file
+from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import (
     add_run_options,
     as_list,
@@ -208,20 +208,18 @@ def run(args: argparse.Namespace) -> int:
         ):
             return launch.run_locked(options, configs, device, data_dir, out, parallel)
     except (UsageError, DirectoryLockedError) as exc:
-        print(f"sgrld sample: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("sample", str(exc), 2)
     except OutputError as exc:  # e.g. disk full; the last good checkpoint is kept
-        print(f"sgrld sample: error: {exc}", file=sys.stderr)
-        return EXIT_IO_ERROR
+        return fail("sample", str(exc), EXIT_IO_ERROR)
     except RuntimeError as exc:  # under torchrun: another rank died (killed, disk full)
         lost = isinstance(exc, torch.distributed.DistError) or "Connection" in str(exc)
         if parallel is None or not lost:
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(
-            f"sgrld sample: error: rank {parallel.rank} lost the other ranks ({first}); another "
+        return fail(
+            "sample",
+            f"rank {parallel.rank} lost the other ranks ({first}); another "
             "rank died (its own error says why); the last good checkpoint is kept: rerun with "
             "--resume",
-            file=sys.stderr,
+            exits.FAILED,
         )
-        return exits.FAILED

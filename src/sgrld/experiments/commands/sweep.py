@@ -20,6 +20,7 @@ from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import add_run_options, argparse_type, config_from_args
 from sgrld.experiments.run import launch
 from sgrld.experiments.run.choices import PRIORS, SAMPLERS
@@ -266,16 +267,12 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise GridError(f"--chains {args.chains}: {exc}") from exc
     except (GridError, UsageError) as exc:
-        print(f"sgrld sweep: error: {exc}", file=sys.stderr)
-        return exits.USAGE
+        return fail("sweep", str(exc), exits.USAGE)
     try:
         if standing != "same":  # new, a lost manifest rebuilt, or --epochs grown
             grid.write_manifest(out, runs, source, options)
     except OSError as exc:  # e.g. a read-only --out
-        print(
-            f"sgrld sweep: error: cannot write {out / grid.MANIFEST_FILE}: {exc}", file=sys.stderr
-        )
-        return exits.IO_ERROR
+        return fail("sweep", f"cannot write {out / grid.MANIFEST_FILE}: {exc}", exits.IO_ERROR)
 
     states = [run_state(out / r.path, r.config) for r in runs]
     todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
@@ -319,8 +316,7 @@ def run(args: argparse.Namespace) -> int:
             run_submitit(jobs, out, cluster, progress)
     except OutputError as exc:  # .submitit or its log planted as a link: nothing was submitted
         progress.close()
-        print(f"sgrld sweep: error: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("sweep", str(exc), exits.IO_ERROR)
     finally:
         progress.close()
     if args.no_wait:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import write_atomic
-from sgrld.experiments.commands.common import add_strict_argument, report_problems
+from sgrld.experiments.commands.common import add_strict_argument, fail, report_problems
 from sgrld.experiments.report.tables import (
     TableError,
     aggregate,
@@ -56,20 +55,18 @@ def run(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print(
-                "sgrld table: error: --plot needs matplotlib: pip install 'sgrld[plots]', or "
-                "leave out --plot",
-                file=sys.stderr,
+            return fail(
+                "table",
+                "--plot needs matplotlib: pip install 'sgrld[plots]', or leave out --plot",
+                2,
             )
-            return 2
     try:
         runs, problems = load_checked(find_results(args.runs), include_partial=args.include_partial)
         report_problems("table", problems)
         if not runs:
             raise TableError("no usable run (see --include-partial for unfinished ones)")
     except TableError as exc:
-        print(f"sgrld table: error: {exc}", file=sys.stderr)
-        return exits.USAGE
+        return fail("table", str(exc), exits.USAGE)
     groups = aggregate(runs)
     if args.layout == "paper":
         text = markdown_paper_layout(groups, paper=args.paper)
@@ -91,6 +88,5 @@ def run(args: argparse.Namespace) -> int:
                 {group_label(g): g.completed for g in groups if g.completed}, args.plot
             )
     except OSError as exc:
-        print(f"sgrld table: error: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("table", str(exc), exits.IO_ERROR)
     return exits.FAILED if args.strict and problems else exits.OK

@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import add_run_options, config_from_args
 from sgrld.experiments.run.choices import SAMPLERS
 from sgrld.experiments.run.tuned import TUNE_FILE
@@ -72,22 +72,16 @@ def run(args: argparse.Namespace) -> int:
             return exits.USAGE
         device = launch.resolve_device(args.device)
         results = {s: _tune(configs[s], splits, args, device) for s in names}
-    except UsageError as exc:
-        print(f"sgrld tune: error: {exc}", file=sys.stderr)
-        return exits.USAGE
     except OutputError as exc:
-        print(f"sgrld tune: error: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
-    except ValueError as exc:  # the tuner's refusals: one line each
-        print(f"sgrld tune: error: {exc}", file=sys.stderr)
-        return exits.USAGE
+        return fail("tune", str(exc), exits.IO_ERROR)
+    except ValueError as exc:  # bad options (UsageError) and the tuner's refusals: one line each
+        return fail("tune", str(exc), exits.USAGE)
     del torch
     data = {"config": _setting(first, args, splits), "samplers": results}
     try:
         _write(args.out, data)
     except OSError as exc:
-        print(f"sgrld tune: error: writing failed: {exc}", file=sys.stderr)
-        return exits.IO_ERROR
+        return fail("tune", f"writing failed: {exc}", exits.IO_ERROR)
     for name, result in results.items():
         grid = result["grid"]
         share = f", {result['spent'] / grid['evaluations']:.0%} of its grid" if grid else ""

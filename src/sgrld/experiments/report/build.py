@@ -1,6 +1,6 @@
 """``sgrld report``'s tables: the selection rule's choices (:mod:`.selection`) per setting, prior
 and sampler, laid out as the paper's Tables 1-10 (and 11, regression), with the paper's numbers
-beside them; what is written is in ``docs/experiments.md`` ("sgrld report").
+beside them; the outputs are in ``docs/experiments.md``.
 """
 
 from __future__ import annotations

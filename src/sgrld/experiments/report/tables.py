@@ -345,16 +345,10 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
         config = setting_groups[0].config
         priors = in_order((g.config["prior"] for g in setting_groups), PRIOR_ORDER)
         samplers = in_order((g.config["sampler"] for g in setting_groups), SAMPLER_ORDER)
-        cells: dict[tuple[str, str], tuple[Group | None, list[Group]]] = {}
-        for prior in priors:
-            for sampler in samplers:
-                cands = [
-                    g
-                    for g in setting_groups
-                    if g.config["prior"] == prior and g.config["sampler"] == sampler
-                ]
-                if cands:
-                    cells[prior, sampler] = (select_best(cands), cands)
+        candidates: dict[tuple[str, str], list[Group]] = {}
+        for g in setting_groups:
+            candidates.setdefault((g.config["prior"], g.config["sampler"]), []).append(g)
+        chosen = {cell: select_best(cands) for cell, cands in candidates.items()}
         scores = _score_columns(setting_groups)
         header = ["sampler"]
         for prior in priors:
@@ -364,12 +358,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
                 header += [f"{p} paper LP", f"{p} paper acc", f"{p} paper s/epoch"]
         best_lp = {
             prior: max(
-                (
-                    best.stat("test_lp")[0]
-                    for (p, _), (best, _) in cells.items()
-                    if p == prior
-                    if best is not None
-                ),
+                (c.stat("test_lp")[0] for s in samplers if (c := chosen.get((prior, s)))),
                 default=math.nan,
             )
             for prior in priors
@@ -378,7 +367,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
         for sampler in samplers:
             row = [sampler_title(sampler)]
             for prior in priors:
-                best, cands = cells.get((prior, sampler), (None, []))
+                best, cands = chosen.get((prior, sampler)), candidates.get((prior, sampler), [])
                 if best is None:
                     broken = sum(g.num_broken for g in cands)
                     total = sum(len(g.runs) for g in cands)
@@ -443,6 +432,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+#: The diagnostics of a row, with their digits: of the test LL, then the worst of every quantity.
+_DIAGNOSTICS = (("rhat", 3), ("ess_bulk", 0), ("ess_tail", 0))
+
+
 def _num(value: Any, digits: int) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
@@ -463,19 +456,8 @@ def markdown_diagnostics(groups: Sequence[Group]) -> str:
             few = True
             none = {"rhat": None, "ess_bulk": None, "ess_tail": None}
             ll, worst = none, none
-        rows.append(
-            [
-                group_label(group),
-                str(chains),
-                str(d["draws_per_chain"]),
-                _num(ll["rhat"], 3),
-                _num(ll["ess_bulk"], 0),
-                _num(ll["ess_tail"], 0),
-                _num(worst["rhat"], 3),
-                _num(worst["ess_bulk"], 0),
-                _num(worst["ess_tail"], 0),
-            ]
-        )
+        stats = [_num(s[k], digits) for s in (ll, worst) for k, digits in _DIAGNOSTICS]
+        rows.append([group_label(group), str(chains), str(d["draws_per_chain"]), *stats])
     if not rows:
         missing = [g for g in groups if "ArviZ" in g.diagnostics.get("reason", "")]
         if missing:

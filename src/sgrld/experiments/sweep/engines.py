@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
-import signal
 import stat
 import sys
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments.base.exits import Terminated
+from sgrld.experiments.base.files import sigterm_raises
 from sgrld.experiments.base.process import die_with_parent
 from sgrld.experiments.sweep.jobs import RunOutcome, SweepJob
 
@@ -104,24 +103,6 @@ class GridProgress:
         self.bar.close()
 
 
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM ends the sweep like Ctrl-C (workers stopped, exit 143: ``Terminated``)."""
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise Terminated
-
-    try:
-        previous = signal.signal(signal.SIGTERM, terminate)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -141,7 +122,7 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
     Each worker is a one-process pool of its own, so a worker that dies breaks only its job,
     which is retried (:data:`WORKER_RETRIES`); workers die with the sweep, even by SIGKILL.
     """
-    with _sigterm_raises():
+    with sigterm_raises():
         if workers == 1:
             for job in jobs:
                 progress.started()
@@ -373,7 +354,7 @@ def run_submitit(
     window = len(jobs) if not options.local else (options.parallel or 1)
     queue = list(jobs)
     pending: list[tuple[Any, SweepJob]] = []
-    with _sigterm_raises():
+    with sigterm_raises():
         try:
             while queue or pending:
                 if len(pending) < window and queue:

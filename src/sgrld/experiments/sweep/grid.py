@@ -241,6 +241,16 @@ def tuned_options() -> dict[str, list[str]]:
     return {name: samplers_taking(name) for name in TUNED_FIELDS}
 
 
+#: An option's kind: the types of its TOML values (a bool only for "bool"), and how to say it.
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "bool": ((bool,), "true or false"),
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "str": ((str,), "a string"),
+    "table": ((dict,), "a table such as {decay = 0.95}"),
+}
+
+
 def check_value(key: str, value: Any, where: str, *, item: bool = False) -> None:
     """Refuse a config value of the wrong kind for its option, e.g. ``lr = true`` or ``"0.1"``.
 
@@ -261,20 +271,8 @@ def check_value(key: str, value: Any, where: str, *, item: bool = False) -> None
         return
     if value is None:
         return
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "str": isinstance(value, str),
-        "table": isinstance(value, dict),
-    }[option.kind]
-    expected = {
-        "bool": "true or false",
-        "int": "an integer",
-        "float": "a number",
-        "table": "a table such as {decay = 0.95}",
-    }.get(option.kind, "a string")
-    if not ok:
+    types, expected = _KINDS[option.kind]
+    if not isinstance(value, types) or (isinstance(value, bool) and option.kind != "bool"):
         raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
     if option.choices is not None and value not in option.choices:
         raise GridError(f"{where}: {key} must be one of {', '.join(option.choices)}, got {value!r}")
