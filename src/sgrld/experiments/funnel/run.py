@@ -277,8 +277,6 @@ class Keeper:
         )
 
 
-# ---------------------------------------------------------------------- several samplers
-
 _COUNTERS: Any = None  # per-worker progress counters (a shared array), set by _init_worker
 
 
@@ -368,9 +366,6 @@ def run_funnel(
 
 
 _COST = {"shampoo": 4.0, "monge": 2.0, "rmsprop": 1.2, "identity": 1.0}
-
-
-# ---------------------------------------------------------------------- outputs
 
 
 KSD_POINTS = 2000  # evenly spaced thinned iterates of the first chain (the KSD is O(m²))

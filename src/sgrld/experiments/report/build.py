@@ -59,9 +59,6 @@ def _marked(cell: Cell) -> Cell:
 IDENTITY_OPTIMAL = "Identity (α² = 0) is optimal"
 
 
-# --- cells and settings -----------------------------------------------------------------------
-
-
 #: Fields that set a setting apart from the paper's protocol: (field, protocol value, how the
 #: label names it, how a file name names it).
 _SETTING_EXTRAS = (
@@ -129,9 +126,6 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
     return list(choices.values())
 
 
-# --- the paper's numbers ----------------------------------------------------------------------
-
-
 def _paper(table: int, choice: Choice, metric: str) -> Cell:
     width = choice.setting.get("width") if choice.setting["dataset"] == "mnist" else None
     key = (table, str(choice.setting["dataset"]), width, choice.prior, choice.sampler, metric)
@@ -139,9 +133,6 @@ def _paper(table: int, choice: Choice, metric: str) -> Cell:
     if value is None:
         return "–"
     return value if not math.isnan(value[1]) else value[0]
-
-
-# --- tables -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -277,9 +268,6 @@ def _wide_table(
     return Table(number, title, header, rows)
 
 
-# --- equal computation time (Tables 6-7) -------------------------------------------
-
-
 def curves(group: Group, metric: str) -> np.ndarray:
     """``(runs, epochs)`` of a per-epoch metric over the group's completed runs."""
     return np.array(
@@ -373,9 +361,6 @@ _PAPER_METRICS = {
 
 def _from_paper(table: int, name: str) -> Callable[[Choice], Cell]:
     return lambda choice: _paper(table, choice, _PAPER_METRICS[name])
-
-
-# --- every table ------------------------------------------------------------------------------
 
 
 def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Table]:

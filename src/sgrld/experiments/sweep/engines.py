@@ -128,9 +128,7 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
                 progress.started()
                 try:
                     outcomes = job()
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:  # a failed run must not stop the others
+                except Exception as exc:  # a failed run must not stop the others (Ctrl-C does)
                     progress.finished(job, None, _error(exc))
                 else:
                     progress.finished(job, outcomes)

@@ -160,9 +160,6 @@ def narrow(
     return result
 
 
-# --- config files -----------------------------------------------------------------------------
-
-
 def shipped_configs() -> list[str]:
     """Names of the configs shipped with sgrld, e.g. ``paper/mnist_table1``."""
     root = resources.files("sgrld.configs")
@@ -276,9 +273,6 @@ def check_value(key: str, value: Any, where: str, *, item: bool = False) -> None
         raise GridError(f"{where}: {key} must be {expected}, got {value!r}")
     if option.choices is not None and value not in option.choices:
         raise GridError(f"{where}: {key} must be one of {', '.join(option.choices)}, got {value!r}")
-
-
-# --- run folders and the manifest -------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -131,11 +131,10 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
 def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
     """Run, resume or skip one run of the grid in this process."""
     folder = out / run.path
-    if run_state(folder, run.config) == "done":
-        return RunOutcome(run.path, "skipped")
-    with _locked(out, run.path) as mine:
-        if not mine:
-            return RunOutcome(run.path, "busy")
+    with ExitStack() as stack:
+        decision = _decide(run, out, stack)
+        if decision != "run":
+            return RunOutcome(run.path, decision)
         import torch
 
         if machine.threads is not None:
@@ -269,14 +268,8 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
 
 @dataclass
 class SweepJob:
-    """Runs of one process; callable by any engine, checkpointable by submitit.
-
-    Attributes:
-        runs: the runs: one, or a pack (``pack``).
-        out: the sweep folder.
-        machine: data, device and threads.
-        pack: run ``runs`` as the chains of one process (:func:`execute_pack`), not in turn.
-    """
+    """Runs of one process (the sweep folder ``out``; with ``pack`` as the chains of one
+    process, :func:`execute_pack`); callable by any engine, checkpointable by submitit."""
 
     runs: Sequence[PlannedRun]
     out: str
