@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.base.files import write_atomic
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import add_run_options, config_from_args
 from sgrld.experiments.run.choices import SAMPLERS
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if args.lr is not None:
             raise UsageError("sgrld tune chooses --lr: leave it out")
         args.lr = [1.0]  # a placeholder: the config's other fields are the run's
-        configs = {s: config_from_args(_with(args, sampler=s)) for s in names}
+        configs = {s: config_from_args({**vars(args), "sampler": s}) for s in names}
         first = configs[names[0]]
         data_dir = launch.data_dir_of(args, {first.dataset})
         splits = launch.load_splits(args, first, data_dir, args.out)
@@ -79,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
     del torch
     data = {"config": _setting(first, args, splits), "samplers": results}
     try:
-        _write(args.out, data)
+        buffer = io.BytesIO()
+        plot(results, buffer)
+        write_atomic(args.out / FIGURE, buffer.getvalue())
+        write_atomic(args.out / TUNE_FILE, (json.dumps(data, indent=1) + "\n").encode())
     except OSError as exc:
         return fail("tune", f"writing failed: {exc}", exits.IO_ERROR)
     for name, result in results.items():
@@ -88,10 +93,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: {_chosen(result)} ({result['spent']} gradients{share})")
     print(f"wrote {args.out / TUNE_FILE}, {args.out / FIGURE}")
     return exits.OK
-
-
-def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> dict[str, Any]:
@@ -187,17 +188,6 @@ def _setting(config: Any, args: argparse.Namespace, splits: Any) -> dict[str, An
         "budget": args.budget,
         "score": args.score,
     }
-
-
-def _write(out: Path, data: dict[str, Any]) -> None:
-    import json
-
-    from sgrld.experiments.base.files import write_atomic
-
-    buffer = io.BytesIO()
-    plot(data["samplers"], buffer)
-    write_atomic(out / FIGURE, buffer.getvalue())
-    write_atomic(out / TUNE_FILE, (json.dumps(data, indent=1) + "\n").encode())
 
 
 def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:

@@ -311,17 +311,6 @@ def place_runs(configs: Sequence[dict[str, Any]]) -> list[PlannedRun]:
     return sorted(runs, key=lambda r: r.path)
 
 
-def manifest(runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON manifest that pins a folder to one grid and to its :data:`CHAIN_OPTIONS`."""
-    return {
-        "format": MANIFEST_FORMAT,
-        "source": source,
-        "options": dict(options),
-        "num_runs": len(runs),
-        "runs": [{"path": r.path, "config": r.config} for r in runs],
-    }
-
-
 def read_manifest(path: Path) -> dict[str, Any]:
     """A manifest's contents, checked for shape.
 
@@ -444,13 +433,19 @@ def _check_orphan_runs(out: Path, runs: Sequence[PlannedRun]) -> None:
 def write_manifest(
     out: Path, runs: Sequence[PlannedRun], source: str, options: Mapping[str, Any]
 ) -> None:
-    """Write ``out/sweep.json`` atomically.
+    """Write ``out/sweep.json``, which pins ``out`` to one grid and its :data:`CHAIN_OPTIONS`.
 
     Raises:
         OSError: it cannot be written (e.g. a read-only ``out``).
     """
     from sgrld.experiments.base.files import write_atomic
 
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "source": source,
+        "options": dict(options),
+        "num_runs": len(runs),
+        "runs": [{"path": r.path, "config": r.config} for r in runs],
+    }
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(manifest(runs, source, options), indent=1) + "\n"
-    write_atomic(out / MANIFEST_FILE, text)
+    write_atomic(out / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
