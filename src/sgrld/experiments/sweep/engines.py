@@ -261,11 +261,6 @@ def _last_line(error: BaseException) -> str:
     return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 
-def _is_echo(line: str) -> bool:
-    """Whether a rank's error only echoes another's (:data:`ECHO_WORDS`)."""
-    return any(w in line.lower() for w in ECHO_WORDS)
-
-
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
@@ -276,14 +271,14 @@ def rank_failures(lines: dict[int, str], world: int) -> str:
     causes: dict[str, list[int]] = {}
     echoes: dict[str, list[int]] = {}
     for rank, line in sorted(lines.items()):
-        (echoes if _is_echo(line) else causes).setdefault(line, []).append(rank)
-    parts = [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in causes.items()]
+        echo = any(word in line.lower() for word in ECHO_WORDS)
+        (echoes if echo else causes).setdefault(line, []).append(rank)
+    full = causes or echoes  # no cause among them: each echo in full
+    parts = [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in full.items()]
     if causes:
         parts += [
             f"{_ranks(r)} stopped with it: {_cut(line, ECHO_CHARS)}" for line, r in echoes.items()
         ]
-    else:  # no cause among them: each echo in full
-        parts += [f"{_ranks(r)}: {_cut(line, RANK_ERROR_CHARS)}" for line, r in echoes.items()]
     return f"{len(lines)} of {world} ranks failed ({'; '.join(parts)})"
 
 
