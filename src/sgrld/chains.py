@@ -1,23 +1,8 @@
 """K chains of any ``nn.Module`` in one process, each the single run of its own seed.
 
-:class:`Chains` stacks the parameters and buffers of K copies of a model
-(``torch.func.stack_module_state``), runs the forward pass of all of them at once
-(``functional_call`` under ``torch.vmap``) and advances every chain with one sampler call on state
-shaped ``(K, ...)``. What makes chain k of a K-chain run *the* single run of seed s_k, whatever K
-and its position:
-
-* **initialisation**: chain k is ``model(s_k)``, a factory called with the chain's seed;
-* **noise**: per-chain Philox keys from the seeds (``noise="philox"``, :mod:`sgrld.core.noise`);
-* **minibatches**: each chain its own inputs (``(K, B, ...)``), e.g. from :func:`chain_batches`
-  with one data-order generator per chain;
-* **BatchNorm**: the running statistics are stacked buffers, updated per chain in ``train()``;
-* **hyper-parameters**: ℓ and α² per chain. The metric holds α² as a float, so chains are
-  grouped into runs of equal α² (one sampler call per run: put equal values next to each other);
-* **failure**: checks are deferred (device flags), a chain whose gradient is non-finite is frozen
-  (parameters, statistics and buffers) and reported by :meth:`Chains.failures`; the others go on.
-
-The gradient is one backward pass of the sum of the per-chain losses: the losses share no
-parameters, so each chain receives exactly its own gradient.
+Parameters and buffers are stacked over a leading chain dim, the forward passes run
+under ``torch.vmap`` and one sampler call on ``(K, ...)`` state moves every chain; chain k is
+``model(s_k)`` with its own Philox key, minibatches and BatchNorm statistics (``docs/chains.md``).
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, stack_module_state
+from torch.func import functional_call
 
 from sgrld.chain_health import Health, judge
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
@@ -91,40 +76,29 @@ class Chains:
     """K chains of a model sampled together; chain k is the single run with seed ``seeds[k]``.
 
     Args:
-        model: a factory ``seed -> nn.Module`` that builds and initialises chain k's model from
-            its seed (e.g. ``lambda s: build_model("fc", generator=torch.Generator()
-            .manual_seed(s))``), or a module whose copies start every chain at the same point.
-            All chains must have the same structure; only chain 0's module is kept (as the
-            template of the forward pass).
-        sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``. Its ``lr`` may be a
-            float, a 0-d tensor or a ``(K,)`` tensor. Its checks of non-finite gradients: with
-            ``sync_checks=None`` (the default) a broken chain stops only itself (see *Checks*);
-            ``sync_checks=True`` raises at once and moves no chain; ``check_finite=False``: none.
+        model: a factory ``seed -> nn.Module`` building chain k's model from its seed, or a
+            module whose copies start every chain at the same point (same structure for all).
+        sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``; its ``lr`` a float,
+            a 0-d or a ``(K,)`` tensor. ``sync_checks=True``: a non-finite gradient raises and
+            moves no chain; ``check_finite=False``: no check; default: see *Checks*.
         seeds: one seed per chain (int in [0, 2⁶³)): the chain's Philox key and the argument of
             ``model``.
         lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
-        noise_seeds: the chains' Philox seeds (ints in [0, 2⁶⁴), the key's two words) where they
-            differ from ``seeds`` (e.g. a runner that derives independent init and noise
-            streams from one master seed).
+        noise_seeds: the chains' Philox seeds (ints in [0, 2⁶⁴)) where they differ from
+            ``seeds``.
         chain_batch: at most this many chains per vmapped forward/backward and sampler call
-            (default: all). On CPU a few chains at a time keep the working set in cache: with
-            2.4M parameters per chain, stacking 10 costs ~1.9x per chain (``benchmarks/chains.py``).
+            (default: all); on CPU a few at a time keep the working set in cache.
         device: where the stacked tensors live (default: where ``model`` builds them).
-        sample: ``name -> bool``: sample only the parameters it selects (e.g. low-rank
-            adapters: ``lambda n: "lora" in n``); the others are frozen and held once, shared
-            by every chain (chain 0's; every chain's model must build them alike), so memory is
-            the base model once plus K times the sampled subset.
+        sample: ``name -> bool``: sample only the parameters it selects (e.g. ``lambda n:
+            "lora" in n``); the others are frozen, held once (chain 0's) and must be built alike.
+        telemetry: sum each chain's per-step figures on the device (:meth:`telemetry`).
         **options: per chain values of the metric's tuned options (:attr:`Metric.tuned`, e.g.
-            Monge's ``alpha2=[1.0, 2.0]``). Each run of equal consecutive values is stepped by
-            one sampler call.
+            ``alpha2=[1.0, 2.0]``); each run of equal consecutive values is one sampler call.
 
     **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
-    (parameters, statistics and buffers) and reported by :meth:`failures` and :meth:`check`,
-    while the others go on. On CUDA this is the engine's deferred check (device flags, no host
-    read). On CPU, where a host read is free, one sum per chain is read each step instead and
-    the step runs unchecked while every chain is finite (the deferred check's extra passes over
-    the K·D buffers cost up to a third of a CPU step); the first non-finite step and all after
-    it take the deferred path.
+    (parameters and buffers) and reported by :meth:`failures`, the others go on: on CUDA by
+    the engine's deferred check; on CPU one sum per chain is read each step and the step runs
+    unchecked (cheaper) while every chain is finite.
 
     Attributes:
         params: ``name -> (K, ...)`` stacked parameters (updated in place by :meth:`step`).
@@ -170,23 +144,10 @@ class Chains:
             )
         self.seeds = _check_seeds(seeds)
         k = self.num_chains = len(self.seeds)
-        if sample is None:
-            if isinstance(model, nn.Module):
-                modules = [copy.deepcopy(model) for _ in range(k)]
-            elif callable(model):
-                modules = [model(s) for s in self.seeds]
-            else:
-                raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
-            if device is not None:
-                modules = [m.to(device) for m in modules]
-            params, buffers = stack_module_state(modules)
-            self.model = modules[0]  # template of the forward: its own tensors are not used
-            self.frozen: dict[str, Tensor] = {}
-            del modules
-        else:
-            self.model, params, buffers, self.frozen = _subset(model, self.seeds, sample, device)
-        self.params: dict[str, Tensor] = {n: p.detach() for n, p in params.items()}
-        self.buffers: dict[str, Tensor] = {n: b.detach() for n, b in buffers.items()}
+        # chain 0's module is the template of the forward: its own tensors are not used
+        self.model, self.params, self.buffers, self.frozen = _stack(
+            model, self.seeds, sample, device
+        )
         if not self.params:
             raise ValueError("the model has no parameters" + (" selected by sample" * bool(sample)))
         self._host_checks = False  # see *Checks* in the class docstring
@@ -215,13 +176,11 @@ class Chains:
     ) -> list[_Group]:
         k = self.num_chains
         like = next(iter(self.params.values()))
-        lrs: Tensor | None = None
+        if lr is None and isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
+            lr = sampler.lr
+        lrs = None
         if lr is not None:
             lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
-        elif isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
-            lrs = torch.tensor(
-                _per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device
-            )
         per_chain: list[dict[str, float]] = [{} for _ in range(k)]
         for name, values in options.items():
             if name not in sampler.metric.tuned:
@@ -402,7 +361,7 @@ class Chains:
         if sync:
             self._apply(pending, adapt)
         if saved:
-            frozen = self._broken_mask()
+            frozen = torch.cat([g.state.flags[..., 0] != 0 for g in self.groups])
             for n, b in self.buffers.items():
                 keep = frozen.reshape(-1, *([1] * (b.dim() - 1)))
                 b.copy_(torch.where(keep, saved[n], b))
@@ -474,9 +433,6 @@ class Chains:
         return total // len(self.groups)
 
     # ------------------------------------------------------------------ failures
-
-    def _broken_mask(self) -> Tensor:
-        return torch.cat([g.state.flags[..., 0] != 0 for g in self.groups])
 
     def failures(self) -> dict[int, int]:
         """Chains that broke down: ``chain index -> first step with a non-finite gradient``
@@ -562,22 +518,21 @@ class Chains:
             g.broken = bool((g.state.flags[..., 0] != 0).any())
 
 
-def _subset(
+def _stack(
     model: nn.Module | ModelFactory,
     seeds: list[int],
-    sample: Callable[[str], bool],
+    sample: Callable[[str], bool] | None,
     device: torch.device | str | None,
 ) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
-    """Chains over the parameters that ``sample(name)`` selects; the others are one shared,
-    frozen copy (chain 0's), so that memory is the base once plus K times the subset. The
-    chains' models are built one at a time, keeping only their sampled parameters."""
+    """The template module, the stacked sampled parameters and buffers, and the parameters
+    ``sample`` leaves out: one frozen copy (chain 0's). The models are built one at a time."""
     template: nn.Module | None = None
     sampled: dict[str, list[Tensor]] = {}
     buffers: dict[str, list[Tensor]] = {}
     frozen: dict[str, Tensor] = {}
     for s in seeds:
         if isinstance(model, nn.Module):
-            m = model  # every chain starts at the same point
+            m = copy.deepcopy(model)  # every chain starts at the same point
         elif callable(model):
             m = model(s)
         else:
@@ -585,7 +540,7 @@ def _subset(
         if device is not None:
             m = m.to(device)
         for name, p in m.named_parameters():
-            if sample(name):
+            if sample is None or sample(name):
                 sampled.setdefault(name, []).append(p.detach().clone())
             elif template is None:
                 frozen[name] = p.detach()
@@ -598,9 +553,7 @@ def _subset(
         for name, b in m.named_buffers():
             buffers.setdefault(name, []).append(b.detach().clone())
         if template is None:
-            template = (
-                m if callable(model) and not isinstance(model, nn.Module) else copy.deepcopy(m)
-            )
+            template = m
     assert template is not None
     stack = {n: torch.stack(ts) for n, ts in sampled.items()}
     return template, stack, {n: torch.stack(ts) for n, ts in buffers.items()}, frozen

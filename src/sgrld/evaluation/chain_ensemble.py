@@ -1,19 +1,8 @@
 """The streaming ensemble predictive of K chains at once.
 
-:class:`~sgrld.evaluation.ensemble.EnsemblePredictive` for a leading chain dimension: one float64
-running log-sum-exp ``L[k, i, c] = logsumexp_s log p(c | x_i, θ_s^k)`` per chain, fed with the
-``(K, B, C)`` logits of :class:`sgrld.Chains` in one call per batch, so that no per-sample logits
-are kept and every chain's metrics (LP, accuracy, ECE, confidence) are exactly those a single
-run's ``EnsemblePredictive`` reports. Like it, the ensemble follows a likelihood
-(:mod:`sgrld.likelihoods`; categorical by default).
-
-Examples:
-    >>> import torch
-    >>> ensemble = ChainEnsemble(num_chains=2, num_points=3, num_classes=2)
-    >>> ensemble.add_batch(0, torch.zeros(2, 3, 2))
-    >>> ensemble.commit()
-    >>> [m["accuracy"] for m in ensemble.metrics(torch.tensor([0, 1, 0]))]
-    [0.6666666666666666, 0.6666666666666666]
+:class:`~sgrld.evaluation.ensemble.EnsemblePredictive` with a leading chain dim, fed the
+``(K, B, C)`` logits of :class:`sgrld.Chains`: every chain's metrics are exactly those of a
+single run's ``EnsemblePredictive``.
 """
 
 from __future__ import annotations
@@ -46,8 +35,7 @@ class ChainEnsemble:
         device: where the accumulator lives (default CPU); logits are moved there.
 
     References:
-        The single-chain version
-        :class:`~sgrld.evaluation.ensemble.EnsemblePredictive`.
+        The single-chain version :class:`~sgrld.evaluation.ensemble.EnsemblePredictive`.
     """
 
     def __init__(

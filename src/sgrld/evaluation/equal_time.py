@@ -1,24 +1,8 @@
 """Equal-computation-time re-analysis of per-epoch curves (Tables 6-7).
 
-No new runs are needed: every sampler is compared at the wall-clock budget
-``num_epochs × T_fastest``, assuming epoch ``e`` (0-based) of a sampler ends at ``(e + 1)·T`` with
-``T`` that sampler's seconds per epoch. Curves are linearly interpolated at the budget (as
-``scipy.interpolate.interp1d`` in the reference notebook); the setting (ℓ, and α² for Monge) is
-re-selected on the interpolated mean validation LP, and the test metrics' mean and std curves are
-interpolated at the same time.
-
-Examples:
-    >>> curves = {
-    ...     "fast": SamplerCurves(seconds_per_epoch=1.0, selection={0.1: [-1.0, -0.5, -0.2, -0.1]},
-    ...                           test_mean={0.1: {"lp": [-1.0, -0.5, -0.2, -0.1]}},
-    ...                           test_std={0.1: {"lp": [0.1, 0.1, 0.1, 0.1]}}),
-    ...     "slow": SamplerCurves(seconds_per_epoch=2.0, selection={0.1: [-0.9, -0.4, -0.3, -0.1]},
-    ...                           test_mean={0.1: {"lp": [-0.9, -0.4, -0.3, -0.1]}},
-    ...                           test_std={0.1: {"lp": [0.1, 0.2, 0.3, 0.4]}}),
-    ... }
-    >>> table = equal_time_table(curves)  # budget 4 s: "slow" is read at its epoch-1 end
-    >>> table["slow"].metrics["lp"]
-    (-0.4, 0.2)
+Every sampler is compared at the budget ``num_epochs × T_fastest``, epoch ``e`` ending at
+``(e + 1)·T``: curves are linearly interpolated there (as the reference's ``interp1d``), the
+setting re-selected on the interpolated mean validation LP and the test metrics read off.
 """
 
 from __future__ import annotations
@@ -76,8 +60,7 @@ def interpolate_at_time(curve: npt.ArrayLike, seconds_per_epoch: float, budget_s
         The interpolated value.
 
     Raises:
-        ValueError: If the budget is outside the curve's time range (the reference's
-            ``interp1d`` would raise too).
+        ValueError: If the budget is outside the curve's time range.
     """
     values = np.asarray(curve, dtype=np.float64)
     if values.ndim != 1 or values.size == 0:
@@ -124,7 +107,7 @@ class SamplerCurves:
 
     Attributes:
         seconds_per_epoch: The sampler's time per epoch at its best setting (Tables 2-3), used for
-            every setting, as in the reference.
+            every setting.
         selection: Setting → per-epoch mean validation LP (the selection criterion).
         test_mean: Setting → metric name → per-epoch mean over runs of the test metric.
         test_std: Same keys → per-epoch population std over runs.
