@@ -13,8 +13,8 @@ from sgrld.data.cifar10 import locate_cifar10, read_cifar10, standardise
 from sgrld.data.diabetes import NUM_TEST as DIABETES_NUM_TEST
 from sgrld.data.diabetes import NUM_VAL as DIABETES_NUM_VAL
 from sgrld.data.diabetes import load_diabetes_splits
-from sgrld.data.download import MNIST_FILES, download_dataset, missing_files_message
-from sgrld.data.idx import find_mnist_file, read_mnist
+from sgrld.data.download import MNIST_FILES, download_dataset, find_copy, missing_files_message
+from sgrld.data.idx import read_mnist
 from sgrld.data.splits import Splits, split_indices
 
 DATA_DIR_ENV = "SGRLD_DATA_DIR"
@@ -101,9 +101,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
 def _dataset_dir(name: str, root: Path) -> Path | None:
     """``root/name`` or ``root`` itself, whichever holds (any of) the dataset's files."""
     for candidate in (root / name, root):
-        if name == "mnist" and any(
-            find_mnist_file(candidate, f.filename) for f in MNIST_FILES.values()
-        ):
+        if name == "mnist" and any(find_copy(candidate, f.filename) for f in MNIST_FILES.values()):
             return candidate  # read_mnist names any file still missing
         if name == "cifar10":
             try:

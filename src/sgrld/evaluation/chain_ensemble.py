@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sgrld.evaluation.ensemble import ensemble_likelihood
+from sgrld.evaluation.ensemble import EnsemblePredictive
 from sgrld.likelihoods.base import Likelihood
 
 __all__ = ["ChainEnsemble", "evaluate_chains"]
 
 
-class ChainEnsemble:
+class ChainEnsemble(EnsemblePredictive):
     """Running ensemble predictive of each of K chains over one fixed evaluation set.
 
     Feed each posterior sample (one state of every chain) in consecutive batches with
@@ -52,55 +52,14 @@ class ChainEnsemble:
                 "need num_chains >= 1, num_points >= 1 and num_classes >= 2, got "
                 f"{num_chains}, {num_points}, {num_classes}"
             )
-        self.likelihood = ensemble_likelihood(num_classes, likelihood)
+        self._lead = (num_chains,)
+        super().__init__(num_points, num_classes, likelihood=likelihood, device=device)
         #: (K, N, width of η): the shape of one sample's outputs over the whole set
         self.shape = (num_chains, num_points, self.likelihood.width)
-        self.device = torch.device("cpu" if device is None else device)
-        self._log_sum = self.likelihood.ensemble_init((num_chains,), num_points, self.device)
-        self._num_samples = 0
-        self._pending: Tensor | None = None
-        self._covered: Tensor | None = None
 
-    @property
-    def num_samples(self) -> int:
-        """Committed samples S (the same for every chain)."""
-        return self._num_samples
-
-    def add_batch(self, start: int, logits: Tensor) -> None:
-        """Logits ``(K, B, C)`` of points ``start : start + B`` for the sample being assembled."""
-        k, n, c = self.shape
-        if logits.ndim != 3 or logits.shape[0] != k or logits.shape[2] != c:
-            raise ValueError(f"expected logits ({k}, B, {c}), got {tuple(logits.shape)}")
-        stop = start + logits.shape[1]
-        if start < 0 or stop > n:
-            raise ValueError(f"batch [{start}, {stop}) is outside [0, {n})")
-        terms = self.likelihood.ensemble_terms(logits.detach().to(device=self.device))
-        if self._pending is None or self._covered is None:
-            self._pending = terms.new_empty((k, n, *terms.shape[2:]))
-            self._covered = torch.zeros(n, dtype=torch.bool, device=self.device)
-        if bool(self._covered[start:stop].any()):
-            raise ValueError(f"points in [{start}, {stop}) were already given for this sample")
-        self._pending[:, start:stop] = terms
-        self._covered[start:stop] = True
-
-    def commit(self) -> None:
-        """Fold the assembled sample of every chain into its ensemble."""
-        if self._pending is None or self._covered is None:
-            raise RuntimeError("commit() without add_batch()")
-        missing = int((~self._covered).sum())
-        if missing:
-            raise RuntimeError(f"{missing} of {self.shape[1]} points were not given")
-        self._log_sum = self.likelihood.ensemble_fold(self._log_sum, self._pending)
-        self._num_samples += 1
-        self._pending = self._covered = None
-
-    def log_predictive(self) -> Tensor:
-        """``L − log S``, shape ``(K, N, C)`` (NaN while empty); the categorical likelihood's."""
-        if self._num_samples == 0:
-            return torch.full_like(self._log_sum, math.nan)
-        return self._log_sum - math.log(self._num_samples)
-
-    def metrics(self, labels: Tensor, *, num_bins: int = 30) -> list[dict[str, float]]:
+    def metrics(  # type: ignore[override]
+        self, labels: Tensor, *, num_bins: int = 30
+    ) -> list[dict[str, float]]:
         """Per chain, the dict of :meth:`EnsemblePredictive.metrics
         <sgrld.evaluation.ensemble.EnsemblePredictive.metrics>` (categorical: lp, accuracy,
         ece, confidence, num_samples); the scores batched over chains."""

@@ -49,6 +49,8 @@ class EnsemblePredictive:
         The paper's Tables 1-3 (LP, accuracy), 8-9 (ECE) and 10 (confidence).
     """
 
+    _lead: tuple[int, ...] = ()  # leading dims of the outputs before the points' (chains)
+
     def __init__(
         self,
         num_points: int,
@@ -65,7 +67,7 @@ class EnsemblePredictive:
         self.num_points = num_points
         self.num_classes = num_classes
         self.device = torch.device("cpu" if device is None else device)
-        self._log_sum = self.likelihood.ensemble_init((), num_points, self.device)
+        self._log_sum = self.likelihood.ensemble_init(self._lead, num_points, self.device)
         self._num_samples = 0
         self._pending: torch.Tensor | None = None
         self._covered: torch.Tensor | None = None
@@ -90,24 +92,26 @@ class EnsemblePredictive:
 
         Args:
             start: Index of the first point of the batch in the evaluation set.
-            logits: Shape ``(B, C)``, as in :meth:`add`.
+            logits: Shape ``(B, C)``, as in :meth:`add` (chains: ``(K, B, C)``).
 
         Raises:
             ValueError: If the batch is out of range or overlaps points already given.
         """
-        width = self.likelihood.width
-        if logits.ndim != 2 or logits.shape[1] != width:
-            raise ValueError(f"expected logits (B, {width}), got {tuple(logits.shape)}")
-        stop = start + logits.shape[0]
-        if start < 0 or stop > self.num_points:
-            raise ValueError(f"batch [{start}, {stop}) is outside [0, {self.num_points})")
+        lead, n = self._lead, self.num_points
+        dims = (*lead, "B", self.likelihood.width)
+        if logits.ndim != len(dims) or (*logits.shape[: len(lead)], "B", logits.shape[-1]) != dims:
+            expected = ", ".join(map(str, dims))
+            raise ValueError(f"expected logits ({expected}), got {tuple(logits.shape)}")
+        stop = start + logits.shape[len(lead)]
+        if start < 0 or stop > n:
+            raise ValueError(f"batch [{start}, {stop}) is outside [0, {n})")
         terms = self.likelihood.ensemble_terms(logits.detach().to(device=self.device))
         if self._pending is None or self._covered is None:
-            self._pending = terms.new_empty((self.num_points, *terms.shape[1:]))
-            self._covered = torch.zeros(self.num_points, dtype=torch.bool, device=self.device)
+            self._pending = terms.new_empty((*lead, n, *terms.shape[len(lead) + 1 :]))
+            self._covered = torch.zeros(n, dtype=torch.bool, device=self.device)
         if bool(self._covered[start:stop].any()):
             raise ValueError(f"points in [{start}, {stop}) were already given for this sample")
-        self._pending[start:stop] = terms
+        self._pending[(*[slice(None)] * len(lead), slice(start, stop))] = terms
         self._covered[start:stop] = True
 
     def commit(self) -> None:
@@ -127,7 +131,8 @@ class EnsemblePredictive:
         self._covered = None
 
     def log_predictive(self) -> torch.Tensor:
-        """Log of the ensemble-averaged class probabilities, ``L − log S``, shape ``(N, C)``.
+        """Log of the ensemble-averaged class probabilities, ``L − log S``, ``(N, C)`` (chains:
+        ``(K, N, C)``).
 
         NaN while the ensemble is empty; categorical only (others: :attr:`total`).
         """
