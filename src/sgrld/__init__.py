@@ -1,17 +1,9 @@
 """sgrld: scalable Stochastic Gradient Riemannian Langevin Dynamics for PyTorch.
 
 Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only in the metric G
-(Yu, Hartmann, Williams, Klami; TMLR 2023). Two API levels:
-
-* ``torch.optim`` facades: :class:`SGLD`, :class:`RMSpropSGLD`, :class:`WenzelSGLD`,
-  :class:`MongeSGLD`, :class:`ShampooSGLD`;
-* the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
-  ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
-
-A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC). Choosing ℓ:
-:func:`tune` (``docs/tuning.md``). The local learning coefficient with every metric: :func:`llc`
-(``docs/llc.md``).
-Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
+(Yu, Hartmann, Williams, Klami; TMLR 2023): ``torch.optim`` facades (:class:`SGLD`,
+:class:`RMSpropSGLD`, :class:`WenzelSGLD`, :class:`MongeSGLD`, :class:`ShampooSGLD`) and the
+functional core (:func:`build`). Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
 from __future__ import annotations

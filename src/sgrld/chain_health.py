@@ -71,8 +71,7 @@ _FIXES: dict[str, str] = {
 
 
 class HealthWarning(RuntimeWarning):
-    """A chain that broke down while staying finite, or whose step size ℓ is too large or too
-    small (:func:`health`); issued once per verdict by an optimizer's watch."""
+    """A chain that broke down, or whose ℓ is too large or too small (:func:`health`)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +82,7 @@ class Health:
         verdict: ``"healthy"``, ``"broken_down"``, ``"lr_too_large"``, ``"lr_too_small"``, or
             ``"unknown"`` (no step recorded yet).
         figure: the figure that crossed a bound (``"drift_to_noise"``, ``"theta_growth"``,
-            ``"relaxation_steps"``, ``"theta_norm"``, ``"gradient"``: a :class:`~sgrld.Chains`
-            chain frozen on a non-finite gradient), ``None`` when healthy.
+            ``"relaxation_steps"``, ``"theta_norm"``, ``"gradient"``), ``None`` when healthy.
         value: its value.
         bound: the bound it crossed.
         steps: the steps the judgement rests on.
@@ -244,13 +242,9 @@ def health(source: Any) -> Health | list[Health]:
     """Whether a chain broke down or has too large or too small a step size, from its telemetry.
 
     Args:
-        source: an :class:`~sgrld.SGRLDOptimizer` (all its steps: the sparse figures every
-            optimizer keeps, or with ``telemetry=True`` those not yet read), a
-            :class:`~sgrld.Chains` (one verdict per chain), a ``results.json`` mapping (its
-            ``telemetry.per_epoch``), or telemetry figures as
-            :meth:`~sgrld.SGRLDOptimizer.telemetry` returns them (one window) or as per-window
-            lists, with the chain's τ as ``temperature`` where it is not 1 (a ``results.json``
-            has it in its config).
+        source: an :class:`~sgrld.SGRLDOptimizer`, a :class:`~sgrld.Chains` (one verdict per
+            chain), a ``results.json`` mapping, or telemetry figures (one window, or per-window
+            lists), with the chain's τ as ``temperature`` where it is not 1.
 
     Returns:
         A :class:`Health` (a list of them, one per chain, for :class:`~sgrld.Chains`).
@@ -302,8 +296,7 @@ class Watch:
 
     @staticmethod
     def window(sums: Sequence[float], temperature: float) -> dict[str, float]:
-        """A window of the watched steps' sums (each watched step stands for
-        :data:`WATCH_EVERY` steps) at temperature τ."""
+        """A window of the watched steps' sums (each standing for :data:`WATCH_EVERY` steps)."""
         figures = telemetry_figures(sums, {})
         keep = ("drift_rms", "noise_rms", "theta_norm")
         window = {key: figures[key] for key in keep}
@@ -317,16 +310,15 @@ class Watch:
         return self.verdict(settled)
 
     def warn(self, verdict: Health) -> None:
-        """Warn once per verdict that is not ok (after the step's bookkeeping is done, so that
-        warnings turned into errors leave the chain consistent)."""
+        """Warn once per verdict that is not ok (after the step's bookkeeping)."""
         if not verdict.ok and verdict.verdict not in self.warned:
             self.warned.add(verdict.verdict)
             # the user's opt.step(): warn ← _watch_step ← step ← torch's two step wrappers
             warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=6)
 
     def verdict(self, settled: bool = True, open_window: dict[str, float] | None = None) -> Health:
-        """The verdict on every window so far (and ``open_window``, not yet closed); before the
-        chain has ``settled`` (its warm-up), only a breakdown."""
+        """The verdict on every window so far and ``open_window``; before the chain has
+        ``settled`` (its warm-up), only a breakdown."""
         windows = self.windows + ([open_window] if open_window else [])
         if self.first is not None and (not windows or windows[0] is not self.first):
             windows = [self.first, *windows]  # a resumed chain: the reference of its start

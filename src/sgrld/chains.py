@@ -43,8 +43,8 @@ class _Group:
 
 
 class _Bound(nn.Module):
-    """Calls ``fn(model, *args)`` so that ``functional_call`` substitutes the model's tensors
-    for any function of the model, not only its forward (e.g. a potential with a log-prior)."""
+    """``fn(model, *args)`` as a module, so that ``functional_call`` substitutes the model's
+    tensors in any function of the model (e.g. a potential with a log-prior)."""
 
     def __init__(self, model: nn.Module, fn: Callable[..., Tensor]) -> None:
         super().__init__()
@@ -106,19 +106,8 @@ class Chains:
         seeds: the chains' seeds.
 
     References:
-        The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`.
-
-    Examples:
-        >>> import torch, sgrld
-        >>> def make(seed):
-        ...     return torch.nn.Linear(3, 2, dtype=torch.float64)
-        >>> sampler = sgrld.build("identity", lr=1e-2, num_data=100, noise="philox")
-        >>> chains = sgrld.Chains(make, sampler, seeds=[0, 1, 2, 3])
-        >>> x = torch.randn(4, 8, 3, dtype=torch.float64)  # (K, B, ...): one batch per chain
-        >>> y = torch.randint(0, 2, (4, 8))
-        >>> ce = lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y)
-        >>> chains.step(ce, x, y).shape  # one loss per chain
-        torch.Size([4])
+        The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`; an
+        example: ``docs/chains.md``.
     """
 
     def __init__(
@@ -165,8 +154,6 @@ class Chains:
                 g.telemetry = torch.zeros(g.stop - g.start, 4, dtype=torch.float64,
                                           device=g.state.keys.device)  # fmt: skip
 
-    # ------------------------------------------------------------------ construction
-
     def _make_groups(
         self,
         sampler: Sampler,
@@ -207,8 +194,6 @@ class Chains:
             start = stop
         return groups
 
-    # ------------------------------------------------------------------ forward and gradients
-
     def train(self, mode: bool = True) -> Chains:
         """Train mode (BatchNorm: batch statistics, running statistics updated per chain)."""
         self.model.train(mode)
@@ -219,13 +204,8 @@ class Chains:
         return self.train(False)
 
     def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor:
-        """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim.
-
-        Args:
-            fn: a function of the model (with chain k's parameters and buffers) and the inputs.
-            args: tensors with a leading chain dim ``(K, ...)``, or shared by every chain
-                (``shared=True``, e.g. a test set).
-        """
+        """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim; ``args`` are
+        ``(K, ...)``, or shared by every chain (``shared=True``, e.g. a test set)."""
         outs = []
         for g in self.groups:  # one vmapped call per group (chain_batch bounds the working set)
             part = slice(g.start, g.stop)
@@ -284,12 +264,8 @@ class Chains:
     def grads(
         self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-chain losses ``(K,)`` and their gradients ``name -> (K, ...)``.
-
-        ``loss_fn(model, *args_k)`` is chain k's per-datum potential (e.g.
-        ``lambda m, x, y: potential(m, x, y, n)``); ``grad_clip`` clamps every gradient element
-        to ±``grad_clip`` (as the experiment runner does).
-        """
+        """Per-chain losses ``(K,)`` of ``loss_fn(model, *args_k)`` and their gradients
+        ``name -> (K, ...)``, each element clamped to ±``grad_clip``."""
         parts = [self._group_grads(g, loss_fn, args, grad_clip) for g in self.groups]
         if len(parts) == 1:
             return parts[0]
@@ -319,8 +295,7 @@ class Chains:
                 g.broken = bool((g.state.flags[..., 0] != 0).any())
 
     def _refuse(self, g: _Group, grads: Mapping[str, Tensor]) -> None:
-        """Sync checks: raise naming the chains with a non-finite gradient (one sum per chain
-        first; where it only overflowed, nothing is raised)."""
+        """Sync checks: raise naming the chains with a non-finite gradient."""
         if self._all_finite(grads):
             return
         bad = [
@@ -334,20 +309,16 @@ class Chains:
 
     @staticmethod
     def _all_finite(grads: Mapping[str, Tensor]) -> bool:
-        """One sum per tensor and chain, read on the host: finite iff every element is (a sum
-        that overflows only sends the step down the exact, deferred path)."""
+        """One sum per tensor and chain, read on the host (an overflowing sum only sends the
+        step down the exact path)."""
         sums = torch.stack([t.reshape(t.shape[0], -1).sum(1) for t in grads.values()])
         return bool(torch.isfinite(sums).all())
 
     def step(
         self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None, adapt: bool = True
     ) -> Tensor:
-        """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`); the losses.
-
-        Group by group (forward, backward, sampler call), so that with ``chain_batch`` the
-        working set stays that of a few chains. A chain whose gradient is non-finite is frozen
-        from then on, its buffers included (see :meth:`failures`).
-        """
+        """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`), group by
+        group; the losses. A chain whose gradient is non-finite is frozen, buffers included."""
         saved = self._snapshot_buffers()
         sync = bool(self.groups[0].sampler.sync_checks)
         losses, pending = [], []
@@ -381,8 +352,7 @@ class Chains:
 
     def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
         """Every chain's per-step figures since the last read (``telemetry=True``), as
-        :meth:`sgrld.SGRLDOptimizer.telemetry` gives a single run's: summed on the device in
-        each step, read here once."""
+        :meth:`sgrld.SGRLDOptimizer.telemetry` gives a single run's."""
         if self.groups[0].telemetry is None:
             raise RuntimeError("telemetry is off: build the Chains with telemetry=True")
         out = []
@@ -406,15 +376,13 @@ class Chains:
 
     @property
     def adapting(self) -> bool:
-        """Whether the last step adapted the metric (still in the warm-up of ``adapt_until``
-        steps, :mod:`sgrld.core.warmup`): a sample of the chains now is drawn adapting."""
+        """Whether the last step adapted the metric (the warm-up of ``adapt_until`` steps)."""
         sampler = self.groups[0].sampler
         return drawn_while_adapting(sampler.metric, self.step_count, sampler.adapt_until)
 
     def health(self) -> list[Health]:
-        """Every chain's health (:func:`sgrld.health`) from its telemetry since the last read
-        (``telemetry=True``; read without resetting it): one verdict per chain; a chain frozen
-        on a non-finite gradient (:meth:`failures`) has broken down."""
+        """Every chain's :func:`sgrld.health` from its telemetry since the last read (not
+        reset); a chain frozen on a non-finite gradient has broken down."""
         temperature = self.groups[0].sampler.temperature
         failed = self.failures()
         return [
@@ -431,8 +399,6 @@ class Chains:
             tensors = [*g.state.stats.values(), g.state.keys, g.state.flags]
             total += sum(t.numel() * t.element_size() for t in tensors) // (g.stop - g.start)
         return total // len(self.groups)
-
-    # ------------------------------------------------------------------ failures
 
     def failures(self) -> dict[int, int]:
         """Chains that broke down: ``chain index -> first step with a non-finite gradient``
@@ -461,8 +427,6 @@ class Chains:
                 f"non-finite gradient in {where}; those chains are frozen, the others went on"
             )
 
-    # ------------------------------------------------------------------ per-chain views
-
     @property
     def step_count(self) -> int:
         """Steps taken (the same for every chain)."""
@@ -484,8 +448,6 @@ class Chains:
             {n: t for n, t in tensors.items() if n in module.state_dict()}, strict=True
         )
         return module
-
-    # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to continue exactly: parameters, buffers and each group's sampler state."""
@@ -565,12 +527,8 @@ def chain_batches(
     generators: Sequence[torch.Generator],
     device: torch.device | str | None = None,
 ) -> Iterator[Tensor]:
-    """One epoch of minibatch indices per chain, shape ``(K, B)`` per step.
-
-    Chain k's order is ``torch.randperm(num_data, generator=generators[k])`` cut into batches
-    of ``batch_size`` (the last one smaller), as a single run draws it: its data order depends
-    on its own generator only. Index the training set with it: ``x_train[index]`` is
-    ``(K, B, ...)``.
+    """One epoch of minibatch indices per chain, shape ``(K, B)`` per step: chain k's
+    ``torch.randperm(num_data, generator=generators[k])`` cut into batches, as a single run's.
     """
     if batch_size < 1 or num_data < 1:
         raise ValueError(f"need num_data >= 1 and batch_size >= 1, got {num_data}, {batch_size}")

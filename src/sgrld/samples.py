@@ -113,10 +113,10 @@ class SampleStore:
         return adapted
 
     def add(self, state: dict[str, Tensor], *, step: int | None = None) -> None:
-        """Keep ``state`` (a state dict; copied to CPU) as the next sample, regardless of schedule.
+        """Keep ``state`` (a state dict; copied to CPU) as the next sample, off the schedule.
 
         Raises:
-            ValueError: the store is full (:meth:`observe` makes room; ``add`` does not).
+            ValueError: the store is full (``add`` makes no room).
         """
         if len(self) >= self.max_samples:
             raise ValueError(f"the store holds max_samples={self.max_samples} samples already")
