@@ -1,12 +1,9 @@
 """scikit-learn's diabetes regression data (bundled in its wheel: no download).
 
-442 patients, 10 features (age, sex, BMI, blood pressure, six serum measurements), target a
-measure of disease progression one year later (25–346). The split is deterministic: a test set
-of 88 points (20 %), then ``num_val`` (44, 10 %) validation points, both drawn with
-:func:`~sgrld.data.splits.split_indices` (``np.random.RandomState(seed)``, seed 1), and the
-remaining 310 training points in their file order. Features and targets are standardised with the
-training split's mean and unbiased standard deviation only; :attr:`Splits.target_scale` keeps
-the targets' standard deviation so that scores are reported in the original units.
+442 patients, 10 features, a disease-progression target. Test (88) then validation (``num_val``,
+44) points are drawn with :func:`~sgrld.data.splits.split_indices`, the other 310 train in file
+order; features and targets are standardised with the train split's mean and unbiased std
+(:attr:`Splits.target_scale` keeps the targets' std for scores in the original units).
 """
 
 from __future__ import annotations

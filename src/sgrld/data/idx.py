@@ -97,8 +97,9 @@ def read_idx(
 
 
 @dataclass(frozen=True)
-class MnistArrays:
-    """The official MNIST arrays: images ``(N, 28, 28)`` uint8 and labels ``(N,)`` uint8."""
+class ImageArrays:
+    """Official images and labels: MNIST ``(N, 28, 28)`` uint8 and ``(N,)`` uint8; CIFAR-10
+    ``(N, 3, 32, 32)`` uint8 and ``(N,)`` int64."""
 
     train_images: np.ndarray
     train_labels: np.ndarray
@@ -106,7 +107,7 @@ class MnistArrays:
     test_labels: np.ndarray
 
 
-def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> MnistArrays:
+def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> ImageArrays:
     """Read the four MNIST files from ``directory``.
 
     Args:
@@ -138,4 +139,4 @@ def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> Mni
             )
         if labels.size and int(labels.max()) > 9:
             raise IdxFormatError(f"{os.fspath(directory)}: {split} labels outside 0..9")
-    return MnistArrays(**arrays)
+    return ImageArrays(**arrays)

@@ -27,7 +27,7 @@ class CurvatureStats:
 
     Attributes:
         mean: Mean of ``c_i`` (the per-sample value averaged into the paper's "Curv.").
-        std: Standard deviation of ``c_i`` (unbiased, as ``torch.Tensor.std`` in the reference).
+        std: Unbiased standard deviation of ``c_i``.
         rho_abs_mean: Mean of ``|ρ_i|`` (``1/B``-scaled).
         rho_abs_std: Its unbiased standard deviation.
         grad_norm_mean: Mean of ``‖g_i‖`` (``1/B``-scaled).
@@ -69,14 +69,11 @@ def curvature_per_example(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Power-iteration curvature of one batch, with the model used as is (no mode change).
 
-    Runs ``num_iterations`` normalised HVP steps ``u ← H u / (‖H u‖ + 1e-6)`` per example, then
-    one more HVP for the Rayleigh quotient ``ρ = ⟨u, H u⟩``: ``num_iterations + 1`` HVPs in all.
-    The model must treat examples independently (e.g. batch norm in eval mode), so that the
-    gradient of ``Σ_i ⟨g_i, u_i⟩`` gives every ``H_i u_i`` at once.
+    ``num_iterations`` steps ``u ← H u / (‖H u‖ + 1e-6)`` per example, then ``ρ = ⟨u, H u⟩``.
+    The model must treat examples independently (e.g. batch norm in eval mode).
 
     Args:
-        model: Maps ``inputs`` to logits ``(B, C)``, or a Bayesian model to its likelihood's
-            η (its ``likelihood.nll`` is then the loss, e.g. a Gaussian's).
+        model: Maps ``inputs`` to logits ``(B, C)`` (a Bayesian model: its likelihood's η).
         inputs: Batch ``(B, ...)``; norms are over all non-batch dimensions.
         targets: Integer labels ``(B,)`` (regression: float targets).
         generator: Source of the Gaussian start vectors (its device is where they are drawn).
@@ -128,7 +125,7 @@ def measure_curvature(
         inputs: Evaluation inputs ``(N, ...)`` in their fixed order (the official test order).
         targets: Integer labels ``(N,)``.
         generator: Dedicated generator for the power-iteration start vectors.
-        num_points: How many leading points to use (1,000 = 10% of the test set in the paper).
+        num_points: How many leading points to use (1,000 in the paper).
         batch_size: Batch size ``B``; it enters ``c_i`` through the ``1/B`` scaling (100).
         num_iterations: Power iterations per batch before the final HVP (20).
 

@@ -109,8 +109,8 @@ class SampleTrace:
 
 
 def scalar_hyperparameter_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """``scale:<parameter>`` → the effective scale (a 1-element tensor) of each prior that has
-    one (horseshoe); a function of the model's tensors, so it also works under ``vmap``."""
+    """``scale:<parameter>`` → the effective scale (a 0-d tensor) of each prior that has one
+    (horseshoe); also under ``vmap``."""
     named = getattr(model, "named_priors", None)
     if named is None:
         return {}
@@ -201,8 +201,7 @@ def inference_data_of(
         attrs: stored on the groups, e.g. the runs' config.
 
     Returns:
-        The ``posterior`` group holds ``test_loglik`` ``(chain, draw)``, ``probe_logp``
-        ``(chain, draw, probe)`` and every scalar hyper-parameter ``(chain, draw)``.
+        ``posterior``: ``test_loglik``, ``probe_logp`` and every scalar hyper-parameter.
 
     Raises:
         ImportError: ArviZ is not installed.
