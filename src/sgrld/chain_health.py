@@ -65,8 +65,6 @@ _FIXES: dict[str, str] = {
     "broken_down": "the chain diverged; use a smaller lr (10x smaller is a good first try)",
     "lr_too_large": "use a smaller lr, until drift/noise is below 1 (healthy: 0.04-0.35)",
     "lr_too_small": "use a larger lr, or run more steps",
-    "healthy": "",
-    "unknown": "",
 }
 
 
@@ -125,7 +123,7 @@ class Health:
     @property
     def fix(self) -> str:
         """What to change."""
-        return _FIXES[self.verdict]
+        return _FIXES.get(self.verdict, "")
 
     def __str__(self) -> str:
         if self.ok:

@@ -319,8 +319,11 @@ class Chains:
     ) -> Tensor:
         """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`), group by
         group; the losses. A chain whose gradient is non-finite is frozen, buffers included."""
-        saved = self._snapshot_buffers()
-        sync = bool(self.groups[0].sampler.sync_checks)
+        sampler = self.groups[0].sampler
+        sync = bool(sampler.sync_checks)
+        saved = {}  # with deferred checks, a frozen chain's buffers are put back after the step
+        if sampler.check_finite and not sync and self.model.training:
+            saved = {n: b.clone() for n, b in self.buffers.items()}
         losses, pending = [], []
         for g in self.groups:
             loss, grads = self._group_grads(g, loss_fn, args, grad_clip)
@@ -343,13 +346,6 @@ class Chains:
         for g in self.groups:
             g.sampler.refresh(g.state)
 
-    def _snapshot_buffers(self) -> dict[str, Tensor]:
-        sampler = self.groups[0].sampler
-        deferred = sampler.check_finite and not sampler.sync_checks
-        if not deferred or not self.model.training:
-            return {}
-        return {n: b.clone() for n, b in self.buffers.items()}
-
     def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
         """Every chain's per-step figures since the last read (``telemetry=True``), as
         :meth:`sgrld.SGRLDOptimizer.telemetry` gives a single run's."""
@@ -358,18 +354,12 @@ class Chains:
         out = []
         for g in self.groups:
             assert g.telemetry is not None
-            sums = g.telemetry.tolist()
-            extra = {
-                key: value.reshape(-1).tolist()
-                for key, value in g.sampler.metric.diagnostics(
-                    g.state.stats, g.state.layout
-                ).items()
-            }
-            for i, chain_sums in enumerate(sums):
-                figures = telemetry_figures(
-                    chain_sums, {key: float(values[i]) for key, values in extra.items()}
-                )
-                out.append(figures)
+            diagnostics = g.sampler.metric.diagnostics(g.state.stats, g.state.layout)
+            extra = {key: value.reshape(-1).tolist() for key, value in diagnostics.items()}
+            out += [
+                telemetry_figures(sums, {key: float(v[i]) for key, v in extra.items()})
+                for i, sums in enumerate(g.telemetry.tolist())
+            ]
             if reset:
                 g.telemetry.zero_()
         return out

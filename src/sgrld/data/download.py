@@ -194,13 +194,6 @@ def find_copy(directory: str | os.PathLike[str], filename: str) -> Path | None:
     return None
 
 
-def _verify_local(path: Path, remote: RemoteFile) -> None:
-    if path.name == remote.filename:
-        verify_file(path, remote)
-    elif remote.sha256 is not None:  # the gunzipped twin: the published digest is of it
-        verify_sha256(path.read_bytes(), remote.sha256, source=path)
-
-
 def download_dataset(
     name: str,
     directory: str | os.PathLike[str],
@@ -231,14 +224,16 @@ def download_dataset(
         return directory  # extracted batches carry no published digest: nothing to fetch
     for remote in DATASET_FILES[name]:
         local = find_copy(directory, remote.filename)
-        if local is not None:
-            _verify_local(local, remote)
-            continue
-        try:
-            fetch_file(remote, directory, timeout=timeout, base_urls=base_urls)
-        except DownloadError as exc:
-            hint = missing_files_message(name, directory, [remote.filename])
-            raise DownloadError(f"{exc}\n{hint}") from exc
+        if local is None:
+            try:
+                fetch_file(remote, directory, timeout=timeout, base_urls=base_urls)
+            except DownloadError as exc:
+                hint = missing_files_message(name, directory, [remote.filename])
+                raise DownloadError(f"{exc}\n{hint}") from exc
+        elif local.name == remote.filename:
+            verify_file(local, remote)
+        elif remote.sha256 is not None:  # the gunzipped twin: the published digest is of it
+            verify_sha256(local.read_bytes(), remote.sha256, source=local)
     return directory
 
 

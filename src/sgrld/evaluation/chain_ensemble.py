@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -78,23 +77,6 @@ class ChainEnsemble(EnsemblePredictive):
             }
             for i in range(k)
         ]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The float64 accumulator and the sample count (commit a pending sample first)."""
-        if self._pending is not None:
-            raise RuntimeError("cannot checkpoint while a sample is being assembled; commit first")
-        return {"num_samples": self._num_samples, "log_sum_exp": self._log_sum.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (onto this accumulator's device)."""
-        log_sum = state["log_sum_exp"]
-        k, n, _ = self.shape
-        expected = self.likelihood.total_shape((k,), n, int(state["num_samples"]))
-        if tuple(log_sum.shape) != expected:
-            raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {expected}")
-        self._log_sum = log_sum.detach().to(device=self.device, dtype=torch.float64).clone()
-        self._num_samples = int(state["num_samples"])
-        self._pending = self._covered = None
 
 
 def evaluate_chains(

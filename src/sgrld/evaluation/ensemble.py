@@ -175,23 +175,25 @@ class EnsemblePredictive:
         """
         if self._pending is not None:
             raise RuntimeError("cannot checkpoint while a sample is being assembled; commit first")
-        return {
-            "num_points": self.num_points,
-            "num_classes": self.likelihood.width,
-            "num_samples": self._num_samples,
-            "log_sum_exp": self._log_sum.clone(),  # the name of the categorical total
-        }
+        shape: dict[str, int] = {}
+        if not self._lead:  # a single chain's state records its set's shape
+            shape = {"num_points": self.num_points, "num_classes": self.likelihood.width}
+        # "log_sum_exp": the name of the categorical total
+        return {**shape, "num_samples": self._num_samples, "log_sum_exp": self._log_sum.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` (onto this accumulator's device)."""
-        shape = (int(state["num_points"]), int(state["num_classes"]))
-        if shape != (self.num_points, self.likelihood.width):
-            raise ValueError(f"state is for {shape}, this accumulator is for {self._log_sum.shape}")
+        if not self._lead:
+            shape = (int(state["num_points"]), int(state["num_classes"]))
+            if shape != (self.num_points, self.likelihood.width):
+                raise ValueError(
+                    f"state is for {shape}, this accumulator is for {self._log_sum.shape}"
+                )
         log_sum = state["log_sum_exp"]
-        expected = self.likelihood.total_shape((), self.num_points, int(state["num_samples"]))
+        samples = int(state["num_samples"])
+        expected = self.likelihood.total_shape(self._lead, self.num_points, samples)
         if tuple(log_sum.shape) != expected:
             raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {expected}")
         self._log_sum = log_sum.detach().to(device=self.device, dtype=torch.float64).clone()
-        self._num_samples = int(state["num_samples"])
-        self._pending = None
-        self._covered = None
+        self._num_samples = samples
+        self._pending = self._covered = None
