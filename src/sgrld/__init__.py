@@ -49,33 +49,20 @@ if TYPE_CHECKING:
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
 # line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
 _LAZY = {
-    **dict.fromkeys(("NonFiniteGradientError", "Sampler", "SamplerState"), "sgrld.core"),
-    **dict.fromkeys(
-        (
-            "IdentityMetric",
-            "Metric",
-            "MongeMetric",
-            "RMSpropMetric",
-            "ShampooMetric",
-            "WenzelMetric",
-            "get_metric",
-            "metric_names",
-        ),
-        "sgrld.metrics",
-    ),
-    **dict.fromkeys(
-        ("SGLD", "MongeSGLD", "RMSpropSGLD", "SGRLDOptimizer", "ShampooSGLD", "WenzelSGLD"),
-        "sgrld.optim",
-    ),
-    **dict.fromkeys(
-        ("SampleStore", "log_density", "log_predictive_density", "posterior_predictive"),
-        "sgrld.samples",
-    ),
-    **dict.fromkeys(("Health", "HealthWarning", "health"), "sgrld.chain_health"),
-    "CyclicalLR": "sgrld.schedules",
-    "Chains": "sgrld.chains",
-    **dict.fromkeys(("LLCEstimate", "llc"), "sgrld.slt"),
-    **dict.fromkeys(("TuneResult", "tune"), "sgrld.tuning"),
+    name: module
+    for module, names in (
+        ("sgrld.core", "NonFiniteGradientError Sampler SamplerState"),
+        ("sgrld.metrics", "IdentityMetric Metric MongeMetric RMSpropMetric ShampooMetric"),
+        ("sgrld.metrics", "WenzelMetric get_metric metric_names"),
+        ("sgrld.optim", "SGLD MongeSGLD RMSpropSGLD SGRLDOptimizer ShampooSGLD WenzelSGLD"),
+        ("sgrld.samples", "SampleStore log_density log_predictive_density posterior_predictive"),
+        ("sgrld.chain_health", "Health HealthWarning health"),
+        ("sgrld.schedules", "CyclicalLR"),
+        ("sgrld.chains", "Chains"),
+        ("sgrld.slt", "LLCEstimate llc"),
+        ("sgrld.tuning", "TuneResult tune"),
+    )
+    for name in names.split()
 }
 
 
