@@ -278,12 +278,11 @@ class Chains:
         self._apply(parts, adapt)
 
     def _apply(self, parts: list[dict[str, Tensor]], adapt: bool) -> None:
-        with torch.no_grad():
-            if self.groups[0].sampler.sync_checks:
-                for g, part in zip(self.groups, parts, strict=True):
-                    self._refuse(g, part)  # before any group moves
+        if self.groups[0].sampler.sync_checks:
             for g, part in zip(self.groups, parts, strict=True):
-                self._apply_group(g, part, adapt)
+                self._refuse(g, part)  # before any group moves
+        for g, part in zip(self.groups, parts, strict=True):
+            self._apply_group(g, part, adapt)
 
     def _apply_group(self, g: _Group, grads: dict[str, Tensor], adapt: bool) -> None:
         with torch.no_grad():
@@ -466,8 +465,7 @@ class Chains:
                 t.copy_(sd[kind][n])
         for g, s in zip(self.groups, sd["samplers"], strict=True):
             g.state.apply_state_dict(s)
-        for g in self.groups:  # frozen chains stay frozen
-            g.broken = bool((g.state.flags[..., 0] != 0).any())
+            g.broken = bool((g.state.flags[..., 0] != 0).any())  # frozen chains stay frozen
 
 
 def _stack(

@@ -8,7 +8,6 @@ order; features and targets are standardised with the train split's mean and unb
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from sgrld.data.splits import Splits, split_indices
@@ -34,22 +33,16 @@ def load_diabetes_splits(num_val: int = NUM_VAL, seed: int = 1) -> Splits:
     rest, test = split_indices(len(y), NUM_TEST, seed)
     train_of_rest, val_of_rest = split_indices(len(rest), num_val, seed)
     train, val = rest[train_of_rest], rest[val_of_rest]
-    x_mean, x_std = x[train].mean(0), x[train].std(0, ddof=1)
     y_mean, y_std = y[train].mean(), y[train].std(ddof=1)
-
-    def inputs(index: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy((x[index] - x_mean) / x_std).to(torch.float32)
-
-    def targets(index: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy((y[index] - y_mean) / y_std).to(torch.float32)
-
+    inputs = torch.from_numpy((x - x[train].mean(0)) / x[train].std(0, ddof=1)).to(torch.float32)
+    targets = torch.from_numpy((y - y_mean) / y_std).to(torch.float32)
     return Splits(
-        x_train=inputs(train),
-        y_train=targets(train),
-        x_val=inputs(val),
-        y_val=targets(val),
-        x_test=inputs(test),
-        y_test=targets(test),
+        x_train=inputs[train],
+        y_train=targets[train],
+        x_val=inputs[val],
+        y_val=targets[val],
+        x_test=inputs[test],
+        y_test=targets[test],
         likelihood="gaussian",
         target_mean=float(y_mean),
         target_scale=float(y_std),
