@@ -1,17 +1,9 @@
 """sgrld: scalable Stochastic Gradient Riemannian Langevin Dynamics for PyTorch.
 
 Samplers θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ that differ only in the metric G
-(Yu, Hartmann, Williams, Klami; TMLR 2023). Two API levels:
-
-* ``torch.optim`` facades: :class:`SGLD`, :class:`RMSpropSGLD`, :class:`WenzelSGLD`,
-  :class:`MongeSGLD`, :class:`ShampooSGLD`;
-* the functional core: ``sampler = sgrld.build("monge", lr=..., num_data=...)``, then
-  ``state = sampler.init(params)`` and ``state = sampler.step(state, grads)``.
-
-A schedule for every sampler: :class:`CyclicalLR` (cyclical SG-MCMC). Choosing ℓ:
-:func:`tune` (``docs/tuning.md``). The local learning coefficient with every metric: :func:`llc`
-(``docs/llc.md``).
-Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
+(Yu, Hartmann, Williams, Klami; TMLR 2023): ``torch.optim`` facades (:class:`SGLD`,
+:class:`RMSpropSGLD`, :class:`WenzelSGLD`, :class:`MongeSGLD`, :class:`ShampooSGLD`) and the
+functional core (:func:`build`). Conventions (ℓ, n, τ, h, signs): ``docs/conventions.md``.
 """
 
 from __future__ import annotations
@@ -57,33 +49,20 @@ if TYPE_CHECKING:
 # Imported on first use (PEP 562), so that `import sgrld.cli` does not import torch: the command
 # line then handles Ctrl-C during start-up itself (exit 130, no traceback), and `--help` is fast.
 _LAZY = {
-    **dict.fromkeys(("NonFiniteGradientError", "Sampler", "SamplerState"), "sgrld.core"),
-    **dict.fromkeys(
-        (
-            "IdentityMetric",
-            "Metric",
-            "MongeMetric",
-            "RMSpropMetric",
-            "ShampooMetric",
-            "WenzelMetric",
-            "get_metric",
-            "metric_names",
-        ),
-        "sgrld.metrics",
-    ),
-    **dict.fromkeys(
-        ("SGLD", "MongeSGLD", "RMSpropSGLD", "SGRLDOptimizer", "ShampooSGLD", "WenzelSGLD"),
-        "sgrld.optim",
-    ),
-    **dict.fromkeys(
-        ("SampleStore", "log_density", "log_predictive_density", "posterior_predictive"),
-        "sgrld.samples",
-    ),
-    **dict.fromkeys(("Health", "HealthWarning", "health"), "sgrld.chain_health"),
-    "CyclicalLR": "sgrld.schedules",
-    "Chains": "sgrld.chains",
-    **dict.fromkeys(("LLCEstimate", "llc"), "sgrld.slt"),
-    **dict.fromkeys(("TuneResult", "tune"), "sgrld.tuning"),
+    name: module
+    for module, names in (
+        ("sgrld.core", "NonFiniteGradientError Sampler SamplerState"),
+        ("sgrld.metrics", "IdentityMetric Metric MongeMetric RMSpropMetric ShampooMetric"),
+        ("sgrld.metrics", "WenzelMetric get_metric metric_names"),
+        ("sgrld.optim", "SGLD MongeSGLD RMSpropSGLD SGRLDOptimizer ShampooSGLD WenzelSGLD"),
+        ("sgrld.samples", "SampleStore log_density log_predictive_density posterior_predictive"),
+        ("sgrld.chain_health", "Health HealthWarning health"),
+        ("sgrld.schedules", "CyclicalLR"),
+        ("sgrld.chains", "Chains"),
+        ("sgrld.slt", "LLCEstimate llc"),
+        ("sgrld.tuning", "TuneResult tune"),
+    )
+    for name in names.split()
 }
 
 

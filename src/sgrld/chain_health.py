@@ -1,36 +1,10 @@
 """Is a chain healthy? One judgement from its telemetry, used by every part of sgrld.
 
-A chain can break down without a single NaN: at too large a step the move −ℓG⁻¹ĝ overshoots,
-each step lands further out, and the parameters climb to 1e9 or 1e70 while every value stays
-finite. This module decides, from the figures the step engine sums on the device
-(:meth:`sgrld.SGRLDOptimizer.telemetry`, :meth:`sgrld.Chains.telemetry`, a run's
-``results.json``), whether a chain has broken down or has a step size ℓ that is too large or
-too small. The optimizer's default warning, the runner's broken-down status, ``sgrld table`` and
-``sgrld report`` all call :func:`health`, so they agree; ``docs/health.md`` explains the rule.
-
-The rule reads the drift-to-noise ratio r = ‖ℓG⁻¹ĝ‖ / ‖σG^{-½}ξ‖ (root-mean-square over the
-steps of a window) as r·√τ: the injected noise shrinks like √τ, the minibatch noise in the drift
-does not. For a Gaussian posterior with per-datum Hessian λ (in G's coordinates), a chain at
-τ = 1 at stationarity has r² = ℓλ/2 for that direction, so r < 1 wherever the Euler–Maruyama
-step is stable (ℓλ < 2). A divergence and a descent from far away both read a large r; in a
-divergence the drift grows with ‖θ‖, in a descent it falls (:func:`_falling`, :func:`_descending`):
-
-* **broken down**: r√τ ≥ :data:`BROKEN_RATIO` in a window whose drift is not falling, or
-  r√τ ≥ 1 while ‖θ‖ has grown :data:`BROKEN_GROWTH` times since the first window and the drift
-  grew too; without noise (τ = 0), that growth at :data:`BROKEN_GROWTH_NO_NOISE`;
-* **ℓ too large**: r√τ > :data:`LARGE_RATIO` = 1 in the last window of a chain not descending:
-  the drift (with its minibatch noise) dominates the injected noise, so the chain is closer to
-  SGD than to Langevin dynamics and its variance is not the posterior's;
-* **ℓ too small**: relaxing once across the posterior takes about 1/(2r²) steps; when that is
-  more than :data:`SMALL_FACTOR` times the steps taken (after at least :data:`SMALL_MIN_STEPS`),
-  the chain has hardly moved against the posterior's scale.
-
-A caller that sees each chain's potential every step (:func:`sgrld.tune`) also stops a chain in
-the step it blows up (:func:`blown_up`) by making its gradient non-finite: the step engine then
-freezes it, and :meth:`sgrld.Chains.health` calls a frozen chain broken down, so that the
-verdict is still this module's.
-
-Healthy runs read r ≈ 0.04–0.35 (``docs/health.md`` lists the runs checked).
+A chain can break down while every value stays finite (at too large a step ℓ each step lands
+further out). :func:`health` judges, from the figures the step engine sums on the device, whether
+a chain broke down or its ℓ is too large or too small, reading the drift-to-noise ratio
+r = ‖ℓG⁻¹ĝ‖ / ‖σG^{-½}ξ‖ as r·√τ. The optimizer's warning, the runner's status, ``sgrld table``
+and ``sgrld report`` all call it, so they agree; ``docs/health.md`` gives the rule.
 """
 
 from __future__ import annotations
@@ -66,20 +40,17 @@ __all__ = [
 
 #: drift/noise at or above which a chain has broken down (healthy runs: 0.04–0.35)
 BROKEN_RATIO = 1e3
-#: growth of the root-mean-square ‖θ‖ since the first window that, with drift/noise ≥ 1, is a
-#: breakdown
+#: growth of ‖θ‖ since the first window that, with drift/noise ≥ 1, is a breakdown
 BROKEN_GROWTH = 1e3
 #: the same growth without injected noise (τ = 0, where drift/noise is undefined)
 BROKEN_GROWTH_NO_NOISE = 1e6
 #: drift/noise above which ℓ is too large (the stability limit of a Gaussian direction)
 LARGE_RATIO = 1.0
-#: ℓ is too small when relaxing once, 1/(2r²) steps, takes more than this many times the steps
-#: taken
+#: ℓ is too small when relaxing once, 1/(2r²) steps, takes more than this times the steps taken
 SMALL_FACTOR = 1.0
 #: steps a chain must have taken before it can be called too slow
 SMALL_MIN_STEPS = 2000
-#: a drift below this fraction of the drift :data:`TREND_WINDOWS` windows before is falling: a
-#: descent towards the posterior, not a divergence (nor, yet, a too large ℓ)
+#: a drift below this fraction of the drift :data:`TREND_WINDOWS` windows before is falling
 FALLING = 0.9
 #: how many windows back the trend of the drift is judged against
 TREND_WINDOWS = 4
@@ -94,14 +65,11 @@ _FIXES: dict[str, str] = {
     "broken_down": "the chain diverged; use a smaller lr (10x smaller is a good first try)",
     "lr_too_large": "use a smaller lr, until drift/noise is below 1 (healthy: 0.04-0.35)",
     "lr_too_small": "use a larger lr, or run more steps",
-    "healthy": "",
-    "unknown": "",
 }
 
 
 class HealthWarning(RuntimeWarning):
-    """A chain that broke down while staying finite, or whose step size ℓ is too large or too
-    small (:func:`health`); issued once per verdict by an optimizer's watch."""
+    """A chain that broke down, or whose ℓ is too large or too small (:func:`health`)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +80,7 @@ class Health:
         verdict: ``"healthy"``, ``"broken_down"``, ``"lr_too_large"``, ``"lr_too_small"``, or
             ``"unknown"`` (no step recorded yet).
         figure: the figure that crossed a bound (``"drift_to_noise"``, ``"theta_growth"``,
-            ``"relaxation_steps"``, ``"theta_norm"``, ``"gradient"``: a :class:`~sgrld.Chains`
-            chain frozen on a non-finite gradient), ``None`` when healthy.
+            ``"relaxation_steps"``, ``"theta_norm"``, ``"gradient"``), ``None`` when healthy.
         value: its value.
         bound: the bound it crossed.
         steps: the steps the judgement rests on.
@@ -156,7 +123,7 @@ class Health:
     @property
     def fix(self) -> str:
         """What to change."""
-        return _FIXES[self.verdict]
+        return _FIXES.get(self.verdict, "")
 
     def __str__(self) -> str:
         if self.ok:
@@ -171,12 +138,9 @@ class Health:
 
 
 def blown_up(start: Tensor, potential: Tensor) -> Tensor:
-    """Per chain, on the device (no host read): whether its per-datum potential is no longer
-    finite or has risen by more than :data:`BLOW_UP_FACTOR` × max(|u₀|, 1) above its start u₀.
-
-    The in-step form of a breakdown, for callers that see the potential each step. In nats per
-    datum such a rise is a blow-up in any problem: a healthy chain started anywhere moves *down*
-    towards the typical set, where its potential fluctuates by O(D/n).
+    """Per chain, on the device: whether its per-datum potential is no longer finite or has
+    risen by more than :data:`BLOW_UP_FACTOR` × max(|u₀|, 1) above its start u₀ (a healthy
+    chain moves *down* towards the typical set).
 
     Args:
         start: ``(K,)`` each chain's per-datum potential at its start.
@@ -195,17 +159,14 @@ def _series(value: Any) -> list[float]:
 
 def _falling(windows: Sequence[Mapping[str, float]], i: int) -> bool:
     """Whether the drift of window ``i`` is below :data:`FALLING` times that of the window
-    :data:`TREND_WINDOWS` before it (or the first): a chain descending towards the posterior
-    (its drift shrinks as it nears) rather than diverging (its drift grows with ‖θ‖)."""
+    :data:`TREND_WINDOWS` before it (or the first): a descent, not a divergence."""
     earlier = windows[max(0, i - TREND_WINDOWS)]["drift_rms"]
     return i > 0 and windows[i]["drift_rms"] < FALLING * earlier
 
 
 def _descending(windows: Sequence[Mapping[str, float]], i: int) -> bool:
-    """Whether window ``i`` is still on its way to the posterior: its drift falls
-    (:func:`_falling`), or ‖θ‖ moved since the window before by at least :data:`MOVING` times
-    what the drift could move it (a coherent descent; at stationarity the drift's steps cancel,
-    and in an oscillating divergence they alternate)."""
+    """Whether window ``i`` still descends: its drift falls, or ‖θ‖ moved since the window
+    before by at least :data:`MOVING` times what the drift could move it."""
     if i == 0:
         return False
     moved = abs(windows[i]["theta_norm"] - windows[i - 1]["theta_norm"])
@@ -213,9 +174,9 @@ def _descending(windows: Sequence[Mapping[str, float]], i: int) -> bool:
 
 
 def judge(windows: Sequence[Mapping[str, float]], temperature: float = 1.0) -> Health:
-    """The verdict on one chain from its telemetry windows, oldest first (each a mapping with
-    ``steps``, ``drift_rms``, ``noise_rms``, ``theta_norm`` as :func:`health` reads them, and
-    optionally ``temperature``); ``temperature``: τ of windows without their own."""
+    """The verdict on one chain from its telemetry windows, oldest first (mappings with
+    ``steps``, ``drift_rms``, ``noise_rms``, ``theta_norm`` and optionally ``temperature``);
+    ``temperature``: τ of windows without their own."""
     windows = [w for w in windows if w.get("steps", 0) > 0]
     if not windows:
         return Health("unknown")
@@ -252,8 +213,7 @@ def judge(windows: Sequence[Mapping[str, float]], temperature: float = 1.0) -> H
 
 
 def _ratio(window: Mapping[str, float], temperature: float) -> float | None:
-    """r·√τ: drift/noise against the noise at τ = 1 (the minibatch noise in the drift does not
-    shrink with τ while the injected noise does, so a cold chain's r grows like 1/√τ);
+    """r·√τ: drift/noise against the noise at τ = 1 (a cold chain's r grows like 1/√τ);
     ``None`` without noise."""
     noise = window["noise_rms"]
     if not noise > 0:
@@ -263,8 +223,7 @@ def _ratio(window: Mapping[str, float], temperature: float) -> float | None:
 
 def _windows(figures: Mapping[str, Any]) -> list[dict[str, float]]:
     """Telemetry as windows: one mapping of floats, or per-window lists (``results.json``'s
-    ``telemetry.per_epoch``); ``theta_rms``, its name in results written before, is read where
-    ``theta_norm`` is absent."""
+    ``telemetry.per_epoch``); ``theta_rms`` (older results) where ``theta_norm`` is absent."""
     theta_key = "theta_norm" if "theta_norm" in figures else "theta_rms"
     keys = {"steps": "steps", "drift_rms": "drift_rms", "noise_rms": "noise_rms"}
     keys["theta_norm"] = theta_key
@@ -281,13 +240,9 @@ def health(source: Any) -> Health | list[Health]:
     """Whether a chain broke down or has too large or too small a step size, from its telemetry.
 
     Args:
-        source: an :class:`~sgrld.SGRLDOptimizer` (all its steps: the sparse figures every
-            optimizer keeps, or with ``telemetry=True`` those not yet read), a
-            :class:`~sgrld.Chains` (one verdict per chain), a ``results.json`` mapping (its
-            ``telemetry.per_epoch``), or telemetry figures as
-            :meth:`~sgrld.SGRLDOptimizer.telemetry` returns them (one window) or as per-window
-            lists, with the chain's τ as ``temperature`` where it is not 1 (a ``results.json``
-            has it in its config).
+        source: an :class:`~sgrld.SGRLDOptimizer`, a :class:`~sgrld.Chains` (one verdict per
+            chain), a ``results.json`` mapping, or telemetry figures (one window, or per-window
+            lists), with the chain's τ as ``temperature`` where it is not 1.
 
     Returns:
         A :class:`Health` (a list of them, one per chain, for :class:`~sgrld.Chains`).
@@ -319,10 +274,8 @@ def health(source: Any) -> Health | list[Health]:
     return judge(_windows(source), temperature=temperature)
 
 
-#: the watch every optimizer keeps (:class:`~sgrld.Chains` keeps none: it is judged from its
-#: telemetry): the figures of one step in :data:`WATCH_EVERY` are summed on the device (three
-#: reductions on that step only) and read on the host once every :data:`WATCH_WINDOW` such
-#: steps (one read per 512 steps, at step multiples of 512)
+#: the optimizer's watch: one step in :data:`WATCH_EVERY` is summed on the device, read on the
+#: host once every :data:`WATCH_WINDOW` such steps (at step multiples of 512)
 WATCH_EVERY = 16
 WATCH_WINDOW = 32
 
@@ -330,8 +283,6 @@ WATCH_WINDOW = 32
 class Watch:
     """The host side of one chain's sparse watch: its windows, the verdict, one warning each.
 
-    The device sums (drift², noise², θ², steps, as :func:`sgrld.core.engine.record_telemetry`
-    adds them) of the watched steps become a window (:meth:`window`) once one closes.
     ``first``: the chain's first window, kept across a resume (the growth reference).
     """
 
@@ -343,8 +294,7 @@ class Watch:
 
     @staticmethod
     def window(sums: Sequence[float], temperature: float) -> dict[str, float]:
-        """A window of the watched steps' sums (each watched step stands for
-        :data:`WATCH_EVERY` steps) at temperature τ."""
+        """A window of the watched steps' sums (each standing for :data:`WATCH_EVERY` steps)."""
         figures = telemetry_figures(sums, {})
         keep = ("drift_rms", "noise_rms", "theta_norm")
         window = {key: figures[key] for key in keep}
@@ -358,16 +308,15 @@ class Watch:
         return self.verdict(settled)
 
     def warn(self, verdict: Health) -> None:
-        """Warn once per verdict that is not ok (after the step's bookkeeping is done, so that
-        warnings turned into errors leave the chain consistent)."""
+        """Warn once per verdict that is not ok (after the step's bookkeeping)."""
         if not verdict.ok and verdict.verdict not in self.warned:
             self.warned.add(verdict.verdict)
             # the user's opt.step(): warn ← _watch_step ← step ← torch's two step wrappers
             warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=6)
 
     def verdict(self, settled: bool = True, open_window: dict[str, float] | None = None) -> Health:
-        """The verdict on every window so far (and ``open_window``, not yet closed); before the
-        chain has ``settled`` (its warm-up), only a breakdown."""
+        """The verdict on every window so far and ``open_window``; before the chain has
+        ``settled`` (its warm-up), only a breakdown."""
         windows = self.windows + ([open_window] if open_window else [])
         if self.first is not None and (not windows or windows[0] is not self.first):
             windows = [self.first, *windows]  # a resumed chain: the reference of its start

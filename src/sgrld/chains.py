@@ -1,23 +1,8 @@
 """K chains of any ``nn.Module`` in one process, each the single run of its own seed.
 
-:class:`Chains` stacks the parameters and buffers of K copies of a model
-(``torch.func.stack_module_state``), runs the forward pass of all of them at once
-(``functional_call`` under ``torch.vmap``) and advances every chain with one sampler call on state
-shaped ``(K, ...)``. What makes chain k of a K-chain run *the* single run of seed s_k, whatever K
-and its position:
-
-* **initialisation**: chain k is ``model(s_k)``, a factory called with the chain's seed;
-* **noise**: per-chain Philox keys from the seeds (``noise="philox"``, :mod:`sgrld.core.noise`);
-* **minibatches**: each chain its own inputs (``(K, B, ...)``), e.g. from :func:`chain_batches`
-  with one data-order generator per chain;
-* **BatchNorm**: the running statistics are stacked buffers, updated per chain in ``train()``;
-* **hyper-parameters**: ℓ and α² per chain. The metric holds α² as a float, so chains are
-  grouped into runs of equal α² (one sampler call per run: put equal values next to each other);
-* **failure**: checks are deferred (device flags), a chain whose gradient is non-finite is frozen
-  (parameters, statistics and buffers) and reported by :meth:`Chains.failures`; the others go on.
-
-The gradient is one backward pass of the sum of the per-chain losses: the losses share no
-parameters, so each chain receives exactly its own gradient.
+Parameters and buffers are stacked over a leading chain dim, the forward passes run
+under ``torch.vmap`` and one sampler call on ``(K, ...)`` state moves every chain; chain k is
+``model(s_k)`` with its own Philox key, minibatches and BatchNorm statistics (``docs/chains.md``).
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, stack_module_state
+from torch.func import functional_call
 
 from sgrld.chain_health import Health, judge
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
@@ -58,8 +43,8 @@ class _Group:
 
 
 class _Bound(nn.Module):
-    """Calls ``fn(model, *args)`` so that ``functional_call`` substitutes the model's tensors
-    for any function of the model, not only its forward (e.g. a potential with a log-prior)."""
+    """``fn(model, *args)`` as a module, so that ``functional_call`` substitutes the model's
+    tensors in any function of the model (e.g. a potential with a log-prior)."""
 
     def __init__(self, model: nn.Module, fn: Callable[..., Tensor]) -> None:
         super().__init__()
@@ -91,40 +76,29 @@ class Chains:
     """K chains of a model sampled together; chain k is the single run with seed ``seeds[k]``.
 
     Args:
-        model: a factory ``seed -> nn.Module`` that builds and initialises chain k's model from
-            its seed (e.g. ``lambda s: build_model("fc", generator=torch.Generator()
-            .manual_seed(s))``), or a module whose copies start every chain at the same point.
-            All chains must have the same structure; only chain 0's module is kept (as the
-            template of the forward pass).
-        sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``. Its ``lr`` may be a
-            float, a 0-d tensor or a ``(K,)`` tensor. Its checks of non-finite gradients: with
-            ``sync_checks=None`` (the default) a broken chain stops only itself (see *Checks*);
-            ``sync_checks=True`` raises at once and moves no chain; ``check_finite=False``: none.
+        model: a factory ``seed -> nn.Module`` building chain k's model from its seed, or a
+            module whose copies start every chain at the same point (same structure for all).
+        sampler: the sampler (:func:`sgrld.build`) with ``noise="philox"``; its ``lr`` a float,
+            a 0-d or a ``(K,)`` tensor. ``sync_checks=True``: a non-finite gradient raises and
+            moves no chain; ``check_finite=False``: no check; default: see *Checks*.
         seeds: one seed per chain (int in [0, 2⁶³)): the chain's Philox key and the argument of
             ``model``.
         lr: ℓ per chain, overriding ``sampler.lr`` (``docs/conventions.md``).
-        noise_seeds: the chains' Philox seeds (ints in [0, 2⁶⁴), the key's two words) where they
-            differ from ``seeds`` (e.g. a runner that derives independent init and noise
-            streams from one master seed).
+        noise_seeds: the chains' Philox seeds (ints in [0, 2⁶⁴)) where they differ from
+            ``seeds``.
         chain_batch: at most this many chains per vmapped forward/backward and sampler call
-            (default: all). On CPU a few chains at a time keep the working set in cache: with
-            2.4M parameters per chain, stacking 10 costs ~1.9x per chain (``benchmarks/chains.py``).
+            (default: all); on CPU a few at a time keep the working set in cache.
         device: where the stacked tensors live (default: where ``model`` builds them).
-        sample: ``name -> bool``: sample only the parameters it selects (e.g. low-rank
-            adapters: ``lambda n: "lora" in n``); the others are frozen and held once, shared
-            by every chain (chain 0's; every chain's model must build them alike), so memory is
-            the base model once plus K times the sampled subset.
+        sample: ``name -> bool``: sample only the parameters it selects (e.g. ``lambda n:
+            "lora" in n``); the others are frozen, held once (chain 0's) and must be built alike.
+        telemetry: sum each chain's per-step figures on the device (:meth:`telemetry`).
         **options: per chain values of the metric's tuned options (:attr:`Metric.tuned`, e.g.
-            Monge's ``alpha2=[1.0, 2.0]``). Each run of equal consecutive values is stepped by
-            one sampler call.
+            ``alpha2=[1.0, 2.0]``); each run of equal consecutive values is one sampler call.
 
     **Checks.** By default a chain whose gradient holds NaN/Inf is frozen from that step on
-    (parameters, statistics and buffers) and reported by :meth:`failures` and :meth:`check`,
-    while the others go on. On CUDA this is the engine's deferred check (device flags, no host
-    read). On CPU, where a host read is free, one sum per chain is read each step instead and
-    the step runs unchecked while every chain is finite (the deferred check's extra passes over
-    the K·D buffers cost up to a third of a CPU step); the first non-finite step and all after
-    it take the deferred path.
+    (parameters and buffers) and reported by :meth:`failures`, the others go on: on CUDA by
+    the engine's deferred check; on CPU one sum per chain is read each step and the step runs
+    unchecked (cheaper) while every chain is finite.
 
     Attributes:
         params: ``name -> (K, ...)`` stacked parameters (updated in place by :meth:`step`).
@@ -132,19 +106,8 @@ class Chains:
         seeds: the chains' seeds.
 
     References:
-        The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`.
-
-    Examples:
-        >>> import torch, sgrld
-        >>> def make(seed):
-        ...     return torch.nn.Linear(3, 2, dtype=torch.float64)
-        >>> sampler = sgrld.build("identity", lr=1e-2, num_data=100, noise="philox")
-        >>> chains = sgrld.Chains(make, sampler, seeds=[0, 1, 2, 3])
-        >>> x = torch.randn(4, 8, 3, dtype=torch.float64)  # (K, B, ...): one batch per chain
-        >>> y = torch.randint(0, 2, (4, 8))
-        >>> ce = lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y)
-        >>> chains.step(ce, x, y).shape  # one loss per chain
-        torch.Size([4])
+        The engine (per-chain keys, ℓ and deferred checks): :mod:`sgrld.core.engine`; an
+        example: ``docs/chains.md``.
     """
 
     def __init__(
@@ -170,23 +133,10 @@ class Chains:
             )
         self.seeds = _check_seeds(seeds)
         k = self.num_chains = len(self.seeds)
-        if sample is None:
-            if isinstance(model, nn.Module):
-                modules = [copy.deepcopy(model) for _ in range(k)]
-            elif callable(model):
-                modules = [model(s) for s in self.seeds]
-            else:
-                raise TypeError("model must be an nn.Module or a callable seed -> nn.Module")
-            if device is not None:
-                modules = [m.to(device) for m in modules]
-            params, buffers = stack_module_state(modules)
-            self.model = modules[0]  # template of the forward: its own tensors are not used
-            self.frozen: dict[str, Tensor] = {}
-            del modules
-        else:
-            self.model, params, buffers, self.frozen = _subset(model, self.seeds, sample, device)
-        self.params: dict[str, Tensor] = {n: p.detach() for n, p in params.items()}
-        self.buffers: dict[str, Tensor] = {n: b.detach() for n, b in buffers.items()}
+        # chain 0's module is the template of the forward: its own tensors are not used
+        self.model, self.params, self.buffers, self.frozen = _stack(
+            model, self.seeds, sample, device
+        )
         if not self.params:
             raise ValueError("the model has no parameters" + (" selected by sample" * bool(sample)))
         self._host_checks = False  # see *Checks* in the class docstring
@@ -204,8 +154,6 @@ class Chains:
                 g.telemetry = torch.zeros(g.stop - g.start, 4, dtype=torch.float64,
                                           device=g.state.keys.device)  # fmt: skip
 
-    # ------------------------------------------------------------------ construction
-
     def _make_groups(
         self,
         sampler: Sampler,
@@ -215,13 +163,11 @@ class Chains:
     ) -> list[_Group]:
         k = self.num_chains
         like = next(iter(self.params.values()))
-        lrs: Tensor | None = None
+        if lr is None and isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
+            lr = sampler.lr
+        lrs = None
         if lr is not None:
             lrs = torch.tensor(_per_chain("lr", lr, k), dtype=like.dtype, device=like.device)
-        elif isinstance(sampler.lr, Tensor) and sampler.lr.dim() == 1:
-            lrs = torch.tensor(
-                _per_chain("lr", sampler.lr, k), dtype=like.dtype, device=like.device
-            )
         per_chain: list[dict[str, float]] = [{} for _ in range(k)]
         for name, values in options.items():
             if name not in sampler.metric.tuned:
@@ -248,8 +194,6 @@ class Chains:
             start = stop
         return groups
 
-    # ------------------------------------------------------------------ forward and gradients
-
     def train(self, mode: bool = True) -> Chains:
         """Train mode (BatchNorm: batch statistics, running statistics updated per chain)."""
         self.model.train(mode)
@@ -260,13 +204,8 @@ class Chains:
         return self.train(False)
 
     def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor:
-        """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim.
-
-        Args:
-            fn: a function of the model (with chain k's parameters and buffers) and the inputs.
-            args: tensors with a leading chain dim ``(K, ...)``, or shared by every chain
-                (``shared=True``, e.g. a test set).
-        """
+        """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim; ``args`` are
+        ``(K, ...)``, or shared by every chain (``shared=True``, e.g. a test set)."""
         outs = []
         for g in self.groups:  # one vmapped call per group (chain_batch bounds the working set)
             part = slice(g.start, g.stop)
@@ -325,12 +264,8 @@ class Chains:
     def grads(
         self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Per-chain losses ``(K,)`` and their gradients ``name -> (K, ...)``.
-
-        ``loss_fn(model, *args_k)`` is chain k's per-datum potential (e.g.
-        ``lambda m, x, y: potential(m, x, y, n)``); ``grad_clip`` clamps every gradient element
-        to ±``grad_clip`` (as the experiment runner does).
-        """
+        """Per-chain losses ``(K,)`` of ``loss_fn(model, *args_k)`` and their gradients
+        ``name -> (K, ...)``, each element clamped to ±``grad_clip``."""
         parts = [self._group_grads(g, loss_fn, args, grad_clip) for g in self.groups]
         if len(parts) == 1:
             return parts[0]
@@ -343,12 +278,11 @@ class Chains:
         self._apply(parts, adapt)
 
     def _apply(self, parts: list[dict[str, Tensor]], adapt: bool) -> None:
-        with torch.no_grad():
-            if self.groups[0].sampler.sync_checks:
-                for g, part in zip(self.groups, parts, strict=True):
-                    self._refuse(g, part)  # before any group moves
+        if self.groups[0].sampler.sync_checks:
             for g, part in zip(self.groups, parts, strict=True):
-                self._apply_group(g, part, adapt)
+                self._refuse(g, part)  # before any group moves
+        for g, part in zip(self.groups, parts, strict=True):
+            self._apply_group(g, part, adapt)
 
     def _apply_group(self, g: _Group, grads: dict[str, Tensor], adapt: bool) -> None:
         with torch.no_grad():
@@ -360,8 +294,7 @@ class Chains:
                 g.broken = bool((g.state.flags[..., 0] != 0).any())
 
     def _refuse(self, g: _Group, grads: Mapping[str, Tensor]) -> None:
-        """Sync checks: raise naming the chains with a non-finite gradient (one sum per chain
-        first; where it only overflowed, nothing is raised)."""
+        """Sync checks: raise naming the chains with a non-finite gradient."""
         if self._all_finite(grads):
             return
         bad = [
@@ -375,22 +308,21 @@ class Chains:
 
     @staticmethod
     def _all_finite(grads: Mapping[str, Tensor]) -> bool:
-        """One sum per tensor and chain, read on the host: finite iff every element is (a sum
-        that overflows only sends the step down the exact, deferred path)."""
+        """One sum per tensor and chain, read on the host (an overflowing sum only sends the
+        step down the exact path)."""
         sums = torch.stack([t.reshape(t.shape[0], -1).sum(1) for t in grads.values()])
         return bool(torch.isfinite(sums).all())
 
     def step(
         self, loss_fn: LossFn, *args: Tensor, grad_clip: float | None = None, adapt: bool = True
     ) -> Tensor:
-        """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`); the losses.
-
-        Group by group (forward, backward, sampler call), so that with ``chain_batch`` the
-        working set stays that of a few chains. A chain whose gradient is non-finite is frozen
-        from then on, its buffers included (see :meth:`failures`).
-        """
-        saved = self._snapshot_buffers()
-        sync = bool(self.groups[0].sampler.sync_checks)
+        """Gradients (:meth:`grads`) and one step of every chain (:meth:`apply`), group by
+        group; the losses. A chain whose gradient is non-finite is frozen, buffers included."""
+        sampler = self.groups[0].sampler
+        sync = bool(sampler.sync_checks)
+        saved = {}  # with deferred checks, a frozen chain's buffers are put back after the step
+        if sampler.check_finite and not sync and self.model.training:
+            saved = {n: b.clone() for n, b in self.buffers.items()}
         losses, pending = [], []
         for g in self.groups:
             loss, grads = self._group_grads(g, loss_fn, args, grad_clip)
@@ -402,7 +334,7 @@ class Chains:
         if sync:
             self._apply(pending, adapt)
         if saved:
-            frozen = self._broken_mask()
+            frozen = torch.cat([g.state.flags[..., 0] != 0 for g in self.groups])
             for n, b in self.buffers.items():
                 keep = frozen.reshape(-1, *([1] * (b.dim() - 1)))
                 b.copy_(torch.where(keep, saved[n], b))
@@ -413,49 +345,33 @@ class Chains:
         for g in self.groups:
             g.sampler.refresh(g.state)
 
-    def _snapshot_buffers(self) -> dict[str, Tensor]:
-        sampler = self.groups[0].sampler
-        deferred = sampler.check_finite and not sampler.sync_checks
-        if not deferred or not self.model.training:
-            return {}
-        return {n: b.clone() for n, b in self.buffers.items()}
-
     def telemetry(self, reset: bool = True) -> list[dict[str, float]]:
         """Every chain's per-step figures since the last read (``telemetry=True``), as
-        :meth:`sgrld.SGRLDOptimizer.telemetry` gives a single run's: summed on the device in
-        each step, read here once."""
+        :meth:`sgrld.SGRLDOptimizer.telemetry` gives a single run's."""
         if self.groups[0].telemetry is None:
             raise RuntimeError("telemetry is off: build the Chains with telemetry=True")
         out = []
         for g in self.groups:
             assert g.telemetry is not None
-            sums = g.telemetry.tolist()
-            extra = {
-                key: value.reshape(-1).tolist()
-                for key, value in g.sampler.metric.diagnostics(
-                    g.state.stats, g.state.layout
-                ).items()
-            }
-            for i, chain_sums in enumerate(sums):
-                figures = telemetry_figures(
-                    chain_sums, {key: float(values[i]) for key, values in extra.items()}
-                )
-                out.append(figures)
+            diagnostics = g.sampler.metric.diagnostics(g.state.stats, g.state.layout)
+            extra = {key: value.reshape(-1).tolist() for key, value in diagnostics.items()}
+            out += [
+                telemetry_figures(sums, {key: float(v[i]) for key, v in extra.items()})
+                for i, sums in enumerate(g.telemetry.tolist())
+            ]
             if reset:
                 g.telemetry.zero_()
         return out
 
     @property
     def adapting(self) -> bool:
-        """Whether the last step adapted the metric (still in the warm-up of ``adapt_until``
-        steps, :mod:`sgrld.core.warmup`): a sample of the chains now is drawn adapting."""
+        """Whether the last step adapted the metric (the warm-up of ``adapt_until`` steps)."""
         sampler = self.groups[0].sampler
         return drawn_while_adapting(sampler.metric, self.step_count, sampler.adapt_until)
 
     def health(self) -> list[Health]:
-        """Every chain's health (:func:`sgrld.health`) from its telemetry since the last read
-        (``telemetry=True``; read without resetting it): one verdict per chain; a chain frozen
-        on a non-finite gradient (:meth:`failures`) has broken down."""
+        """Every chain's :func:`sgrld.health` from its telemetry since the last read (not
+        reset); a chain frozen on a non-finite gradient has broken down."""
         temperature = self.groups[0].sampler.temperature
         failed = self.failures()
         return [
@@ -472,11 +388,6 @@ class Chains:
             tensors = [*g.state.stats.values(), g.state.keys, g.state.flags]
             total += sum(t.numel() * t.element_size() for t in tensors) // (g.stop - g.start)
         return total // len(self.groups)
-
-    # ------------------------------------------------------------------ failures
-
-    def _broken_mask(self) -> Tensor:
-        return torch.cat([g.state.flags[..., 0] != 0 for g in self.groups])
 
     def failures(self) -> dict[int, int]:
         """Chains that broke down: ``chain index -> first step with a non-finite gradient``
@@ -505,8 +416,6 @@ class Chains:
                 f"non-finite gradient in {where}; those chains are frozen, the others went on"
             )
 
-    # ------------------------------------------------------------------ per-chain views
-
     @property
     def step_count(self) -> int:
         """Steps taken (the same for every chain)."""
@@ -528,8 +437,6 @@ class Chains:
             {n: t for n, t in tensors.items() if n in module.state_dict()}, strict=True
         )
         return module
-
-    # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to continue exactly: parameters, buffers and each group's sampler state."""
@@ -558,26 +465,24 @@ class Chains:
                 t.copy_(sd[kind][n])
         for g, s in zip(self.groups, sd["samplers"], strict=True):
             g.state.apply_state_dict(s)
-        for g in self.groups:  # frozen chains stay frozen
-            g.broken = bool((g.state.flags[..., 0] != 0).any())
+            g.broken = bool((g.state.flags[..., 0] != 0).any())  # frozen chains stay frozen
 
 
-def _subset(
+def _stack(
     model: nn.Module | ModelFactory,
     seeds: list[int],
-    sample: Callable[[str], bool],
+    sample: Callable[[str], bool] | None,
     device: torch.device | str | None,
 ) -> tuple[nn.Module, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
-    """Chains over the parameters that ``sample(name)`` selects; the others are one shared,
-    frozen copy (chain 0's), so that memory is the base once plus K times the subset. The
-    chains' models are built one at a time, keeping only their sampled parameters."""
+    """The template module, the stacked sampled parameters and buffers, and the parameters
+    ``sample`` leaves out: one frozen copy (chain 0's). The models are built one at a time."""
     template: nn.Module | None = None
     sampled: dict[str, list[Tensor]] = {}
     buffers: dict[str, list[Tensor]] = {}
     frozen: dict[str, Tensor] = {}
     for s in seeds:
         if isinstance(model, nn.Module):
-            m = model  # every chain starts at the same point
+            m = copy.deepcopy(model)  # every chain starts at the same point
         elif callable(model):
             m = model(s)
         else:
@@ -585,7 +490,7 @@ def _subset(
         if device is not None:
             m = m.to(device)
         for name, p in m.named_parameters():
-            if sample(name):
+            if sample is None or sample(name):
                 sampled.setdefault(name, []).append(p.detach().clone())
             elif template is None:
                 frozen[name] = p.detach()
@@ -598,9 +503,7 @@ def _subset(
         for name, b in m.named_buffers():
             buffers.setdefault(name, []).append(b.detach().clone())
         if template is None:
-            template = (
-                m if callable(model) and not isinstance(model, nn.Module) else copy.deepcopy(m)
-            )
+            template = m
     assert template is not None
     stack = {n: torch.stack(ts) for n, ts in sampled.items()}
     return template, stack, {n: torch.stack(ts) for n, ts in buffers.items()}, frozen
@@ -612,12 +515,8 @@ def chain_batches(
     generators: Sequence[torch.Generator],
     device: torch.device | str | None = None,
 ) -> Iterator[Tensor]:
-    """One epoch of minibatch indices per chain, shape ``(K, B)`` per step.
-
-    Chain k's order is ``torch.randperm(num_data, generator=generators[k])`` cut into batches
-    of ``batch_size`` (the last one smaller), as a single run draws it: its data order depends
-    on its own generator only. Index the training set with it: ``x_train[index]`` is
-    ``(K, B, ...)``.
+    """One epoch of minibatch indices per chain, shape ``(K, B)`` per step: chain k's
+    ``torch.randperm(num_data, generator=generators[k])`` cut into batches, as a single run's.
     """
     if batch_size < 1 or num_data < 1:
         raise ValueError(f"need num_data >= 1 and batch_size >= 1, got {num_data}, {batch_size}")

@@ -1,34 +1,8 @@
 """Keep posterior samples of a model, predict with them, and the model's log-density.
 
-An SG-MCMC chain is only useful through its samples. This module is the Python API for them:
-
-- :class:`SampleStore`: keeps a thinned subset of the chain's states (parameters and buffers),
-  in memory or as files in a directory, never more than ``max_samples`` at once;
-- :func:`posterior_predictive`: the averaged predictive ``p̄(y | x) = (1/S) Σ_s p(y | x, θ_s)``
-  of the kept samples, and :func:`log_predictive_density`, the ensemble's mean ``log p̄(y | x)``
-  on labelled points (the LP of the paper's tables);
-- :func:`log_density`: the minibatch estimate of ``log p(θ | D)`` (up to a constant) of a
-  :class:`~sgrld.models.BayesianModel`, the negative of the potential ``n · u_B(θ)``
-  (``docs/conventions.md``).
-
-Examples:
-    >>> import torch, sgrld
-    >>> from sgrld.models import build_model, potential
-    >>> from sgrld.samples import SampleStore, posterior_predictive
-    >>> g = torch.Generator().manual_seed(0)
-    >>> x, y = torch.rand(64, 784, generator=g), torch.arange(64) % 10
-    >>> model = build_model("fc", width=16, generator=g)
-    >>> sampler = sgrld.SGLD(model.parameters(), lr=0.01, num_data=64)
-    >>> store = SampleStore(burnin=10, thinning=5, max_samples=4)
-    >>> for step in range(40):
-    ...     sampler.zero_grad()
-    ...     potential(model, x, y, num_data=64).backward()
-    ...     sampler.step()
-    ...     _ = store.observe(model)
-    >>> len(store), store.thinning  # 6 samples were due: the cap halved them, thinning doubled
-    (3, 10)
-    >>> posterior_predictive(model, store, x).shape
-    torch.Size([64, 10])
+:class:`SampleStore` keeps a thinned, capped subset of a chain's states (in memory or on disk);
+:func:`posterior_predictive` and :func:`log_predictive_density` average the samples'
+predictives; :func:`log_density` is the minibatch ``log p(θ | D)`` (``docs/usage.md``).
 """
 
 from __future__ import annotations
@@ -49,24 +23,20 @@ __all__ = ["SampleStore", "log_density", "log_predictive_density", "posterior_pr
 class SampleStore:
     """Thinned posterior samples of a model's state, in memory or on disk, with a cap.
 
-    Call :meth:`observe` after every sampler step: the model's state after step ``k``
-    (1-based) is kept when ``k > burnin`` and ``k % thinning == 0`` (the runner's schedule,
-    :func:`sgrld.experiments.run.config.is_sample_step`). When ``max_samples`` are kept and another
-    is due, every second kept sample is dropped and ``thinning`` doubles, so the store always
-    spans the whole chain after burn-in, evenly, in at most ``max_samples`` samples.
+    Call :meth:`observe` after every sampler step: the state after step ``k`` (1-based) is kept
+    when ``k > burnin`` and ``k % thinning == 0``. When ``max_samples`` are kept and another is
+    due, every second one is dropped and ``thinning`` doubles, so the store spans the whole
+    chain after burn-in evenly.
 
     Args:
         burnin: steps before the first sample can be kept, ≥ 0.
         thinning: keep every ``thinning``-th step, ≥ 1.
         max_samples: most samples kept at once, ≥ 2.
-        directory: write each sample to ``directory/sample-<step>.pt`` (one ``torch.save`` of
-            the state dict, on CPU) instead of keeping it in memory. Files of dropped samples
-            are deleted.
+        directory: write each sample's state dict to a file there (CPU) instead of keeping it
+            in memory; files of dropped samples are deleted.
 
-    A sample of a model stepped by an sgrld optimizer records in :attr:`adapting` whether the
-    metric was still adapting when it was drawn (the warm-up, ``adapt_until``: such samples
-    follow a biased law, ``docs/posterior.md``); the first one is said in a ``RuntimeWarning``
-    with the step and the fix.
+    :attr:`adapting` records whether each sample was drawn while the metric still adapted
+    (``docs/posterior.md``); the first such is said in a ``RuntimeWarning``.
 
     Raises:
         ValueError: invalid arguments.
@@ -95,8 +65,7 @@ class SampleStore:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.step = 0
         self.steps: list[int] = []  # the step of each kept sample
-        #: per kept sample: whether the metric was still adapting when it was drawn (the
-        #: warm-up, ``adapt_until``), ``None`` where no sgrld optimizer steps the model
+        #: per kept sample: drawn while the metric adapted (``None``: no sgrld optimizer)
         self.adapting: list[bool | None] = []
         self._warned = False
         self._memory: list[dict[str, Tensor]] = []
@@ -144,10 +113,10 @@ class SampleStore:
         return adapted
 
     def add(self, state: dict[str, Tensor], *, step: int | None = None) -> None:
-        """Keep ``state`` (a state dict; copied to CPU) as the next sample, regardless of schedule.
+        """Keep ``state`` (a state dict; copied to CPU) as the next sample, off the schedule.
 
         Raises:
-            ValueError: the store is full (:meth:`observe` makes room; ``add`` does not).
+            ValueError: the store is full (``add`` makes no room).
         """
         if len(self) >= self.max_samples:
             raise ValueError(f"the store holds max_samples={self.max_samples} samples already")
@@ -202,9 +171,8 @@ def posterior_predictive(
 ) -> Tensor:
     """Averaged class probabilities ``(1/S) Σ_s softmax(f(x; θ_s))`` of the stored samples.
 
-    Each sample is loaded into ``model`` in eval mode (BatchNorm uses its running statistics);
-    the model's own state and mode are restored afterwards. The average is a float64
-    log-sum-exp, as in :class:`~sgrld.evaluation.EnsemblePredictive`.
+    Each sample is loaded into ``model`` in eval mode; the model's own state and mode are
+    restored afterwards. The average is a float64 log-sum-exp.
 
     Args:
         model: the network the samples were taken from.
@@ -232,9 +200,7 @@ def log_predictive_density(
 ) -> float:
     """The ensemble's log predictive density ``mean_i log((1/S) Σ_s p(y_i | x_i, θ_s))``.
 
-    The "LP" of the paper's tables (and of ``sgrld sample``'s results) for samples you keep
-    yourself: the mean over the points of the log of the averaged probability of the true class,
-    computed as a float64 log-sum-exp over the samples (no probability is rounded to 0).
+    The "LP" of the paper's tables, as a float64 log-sum-exp over the samples.
 
     Args:
         model: the network the samples were taken from.
@@ -285,8 +251,7 @@ def _log_predictive(
 def log_density(model: nn.Module, inputs: Tensor, targets: Tensor, num_data: int) -> Tensor:
     """Minibatch estimate of ``log p(θ | D) + const = n · mean_B log p(y | x, θ) + log p(θ)``.
 
-    Unbiased for the full-data value when the minibatch is drawn uniformly; equal to
-    ``−n · potential(model, x, y, n)`` (``docs/conventions.md``). Differentiable in θ.
+    Equal to ``−n · potential(model, x, y, n)`` (``docs/conventions.md``); differentiable in θ.
 
     Args:
         model: a :class:`~sgrld.models.BayesianModel` (anything with ``log_prior()``).

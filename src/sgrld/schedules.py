@@ -1,14 +1,11 @@
 """Step-size schedules for every sampler, as ``torch.optim`` learning-rate schedulers.
 
-:class:`CyclicalLR` is the cosine-cyclical schedule of cyclical SG-MCMC (Zhang et al. 2020,
-eq. 3): K steps split into M cycles of L = ⌈K/M⌉ steps; step k (1-based) uses
+:class:`CyclicalLR` (Zhang et al. 2020, eq. 3): K steps in M cycles of L = ⌈K/M⌉ steps; step k
+(1-based) uses
 
     ℓ_k = ℓ₀/2 · (cos(π · ((k−1) mod L) / L) + 1)
 
-and belongs to the cycle's **exploration** phase when ((k−1) mod L)/L < r, its **sampling**
-phase otherwise. Exploring steps are noise-free descent (temperature 0, set on the parameter
-groups by the scheduler itself) and take no samples; the caller asks :attr:`CyclicalLR.exploring`
-(the runner skips sampling there). ℓ₀ is the group's ``lr`` when the scheduler is made.
+and explores (τ = 0, no samples: :attr:`CyclicalLR.exploring`) while ((k−1) mod L)/L < r.
 """
 
 from __future__ import annotations
@@ -31,30 +28,20 @@ def cyclical_lr(step: int, base_lr: float, cycle_length: int) -> float:
 class CyclicalLR(LRScheduler):
     """Cosine-cyclical ℓ with exploration (τ = 0) and sampling phases (cSG-MCMC).
 
-    Call :meth:`step` after each ``optimizer.step()``, as for any scheduler; after ``j`` calls the
-    optimizer's groups hold ℓ (and τ) of step ``j + 1``. The scheduler's ``state_dict`` (with the
-    optimizer's) restores the schedule exactly.
+    Call :meth:`step` after each ``optimizer.step()``; after ``j`` calls the optimizer's groups
+    hold ℓ (and τ) of step ``j + 1``.
 
     Args:
         optimizer: any optimizer; groups with a ``temperature`` (the sgrld samplers) get τ = 0
             in exploring steps and their own τ back in sampling steps.
         total_steps: K ≥ 1, the number of steps the M cycles share.
         cycles: M ≥ 1.
-        explore_fraction: r in [0, 1), the leading fraction of each cycle that explores
-            (0: every step samples; the schedule is then only a cyclical ℓ).
+        explore_fraction: r in [0, 1), the leading fraction of each cycle that explores.
         last_epoch: as in ``torch.optim.lr_scheduler`` (steps already taken, −1 for a new run).
 
     References:
         Zhang, Li, Zhang, Chen, Wilson: Cyclical Stochastic Gradient MCMC for Bayesian Deep
         Learning, ICLR 2020.
-
-    Examples:
-        >>> import torch, sgrld
-        >>> p = torch.nn.Parameter(torch.zeros(2))
-        >>> opt = sgrld.SGLD([p], lr=0.1, num_data=10)
-        >>> sched = CyclicalLR(opt, total_steps=8, cycles=2, explore_fraction=0.5)
-        >>> [round(g["lr"], 4) for g in opt.param_groups], sched.exploring
-        ([0.1], True)
     """
 
     def __init__(

@@ -1,8 +1,6 @@
 """Reader for the official CIFAR-10 python version (Krizhevsky, 2009) and its preprocessing.
 
-Reads ``cifar-10-python.tar.gz`` directly (no extraction to disk) or the extracted
-``cifar-10-batches-py/`` directory. Each batch is a pickled dict with ``b"data"`` (uint8,
-``(N, 3072)``, channel-major 32×32 planes) and ``b"labels"`` (list of ints in 0..9). Batches are
+Reads ``cifar-10-python.tar.gz`` directly or the extracted ``cifar-10-batches-py/``; batches are
 unpickled with an allow-list, so a hostile file cannot run code.
 """
 
@@ -13,7 +11,6 @@ import io
 import os
 import pickle
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import torch
 from torch import Tensor
 
 from sgrld.data.download import CIFAR10_ARCHIVE, missing_files_message, verify_file
+from sgrld.data.idx import ImageArrays
 
 BATCH_DIR = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -69,16 +67,6 @@ def parse_batch(raw: bytes, *, source: str) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32).copy(), labels.astype(np.int64)
 
 
-@dataclass(frozen=True)
-class Cifar10Arrays:
-    """The official arrays: images ``(N, 3, 32, 32)`` uint8 (NCHW), labels ``(N,)`` int64."""
-
-    train_images: np.ndarray
-    train_labels: np.ndarray
-    test_images: np.ndarray
-    test_labels: np.ndarray
-
-
 def _read_members(path: Path, verify: bool) -> dict[str, bytes]:
     names = (*TRAIN_BATCHES, TEST_BATCH)
     if path.is_dir():
@@ -122,7 +110,7 @@ def locate_cifar10(path: str | os.PathLike[str]) -> Path:
     )
 
 
-def read_cifar10(path: str | os.PathLike[str], *, verify: bool = True) -> Cifar10Arrays:
+def read_cifar10(path: str | os.PathLike[str], *, verify: bool = True) -> ImageArrays:
     """Read CIFAR-10 from the official archive or its extracted batch directory.
 
     Args:
@@ -137,7 +125,7 @@ def read_cifar10(path: str | os.PathLike[str], *, verify: bool = True) -> Cifar1
     members = _read_members(location, verify)
     parsed = {name: parse_batch(raw, source=f"{location}/{name}") for name, raw in members.items()}
     train = [parsed[name] for name in TRAIN_BATCHES]
-    return Cifar10Arrays(
+    return ImageArrays(
         train_images=np.concatenate([images for images, _ in train]),
         train_labels=np.concatenate([labels for _, labels in train]),
         test_images=parsed[TEST_BATCH][0],
@@ -148,8 +136,7 @@ def read_cifar10(path: str | os.PathLike[str], *, verify: bool = True) -> Cifar1
 def standardise(train: Tensor, *others: Tensor) -> tuple[Tensor, ...]:
     """Per-channel standardisation with the train images' mean and unbiased std.
 
-    Statistics are taken in float64 over the (N, H, W) axes of the NCHW ``train`` batch (ddof = 1,
-    as ``torch.std``); every returned tensor is float32.
+    Float64 statistics over the (N, H, W) axes of ``train`` (ddof = 1); float32 results.
 
     Returns:
         ``(train, *others)`` standardised.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from sgrld.data.cifar10 import locate_cifar10, read_cifar10, standardise
 from sgrld.data.diabetes import NUM_TEST as DIABETES_NUM_TEST
 from sgrld.data.diabetes import NUM_VAL as DIABETES_NUM_VAL
 from sgrld.data.diabetes import load_diabetes_splits
-from sgrld.data.download import MNIST_FILES, download_dataset, missing_files_message
-from sgrld.data.idx import find_mnist_file, read_mnist
+from sgrld.data.download import MNIST_FILES, download_dataset, find_copy, missing_files_message
+from sgrld.data.idx import ImageArrays, read_mnist
 from sgrld.data.splits import Splits, split_indices
 
 DATA_DIR_ENV = "SGRLD_DATA_DIR"
@@ -32,8 +33,7 @@ class DatasetInfo:
         input_shape: the shape of one input.
         num_outputs: how many outputs the network needs (the classes; 1 for a scalar target).
         num_val: the default validation size.
-        train_pool: the points the training and validation splits are drawn from (the
-            official training set; diabetes: all but its 88 test points).
+        train_pool: the points the training and validation splits are drawn from.
         bundled: shipped with an installed package (no data directory, no download).
     """
 
@@ -101,9 +101,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> Path:
 def _dataset_dir(name: str, root: Path) -> Path | None:
     """``root/name`` or ``root`` itself, whichever holds (any of) the dataset's files."""
     for candidate in (root / name, root):
-        if name == "mnist" and any(
-            find_mnist_file(candidate, f.filename) for f in MNIST_FILES.values()
-        ):
+        if name == "mnist" and any(find_copy(candidate, f.filename) for f in MNIST_FILES.values()):
             return candidate  # read_mnist names any file still missing
         if name == "cifar10":
             try:
@@ -114,46 +112,29 @@ def _dataset_dir(name: str, root: Path) -> Path | None:
     return None
 
 
-def _mnist(directory: Path, num_val: int, seed: int, verify: bool) -> Splits:
-    arrays = read_mnist(directory, verify=verify)
-    train_idx, val_idx = split_indices(len(arrays.train_labels), num_val, seed)
+def _mnist_inputs(*images: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """Pixels / 255, flattened to 784, float32."""
+    return tuple(torch.from_numpy(a.reshape(len(a), -1)).to(torch.float32) / 255.0 for a in images)
 
-    def inputs(images: np.ndarray) -> torch.Tensor:  # pixels / 255, flattened to 784
-        return torch.from_numpy(images.reshape(len(images), -1)).to(torch.float32) / 255.0
 
-    def labels(values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(values.astype(np.int64))
+def _cifar10_inputs(*images: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """NCHW float32, standardised per channel with the train split's statistics."""
+    return standardise(*(torch.from_numpy(a) for a in images))
 
-    return Splits(
-        x_train=inputs(arrays.train_images[train_idx]),
-        y_train=labels(arrays.train_labels[train_idx]),
-        x_val=inputs(arrays.train_images[val_idx]),
-        y_val=labels(arrays.train_labels[val_idx]),
-        x_test=inputs(arrays.test_images),
-        y_test=labels(arrays.test_labels),
+
+def _splits(
+    arrays: ImageArrays, num_val: int, seed: int, inputs: Callable[..., tuple[torch.Tensor, ...]]
+) -> Splits:
+    train, val = split_indices(len(arrays.train_labels), num_val, seed)
+    x_train, x_val, x_test = inputs(
+        arrays.train_images[train], arrays.train_images[val], arrays.test_images
     )
-
-
-def _cifar10(directory: Path, num_val: int, seed: int, verify: bool) -> Splits:
-    arrays = read_cifar10(directory, verify=verify)
-    train_idx, val_idx = split_indices(len(arrays.train_labels), num_val, seed)
-    x_train, x_val, x_test = standardise(
-        *(
-            torch.from_numpy(a)
-            for a in (
-                arrays.train_images[train_idx],
-                arrays.train_images[val_idx],
-                arrays.test_images,
-            )
-        )
+    y_train, y_val, y_test = (
+        torch.from_numpy(y.astype(np.int64))
+        for y in (arrays.train_labels[train], arrays.train_labels[val], arrays.test_labels)
     )
     return Splits(
-        x_train=x_train,
-        y_train=torch.from_numpy(arrays.train_labels[train_idx]),
-        x_val=x_val,
-        y_val=torch.from_numpy(arrays.train_labels[val_idx]),
-        x_test=x_test,
-        y_test=torch.from_numpy(arrays.test_labels),
+        x_train=x_train, y_train=y_train, x_val=x_val, y_val=y_val, x_test=x_test, y_test=y_test
     )
 
 
@@ -173,11 +154,9 @@ def load_dataset(
     * MNIST: 50,000 / 10,000 / 10,000; pixels/255 flattened to 784, float32.
     * CIFAR-10: 40,000 / 10,000 / 10,000; NCHW float32 standardised per channel with the train
       split's mean and unbiased std.
-    * diabetes: 310 / 44 / 88, from scikit-learn (no files, no ``data_dir``); features and
-      targets standardised with the train split's statistics (:mod:`sgrld.data.diabetes`).
+    * diabetes: 310 / 44 / 88, from scikit-learn (no ``data_dir``), standardised likewise.
 
-    Validation indices come from ``np.random.RandomState(seed).choice`` (draw order kept); the
-    remaining training indices are sorted; the official test set keeps its file order.
+    Validation indices: :func:`~sgrld.data.splits.validation_indices`; the rest sorted.
 
     Args:
         name: ``"mnist"``, ``"cifar10"`` or ``"diabetes"`` (:data:`DATASET_NAMES`).
@@ -187,8 +166,7 @@ def load_dataset(
         num_val: validation size (default: the data set's, 10,000 in the paper; 44).
         seed: seed of the validation draw (1 in the paper).
         verify: check published SHA-256 digests.
-        download: complete a partial copy (or fetch the whole dataset into ``data_dir/name``)
-            from the official locations, verifying every file, present or fetched.
+        download: fetch what is missing (into ``data_dir/name``), verifying every file.
 
     Returns:
         The :class:`Splits`, labels as int64 (classification) or float32 targets (regression).
@@ -212,5 +190,7 @@ def load_dataset(
         raise FileNotFoundError(
             f"{name} not found under {root}; " + missing_files_message(name, root / name)
         )
-    loader = _mnist if name == "mnist" else _cifar10
-    return loader(directory, num_val, seed, verify).to(device)
+    read, inputs = (
+        (read_mnist, _mnist_inputs) if name == "mnist" else (read_cifar10, _cifar10_inputs)
+    )
+    return _splits(read(directory, verify=verify), num_val, seed, inputs).to(device)

@@ -1,17 +1,13 @@
 """scikit-learn's diabetes regression data (bundled in its wheel: no download).
 
-442 patients, 10 features (age, sex, BMI, blood pressure, six serum measurements), target a
-measure of disease progression one year later (25–346). The split is deterministic: a test set
-of 88 points (20 %), then ``num_val`` (44, 10 %) validation points, both drawn with
-:func:`~sgrld.data.splits.split_indices` (``np.random.RandomState(seed)``, seed 1), and the
-remaining 310 training points in their file order. Features and targets are standardised with the
-training split's mean and unbiased standard deviation only; :attr:`Splits.target_scale` keeps
-the targets' standard deviation so that scores are reported in the original units.
+442 patients, 10 features, a disease-progression target. Test (88) then validation (``num_val``,
+44) points are drawn with :func:`~sgrld.data.splits.split_indices`, the other 310 train in file
+order; features and targets are standardised with the train split's mean and unbiased std
+(:attr:`Splits.target_scale` keeps the targets' std for scores in the original units).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from sgrld.data.splits import Splits, split_indices
@@ -37,22 +33,16 @@ def load_diabetes_splits(num_val: int = NUM_VAL, seed: int = 1) -> Splits:
     rest, test = split_indices(len(y), NUM_TEST, seed)
     train_of_rest, val_of_rest = split_indices(len(rest), num_val, seed)
     train, val = rest[train_of_rest], rest[val_of_rest]
-    x_mean, x_std = x[train].mean(0), x[train].std(0, ddof=1)
     y_mean, y_std = y[train].mean(), y[train].std(ddof=1)
-
-    def inputs(index: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy((x[index] - x_mean) / x_std).to(torch.float32)
-
-    def targets(index: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy((y[index] - y_mean) / y_std).to(torch.float32)
-
+    inputs = torch.from_numpy((x - x[train].mean(0)) / x[train].std(0, ddof=1)).to(torch.float32)
+    targets = torch.from_numpy((y - y_mean) / y_std).to(torch.float32)
     return Splits(
-        x_train=inputs(train),
-        y_train=targets(train),
-        x_val=inputs(val),
-        y_val=targets(val),
-        x_test=inputs(test),
-        y_test=targets(test),
+        x_train=inputs[train],
+        y_train=targets[train],
+        x_val=inputs[val],
+        y_val=targets[val],
+        x_test=inputs[test],
+        y_test=targets[test],
         likelihood="gaussian",
         target_mean=float(y_mean),
         target_scale=float(y_std),

@@ -1,8 +1,7 @@
 """Official download locations, checksums and a verifying downloader.
 
-The machines that run the experiments usually have no internet access; :func:`download_dataset`
-then fails with a :class:`DownloadError` that names the files to place and the directory to place
-them in (see ``/work/shared/data/README.md`` for the copies kept with the project).
+Without internet access :func:`download_dataset` fails with a :class:`DownloadError` that names
+the files to place and where.
 """
 
 from __future__ import annotations
@@ -144,8 +143,7 @@ def fetch_file(
 ) -> Path:
     """Download ``remote`` into ``directory`` and verify it, unless a verified copy is there.
 
-    The file is written to a temporary name and only renamed into place once its digest matches,
-    so an interrupted or corrupt download never leaves a file that looks complete.
+    Written to a temporary name, renamed into place once its digest matches.
 
     Args:
         remote: the file to fetch.
@@ -187,19 +185,13 @@ def fetch_file(
     )
 
 
-def _local_copy(remote: RemoteFile, directory: Path) -> Path | None:
-    """A copy of ``remote`` in ``directory``: the file itself or an MNIST file's gunzipped twin."""
-    for filename in (remote.filename, remote.filename.removesuffix(".gz")):
-        if (directory / filename).is_file():
-            return directory / filename
+def find_copy(directory: str | os.PathLike[str], filename: str) -> Path | None:
+    """The file ``filename`` in ``directory`` or its uncompressed twin, whichever exists first."""
+    for name in (filename, filename.removesuffix(".gz")):
+        candidate = Path(directory) / name
+        if candidate.is_file():
+            return candidate
     return None
-
-
-def _verify_local(path: Path, remote: RemoteFile) -> None:
-    if path.name == remote.filename:
-        verify_file(path, remote)
-    elif remote.sha256 is not None:  # the gunzipped twin: the published digest is of it
-        verify_sha256(path.read_bytes(), remote.sha256, source=path)
 
 
 def download_dataset(
@@ -211,9 +203,8 @@ def download_dataset(
 ) -> Path:
     """Complete dataset ``name`` (``"mnist"`` or ``"cifar10"``) in ``directory``.
 
-    Files already there (for MNIST also uncompressed twins, for CIFAR-10 a complete extracted
-    ``cifar-10-batches-py/``) are verified against their published digests and kept; only the
-    missing ones are fetched, and each is verified before it is renamed into place.
+    Files already there (also MNIST's uncompressed twins, or CIFAR-10's extracted batches) are
+    verified and kept; only the missing ones are fetched, each verified before it is in place.
 
     Args:
         name: the dataset.
@@ -232,15 +223,17 @@ def download_dataset(
     if name == "cifar10" and _has_cifar_batches(directory):
         return directory  # extracted batches carry no published digest: nothing to fetch
     for remote in DATASET_FILES[name]:
-        local = _local_copy(remote, directory)
-        if local is not None:
-            _verify_local(local, remote)
-            continue
-        try:
-            fetch_file(remote, directory, timeout=timeout, base_urls=base_urls)
-        except DownloadError as exc:
-            hint = missing_files_message(name, directory, [remote.filename])
-            raise DownloadError(f"{exc}\n{hint}") from exc
+        local = find_copy(directory, remote.filename)
+        if local is None:
+            try:
+                fetch_file(remote, directory, timeout=timeout, base_urls=base_urls)
+            except DownloadError as exc:
+                hint = missing_files_message(name, directory, [remote.filename])
+                raise DownloadError(f"{exc}\n{hint}") from exc
+        elif local.name == remote.filename:
+            verify_file(local, remote)
+        elif remote.sha256 is not None:  # the gunzipped twin: the published digest is of it
+            verify_sha256(local.read_bytes(), remote.sha256, source=local)
     return directory
 
 

@@ -1,17 +1,10 @@
 """The paper's 2-D funnel target: log density, gradient, Hessian, exact draws.
 
-θ = (θ₁, v), with v the funnel ("neck") coordinate:
-
     log p(θ) = log N(θ₁ | μ, sp(v)) + log N(v | 0, σ²),    μ = 2, σ² = 80, sp(x) = log(1 + eˣ)
 
-**softplus(v) is the variance of θ₁**, not its standard deviation, and σ² = 80 overrides the
-reference class default of 15. The v-marginal is exactly N(0, σ²), the
-ground truth every funnel distance is measured against.
-
-All functions take ``(..., 2)`` tensors (any batch shape, e.g. ``(K, 2)`` for K chains) and are
-plain branch-free torch code, so they run inside ``torch.compile``d sampler blocks. The gradient
-is the reference's ``funnel.dlogp`` exactly: analytic, then clipped by norm at 1e11, with NaNs
-set to 1 when it is not clipped (``models.clip_derivative``).
+**softplus(v) is the variance of θ₁**, not its standard deviation; the v-marginal is exactly
+N(0, σ²). Functions take ``(..., 2)`` tensors and are branch-free (``torch.compile``-able); the
+gradient is the reference's ``funnel.dlogp``: clipped by norm at 1e11, NaNs set to 1 otherwise.
 """
 
 from __future__ import annotations
@@ -42,14 +35,6 @@ class FunnelTarget:
         clip_norm: gradients (and Hessian–vector products) longer than this are rescaled to it
             (1e11, the reference's ``clip_derivative`` threshold ``10e10``).
 
-    Examples:
-        >>> import torch
-        >>> target = FunnelTarget()
-        >>> x = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
-        >>> target.grad_log_prob(x).shape
-        torch.Size([1, 2])
-        >>> round(target.prob_v_below(-5.0), 4)
-        0.2881
     """
 
     mean: float = 2.0
@@ -97,8 +82,7 @@ class FunnelTarget:
         d = t1 - self.mean
         g_t1 = -d / var
         g_v = -0.5 * sig / var + 0.5 * d * d * sig / (var * var) - v / self.v_variance
-        # Everything below is elementwise on (..., 1) and (..., 2) tensors (no cat, no
-        # reduction), so a compiled sampler block fuses it without intermediate buffers.
+        # elementwise only (no cat, no reduction): a compiled sampler block fuses it
         norm = torch.sqrt(g_t1 * g_t1 + g_v * g_v)
         clip = torch.isfinite(norm) & (norm > self.clip_norm)
         first = torch.arange(2, device=x.device) == 0
@@ -135,10 +119,8 @@ class FunnelTarget:
     def potential_grad(self, x: Tensor, noise: Tensor, noise_std: float = 1.0) -> Tensor:
         """The sampler's input ĝ = −(∇log p(θ) + noise_std·noise).
 
-        The stochastic gradient of the reference is the clipped exact gradient plus N(0, 1)
-        noise per coordinate; sgrld *descends* a potential, so the sign is flipped here
-        (``docs/conventions.md``: a log-density target uses ĝ = −∇log π with ``num_data = 1``).
-        ``noise`` is a standard normal draw shaped like ``x``.
+        The reference's clipped gradient plus N(0, 1) noise (``noise``, shaped like ``x``), its
+        sign flipped: sgrld descends a potential (``docs/conventions.md``).
         """
         return -(self.grad_log_prob(x) + noise_std * noise)
 

@@ -1,8 +1,7 @@
 """Reader for the IDX format of the MNIST files (LeCun et al.), gzip-compressed or raw.
 
 An IDX file is a 4-byte magic number ``00 00 <type> <ndim>``, then ``ndim`` big-endian uint32
-dimension sizes, then the data in C order. Every malformed input (bad magic, unknown type,
-truncated or oversized data, corrupt gzip, wrong digest) raises an error that names the file.
+dimension sizes, then the data in C order. Every malformed input raises an error naming the file.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sgrld.data.download import MNIST_FILES, missing_files_message, verify_sha256
+from sgrld.data.download import MNIST_FILES, find_copy, missing_files_message, verify_sha256
 
 _IDX_DTYPES: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
@@ -98,8 +97,9 @@ def read_idx(
 
 
 @dataclass(frozen=True)
-class MnistArrays:
-    """The official MNIST arrays: images ``(N, 28, 28)`` uint8 and labels ``(N,)`` uint8."""
+class ImageArrays:
+    """Official images and labels: MNIST ``(N, 28, 28)`` uint8 and ``(N,)`` uint8; CIFAR-10
+    ``(N, 3, 32, 32)`` uint8 and ``(N,)`` int64."""
 
     train_images: np.ndarray
     train_labels: np.ndarray
@@ -107,30 +107,18 @@ class MnistArrays:
     test_labels: np.ndarray
 
 
-def find_mnist_file(directory: str | os.PathLike[str], filename: str) -> Path | None:
-    """The ``.gz`` file or its uncompressed twin in ``directory``, whichever exists first."""
-    for name in (filename, filename.removesuffix(".gz")):
-        candidate = Path(directory) / name
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> MnistArrays:
+def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> ImageArrays:
     """Read the four MNIST files from ``directory``.
 
     Args:
         directory: holds ``train-images-idx3-ubyte.gz`` etc. (uncompressed copies also work).
-        verify: check the published SHA-256 digests (about 0.1 s); turn off only for
-            MNIST-format look-alikes with the same file names.
+        verify: check the published SHA-256 digests (off only for MNIST-format look-alikes).
 
     Raises:
         FileNotFoundError: a file is missing; the message lists what to put where.
         IdxFormatError, ChecksumError: a file is malformed or not the official one.
     """
-    missing = [
-        r.filename for r in MNIST_FILES.values() if not find_mnist_file(directory, r.filename)
-    ]
+    missing = [r.filename for r in MNIST_FILES.values() if not find_copy(directory, r.filename)]
     if missing:
         what = "file " + missing[0] if len(missing) == 1 else "files " + ", ".join(missing)
         raise FileNotFoundError(
@@ -139,7 +127,7 @@ def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> Mni
         )
     arrays: dict[str, np.ndarray] = {}
     for key, remote in MNIST_FILES.items():
-        path = find_mnist_file(directory, remote.filename)
+        path = find_copy(directory, remote.filename)
         assert path is not None  # checked above
         spec: tuple[int | None, ...] = (None, 28, 28) if key.endswith("images") else (None,)
         arrays[key] = read_idx(path, sha256=remote.sha256 if verify else None, shape=spec)
@@ -151,4 +139,4 @@ def read_mnist(directory: str | os.PathLike[str], *, verify: bool = True) -> Mni
             )
         if labels.size and int(labels.max()) > 9:
             raise IdxFormatError(f"{os.fspath(directory)}: {split} labels outside 0..9")
-    return MnistArrays(**arrays)
+    return ImageArrays(**arrays)

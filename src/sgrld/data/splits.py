@@ -12,9 +12,8 @@ from torch import Tensor
 def validation_indices(num_total: int, num_val: int = 10_000, seed: int = 1) -> np.ndarray:
     """The reference ``index_val.pkl``: ``np.random.seed(seed); np.random.choice(N, num_val)``.
 
-    Uses numpy's legacy :class:`~numpy.random.RandomState`, so the draw is bit-identical to the
-    reference (MNIST, N = 60,000: 15281, 21435, 44536, ...; CIFAR-10, N = 50,000: 26247, 35067,
-    34590, ...). The order of the draw is kept.
+    numpy's legacy :class:`~numpy.random.RandomState`: the reference's draw (MNIST: 15281,
+    21435, 44536, ...), in its order.
 
     Raises:
         ValueError: unless ``0 < num_val < num_total``.
@@ -47,8 +46,7 @@ class Splits:
         likelihood: the registry name of the data's likelihood (:mod:`sgrld.likelihoods`):
             ``"categorical"`` (int64 labels) or ``"gaussian"`` (float targets).
         target_mean, target_scale: the targets are (y − ``target_mean``)/``target_scale`` of
-            the original ones (0 and 1: not scaled); scores go back to the original units with
-            them (``Gaussian(target_scale=...)``).
+            the original ones (0 and 1: not scaled).
     """
 
     x_train: Tensor

@@ -1,14 +1,5 @@
-"""Evaluation: streaming ensemble predictive, calibration, curvature, MCMC diagnostics.
-
-- :mod:`~sgrld.evaluation.ensemble`: cumulative-ensemble LP, accuracy, ECE and confidence
-  from a float64 running log-sum-exp.
-- :mod:`~sgrld.likelihoods.calibration`: 30-bin top-label ECE with the reference's binning.
-- :mod:`~sgrld.evaluation.curvature`: the input-Hessian curvature ``C(θ)``.
-- :mod:`~sgrld.evaluation.diagnostics`: R-hat, bulk/tail ESS and InferenceData from ArviZ
-  (optional extra ``sgrld[diagnostics]``).
-- :mod:`~sgrld.evaluation.trace`: per-sample test log-likelihood, probe predictions and scalar
-  hyper-parameters of a run, and their diagnostics within a run and across seeds.
-- :mod:`~sgrld.evaluation.equal_time`: the equal-computation-time re-analysis.
+"""Evaluation: streaming ensemble predictive, calibration, curvature, MCMC diagnostics, the
+equal-computation-time re-analysis.
 """
 
 from sgrld.evaluation.curvature import CurvatureStats, curvature_per_example, measure_curvature

@@ -1,37 +1,25 @@
 """The streaming ensemble predictive of K chains at once.
 
-:class:`~sgrld.evaluation.ensemble.EnsemblePredictive` for a leading chain dimension: one float64
-running log-sum-exp ``L[k, i, c] = logsumexp_s log p(c | x_i, θ_s^k)`` per chain, fed with the
-``(K, B, C)`` logits of :class:`sgrld.Chains` in one call per batch, so that no per-sample logits
-are kept and every chain's metrics (LP, accuracy, ECE, confidence) are exactly those a single
-run's ``EnsemblePredictive`` reports. Like it, the ensemble follows a likelihood
-(:mod:`sgrld.likelihoods`; categorical by default).
-
-Examples:
-    >>> import torch
-    >>> ensemble = ChainEnsemble(num_chains=2, num_points=3, num_classes=2)
-    >>> ensemble.add_batch(0, torch.zeros(2, 3, 2))
-    >>> ensemble.commit()
-    >>> [m["accuracy"] for m in ensemble.metrics(torch.tensor([0, 1, 0]))]
-    [0.6666666666666666, 0.6666666666666666]
+:class:`~sgrld.evaluation.ensemble.EnsemblePredictive` with a leading chain dim, fed the
+``(K, B, C)`` logits of :class:`sgrld.Chains`: every chain's metrics are exactly those of a
+single run's ``EnsemblePredictive``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from sgrld.evaluation.ensemble import ensemble_likelihood
+from sgrld.evaluation.ensemble import EnsemblePredictive
 from sgrld.likelihoods.base import Likelihood
 
 __all__ = ["ChainEnsemble", "evaluate_chains"]
 
 
-class ChainEnsemble:
+class ChainEnsemble(EnsemblePredictive):
     """Running ensemble predictive of each of K chains over one fixed evaluation set.
 
     Feed each posterior sample (one state of every chain) in consecutive batches with
@@ -46,8 +34,7 @@ class ChainEnsemble:
         device: where the accumulator lives (default CPU); logits are moved there.
 
     References:
-        The single-chain version
-        :class:`~sgrld.evaluation.ensemble.EnsemblePredictive`.
+        The single-chain version :class:`~sgrld.evaluation.ensemble.EnsemblePredictive`.
     """
 
     def __init__(
@@ -64,55 +51,14 @@ class ChainEnsemble:
                 "need num_chains >= 1, num_points >= 1 and num_classes >= 2, got "
                 f"{num_chains}, {num_points}, {num_classes}"
             )
-        self.likelihood = ensemble_likelihood(num_classes, likelihood)
+        self._lead = (num_chains,)
+        super().__init__(num_points, num_classes, likelihood=likelihood, device=device)
         #: (K, N, width of η): the shape of one sample's outputs over the whole set
         self.shape = (num_chains, num_points, self.likelihood.width)
-        self.device = torch.device("cpu" if device is None else device)
-        self._log_sum = self.likelihood.ensemble_init((num_chains,), num_points, self.device)
-        self._num_samples = 0
-        self._pending: Tensor | None = None
-        self._covered: Tensor | None = None
 
-    @property
-    def num_samples(self) -> int:
-        """Committed samples S (the same for every chain)."""
-        return self._num_samples
-
-    def add_batch(self, start: int, logits: Tensor) -> None:
-        """Logits ``(K, B, C)`` of points ``start : start + B`` for the sample being assembled."""
-        k, n, c = self.shape
-        if logits.ndim != 3 or logits.shape[0] != k or logits.shape[2] != c:
-            raise ValueError(f"expected logits ({k}, B, {c}), got {tuple(logits.shape)}")
-        stop = start + logits.shape[1]
-        if start < 0 or stop > n:
-            raise ValueError(f"batch [{start}, {stop}) is outside [0, {n})")
-        terms = self.likelihood.ensemble_terms(logits.detach().to(device=self.device))
-        if self._pending is None or self._covered is None:
-            self._pending = terms.new_empty((k, n, *terms.shape[2:]))
-            self._covered = torch.zeros(n, dtype=torch.bool, device=self.device)
-        if bool(self._covered[start:stop].any()):
-            raise ValueError(f"points in [{start}, {stop}) were already given for this sample")
-        self._pending[:, start:stop] = terms
-        self._covered[start:stop] = True
-
-    def commit(self) -> None:
-        """Fold the assembled sample of every chain into its ensemble."""
-        if self._pending is None or self._covered is None:
-            raise RuntimeError("commit() without add_batch()")
-        missing = int((~self._covered).sum())
-        if missing:
-            raise RuntimeError(f"{missing} of {self.shape[1]} points were not given")
-        self._log_sum = self.likelihood.ensemble_fold(self._log_sum, self._pending)
-        self._num_samples += 1
-        self._pending = self._covered = None
-
-    def log_predictive(self) -> Tensor:
-        """``L − log S``, shape ``(K, N, C)`` (NaN while empty); the categorical likelihood's."""
-        if self._num_samples == 0:
-            return torch.full_like(self._log_sum, math.nan)
-        return self._log_sum - math.log(self._num_samples)
-
-    def metrics(self, labels: Tensor, *, num_bins: int = 30) -> list[dict[str, float]]:
+    def metrics(  # type: ignore[override]
+        self, labels: Tensor, *, num_bins: int = 30
+    ) -> list[dict[str, float]]:
         """Per chain, the dict of :meth:`EnsemblePredictive.metrics
         <sgrld.evaluation.ensemble.EnsemblePredictive.metrics>` (categorical: lp, accuracy,
         ece, confidence, num_samples); the scores batched over chains."""
@@ -131,23 +77,6 @@ class ChainEnsemble:
             }
             for i in range(k)
         ]
-
-    def state_dict(self) -> dict[str, Any]:
-        """The float64 accumulator and the sample count (commit a pending sample first)."""
-        if self._pending is not None:
-            raise RuntimeError("cannot checkpoint while a sample is being assembled; commit first")
-        return {"num_samples": self._num_samples, "log_sum_exp": self._log_sum.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (onto this accumulator's device)."""
-        log_sum = state["log_sum_exp"]
-        k, n, _ = self.shape
-        expected = self.likelihood.total_shape((k,), n, int(state["num_samples"]))
-        if tuple(log_sum.shape) != expected:
-            raise ValueError(f"log_sum_exp has shape {tuple(log_sum.shape)}, expected {expected}")
-        self._log_sum = log_sum.detach().to(device=self.device, dtype=torch.float64).clone()
-        self._num_samples = int(state["num_samples"])
-        self._pending = self._covered = None
 
 
 def evaluate_chains(

@@ -1,22 +1,10 @@
 """Input-space curvature ``C(θ)`` of a classifier (after Srinivas et al. 2022).
 
-For each test point the reference estimates the top eigenvalue of the input Hessian of the
-negative log-likelihood by power iteration with Hessian–vector products (double backprop), and
-reports ``c_i = |ρ_i| / (‖g_i‖ + 1e-6)``.
-
-Scaling convention. The reference differentiates the *batch potential* (batch-mean NLL plus a
-prior term that does not depend on x), so with batch size ``B``
-
-    g_i = (1/B) ∇ₓ NLL_i,     H_i = (1/B) ∇²ₓ NLL_i,     ρ_i ≈ λ_max(∇²ₓ NLL_i) / B,
-
-and therefore ``c_i = |λ_max(∇²ₓ NLL_i)| / (‖∇ₓ NLL_i‖ + B·1e-6)``, i.e. ``+1e-4`` for ``B = 100``.
-We reproduce that exactly, including the ``+1e-6`` in the power-iteration normalisation, which
-shrinks ``‖u‖`` (and so ``ρ``) by a relative ``≈ 2e-6 / (|λ|/B)``: negligible unless the
-curvature is tiny. The reported ``|ρ|`` and ``‖g‖`` statistics are the ``1/B``-scaled ones, as in
-the reference.
-
-Unlike the reference, the random start vectors come from a dedicated ``torch.Generator``, so
-measuring curvature never perturbs a chain's noise stream.
+Per test point, power iteration with Hessian–vector products estimates the top eigenvalue ρ_i
+of the input Hessian of the NLL, and ``c_i = |ρ_i| / (‖g_i‖ + 1e-6)``. As in the reference, g
+and H are of the batch-mean NLL (scaled by 1/B), so ``c_i = |λ_max(∇²ₓ NLL_i)| / (‖∇ₓ NLL_i‖ +
+B·1e-6)``, and the power iteration's ``+1e-6`` is kept. The start vectors come from their own
+generator, so measuring never perturbs a chain's noise.
 """
 
 from __future__ import annotations
@@ -39,8 +27,8 @@ class CurvatureStats:
 
     Attributes:
         mean: Mean of ``c_i`` (the per-sample value averaged into the paper's "Curv.").
-        std: Standard deviation of ``c_i`` (unbiased, as ``torch.Tensor.std`` in the reference).
-        rho_abs_mean: Mean of ``|ρ_i|`` (``1/B``-scaled, see the module docstring).
+        std: Unbiased standard deviation of ``c_i``.
+        rho_abs_mean: Mean of ``|ρ_i|`` (``1/B``-scaled).
         rho_abs_std: Its unbiased standard deviation.
         grad_norm_mean: Mean of ``‖g_i‖`` (``1/B``-scaled).
         grad_norm_std: Its unbiased standard deviation.
@@ -65,16 +53,10 @@ def _std(t: torch.Tensor) -> float:
     return float(t.std()) if t.numel() > 1 else math.nan
 
 
-def _per_example_norm(t: torch.Tensor) -> torch.Tensor:
-    return t.flatten(1).norm(dim=1)
-
-
-def _per_example_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return (a * b).flatten(1).sum(dim=1)
-
-
-def _unsqueeze_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, *([1] * (like.ndim - 1)))
+def _norm(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """Per-example norm over all non-batch dims (``keepdim``: shaped to broadcast against t)."""
+    norm = t.flatten(1).norm(dim=1)
+    return norm.reshape(-1, *([1] * (t.ndim - 1))) if keepdim else norm
 
 
 def curvature_per_example(
@@ -87,14 +69,11 @@ def curvature_per_example(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Power-iteration curvature of one batch, with the model used as is (no mode change).
 
-    Runs ``num_iterations`` normalised HVP steps ``u ← H u / (‖H u‖ + 1e-6)`` per example, then
-    one more HVP for the Rayleigh quotient ``ρ = ⟨u, H u⟩``: ``num_iterations + 1`` HVPs in all.
-    The model must treat examples independently (e.g. batch norm in eval mode), so that the
-    gradient of ``Σ_i ⟨g_i, u_i⟩`` gives every ``H_i u_i`` at once.
+    ``num_iterations`` steps ``u ← H u / (‖H u‖ + 1e-6)`` per example, then ``ρ = ⟨u, H u⟩``.
+    The model must treat examples independently (e.g. batch norm in eval mode).
 
     Args:
-        model: Maps ``inputs`` to logits ``(B, C)``, or a Bayesian model to its likelihood's
-            η (its ``likelihood.nll`` is then the loss, e.g. a Gaussian's).
+        model: Maps ``inputs`` to logits ``(B, C)`` (a Bayesian model: its likelihood's η).
         inputs: Batch ``(B, ...)``; norms are over all non-batch dimensions.
         targets: Integer labels ``(B,)`` (regression: float targets).
         generator: Source of the Gaussian start vectors (its device is where they are drawn).
@@ -108,10 +87,9 @@ def curvature_per_example(
     x = inputs.detach().clone().requires_grad_(True)
     u = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=generator.device)
     u = u.to(x.device)
-    u = u / _unsqueeze_like(_per_example_norm(u), u)
+    u = u / _norm(u, keepdim=True)
     with torch.enable_grad():
-        # Batch-mean NLL: the 1/B of the reference's batch potential (module docstring); a
-        # Bayesian model's own likelihood (its categorical one is this cross-entropy)
+        # batch-mean NLL, the reference's 1/B (a Bayesian model's own likelihood if it has one)
         likelihood = getattr(model, "likelihood", None)
         if likelihood is not None:
             loss = likelihood.nll(model(x), targets)
@@ -120,10 +98,10 @@ def curvature_per_example(
         (grad,) = torch.autograd.grad(loss, x, create_graph=True)
         for _ in range(num_iterations):
             (hvp,) = torch.autograd.grad(grad, x, grad_outputs=u, retain_graph=True)
-            u = hvp / (_unsqueeze_like(_per_example_norm(hvp), hvp) + _EPS)
+            u = hvp / (_norm(hvp, keepdim=True) + _EPS)
         (hvp,) = torch.autograd.grad(grad, x, grad_outputs=u)
-    rho_abs = _per_example_dot(u, hvp).abs().detach()
-    grad_norm = _per_example_norm(grad).detach()
+    rho_abs = (u * hvp).flatten(1).sum(dim=1).abs().detach()
+    grad_norm = _norm(grad).detach()
     return rho_abs / (grad_norm + _EPS), rho_abs, grad_norm
 
 
@@ -139,16 +117,15 @@ def measure_curvature(
 ) -> CurvatureStats:
     """Curvature ``C(θ)`` of a model on the first ``num_points`` evaluation points.
 
-    The model is put in eval mode for the computation and every submodule's previous mode is
-    restored afterwards. Only the inputs are differentiated (``torch.autograd.grad``), so no
-    ``.grad`` is written to the parameters, and the global RNG is not touched.
+    The model is in eval mode meanwhile (modes restored after); no ``.grad`` is written and the
+    global RNG is not touched.
 
     Args:
         model: Maps inputs to logits.
         inputs: Evaluation inputs ``(N, ...)`` in their fixed order (the official test order).
         targets: Integer labels ``(N,)``.
         generator: Dedicated generator for the power-iteration start vectors.
-        num_points: How many leading points to use (1,000 = 10% of the test set in the paper).
+        num_points: How many leading points to use (1,000 in the paper).
         batch_size: Batch size ``B``; it enters ``c_i`` through the ``1/B`` scaling (100).
         num_iterations: Power iterations per batch before the final HVP (20).
 

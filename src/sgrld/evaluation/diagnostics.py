@@ -1,17 +1,7 @@
 """MCMC diagnostics from ArviZ: rank-normalised split R-hat, bulk and tail ESS, InferenceData.
 
-The field's implementation (Vehtari et al. 2021, as in Stan and ArviZ) instead of a hand-written
-one. ArviZ is optional: ``pip install "sgrld[diagnostics]"`` (ArviZ 0.x below Python 3.12,
-ArviZ 1.x from 3.12 on). Both major versions take an ``xarray.Dataset`` with ``chain`` and
-``draw`` dimensions and return one of the same shape without them, which is all this module
-relies on; only the container of an export differs (``InferenceData`` in 0.x, ``DataTree`` in
-1.x).
-
-Every function takes draws as ``(chain, draw, ...)`` arrays, keyed by a variable name.
-
-- :func:`summarize`: R-hat, bulk ESS and tail ESS of every scalar component.
-- :func:`split_chain`: one run's draws as two half-chains (within-run split R-hat).
-- :func:`to_inference_data`: draws (and optional log-likelihoods) as an ArviZ object.
+ArviZ is optional (``pip install "sgrld[diagnostics]"``); 0.x and 1.x both work (only the
+export's container differs). Draws are ``(chain, draw, ...)`` arrays keyed by variable name.
 
 References:
     Vehtari, Gelman, Simpson, Carpenter, Bürkner (2021), "Rank-normalization, folding, and
@@ -41,9 +31,7 @@ __all__ = [
 
 #: Fewest draws per chain ArviZ accepts for R-hat and ESS.
 MIN_DRAWS = 4
-#: Fewest draws per chain for which tables show R-hat and ESS. Both rest on autocorrelations and
-#: ranks estimated from the draws; from a handful they are noise (R̂ of 2 for a chain that is fine,
-#: an ESS that is only the number of draws, ArviZ's cap), so below this they are shown as "–".
+#: Fewest draws per chain for which tables show R-hat and ESS (from fewer they are noise): "–".
 MIN_RELIABLE_DRAWS = 20
 INSTALL_HINT = 'install the optional extra: pip install "sgrld[diagnostics]"'
 
@@ -87,8 +75,7 @@ def _dataset(draws: Mapping[str, npt.ArrayLike]) -> Any:
 def split_chain(draws: npt.ArrayLike) -> np.ndarray:
     """One chain's ``(draw, ...)`` draws as ``(2, draw // 2, ...)``: its two halves.
 
-    R-hat compares chains; a single run has one, so its first and second halves stand in for
-    two (the middle draw of an odd count is dropped). A chain still drifting then shows R̂ > 1.
+    The middle draw of an odd count is dropped; a chain still drifting then shows R̂ > 1.
     """
     x = np.asarray(draws, dtype=np.float64)
     half = x.shape[0] // 2

@@ -1,14 +1,7 @@
 """Distances between a 1-D sample and a normal distribution, by exact formulas.
 
-Used to measure the funnel samplers against the exact v-marginal N(0, 80) (the
-paper compares only visually). Both statistics are computed from the sorted sample in float64,
-without binning or numerical integration:
-
-* :func:`ks_normal`: the Kolmogorov–Smirnov statistic sup_x |F_n(x) − F(x)|, attained at a
-  sample point: D = max_i max(i/n − F(x₍ᵢ₎), F(x₍ᵢ₎) − (i−1)/n).
-* :func:`wasserstein1_normal`: W₁ = ∫|F_n − F| dx = ∫₀¹ |F_n⁻¹(u) − F⁻¹(u)| du, integrated
-  exactly on each step [(i−1)/n, i/n] of the empirical quantile function with the antiderivative
-  of the normal quantile, ∫₀ᵗ F⁻¹(u) du = μt − σ φ(Φ⁻¹(t)).
+Used to measure the funnel samplers against the exact v-marginal N(0, 80), from the sorted
+sample in float64, without binning or numerical integration.
 """
 
 from __future__ import annotations
@@ -43,7 +36,7 @@ def ks_normal(samples: npt.ArrayLike | torch.Tensor, mean: float = 0.0, std: flo
     """Kolmogorov–Smirnov statistic of ``samples`` against N(mean, std²).
 
     D = sup_x |F_n(x) − Φ((x−mean)/std)| = max_i max(i/n − F(x₍ᵢ₎), F(x₍ᵢ₎) − (i−1)/n)
-    (the same value as ``scipy.stats.kstest(samples, "norm", (mean, std)).statistic``).
+    (as ``scipy.stats.kstest``).
 
     Args:
         samples: any array of finite values (flattened).

@@ -1,24 +1,8 @@
 """Equal-computation-time re-analysis of per-epoch curves (Tables 6-7).
 
-No new runs are needed: every sampler is compared at the wall-clock budget
-``num_epochs × T_fastest``, assuming epoch ``e`` (0-based) of a sampler ends at ``(e + 1)·T`` with
-``T`` that sampler's seconds per epoch. Curves are linearly interpolated at the budget (as
-``scipy.interpolate.interp1d`` in the reference notebook); the setting (ℓ, and α² for Monge) is
-re-selected on the interpolated mean validation LP, and the test metrics' mean and std curves are
-interpolated at the same time.
-
-Examples:
-    >>> curves = {
-    ...     "fast": SamplerCurves(seconds_per_epoch=1.0, selection={0.1: [-1.0, -0.5, -0.2, -0.1]},
-    ...                           test_mean={0.1: {"lp": [-1.0, -0.5, -0.2, -0.1]}},
-    ...                           test_std={0.1: {"lp": [0.1, 0.1, 0.1, 0.1]}}),
-    ...     "slow": SamplerCurves(seconds_per_epoch=2.0, selection={0.1: [-0.9, -0.4, -0.3, -0.1]},
-    ...                           test_mean={0.1: {"lp": [-0.9, -0.4, -0.3, -0.1]}},
-    ...                           test_std={0.1: {"lp": [0.1, 0.2, 0.3, 0.4]}}),
-    ... }
-    >>> table = equal_time_table(curves)  # budget 4 s: "slow" is read at its epoch-1 end
-    >>> table["slow"].metrics["lp"]
-    (-0.4, 0.2)
+Every sampler is compared at the budget ``num_epochs × T_fastest``, epoch ``e`` ending at
+``(e + 1)·T``: curves are linearly interpolated there (as the reference's ``interp1d``), the
+setting re-selected on the interpolated mean validation LP and the test metrics read off.
 """
 
 from __future__ import annotations
@@ -42,14 +26,7 @@ __all__ = [
 
 
 def mean_std_over_runs(values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """Per-epoch mean and population std (ddof = 0) over runs.
-
-    Args:
-        values: ``(runs, epochs)`` array of a metric.
-
-    Returns:
-        ``(mean, std)`` curves of shape ``(epochs,)``.
-    """
+    """Per-epoch mean and population std (ddof = 0) of a ``(runs, epochs)`` metric."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 2:
         raise ValueError(f"expected (runs, epochs), got shape {array.shape}")
@@ -64,26 +41,17 @@ def epoch_end_times(num_epochs: int, seconds_per_epoch: float) -> np.ndarray:
 
 
 def interpolate_at_time(curve: npt.ArrayLike, seconds_per_epoch: float, budget_s: float) -> float:
-    """Linearly interpolate a per-epoch curve at a wall-clock budget.
-
-    Args:
-        curve: Per-epoch values (epoch ``e`` ends at ``(e + 1)·T``); NaN entries (epochs with no
-            samples) make the result NaN only if they are an interpolation end point.
-        seconds_per_epoch: ``T`` of the sampler that produced the curve.
-        budget_s: The budget in seconds; it must lie in ``[T, len(curve)·T]``.
-
-    Returns:
-        The interpolated value.
+    """Linearly interpolate a per-epoch curve (epoch ``e`` ends at ``(e + 1)·T``) at
+    ``budget_s`` in ``[T, len(curve)·T]``; a NaN entry matters only as an end point.
 
     Raises:
-        ValueError: If the budget is outside the curve's time range (the reference's
-            ``interp1d`` would raise too).
+        ValueError: If the budget is outside the curve's time range.
     """
     values = np.asarray(curve, dtype=np.float64)
     if values.ndim != 1 or values.size == 0:
         raise ValueError(f"expected a non-empty 1-D curve, got shape {values.shape}")
     times = epoch_end_times(values.size, seconds_per_epoch)
-    # Allow rounding error at the end points (e.g. 400 × 8.3 vs 400 × 8.3 computed elsewhere).
+    # rounding error at the end points (400 × 8.3 computed elsewhere)
     tolerance = 1e-9 * times[-1]
     if not times[0] - tolerance <= budget_s <= times[-1] + tolerance:
         raise ValueError(f"budget {budget_s} s is outside [{times[0]}, {times[-1]}] s")
@@ -98,12 +66,8 @@ def interpolate_at_time(curve: npt.ArrayLike, seconds_per_epoch: float, budget_s
 def select_at_time(
     selection: Mapping[Hashable, npt.ArrayLike], seconds_per_epoch: float, budget_s: float
 ) -> tuple[Hashable, float]:
-    """Pick the setting whose interpolated selection curve (mean val LP) is highest.
-
-    NaN values are skipped; ties go to the first setting in iteration order.
-
-    Returns:
-        ``(setting, interpolated value)``.
+    """``(setting, value)`` whose interpolated selection curve (mean val LP) is highest; NaN
+    skipped, ties to the first.
 
     Raises:
         ValueError: If every candidate is NaN at the budget.
@@ -124,7 +88,7 @@ class SamplerCurves:
 
     Attributes:
         seconds_per_epoch: The sampler's time per epoch at its best setting (Tables 2-3), used for
-            every setting, as in the reference.
+            every setting.
         selection: Setting → per-epoch mean validation LP (the selection criterion).
         test_mean: Setting → metric name → per-epoch mean over runs of the test metric.
         test_std: Same keys → per-epoch population std over runs.
@@ -158,8 +122,7 @@ def equal_time_table(
 
     Args:
         curves: Sampler name → its curves. All curves must have the same number of epochs.
-        budget_s: Budget in seconds; by default ``num_epochs × min_sampler T`` (the fastest
-            sampler's full run, e.g. 400 × 8.3 = 3320 s for MNIST horseshoe 400).
+        budget_s: Budget in seconds; by default ``num_epochs × min_sampler T``.
 
     Returns:
         Sampler name → :class:`EqualTimeEntry`.

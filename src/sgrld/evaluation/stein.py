@@ -7,9 +7,8 @@ Stein kernel is
 
 with r = x − y, u = c² + ‖r‖²: ∇_x k = 2β u^{β−1} r = −∇_y k and
 tr ∇_x∇_y k = −2β d u^{β−1} − 4β(β−1) u^{β−2} ‖r‖². The discrepancy is the square root of the
-V-statistic mean of k₀ over all pairs; it needs no normalising constant and no reference draws,
-and it goes to zero exactly when the samples converge to p (Gorham & Mackey 2017, Thm. 8, for
-β ∈ (−1, 0) and distantly dissipative targets).
+V-statistic mean of k₀ over all pairs; it goes to zero exactly when the samples converge to p
+(Gorham & Mackey 2017, Thm. 8).
 
 References:
     Gorham & Mackey (2017), "Measuring sample quality with kernels", ICML; Liu, Lee & Jordan
@@ -83,14 +82,10 @@ def coordinate_stein_discrepancy(
 ) -> float:
     """KSD in high dimension: the root mean square of the IMQ KSD over coordinate subsets.
 
-    For a subset S of coordinates, Stein's identity E_p[s_j(x) f(x_S) + ∂_j f(x_S)] = 0 holds
-    for every j ∈ S and every smooth f of x_S alone, with s = ∇log p the *joint* score: the KSD
-    of (x_S, s_S) is a discrepancy from p (zero for exact draws), whose kernel sees the O(|S|)
-    distances of a few coordinates instead of the O(D) ones that make the full IMQ kernel flat
-    in high dimension (the sliced KSD of Gong, Li & Hernández-Lobato 2021, sliced on
-    coordinates). Coordinates are first put on a common ``scale`` (x/h, s·h: the KSD is
-    unchanged by this change of variables up to the kernel's width), so that the kernel's unit
-    width means the same in every problem.
+    Stein's identity holds on a subset S of coordinates with the *joint* score s_S, so the KSD of
+    (x_S, s_S) is a discrepancy from p whose kernel is not flat in high dimension (the sliced
+    KSD of Gong, Li & Hernández-Lobato 2021, on coordinates). Coordinates are first put on a
+    common ``scale`` (x/h, s·h).
 
     Args:
         samples: ``(m, d)`` points.
@@ -99,10 +94,8 @@ def coordinate_stein_discrepancy(
         scale: ``(d,)`` positive per-coordinate scales h.
 
     Returns:
-        The square root of the mean over subsets of the U-statistic of KSD² (unbiased: zero
-        mean for exact independent draws, whatever their number), with its sign: negative
-        values are exact draws' noise. The V-statistic's diagonal is left out because it
-        grows with ‖s‖², which would favour samples that are too narrow.
+        The signed square root of the mean over subsets of the U-statistic of KSD² (unbiased;
+        negative values are exact draws' noise).
     """
     x = np.asarray(samples, dtype=np.float64)
     s = np.asarray(scores, dtype=np.float64)

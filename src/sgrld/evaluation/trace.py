@@ -1,17 +1,8 @@
 """Per-sample summaries of a sampling run, small enough to keep for every posterior sample.
 
-The ensemble accumulators (:mod:`~sgrld.evaluation.ensemble`) fold samples together; MCMC
-diagnostics need each sample's own values. :class:`SampleTrace` keeps, per sample:
-
-- ``test_loglik``: the mean test log-likelihood ``(1/N) Σ_i log p(y_i | x_i, θ_s)``;
-- ``probe_logp``: ``log p(y_j | x_j, θ_s)`` on the first ``num_probe`` test points, a fixed
-  probe set of predictions;
-- one series per scalar hyper-parameter, e.g. each horseshoe prior's effective scale
-  (``scale:net.0.weight``).
-
-That is a few floats per sample (a run of 1,990 samples keeps about 30,000), stored in the
-run's checkpoint and ``results.json``, from which :mod:`~sgrld.evaluation.diagnostics` computes
-R-hat and ESS within a run (split halves) and across runs (seeds as chains).
+:class:`SampleTrace` keeps per sample the mean test log-likelihood, ``log p(y_j | x_j, θ_s)`` on
+a fixed probe of test points and each scalar hyper-parameter (``scale:<param>``), from which
+:mod:`~sgrld.evaluation.diagnostics` computes R-hat and ESS within a run and across seeds.
 """
 
 from __future__ import annotations
@@ -76,8 +67,7 @@ class SampleTrace:
         self, model: nn.Module | None = None, *, scalars: Mapping[str, float] | None = None
     ) -> None:
         """Close the current sample: record its values and the scalar hyper-parameters of
-        ``model`` (:func:`scalar_hyperparameters`), or ``scalars`` measured by the caller (a
-        chain of a stacked model)."""
+        ``model``, or ``scalars`` measured by the caller (a chain of a stacked model)."""
         self.test_loglik.append(self._sum / self.num_points)
         self.probe_logp.append(self._probe)
         if model is not None:
@@ -119,8 +109,8 @@ class SampleTrace:
 
 
 def scalar_hyperparameter_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """``scale:<parameter>`` → the effective scale (a 1-element tensor) of each prior that has
-    one (horseshoe); a function of the model's tensors, so it also works under ``vmap``."""
+    """``scale:<parameter>`` → the effective scale (a 0-d tensor) of each prior that has one
+    (horseshoe); also under ``vmap``."""
     named = getattr(model, "named_priors", None)
     if named is None:
         return {}
@@ -163,10 +153,9 @@ def diagnostics_of(traces: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     Returns:
         ``{"available": True, "chains", "draws_per_chain", "reliable", "variables": {name: {rhat,
-        ess_bulk, ess_tail}}, "worst": {"rhat": max, "ess_bulk": min, "ess_tail": min}}`` over
-        every component (``reliable``: at least
-        :data:`~sgrld.evaluation.diagnostics.MIN_RELIABLE_DRAWS` draws per chain, below which
-        tables show "–"); or ``{"available": False, "reason": ...}`` without ArviZ or samples.
+        ess_bulk, ess_tail}}, "worst": {"rhat": max, "ess_bulk": min, "ess_tail": min}}``
+        (``reliable``: at least ``MIN_RELIABLE_DRAWS`` draws per chain); or
+        ``{"available": False, "reason": ...}`` without ArviZ or samples.
     """
     from sgrld.evaluation import diagnostics
 
@@ -212,17 +201,11 @@ def inference_data_of(
         attrs: stored on the groups, e.g. the runs' config.
 
     Returns:
-        The ``posterior`` group holds ``test_loglik`` ``(chain, draw)``, ``probe_logp``
-        ``(chain, draw, probe)`` and every scalar hyper-parameter ``(chain, draw)``.
+        ``posterior``: ``test_loglik``, ``probe_logp`` and every scalar hyper-parameter.
 
     Raises:
         ImportError: ArviZ is not installed.
         ValueError: no trace, or a trace without samples.
-
-    Examples:
-        >>> import json, arviz as az                                  # doctest: +SKIP
-        >>> runs = [json.load(open(f"runs/seed{s}/results.json")) for s in range(3)]
-        >>> az.summary(inference_data_of([r["trace"] for r in runs]))  # doctest: +SKIP
     """
     from sgrld.evaluation.diagnostics import to_inference_data
 

@@ -1,9 +1,8 @@
 """Singular learning theory: the local learning coefficient (LLC) with every metric.
 
 :func:`llc` estimates λ̂ = nβ·(E_w[L_n(w)] − L_n(w₀)) over the local tempered posterior
-p(w) ∝ exp(−nβ·L_n(w) − γ/2·‖w − w₀‖²) (Lau et al. 2023) with any sampler of the registry;
-:mod:`sgrld.slt.theory` holds the closed forms the estimates are tested against;
-:func:`calibrate_lr` is the step-size rule used when no ``lr`` is given. ``docs/llc.md``.
+(Lau et al. 2023) with any sampler of the registry; :func:`calibrate_lr` is its step-size rule
+when no ``lr`` is given. ``docs/llc.md``.
 """
 
 from sgrld.slt.calibration import calibrate_lr

@@ -1,23 +1,12 @@
 """The step size of :func:`sgrld.slt.llc` when none is given: one rule, in one function.
 
-Euler–Maruyama on a Gaussian of precision a with devinterp's step ε
-(w ← w − (ε/2)·(a·w + nβ·ζ) + √ε·ξ, ζ the minibatch gradient's error, of variance s²) has the
-stationary variance (1 + ε·nβ²s²/4)/(a(1 − εa/4)), so that direction's share of λ̂ is
-inflated by ≈ ε(a + nβ²s²)/4; and a chain started at w₀ relaxes along it in 2/(εa) steps, so
-a trace of T steps that starts there falls short by ≈ 2/(εaT) of that share. A constant metric
-G turns a into the eigenvalues of S = G^{-½}AG^{-½} (A = nβ·∇²L_n(w₀) + γI) and s² into the
-variance of uᵀG^{-½}g_B along S's eigenvector u. The rule folds G from the probe batches'
-gradients at w₀, finds S's largest and smallest eigenvalues a₊, a₋ by power iteration
-(Hessian-vector products) and s² from the same gradients, and takes
+With S = G^{-½}(nβ∇²L_n(w₀) + γI)G^{-½}, its extreme eigenvalues a₊, a₋ (power iteration) and
+s² the minibatch gradient's variance along S's top eigenvector (``docs/llc.md`` derives it):
 
     ε_bias = 4·1 % / (a₊ + nβ²s²)      the stiffest direction inflated by 1 %
     ε_mix  = 2·20 / (a₋·T)              the slowest one relaxed 20 times over the trace
     ε_max  = 4·50 % / (a₊ + nβ²s²)      halfway to the stability edge εa₊ = 4
     ε      = min(max(ε_bias, ε_mix), ε_max)
-
-accuracy first, mixing where accuracy alone would leave the trace short of its target, and
-a bound on what mixing may cost. G goes on adapting during the warm-up, which the rule
-ignores. ``docs/llc.md`` reports the values it gives and the errors measured with them.
 """
 
 from __future__ import annotations

@@ -2,11 +2,8 @@
 
     λ̂(w₀) = nβ · (E_w[L_n(w)] − L_n(w₀)),   p(w) ∝ exp(−nβ·L_n(w) − γ/2·‖w − w₀‖²)
 
-(Lau et al. 2023), E_w estimated by the mean minibatch loss along K chains started at w₀ and
-L_n(w₀) by the mean loss over several batches, as devinterp 2.x does. devinterp's step
-Δw = −(ε/2)(nβ∇L_B + γ(w − w₀)) + N(0, ε) is sgrld's SGRLD step with
-ℓ = ε·nβ/2, n = ``num_data``, τ = n/nβ and localisation c = γ/nβ
-(:func:`devinterp_options`); the metric's statistics see ∇L_B alone. ``docs/llc.md``.
+(Lau et al. 2023), E_w by the mean minibatch loss along K chains started at w₀, as devinterp
+2.x does; devinterp's step is sgrld's SGRLD step with the options of :func:`devinterp_options`.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
 from sgrld.slt.calibration import calibrate_lr
+from sgrld.tuning.data import bind, expanded
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 #: the initial batches :func:`calibrate_lr` probes (its cost: 30 Hessian-vector products each)
@@ -104,11 +102,9 @@ def llc(
 
     Args:
         model: the model at w₀; its parameters are as they were when this returns.
-        loss: ``loss(model, batch)``: the batch-mean negative log-likelihood per datum (e.g.
-            the mean cross-entropy; for token batches the per-token mean over the positions
-            not ignored).
+        loss: ``loss(model, batch)``: the batch-mean negative log-likelihood per datum.
         loader: an iterable of batches (a tensor, or a tuple, list or dict of tensors), iterated
-            again whenever it runs out. Every chain sees the same batches (as devinterp).
+            again whenever it runs out; every chain sees the same batches.
         num_data: n, the number of training data.
         sampler: a metric name of the registry (``identity`` is devinterp's SGLD, ``rmsprop``
             its RMSprop-SGLD with ``decay=alpha, eps=eps``).
@@ -121,22 +117,15 @@ def llc(
             (:func:`~sgrld.slt.calibrate_lr`).
         burnin: leading steps of every trace left out of the mean (devinterp: 0).
         init_batches: batches whose mean loss is L_n(w₀); default: one pass over ``loader``
-            where it has a length (L_n(w₀) itself for equal batches), else 32 (devinterp's
-            number). A count that is not whole passes biases λ̂ by nβ times the error of the
-            mean: ``docs/llc.md`` measures +51 % for 32 batches of a 20-batch epoch.
+            where it has a length, else 32 (a count that is not whole passes biases λ̂).
         adapt_until: steps during which the metric adapts (``sgrld.build``; ``None``: always,
             as devinterp's RMSprop-SGLD).
-        vectorize: ``True``: the K chains in one vectorised process (:class:`sgrld.Chains`,
-            K copies of the parameters); ``False``: one after the other on the model's own
-            parameters (one copy of w₀ besides them), for models ``torch.vmap`` cannot run or
-            memory cannot hold K times.
+        vectorize: ``True``: the K chains in one vectorised :class:`sgrld.Chains`; ``False``:
+            one after the other on the model's own parameters (no ``vmap``, less memory).
         masks: ``{parameter: bool tensor of its (global) shape}``: only those elements are
-            sampled, every other parameter and element stays at w₀ (devinterp's weight-
-            restricted LLC). Given, or with parameters sharded by FSDP2 or below float32
-            (bfloat16: float32 master copies), the chains run one after the other through
-            :class:`sgrld.SGRLDOptimizer` on the model's own parameters (every rank of a
-            sharded model calls this alike; ``lr`` is then needed: the calibration runs on
-            whole float parameters only).
+            sampled, the rest stays at w₀ (devinterp's weight-restricted LLC). Given, or with
+            parameters sharded by FSDP2 or below float32, the chains run one after the other
+            through :class:`sgrld.SGRLDOptimizer` (every rank alike), and ``lr`` is needed.
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
@@ -160,7 +149,8 @@ def llc(
         raise ValueError(f"need nbeta > 0 and localization >= 0, got {nbeta}, {localization}")
     # the parameters now: FSDP2's root module holds whole ones after a forward without grad
     named: dict[str, Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    first = _take(loader, init_batches)
+    batches = _cycle(loader)
+    first = [next(batches) for _ in range(init_batches)]
     with torch.no_grad():
         init_loss = float(np.mean([float(loss(model, b)) for b in first]))
     calibrated = lr is None
@@ -224,9 +214,8 @@ def _optimized(
     num_steps: int,
 ) -> np.ndarray:
     """The chains one after the other through :class:`sgrld.SGRLDOptimizer` on the model's
-    own parameters (sharded, bfloat16 with master copies, masked), restored afterwards. Chain
-    k's noise is keyed by ``seeds[k]`` as the functional sampler's: with whole float
-    parameters and masks of every element, the chains of :func:`_sequential`."""
+    own parameters (sharded, bfloat16, masked), restored afterwards; chain k keyed by
+    ``seeds[k]`` as in :func:`_sequential`."""
     from sgrld.optim import SGRLDOptimizer
 
     params = list(named.values())
@@ -288,24 +277,6 @@ def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
             raise ValueError("the loader yields no batch")
 
 
-def _take(loader: Iterable[Any], count: int) -> list[Any]:
-    batches = _cycle(loader)
-    return [next(batches) for _ in range(count)]
-
-
-def _leaves(batch: Any) -> tuple[tuple[Tensor, ...], Callable[[tuple[Tensor, ...]], Any]]:
-    """A batch's tensors and the function that rebuilds the batch from them."""
-    if isinstance(batch, Tensor):
-        return (batch,), lambda ts: ts[0]
-    if isinstance(batch, (tuple, list)):
-        kind = type(batch)
-        return tuple(batch), lambda ts: kind(ts)
-    if isinstance(batch, Mapping):
-        keys = list(batch)
-        return tuple(batch[k] for k in keys), lambda ts: dict(zip(keys, ts, strict=True))
-    raise TypeError(f"a batch must be a tensor or a tuple, list or dict of them: {type(batch)}")
-
-
 def _vectorized(
     model: nn.Module,
     loss: LossFn,
@@ -320,13 +291,9 @@ def _vectorized(
     trace = torch.empty(k, num_steps, dtype=torch.float64)
     batches = _cycle(loader)
     for t in range(num_steps):
-        tensors, rebuild = _leaves(next(batches))
-
-        def fn(m: nn.Module, *ts: Tensor, rebuild: Any = rebuild) -> Tensor:
-            return loss(m, rebuild(ts))
-
         # every chain the same batch: a stride-0 chain dim, no copy
-        trace[:, t] = chains.step(fn, *(x.expand(k, *x.shape) for x in tensors)).double()
+        tensors, rebuild = expanded(next(batches), k)
+        trace[:, t] = chains.step(bind(loss, rebuild), *tensors).double()
     chains.check()
     return trace.numpy()
 

@@ -1,8 +1,5 @@
-"""Models whose learning coefficient is known in closed form, at the point it is known for.
-
-Each target is a model at w₀, its data as minibatches, the batch-mean negative log-likelihood
-and the theoretical λ (:mod:`sgrld.slt.theory`): the references ``tests/test_llc_theory.py``,
-``benchmarks/llc_theory.py`` and ``sgrld llc --target`` estimate against.
+"""Models whose learning coefficient is known in closed form, at the point it is known for:
+each a model at w₀, its minibatches, the batch-mean NLL and the theoretical λ.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ def localized_quadratic_llc(
 
     With L_n(w) = L_n(w₀) + ½(w − w₀)ᵀH(w − w₀), the posterior
     exp(−nβL_n − γ/2‖w − w₀‖²) is Gaussian with precision nβH + γI, so
-    nβ·E[L_n − L_n(w₀)] = ½ Σᵢ nβhᵢ/(nβhᵢ + γ): d/2 as γ/(nβ·min hᵢ) → 0, less otherwise
-    (the localisation then rivals the likelihood's curvature).
+    nβ·E[L_n − L_n(w₀)] = ½ Σᵢ nβhᵢ/(nβhᵢ + γ).
     """
     return 0.5 * sum(nbeta * h / (nbeta * h + localization) for h in hessian_eigenvalues)
 
@@ -35,10 +34,6 @@ def reduced_rank_regression_llc(inputs: int, outputs: int, hidden: int, rank: in
     * M + N < H + r: λ = MN/2;
     * otherwise λ = (2(H + r)(M + N) − (M − N)² − (H + r)² + s)/8 with s = 0 if M + H + N + r
       is even, 1 if odd.
-
-    Checks of the formula (``tests/test_llc_theory.py``): at r = H ≤ min(M, N) the model is
-    regular modulo the GL(H) symmetry, λ = H(M + N − H)/2 (its image's dimension over 2), which
-    the first two cases and the last (M = N) give; at H ≥ M + N it is MN/2, the full matrix's.
     """
     m, n, h, r = inputs, outputs, hidden, rank
     if not 0 <= r <= h or min(m, n, h) < 1:

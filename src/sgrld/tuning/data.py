@@ -1,9 +1,8 @@
 """The user's batches as the tuner's chains see them: every candidate the same batch.
 
-A batch is a tensor, a tuple/list of tensors or a mapping of tensors (what a ``DataLoader``
-yields); :class:`Batches` flattens it to tensors, expands each to ``(K, ...)`` without a copy
-(so every chain of :class:`~sgrld.Chains` gets the same minibatch: common random numbers make
-candidates' differences those of their ℓ, not of their data), and rebuilds it for ``potential``.
+A batch (a tensor, a tuple/list or a mapping of tensors) is flattened to tensors, each expanded
+to ``(K, ...)`` without a copy (common random numbers: candidates differ by their ℓ only), and
+rebuilt for ``potential``.
 """
 
 from __future__ import annotations
@@ -37,10 +36,9 @@ class Batches:
     """A re-iterable loader checked once, its batch count and a cached scoring set.
 
     Args:
-        loader: anything that yields batches each time it is iterated (a ``DataLoader``, a
-            list of batches).
+        loader: anything that yields batches each time it is iterated.
         score_points: how many data of the first pass are kept (on the model's device) for the
-            near-full-data gradients of the score.
+            score's gradients.
         device: where the model lives.
     """
 

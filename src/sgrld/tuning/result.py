@@ -89,6 +89,5 @@ class TuneResult:
                 return {k: clean(v) for k, v in value.items()}
             return value
 
-        out = dataclasses.asdict(self)
-        cleaned: dict[str, Any] = clean(out)
+        cleaned: dict[str, Any] = clean(dataclasses.asdict(self))
         return cleaned

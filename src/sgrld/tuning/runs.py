@@ -1,14 +1,11 @@
 """One round of the search: every candidate (ℓ and the searched options' values) a chain, or a
 few, of one :class:`~sgrld.Chains`.
 
-A round runs all its candidates together for ``length`` steps from the user's model, on the same
-minibatches, and keeps, at ``points`` thinned steps of each chain's second half, what the score
-needs: the chain's coordinates on the scoring subset, the posterior's score ∇log p = −(n/τ)∇u
-there from the near-full-data gradient (the cached scoring batches), and, with validation data,
-each validation datum's log-likelihood. Whether each chain diverged is :mod:`sgrld.chain_health`'s
-verdict (:meth:`~sgrld.Chains.health`, read once, at the end, on the second half): a chain whose
-potential blows up (:func:`~sgrld.chain_health.blown_up`) gets a non-finite gradient in that step,
-so that the step engine freezes it before its metric sees overflowing gradients.
+A round runs its candidates together on the same minibatches and keeps, at ``points`` thinned
+steps of each chain's second half, the scored coordinates, ∇log p = −(n/τ)∇u there (from the
+scoring batches) and each validation datum's log-likelihood. Divergence is
+:meth:`~sgrld.Chains.health`'s verdict on the second half; a chain whose potential blows up
+(:func:`~sgrld.chain_health.blown_up`) gets a non-finite gradient, so the engine freezes it.
 """
 
 from __future__ import annotations

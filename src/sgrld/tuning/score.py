@@ -1,13 +1,9 @@
 """A round's scores: sample quality of each candidate's thinned points (lower is better).
 
-* ``"ksd"``: the coordinate-subset kernel Stein discrepancy, squared (unbiased)
-  (:func:`~sgrld.evaluation.stein.coordinate_stein_discrepancy`) of the points against the
-  posterior, from the near-full-data score at each; every candidate of a round on one common
-  scale (the pooled root mean square of the score per coordinate, the posterior's conditional
-  precision for exact draws), so that a chain that is too wide, too narrow or not yet mixed
-  scores worse than one that is right.
-* ``"validation"``: minus the validation log predictive density of the points' ensemble
-  (the paper's selection rule), per datum.
+* ``"ksd"``: the unbiased squared coordinate-subset kernel Stein discrepancy
+  (:func:`~sgrld.evaluation.stein.coordinate_stein_discrepancy`) against the posterior, every
+  candidate on one common scale (the pooled RMS of the score per coordinate);
+* ``"validation"``: minus the validation log predictive density per datum.
 
 A diverged candidate scores +∞.
 """
@@ -30,9 +26,8 @@ def round_scores(
 ) -> list[tuple[float, float]]:
     """Per record of a round, its score and the score's standard error; (+∞, 0) if diverged.
 
-    The KSD score is the unbiased estimate of KSD² (negative values: indistinguishable from
-    exact draws); its standard error is half the gap between the estimates from the even and
-    the odd points (each from half the points, so twice the variance of the whole's).
+    KSD: its standard error is half the gap between the estimates from the even and the odd
+    points.
     """
     ok = [not r.diverged and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):

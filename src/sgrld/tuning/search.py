@@ -56,20 +56,16 @@ def tune(
     """Choose the step size ℓ of ``sampler`` (and its tuned options that are not fixed, e.g.
     Monge's α²) for a chain of ``steps`` steps, within ``budget``.
 
-    A stability probe, a bracket of ℓ that widens until its ends are worse, successive halving
-    (MAMBA), then the same for each tuned option not in ``fixed`` at the chosen ℓ; each chain
-    scored on its second half by the kernel Stein discrepancy on random coordinate subsets, or
-    by the validation log predictive (``docs/tuning.md``). All candidates of a round are chains
-    of one :class:`~sgrld.Chains`, on the same minibatches. The model is not changed, and
-    torch's global random state is restored on return.
+    Each chain is scored on its second half by the kernel Stein discrepancy on coordinate
+    subsets, or by the validation log predictive (``docs/tuning.md``). The model is not changed,
+    and torch's global random state is restored on return.
 
     Args:
         sampler: a sampler name (``sgrld.metric_names()``, or an alias).
         model: the model, at the point the chains start from (left unchanged).
         potential: ``potential(model, batch)``: the batch's per-datum potential as a 0-d tensor,
             ``nll − log_prior / num_data`` (``docs/conventions.md``).
-        loader: re-iterable batches (a ``DataLoader`` or a list), each a tensor, a tuple/list
-            or a mapping of tensors.
+        loader: re-iterable batches, each a tensor, a tuple/list or a mapping of tensors.
         num_data: the number of training data n.
         steps: the length of the chain the options are for.
         budget: gradient evaluations the search may spend in all (one minibatch gradient of one
@@ -79,26 +75,17 @@ def tune(
             datum's log-likelihood ``(B,)``: the score is then the validation log predictive.
         chains: chains per candidate.
         points: thinned points per chain scored.
-        score_points: data of the loader's first pass used for the score's gradients (all of
-            them when there are fewer: the full-data gradient).
-        **fixed: the sampler's fixed options (``alpha2_rule="normalized"``, ``decay``,
-            ``temperature``, ``adapt_until``, ...), kept in the result's options; a tuned
-            option given here (``alpha2=1.0``) is not searched.
+        score_points: data of the loader's first pass used for the score's gradients.
+        **fixed: the sampler's fixed options (``decay``, ``temperature``, ``adapt_until``, ...),
+            kept in the result's options; a tuned option given here is not searched.
 
     Returns:
         A :class:`TuneResult`: ``options`` (``lr``, the searched options and ``fixed``),
         ``candidates``, ``spent``.
 
     Raises:
-        ValueError: a budget too small to compare two candidates (naming the minimum), every
-            candidate diverging (naming the range tried), a loader that is empty on its second
-            pass, or invalid options.
-
-    Example:
-        >>> result = sgrld.tune("monge", model, potential, loader, num_data=n,
-        ...                     steps=40_000, budget=150_000, seed=0)  # doctest: +SKIP
-        >>> opt = sgrld.SGRLDOptimizer(model.parameters(), metric="monge", num_data=n,
-        ...                            **result.options)  # doctest: +SKIP
+        ValueError: a budget too small to compare two candidates, every candidate diverging, a
+            loader that is empty on its second pass, or invalid options.
     """
     name = resolve_metric_name(sampler)
     for label, value, low in (("steps", steps, 1), ("budget", budget, 1), ("seed", seed, 0)):
@@ -309,10 +296,8 @@ class _Search:
         return [(2, self.min_length)]  # fits: the budget was checked for it (run, _probe)
 
     def _extra(self, option: str, scores: dict[float, float]) -> float | None:
-        """The value to widen the bracket by, or ``None``. ℓ: while the best is the smallest
-        (or every one diverged), downwards; while it is the largest, upwards if a larger ℓ is
-        not known to diverge. A tuned option: a decade past the end the best is at (its value
-        at which G = I, where it is the best, is an end already)."""
+        """The value to widen the bracket by, or ``None``: past the end the best is at (ℓ:
+        downwards also while every one diverged, upwards only below :attr:`ceiling`)."""
         finite = [v for v, s in scores.items() if math.isfinite(s)]
         best = min(finite, key=lambda v: scores[v]) if finite else None
         if option == "lr":
@@ -380,11 +365,9 @@ class _Search:
 
     def _best(self, option: str, lr: float | None) -> float:
         """The choice in the last round over ``option``, among the candidates within one
-        standard error of the best's score (the one-standard-error rule). ℓ: the smallest of
-        them below every ℓ that diverged: a too-large ℓ's bias stays in a chain of any length,
-        while a too-small one's slower mixing shrinks in the user's chain, longer than the
-        round's. A tuned option: the value ℓ was chosen at if it is among them, else the best
-        (an option changes at ℓ only where the chains measure a difference)."""
+        standard error of the best's score. ℓ: the smallest of them below every ℓ that diverged
+        (a too-large ℓ's bias stays, a too-small one's slow mixing shrinks in a longer chain).
+        A tuned option: the value ℓ was chosen at if it is among them, else the best."""
         for r in reversed([r for r in self.rounds if r.option == option and r.name != "probe"]):
             fine = [(s, v, e) for v, s, e in zip(r.values, r.scores, r.errors, strict=True)
                     if math.isfinite(s) and (lr is not None or v < self.ceiling)]  # fmt: skip
