@@ -1,8 +1,5 @@
 """The exit statuses of every ``sgrld`` command: one table, which each command's ``--help`` prints
-and ``docs/experiments.md`` reproduces (``tests/test_faults.py`` checks that they agree).
-
-Nothing here imports torch: the command line reads it before any work.
-"""
+and ``docs/experiments.md`` reproduces. Nothing here imports torch."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The funnel's progress bar on stderr, on tqdm.
-
-On a terminal a tqdm bar redraws in place at most ``min_interval`` seconds apart; otherwise
-(logs, pipes, tests) nothing is printed until :meth:`Progress.close`, which writes one summary
-line, so captured output stays short.
-"""
+"""The funnel's progress bar on stderr: tqdm on a terminal, else one summary line at the end."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@ from sgrld.experiments.run.config import CHECKPOINT_FORMAT, RunConfig
 
 #: The format of K chains' checkpoint (one run's is ``CHECKPOINT_FORMAT``).
 CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
-#: Top-level entries of one run's checkpoint and of K chains'; all must be present before
-#: anything is restored.
+#: Top-level entries of one run's checkpoint and of K chains' (all checked before restoring).
 CHECKPOINT_KEYS = (
     "format",
     "config",
@@ -36,12 +35,9 @@ CHAINS_KEYS = ("configs", "epoch", "global_step", "chains", "records")
 
 
 def load_checkpoint(path: str | os.PathLike[str], chains: bool = False) -> dict[str, Any]:
-    """Read a run's checkpoint (``chains``: of K chains in one process; tensors on CPU),
-    checking it first.
-
-    The file's SHA-256 must match (:func:`~.base.files.load_checkpoint`), every entry
-    must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
-    sample aside; a broken-down run's model and sampler may be non-finite: that is why it stopped).
+    """Read a run's checkpoint (``chains``: of K chains) onto the CPU, checking its SHA-256, its
+    entries, and that no tensor holds NaN or Inf (but the accumulators' −Inf, and a broken-down
+    run's model and sampler).
 
     Raises:
         CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).

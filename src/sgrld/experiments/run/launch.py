@@ -1,9 +1,6 @@
-"""A sample run from the command's options: the device and data, the ``--out`` folder's checks
-(resume, held, other options), the loop (:mod:`~.run.loop`), the summary and the curves.
-
-``sgrld sample`` parses its command line, builds the configs and a :class:`LaunchOptions`, and
-holds the lock; one run and K chains go through the same functions here.
-"""
+"""A sample run from the command's options (``sgrld sample`` builds the configs and a
+:class:`LaunchOptions`, and holds the lock): the device and data, the ``--out`` folder's checks,
+the loop (:mod:`~.run.loop`), the summary and the curves."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import read_file
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
@@ -23,8 +19,6 @@ from sgrld.experiments.run.results import SHORT, Results, second_score
 
 if TYPE_CHECKING:
     from sgrld.experiments.run.parallel import DataParallel
-
-EXIT_IO_ERROR = exits.IO_ERROR
 
 
 class DataOptions(Protocol):
