@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from types import TracebackType
 from typing import TextIO
 
 from tqdm import tqdm
@@ -75,10 +74,5 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -128,10 +128,20 @@ class RunConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        self._check_metric_fields()
+        # a metric option with a field of its own: given (a tuned one, Monge's α², is required)
+        # for a sampler whose metric takes it, left at its default for the others
+        takes = option_names(self.sampler)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in METRIC_FIELDS and f.name in takes and value is None:
+                raise ValueError(f"{self.sampler} needs {f.name}")
+            if f.name in METRIC_FIELDS and f.name not in takes and value != f.default:
+                owner = " or ".join(n.capitalize() for n in samplers_taking(f.name))
+                raise ValueError(f"{f.name} is a {owner} option; leave it unset for {self.sampler}")
         if self.schedule not in ("constant", "cyclical"):
             raise ValueError(f"unknown schedule {self.schedule!r}; valid: constant, cyclical")
-        if not (self.adapt in ADAPT_CHOICES or _is_count(self.adapt)):
+        count = isinstance(self.adapt, int) and not isinstance(self.adapt, bool) and self.adapt >= 0
+        if not (self.adapt in ADAPT_CHOICES or count):
             raise ValueError(
                 f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
                 "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
@@ -140,7 +150,20 @@ class RunConfig:
             check_cyclical(1, self.cycles, self.explore_fraction)
         elif (self.cycles, self.explore_fraction) != (1, 0.0):
             raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
-        self._check_sampler_options()
+        if not isinstance(self.sampler_options, Mapping):
+            raise ValueError(
+                f"sampler_options must be a table of options, got {self.sampler_options!r}"
+            )
+        for name, value in self.sampler_options.items():  # JSON values; the metric checks them
+            if not isinstance(name, str) or not (
+                value is None or isinstance(value, (bool, int, float, str))
+            ):
+                raise ValueError(
+                    f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
+                )
+            if name in METRIC_FIELDS:
+                raise ValueError(f"give {name} as its own option, not among the sampler options")
+        build_metric(self.sampler, self.metric_options)
         scale = self.likelihood_scale
         if scale is not None and dataset_info(self.dataset).likelihood != "gaussian":
             raise ValueError(f"likelihood_scale is for regression data; {self.dataset} has none")
@@ -162,43 +185,11 @@ class RunConfig:
         num_data = dataset_info(self.dataset).train_pool - self.num_val
         return num_data if self.max_train is None else min(num_data, self.max_train)
 
-    def _check_metric_fields(self) -> None:
-        """A metric option with a field of its own is given for a sampler whose metric takes it
-        (a tuned one, Monge's α², is required) and left at its default for the others."""
-        takes = option_names(self.sampler)
-        for f in fields(self):
-            if f.name not in METRIC_FIELDS:
-                continue
-            value = getattr(self, f.name)
-            if f.name in takes and value is None:
-                raise ValueError(f"{self.sampler} needs {f.name}")
-            if f.name not in takes and value != f.default:
-                owner = " or ".join(n.capitalize() for n in samplers_taking(f.name))
-                raise ValueError(f"{f.name} is a {owner} option; leave it unset for {self.sampler}")
-
     @property
     def metric_options(self) -> dict[str, Any]:
         """The metric's options: ``sampler_options`` and the fields of its own it takes."""
         own = {n: getattr(self, n) for n in METRIC_FIELDS if n in option_names(self.sampler)}
         return {**self.sampler_options, **own}
-
-    def _check_sampler_options(self) -> None:
-        """The metric takes the options (it validates them); JSON values only."""
-        if not isinstance(self.sampler_options, Mapping):
-            raise ValueError(
-                f"sampler_options must be a table of options, got {self.sampler_options!r}"
-            )
-        for name, value in self.sampler_options.items():
-            if not isinstance(name, str) or not (
-                value is None or isinstance(value, (bool, int, float, str))
-            ):
-                raise ValueError(
-                    f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
-                )
-        for name in self.sampler_options:
-            if name in METRIC_FIELDS:
-                raise ValueError(f"give {name} as its own option, not among the sampler options")
-        build_metric(self.sampler, self.metric_options)
 
     @property
     def adapt_until(self) -> int | None:
@@ -246,10 +237,6 @@ METRIC_FIELDS = tuple(f.name for f in fields(RunConfig) if samplers_taking(f.nam
 TUNED_FIELDS = tuple(
     n for n in METRIC_FIELDS if any(n in get_metric(m).tuned for m in metric_names())
 )
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_int(name: str, value: object, low: int) -> None:

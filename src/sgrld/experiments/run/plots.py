@@ -99,7 +99,6 @@ def convergence_figure(
             shortest).
         title: the figure's title (wrapped to the figure's width).
     """
-    figure_title = title
     first = next(iter(groups.values()))[0]["curves"]
     second = second_score(first)  # accuracy, or a regression's RMSE
     metrics = ("test_lp", f"test_{second}")
@@ -109,26 +108,21 @@ def convergence_figure(
         epochs = np.arange(1, length + 1)
         for ax, metric in zip(axes, metrics, strict=True):
             values = np.stack([_values(r["curves"][metric][:length]) for r in runs])
-            mean, std = values.mean(axis=0), values.std(axis=0)
+            mean, band = values.mean(axis=0), 1.96 * values.std(axis=0)
             # a marker on every epoch: a one-epoch run is one point, still visible
             (line,) = ax.plot(epochs, mean, marker="o", markersize=4, label=label)
             ax.fill_between(
-                epochs,
-                mean - 1.96 * std,
-                mean + 1.96 * std,
-                alpha=0.2,
-                lw=0,
-                color=line.get_color(),
+                epochs, mean - band, mean + band, alpha=0.2, lw=0, color=line.get_color()
             )
     names = ("test log-probability", "test accuracy" if second == "accuracy" else "test RMSE")
     longest = max(len(r["curves"]["epoch"]) for runs in groups.values() for r in runs)
-    for ax, title in zip(axes, names, strict=True):
-        ax.set_title(f"cumulative ensemble {title}")
+    for ax, name in zip(axes, names, strict=True):
+        ax.set_title(f"cumulative ensemble {name}")
         ax.set_xlabel("epoch")
         ax.set_xlim(0.5, longest + 0.5)  # whole epochs, one alone included
         ax.set_xticks(np.arange(1, longest + 1, max(1, longest // 8)))
     axes[0].legend()
-    fig.suptitle(wrap_title(figure_title, width_inches=12))
+    fig.suptitle(wrap_title(title, width_inches=12))
     return fig
 
 
