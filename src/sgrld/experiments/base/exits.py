@@ -12,12 +12,10 @@ BUSY = 75  # BSD sysexits EX_TEMPFAIL: try again later
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
 
+EVERY = ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune")
 #: status → (meaning, the commands that use it).
 STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
-    OK: (
-        "done: every run finished (in a sweep: completed or broken down), outputs written",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
-    ),
+    OK: ("done: every run finished (in a sweep: completed or broken down), outputs written", EVERY),
     FAILED: (
         "sweep: a run failed (its error is listed, the others went on); sample under torchrun: "
         "another rank died (the last good checkpoint is kept); report and table with --strict: "
@@ -27,7 +25,7 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     USAGE: (
         "bad input, refused before any work: invalid options or config, a damaged or "
         "misfitting checkpoint, an --out held by another run or grid, unreadable results",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
+        EVERY,
     ),
     BROKEN_DOWN: (
         "a chain broke down (a non-finite value, or blown up while finite: sgrld.health): "
@@ -37,20 +35,14 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     IO_ERROR: (
         "an output could not be written (a read-only --out, disk full); the last good "
         "checkpoint is kept",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
+        EVERY,
     ),
     BUSY: (
         "sweep: runs are still held by another sweep or job; run the sweep again when they end",
         ("sweep",),
     ),
-    INTERRUPTED: (
-        "interrupted (Ctrl-C), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
-    ),
-    TERMINATED: (
-        "terminated (SIGTERM), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
-    ),
+    INTERRUPTED: ("interrupted (Ctrl-C), workers stopped, checkpoints intact", EVERY),
+    TERMINATED: ("terminated (SIGTERM), workers stopped, checkpoints intact", EVERY),
 }
 
 

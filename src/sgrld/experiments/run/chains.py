@@ -162,17 +162,11 @@ class VmappedChains:
         )
         self._loss = poisoned_potential(num_data)
         if chain_batch is None and device.type == "cuda":
-            batch = min(base.batch_size, num_data)
-            state_bytes, step_bytes = _probe_chain_memory(
-                model,
-                sampler,
-                seeds[0]["init"],
-                self._loss,
-                splits.x_train[:batch],
-                splits.y_train[:batch],
-            )
+            rows = min(base.batch_size, num_data)
+            x, y = splits.x_train[:rows], splits.y_train[:rows]
+            probe = _probe_chain_memory(model, sampler, seeds[0]["init"], self._loss, x, y)
             free, _ = torch.cuda.mem_get_info(device)
-            chain_batch = plan_chain_batch(len(configs), free, state_bytes, step_bytes)
+            chain_batch = plan_chain_batch(len(configs), free, *probe)
         self.chain_batch = chain_batch
         tuned: dict[str, Any] = {n: [getattr(c, n) for c in configs] for n in sampler.metric.tuned}
         noise_seeds = [_philox_seed(torch.Generator(device).manual_seed(s["chain"])) for s in seeds]

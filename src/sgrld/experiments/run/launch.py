@@ -301,19 +301,16 @@ def run_locked(
         if parallel is None:
             raise
         raise UsageError(str(exc)) from exc
-    done = all(r["status"] == "completed" for r in results)
-    if not main:  # rank 0 reports for the job
-        return 0 if done else 3
-    for config, result, folder in zip(configs, results, folders, strict=True):
-        if result["broken_down"] is not None:  # always on stderr, progress bar or not
-            message = cli_names(breakdown_message(result["broken_down"]))
-            print(
-                f"sgrld sample: {config.label() + ': ' if multi else ''}{message}", file=sys.stderr
-            )
-        if options.plot:
-            plot_results(result, folder)
-    print_summary(configs, results, out)
-    return 0 if done else 3
+    if main:  # rank 0 reports for the job
+        for config, result, folder in zip(configs, results, folders, strict=True):
+            if result["broken_down"] is not None:  # on stderr, progress bar or not
+                who = f"{config.label()}: " if multi else ""
+                message = cli_names(breakdown_message(result["broken_down"]))
+                print(f"sgrld sample: {who}{message}", file=sys.stderr)
+            if options.plot:
+                plot_results(result, folder)
+        print_summary(configs, results, out)
+    return 0 if all(r["status"] == "completed" for r in results) else 3
 
 
 def plot_results(results: Results, out: Path) -> None:

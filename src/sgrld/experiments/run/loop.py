@@ -138,14 +138,12 @@ class SamplingRun:
         ]
         self.num_data = self.records[0].num_data
         self.steps_per_epoch = self.records[0].steps_per_epoch
-        self.stepper: Stepper
-        if self.one:
-            self.stepper = OneChain(
-                self.config, self.splits, self.records[0].seeds, self.device, step_mode, parallel
-            )
-        else:
-            seeds = [r.seeds for r in self.records]
-            self.stepper = VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
+        seeds = [r.seeds for r in self.records]
+        self.stepper: Stepper = (
+            OneChain(self.config, self.splits, seeds[0], self.device, step_mode, parallel)
+            if self.one
+            else VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
+        )
         for r in self.records:
             r.stepper = self.stepper
         self.out_dir = None if out_dir is None else Path(out_dir)

@@ -81,9 +81,6 @@ class OneChain:
             one other than eager under ``parallel``, ``--curvature`` under fsdp.
     """
 
-    is_main = True
-    collective_state = False
-
     def __init__(
         self,
         config: RunConfig,
@@ -106,7 +103,9 @@ class OneChain:
                     "forward, which the sharded parameters (--parallel fsdp) do not allow; "
                     "use --parallel ddp or measure it in one process"
                 )
-            self.is_main, self.collective_state = parallel.is_main, parallel.collective_state
+        # where the state goes (one process: as it is)
+        self._job = DataParallel(0, 1) if parallel is None else parallel
+        self.is_main, self.collective_state = self._job.is_main, self._job.collective_state
         self.step_mode = resolve_step_mode(step_mode, config, device)
         self.config, self.splits = config, splits
         self.num_data = splits.num_train
@@ -115,9 +114,7 @@ class OneChain:
         if parallel is not None:
             self.model = parallel.prepare(self.model)
         self.model.train()
-        params: list[Tensor] = list(self.model.parameters())
-        if parallel is not None:
-            params = parallel.parameters(self.model)
+        params = self._job.parameters(self.model)
         generator = torch.Generator(device).manual_seed(seeds["chain"])
         deferred = self.step_mode != "eager"
         self.optimizer = make_sampler(config, params, self.num_data, generator, capturable=deferred)
@@ -258,35 +255,24 @@ class OneChain:
     def state_dict(self) -> dict[str, Any]:
         """The model (under fsdp gathered: every rank takes part), the optimizer (ℓ as a float,
         so that any step mode continues it) and the schedule."""
-        optimizer = self.optimizer.state_dict()
-        if self.parallel is not None:
-            optimizer = self.parallel.optimizer_state(optimizer)
+        optimizer = self._job.optimizer_state(self.optimizer.state_dict())
         for group in optimizer["param_groups"]:
             if isinstance(group["lr"], Tensor):
                 group["lr"] = float(group["lr"])
         return {
-            "model": self._model_state(),
+            "model": self._job.model_state(self.model),
             "optimizer": optimizer,
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
         }
 
-    def _model_state(self) -> dict[str, Tensor]:
-        if self.parallel is None:
-            return self.model.state_dict()
-        return self.parallel.model_state(self.model)
-
     def mismatches(self, state: Mapping[str, Any]) -> list[str]:
-        wrong = tensor_mismatches(state["model"], self._model_state(), "model")
+        wrong = tensor_mismatches(state["model"], self._job.model_state(self.model), "model")
         factors = factor_mismatch(state["optimizer"], self.optimizer.state_dict())
         return wrong + ([] if factors is None else [factors])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if self.parallel is None:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:
-            self.parallel.load_model_state(self.model, state["model"])
-            self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
+        self._job.load_model_state(self.model, state["model"])
+        self._job.load_optimizer_state(self.optimizer, state["optimizer"])
         if self.step_mode != "eager":  # ℓ is the config's (constant), as a device tensor
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr
