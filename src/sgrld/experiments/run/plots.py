@@ -47,13 +47,11 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     fig, axes = new_figure(16, 3.6, 4)
     panels = _PANELS if "val_accuracy" in curves else _REGRESSION_PANELS
     for ax, (metric, title) in zip(axes[:3], panels, strict=True):
-        drawn = False
         for split, style in (("val", "--"), ("test", "-")):
             values = _values(curves[f"{split}_{metric}"])
             if np.isfinite(values).any():
                 ax.plot(epochs, values, style, marker="o", markersize=3, label=split)
-                drawn = True
-        if drawn:
+        if ax.lines:
             ax.legend()
         else:
             ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)

@@ -21,8 +21,6 @@ STATUSES = ("running", "failed", "completed", "broken_down")
 #: Statuses after which a run is not continued (a broken-down run is a result of the protocol).
 FINISHED = ("completed", "broken_down")
 SPLITS = ("val", "test")
-#: Classification's ensemble scores per split (regression's: ``docs/likelihoods.md``).
-SCORES = ("lp", "accuracy", "ece", "confidence")
 #: Scores that are fractions (each in [0, 1]).
 FRACTIONS = ("accuracy", "ece", "confidence", "coverage_50", "coverage_90")
 
