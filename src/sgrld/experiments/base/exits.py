@@ -1,8 +1,5 @@
 """The exit statuses of every ``sgrld`` command: one table, which each command's ``--help`` prints
-and ``docs/experiments.md`` reproduces (``tests/test_faults.py`` checks that they agree).
-
-Nothing here imports torch: the command line reads it before any work.
-"""
+and ``docs/experiments.md`` reproduces. Nothing here imports torch."""
 
 from __future__ import annotations
 
@@ -15,12 +12,10 @@ BUSY = 75  # BSD sysexits EX_TEMPFAIL: try again later
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
 
+EVERY = ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune")
 #: status → (meaning, the commands that use it).
 STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
-    OK: (
-        "done: every run finished (in a sweep: completed or broken down), outputs written",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
-    ),
+    OK: ("done: every run finished (in a sweep: completed or broken down), outputs written", EVERY),
     FAILED: (
         "sweep: a run failed (its error is listed, the others went on); sample under torchrun: "
         "another rank died (the last good checkpoint is kept); report and table with --strict: "
@@ -30,7 +25,7 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     USAGE: (
         "bad input, refused before any work: invalid options or config, a damaged or "
         "misfitting checkpoint, an --out held by another run or grid, unreadable results",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
+        EVERY,
     ),
     BROKEN_DOWN: (
         "a chain broke down (a non-finite value, or blown up while finite: sgrld.health): "
@@ -40,20 +35,14 @@ STATUSES: dict[int, tuple[str, tuple[str, ...]]] = {
     IO_ERROR: (
         "an output could not be written (a read-only --out, disk full); the last good "
         "checkpoint is kept",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
+        EVERY,
     ),
     BUSY: (
         "sweep: runs are still held by another sweep or job; run the sweep again when they end",
         ("sweep",),
     ),
-    INTERRUPTED: (
-        "interrupted (Ctrl-C), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
-    ),
-    TERMINATED: (
-        "terminated (SIGTERM), workers stopped, checkpoints intact",
-        ("sample", "sweep", "funnel", "demo", "geodesics", "report", "table", "llc", "tune"),
-    ),
+    INTERRUPTED: ("interrupted (Ctrl-C), workers stopped, checkpoints intact", EVERY),
+    TERMINATED: ("terminated (SIGTERM), workers stopped, checkpoints intact", EVERY),
 }
 
 

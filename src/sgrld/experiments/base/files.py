@@ -1,15 +1,7 @@
-"""What the experiment commands write, made safe against the faults of a real machine.
-
-- :func:`write_atomic`: a file appears whole or not at all (a temporary file unique to this
-  process in the same directory, fsync, rename); a failure removes the temporary and raises
-  :class:`OutputError` naming the file and the reason (e.g. "no space left on device").
-- :class:`DirectoryLock`: an OS lock (``flock``) on an output directory, so two runs never write
-  into one; the kernel releases it when the holder dies, however it dies.
-- :func:`save_checkpoint` / :func:`load_checkpoint`: a checkpoint carries the SHA-256 of its
-  payload, so a flipped byte, a truncation or a foreign file is refused (:class:`CheckpointError`)
-  instead of resuming into wrong results (torch's loader does not check the zip's CRCs).
-
-The guarantees per fault are listed in ``docs/experiments.md``.
+"""What the experiment commands write, made safe against the faults of a real machine: whole
+files or none (:func:`write_atomic`), one writer per directory (:class:`DirectoryLock`),
+checkpoints that carry their SHA-256 (torch's loader does not check the zip's CRCs). The
+guarantees per fault are listed in ``docs/experiments.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +19,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -89,26 +81,37 @@ class UnsafePathError(OSError):
 
 
 def _reason(exc: OSError) -> str:
-    # "no space left on device" rather than a chained traceback ending in torch's "enforce fail".
+    # "no space left on device", not a traceback ending in torch's "enforce fail"
     if isinstance(exc, UnsafePathError):
         return str(exc.strerror)
     return os.strerror(exc.errno).lower() if exc.errno else str(exc)
 
 
-#: the largest JSON file (results, manifests, configs) the commands read
-MAX_JSON_BYTES = 1 << 30
+MAX_JSON_BYTES = 1 << 30  # the largest JSON file (results, manifests, configs) read
 
 
-def _memory_bytes() -> int:
+def _open_regular(path: str | os.PathLike[str], flags: int, use: str) -> int:
+    """Open a regular file, never through a link planted at its name, never blocking on a FIFO.
+
+    Raises:
+        UnsafePathError: a symbolic link, or not a regular file (refusing to ``use`` it).
+    """
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or Path(path).is_symlink():
+            message = "it is a symbolic link; refusing to follow it"
+            raise UnsafePathError(errno.ELOOP, message) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(errno.EINVAL, f"it is not a regular file; refusing to {use} it")
+    return fd
 
 
 def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) -> bytes:
-    """The bytes of a regular file, opened ``O_NOFOLLOW | O_NONBLOCK``: never through a link
-    planted at its name, never blocking on a FIFO, never reading a device (``/dev/zero``).
+    """The bytes of a regular file (:func:`_open_regular`), never reading a device.
 
     Args:
         limit: the most bytes such a file can sanely hold (``None``: the machine's memory).
@@ -117,20 +120,15 @@ def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) 
         UnsafePathError: a symbolic link, not a regular file, or larger than ``limit``.
         OSError: it cannot be opened or read.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP or Path(path).is_symlink():
-            raise UnsafePathError(
-                errno.ELOOP, "it is a symbolic link; refusing to follow it"
-            ) from None
-        raise
+    fd = _open_regular(path, os.O_RDONLY, "read")
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafePathError(errno.EINVAL, "it is not a regular file; refusing to read it")
-        most = _memory_bytes() if limit is None else limit
+        most = limit
+        if most is None:
+            try:
+                most = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                most = 1 << 40
         if info.st_size > most:
             raise UnsafePathError(
                 errno.EFBIG, f"it holds {info.st_size} bytes, more than the {most} it can sanely be"
@@ -145,8 +143,7 @@ def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) 
 
 def refuse_links(root: str | os.PathLike[str], *paths: str) -> None:
     """Refuse a symbolic link planted at a folder or file the commands write under ``root`` (the
-    user's ``--out``, which may itself be a link): what is written there would land where the
-    link points.
+    user's ``--out``, which may itself be a link).
 
     Raises:
         OutputError: naming the link.
@@ -160,12 +157,6 @@ def refuse_links(root: str | os.PathLike[str], *paths: str) -> None:
                     errno.ELOOP,
                     f"cannot write in {folder}: it is a symbolic link; refusing to follow it",
                 )
-
-
-def _file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask  # mkstemp makes 0600 files; outputs get the usual mode
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
@@ -186,7 +177,9 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp, _file_mode())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; outputs get the usual mode
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -202,18 +195,18 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
             os.close(dir_fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def save_figure(fig: Any, path: str | os.PathLike[str], **options: Any) -> None:
     """A matplotlib figure rendered as PNG in memory, then written with :func:`write_atomic`
     (never through a file or link already at ``path``)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", **options)
     write_atomic(path, buffer.getvalue())
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
@@ -231,35 +224,10 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _open_lock_file(path: Path) -> int:
-    """Open (or create) a lock file without following a link planted at its name.
-
-    Raises:
-        OutputError: ``path`` is a symbolic link or not a regular file (the message says so).
-        OSError: it cannot be opened or created.
-    """
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if path.is_symlink():
-            message = f"cannot lock {path}: it is a symbolic link; refusing to follow it"
-            raise OutputError(exc.errno, message) from None
-        raise
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        message = f"cannot lock {path}: it is not a regular file; refusing to use it"
-        raise OutputError(errno.EINVAL, message)
-    return fd
-
-
 class DirectoryLock:
-    """An exclusive ``flock`` on ``directory/.sgrld.lock``, which records the holder.
-
-    Use as a context manager; the directory is created if needed (and removed on release if it
-    is still empty, so a refused run leaves nothing). The lock file is removed on release; one
-    left by a killed holder is unlocked (the kernel dropped the lock) and reused.
+    """An exclusive ``flock`` on ``directory/.sgrld.lock``, which records the holder; the kernel
+    releases it when the holder dies. A context manager; the directory is created if needed
+    (and removed on release if still empty); the lock file is removed on release.
 
     Raises:
         DirectoryLockedError: on entry, when another process holds the lock (the message names
@@ -282,7 +250,7 @@ class DirectoryLock:
             self._created = not self.directory.exists()
             self.directory.mkdir(parents=True, exist_ok=True)
             while True:
-                fd = _open_lock_file(self.path)
+                fd = _open_regular(self.path, os.O_RDWR | os.O_CREAT, "use")
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -307,8 +275,6 @@ class DirectoryLock:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} on {host}, {self.command}, since {stamp}\n".encode())
-        except OutputError:
-            raise
         except OSError as exc:
             raise OutputError(exc.errno, f"cannot lock {self.path}: {_reason(exc)}") from exc
         self._fd = fd
@@ -325,9 +291,6 @@ class DirectoryLock:
         if self._created:
             with contextlib.suppress(OSError):  # only succeeds when nothing was written
                 self.directory.rmdir()
-
-
-# --- checkpoints ---------------------------------------------------------------------------
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: Any) -> None:
@@ -421,41 +384,32 @@ def find_nonfinite(value: Any, name: str = "", *, allow_minus_inf: bool = False)
 
 
 @contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C until the block ends, then raise :class:`KeyboardInterrupt`.
-
-    For ``import torch``: a KeyboardInterrupt raised inside its C++ start-up aborts the whole
-    process (SIGABRT) instead of unwinding.
-    """
-    received: list[int] = []
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
-
+def _handling(signum: int, handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only
         return
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then raise :class:`KeyboardInterrupt` (for ``import
+    torch``: one raised inside its C++ start-up aborts the process instead of unwinding)."""
+    received: list[int] = []
+    with _handling(signal.SIGINT, lambda signum, frame: received.append(signum)):
+        yield
     if received:
         raise KeyboardInterrupt
 
 
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
+def sigterm_raises() -> contextlib.AbstractContextManager[None]:
     """Within the block, SIGTERM raises :class:`Terminated` (clean-up runs as for Ctrl-C)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Terminated
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return _handling(signal.SIGTERM, handler)

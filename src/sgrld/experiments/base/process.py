@@ -1,9 +1,5 @@
-"""Worker processes that never outlive the command that started them.
-
-A pool worker (``sgrld funnel --jobs``, ``sgrld sweep --jobs``) calls :func:`die_with_parent`
-first: when the parent ends, even by SIGKILL, which it cannot handle, the worker ends too
-instead of running on unsupervised (and holding its runs' locks).
-"""
+"""Worker processes (``--jobs``) that never outlive the command that started them, even when
+it is killed (SIGKILL), running on unsupervised and holding their runs' locks."""
 
 from __future__ import annotations
 
@@ -19,12 +15,8 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def die_with_parent(parent: int) -> None:
-    """End this worker when process ``parent`` ends.
-
-    Linux delivers SIGKILL to the worker when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
-    elsewhere, and as a fallback, a daemon thread polls the parent's pid every 0.5 s. Ctrl-C is
-    left to the parent, which terminates its workers itself.
-    """
+    """End this worker when process ``parent`` ends: ``prctl(PR_SET_PDEATHSIG)`` on Linux, and
+    a daemon thread polling the parent's pid. Ctrl-C is left to the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):

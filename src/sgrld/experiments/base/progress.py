@@ -1,15 +1,9 @@
-"""The funnel's progress bar on stderr, on tqdm.
-
-On a terminal a tqdm bar redraws in place at most ``min_interval`` seconds apart; otherwise
-(logs, pipes, tests) nothing is printed until :meth:`Progress.close`, which writes one summary
-line, so captured output stays short.
-"""
+"""The funnel's progress bar on stderr: tqdm on a terminal, else one summary line at the end."""
 
 from __future__ import annotations
 
 import sys
 import time
-from types import TracebackType
 from typing import TextIO
 
 from tqdm import tqdm
@@ -80,10 +74,5 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

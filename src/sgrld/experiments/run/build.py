@@ -1,10 +1,5 @@
-"""From a config to the objects of a run, through the registries only.
-
-A sampler is its registry name plus options validated by the metric itself (so every option of
-every metric is settable from ``sgrld sample --option`` and sweepable): nothing here knows a
-metric by name. Models, priors and data sets come from their own registries
-(:func:`sgrld.models.build_model`, :mod:`sgrld.priors`, :mod:`sgrld.data`).
-"""
+"""From a config to the objects of a run, through the registries only: nothing here knows a
+metric, model, prior or data set by name (every metric option is settable and sweepable)."""
 
 from __future__ import annotations
 
@@ -42,11 +37,9 @@ def _typed(cls: type[Metric], name: str, value: Any) -> Any:
 
 
 def build_metric(sampler: str, options: Mapping[str, Any], paper: bool = False) -> Metric:
-    """The metric ``sampler`` with ``options`` (a config's :attr:`~.RunConfig.metric_options`,
-    their names checked there); the metric validates the values (a ValueError names the option).
-    ``paper`` (the paper's protocol, ``adapt="always"``) keeps the paper's absolute ε: a
-    ``floor`` relative to the statistics' scale (RMSprop's, Adam's) is 0 unless an option sets
-    it."""
+    """The metric ``sampler`` with ``options``, validated by the metric (a ValueError names the
+    option). ``paper`` (``adapt="always"``) keeps the paper's absolute ε: a relative ``floor``
+    is 0 unless an option sets it."""
     cls = get_metric(sampler)
     try:  # misspellings: did-you-mean and the list, as the library says them
         contract.check_options(cls, options, sampler)
@@ -69,12 +62,8 @@ def make_sampler(
     *,
     capturable: bool = False,
 ) -> SGRLDOptimizer:
-    """The config's sampler over ``params`` in one parameter group.
-
-    With ``capturable`` (the runner's deferred and captured loops) ℓ is a 0-d tensor on the
-    parameters' device and NaN/Inf checks are device flags read by ``check()``; without, ℓ is a
-    float and a step with a NaN/Inf gradient is refused at once on every device.
-    """
+    """The config's sampler over ``params`` in one parameter group; ``capturable`` (the deferred
+    loops): ℓ a device tensor and NaN/Inf checks device flags, else refused at once."""
     lr: float | Tensor = config.lr
     if capturable:
         lr = torch.tensor(config.lr, dtype=params[0].dtype, device=params[0].device)
@@ -90,16 +79,13 @@ def make_sampler(
         compile=config.compile,
         capturable=capturable,
         sync_checks=None if capturable else True,
-        # per-step health figures on the device, read at epoch ends (results.json); the fused
-        # compile=True step has no place for them
-        telemetry=not config.compile,
+        telemetry=not config.compile,  # the fused compiled step has no place for them
         adapt_until=config.adapt_until,
     )
 
 
 def build_likelihood(config: Any, splits: Splits | None = None) -> Likelihood:
-    """The likelihood the config's data set declares: categorical over its classes, or
-    Gaussian with the config's fixed σ (``None``: learned) reporting in the targets' units."""
+    """The config's data set's likelihood: categorical, or Gaussian with the config's σ."""
     info = dataset_info(config.dataset)
     cls = get_likelihood(info.likelihood)
     if info.likelihood == "categorical":
@@ -111,8 +97,7 @@ def build_likelihood(config: Any, splits: Splits | None = None) -> Likelihood:
 def build_run_model(
     config: Any, splits: Splits | None = None, generator: torch.Generator | None = None
 ) -> BayesianModel:
-    """The config's network with its prior and its data set's likelihood (He initialisation
-    from ``generator``)."""
+    """The config's network with its prior and likelihood (initialised from ``generator``)."""
     likelihood = build_likelihood(config, splits)
     return build_model(
         config.model,

@@ -1,13 +1,7 @@
-"""K sampling runs in one process (``--chains K``): the stepper of a stacked model.
-
-:class:`VmappedChains` steps K single runs' configs that differ only in seed, ℓ and the tuned
-options (α²) as one :class:`sgrld.Chains`: one vmapped forward/backward and one sampler call
-per step. Chain k is *the* single run of its config, whatever K and its position: its model
-from its ``init`` seed, its minibatches from its ``data_order`` generator
-(:func:`sgrld.chain_batches`), its Philox keys drawn from its ``chain`` generator as the single
-run's optimizer draws them. A chain that breaks down is frozen by the engine's device flags
-(the potential poisons its own gradient) and the others go on (``docs/experiments.md``).
-"""
+"""K sampling runs in one process (``--chains K``): one :class:`sgrld.Chains` steps K configs
+that differ only in seed, ℓ and the tuned options. Chain k is *the* single run of its config,
+whatever K and its position: its init, minibatches and Philox keys come from its own seeds; a
+chain that breaks down is frozen by the engine's device flags (``docs/experiments.md``)."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ from sgrld.chains import Chains
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
 from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_potential
-from sgrld.experiments.run.config import GRAD_MAX, TUNED_FIELDS, RunConfig, config_differences
+from sgrld.experiments.run.config import GRAD_MAX, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.record import deferred_breakdown_reason
 from sgrld.experiments.run.single import deferred_refusal
@@ -43,17 +37,18 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
     """Refuse configs that cannot share one stacked model.
 
     Raises:
-        ValueError: no config, duplicates, configs that differ in more than seed, ℓ and α², or
-            options the deferred loop cannot run (:func:`~.run.single.deferred_refusal`).
+        ValueError: no config, duplicates, configs that differ in more than
+            :data:`PER_CHAIN_FIELDS`, or options the deferred loop cannot run.
     """
     if not configs:
         raise ValueError("no chain to run")
     base = configs[0]
     for c in configs[1:]:
-        other = dataclasses.replace(c, **{f: getattr(base, f) for f in PER_CHAIN_FIELDS})
-        differences = [d for d in config_differences(other, base) if not d.startswith("epochs")] + (
-            ["epochs"] if c.epochs != base.epochs else []
-        )
+        differences = [
+            f"{f.name}: {getattr(c, f.name)!r} vs {getattr(base, f.name)!r}"
+            for f in dataclasses.fields(RunConfig)
+            if f.name not in PER_CHAIN_FIELDS and getattr(c, f.name) != getattr(base, f.name)
+        ]
         if differences:
             raise ValueError(
                 f"the chains of one process may differ only in {', '.join(PER_CHAIN_FIELDS[:-1])} "
@@ -72,8 +67,8 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
 
 
 def _philox_seed(generator: torch.Generator) -> int:
-    """The Philox key the single run's optimizer draws from its chain generator, as a seed of
-    :func:`sgrld.core.noise.keys_from_seeds` (whose key words are the seed's halves)."""
+    """The Philox key the single run's optimizer draws from ``generator``, as a seed (its two
+    words are the seed's halves: :func:`sgrld.core.noise.keys_from_seeds`)."""
     from sgrld.core.noise import keys_from_generator
 
     low, high = keys_from_generator((), generator, torch.device("cpu")).tolist()
@@ -83,12 +78,9 @@ def _philox_seed(generator: torch.Generator) -> int:
 def plan_chain_batch(
     num_chains: int, free_bytes: int, state_bytes: int, step_bytes: int, headroom: float = 0.7
 ) -> int:
-    """Chains per vectorised call so that K chains fit in ``free_bytes`` of device memory.
-
-    Every chain's state (parameters, buffers, sampler statistics: ``state_bytes`` per chain)
-    lives for the whole run; a step's transient memory (gradients, activations, workspace:
-    ``step_bytes`` per chain) only for the chains of one call. ``headroom`` of what is left
-    after the state may go to one call (the allocator fragments the rest).
+    """Chains per vectorised call so that K chains fit in ``free_bytes`` of device memory: every
+    chain's state (``state_bytes``) for the whole run, a step's transient memory (``step_bytes``
+    per chain) for one call's chains, within ``headroom`` of what the state leaves.
 
     Raises:
         MemoryError: the K chains' state alone does not fit, or not even one chain's step.
@@ -112,8 +104,7 @@ def plan_chain_batch(
 def _probe_chain_memory(
     make: Any, sampler: sgrld.Sampler, seed: int, loss: Any, x: Tensor, y: Tensor
 ) -> tuple[int, int]:
-    """``(state_bytes, step_bytes)`` of one chain on a CUDA device, measured: the allocation of
-    a one-chain :class:`Chains` and the peak of one of its gradient passes above it."""
+    """``(state_bytes, step_bytes)`` of one chain on a CUDA device, measured."""
     device = x.device
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
@@ -129,18 +120,15 @@ def _probe_chain_memory(
 
 
 class VmappedChains:
-    """K chains of one setting as one :class:`sgrld.Chains` (the :class:`~.run.loop.Stepper` of
-    a K-config :class:`~.run.loop.SamplingRun`); see the module docstring.
+    """K chains of one setting as one :class:`sgrld.Chains` (a :class:`~.run.loop.Stepper`).
 
     Args:
-        configs: the chains' runs (:func:`check_chain_configs`). Chains with equal α² share a
-            sampler call when they are next to each other.
+        configs: the chains' runs (:func:`check_chain_configs`).
         splits: the run's data (restricted, on ``device``).
         seeds: each chain's seed streams (:attr:`~.run.record.RunRecord.seeds`).
         device: where the stacked model lives.
-        chain_batch: at most this many chains per vmapped call; ``None``: all on a CPU, and on
-            CUDA as many as fit beside every chain's state (:func:`plan_chain_batch`, from one
-            chain's memory measured before the run).
+        chain_batch: at most this many chains per vmapped call; ``None``: all on a CPU, on CUDA
+            as many as fit (:func:`plan_chain_batch`).
     """
 
     step_mode = "deferred"  # the flags are read at samples and epoch ends
@@ -174,17 +162,11 @@ class VmappedChains:
         )
         self._loss = poisoned_potential(num_data)
         if chain_batch is None and device.type == "cuda":
-            batch = min(base.batch_size, num_data)
-            state_bytes, step_bytes = _probe_chain_memory(
-                model,
-                sampler,
-                seeds[0]["init"],
-                self._loss,
-                splits.x_train[:batch],
-                splits.y_train[:batch],
-            )
+            rows = min(base.batch_size, num_data)
+            x, y = splits.x_train[:rows], splits.y_train[:rows]
+            probe = _probe_chain_memory(model, sampler, seeds[0]["init"], self._loss, x, y)
             free, _ = torch.cuda.mem_get_info(device)
-            chain_batch = plan_chain_batch(len(configs), free, state_bytes, step_bytes)
+            chain_batch = plan_chain_batch(len(configs), free, *probe)
         self.chain_batch = chain_batch
         tuned: dict[str, Any] = {n: [getattr(c, n) for c in configs] for n in sampler.metric.tuned}
         noise_seeds = [_philox_seed(torch.Generator(device).manual_seed(s["chain"])) for s in seeds]
@@ -233,11 +215,7 @@ class VmappedChains:
                 logits = self.chains(x[start : start + batch], shared=True)  # (K, B, C)
                 for k in range(len(logits)):
                     add(k, split, start, logits[k])
-        return self._scalars()
-
-    def _scalars(self) -> list[dict[str, float]]:
-        """Each chain's prior scales (horseshoe), on the host."""
-        if not self._scalar_names:
+        if not self._scalar_names:  # each chain's prior scales (horseshoe), on the host
             return [{} for _ in range(self.chains.num_chains)]
 
         def scales(model: torch.nn.Module) -> Tensor:

@@ -10,12 +10,11 @@ from torch import Tensor
 
 from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError
-from sgrld.experiments.run.config import CHECKPOINT_FORMAT, RunConfig
+from sgrld.experiments.run.config import CHECKPOINT_FORMAT
 
 #: The format of K chains' checkpoint (one run's is ``CHECKPOINT_FORMAT``).
 CHAINS_CHECKPOINT_FORMAT = "sgrld-chains-checkpoint/1"
-#: Top-level entries of one run's checkpoint and of K chains'; all must be present before
-#: anything is restored.
+#: Top-level entries of one run's checkpoint and of K chains' (all checked before restoring).
 CHECKPOINT_KEYS = (
     "format",
     "config",
@@ -36,12 +35,9 @@ CHAINS_KEYS = ("configs", "epoch", "global_step", "chains", "records")
 
 
 def load_checkpoint(path: str | os.PathLike[str], chains: bool = False) -> dict[str, Any]:
-    """Read a run's checkpoint (``chains``: of K chains in one process; tensors on CPU),
-    checking it first.
-
-    The file's SHA-256 must match (:func:`~.base.files.load_checkpoint`), every entry
-    must be present, and no tensor may hold NaN or Inf (the accumulators' −Inf before the first
-    sample aside; a broken-down run's model and sampler may be non-finite: that is why it stopped).
+    """Read a run's checkpoint (``chains``: of K chains) onto the CPU, checking its SHA-256, its
+    entries, and that no tensor holds NaN or Inf (but the accumulators' −Inf, and a broken-down
+    run's model and sampler).
 
     Raises:
         CheckpointError: damaged, truncated, empty, foreign or incomplete (a ``ValueError``).
@@ -60,13 +56,9 @@ def load_checkpoint(path: str | os.PathLike[str], chains: bool = False) -> dict[
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: no {', '.join(missing)}")
     records = {f"records.{i}": r for i, r in enumerate(state["records"])} if chains else {"": state}
-    bad = [
-        b
-        for name, record in records.items()
-        for b in files.find_nonfinite(
-            record["ensembles"], name or "ensembles", allow_minus_inf=True
-        )
-    ]
+    bad: list[str] = []
+    for name, record in records.items():
+        bad += files.find_nonfinite(record["ensembles"], name or "ensembles", allow_minus_inf=True)
     if not chains and state["status"] != "broken_down":
         bad += files.find_nonfinite({"model": state["model"], "optimizer": state["optimizer"]})
     if bad:
@@ -94,17 +86,3 @@ def tensor_mismatches(
                 f"{want.dtype} {tuple(want.shape)}"
             )
     return found
-
-
-def check_checkpoint_fits(state: Mapping[str, Any], config: RunConfig) -> None:
-    """Refuse, before any work, a checkpoint whose model does not fit ``config``'s model.
-
-    Raises:
-        CheckpointError: missing or unexpected entries, other shapes or dtypes.
-    """
-    from sgrld.experiments.run.build import build_run_model
-
-    model = build_run_model(config)
-    wrong = tensor_mismatches(state["model"], model.state_dict(), "model")
-    if wrong:
-        raise CheckpointError("; ".join(wrong))

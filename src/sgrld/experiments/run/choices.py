@@ -1,9 +1,5 @@
-"""The experiments' names of samplers, priors, models, datasets and noise sources, in one place.
-
-Read from the registries (:func:`sgrld.metrics.metric_names`, :func:`sgrld.priors.prior_names`)
-and the model and data modules, so that a metric or prior registered there is a choice of
-``sgrld sample`` and ``sgrld sweep`` (:mod:`~sgrld.experiments.run.options`) without an edit here.
-"""
+"""The experiments' names of samplers, priors, models, datasets and noise sources, read from the
+registries (a metric or prior registered there is a choice without an edit here)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A run's configuration: :class:`RunConfig`, its validation, the seeds and the sampling schedule.
-
-The first room of a sampling run (``docs/experiments.md``): what to run, checked before any work.
-The loop is :mod:`~sgrld.experiments.run.loop`, checkpoints :mod:`~.run.checkpoint`,
-progress :mod:`sgrld.experiments.run.observers`, output :mod:`sgrld.experiments.base.files`.
-"""
+"""A run's configuration: :class:`RunConfig`, its validation (before any work), the seeds and
+the sampling schedule."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ TIMING_SKIP_STEPS = 1000  # the reference discards the first 1,000 step times
 CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
 SEED_STREAMS = ("init", "chain", "data_order", "curvature")
-#: Fields added after the first results format, with the value that means "as before": written
-#: only when they differ from it, so that older readers and equal-config checks see no change.
+#: Fields added after the first format, with the value meaning "as before" (then not written).
 LATER_FIELDS: dict[str, Any] = {"sampler_options": {}, "likelihood_scale": None}
 #: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates).
 ADAPT_CHOICES = ("burnin", "always")
@@ -59,30 +54,22 @@ class RunConfig:
             n in the potential is then ``max_train``.
         max_eval: evaluate on the first ``max_eval`` validation and test points (``None`` = all).
         eval_batch_size: batch size of the (eval-mode) ensemble evaluation.
-        noise: the sampler's noise source, ``"philox"`` (default: counter-based keys drawn
-            from the chain's seed, so that chain s of a multi-chain run is the single run of
-            seed s; :mod:`sgrld.core.noise`) or ``"torch"`` (``normal_`` from the chain's
-            generator; the default before multi-chain runs).
-        compile: compile each step's metric and move (:mod:`sgrld.core.compiled`; identity,
-            wenzel and rmsprop only).
+        noise: ``"philox"`` (counter-based keys from the chain's seed: chain s of a
+            multi-chain run is the single run of seed s) or ``"torch"`` (``normal_``).
+        compile: compile each step's metric and move (identity, wenzel and rmsprop only).
         alpha2_rule: Monge's ``"fixed"`` α² (the paper's) or ``"normalized"`` (α²_t = c/‖m_t‖²
-            with c = ``alpha2`` > 0; :class:`~sgrld.metrics.MongeMetric`).
+            with c = ``alpha2`` > 0).
         schedule: ``"constant"`` ℓ (the paper's) or ``"cyclical"`` (:class:`~sgrld.CyclicalLR`
-            over all ``epochs``: ``cycles`` cosine cycles, the leading ``explore_fraction`` of
-            each noise-free and without samples).
+            over all ``epochs``).
         cycles: M ≥ 1 (cyclical only).
-        explore_fraction: r in [0, 1) (cyclical only).
-        sampler_options: the metric's other options by name (``{"decay": 0.95}``,
-            ``{"block_size": 64}``), validated by the metric itself (``--option KEY=VALUE``);
-            empty = its defaults, the paper's. Monge's α² and rule are fields of their own.
-        likelihood_scale: the Gaussian likelihood's σ in the standardised targets' units, fixed;
-            ``None`` (default): σ is learned, sampled by the chain with the weights
-            (``docs/likelihoods.md``). Regression data sets only.
-        adapt: when the metric adapts (:mod:`sgrld.core.warmup`): ``"burnin"`` (default)
-            during the burn-in's ``burnin`` updates, then frozen, so that the chain samples the
-            posterior; ``"always"`` at every update (the paper's protocol, which the ``paper/``
-            configs keep); or an integer N ≥ 0: during the first N updates.
-            ``docs/posterior.md`` measures what each costs.
+        explore_fraction: r in [0, 1) of each cycle noise-free, without samples (cyclical only).
+        sampler_options: the metric's other options (``{"decay": 0.95}``), validated by the
+            metric; empty = its defaults, the paper's.
+        likelihood_scale: regression's fixed Gaussian σ in standardised units; ``None``: σ is
+            learned (``docs/likelihoods.md``).
+        adapt: when the metric adapts: ``"burnin"`` (default) during the burn-in, then frozen;
+            ``"always"`` (the paper's protocol); or an integer N ≥ 0: the first N updates
+            (``docs/posterior.md``).
     """
 
     dataset: str
@@ -141,10 +128,47 @@ class RunConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        self._check_metric_fields()
-        self._check_beyond()
-        self._check_sampler_options()
-        self._check_likelihood()
+        # a metric option with a field of its own: given (a tuned one, Monge's α², is required)
+        # for a sampler whose metric takes it, left at its default for the others
+        takes = option_names(self.sampler)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in METRIC_FIELDS and f.name in takes and value is None:
+                raise ValueError(f"{self.sampler} needs {f.name}")
+            if f.name in METRIC_FIELDS and f.name not in takes and value != f.default:
+                owner = " or ".join(n.capitalize() for n in samplers_taking(f.name))
+                raise ValueError(f"{f.name} is a {owner} option; leave it unset for {self.sampler}")
+        if self.schedule not in ("constant", "cyclical"):
+            raise ValueError(f"unknown schedule {self.schedule!r}; valid: constant, cyclical")
+        count = isinstance(self.adapt, int) and not isinstance(self.adapt, bool) and self.adapt >= 0
+        if not (self.adapt in ADAPT_CHOICES or count):
+            raise ValueError(
+                f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
+                "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
+            )
+        if self.schedule == "cyclical":
+            check_cyclical(1, self.cycles, self.explore_fraction)
+        elif (self.cycles, self.explore_fraction) != (1, 0.0):
+            raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
+        if not isinstance(self.sampler_options, Mapping):
+            raise ValueError(
+                f"sampler_options must be a table of options, got {self.sampler_options!r}"
+            )
+        for name, value in self.sampler_options.items():  # JSON values; the metric checks them
+            if not isinstance(name, str) or not (
+                value is None or isinstance(value, (bool, int, float, str))
+            ):
+                raise ValueError(
+                    f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
+                )
+            if name in METRIC_FIELDS:
+                raise ValueError(f"give {name} as its own option, not among the sampler options")
+        build_metric(self.sampler, self.metric_options)
+        scale = self.likelihood_scale
+        if scale is not None and dataset_info(self.dataset).likelihood != "gaussian":
+            raise ValueError(f"likelihood_scale is for regression data; {self.dataset} has none")
+        if scale is not None and not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"likelihood_scale must be a finite number > 0, got {scale}")
         minimum = {"epochs": 1, "seed": 0, "width": 1, "batch_size": 1, "burnin": 0}
         minimum |= {"thinning": 1, "curvature_points": 1, "num_val": 1, "eval_batch_size": 1}
         for name, low in minimum.items():
@@ -157,74 +181,15 @@ class RunConfig:
             check_collects_samples(self, num_data)
 
     def max_num_data(self) -> int:
-        """n of the run on the official data: the training split, capped by ``max_train``.
-
-        A smaller look-alike dataset only lowers n, so this bounds the run's updates from above.
-        """
+        """n on the official data (a bound: a smaller look-alike dataset only lowers it)."""
         num_data = dataset_info(self.dataset).train_pool - self.num_val
         return num_data if self.max_train is None else min(num_data, self.max_train)
-
-    def _check_beyond(self) -> None:
-        """The warm-up and the schedule."""
-        if self.schedule not in ("constant", "cyclical"):
-            raise ValueError(f"unknown schedule {self.schedule!r}; valid: constant, cyclical")
-        if not (self.adapt in ADAPT_CHOICES or _is_count(self.adapt)):
-            raise ValueError(
-                f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
-                "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
-            )
-        if self.schedule == "cyclical":
-            check_cyclical(1, self.cycles, self.explore_fraction)
-        elif (self.cycles, self.explore_fraction) != (1, 0.0):
-            raise ValueError("cycles and explore_fraction need schedule 'cyclical'")
-
-    def _check_metric_fields(self) -> None:
-        """A metric option with a field of its own is given for a sampler whose metric takes it
-        (a tuned one, Monge's α², is required) and left at its default for the others."""
-        takes = option_names(self.sampler)
-        for f in fields(self):
-            if f.name not in METRIC_FIELDS:
-                continue
-            value = getattr(self, f.name)
-            if f.name in takes and value is None:
-                raise ValueError(f"{self.sampler} needs {f.name}")
-            if f.name not in takes and value != f.default:
-                owner = " or ".join(n.capitalize() for n in samplers_taking(f.name))
-                raise ValueError(f"{f.name} is a {owner} option; leave it unset for {self.sampler}")
 
     @property
     def metric_options(self) -> dict[str, Any]:
         """The metric's options: ``sampler_options`` and the fields of its own it takes."""
         own = {n: getattr(self, n) for n in METRIC_FIELDS if n in option_names(self.sampler)}
         return {**self.sampler_options, **own}
-
-    def _check_sampler_options(self) -> None:
-        """The metric takes the options (it validates them); JSON values only."""
-        if not isinstance(self.sampler_options, Mapping):
-            raise ValueError(
-                f"sampler_options must be a table of options, got {self.sampler_options!r}"
-            )
-        for name, value in self.sampler_options.items():
-            if not isinstance(name, str) or not (
-                value is None or isinstance(value, (bool, int, float, str))
-            ):
-                raise ValueError(
-                    f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
-                )
-        for name in self.sampler_options:
-            if name in METRIC_FIELDS:
-                raise ValueError(f"give {name} as its own option, not among the sampler options")
-        build_metric(self.sampler, self.metric_options)
-
-    def _check_likelihood(self) -> None:
-        scale = self.likelihood_scale
-        if dataset_info(self.dataset).likelihood != "gaussian":
-            if scale is not None:
-                raise ValueError(
-                    f"likelihood_scale is for regression data; {self.dataset} has none"
-                )
-        elif scale is not None and not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"likelihood_scale must be a finite number > 0, got {scale}")
 
     @property
     def adapt_until(self) -> int | None:
@@ -234,8 +199,7 @@ class RunConfig:
         return self.burnin if self.adapt == "burnin" else int(self.adapt)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON values (``sampler_options`` only when given, so that a
-        config of the default metric reads as before the option existed)."""
+        """The config as plain JSON values (:data:`LATER_FIELDS` only when not as before)."""
         values = asdict(self)
         values["sampler_options"] = dict(sorted(self.sampler_options.items()))
         for name, default in LATER_FIELDS.items():
@@ -245,8 +209,8 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Inverse of :meth:`to_dict` (unknown keys are an error). A config without ``adapt``
-        was written before the warm-up existed, when the metric adapted throughout."""
+        """Inverse of :meth:`to_dict` (unknown keys are an error; no ``adapt``: written before
+        the warm-up, when the metric adapted throughout)."""
         values = {"adapt": "always", **values}
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known
@@ -273,10 +237,6 @@ METRIC_FIELDS = tuple(f.name for f in fields(RunConfig) if samplers_taking(f.nam
 TUNED_FIELDS = tuple(
     n for n in METRIC_FIELDS if any(n in get_metric(m).tuned for m in metric_names())
 )
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_int(name: str, value: object, low: int) -> None:

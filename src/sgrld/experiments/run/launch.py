@@ -1,9 +1,6 @@
-"""A sample run from the command's options: the device and data, the ``--out`` folder's checks
-(resume, held, other options), the loop (:mod:`~.run.loop`), the summary and the curves.
-
-``sgrld sample`` parses its command line, builds the configs and a :class:`LaunchOptions`, and
-holds the lock; one run and K chains go through the same functions here.
-"""
+"""A sample run from the command's options (``sgrld sample`` builds the configs and a
+:class:`LaunchOptions`, and holds the lock): the device and data, the ``--out`` folder's checks,
+the loop (:mod:`~.run.loop`), the summary and the curves."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import read_file
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
@@ -23,8 +19,6 @@ from sgrld.experiments.run.results import SHORT, Results, second_score
 
 if TYPE_CHECKING:
     from sgrld.experiments.run.parallel import DataParallel
-
-EXIT_IO_ERROR = exits.IO_ERROR
 
 
 class DataOptions(Protocol):
@@ -158,7 +152,8 @@ def refuse_other_threads(results: list[Path], threads: int | None) -> None:
 def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     """Refuse an ``--out`` that holds a run (without ``--resume``), or whose checkpoint is
     damaged, of other runs or options, or further along than ``--epochs``."""
-    from sgrld.experiments.run.checkpoint import check_checkpoint_fits, load_checkpoint
+    from sgrld.experiments.run.build import build_run_model
+    from sgrld.experiments.run.checkpoint import load_checkpoint, tensor_mismatches
     from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
     from sgrld.experiments.run.results import RESULTS_FILE
 
@@ -182,12 +177,13 @@ def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
             + ")"
         )
     refuse_other_options(checkpoint, saved, configs)
-    try:  # K chains' fit is checked by Chains itself
-        if not multi:
-            check_checkpoint_fits(state, configs[0])
-    except ValueError as exc:
-        message = f"cannot resume: checkpoint {checkpoint} does not fit this run: {exc}"
-        raise UsageError(message) from exc
+    if not multi:  # K chains' fit is checked by Chains itself
+        model = build_run_model(configs[0]).state_dict()
+        wrong = "; ".join(tensor_mismatches(state["model"], model, "model"))
+        if wrong:
+            raise UsageError(
+                f"cannot resume: checkpoint {checkpoint} does not fit this run: {wrong}"
+            )
     if int(state["epoch"]) > configs[0].epochs:
         raise UsageError(
             f"cannot resume {checkpoint}: it already has {state['epoch']} epochs > --epochs"
@@ -305,19 +301,16 @@ def run_locked(
         if parallel is None:
             raise
         raise UsageError(str(exc)) from exc
-    done = all(r["status"] == "completed" for r in results)
-    if not main:  # rank 0 reports for the job
-        return 0 if done else 3
-    for config, result, folder in zip(configs, results, folders, strict=True):
-        if result["broken_down"] is not None:  # always on stderr, progress bar or not
-            message = cli_names(breakdown_message(result["broken_down"]))
-            print(
-                f"sgrld sample: {config.label() + ': ' if multi else ''}{message}", file=sys.stderr
-            )
-        if options.plot:
-            plot_results(result, folder)
-    print_summary(configs, results, out)
-    return 0 if done else 3
+    if main:  # rank 0 reports for the job
+        for config, result, folder in zip(configs, results, folders, strict=True):
+            if result["broken_down"] is not None:  # on stderr, progress bar or not
+                who = f"{config.label()}: " if multi else ""
+                message = cli_names(breakdown_message(result["broken_down"]))
+                print(f"sgrld sample: {who}{message}", file=sys.stderr)
+            if options.plot:
+                plot_results(result, folder)
+        print_summary(configs, results, out)
+    return 0 if all(r["status"] == "completed" for r in results) else 3
 
 
 def plot_results(results: Results, out: Path) -> None:

@@ -1,20 +1,8 @@
 """The sampling loop: one loop for every way of running chains (``docs/experiments.md``).
 
-:class:`SamplingRun` owns the protocol once — epochs and minibatch orders, burn-in and thinning,
-the evaluation of each sample, the metric's per-epoch refresh, telemetry and health, step timing,
-breakdowns, checkpoints, results and observers — and one :class:`~.run.record.RunRecord` per
-chain (composed, not inherited). How the chains step is a :class:`Stepper`, chosen by what runs
-(as numpyro's ``chain_method``):
-
-* one config: :class:`~.run.single.OneChain`, the optimizer facade, eager, deferred or captured
-  in a CUDA graph, in one process or over W ranks (``parallel``);
-* a sequence of configs (``--chains K``): :class:`~.run.chains.VmappedChains`, one
-  :class:`sgrld.Chains` (K chains per vmapped call).
-
-An eager stepper's finiteness is read every step; the others' device flags only before a sample
-is evaluated and at the epoch end, when the steps' times are credited to each chain up to its
-failing update. A chain that broke down is frozen and its record closed; the run goes on while
-any chain runs.
+:class:`SamplingRun` owns the protocol and one :class:`~.run.record.RunRecord` per chain; how the
+chains step is a :class:`Stepper` (:class:`~.run.single.OneChain` or
+:class:`~.run.chains.VmappedChains`), as numpyro's ``chain_method``.
 """
 
 from __future__ import annotations
@@ -46,7 +34,7 @@ from sgrld.experiments.run.config import (
 from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.parallel import DataParallel
-from sgrld.experiments.run.record import RunRecord, blown_up_reason, restrict_splits, run_health
+from sgrld.experiments.run.record import RunRecord, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
 from sgrld.experiments.run.single import OneChain
 from sgrld.schedules import CyclicalLR
@@ -60,44 +48,34 @@ Fold = Callable[[int, str, int, Tensor], None]
 class Stepper(Protocol):
     """How the chains of a run take their steps: the loop's one variable part."""
 
-    #: ``timing.step_mode``: ``"eager"`` reads the chain's finiteness (and the clock) every
-    #: step; ``"deferred"`` and ``"graph"`` read device flags (and time the steps in blocks)
-    #: before a sample and at the epoch end
+    #: ``timing.step_mode``: ``"eager"`` reads finiteness every step; ``"deferred"`` and
+    #: ``"graph"`` read device flags before a sample and at the epoch end
     step_mode: str
-    #: the sampler state's bytes per chain (``telemetry.state_bytes``)
-    state_bytes: int | None
+    state_bytes: int | None  # per chain
     schedule: CyclicalLR | None
-    #: whether this process writes the outputs, and whether building the checkpoint takes every
-    #: rank (gathering shards)
-    is_main: bool
-    collective_state: bool
-    #: the optimizer whose own watch judges a run without telemetry (``--compile``), or None
-    watch: Any
+    is_main: bool  # this process writes the outputs
+    collective_state: bool  # building the checkpoint takes every rank
+    watch: Any  # the optimizer whose watch judges a run without telemetry, or None
 
     def step(self, index: Tensor) -> bool:
-        """One update of every chain on the training rows ``index`` ``(K, B)``; ``False`` for
-        an update that may not be a sample (exploration, τ = 0)."""
+        """Update every chain on rows ``index`` ``(K, B)``; ``False``: not a sample (τ = 0)."""
 
     def failures(self, last: int) -> dict[int, tuple[int, str]]:
-        """The chains broken down since the last call, ``chain -> (failing update, reason)``,
-        each set back to the update before it (``last``: the loop's last update)."""
+        """New breakdowns, ``chain -> (failing update, reason)``, each set back before it."""
 
     def refresh(self) -> bool:
-        """The metric's refresh at an epoch end (Wenzel's); whether there was one."""
+        """The metric's epoch-end refresh (Wenzel's); whether there was one."""
 
-    def telemetry(self) -> list[Mapping[str, float]] | None:
-        """Each chain's figures since the last read (``None``: telemetry off)."""
+    def telemetry(self) -> list[Mapping[str, float]] | None: ...
 
     def train(self, mode: bool) -> None: ...
 
     def predict(
         self, inputs: Mapping[str, Tensor], batch: int, add: Fold
     ) -> list[dict[str, float]]:
-        """Without gradients, each chain's logits of each split's ``inputs`` to ``add``, in
-        batches; each chain's recorded scalars (the horseshoe's scales)."""
+        """Each chain's logits of ``inputs`` to ``add`` in batches; its scalars (horseshoe)."""
 
-    def module(self, chain: int) -> nn.Module:
-        """Chain ``chain``'s model (curvature)."""
+    def module(self, chain: int) -> nn.Module: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -108,19 +86,17 @@ class Stepper(Protocol):
 
 
 class SamplingRun:
-    """One sampling run of one chain or of K chains; see the module docstring.
+    """One sampling run of one chain or of K chains.
 
     Args:
         configs: one run, or the K runs of ``--chains K`` (:func:`~.run.chains.
-            check_chain_configs`: they differ only in seed, ℓ and the tuned options).
+            check_chain_configs`).
         splits: the dataset (any device); restricted by ``max_train``/``max_eval`` and moved.
         device: where the models, the data, the noise and the accumulators live.
         out_dir: ``checkpoint.pt`` each epoch, with ``results.json`` beside it for one run and
             in ``OUT/<label>`` for each of K (``None``: nowhere).
         observer: progress hooks (:class:`~.run.observers.ProgressBar`).
-        step_mode: one run's loop: ``"auto"`` (``"graph"`` on CUDA when the config allows it,
-            else ``"eager"``), ``"eager"``, ``"deferred"`` or ``"graph"``; K chains run
-            ``"deferred"``.
+        step_mode: one run's loop (:func:`~.run.single.resolve_step_mode`); K run deferred.
         parallel: one run's place in a data-parallel job (:mod:`~.run.parallel`).
         chain_batch: at most this many of K chains per vmapped call (``None``: all on a CPU,
             as many as fit on CUDA).
@@ -162,32 +138,22 @@ class SamplingRun:
         ]
         self.num_data = self.records[0].num_data
         self.steps_per_epoch = self.records[0].steps_per_epoch
-        self.stepper: Stepper
-        if self.one:
-            self.stepper = OneChain(
-                self.config, self.splits, self.records[0].seeds, self.device, step_mode, parallel
-            )
-        else:
-            seeds = [r.seeds for r in self.records]
-            self.stepper = VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
+        seeds = [r.seeds for r in self.records]
+        self.stepper: Stepper = (
+            OneChain(self.config, self.splits, seeds[0], self.device, step_mode, parallel)
+            if self.one
+            else VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
+        )
         for r in self.records:
-            r.step_mode = self.stepper.step_mode
-            r.state_bytes = self.stepper.state_bytes
-            r.schedule = self.stepper.schedule
+            r.stepper = self.stepper
         self.out_dir = None if out_dir is None else Path(out_dir)
-        self.folders: list[Path] | None = None
-        if folders is not None:
-            self.folders = [Path(f) for f in folders]
-        elif self.out_dir is not None:
-            self.folders = (
-                [self.out_dir]
-                if self.one
-                else [self.out_dir / chain_label(c) for c in self.configs]
-            )
+        self.folders = None if folders is None else [Path(f) for f in folders]
+        if folders is None and self.out_dir is not None:
+            out = self.out_dir
+            self.folders = [out] if self.one else [out / chain_label(c) for c in self.configs]
         self.observer = observer if observer is not None else RunObserver()
         self.epoch = 0  # epochs the loop completed
         self.global_step = 0  # updates the loop took (a frozen chain's record stops earlier)
-        self._pending: list[tuple[int, float]] = []  # (update, seconds) not yet credited
         self._block: list[int] = []  # updates timed together, since :attr:`_block_started`
         self._block_started = 0.0
 
@@ -201,14 +167,9 @@ class SamplingRun:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    # --- the loop ---------------------------------------------------------------------------
-
     def run(self, epochs: int | None = None) -> list[Results]:
-        """Run until ``epochs`` epochs (default ``config.epochs``) or no chain runs.
-
-        Returns:
-            Every chain's results (as written to its ``results.json``).
-        """
+        """Run until ``epochs`` epochs (default ``config.epochs``) or no chain runs; return
+        every chain's results (as written to its ``results.json``)."""
         if not self.running:  # a finished run resumed: refresh its results
             self._save()
             return self.results()
@@ -231,8 +192,6 @@ class SamplingRun:
         return [r.results() for r in self.records]
 
     def _run_epoch(self) -> None:
-        for r in self.running:
-            r.start_epoch()
         generators = [r.order_generator for r in self.records]
         batches = chain_batches(self.num_data, self.config.batch_size, generators, self.device)
         config, stepper = self.config, self.stepper
@@ -271,40 +230,31 @@ class SamplingRun:
         figures = self.stepper.telemetry()  # the epoch's sums, read once
         ended = False
         for k, r in enumerate(self.records):
-            if r.status != "running":
-                continue
-            if figures is not None:
-                r.record_telemetry(figures[k])
-            verdict = run_health(r.telemetry, r.config.temperature, self.stepper.watch)
-            if verdict.broken_down:  # blown up while finite (sgrld.health)
-                r.record_breakdown(blown_up_reason(verdict), blown_up=True)
-                continue
-            r.end_epoch()
-            ended = True
+            if r.status == "running":
+                ended |= r.end_epoch(None if figures is None else figures[k])
         self.epoch += 1
         self._save()
         if ended or not self.one:  # K chains: a line per epoch, breakdowns included
             self.observer.on_epoch(self)
 
     def _credit(self) -> None:
-        """Read the breakdowns (at most one host read) and credit the pending updates' times to
-        every running chain up to its failing update; close the records of those that failed."""
+        """Read the breakdowns (at most one host read) and credit the timed updates to every
+        running chain up to its failing update; close the records of those that failed."""
+        pending: list[tuple[int, float]] = []  # (update, seconds)
         if self._block:  # each chain is charged its share of the process's steps
-            seconds = self._clock() - self._block_started
-            share = seconds / len(self._block) / len(self.records)
-            self._pending += [(update, share) for update in self._block]
+            share = (self._clock() - self._block_started) / len(self._block) / len(self.records)
+            pending = [(update, share) for update in self._block]
             self._block = []
         failed = self.stepper.failures(self.global_step)
         for k, r in enumerate(self.records):
             if r.status != "running":
                 continue
             update, reason = failed.get(k, (None, ""))
-            r.credit_updates(self._pending, update)
+            r.credit_updates(pending, update)
             if update is not None:
                 r.record_breakdown(reason)
                 if self.running:  # the others go on: its results now
                     self._save_results(r)
-        self._pending = []
 
     def _evaluate_sample(self) -> None:
         """Fold each running chain's current state into its ensembles (eval mode)."""
@@ -339,8 +289,6 @@ class SamplingRun:
         for _, r in running:
             r.add_evaluation_time(seconds)
 
-    # --- state ------------------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue every chain exactly (one run: the single-run format,
         older than K chains; K: one entry per chain)."""
@@ -358,12 +306,10 @@ class SamplingRun:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state_dict` of the same runs (``epochs`` may grow: a completed run
-        is extended).
+        """Restore a :meth:`state_dict` of the same runs (``epochs`` may grow).
 
         Raises:
-            CheckpointError: a checkpoint of other runs, or one that does not fit; nothing is
-                restored.
+            CheckpointError: other runs, or a misfit; nothing is restored.
         """
         saved = [state["config"]] if self.one else state["configs"]
         records = [state] if self.one else state["records"]
@@ -426,8 +372,7 @@ def run_sampling(
     and return every chain's results.
 
     Args:
-        configs: one run or K (:class:`SamplingRun`); a resumed run's may have larger
-            ``epochs`` (they extend it).
+        configs: one run or K; a resumed run's may have larger ``epochs`` (they extend it).
         splits: the dataset (see :func:`sgrld.data.load_dataset`).
         out_dir: where the checkpoint and the results are written every epoch.
         resume: continue from the checkpoint if there is one.

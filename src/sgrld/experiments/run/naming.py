@@ -1,10 +1,5 @@
-"""Names in one format: run, chain and setting folders, and the command-line flag of a field.
-
-A single run's folder is ``<dataset>-<model>-<prior>-<sampler>-lr<ℓ>[-alpha<α²>|-c<c>]
-[-cyc<M>r<r>][-sub<N>]-seed<s>``; a sweep's run folder is ``<setting>/<sampler>/<run label>``
-with the run label ``lr<ℓ>[-alpha<α²>]-seed<s>``, the same words; a chain of ``--chains`` is
-named as the single run it equals.
-"""
+"""Names in one format: run, chain and setting folders (a chain of ``--chains`` is named as the
+single run it equals), and the command-line flag of a field."""
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ def default_out_dir(config: Any) -> Path:
 
 def default_chains_out_dir(configs: list[Any], seeds: str | None = None) -> Path:
     """``runs/<dataset>-<model>[N]-<prior>-<sampler>-lr<ℓ,...>[-alpha<α²,...>]-seed<first>-<last>``
-    for a multi-chain run (each chain's own folder inside is its :func:`default_out_dir` name)."""
+    for a multi-chain run."""
     first = configs[0]
     model = model_label(first.model, first.width)
 
@@ -64,9 +59,7 @@ def default_chains_out_dir(configs: list[Any], seeds: str | None = None) -> Path
 
 
 def chain_label(config: Any) -> str:
-    """The chain's folder name: the single run's default ``--out`` name (e.g.
-    ``mnist-fc400-horseshoe-monge-lr0.25-alpha1.25-seed0``, labelled as a sweep labels its
-    run folders: ``lr0.25-alpha1.25-seed0``)."""
+    """The chain's folder name: the single run's default ``--out`` name."""
     return default_out_dir(config).name
 
 
@@ -90,18 +83,13 @@ def flag_of(field: str) -> str:
     return option.flags[0] if option else "--" + field.replace("_", "-")
 
 
-#: Fields named in messages by whole word (``invalid cycles: 0``); the others only at the start
-#: of a message or as ``name=``.
+#: Fields that are flags in messages only at the start or as ``name=`` (common words).
 _PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
 
 
 def cli_names(message: str) -> str:
-    """Config field names → their command-line flags in an error message.
-
-    Whole words only (``eval_batch_size`` is not ``eval_`` + ``batch_size``); ``name=value``
-    becomes ``--flag value``; a plain word (``epochs``) is a flag only where it starts the
-    message or is written ``epochs=``.
-    """
+    """Config field names → their command-line flags in an error message: whole words,
+    ``name=value`` as ``--flag value``, a :data:`_PLAIN` word only at the start or as ``name=``."""
     named = {field: flag_of(field) for field in by_field()}
     words = {f: flag for f, flag in named.items() if flag != f"--{f}" or f == "cycles"}
     for field, flag in words.items():

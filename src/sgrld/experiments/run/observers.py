@@ -16,8 +16,7 @@ if TYPE_CHECKING:
 
 
 class RunObserver:
-    """Hooks called by the loop (:class:`~.run.loop.SamplingRun`, one chain or K); the base
-    class does nothing."""
+    """Hooks called by the loop (:class:`~.run.loop.SamplingRun`); the base does nothing."""
 
     def on_start(self, run: SamplingRun) -> None:
         """Before the first epoch of this call (after a resume, the restored state is visible)."""
@@ -45,12 +44,9 @@ def breakdown_message(broken_down: Mapping[str, Any]) -> str:
 
 
 class ProgressBar(RunObserver):
-    """Progress on stderr: a tqdm bar over the process's updates on a terminal, and one line per
-    epoch (above the bar; elsewhere, e.g. logs, the only output): one run's ensemble metrics,
-    or of K chains how many run, completed and broke down and the spread of their metrics. One
-    run's breakdown is reported with :func:`breakdown_message` unless ``report_breakdown`` is
-    off (``sgrld sample`` reports it itself, progress bar or not).
-    """
+    """Progress on stderr: a tqdm bar on a terminal, and one line per epoch (one run's ensemble
+    metrics, or K chains' counts and spread); one run's breakdown unless ``report_breakdown``
+    is off (``sgrld sample`` reports it itself)."""
 
     def __init__(
         self, stream: TextIO | None = None, *, interval: float = 0.5, report_breakdown: bool = True

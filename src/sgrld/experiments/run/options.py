@@ -1,13 +1,6 @@
-"""The run options of ``sgrld sample``, ``sweep`` and ``tune``, declared once.
-
-:data:`OPTIONS` lists every option with its name, what one value is, its default and help, the
-:class:`~sgrld.experiments.run.config.RunConfig` field it sets and whether a sweep takes a list
-of it. The parsers of ``sample``, ``sweep`` and ``tune`` (``commands/options.py``), a sweep
-config's keys and kinds (:mod:`sgrld.experiments.sweep.grid`) and the flag of a config field
-(:mod:`~sgrld.experiments.run.naming`) are generated from it. A metric's options reach the runs
-through ``--option KEY=VALUE`` and the metric's own declaration; the tuned ones (Monge's α²)
-have flags of their own here.
-"""
+"""The run options of ``sgrld sample``, ``sweep`` and ``tune``, declared once (:data:`OPTIONS`):
+the parsers (``commands/options.py``), a sweep config's keys and kinds and the flag of a config
+field are generated from it."""
 
 from __future__ import annotations
 
@@ -34,25 +27,12 @@ DEFAULT_ALPHA2 = 1.0  # the reference's config default
 
 @dataclass(frozen=True, kw_only=True)
 class RunOption:
-    """One run option: ``--name`` (dashes for underscores) on the command line, ``name`` in a
-    sweep config.
-
-    Attributes:
-        name: the parsed option's name (argparse's ``dest``) and its key in a sweep config.
-        help: what ``--help`` says of it.
-        group: the heading it is listed under.
-        kind: one value's kind: ``bool`` (a switch), ``int``, ``float``, ``str`` or ``table``
-            (``--option KEY=VALUE``, repeatable).
-        default: its value when it is not given.
-        choices: the valid values of a ``str``.
-        parse: reads one value from its text (default: by ``kind``); raises ValueError.
-        metavar: its value's name in ``--help``.
-        many: a comma list runs one chain per value (``--lr 0.1,0.25``).
-        axis: a sweep takes a list of its values (a grid's axis).
-        machine: where and how to run, not what: no config field, never part of a grid.
-        field: the config field it sets, where that is not ``name``.
-        flag: its flag, where that is not ``--`` + ``name`` with dashes.
-    """
+    """One run option: ``--name`` (dashes for underscores) on the command line, ``name`` (argparse's
+    ``dest``) in a sweep config. ``kind``: ``bool`` (a switch), ``int``, ``float``, ``str`` or
+    ``table`` (``--option KEY=VALUE``, repeatable); ``parse`` reads one value (default: by
+    ``kind``); ``many``: a comma list runs one chain per value; ``axis``: a sweep takes a list;
+    ``machine``: where and how to run (no config field); ``field`` and ``flag`` where not
+    ``name`` and ``--name``."""
 
     name: str
     help: str

@@ -1,11 +1,8 @@
-"""One chain over several processes: ``torchrun … sgrld sample --parallel ddp|fsdp``.
+"""One chain over several processes: ``torchrun … sgrld sample --parallel ddp|fsdp``
+(``docs/experiments.md``, "One chain over several processes").
 
-``ddp`` (:class:`DataParallel`): every rank holds the whole model and sampler state, takes its
-contiguous slice of every global minibatch with its potential weighted so that the ranks' sum
-is the single run's, u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W), and the
-gradients are summed in one all-reduce. ``fsdp`` (:class:`FullyShardedData`): the same chain
-with parameters and sampler state sharded (FSDP2). How, and what was measured:
-``docs/experiments.md`` ("One chain over several processes").
+Each rank takes its contiguous slice of every global minibatch, its potential weighted so that
+the ranks' sum is the single run's: u_r = (|B_r| / |B|) · mean_{B_r} nll − log p(θ) / (n · W).
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ T = TypeVar("T")
 
 
 def rank_device(device: torch.device, local_rank: int) -> torch.device:
-    """The device of the process with index ``local_rank`` on its node: ``cuda:LOCAL_RANK`` (one
-    process per GPU), or ``cuda:0`` where the scheduler shows each process its own GPU only; a
-    CPU device as it is.
+    """The device of the node's process ``local_rank``: ``cuda:LOCAL_RANK``, or ``cuda:0`` where
+    each process sees its own GPU only; a CPU device as it is.
 
     Raises:
         RuntimeError: fewer GPUs visible than the node's processes need.
@@ -45,12 +41,11 @@ def rank_device(device: torch.device, local_rank: int) -> torch.device:
 
 
 class DataParallel:
-    """This process's place in a ``ddp`` job: ``rank`` of ``world`` processes, and how the
-    run's model, potential, gradients and state go over them."""
+    """This process's place in a ``ddp`` job, ``rank`` of ``world``: every rank holds the whole
+    model and sampler state; the gradients are summed in one all-reduce."""
 
     mode = "ddp"
-    #: whether building the checkpoint takes every rank (gathering shards); else rank 0 alone
-    collective_state = False
+    collective_state = False  # building the checkpoint takes every rank (gathering shards)
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank = rank
@@ -62,13 +57,11 @@ class DataParallel:
 
     @staticmethod
     def join(device: torch.device, mode: str = "ddp") -> DataParallel:
-        """This process's place for ``mode`` (``"ddp"`` or ``"fsdp"``) in the default process
-        group, created from torchrun's environment if need be (gloo on CPU, NCCL on CUDA: one
-        GPU per process, ``cuda:LOCAL_RANK`` unless ``device`` names one).
+        """This process's place for ``mode`` in the default process group, created from
+        torchrun's environment if need be (gloo on CPU, NCCL on CUDA, one GPU per process).
 
         Raises:
-            RuntimeError: not started by torchrun (no ``WORLD_SIZE`` in the environment), or
-                fewer GPUs than the node's processes (:func:`rank_device`).
+            RuntimeError: not started by torchrun, or too few GPUs (:func:`rank_device`).
         """
         import torch.distributed as dist
 
@@ -125,12 +118,10 @@ class DataParallel:
         rows = torch.tensor_split(torch.arange(len(y), device=y.device), self.world)[self.rank]
         return x[rows], y[rows], len(rows) / len(y)
 
-    def rows(self, n: int) -> range:
+    def rows(self, n: int, rank: int | None = None) -> range:
         """This rank's contiguous rows of ``n`` (``tensor_split``'s: the first ``n mod W`` ranks
         one more)."""
-        return self._rows(n, self.rank)
-
-    def _rows(self, n: int, rank: int) -> range:
+        rank = self.rank if rank is None else rank
         size, extra = divmod(n, self.world)
         start = rank * size + min(rank, extra)
         return range(start, start + size + (rank < extra))
@@ -140,7 +131,7 @@ class DataParallel:
         rank (one all-gather): the evaluation's predictions, computed on a slice each."""
         import torch.distributed as dist
 
-        sizes = [len(self._rows(n, r)) for r in range(self.world)]
+        sizes = [len(self.rows(n, r)) for r in range(self.world)]
         padded = part.new_zeros((max(sizes), *part.shape[1:]))
         padded[: len(part)] = part
         pieces = [torch.empty_like(padded) for _ in sizes]
@@ -157,8 +148,7 @@ class DataParallel:
         """BatchNorm over the global minibatch, as the single run's: ``SyncBatchNorm`` (CUDA).
 
         Raises:
-            ValueError: a BatchNorm model on CPU, where torch has no SyncBatchNorm: each rank
-                would normalise by its own slice's statistics, another chain.
+            ValueError: a BatchNorm model on CPU, where torch has no SyncBatchNorm.
         """
         norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
         if not any(isinstance(m, norms) for m in model.modules()):
@@ -197,8 +187,7 @@ class DataParallel:
 
 
 class _Scalar(nn.Module):
-    """A 0-d parameter kept as one row, which FSDP2 can shard (it refuses 0-d tensors): rank 0
-    holds the row, the others an empty shard; the model still sees a 0-d tensor."""
+    """A 0-d parameter kept as one row, which FSDP2 can shard (it refuses 0-d tensors)."""
 
     def forward(self, row: Tensor) -> Tensor:
         return row.reshape(())
@@ -209,8 +198,7 @@ class _Scalar(nn.Module):
 
 class _Potential(nn.Module):
     """The rank's potential u_r as one forward of one FSDP2 unit, so that every parameter the
-    likelihood and the prior read is gathered for it (the prior's are read outside the net's
-    forward, and the horseshoe's scales are parameters too)."""
+    likelihood and the prior read (outside the net's forward) is gathered for it."""
 
     def __init__(self, model: BayesianModel) -> None:
         super().__init__()
@@ -226,8 +214,7 @@ class _Potential(nn.Module):
 
 
 def factor_world(optimizer_state: Mapping[str, Any]) -> int | None:
-    """The number of processes whose blocks a state's per-rank statistics (Shampoo's factors
-    under fsdp, named ``…#shardRofW``) belong to; ``None`` if it has none."""
+    """W of a state's per-rank statistics (Shampoo's factors under fsdp, ``…#shardRofW``)."""
     for entry in optimizer_state["state"].values():
         for key in entry:
             if "#shard" in key:
@@ -236,8 +223,8 @@ def factor_world(optimizer_state: Mapping[str, Any]) -> int | None:
 
 
 def factor_mismatch(saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> str | None:
-    """Why a checkpoint's optimizer state cannot continue this run's, if its per-rank factors
-    were made for another number of processes (Shampoo's blocks under fsdp depend on it)."""
+    """Why a checkpoint's optimizer state cannot continue this run's: per-rank factors made for
+    another number of processes (Shampoo's blocks under fsdp depend on it)."""
     had, has = factor_world(saved), factor_world(fresh)  # the configs, so samplers, agree
     if had == has:
         return None
@@ -257,21 +244,17 @@ def factor_mismatch(saved: Mapping[str, Any], fresh: Mapping[str, Any]) -> str |
 
 
 def _whole_tensors(model: nn.Module) -> dict[str, Tensor]:
-    """Copies of the parameters and buffers ``model`` holds (in an FSDP2 forward: the whole
-    tensors; its ``state_dict()`` would give the shards, by FSDP2's hooks, which reshard)."""
+    """Copies of the parameters and buffers ``model`` holds (in an FSDP2 forward: whole)."""
     held = dict(model.named_parameters()) | dict(model.named_buffers())
     return {name: t.detach().clone() for name, t in held.items()}
 
 
 class FullyShardedData(DataParallel):
-    """``--parallel fsdp``: one chain whose parameters and sampler state are sharded over the
-    ranks (FSDP2's ``fully_shard``; each rank steps its rows, :mod:`sgrld.core.shards`).
-
-    The model is one FSDP2 unit whose forward is the rank's potential (likelihood and prior),
-    so the backward reduce-scatters the summed gradient; 0-d parameters are one-row tensors held
-    by rank 0 (:class:`_Scalar`), so the sampled tensors keep the single run's order, flat
-    buffer and noise. Checkpoints hold whole tensors in the single run's names and shapes.
-    """
+    """``--parallel fsdp``: parameters and sampler state sharded over the ranks (FSDP2; each
+    rank steps its rows, :mod:`sgrld.core.shards`). The model is one FSDP2 unit whose forward is
+    the potential, so the backward reduce-scatters the summed gradient; 0-d parameters are
+    one-row tensors (:class:`_Scalar`), so the single run's order, flat buffer and noise are
+    kept. Checkpoints hold whole tensors in the single run's names and shapes."""
 
     mode = "fsdp"
     collective_state = True
@@ -326,8 +309,7 @@ class FullyShardedData(DataParallel):
         """Nothing: FSDP2's backward summed them (reduce-scatter)."""
 
     def within(self, fn: Callable[[BayesianModel], T]) -> T:
-        """``fn(model)`` as a forward of the FSDP2 unit (every rank takes part): the whole
-        parameters are gathered into the model's modules for it, and sharded again after."""
+        """``fn(model)`` as a forward of the FSDP2 unit (collective): parameters gathered."""
         assert self._root is not None
         try:
             return self._root.within(fn)  # type: ignore[operator]
@@ -358,9 +340,8 @@ class FullyShardedData(DataParallel):
                 buffer.copy_(state[name])
 
     def optimizer_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The optimizer's ``state_dict()`` in the single run's shapes: global views gathered
-        (collective), one-row scalars back to 0-d; Shampoo's per-rank factors (their names carry
-        the rank) collected from every rank."""
+        """The optimizer's ``state_dict()`` in the single run's shapes (collective); Shampoo's
+        per-rank factors collected from every rank."""
         import torch.distributed as dist
 
         from sgrld.core.shards import is_sharded
@@ -385,8 +366,7 @@ class FullyShardedData(DataParallel):
         return {**state, "state": gathered}
 
     def load_optimizer_state(self, optimizer: Any, state: Mapping[str, Any]) -> None:
-        """Load :meth:`optimizer_state`'s form: 0-d statistics of scalars as their one row;
-        of Shampoo's per-rank factors only this rank's (those of another W are refused)."""
+        """Load :meth:`optimizer_state`'s form; of Shampoo's per-rank factors only this rank's."""
         mine = optimizer.state_dict()["state"]
         scalars = {i for i, site in enumerate(self._sites) if site[3]}
         restored = {}

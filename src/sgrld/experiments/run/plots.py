@@ -1,10 +1,5 @@
-"""Figures of sampling runs (matplotlib, Agg, imported only when a figure is drawn).
-
-- :func:`plot_run_curves`: ``curves.png`` of one run, the cumulative-ensemble LP, accuracy and
-  ECE on validation and test against the epoch, and the seconds per epoch of sampling.
-- :func:`plot_convergence` (:func:`convergence_figure`): the paper's Figure 3 layout, per-epoch
-  test LP and accuracy of several configurations, mean ± 1.96 std (ddof = 0) over seeds.
-"""
+"""Figures of sampling runs (matplotlib, imported only when a figure is drawn): one run's
+``curves.png``, and the paper's Figure 3 (:func:`convergence_figure`)."""
 
 from __future__ import annotations
 
@@ -30,12 +25,7 @@ def _values(curve: Sequence[float | None]) -> np.ndarray:
 
 
 def plot_run_curves(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Draw one run's per-epoch curves to ``path`` (PNG); see :func:`run_curves_figure`.
-
-    Args:
-        results: a run's ``results.json`` content.
-        path: output file.
-    """
+    """Draw :func:`run_curves_figure` of a run's ``results.json`` content to ``path`` (PNG)."""
     save_figure(run_curves_figure(results), path, dpi=90)
 
 
@@ -45,11 +35,8 @@ _REGRESSION_PANELS = (("lp", "log density"), ("rmse", "RMSE"), ("coverage_90", "
 
 
 def run_curves_figure(results: Mapping[str, Any]) -> Any:
-    """The ``curves.png`` figure of one run (a matplotlib ``Figure``).
-
-    Every epoch with an ensemble is a marked point, so that a run with a single sampled epoch
-    still shows its values; a panel without any sample says so instead of staying blank.
-    """
+    """The ``curves.png`` figure of one run: the ensemble's scores on validation and test per
+    epoch (each a marked point: one epoch still shows), and the sampling seconds per epoch."""
     curves = results["curves"]
     epochs = np.asarray(curves["epoch"], dtype=np.float64) + 1
     empty = "no sample yet: nothing to draw"
@@ -60,13 +47,11 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     fig, axes = new_figure(16, 3.6, 4)
     panels = _PANELS if "val_accuracy" in curves else _REGRESSION_PANELS
     for ax, (metric, title) in zip(axes[:3], panels, strict=True):
-        drawn = False
         for split, style in (("val", "--"), ("test", "-")):
             values = _values(curves[f"{split}_{metric}"])
             if np.isfinite(values).any():
                 ax.plot(epochs, values, style, marker="o", markersize=3, label=split)
-                drawn = True
-        if drawn:
+        if ax.lines:
             ax.legend()
         else:
             ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
@@ -104,17 +89,14 @@ def convergence_figure(
     *,
     title: str = "Test LP and accuracy per epoch (mean ± 1.96 std over seeds)",
 ) -> Any:
-    """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std over seeds.
+    """Figure 3 of the paper: test LP and accuracy per epoch, mean ± 1.96 std (ddof = 0) over
+    seeds, as a matplotlib ``Figure``.
 
     Args:
-        groups: label → the ``results.json`` contents of that configuration's runs (runs of
-            unequal length are cut to the shortest).
+        groups: label → the ``results.json`` contents of that configuration's runs (cut to the
+            shortest).
         title: the figure's title (wrapped to the figure's width).
-
-    Returns:
-        The matplotlib ``Figure``.
     """
-    figure_title = title
     first = next(iter(groups.values()))[0]["curves"]
     second = second_score(first)  # accuracy, or a regression's RMSE
     metrics = ("test_lp", f"test_{second}")
@@ -124,32 +106,27 @@ def convergence_figure(
         epochs = np.arange(1, length + 1)
         for ax, metric in zip(axes, metrics, strict=True):
             values = np.stack([_values(r["curves"][metric][:length]) for r in runs])
-            mean, std = values.mean(axis=0), values.std(axis=0)
+            mean, band = values.mean(axis=0), 1.96 * values.std(axis=0)
             # a marker on every epoch: a one-epoch run is one point, still visible
             (line,) = ax.plot(epochs, mean, marker="o", markersize=4, label=label)
             ax.fill_between(
-                epochs,
-                mean - 1.96 * std,
-                mean + 1.96 * std,
-                alpha=0.2,
-                lw=0,
-                color=line.get_color(),
+                epochs, mean - band, mean + band, alpha=0.2, lw=0, color=line.get_color()
             )
     names = ("test log-probability", "test accuracy" if second == "accuracy" else "test RMSE")
     longest = max(len(r["curves"]["epoch"]) for runs in groups.values() for r in runs)
-    for ax, title in zip(axes, names, strict=True):
-        ax.set_title(f"cumulative ensemble {title}")
+    for ax, name in zip(axes, names, strict=True):
+        ax.set_title(f"cumulative ensemble {name}")
         ax.set_xlabel("epoch")
         ax.set_xlim(0.5, longest + 0.5)  # whole epochs, one alone included
         ax.set_xticks(np.arange(1, longest + 1, max(1, longest // 8)))
     axes[0].legend()
-    fig.suptitle(wrap_title(figure_title, width_inches=12))
+    fig.suptitle(wrap_title(title, width_inches=12))
     return fig
 
 
 def wrap_title(title: str, *, width_inches: float) -> str:
-    """``title`` broken into lines that fit a figure ``width_inches`` wide at the default size
-    of a suptitle (12 pt: about 10 characters per inch; 8.5 leaves a margin)."""
+    """``title`` in lines that fit a figure ``width_inches`` wide (a 12 pt suptitle: about 10
+    characters per inch; 8.5 leaves a margin)."""
     import textwrap
 
     return "\n".join(textwrap.wrap(title, width=int(width_inches * 8.5)))

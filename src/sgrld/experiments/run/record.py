@@ -1,11 +1,5 @@
-"""What one chain's run records and reports: accumulators, curves, timing, ``results.json``.
-
-:class:`RunRecord` is the bookkeeping of one chain, composed into the loop
-(:class:`~sgrld.experiments.run.loop.SamplingRun` keeps one per chain, whichever stepper moves
-them): its seeds and generators, the streaming ensembles and the sample trace, the per-epoch
-curves, the step timing and the breakdown record, and :meth:`RunRecord.results`, the one writer
-of the ``results.json`` format (so a chain of a K-chain run reports exactly as a single run does).
-"""
+"""What one chain's run records and reports: accumulators, curves, timing, ``results.json``
+(:meth:`RunRecord.results` writes it for every chain, alone or one of K, alike)."""
 
 from __future__ import annotations
 
@@ -42,7 +36,6 @@ from sgrld.experiments.run.results import (
     nan_to_none,
 )
 from sgrld.metrics import get_metric
-from sgrld.schedules import CyclicalLR
 
 __all__ = ["RunRecord", "restrict_splits"]
 
@@ -91,24 +84,6 @@ def hardware(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def run_health(
-    telemetry: Mapping[str, list[float]], temperature: float, optimizer: Any = None
-) -> Health:
-    """The run's health (:func:`sgrld.health`) from its per-epoch telemetry at temperature τ,
-    or, where the run has none (``--compile``: telemetry off), from the optimizer's own watch
-    (consulted only then: under FSDP its read is a collective, made by every rank alike)."""
-    if optimizer is not None and not telemetry:
-        return optimizer.health()
-    verdict = health({**telemetry, "temperature": temperature})
-    assert isinstance(verdict, Health)
-    return verdict
-
-
-def blown_up_reason(verdict: Health) -> str:
-    """The reason of a breakdown without a NaN: which figure crossed which bound."""
-    return f"blown up while finite: {verdict.reason}, over {verdict.steps} steps (sgrld.health)"
-
-
 def deferred_breakdown_reason(update: int, name: str) -> str:
     """The reason of a breakdown found by the device flags of a deferred loop."""
     return f"non-finite potential or gradient (first in {name!r}) at update {update}"
@@ -140,8 +115,7 @@ class RunRecord:
         check_collects_samples(config, self.num_data)  # the data may be smaller than official
         self.seeds = {stream: derive_seed(config.seed, stream) for stream in SEED_STREAMS}
         self.chains_in_process = chains_in_process
-        self.step_mode = "eager"  # the loop that stepped it (``timing.step_mode``): its stepper's
-        self.schedule: CyclicalLR | None = None  # ℓ (and τ) per step; None: constant
+        self.stepper: Any = None  # the loop's Stepper: its step mode, state bytes, schedule
         self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
         self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
         self.likelihood = build_likelihood(config, splits)
@@ -153,8 +127,8 @@ class RunRecord:
             for split in SPLITS
         }
         self.trace = SampleTrace(len(splits.y_test))  # per-sample values (diagnostics)
-        self.epoch = 0  # epochs completed
-        self.global_step = 0  # updates done
+        self.epoch = 0
+        self.global_step = 0
         self.status = "running"
         self.broken_down: BrokenDown | None = None
         self.failure: str | None = None  # why an output could not be written (status "failed")
@@ -169,7 +143,7 @@ class RunRecord:
             )
         }
         self.curvature_means: list[float] = []  # C(θ) of every sample so far
-        self.samples_adapting = 0  # samples drawn while the metric still adapted (warm-up)
+        self.samples_adapting = 0  # samples drawn while the metric still adapted
         self._metric = get_metric(config.sampler)
         self.timing: dict[str, Any] = {
             "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
@@ -184,20 +158,7 @@ class RunRecord:
         self._epoch_sampling = 0.0
         self._epoch_evaluation = 0.0
         self._epoch_curvatures: list[float] = []
-        # per epoch: the sampler's telemetry (figure -> one value per epoch)
-        self.telemetry: dict[str, list[float]] = {}
-        self.state_bytes: int | None = None  # the sampler state's size
-
-    # --- timing -----------------------------------------------------------------------------
-
-    def record_step_time(self, seconds: float) -> None:
-        """Count one step (after :attr:`global_step` was advanced) that took ``seconds``."""
-        self._epoch_sampling += seconds
-        self.timing["step_seconds_all"] += seconds
-        self.timing["steps_all"] += 1
-        if self.global_step > TIMING_SKIP_STEPS:
-            self.timing["step_seconds_after_skip"] += seconds
-            self.timing["steps_after_skip"] += 1
+        self.telemetry: dict[str, list[float]] = {}  # figure -> one value per epoch
 
     def record_refresh_time(self, seconds: float) -> None:
         """Count one explicit metric refresh (Wenzel's, at an epoch end)."""
@@ -239,8 +200,6 @@ class RunRecord:
             f"steps per epoch{shared}"
         )
 
-    # --- samples, epochs, breakdown ---------------------------------------------------------
-
     def add_logits(self, split: str, start: int, logits: Tensor) -> None:
         """Fold logits of evaluation points ``start:start+B`` of the current sample."""
         self.ensembles[split].add_batch(start, logits)
@@ -265,13 +224,23 @@ class RunRecord:
         """Count evaluation time (excluded from the step time)."""
         self._epoch_evaluation += seconds
 
-    def start_epoch(self) -> None:
-        """Reset the epoch's timers."""
-        self._epoch_sampling = self._epoch_evaluation = 0.0
-        self._epoch_curvatures = []
-
-    def end_epoch(self) -> None:
-        """Record the epoch's curves and timing; the run completes after its last epoch."""
+    def end_epoch(self, figures: Mapping[str, float] | None) -> bool:
+        """Record the epoch's telemetry (``SGRLDOptimizer.telemetry``), then, unless the run
+        blew up while finite (:func:`sgrld.health`), its curves and timing; whether it did not.
+        Without telemetry (``--compile``) the optimizer's own watch judges (a collective under
+        FSDP, read by every rank alike)."""
+        for key, value in (figures or {}).items():
+            self.telemetry.setdefault(key, []).append(float(value))
+        watch = self.stepper.watch
+        if watch is not None and not self.telemetry:
+            verdict = watch.health()
+        else:
+            verdict = health({**self.telemetry, "temperature": self.config.temperature})
+            assert isinstance(verdict, Health)
+        if verdict.broken_down:
+            reason = f"blown up while finite: {verdict.reason}, over {verdict.steps} steps"
+            self.record_breakdown(f"{reason} (sgrld.health)", blown_up=True)
+            return False
         self.curves["epoch"].append(self.epoch)
         self.curves["global_step"].append(self.global_step)
         self.curves["num_samples"].append(self.ensembles["val"].num_samples)
@@ -283,43 +252,40 @@ class RunRecord:
         self.curves["curvature"].append(sum(curv) / len(curv) if curv else math.nan)
         self.timing["sampling_seconds"].append(self._epoch_sampling)
         self.timing["evaluation_seconds"].append(self._epoch_evaluation)
+        self._epoch_sampling = self._epoch_evaluation = 0.0
+        self._epoch_curvatures = []
         self.epoch += 1
         if self.epoch >= self.config.epochs:
             self.status = "completed"
-
-    def record_telemetry(self, figures: Mapping[str, float]) -> None:
-        """Append one epoch's telemetry (``SGRLDOptimizer.telemetry``: drift, noise, θ, the
-        metric's own figures) to the per-epoch lists."""
-        for key, value in figures.items():
-            self.telemetry.setdefault(key, []).append(float(value))
+        return True
 
     def credit_updates(self, updates: list[tuple[int, float]], failed_at: int | None) -> None:
-        """Credit the step times of ``(update, seconds)`` read back together (a deferred loop),
-        in order and up to, not including, ``failed_at``; after a failure :attr:`global_step`
-        is the last good update, as in a loop that stopped there."""
+        """Count the steps ``(update, seconds)`` up to, not including, ``failed_at``; after a
+        failure :attr:`global_step` is the last good update, as in a loop that stopped there."""
         for update, seconds in updates:
             if failed_at is not None and update >= failed_at:
                 break
             self.global_step = update
-            self.record_step_time(seconds)
+            self._epoch_sampling += seconds
+            self.timing["step_seconds_all"] += seconds
+            self.timing["steps_all"] += 1
+            if update > TIMING_SKIP_STEPS:
+                self.timing["step_seconds_after_skip"] += seconds
+                self.timing["steps_after_skip"] += 1
         if failed_at is not None:
             self.global_step = failed_at - 1
 
     def record_breakdown(self, reason: str, *, blown_up: bool = False) -> None:
         """The chain hit a non-finite potential or gradient at update ``global_step + 1``, or
-        (``blown_up``) its telemetry up to update ``global_step`` crossed a bound of
-        :func:`sgrld.health`."""
+        (``blown_up``) its telemetry up to update ``global_step`` crossed a bound."""
         self.status = "broken_down"
         self.broken_down = {
-            "epoch": self.epoch,  # epochs completed before the failing one
-            # the failing update, 1-based over the run
+            "epoch": self.epoch,
             "update": self.global_step + (0 if blown_up else 1),
-            "global_step": self.global_step,  # updates completed (its state is the last)
+            "global_step": self.global_step,
             "reason": reason,
             "hint": breakdown_hint(self.config, self.num_data),
         }
-
-    # --- state ------------------------------------------------------------------------------
 
     def record_state(self) -> dict[str, Any]:
         """The record's part of a checkpoint (a single run's adds model, optimizer, ...)."""
@@ -344,15 +310,16 @@ class RunRecord:
         from sgrld.experiments.run.checkpoint import tensor_mismatches
 
         wrong: list[str] = []
-        for split in self.ensembles:
-            saved_state = state["ensembles"][split]
+        for split, ensemble in self.ensembles.items():
+            saved = state["ensembles"][split]
             # a Gaussian's total keeps one mixture component per sample: its shape grows
-            samples = int(saved_state.get("num_samples", 0))
-            points = len(getattr(self.splits, f"y_{split}"))
-            shape = self.likelihood.total_shape((), points, samples)
+            shape = self.likelihood.total_shape(
+                (), ensemble.num_points, int(saved.get("num_samples", 0))
+            )
             expected = {"log_sum_exp": torch.empty(shape, dtype=torch.float64)}
-            saved = {"log_sum_exp": saved_state["log_sum_exp"]}
-            wrong += tensor_mismatches(saved, expected, f"ensembles.{split}")
+            wrong += tensor_mismatches(
+                {"log_sum_exp": saved["log_sum_exp"]}, expected, f"ensembles.{split}"
+            )
         return wrong
 
     def restore_record(self, state: Mapping[str, Any]) -> None:
@@ -372,9 +339,7 @@ class RunRecord:
         self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
         if "trace" in state:  # checkpoints from before the trace have none
             self.trace.load_state_dict(state["trace"])
-        self.timing = dict(state["timing"])
-        self.timing["sampling_seconds"] = list(self.timing["sampling_seconds"])
-        self.timing["evaluation_seconds"] = list(self.timing["evaluation_seconds"])
+        self.timing = {k: list(v) if isinstance(v, list) else v for k, v in state["timing"].items()}
         self.broken_down = state["broken_down"]
         self.status = state["status"]
         if self.status == "completed" and self.epoch < self.config.epochs:
@@ -388,18 +353,6 @@ class RunRecord:
             return 0
         last = self.global_step if until is None else min(self.global_step, until)
         return num_samples_after(last, self.config.burnin, self.config.thinning)
-
-    # --- results ----------------------------------------------------------------------------
-
-    def final_scores(self) -> dict[str, dict[str, float]]:
-        """The last recorded epoch's ensemble metrics per split (NaN before the first epoch)."""
-        return {
-            split: {
-                m: self.curves[f"{split}_{m}"][-1] if self.curves["epoch"] else math.nan
-                for m in self.scores
-            }
-            for split in SPLITS
-        }
 
     def results(self) -> Results:
         """The run's results as JSON values (NaN written as ``null``)."""
@@ -420,9 +373,9 @@ class RunRecord:
             "hardware": hardware(self.device),
             "threads": torch.get_num_threads(),
             "chains_in_process": self.chains_in_process,
-            "step_mode": self.step_mode,
+            "step_mode": self.stepper.step_mode,
         }
-        processes = world()[1]
+        schedule, processes = self.stepper.schedule, world()[1]
         if processes > 1:  # the run's job spread it over the ranks of a process group
             timing["processes"] = processes
         results: Results = {
@@ -443,13 +396,19 @@ class RunRecord:
                 "adapt_until": self.config.adapt_until,
                 "samples_adapting": self.samples_adapting,
             },
-            "final": self.final_scores(),
+            "final": {  # the last epoch's scores (NaN before the first)
+                split: {
+                    m: self.curves[f"{split}_{m}"][-1] if self.curves["epoch"] else math.nan
+                    for m in self.scores
+                }
+                for split in SPLITS
+            },
             "curvature": curvature,
             "seconds_per_epoch": self.seconds_per_epoch,
-            "schedule": None if self.schedule is None else self.schedule.describe(),
+            "schedule": None if schedule is None else schedule.describe(),
             "timing": timing,
             "curves": self.curves,
-            "telemetry": {"per_epoch": self.telemetry, "state_bytes": self.state_bytes},
+            "telemetry": {"per_epoch": self.telemetry, "state_bytes": self.stepper.state_bytes},
             "trace": self.trace.state_dict(),
             "diagnostics": self.trace.diagnostics(),
             "environment": {

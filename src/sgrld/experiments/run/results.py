@@ -1,9 +1,7 @@
 """``results.json``: the typed format of a run's results, its one writer and its one reader.
 
-Nothing here imports torch: sweeps, tables and reports read results without it. The format is
-versioned (``format``: ``sgrld-sample-results/<n>``); a reader refuses a version it does not
-know, naming it, rather than guessing. Every run writes the same shape, whether it ran alone,
-as a chain of ``--chains`` or in a sweep.
+Nothing here imports torch (sweeps, tables and reports read results without it). A reader
+refuses a ``format`` version it does not know, naming it.
 """
 
 from __future__ import annotations
@@ -23,18 +21,12 @@ STATUSES = ("running", "failed", "completed", "broken_down")
 #: Statuses after which a run is not continued (a broken-down run is a result of the protocol).
 FINISHED = ("completed", "broken_down")
 SPLITS = ("val", "test")
-#: The ensemble's scores per split, evaluated at every epoch end (``curves``) and at the last
-#: (``final``), as the data set's likelihood defines them (``docs/likelihoods.md``):
-#: classification's mean log predictive, accuracy, expected calibration error, confidence;
-#: regression's mean log predictive density, RMSE and central-interval coverages.
-SCORES = ("lp", "accuracy", "ece", "confidence")
 #: Scores that are fractions (each in [0, 1]).
 FRACTIONS = ("accuracy", "ece", "confidence", "coverage_50", "coverage_90")
 
 
-#: The score shown beside LP in one-line summaries: accuracy, or a regression's RMSE.
 def second_score(scores: Any) -> str:
-    """``"accuracy"`` for classification scores (or curves), ``"rmse"`` for regression's."""
+    """The score shown beside LP: ``"accuracy"``, or ``"rmse"`` for regression's scores."""
     return "accuracy" if any(k.endswith("accuracy") for k in scores) else "rmse"
 
 
@@ -107,7 +99,7 @@ def nan_to_none(value: Any) -> Any:
 
 
 def write_results(folder: Path, results: Results) -> None:
-    """The one writer: ``folder/results.json`` atomically, strict JSON (no NaN)."""
+    """``folder/results.json``, atomically, strict JSON (no NaN)."""
     text = json.dumps(nan_to_none(results), indent=1, allow_nan=False)
     write_atomic(folder / RESULTS_FILE, text + "\n")
 
@@ -116,8 +108,7 @@ def read_results(path: Path) -> Results:
     """One ``results.json``, checked for the fields every reader relies on.
 
     Raises:
-        ResultsError: unreadable, not UTF-8, not JSON, not a sgrld results file, a format this
-            version does not know (a newer sgrld's), or a missing or malformed field.
+        ResultsError: unreadable, not a sgrld results file, a newer format, or a missing field.
     """
     try:
         results = json.loads(read_file(path).decode("utf-8"))
@@ -147,11 +138,9 @@ def read_results(path: Path) -> Results:
 
 
 def impossible_values(results: dict[str, Any]) -> list[str]:
-    """What no run can have produced in a ``results.json``'s final scores: a log-probability of
-    a class label above 0 (a probability above 1; a regression's log density may be), a
-    fraction (accuracy, ECE, confidence, coverage) outside [0, 1], a negative RMSE, or NaN/Inf
-    in a completed run. Each as ``"test lp 5.0"``.
-    """
+    """What no run can have produced in a ``results.json``'s final scores, each as ``"test lp
+    5.0"``: a class label's log-probability above 0, a fraction outside [0, 1], a negative
+    RMSE, or NaN/Inf in a completed run."""
     found = []
     final = results.get("final")
     if not isinstance(final, dict):

@@ -1,11 +1,7 @@
-"""One chain's steps through the optimizer facade (the :class:`~.run.loop.Stepper` of a
-one-config :class:`~.run.loop.SamplingRun`), in one of three modes (``docs/experiments.md``):
-``"eager"`` reads the potential's finiteness every step; ``"deferred"`` never syncs inside a
-step (static minibatch buffers, a ``capturable`` optimizer whose device flags the loop reads
-before a sample and at the epoch end, the potential poisoning its own gradient); ``"graph"``
-(CUDA) captures the deferred step (:class:`sgrld.capture.GraphedStep`). Under ``parallel``
-(DDP or FSDP) the step is the eager one, each rank on its share of the minibatch.
-"""
+"""One chain through the optimizer facade (``docs/experiments.md``): ``"eager"`` reads the
+potential's finiteness every step; ``"deferred"`` never syncs inside a step (static minibatch
+buffers, a ``capturable`` optimizer's device flags read by the loop); ``"graph"`` (CUDA)
+captures the deferred step. Under ``parallel`` (DDP or FSDP) the step is the eager one."""
 
 from __future__ import annotations
 
@@ -32,7 +28,6 @@ from sgrld.schedules import CyclicalLR
 
 __all__ = ["STEP_MODES", "OneChain", "resolve_step_mode"]
 
-#: One chain's step modes (module docstring); ``"auto"`` resolves to one of the others.
 STEP_MODES = ("auto", "eager", "deferred", "graph")
 
 
@@ -49,11 +44,10 @@ def deferred_refusal(config: RunConfig) -> str | None:
 
 def resolve_step_mode(step_mode: str, config: RunConfig, device: torch.device) -> str:
     """The loop a run uses: ``"auto"`` is ``"graph"`` on CUDA when the config allows, else
-    ``"eager"``; an explicit mode is checked.
+    ``"eager"``.
 
     Raises:
-        ValueError: an unknown mode, a deferred mode for a config it cannot honour
-            (:func:`deferred_refusal`), or ``"graph"`` off CUDA.
+        ValueError: an unknown mode, one the config cannot run, or ``"graph"`` off CUDA.
     """
     if step_mode not in STEP_MODES:
         raise ValueError(f"unknown step_mode {step_mode!r}; valid: {', '.join(STEP_MODES)}")
@@ -70,30 +64,12 @@ def resolve_step_mode(step_mode: str, config: RunConfig, device: torch.device) -
     return step_mode
 
 
-# The optimizer's deferred device flags: the runner's only reads of its private state.
-
-
 def _first_failure(optimizer: SGRLDOptimizer) -> tuple[int, int] | None:
     """The first failing update and the index of its first non-finite tensor, from the
     optimizer's deferred device flags (one host read), or ``None``."""
-    for state in optimizer.sampler_states:  # one group (make_sampler)
-        if state is not None:
-            step, tensor = (int(v) for v in state.flags.tolist())
-            if step:
-                return step, tensor
-    return None
-
-
-def _rewind(optimizer: SGRLDOptimizer, update: int) -> None:
-    """After a breakdown at ``update`` found in the flags: the engine froze the chain there
-    (parameters and statistics untouched), only the step counters ran on. Set them back to the
-    last good update and clear the flags, so that the checkpoint holds the state after update
-    ``update - 1`` as the eager loop's does (and ``state_dict`` does not refuse it)."""
-    for state in optimizer.sampler_states:
-        if state is not None:
-            state.flags.zero_()
-            state.step = update - 1
-            state.device_step.fill_(update - 1)
+    (state,) = optimizer.sampler_states  # one group (make_sampler)
+    update, tensor = (int(v) for v in state.flags.tolist())
+    return (update, tensor) if update else None
 
 
 class OneChain:
@@ -104,9 +80,6 @@ class OneChain:
         ValueError: a step mode the config or device cannot run (:func:`resolve_step_mode`),
             one other than eager under ``parallel``, ``--curvature`` under fsdp.
     """
-
-    is_main = True
-    collective_state = False
 
     def __init__(
         self,
@@ -130,7 +103,9 @@ class OneChain:
                     "forward, which the sharded parameters (--parallel fsdp) do not allow; "
                     "use --parallel ddp or measure it in one process"
                 )
-            self.is_main, self.collective_state = parallel.is_main, parallel.collective_state
+        # where the state goes (one process: as it is)
+        self._job = DataParallel(0, 1) if parallel is None else parallel
+        self.is_main, self.collective_state = self._job.is_main, self._job.collective_state
         self.step_mode = resolve_step_mode(step_mode, config, device)
         self.config, self.splits = config, splits
         self.num_data = splits.num_train
@@ -139,14 +114,10 @@ class OneChain:
         if parallel is not None:
             self.model = parallel.prepare(self.model)
         self.model.train()
-        params: list[Tensor] = list(self.model.parameters())
-        if parallel is not None:
-            params = parallel.parameters(self.model)
-        chain_generator = torch.Generator(device).manual_seed(seeds["chain"])
+        params = self._job.parameters(self.model)
+        generator = torch.Generator(device).manual_seed(seeds["chain"])
         deferred = self.step_mode != "eager"
-        self.optimizer = make_sampler(
-            config, params, self.num_data, chain_generator, capturable=deferred
-        )
+        self.optimizer = make_sampler(config, params, self.num_data, generator, capturable=deferred)
         self.watch = self.optimizer
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.state_bytes: int | None = sum(self.optimizer.state_bytes().values())
@@ -163,8 +134,6 @@ class OneChain:
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}
         self._graphed: GraphedStep | None = None
         self._failure: str | None = None  # the eager step's, until read
-
-    # --- steps ------------------------------------------------------------------------------
 
     def step(self, index: Tensor) -> bool:
         (rows,) = index  # one chain
@@ -235,8 +204,13 @@ class OneChain:
         if failure is None:
             return {}
         update, tensor = failure
+        # the engine froze the chain there, only the step counters ran on: set them back to the
+        # last good update, so that the checkpoint holds the eager loop's state
+        (state,) = self.optimizer.sampler_states  # one group (make_sampler)
+        state.flags.zero_()
+        state.step = update - 1
+        state.device_step.fill_(update - 1)
         name = [n for n, _ in self.model.named_parameters()][tensor]
-        _rewind(self.optimizer, update)
         return {0: (update, deferred_breakdown_reason(update, name))}
 
     def refresh(self) -> bool:
@@ -248,8 +222,6 @@ class OneChain:
 
     def telemetry(self) -> list[Mapping[str, float]] | None:
         return [self.optimizer.telemetry()] if self.optimizer.telemetry_enabled else None
-
-    # --- evaluation -------------------------------------------------------------------------
 
     def train(self, mode: bool) -> None:
         self.model.train(mode)
@@ -280,40 +252,27 @@ class OneChain:
     def module(self, chain: int) -> nn.Module:
         return self.model
 
-    # --- state ------------------------------------------------------------------------------
-
     def state_dict(self) -> dict[str, Any]:
         """The model (under fsdp gathered: every rank takes part), the optimizer (ℓ as a float,
         so that any step mode continues it) and the schedule."""
-        optimizer = self.optimizer.state_dict()
-        if self.parallel is not None:
-            optimizer = self.parallel.optimizer_state(optimizer)
+        optimizer = self._job.optimizer_state(self.optimizer.state_dict())
         for group in optimizer["param_groups"]:
             if isinstance(group["lr"], Tensor):
                 group["lr"] = float(group["lr"])
         return {
-            "model": self._model_state(),
+            "model": self._job.model_state(self.model),
             "optimizer": optimizer,
             "schedule": None if self.schedule is None else self.schedule.state_dict(),
         }
 
-    def _model_state(self) -> dict[str, Tensor]:
-        if self.parallel is None:
-            return self.model.state_dict()
-        return self.parallel.model_state(self.model)
-
     def mismatches(self, state: Mapping[str, Any]) -> list[str]:
-        wrong = tensor_mismatches(state["model"], self._model_state(), "model")
+        wrong = tensor_mismatches(state["model"], self._job.model_state(self.model), "model")
         factors = factor_mismatch(state["optimizer"], self.optimizer.state_dict())
         return wrong + ([] if factors is None else [factors])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if self.parallel is None:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        else:
-            self.parallel.load_model_state(self.model, state["model"])
-            self.parallel.load_optimizer_state(self.optimizer, state["optimizer"])
+        self._job.load_model_state(self.model, state["model"])
+        self._job.load_optimizer_state(self.optimizer, state["optimizer"])
         if self.step_mode != "eager":  # ℓ is the config's (constant), as a device tensor
             for group in self.optimizer.param_groups:
                 group["lr"] = self._lr

@@ -1,9 +1,5 @@
-"""Tuned options as run options: ``--lr tuned:DIR`` reads the ℓ (and α²) ``sgrld tune`` chose.
-
-``DIR/tune.json`` (written by ``sgrld tune``) holds one :class:`sgrld.TuneResult` per sampler;
-a run of sampler S takes ``samplers[S].options`` from it: its ``lr``, and its tuned options
-(Monge's α²) where the command line gives none.
-"""
+"""``--lr tuned:DIR``: the ℓ (and tuned options) that ``sgrld tune`` chose for the run's sampler
+(``DIR/tune.json``: one :class:`sgrld.TuneResult` per sampler)."""
 
 from __future__ import annotations
 
@@ -21,11 +17,7 @@ TUNE_FILE = "tune.json"
 
 def lr_value(text: str) -> float | str:
     """One ℓ from its text: a number, or ``tuned:DIR`` (kept as text until the sampler is
-    known) where ``DIR/tune.json`` exists.
-
-    Raises:
-        ValueError: neither, or no ``DIR/tune.json``.
-    """
+    known; raises ValueError without ``DIR/tune.json``)."""
     if text.startswith(PREFIX):
         path = Path(text.removeprefix(PREFIX)) / TUNE_FILE
         if not path.is_file():
@@ -38,11 +30,7 @@ def lr_value(text: str) -> float | str:
 
 
 def read_tune(folder: Path) -> dict[str, Any]:
-    """The contents of ``folder/tune.json``.
-
-    Raises:
-        UsageError: it cannot be read or is not a tune file.
-    """
+    """The contents of ``folder/tune.json`` (UsageError: unreadable or not a tune file)."""
     path = folder / TUNE_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -54,12 +42,8 @@ def read_tune(folder: Path) -> dict[str, Any]:
 
 
 def tuned_options(value: str, sampler: str) -> dict[str, Any]:
-    """The options that ``tuned:DIR`` holds for ``sampler``: ``lr``, the searched tuned options
-    and the fixed options they were chosen with.
-
-    Raises:
-        UsageError: the folder holds no tuned ℓ for ``sampler``.
-    """
+    """The options ``tuned:DIR`` holds for ``sampler``: ``lr``, the tuned options and the fixed
+    ones they were chosen with (UsageError: none for ``sampler``)."""
     folder = Path(value.removeprefix(PREFIX))
     samplers = read_tune(folder)["samplers"]
     if sampler not in samplers:
