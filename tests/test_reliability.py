@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import sgrld.data
-from sgrld.cli import main
+from sgrld.cli import RESUME_HINTS, main
 from sgrld.experiments.base import files as _io
 from sgrld.experiments.base.files import CheckpointError
 from sgrld.experiments.commands import funnel as funnel_command
@@ -483,4 +483,5 @@ def test_ctrl_c_during_start_up_exits_130(moment: Any, tmp_path: Path, mnist_dir
     _, err = process.communicate(timeout=60)
     if not sent:
         pytest.skip(f"the run ended before {moment.__name__} was seen")
-    assert (process.returncode, err) == (130, "interrupted\n")
+    # one line, with the way to go on (a --resume without a checkpoint starts afresh)
+    assert (process.returncode, err) == (130, f"interrupted; {RESUME_HINTS['sample']}\n")
