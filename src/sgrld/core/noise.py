@@ -200,26 +200,17 @@ RECOMPILE_LIMIT = 64
 
 @contextlib.contextmanager
 def _kernel_context() -> Iterator[None]:
-    """The kernel's call: quiet, no autograd, one default dtype, room for its recompiles."""
+    """The kernel's call: quiet, no autograd, room for its recompiles, and a float32 default
+    dtype (dynamo guards on it; the arithmetic names every dtype, so the numbers do not
+    depend on it)."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     limit = max(getattr(config, name), RECOMPILE_LIMIT)
-    with quiet_compile(), torch.no_grad(), _float32_default(), config.patch({name: limit}):
-        yield
-
-
-@contextlib.contextmanager
-def _float32_default() -> Iterator[None]:
-    """Call the kernel under one default dtype (dynamo guards on it; its arithmetic names every
-    dtype, so the numbers do not depend on it).
-    """
     previous = torch.get_default_dtype()
-    if previous == torch.float32:
-        yield
-        return
     torch.set_default_dtype(torch.float32)
     try:
-        yield
+        with quiet_compile(), torch.no_grad(), config.patch({name: limit}):
+            yield
     finally:
         torch.set_default_dtype(previous)
 

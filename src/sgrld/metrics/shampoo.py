@@ -175,34 +175,26 @@ class ShampooMetric(Metric):
         return plan if plan.num_blocks else None
 
     def _plans(self, layout: FlatLayout) -> list[tuple[int, BlockPlan]]:
-        # A plain loop: torch.compile cannot trace a walrus in a comprehension (funnel fast path).
-        out = []
-        cut = self._cut(layout)
-        for i, shape in enumerate(layout.shapes):
-            plan = self._plan_of(layout, i) if cut else self.plan(shape)
-            if plan is not None:
-                out.append((i, plan))
-        return out
-
-    def _cut(self, layout: FlatLayout) -> bool:
-        """Whether ``layout``'s tensors are planned as row shards."""
+        """Each planned tensor's ``(index, plan)``: whole, a rank's shard, or ``row_shards``."""
         shards = layout.shards
         if shards is not None and self.row_shards not in (1, shards.world):
             raise ValueError(
                 f"row_shards={self.row_shards} on parameters sharded over {shards.world} ranks: "
                 "a sharded chain's blocks are its shards' (row_shards must be 1 or the mesh size)"
             )
-        return shards is not None or self.row_shards > 1
-
-    def _plan_of(self, layout: FlatLayout, i: int) -> BlockPlan | None:
-        """Tensor ``i``'s plan as a rank's shard or as ``row_shards`` shards."""
-        shape = layout.shapes[i]
-        if layout.shards is not None:
-            return self.plan(shape, layout.shards.full_shapes[i])
-        if not shape:  # a scalar has no rows to cut
-            return self.plan(shape)
-        splits = tuple(rows_of(shape[0], self.row_shards, r)[1] for r in range(self.row_shards))
-        return self.plan(shape, row_splits=splits)
+        # A plain loop: torch.compile cannot trace a walrus in a comprehension (funnel fast path).
+        out = []
+        for i, shape in enumerate(layout.shapes):
+            if shards is not None:
+                plan = self.plan(shape, shards.full_shapes[i])
+            elif self.row_shards > 1 and shape:  # a scalar has no rows to cut
+                rows = [rows_of(shape[0], self.row_shards, r)[1] for r in range(self.row_shards)]
+                plan = self.plan(shape, row_splits=tuple(rows))
+            else:
+                plan = self.plan(shape)
+            if plan is not None:
+                out.append((i, plan))
+        return out
 
     def partition(self, layout: FlatLayout) -> list[TensorBlocks]:
         """How each tensor of ``layout`` is merged and blocked (on this rank, if sharded), in layout
@@ -347,8 +339,10 @@ class ShampooMetric(Metric):
             for a in range(piece.bucket.rank):
                 factor, copied_from = stacking.piece_stat(stats, "factor", piece, a, nb)
                 self._fold(factor, blocks, a)
-                if copied_from is not None:
-                    _write_back(factor, copied_from)
+                if copied_from is not None:  # stacked by copying: write it back
+                    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in copied_from]
+                    for part, value in zip(copied_from, factor.split(rows), strict=True):
+                        part.copy_(value.view(part.shape))
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""
@@ -512,13 +506,6 @@ def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
         ):
             return None
     return base
-
-
-def _write_back(stacked: Tensor, parts: list[Tensor]) -> None:
-    """Copy a statistic stacked by copying back into ``parts``."""
-    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
-    for part, value in zip(parts, stacked.split(rows), strict=True):
-        part.copy_(value.view(part.shape))
 
 
 class _Work(NamedTuple):
