@@ -1,12 +1,9 @@
 """``compile=True``: a step's metric update, G⁻¹ĝ, G^{-1/2}ξ and move as one compiled call.
 
-The engine's :func:`~sgrld.core.engine.body` is traced by ``torch.compile`` and fused into a few
-loops (``docs/performance.md``); with ``noise="philox"`` ξ is drawn inside the call
-(:func:`~sgrld.core.noise.philox_normals`). The metric works on private clones (fusable
-intermediates) and ℓ, σ enter as 0-d tensors (a schedule does not recompile). A
-:class:`CompiledMove` belongs to a sampler, with its own code object (its own recompile
-budget), traced with ``fullgraph=True``; if compiling fails it warns once and the eager step
-runs instead, with the same noise.
+The engine's :func:`~sgrld.core.engine.body`, on private clones and with 0-d ℓ and σ (no
+recompile as ℓ changes), with Philox ξ drawn inside, fused by inductor (``docs/performance.md``).
+Each :class:`CompiledMove` has its own code object (its own recompile budget); if compiling
+fails it warns once and the eager step runs, with the same noise.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """The metric plug-in contract and the registry: what the core calls, owned by the core.
 
-A metric G updates its statistics from a gradient, applies G⁻¹ and G^{-1/2} to flat
-``(*batch, D)`` vectors (:class:`FlatLayout`), and may refresh a scheduled part; the integrator
-composes them into the paper's eq. 4 (``docs/conventions.md``). Every statistic's kind is
-declared in :meth:`Metric.stat_kinds`, so the core can restrict the state to the tensors that
-have gradients: ``"element"`` (last dim D), ``"tensor"`` (last dim the number of tensors),
-``"global"`` (anything else, kept as is) or :class:`PerTensor` (one tensor's only).
+A metric G updates its statistics, applies G⁻¹ and G^{-1/2} to flat ``(*batch, D)`` vectors and
+may refresh a scheduled part (``docs/conventions.md``). Each statistic's kind is declared, so
+the core can restrict the state to the tensors with gradients: ``"element"`` (last dim D),
+``"tensor"`` (last dim the tensors), ``"global"`` or :class:`PerTensor`.
 """
 
 from __future__ import annotations
 
 import abc
 import difflib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -223,3 +221,10 @@ def check_range(name: str, value: float, ok: Callable[[float], bool], expect: st
     """Eager argument validation with a message naming the argument (torch.optim style)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(float(value)):
         raise ValueError(f"invalid {name}: {value!r} (expected {expect})")
+
+
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    """Refuse ``value`` unless it is one of ``choices``, with a message naming them."""
+    if value not in choices:
+        *rest, last = map(repr, choices)
+        raise ValueError(f"invalid {name}: {value!r} (expected {', '.join(rest)} or {last})")

@@ -1,19 +1,11 @@
-"""The one step engine: every path that moves a chain (the optimizer facade, the functional
-:class:`~sgrld.core.sampler.Sampler`, compiled and captured steps) goes through :func:`advance`,
-so an option works on every path or is refused on all of them.
+"""The one step engine: every path that moves a chain goes through :func:`advance`, so an option
+works on every path or is refused on all of them (``docs/usage.md``, "One step engine").
 
-One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``): validate the gradients;
-SGLD (G = I) moves by the gradients themselves (:func:`_by_gradient`, bit for bit the flat
-path's numbers); every other metric gathers them into a flat buffer, checks them, draws ξ and
-runs :func:`body` (``update`` → ``inverse`` → ``inverse_sqrt`` → Euler–Maruyama), eagerly or
-compiled; then the step is counted on host and device and a due refresh runs on the host.
-
-Checks for NaN/Inf gradients, three modes: ``"sync"`` (default on CPU) reads one reduction at
-once and raises :class:`NonFiniteGradientError` before anything changes; ``"deferred"`` (default
-on CUDA and for ``capturable=True``) records the first bad step and tensor per chain in device
-flags, masks that chain's move (it stays frozen) and raises at the next host read (:func:`check`,
-``state_dict()``); ``"off"`` (``check_finite=False``) checks nothing. ℓ may be a 0-d or per-chain
-``(K,)`` tensor: σ is then computed on the device, so a scheduler neither syncs nor recompiles.
+A step (paper eq. 4 with h = ℓ/n, Γ dropped): SGLD moves by the gradients themselves
+(:func:`_by_gradient`, bit for bit the flat path's numbers); other metrics gather them into a
+flat buffer, check them, draw ξ and run :func:`body`, eagerly or compiled. NaN/Inf checks are
+``"sync"`` (read at once), ``"deferred"`` (device flags, the chain frozen, raised at the next
+host read: :func:`check`) or ``"off"``.
 """
 
 from __future__ import annotations
@@ -83,9 +75,7 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
 def _refuse_nonfinite(
     total: Tensor, names: Sequence[str], tensors: Callable[[], Sequence[Tensor]]
 ) -> None:
-    """The ``"sync"`` check: one host read of ``total`` (a sum over the gradients), then
-    ``tensors()`` looked at one by one to name the first bad one (an overflowed sum of finite values
-    passes)."""
+    """The ``"sync"`` check: one host read of the sum ``total``, then name the first bad tensor."""
     # one ``item`` (free on CPU) instead of isfinite → all → bool, five small kernels
     if math.isfinite(total.item()):
         return
@@ -112,8 +102,7 @@ def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayou
 
 
 def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
-    """The ``"sync"`` check of sharded gradients on their per-tensor sums over the ranks, so every
-    rank refuses the same step naming the same tensor."""
+    """The ``"sync"`` check on per-tensor sums over the ranks (every rank refuses alike)."""
     finite = torch.isfinite(total)
     if bool(finite.all()):
         return
@@ -127,9 +116,8 @@ def _record_bad(
     """Device-side check: per chain, whether it may move this step, shape (*batch, 1); records the
     first bad step and tensor (``active`` maps a subset's indices back) in ``state.flags``.
     """
-    # max |g| per tensor and chain as max(max g, −min g) (NaN propagates through both): two
-    # reads of D and no |g| buffer, where abs + amax reads, writes and reads D (and is itself
-    # ~15x faster than the inf-norm kernel on CPU; aminmax, one read, is ~15x slower)
+    # max |g| per tensor and chain as max(max g, −min g) (NaN propagates): two reads of D, no
+    # |g| buffer (abs + amax, the inf-norm and aminmax kernels all measured slower on CPU)
     peaks = torch.stack(
         [
             torch.maximum(s.amax(-1), -s.amin(-1)) if s.shape[-1] else s.sum(-1)
@@ -254,10 +242,6 @@ def body(
     if telemetry is not None:
         record_telemetry(telemetry, params, drift, noise, lr, sigma)
     euler_maruyama(params, drift, noise, lr, sigma)
-
-
-#: what :func:`record_telemetry` sums per step, in this order (then the step count)
-TELEMETRY = ("drift_sq", "noise_sq", "theta_sq")
 
 
 def telemetry_figures(sums: Sequence[float], extra: dict[str, float]) -> dict[str, float]:
@@ -538,9 +522,7 @@ def refresh_due(metric: Metric, step: int) -> bool:
 
 
 def _renamed(key: str, kind: StatKind, active: Sequence[int]) -> str | None:
-    """A statistic's key among those of ``active``: a PerTensor one's under its new index (``None``:
-    not among them); any other's as it is.
-    """
+    """A statistic's key among ``active``'s (a PerTensor one renumbered; ``None``: not there)."""
     if not isinstance(kind, PerTensor):
         return key
     return PerTensor(kind.stat, active.index(kind.tensor)).key if kind.tensor in active else None

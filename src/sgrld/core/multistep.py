@@ -1,17 +1,12 @@
 """Many steps per call for long runs of tiny problems: the engine's step, compiled B at a time.
 
-On a 2-parameter target the eager step costs 40-170 µs of Python and dispatcher overhead.
-:class:`BlockRunner` runs the engine's own :func:`~sgrld.core.engine.body`, unrolled ``block``
-times into one ``torch.compile``d function, the gradient computed inside from pre-drawn
-gradient noise. It is the fast path of :meth:`sgrld.core.sampler.Sampler.run` for single-tensor
-states such as the funnel's. Deliberate differences from ``sampler.step`` in a loop:
-
-* ``noise="block"`` (default) draws ξ for a chunk with one ``randn``: the same law, not the
-  same numbers; ``noise="exact"`` draws the eager stream step by step; with the sampler's
-  ``noise="philox"`` every draw is the eager stream.
-* No per-step finiteness check (a host sync); a non-finite iterate in a chunk raises
-  :class:`~sgrld.core.sampler.NonFiniteGradientError`.
-* Every iterate is written to an output buffer.
+:class:`BlockRunner` unrolls the engine's :func:`~sgrld.core.engine.body` ``block`` times into
+one ``torch.compile``d function (an eager funnel step is 40-170 µs of overhead), the gradient
+computed inside from pre-drawn gradient noise: the fast path of
+:meth:`sgrld.core.sampler.Sampler.run` for single-tensor states. Unlike ``sampler.step`` in a
+loop, ``noise="block"`` draws a chunk's ξ in one call (the same law, not the same numbers;
+``"exact"`` and Philox draw the eager stream), a non-finite iterate is caught per chunk, and
+every iterate is kept.
 """
 
 from __future__ import annotations
@@ -28,6 +23,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
+from sgrld.core.contract import check_choice
 from sgrld.core.engine import Move, NonFiniteGradientError, body, refresh_due
 from sgrld.core.integrator import noise_scale
 from sgrld.core.noise import philox_normal_, values_per_counter
@@ -84,8 +80,7 @@ class BlockRunner:
             raise ValueError("BlockRunner supports states with exactly one parameter tensor")
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"invalid block: {block!r} (expected an integer >= 1)")
-        if noise not in ("block", "exact"):
-            raise ValueError(f"invalid noise: {noise!r} (expected 'block' or 'exact')")
+        check_choice("noise", noise, ("block", "exact"))
         (self.theta,) = state.params.values()
         layout = state.layout
         if len(layout.shapes[0]) != 1 or self.theta.shape != (*layout.batch_shape, layout.size):

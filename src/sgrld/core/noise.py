@@ -1,18 +1,11 @@
-"""Sources of the Gaussian noise ξ ~ N(0, I) of the SGRLD step.
+"""Sources of the Gaussian noise ξ ~ N(0, I) of the SGRLD step (``docs/performance.md``).
 
-``"torch"`` (default): ``Tensor.normal_(generator=...)`` (on CPU single-threaded Mersenne
-Twister, about a forward and backward pass for a 478k-parameter MLP: ``docs/performance.md``).
-
-``"philox"``: the counter-based Philox4x32-10 generator (Salmon et al., SC'11) with a Box–Muller
-transform, one ``torch.compile``d elementwise kernel. ξ is a pure function of (key, step,
-index), the key the chain's own (``SamplerState.keys``): no generator state to advance (a step
-can be captured or traced without a graph break), chain k's noise does not depend on the chains
-beside it, a block of steps draws what the steps one by one draw, and resume is exact. Without
-a working compiler it runs eagerly (slow) after a warning.
-
-The words are computed in int64 lanes (16-bit halves: no overflow) where ATen's CPU capability
-is AVX-512 or the device is not a CPU, else in int32 lanes (:func:`_mulhilo32`; AVX2 multiplies
-int64 lanes one at a time); the results are bit-identical (``tests/test_noise.py``).
+``"torch"`` (default): ``Tensor.normal_(generator=...)``. ``"philox"``: the counter-based
+Philox4x32-10 generator (Salmon et al., SC'11) with Box–Muller, one ``torch.compile``d kernel
+(eager after a warning without a compiler). ξ is a pure function of (the chain's key, step,
+index): no generator state (a step can be captured or traced), a chain's noise does not depend
+on the chains beside it, and resume is exact. The words are computed in int64 lanes, or in
+int32 lanes on CPUs without AVX-512 (:func:`_mulhilo32`), bit-identically.
 """
 
 from __future__ import annotations
@@ -126,9 +119,9 @@ def values_per_counter(dtype: torch.dtype) -> int:
 def _philox_normal(
     key: Tensor, out: Tensor, first_row: int = 0, step: Tensor | None = None
 ) -> None:
-    """Fill ``out`` (..., n, values_per_counter) with N(0, 1), row i from counter ``first_row`` + i,
-    under ``key`` (..., 2) int64 at ``step`` (a 0-d int64 tensor, the counter's high words; None:
-    0)."""
+    """Fill ``out`` (..., n, values_per_counter) with N(0, 1) under ``key`` (..., 2) at ``step``
+    (0-d int64, the counter's high words; None: 0), row i from counter ``first_row`` + i.
+    """
     index = torch.arange(out.shape[-2], dtype=torch.int64, device=out.device) + first_row
     out.copy_(_normals(key, index, step, out.dtype))
 
@@ -191,18 +184,14 @@ def _kernel(fn: Callable[..., None] = _philox_normal) -> Callable[..., None]:
     return _compiled[fn]
 
 
-#: Recompiles the kernel may need in one process. Even with ``dynamic=True`` dynamo compiles
-#: once per dtype and specialises every dimension of size 1 (one chain, one counter): a process
-#: with float32, float64 and bfloat16 groups, one and several chains, reaches torch's default
-#: of 8, after which the kernel would fall back to its eager arithmetic for good.
+#: Recompiles the kernel may need in one process (one per dtype and size-1 dimension, even with
+#: ``dynamic=True``): torch's default of 8 would leave it eager for good.
 RECOMPILE_LIMIT = 64
 
 
 @contextlib.contextmanager
 def _kernel_context() -> Iterator[None]:
-    """The kernel's call: quiet, no autograd, room for its recompiles, and a float32 default
-    dtype (dynamo guards on it; the arithmetic names every dtype, so the numbers do not
-    depend on it)."""
+    """The kernel's call: quiet, no autograd, room to recompile, float32 default dtype."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     limit = max(getattr(config, name), RECOMPILE_LIMIT)
@@ -216,8 +205,7 @@ def _kernel_context() -> Iterator[None]:
 
 
 def _compiled_call(kernel: Callable[[], Callable[..., None]], *args: object) -> bool:
-    """Run the compiled ``kernel()`` on ``args``; ``False`` (after one warning for the process)
-    where compiling fails (no C++ toolchain, unsupported backend, ...): the caller runs eagerly."""
+    """Run the compiled ``kernel()``; ``False`` (warned once) where compiling fails."""
     global _compile_failed
     if _compile_failed or torch.compiler.is_compiling():
         return False

@@ -1,13 +1,8 @@
-"""A group's sampler state as ``torch.optim`` keeps state: one dict of tensors per parameter.
-
-The facade publishes *views* of the engine's flat buffers in ``optimizer.state[p]`` (no copy
-per step), so torch's tools see every tensor a step depends on; loading validates per-parameter
-dicts against a fresh state and copies them in. By kind: ``"element"`` statistics are
-parameter-shaped views and ``"tensor"`` ones 0-d views in every parameter, a PerTensor one is
-``stat`` in its parameter, a ``"global"`` one is on the first parameter. Sharded (FSDP2), a
-per-element statistic is a DTensor of the parameter's global shape; Shampoo's factors are the
-rank's own (:func:`shard_key`). Every parameter holds ``step``; the first also ``noise_key``
-and ``check_flags``.
+"""A group's sampler state as ``torch.optim`` keeps state: per parameter, views of the engine's
+flat buffers (``"element"`` statistics parameter-shaped, ``"tensor"`` ones 0-d, a PerTensor one
+in its parameter, ``"global"`` ones and the noise key and check flags on the first), DTensors of
+the global shape under FSDP2 (Shampoo's factors: the rank's own, :func:`shard_key`); loading
+validates dicts against a fresh state before copying them in.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ from sgrld.core.state import SamplerState
 STEP, NOISE_KEY, CHECK_FLAGS, GENERATOR = "step", "noise_key", "check_flags", "generator"
 #: a low-precision parameter's master copy (:mod:`sgrld.core.precision`)
 MASTER = "master"
-GROUP_ENTRIES = (NOISE_KEY, CHECK_FLAGS)
 
 
 def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:

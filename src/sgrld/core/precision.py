@@ -1,11 +1,9 @@
-"""Low-precision parameters (bfloat16, float16): a chain that keeps its moves.
+"""Low-precision parameters (bfloat16, float16): a chain that keeps its moves
+(``docs/precision.md``).
 
-A Langevin move below half an ulp of θ is rounded away: the drift first, and the chain becomes
-a random walk with the wrong variance, silently (``docs/precision.md``). ``"master"`` (default)
-steps a ``master_dtype`` copy held in the optimizer state, the parameter its rounded image;
-``"stochastic"`` rounds each move without bias, its uniforms from the counter-based generator
-under a key derived from the chain's (reproducible, capturable; adds up to ulp²/4 variance per
-step); ``"nearest"`` is plain arithmetic in the parameter's dtype, and warns.
+Moves below half an ulp are rounded away, silently. ``"master"`` steps a ``master_dtype`` copy
+(the parameter its rounded image); ``"stochastic"`` rounds each move without bias, from
+counter-based uniforms (reproducible, capturable); ``"nearest"`` is plain arithmetic, and warns.
 """
 
 from __future__ import annotations

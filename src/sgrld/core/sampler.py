@@ -1,8 +1,5 @@
-"""Functional core: ``build(metric, ...)`` → ``init(params) -> state``, ``step(state, grads)``.
-
-A step is :func:`sgrld.core.engine.advance`, the one step engine that :mod:`sgrld.optim` (the
-``torch.optim`` facade) also calls. Conventions (ℓ, n, τ, h, signs) are in
-``docs/conventions.md``.
+"""Functional core: ``build(metric, ...)`` → ``init(params) -> state``, ``step(state, grads)``,
+each step :func:`sgrld.core.engine.advance` (``docs/conventions.md``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Sharded parameters (FSDP2's DTensors): one chain whose elements are spread over the ranks.
-
-Under ``fully_shard`` every parameter is a DTensor split along dim 0 over a one-dimensional
-mesh, and each rank steps its rows. The chain is the one-process chain exactly: elementwise
-operations run on the local shards, every sum over the parameters is summed over the mesh
-(:meth:`ShardSpec.sum_`), and ξ is drawn at each shard's *global* flat index
-(:attr:`ShardSpec.starts`). Rows are split as ``torch.chunk`` splits them (FSDP2's rule).
+"""Sharded parameters (FSDP2's DTensors, split along dim 0 as ``torch.chunk``): one chain whose
+elements are spread over the ranks, exactly the one-process chain: elementwise work on the
+local shards, sums over the mesh (:meth:`ShardSpec.sum_`), ξ at global indices.
 """
 
 from __future__ import annotations
@@ -75,9 +71,8 @@ class ShardSpec:
     world: int
     mesh: Any = field(compare=False, repr=False)
     placements: tuple[Any, ...] = field(compare=False, repr=False)
-    #: parameters whose shards are not ``torch.chunk``'s split of a tensor (a masked
-    #: parameter's selected elements): their per-element state is the rank's own, published
-    #: under :func:`~sgrld.core.param_state.shard_key` rather than as a global view
+    #: parameters whose shards are not ``torch.chunk``'s split (masked ones): their per-element
+    #: state is the rank's own (:func:`~sgrld.core.param_state.shard_key`), not a global view
     uneven: tuple[int, ...] = field(default=(), compare=False)
     #: this step's sums, summed ahead by the engine (:class:`SumsAhead`), by name; consumed
     #: by :meth:`sum_`, emptied at the end of each step

@@ -1,10 +1,6 @@
-"""When a metric adapts: during a warm-up of ``adapt_until`` steps, then never again.
-
-A metric that keeps following the stochastic gradient makes G a function of θ's recent path
-while the step drops Γ, which biases the stationary law (``docs/posterior.md``); adapting during
-a warm-up and then freezing G, as HMC libraries adapt their mass matrix, keeps the posterior
-exact up to discretisation. ``adapt_until=None`` is the paper's protocol. Every path decides
-with :func:`adapting` on the host step count.
+"""When a metric adapts: during a warm-up of ``adapt_until`` steps, then never again, so that the
+frozen G samples the posterior (adapting throughout, the paper's protocol ``None``, biases it:
+``docs/posterior.md``). Every path decides with :func:`adapting` on the host step count.
 """
 
 from __future__ import annotations

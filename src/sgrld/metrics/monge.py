@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
+from sgrld.core.contract import Metric, StatKind, Stats, check_choice, check_range, register
 from sgrld.core.layout import FlatLayout
 
 
@@ -61,17 +61,13 @@ class MongeMetric(Metric):
     fallback_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        if self.alpha2_rule not in ("fixed", "normalized"):
-            raise ValueError(
-                f"invalid alpha2_rule: {self.alpha2_rule!r} (expected 'fixed' or 'normalized')"
-            )
+        check_choice("alpha2_rule", self.alpha2_rule, ("fixed", "normalized"))
         if self.alpha2_rule == "normalized":
             check_range("alpha2", self.alpha2, lambda v: 0.0 < v < math.inf, "c = alpha2 > 0")
         else:
             check_range("alpha2", self.alpha2, lambda v: v >= 0.0, "alpha2 >= 0")
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
-        if self.scope not in ("global", "tensor"):
-            raise ValueError(f"invalid scope: {self.scope!r} (expected 'global' or 'tensor')")
+        check_choice("scope", self.scope, ("global", "tensor"))
         if self.fallback_threshold is not None:
             check_range("fallback_threshold", self.fallback_threshold, lambda v: v > 0, "> 0")
 

@@ -123,9 +123,8 @@ def update_second_moment(
         if correction is not None:
             total = total / correction
         scale = (total / sum(layout.full_numels)).sqrt_()
-        # r ← r + max(ε, floor·s), and r ← 1 (G = I) while nothing is seen (s = 0), as
-        # seen·r + add in one pass over D (bit for bit: r·1 and r·0 are exact); a masked
-        # fill after the add would be a second pass
+        # r ← r + max(ε, floor·s), or 1 (G = I) while s = 0, as seen·r + add in one pass
+        # over D (r·1 and r·0 are exact)
         seen = scale != 0.0
         add = torch.where(seen, torch.clamp(scale * floor, min=eps), 1.0)
         torch.addcmul(add, r, seen.to(r.dtype), out=r)

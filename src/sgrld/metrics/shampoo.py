@@ -25,7 +25,15 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, PerTensor, StatKind, Stats, check_range, register
+from sgrld.core.contract import (
+    Metric,
+    PerTensor,
+    StatKind,
+    Stats,
+    check_choice,
+    check_range,
+    register,
+)
 from sgrld.core.layout import FlatLayout
 from sgrld.core.shards import rows_of
 from sgrld.metrics._blocking import (
@@ -55,35 +63,29 @@ def _key(stat: str, group: int, axis: int, index: int) -> str:
 class ShampooMetric(Metric):
     """Blocked Kronecker-factored metric G = ⊗_i H_i^{1/(2k)} per block (paper §3.2).
 
-    With the defaults this is the reference ``ShampooSGLD`` with its bugs fixed (an explicit step
-    counter, roots computed on a copy, in float64 ``eigh``). Tensors of merged rank ≤ 1 (biases,
-    scalars) get G = I unless ``precondition_vectors``. The funnel's full-matrix RMSprop is
-    ``ShampooMetric(decay=0.9995, eps=1e-6, update_interval=1, precondition_vectors=True,
-    ridge="none")``.
+    The defaults are the reference ``ShampooSGLD`` with its bugs fixed (an explicit step counter,
+    roots computed on a copy, in float64 ``eigh``). Tensors of merged rank ≤ 1 get G = I unless
+    ``precondition_vectors``. The funnel's full-matrix RMSprop is ``ShampooMetric(decay=0.9995,
+    eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none")``.
 
     Args:
         decay: EMA weight λ of the factors, in [0, 1).
         eps: ε ≥ 0: the factors start at ε·I, and ε sets the ridge r.
         block_size: largest merged dim and largest block side (integer ≥ 1).
-        update_interval: the roots are recomputed at steps that are multiples of it
-            (integer ≥ 1); they are the identity before.
-        root_method: ``"eigh"`` (float64 eigendecomposition, tiny negative eigenvalues clamped
-            to 0) or ``"newton"`` (the reference's coupled Newton iteration, in the dtype of the
-            statistics).
+        update_interval: the roots are recomputed at multiples of it (integer ≥ 1), I before.
+        root_method: ``"eigh"`` (float64, tiny negative eigenvalues clamped to 0) or ``"newton"``
+            (the reference's coupled Newton iteration, in the statistics' dtype).
         precondition_vectors: give tensors of merged rank 1 a full-matrix factor instead of I.
-        tiling: how a merged dim larger than ``block_size`` is cut: ``"reference"`` (chunks of
-            ``block_size`` plus a remainder) or ``"even"`` (the fewest chunks of ≤ ``block_size``,
-            sizes differing by ≤ 1: 784 → 7 × 112; faster, a different but valid metric).
-        ridge: r added to each factor before its root: ``"relative"`` r = ε·λ_max(H_i) (the
-            reference), ``"absolute"`` r = ε, or ``"none"`` r = 0 (the funnel).
-        damping: δ ≥ 0 adds δ·tr(H_i)/s_i to the ridge, so barely seen directions do not get a
-            huge G⁻¹ (``docs/posterior.md``; needs ``root_method="eigh"``); 0 by default.
+        tiling: ``"reference"`` (chunks of ``block_size`` plus a remainder) or ``"even"`` (the
+            fewest near-equal chunks: 784 → 7 × 112; faster, a different but valid metric).
+        ridge: r added before the root: ``"relative"`` ε·λ_max(H_i) (the reference),
+            ``"absolute"`` ε, or ``"none"`` 0 (the funnel).
+        damping: δ ≥ 0 adds δ·tr(H_i)/s_i to the ridge (``docs/posterior.md``; ``"eigh"`` only).
         root_dtype: the precision of ``eigh`` (float64; float32 is much faster on a GPU and is
             retried in float64 for a bucket whose decomposition fails).
-        row_shards: W ≥ 1: plan every tensor as the W row shards FSDP2 cuts it into
-            (:func:`sgrld.core.shards.rows_of`), so one process has the blocks of a chain sharded
-            over W ranks. Sharded parameters are always planned by their shards; there it must be
-            1 or the mesh's size (``docs/distributed.md``).
+        row_shards: W ≥ 1: plan every tensor as the W row shards FSDP2 cuts it into, so one
+            process has the blocks of a chain sharded over W ranks; for sharded parameters 1 or
+            the mesh's size (``docs/distributed.md``).
 
     References:
         Yu et al. (2023) §3.2; Gupta, Koren & Singer (2018), Shampoo; reference.md §2.5.
@@ -91,13 +93,9 @@ class ShampooMetric(Metric):
     Examples:
         >>> import torch
         >>> from sgrld.core.layout import FlatLayout
-        >>> layout = FlatLayout(("w",), ((3, 200),))
-        >>> metric = ShampooMetric(update_interval=1)
+        >>> layout, metric = FlatLayout(("w",), ((3, 200),)), ShampooMetric(update_interval=1)
         >>> stats = metric.init(layout, torch.zeros(600))
-        >>> g = torch.randn(600)
-        >>> metric.update(stats, layout, g, step=1)
-        >>> metric.refresh(stats, layout)
-        >>> metric.inverse(stats, layout, g.clone()).shape
+        >>> metric.inverse(stats, layout, torch.randn(600)).shape
         torch.Size([600])
     """
 
@@ -135,16 +133,9 @@ class ShampooMetric(Metric):
         _check_int("block_size", self.block_size, 1)
         _check_int("update_interval", self.update_interval, 1)
         _check_int("row_shards", self.row_shards, 1)
-        if self.root_method not in ("eigh", "newton"):
-            raise ValueError(
-                f"invalid root_method: {self.root_method!r} (expected 'eigh' or 'newton')"
-            )
-        if self.tiling not in TILINGS:
-            raise ValueError(f"invalid tiling: {self.tiling!r} (expected 'reference' or 'even')")
-        if self.ridge not in ("relative", "absolute", "none"):
-            raise ValueError(
-                f"invalid ridge: {self.ridge!r} (expected 'relative', 'absolute' or 'none')"
-            )
+        check_choice("root_method", self.root_method, ("eigh", "newton"))
+        check_choice("tiling", self.tiling, TILINGS)
+        check_choice("ridge", self.ridge, ("relative", "absolute", "none"))
         if self.root_dtype not in (torch.float32, torch.float64):
             raise ValueError(
                 f"invalid root_dtype: {self.root_dtype!r} (expected torch.float32 or float64)"

@@ -90,60 +90,55 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     gradient of the per-datum potential in ``p.grad`` (``docs/conventions.md``).
 
     Each parameter group is one metric (Monge's inner products and Wenzel's normalisation run over
-    a group's parameters, as in the paper's code). The presets (:class:`~sgrld.SGLD`, ...) are this
+    a group's parameters, as in the paper's code); the presets (:class:`~sgrld.SGLD`, ...) are this
     class with the metric fixed.
 
     Args:
-        params: parameters, ``(name, parameter)`` pairs (error messages then use the names) or
-            parameter groups, which may override ``lr``, ``num_data``, ``temperature``,
-            ``adapt_until``, ``adapt_metric`` and any option of the metric.
-        lr: learning rate ℓ ≥ 0 (h = ℓ / num_data): a float or a one-element tensor (a scheduler
-            then changes it on the device, and a compiled step does not recompile).
+        params: parameters, ``(name, parameter)`` pairs (messages then use the names) or groups,
+            which may override ``lr``, ``num_data``, ``temperature``, ``adapt_until``,
+            ``adapt_metric`` (False freezes the metric) and any option of the metric.
+        lr: ℓ ≥ 0 (h = ℓ / num_data): a float or a one-element tensor (a scheduler then changes it
+            on the device, and a compiled step does not recompile).
         num_data: number of training data n > 0.
         temperature: τ ≥ 0; 0 gives deterministic preconditioned descent (no noise drawn).
-        metric: the metric G, or its registry name or alias (``"rmsprop"``), built with
+        metric: the metric G, or its registry name or alias (``"rmsprop"``) built with
             ``metric_options``; a preset's is its :attr:`metric_class`.
-        generator: drives the noise; by default a private one seeded from torch's global
-            generator. Its state is saved in :meth:`state_dict`.
+        generator: drives the noise (default: a private one seeded from torch's global
+            generator); saved in :meth:`state_dict`.
         check_finite: refuse a step whose gradient holds NaN/Inf, naming the parameter and step;
-            nothing changes in any group (:mod:`sgrld.core.engine` for the modes).
+            nothing changes in any group (:mod:`sgrld.core.engine`).
         sync_checks: ``None``: read the check at once on CPU, defer it on CUDA and in traced steps
-            to :meth:`check`, :meth:`state_dict` and refreshes; ``True``/``False``: always read at
-            once / always defer.
+            to :meth:`check`, :meth:`state_dict` and refreshes; ``True``: always at once;
+            ``False``: always deferred.
         noise: ``"torch"`` (``normal_`` with ``generator``) or ``"philox"`` (counter-based,
             :mod:`sgrld.core.noise`); ``None``: ``"philox"`` if ``capturable`` or sharded, else
             ``"torch"`` (a traced ``"torch"`` step draws Philox keyed by the generator's seed).
         compile: run each step's body as one ``torch.compile``d call (:mod:`sgrld.core.compiled`).
-        capturable: steps free of host reads and Python randomness, as torch.optim's (CUDA graphs,
-            ``torch.compile``); checks are deferred, and a traced step's Shampoo refresh is left to
-            :meth:`refresh_if_due`.
-        low_precision: how parameters of fewer bits than ``master_dtype`` are stepped:
-            ``"master"`` (default: a copy in the state carries the chain), ``"stochastic"``
-            (unbiased rounding) or ``"nearest"`` (warns: small moves are lost).
-            See :mod:`sgrld.core.precision`.
+        capturable: steps free of host reads and Python randomness, as torch.optim's; checks are
+            deferred and a traced step's Shampoo refresh is left to :meth:`refresh_if_due`.
+        low_precision: parameters of fewer bits than ``master_dtype``: ``"master"`` (a copy in the
+            state carries the chain), ``"stochastic"`` (unbiased rounding) or ``"nearest"``
+            (warns: small moves are lost); :mod:`sgrld.core.precision`.
         master_dtype: the dtype of master copies and low-precision arithmetic (float32).
         telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
-        masks: ``{parameter: bool tensor of its shape}``: only the ``True`` elements are sampled,
-            the others stay fixed bit for bit (a sharded parameter's mask has its global shape).
+        masks: ``{parameter: bool tensor of its shape}`` (global shape if sharded): only the
+            ``True`` elements are sampled, the others stay fixed bit for bit.
         data_parallel: whether the ranks of a process group hold replicas of one chain (DDP): the
             first step then refuses ranks that would draw different noise. ``None``: whenever a
-            group of several ranks exists; ``False`` for independent chains per rank.
+            group of several ranks exists; ``False``: independent chains per rank.
         adapt_until: the metric adapts during the first ``adapt_until`` steps (default 1,000),
-            then G is frozen (:mod:`sgrld.core.warmup`); ``None`` adapts at every step (the
-            paper's protocol, biased: ``docs/posterior.md``).
+            then G is frozen; ``None`` always adapts (the paper's, biased: ``docs/posterior.md``).
         localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters at construction, added
-            to the drift's gradient after the metric saw the loss's (``docs/llc.md``). 0: none.
-        refresh_every: for a metric refreshed per epoch (Wenzel's): refresh it every
-            ``refresh_every`` steps; ``None``: the caller calls :meth:`refresh_metric`.
+            to the drift's gradient only (``docs/llc.md``).
+        refresh_every: refresh a per-epoch metric (Wenzel's) every ``refresh_every`` steps;
+            ``None``: the caller calls :meth:`refresh_metric`.
         batch_size: instead of ``refresh_every``: refresh every ⌈num_data / batch_size⌉ steps.
-        **metric_options: the metric's options (``decay``, ``alpha2``, ...) when ``metric`` is a
-            name or the class is a preset, e.g. ``WenzelSGLD(params, lr=0.05, num_data=n,
-            min_scale=0.1)``.
+        **metric_options: the metric's options when ``metric`` is a name or the class a preset,
+            e.g. ``WenzelSGLD(params, lr=0.05, num_data=n, min_scale=0.1)``.
 
-    The state is torch.optim's ``optimizer.state[p]``, from construction on: every tensor a step
-    depends on (statistics, step count, the group's noise key and check flags on its first
-    parameter, the generator's state on the very first; :mod:`sgrld.core.param_state`), so that
-    :meth:`state_dict`, ``copy.deepcopy``, pickling and ``torch.distributed.checkpoint`` carry it.
+    The state is torch.optim's ``optimizer.state[p]`` from construction on, every tensor a step
+    depends on (:mod:`sgrld.core.param_state`), so :meth:`state_dict`, ``copy.deepcopy``,
+    pickling and ``torch.distributed.checkpoint`` carry it.
 
     References:
         Yu et al., Scalable SGRLD in Non-Diagonal Metrics, TMLR 2023, eq. 4.
