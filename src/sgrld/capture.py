@@ -39,11 +39,7 @@ class GraphedStep:
     """
 
     def __init__(
-        self,
-        step_fn: Callable[[], Tensor | None],
-        optimizer: SGRLDOptimizer,
-        *,
-        warmup: int = 3,
+        self, step_fn: Callable[[], Tensor | None], optimizer: SGRLDOptimizer, *, warmup: int = 3
     ) -> None:
         if not optimizer.capturable:
             raise ValueError("GraphedStep needs an optimizer built with capturable=True")

@@ -175,11 +175,7 @@ def option_names(cls: type) -> list[str]:
 
 
 def check_options(
-    cls: type,
-    given: Iterable[str],
-    owner: str,
-    others: Iterable[str] = (),
-    instance: bool = False,
+    cls: type, given: Iterable[str], owner: str, others: Iterable[str] = (), instance: bool = False
 ) -> None:
     """Refuse options that ``cls`` (a metric class) does not have, by name, with the closest valid
     names and the list of options.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -116,14 +116,9 @@ class ShardSpec:
             full_shapes.append(shape)
             starts.append(offset + first * row)
             offset += math.prod(shape)
+        rank, world = mesh.get_coordinate()[0], mesh.size()
         return ShardSpec(
-            tuple(names),
-            tuple(full_shapes),
-            tuple(starts),
-            mesh.get_coordinate()[0],
-            mesh.size(),
-            mesh,
-            (Shard(0),),
+            tuple(names), tuple(full_shapes), tuple(starts), rank, world, mesh, (Shard(0),)
         )
 
     @property
@@ -132,16 +127,13 @@ class ShardSpec:
 
     def restrict(self, active: Sequence[int]) -> ShardSpec:
         """The spec of the parameters ``active`` (global indices unchanged)."""
-        pick = [self.names[i] for i in active], [self.full_shapes[i] for i in active]
-        return ShardSpec(
-            tuple(pick[0]),
-            tuple(pick[1]),
-            tuple(self.starts[i] for i in active),
-            self.rank,
-            self.world,
-            self.mesh,
-            self.placements,
+        return replace(
+            self,
+            names=tuple(self.names[i] for i in active),
+            full_shapes=tuple(self.full_shapes[i] for i in active),
+            starts=tuple(self.starts[i] for i in active),
             uneven=tuple(j for j, i in enumerate(active) if i in self.uneven),
+            ahead={},
         )
 
     def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:

@@ -65,19 +65,16 @@ class SamplerState:
     """State of one group of parameters under one sampler.
 
     Attributes:
-        params: the parameters (updated in place by :func:`sgrld.core.sampler.Sampler.step`).
+        params: the parameters (updated in place by :meth:`sgrld.core.sampler.Sampler.step`).
         stats: the metric's statistics (see :mod:`sgrld.core.contract`).
         step: number of steps taken so far (host counter: schedules read it without a sync).
         generator: the random generator that drives ``noise="torch"``.
         layout: the flat layout of ``params``.
-        keys: ``(*batch, 2)`` int64 Philox keys, one per chain (``noise="philox"``; zeros
-            otherwise).
-        device_step: the step count as a 0-d int64 tensor on the parameters' device (what
-            compiled and captured steps read).
-        flags: ``(*batch, 2)`` int64 deferred-check flags per chain: the first step whose
-            gradient was non-finite (0: none) and the index of its first bad tensor.
-        center: the localisation's centre θ₀, one copy of each parameter taken at ``init``
-            (a sampler with ``localization > 0``; ``None`` otherwise).
+        keys: ``(*batch, 2)`` int64 Philox keys, one per chain (zeros unless ``noise="philox"``).
+        device_step: the step count as a 0-d int64 tensor on the parameters' device.
+        flags: ``(*batch, 2)`` int64 deferred-check flags per chain: the first step whose gradient
+            was non-finite (0: none) and the index of its first bad tensor.
+        center: the localisation's centre θ₀, copies of the parameters at ``init`` (or ``None``).
     """
 
     params: dict[str, Tensor]

@@ -91,10 +91,7 @@ def reliability_bins(
     upper_edges, counts, conf_sum, hit_sum = _binned_sums(conf, hits, num_bins)
     safe = np.maximum(counts, 1)
     return ReliabilityBins(
-        upper_edges=upper_edges,
-        counts=counts,
-        confidence=conf_sum / safe,
-        accuracy=hit_sum / safe,
+        upper_edges=upper_edges, counts=counts, confidence=conf_sum / safe, accuracy=hit_sum / safe
     )
 
 

@@ -43,10 +43,8 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-    """Google ResNet-20. Input NCHW (32×32 for CIFAR-10), output logits.
-
-    Sample in ``train()`` mode (batch statistics, running stats updated); evaluate in ``eval()``
-    mode (running stats). Global average pooling equals the reference AvgPool2d(8) on 32×32 input.
+    """Google ResNet-20: input NCHW (32×32 for CIFAR-10), output logits; sample in ``train()`` mode,
+    evaluate in ``eval()`` mode (BatchNorm). Global average pooling is the reference AvgPool2d(8).
 
     Args:
         num_classes: number of logits.
