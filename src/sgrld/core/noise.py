@@ -229,12 +229,14 @@ def philox_normal_(
 ) -> None:
     """Fill ``blocks`` (..., n, values_per_counter) with N(0, 1) under ``key`` (..., 2) at
     ``step`` (see :func:`_philox_normal`); inside a traced step the arithmetic is traced."""
-    # One input form for the one compiled kernel (blocks (chains, n, width) detached from the
-    # caller's buffer, keys (chains, 2), a 0-d step), so that only dtype and device recompile.
-    blocks3 = blocks.view(-1, *blocks.shape[-2:]).detach()
-    steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
-    if not (compile and _compiled_call(_kernel, key.reshape(-1, 2), blocks3, 0, steps)):
-        _philox_normal(key, blocks, 0, step)
+    if compile and not torch.compiler.is_compiling():
+        # One input form for the one compiled kernel (blocks (chains, n, width) detached from
+        # the caller's buffer, keys (chains, 2), a 0-d step): only dtype and device recompile.
+        blocks3 = blocks.view(-1, *blocks.shape[-2:]).detach()
+        steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
+        if _compiled_call(_kernel, key.reshape(-1, 2), blocks3, 0, steps):
+            return
+    _philox_normal(key, blocks, 0, step)
 
 
 def philox_normal_at_(
