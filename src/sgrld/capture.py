@@ -1,46 +1,14 @@
-"""Capture a whole training step — forward, backward and the sampler step — in a CUDA graph.
+"""Capture a whole training step (forward, backward and the sampler step) in a CUDA graph.
 
-A step of the MNIST MLP is launch-bound on a GPU: ~0.3 GFLOP spread over a few hundred kernels
-whose launches take longer than their arithmetic. Replaying a captured CUDA graph launches them
-all at once. :class:`GraphedStep` follows ``torch.cuda.make_graphed_callables``' recipe (warm-up
-on a side stream, static inputs, one capture) for a training step that ends in a ``capturable``
-sgrld optimizer's ``step()``; every call, warm-up and capture included, is exactly one step of
-the chain on the data in the static inputs, so a loop can use it from its first step:
-
-* the sampler's noise is counter-based (``noise="philox"``: a function of the chain's key and the
-  device step count), so every replay draws fresh noise and a resumed run draws what the
-  uninterrupted one would;
-* ℓ must be a tensor (``lr=torch.tensor(...)``): a scheduler that changes it in place changes
-  every later replay (a float would be baked into the graph);
-* NaN/Inf checks are deferred (device flags, read by ``opt.check()``);
-* what the host schedules stays on the host: a step that makes a refresh due (Shampoo's roots,
-  Wenzel's ``refresh_every``: :meth:`~sgrld.SGRLDOptimizer.refreshes_next`) runs eagerly instead
-  of replaying (so the chain is exactly the eager one), and the optimizer's host side of a step
-  runs after each replay (:meth:`~sgrld.SGRLDOptimizer.after_replay`). A refresh the
-  caller runs between replays (Wenzel's ``update_preconditioner()``) writes the statistics in
-  place, so the next replay reads it;
-* whether the metric adapts is baked into a capture, so the step after the warm-up
-  (``adapt_until``, :mod:`sgrld.core.warmup`) or a :meth:`~sgrld.SGRLDOptimizer.freeze_metric`
-  captures the step anew (one capture each way).
-
-Example (CUDA only)::
-
-    opt = sgrld.MongeSGLD(model.parameters(), lr=torch.tensor(0.25, device="cuda"),
-                          num_data=n, noise="philox", capturable=True)
-    x = torch.empty(100, 784, device="cuda"); y = torch.empty(100, dtype=torch.long, device="cuda")
-
-    def train_step():
-        opt.zero_grad(set_to_none=False)
-        loss = potential(model, x, y, n)
-        loss.backward()
-        opt.step()
-        return loss
-
-    step = GraphedStep(train_step, opt)
-    for xb, yb in loader:
-        x.copy_(xb); y.copy_(yb)
-        loss = step()          # replays the graph (or runs eagerly when a refresh is due)
-    opt.check()                # NaN/Inf anywhere in the run → NonFiniteGradientError
+A step of the MNIST MLP on a GPU is launch-bound; replaying a captured graph launches all its
+kernels at once. :class:`GraphedStep` follows ``torch.cuda.make_graphed_callables``' recipe for
+a step that ends in a ``capturable`` optimizer's ``step()``; every call is exactly one step of
+the chain. Noise is counter-based (every replay draws fresh noise, a resume draws what the
+uninterrupted run would); ℓ must be a tensor (a scheduler changes it in place); checks are
+deferred (``opt.check()``); a step that makes a host refresh due
+(:meth:`~sgrld.SGRLDOptimizer.refreshes_next`) runs eagerly, and the host's part of a replayed
+step runs after it (:meth:`~sgrld.SGRLDOptimizer.after_replay`); the end of the warm-up or a
+:meth:`~sgrld.SGRLDOptimizer.freeze_metric` captures anew. Example: ``docs/usage.md``.
 """
 
 from __future__ import annotations
@@ -58,31 +26,20 @@ __all__ = ["GraphedStep"]
 class GraphedStep:
     """Run ``step_fn`` as a replayed CUDA graph; see the module docstring.
 
-    Every call is one training step on the data the caller put in the static inputs: the first
-    ``warmup`` calls run eagerly on a side stream (CUDA libraries initialise their workspaces
-    there, the optimizer creates its state), the next one captures the step and replays it
-    (capturing records the kernels without running them), later ones replay. A call whose step
-    makes a scheduled refresh due (Shampoo's roots, a ``refresh_every``) runs eagerly instead,
-    at any point. Make a new ``GraphedStep`` after ``optimizer.load_state_dict`` (it replaces
-    the state tensors the graph writes).
+    The first ``warmup`` calls run eagerly on a side stream, the next captures and replays, later
+    ones replay; a call that makes a refresh due runs eagerly. Make a new ``GraphedStep`` after
+    ``optimizer.load_state_dict`` (it replaces the tensors the graph writes).
 
     Args:
         step_fn: the whole training step (forward, backward, ``optimizer.step()``), reading its
-            data from static tensors that the caller refills before each call; returns a tensor
-            (e.g. the loss) or ``None``. Its gradients should persist across calls
-            (``zero_grad(set_to_none=False)``), so that eager and replayed steps write the same
-            tensors.
-        optimizer: the ``capturable=True`` sgrld optimizer that ``step_fn`` steps, with tensor
-            learning rates.
+            data from static tensors the caller refills; returns a tensor or ``None``. Its
+            gradients should persist across calls (``zero_grad(set_to_none=False)``).
+        optimizer: the ``capturable=True`` sgrld optimizer ``step_fn`` steps, with tensor ℓ.
         warmup: eager calls before the capture (each one a real step of the chain).
     """
 
     def __init__(
-        self,
-        step_fn: Callable[[], Tensor | None],
-        optimizer: SGRLDOptimizer,
-        *,
-        warmup: int = 3,
+        self, step_fn: Callable[[], Tensor | None], optimizer: SGRLDOptimizer, *, warmup: int = 3
     ) -> None:
         if not optimizer.capturable:
             raise ValueError("GraphedStep needs an optimizer built with capturable=True")
@@ -118,8 +75,9 @@ class GraphedStep:
         return output
 
     def _capture(self) -> None:
-        """Record the step. Nothing runs on the device, but the step's host side does (the
-        optimizer's host step counts advance): undo that, so the replay that follows counts it."""
+        """Record the step; its host side ran (the step counts advanced): undo that for the
+        replay.
+        """
         opt = self.optimizer
         states = opt.sampler_states
         counts = [state.step for state in states]

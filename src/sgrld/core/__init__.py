@@ -1,9 +1,5 @@
 """The functional core: the metric contract, flat layout, state, the step engine and the
-functional sampler. The core imports nothing from the packages above it (the metrics implement
-:mod:`sgrld.core.contract`).
-
-Names are imported on first use (PEP 562), so that a metric importing ``sgrld.core.contract``
-or ``sgrld.core.layout`` does not load the whole engine.
+functional sampler; it imports nothing above it. Names are imported on first use (PEP 562).
 """
 
 from __future__ import annotations

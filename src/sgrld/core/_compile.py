@@ -9,12 +9,8 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def quiet_compile() -> Iterator[None]:
-    """Silence torch's own warnings while it imports inductor, traces or compiles.
-
-    Inductor touches deprecated torch APIs internally and dynamo warns about tracing through
-    ``functools.lru_cache``; under ``-W error`` (pytest here) such a warning would abort the
-    compilation, and it is nothing a user can act on.
-    """
+    """Silence torch's own warnings while it imports inductor, traces or compiles (under ``-W
+    error`` they would abort the compilation, and no user can act on them)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._dynamo")

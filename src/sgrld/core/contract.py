@@ -1,26 +1,16 @@
 """The metric plug-in contract and the registry: what the core calls, owned by the core.
 
-The metric modules implement :class:`Metric` and :func:`register` themselves; nothing here
-names one. A metric G answers four questions: update your statistics from this gradient; apply
-G⁻¹ to a vector; apply G^{-1/2} to a vector; optionally refresh an explicitly scheduled part.
-The integrator (:mod:`sgrld.core.integrator`) composes them into the paper's Euler–Maruyama
-step (eq. 4, Γ dropped); see ``docs/conventions.md`` for ℓ, n, τ and signs.
-
-All vectors are flat buffers of shape ``(*batch, D)`` laid out by a :class:`FlatLayout`.
-Statistics are a ``dict[str, Tensor]``; every key is declared in :meth:`Metric.stat_kinds` so
-that the core can restrict the state to the parameters that have gradients this step:
-
-* ``"element"``: last dim is ``D`` (one entry per parameter element);
-* ``"tensor"``: last dim is the number of parameter tensors;
-* ``"global"``: anything else shared by the whole group (kept as is);
-* :class:`PerTensor`: belongs to one parameter tensor only (e.g. Shampoo's factors).
+A metric G updates its statistics, applies G⁻¹ and G^{-1/2} to flat ``(*batch, D)`` vectors and
+may refresh a scheduled part (``docs/conventions.md``). Each statistic's kind is declared, so
+the core can restrict the state to the tensors with gradients: ``"element"`` (last dim D),
+``"tensor"`` (last dim the tensors), ``"global"`` or :class:`PerTensor`.
 """
 
 from __future__ import annotations
 
 import abc
 import difflib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -33,8 +23,8 @@ Stats = dict[str, Tensor]
 
 @dataclass(frozen=True)
 class PerTensor:
-    """The kind of a statistic that belongs to parameter tensor ``tensor`` alone (Shampoo's
-    factors): stored under :attr:`key`, published as ``stat`` in that parameter's state."""
+    """The kind of a statistic of parameter tensor ``tensor`` alone (Shampoo's factors), stored
+    under :attr:`key` and published as ``stat`` in that parameter's state."""
 
     stat: str
     tensor: int
@@ -81,8 +71,7 @@ class Metric(abc.ABC):
         return {}
 
     def checked_init(self, layout: FlatLayout, like: Tensor) -> Stats:
-        """:meth:`init`, refused at once if a statistic's kind is undeclared (the core restricts
-        and publishes statistics by kind: the missing key would fail later, far from here)."""
+        """:meth:`init`, refused at once if a statistic's kind is undeclared."""
         stats = self.init(layout, like)
         undeclared = sorted(set(stats) - set(self.stat_kinds(layout)))
         if undeclared:
@@ -94,18 +83,13 @@ class Metric(abc.ABC):
 
     @abc.abstractmethod
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        """Fold the flat gradient into the statistics, in place. ``step`` counts from 1.
-
-        ``step`` is a Python int in eager steps and a 0-d int64 tensor on the parameters' device
-        in compiled and captured ones: use it only in tensor arithmetic (no ``%``, no ``if``).
+        """Fold the flat gradient into the statistics, in place. ``step`` counts from 1: an int
+        eagerly, a 0-d int64 device tensor in compiled and captured steps (tensor arithmetic only).
         """
 
     @abc.abstractmethod
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
-        """Return G⁻¹ · grad, called after :meth:`update` in the same step.
-
-        ``grad`` is the core's private flat copy of the gradient: it may be overwritten in place.
-        """
+        """Return G⁻¹ · grad (after :meth:`update`); may overwrite ``grad``, a private copy."""
 
     @abc.abstractmethod
     def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
@@ -113,11 +97,8 @@ class Metric(abc.ABC):
 
     @property
     def refresh_interval(self) -> int | None:
-        """Steps between the refreshes the step engine runs itself (``None``: never).
-
-        A due refresh runs right after :meth:`update` of the step whose count is a multiple of
-        the interval (Shampoo's roots); the engine decides on the host, so the
-        hot step never branches on the step count.
+        """Steps between the refreshes the step engine runs itself, right after :meth:`update`
+        (``None``: never); decided on the host.
         """
         return None
 
@@ -126,8 +107,9 @@ class Metric(abc.ABC):
         Shampoo's inverse roots every :attr:`refresh_interval` steps)."""
 
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
-        """Health figures of the current G for telemetry (read at sample or epoch boundaries,
-        never inside a step), e.g. Monge's stretch α²‖m‖², Shampoo's factor conditioning."""
+        """Health figures of the current G for telemetry (read outside steps), e.g. Monge's
+        stretch.
+        """
         return {}
 
 
@@ -193,22 +175,17 @@ def option_names(cls: type) -> list[str]:
 
 
 def check_options(
-    cls: type,
-    given: Iterable[str],
-    owner: str,
-    others: Iterable[str] = (),
-    instance: bool = False,
+    cls: type, given: Iterable[str], owner: str, others: Iterable[str] = (), instance: bool = False
 ) -> None:
-    """Refuse options that ``cls`` (a metric class) does not have, by name, with the closest
-    valid names and the list of options (as the command line does for ``--option``).
+    """Refuse options that ``cls`` (a metric class) does not have, by name, with the closest valid
+    names and the list of options.
 
     Args:
         cls: the metric's class; its options are its dataclass fields.
         given: the option names given.
         owner: who was given them (``"MongeSGLD"``, ``"build('rmsprop')"``), for the message.
         others: other valid names of ``owner`` (the optimizer's own arguments).
-        instance: the metric was given as an instance: its own options are refused too (set
-            them on the instance).
+        instance: the metric was given as an instance: its own options are refused too.
 
     Raises:
         TypeError: naming each refused option.
@@ -240,3 +217,10 @@ def check_range(name: str, value: float, ok: Callable[[float], bool], expect: st
     """Eager argument validation with a message naming the argument (torch.optim style)."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not ok(float(value)):
         raise ValueError(f"invalid {name}: {value!r} (expected {expect})")
+
+
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    """Refuse ``value`` unless it is one of ``choices``, with a message naming them."""
+    if value not in choices:
+        *rest, last = map(repr, choices)
+        raise ValueError(f"invalid {name}: {value!r} (expected {', '.join(rest)} or {last})")

@@ -1,37 +1,11 @@
-"""The one step engine: every path that moves a chain goes through :func:`advance`.
+"""The one step engine: every path that moves a chain goes through :func:`advance`, so an option
+works on every path or is refused on all of them (``docs/usage.md``, "One step engine").
 
-The optimizer facade (:mod:`sgrld.optim`), the functional :class:`~sgrld.core.sampler.Sampler`,
-its multi-step :meth:`~sgrld.core.sampler.Sampler.run` and the compiled and captured steps all
-call the same function, so an option either works on every path or is refused on all of them.
-
-One step (paper eq. 4 with h = ℓ/n, Γ dropped; ``docs/conventions.md``):
-
-1. validate the gradients against the parameters (shape, dtype, device: host metadata only);
-   the tensors that move are those with a gradient (:class:`Part`);
-2. follow the sampler's :class:`Plan`, decided once from its configuration: SGLD (G = I) moves
-   by the gradients themselves (:func:`_by_gradient`: the same numbers, bit for bit, without
-   their flat copy); every other step gathers them into the flat buffer and checks them (see
-   *checks* below), draws ξ (:mod:`sgrld.core.noise`) and runs :func:`body`, eagerly or
-   compiled: ``metric.update`` → ``metric.inverse`` → ``metric.inverse_sqrt`` → the one
-   Euler–Maruyama integrator (:func:`~sgrld.core.integrator.euler_maruyama`);
-3. count the step on the host and on the device; a due scheduled refresh (Shampoo's roots)
-   runs on the host, outside the hot step.
-
-**Checks** (``NaN``/``Inf`` in a gradient), three modes:
-
-* ``"sync"`` (default on CPU, where reading a flag is free): one reduction, read at once; a bad
-  gradient raises :class:`NonFiniteGradientError` before anything changes.
-* ``"deferred"`` (default on CUDA and for ``capturable=True``): no host read in the step. The
-  first bad step and tensor of each chain are recorded in device flags; that chain's step is
-  masked (gradient and noise zeroed, so the move is exactly zero, and every statistic restored),
-  so the parameters and statistics are untouched exactly as in ``"sync"`` mode; the chain stays
-  frozen from then on. The error is raised at the next host read: :func:`check`
-  (``opt.check()``, the runner's epoch end) and ``state_dict()`` (checkpoints).
-* ``"off"`` (``check_finite=False``): nothing.
-
-**Device-resident scalars.** ``state.device_step`` is the step count as a 0-d int64 tensor on the
-parameters' device; ℓ may be a 0-d (or per-chain ``(K,)``) tensor, and σ = √(2ℓτ/n) is then
-computed on the device, so a scheduler that changes ℓ neither syncs nor recompiles.
+A step (paper eq. 4 with h = ℓ/n, Γ dropped): SGLD moves by the gradients themselves
+(:func:`_by_gradient`, bit for bit the flat path's numbers); other metrics gather them into a
+flat buffer, check them, draw ξ and run :func:`body`, eagerly or compiled. NaN/Inf checks are
+``"sync"`` (read at once), ``"deferred"`` (device flags, the chain frozen, raised at the next
+host read: :func:`check`) or ``"off"``.
 """
 
 from __future__ import annotations
@@ -62,18 +36,11 @@ class NonFiniteGradientError(FloatingPointError):
 def check_mode(
     check_finite: bool, sync_checks: bool | None, device: torch.device, capturable: bool
 ) -> CheckMode:
-    """The check mode of a sampler (see the module docstring)."""
+    """The check mode of a sampler (module docstring); the flags are validated at build."""
     if not check_finite:
         return "off"
-    if capturable:
-        if sync_checks:
-            raise ValueError(
-                "sync_checks=True reads a flag on the host every step, which a captured step "
-                "cannot do; use capturable=False, or read the flag with check()"
-            )
-        return "deferred"
     if sync_checks is None:
-        return "sync" if device.type == "cpu" else "deferred"
+        sync_checks = device.type == "cpu" and not capturable
     return "sync" if sync_checks else "deferred"
 
 
@@ -108,9 +75,7 @@ def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
 def _refuse_nonfinite(
     total: Tensor, names: Sequence[str], tensors: Callable[[], Sequence[Tensor]]
 ) -> None:
-    """The ``"sync"`` check: one host read of ``total`` (a sum over the gradients: NaN/Inf
-    anywhere makes it non-finite); only then each of ``tensors()`` is looked at, to name the
-    first bad one. A sum that overflowed although every element is finite refuses nothing."""
+    """The ``"sync"`` check: one host read of the sum ``total``, then name the first bad tensor."""
     # one ``item`` (free on CPU) instead of isfinite → all → bool, five small kernels
     if math.isfinite(total.item()):
         return
@@ -128,7 +93,7 @@ def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> Non
 
 
 def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayout) -> None:
-    """The ``"sync"`` check on parameter-shaped gradients: one sum each, one host read."""
+    """The ``"sync"`` check on parameter-shaped gradients: one sum each, one read."""
     sums = torch.stack([g.sum() for g in grads])
     if layout.shards is not None:
         _refuse_shards(layout.sum_(sums), names)
@@ -137,9 +102,7 @@ def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayou
 
 
 def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
-    """The ``"sync"`` check of sharded gradients: refuse unless every tensor's gradient sum over
-    the ranks (``total``, one all-reduce) is finite, so that every rank refuses the same step
-    naming the same tensor, whichever rank holds the bad element."""
+    """The ``"sync"`` check on per-tensor sums over the ranks (every rank refuses alike)."""
     finite = torch.isfinite(total)
     if bool(finite.all()):
         return
@@ -150,15 +113,11 @@ def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
 def _record_bad(
     state: SamplerState, layout: FlatLayout, grad: Tensor, active: Sequence[int] | None = None
 ) -> Tensor:
-    """Device-side check: per chain, whether it may move this step, shape (*batch, 1).
-
-    Records the first bad step and tensor of each chain in ``state.flags``; a chain moves only if
-    its gradient is finite and it had no bad step before. No host read. ``active`` maps the
-    tensors of ``layout`` (a step's subset with gradients) to the state's tensor indices.
+    """Device-side check: per chain, whether it may move this step, shape (*batch, 1); records the
+    first bad step and tensor (``active`` maps a subset's indices back) in ``state.flags``.
     """
-    # max |g| per tensor and chain as max(max g, −min g) (NaN propagates through both): two
-    # reads of D and no |g| buffer, where abs + amax reads, writes and reads D (and is itself
-    # ~15x faster than the inf-norm kernel on CPU; aminmax, one read, is ~15x slower)
+    # max |g| per tensor and chain as max(max g, −min g) (NaN propagates): two reads of D, no
+    # |g| buffer (abs + amax, the inf-norm and aminmax kernels all measured slower on CPU)
     peaks = torch.stack(
         [
             torch.maximum(s.amax(-1), -s.amin(-1)) if s.shape[-1] else s.sum(-1)
@@ -193,10 +152,9 @@ def _sum_ahead(
     adapt: bool,
     check: bool,
 ) -> None:
-    """Sharded parameters: the finite check's per-tensor sums and the metric's sums of this
-    step (:class:`~sgrld.core.shards.SumsAhead`) in one all-reduce, before anything changes; a
-    bad gradient is refused here, on every rank alike; the metric takes its sums by name
-    (``metric=None``: the check alone)."""
+    """Sharded parameters: the finite check's per-tensor sums and the metric's sums of this step
+    (:class:`~sgrld.core.shards.SumsAhead`) in one all-reduce, before anything changes.
+    """
     shards = layout.shards
     assert shards is not None
     shards.ahead.clear()
@@ -217,11 +175,8 @@ def _sum_ahead(
 
 
 def check(state: SamplerState, label: str = "") -> None:
-    """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient.
-
-    The one host read of the deferred flags; it names the first bad step and parameter (and
-    the chain where there are several).
-    """
+    """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient (the one
+    host read of the flags, naming the first bad step, parameter and chain)."""
     flags = state.flags
     bad = flags[..., 0]
     if not bool((bad != 0).any()):
@@ -247,9 +202,9 @@ def _per_chain(value: Scalar, layout: FlatLayout, like: Tensor) -> Scalar:
 
 
 class Move(NamedTuple):
-    """One step's arguments of :func:`body`, eager or compiled (:mod:`sgrld.core.compiled`):
-    ``grad`` and ``xi`` private flat buffers (the metric may overwrite them), ``step`` the count
-    after it (an int, or a 0-d device tensor), ℓ and σ floats or 0-d or ``(*batch, 1)`` tensors."""
+    """One step's arguments of :func:`body`: ``grad`` and ``xi`` private flat buffers (the metric
+    may overwrite them), ``step`` the count after it (int or 0-d device tensor), ℓ and σ floats or
+    0-d or ``(*batch, 1)`` tensors."""
 
     metric: Metric
     stats: Stats
@@ -270,13 +225,9 @@ def body(
     telemetry: Tensor | None = None,
     pull: Callable[[Tensor], None] | None = None,
 ) -> None:
-    """The step's maths, the one place it is composed: update G, then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ
-    (paper eq. 4, Γ dropped) by the one integrator, :func:`~sgrld.core.integrator.euler_maruyama`.
-
-    With ``refresh`` the metric's scheduled part (Shampoo's roots) is recomputed after the
-    update, so that this step already uses it (as the paper's code does). ``pull`` adds the
-    localisation's gradient to ``grad`` after the statistics have seen the loss's alone
-    (:func:`localization_pull`).
+    """The step's maths, composed once: update G (and with ``refresh`` its scheduled part, used
+    already by this step as in the paper's code), then θ ← θ − ℓG⁻¹ĝ + σG^{-½}ξ (paper eq. 4, Γ
+    dropped). ``pull`` adds the localisation's gradient after the statistics saw ĝ alone.
     """
     metric, stats, layout, grad, xi, params, step, lr, sigma, adapt = move
     if adapt:
@@ -293,15 +244,10 @@ def body(
     euler_maruyama(params, drift, noise, lr, sigma)
 
 
-#: what :func:`record_telemetry` sums per step, in this order (then the step count)
-TELEMETRY = ("drift_sq", "noise_sq", "theta_sq")
-
-
 def telemetry_figures(sums: Sequence[float], extra: dict[str, float]) -> dict[str, float]:
-    """One chain's figures from its :func:`record_telemetry` sums (drift², noise², θ², steps)
-    and the metric's own (``extra``): the step count, the root-mean-square over the steps of
-    the norms of the drift, the noise and θ (``theta_norm``: a norm of every element, not a
-    per-element RMS), and the drift-to-noise ratio (inf without noise)."""
+    """One chain's figures from its :func:`record_telemetry` sums and the metric's own (``extra``):
+    steps, the RMS over steps of ‖drift‖, ‖noise‖ and ‖θ‖, and drift_to_noise (inf without noise).
+    """
     drift_sq, noise_sq, theta_sq, steps = sums
     n = max(steps, 1.0)
     return {
@@ -322,9 +268,9 @@ def record_telemetry(
     lr: Scalar,
     sigma: Scalar,
 ) -> None:
-    """Add this step's ‖ℓG⁻¹ĝ‖², ‖σG^{-½}ξ‖², ‖θ‖² (before the move) and 1 to the device
-    accumulator ``acc`` (float64, ``(*batch, 4)``: one row per chain): three reductions, no
-    host read."""
+    """Add ‖ℓG⁻¹ĝ‖², ‖σG^{-½}ξ‖², ‖θ‖² (before the move) and 1 to ``acc`` (float64 ``(*batch, 4)``),
+    with no host read.
+    """
     batch = acc.shape[:-1]
     nb = len(batch)
 
@@ -350,9 +296,9 @@ def record_telemetry(
 
 @dataclass(frozen=True)
 class Plan:
-    """How a sampler's steps run, decided from its configuration at its state's first step and
-    kept on the state; a step then looks only at its own facts (which tensors have a gradient,
-    whether a refresh is due, telemetry)."""
+    """How a sampler's steps run, decided from its configuration at its state's first step and kept
+    on the state.
+    """
 
     config: tuple[object, ...]  # what it was decided from (a traced facade step changes it)
     checks: CheckMode
@@ -385,10 +331,9 @@ class Plan:
 
 @dataclass
 class Part:
-    """What moves this step: all of a group's tensors, or (rarely) those with a gradient,
-    ``active`` (their indices), with restricted copies of the statistics written back by
-    :func:`_merge` (a tensor without a gradient neither moves nor updates statistics); and by
-    how much: ℓ, σ, and whether ξ is drawn."""
+    """What moves this step: all of a group's tensors, or those with a gradient (``active``, with
+    restricted copies of the statistics written back by :func:`_merge`), and ℓ, σ, whether ξ is
+    drawn."""
 
     layout: FlatLayout
     stats: Stats
@@ -441,16 +386,11 @@ def advance(
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
-    ``lr`` is a float or a tensor (0-d, or ``(K,)`` for one ℓ per chain); ``checks`` is the
-    check mode (module docstring); with ``adapt=False`` the metric's statistics are not updated
-    (a frozen G); ``compiled`` is a :class:`~sgrld.core.compiled.CompiledMove` that runs the
-    body as one compiled call; ``refresh=False`` leaves a due scheduled refresh (Shampoo's
-    roots) to the caller (captured steps: see :func:`refresh_due`). ``direct=False`` sends
-    SGLD (G = I) through the flat buffers like every other metric instead of its direct path
-    (the same numbers, bit for bit; tests compare the two). ``telemetry``: a float64
-    ``(*batch, 4)`` device accumulator that :func:`record_telemetry` adds this step's figures to.
-    ``localization`` c > 0 adds c·(θ − θ₀) (θ₀ = ``state.center``) to the drift's gradient
-    only: the metric's statistics see ĝ alone (:func:`localization_pull`).
+    ``lr``: a float or a 0-d or ``(K,)`` tensor; ``checks``: the check mode; ``adapt=False``: a
+    frozen G; ``compiled``: a :class:`~sgrld.core.compiled.CompiledMove`; ``refresh=False`` leaves
+    a due refresh to the caller (captured steps); ``direct=False`` sends SGLD through the flat
+    buffers (the same numbers; tests compare); ``telemetry``: a :func:`record_telemetry`
+    accumulator; ``localization`` c > 0 adds c·(θ − ``state.center``) to the drift's gradient only.
     """
     if all(g is None for g in grads):
         return
@@ -477,7 +417,7 @@ def advance(
 
 
 def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:
-    """This step's ξ (:mod:`sgrld.core.noise`), in the workspace's noise buffer."""
+    """This step's ξ, in the workspace's noise buffer."""
     return part.work.noise.draw(state.generator, plan.noise, state.keys, state.device_step)
 
 
@@ -502,8 +442,7 @@ def _through_flat(
     due: bool,
     telemetry: Tensor | None,
 ) -> None:
-    """Every other step: ĝ gathered into the flat buffer and checked, then :func:`body`, or its
-    compiled form, on it."""
+    """Every other step: ĝ gathered, checked, and :func:`body` (or compiled) on it."""
     layout, stats = part.layout, part.stats
     grad = part.work.gather(part.grads)
     ok: Tensor | None = None  # deferred checks: per chain, whether it may move
@@ -557,10 +496,9 @@ def localization_pull(
     views: Callable[[Tensor], list[Tensor]],
     ok: Tensor | None,
 ) -> Callable[[Tensor], None]:
-    """The localisation's gradient c·(θ − θ₀), added to the flat gradient between the metric's
-    update and G⁻¹: the drift is G⁻¹(ĝ + c(θ − θ₀)) while G is built from ĝ alone, the loss's
-    gradient (Hitchcock & Hoogland 2025, App. D.3). A chain the deferred check stopped (``ok``
-    false) stays exactly where it is. ``docs/llc.md`` maps c to devinterp's γ."""
+    """c·(θ − θ₀), added to the flat gradient between the metric's update and G⁻¹, so G is built
+    from ĝ alone (Hitchcock & Hoogland 2025, App. D.3); a chain the deferred check stopped stays
+    put."""
 
     def pull(grad: Tensor) -> None:
         torch._foreach_add_(views(grad), torch._foreach_sub(params, centers), alpha=strength)
@@ -571,8 +509,7 @@ def localization_pull(
 
 
 def in_graph() -> bool:
-    """Whether this step is being traced by ``torch.compile`` or captured in a CUDA graph: then
-    nothing may be decided from host values (a scheduled refresh is left to the host)."""
+    """Whether this step is traced by ``torch.compile`` or captured in a CUDA graph."""
     if torch.compiler.is_compiling():
         return True
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
@@ -585,9 +522,7 @@ def refresh_due(metric: Metric, step: int) -> bool:
 
 
 def _renamed(key: str, kind: StatKind, active: Sequence[int]) -> str | None:
-    """A statistic's key among those of the tensors in ``active``: a
-    :class:`~sgrld.core.contract.PerTensor` one's under its tensor's new index (``None``: not
-    one of them); any other's as it is."""
+    """A statistic's key among ``active``'s (a PerTensor one renumbered; ``None``: not there)."""
     if not isinstance(kind, PerTensor):
         return key
     return PerTensor(kind.stat, active.index(kind.tensor)).key if kind.tensor in active else None

@@ -24,8 +24,7 @@ def noise_scale(lr: float | Tensor, num_data: float, temperature: float) -> floa
 
 
 def _over(scale: float | Tensor, like: Tensor) -> float | Tensor:
-    """A per-chain ℓ or σ, ``(*batch, 1)``, as ``(*batch, 1, ..., 1)``: broadcast over a
-    parameter-shaped ``like`` (chain dimension first); a float or 0-d tensor as it is."""
+    """A per-chain ``(*batch, 1)`` ℓ or σ shaped to broadcast over a parameter ``like``."""
     if isinstance(scale, Tensor) and scale.dim() > 0:
         return scale.reshape(*scale.shape[:-1], *([1] * (like.dim() - scale.dim() + 1)))
     return scale
@@ -41,12 +40,9 @@ def euler_maruyama(
 ) -> None:
     """In place: θ_p ← θ_p − ℓ · drift_p + σ · noise_p for every parameter tensor p.
 
-    ``drift`` holds G⁻¹ĝ and ``noise`` G^{-1/2}ξ, shaped like ``params``; ``noise=None`` (τ = 0)
-    gives deterministic preconditioned descent. ``lr`` and ``sigma`` are floats (the eager
-    core: two foreach passes, no allocation) or tensors: 0-d, the form traced by
-    ``torch.compile`` (:mod:`sgrld.core.compiled`), where Python floats would be guarded on and
-    recompile whenever a scheduler changes ℓ, or ``(*batch, 1)``, one per chain; then the move
-    is one expression per tensor (one fused loop when traced).
+    ``drift`` holds G⁻¹ĝ and ``noise`` G^{-1/2}ξ (``None``: τ = 0, preconditioned descent). ``lr``
+    and ``sigma`` are floats (two foreach passes) or tensors, 0-d (traced: no recompile when ℓ
+    changes) or ``(*batch, 1)`` per chain: one expression per tensor.
     """
     if isinstance(lr, Tensor) or isinstance(sigma, Tensor):
         rates = [_over(lr, d) for d in drift]

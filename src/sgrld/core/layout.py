@@ -1,9 +1,6 @@
-"""Flat layout of a group of parameter tensors.
-
-Every metric works on one contiguous buffer of shape ``(*batch, D)`` that holds all parameters of a
-group back to back (``D`` = total number of elements, ``batch`` = ``()`` or ``(K,)`` for K chains).
-This makes the global reductions of the Monge metric single kernels and lets noise be drawn with
-one ``normal_`` call.
+"""Flat layout of a group of parameter tensors: one contiguous ``(*batch, D)`` buffer holds them
+back to back (``batch`` = ``()`` or ``(K,)`` for K chains), so global reductions are single
+kernels and noise is one draw.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ class FlatLayout:
         names: parameter names, in order.
         shapes: per-parameter shapes *without* the chain dimension.
         batch_shape: ``()`` for one chain, ``(K,)`` for K chains in a leading dimension.
-        shards: for sharded parameters (FSDP2), where the local shards (``shapes``) lie in the
-            whole tensors, and the process group that sums over them (:mod:`sgrld.core.shards`);
-            ``None`` for whole tensors. Metrics that sum over the parameters sum through it.
+        shards: for sharded parameters (FSDP2), where the local shards lie in the whole tensors
+            (:mod:`sgrld.core.shards`); ``None`` for whole tensors.
     """
 
     names: tuple[str, ...]
@@ -74,9 +70,8 @@ class FlatLayout:
         return torch.empty((*self.batch_shape, self.size), dtype=dtype, device=device)
 
     def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:
-        """``partial`` summed over the ranks that hold the shards (in place); itself when the
-        tensors are whole. Metrics pass their local sums through it, under the ``name`` their
-        ``sums_ahead`` gives them (:mod:`sgrld.core.shards`)."""
+        """``partial`` summed over the ranks that hold the shards (in place, by ``name`` if summed
+        ahead); itself when the tensors are whole."""
         return partial if self.shards is None else self.shards.sum_(partial, name)
 
     @property

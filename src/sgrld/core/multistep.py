@@ -1,28 +1,12 @@
 """Many steps per call for long runs of tiny problems: the engine's step, compiled B at a time.
 
-On a 2-parameter target the eager step (:func:`sgrld.core.engine.advance`) costs 40-170 µs,
-almost all of it Python and dispatcher overhead, so 2×10⁶ funnel steps would take minutes.
-:class:`BlockRunner` runs the engine's own step body (:func:`sgrld.core.engine.body`: the
-metric's update and scheduled refresh, G⁻¹, G^{-1/2} and the Euler–Maruyama move) but unrolls
-``block`` steps into one function compiled by ``torch.compile`` (inductor fuses them into one C++
-kernel), with the gradient computed inside the block from pre-drawn gradient noise. The general
-multi-step API is :meth:`sgrld.core.sampler.Sampler.run` (any state, any gradient function); this
-is its fast path for single-tensor states such as the funnel's.
-
-Differences from calling ``sampler.step`` in a loop, all deliberate:
-
-* **Noise blocks.** With the sampler's ``noise="torch"``, ξ for B steps is drawn with one
-  ``torch.randn((B, *batch, D))`` call from the state's generator (``noise="block"``, the
-  default): the same law as the eager stream but not the same numbers. ``noise="exact"`` draws ξ
-  one step at a time with the eager step's call, which reproduces ``sampler.step`` to rounding
-  (tested) at the cost of one call per step. With ``noise="philox"`` (counter-based) every block
-  draws exactly the eager stream at no extra cost.
-* **No per-step finiteness check** (it is a host sync); the block's output is checked instead
-  and a non-finite iterate raises :class:`~sgrld.core.sampler.NonFiniteGradientError`.
-* Every iterate of the block is written to an output buffer, so the caller can keep all of them.
-
-Only single-tensor states are supported (the funnel's ``{"theta": (K, D)}``). Without a working
-C++ toolchain, ``compile=False`` runs the same block function eagerly.
+:class:`BlockRunner` unrolls the engine's :func:`~sgrld.core.engine.body` ``block`` times into
+one ``torch.compile``d function (an eager funnel step is 40-170 µs of overhead), the gradient
+computed inside from pre-drawn gradient noise: the fast path of
+:meth:`sgrld.core.sampler.Sampler.run` for single-tensor states. Unlike ``sampler.step`` in a
+loop, ``noise="block"`` draws a chunk's ξ in one call (the same law, not the same numbers;
+``"exact"`` and Philox draw the eager stream), a non-finite iterate is caught per chunk, and
+every iterate is kept.
 """
 
 from __future__ import annotations
@@ -39,6 +23,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
+from sgrld.core.contract import check_choice
 from sgrld.core.engine import Move, NonFiniteGradientError, body, refresh_due
 from sgrld.core.integrator import noise_scale
 from sgrld.core.noise import philox_normal_, values_per_counter
@@ -50,10 +35,7 @@ __all__ = ["BlockRunner", "GradFn"]
 #: inductor option sets tried in turn by default: the C++ wrapper, then the Python one. Never
 #: ``cpp.vec_isa_ok=False``: it leaves inductor's per-process SIMD state inconsistent, and the
 #: next default compile in the process (the Philox kernel) built garbage (tests/test_noise.py).
-_ATTEMPTS: tuple[dict[str, Any], ...] = (
-    {"cpp_wrapper": True},
-    {},
-)
+_ATTEMPTS: tuple[dict[str, Any], ...] = ({"cpp_wrapper": True}, {})
 
 #: ``grad_fn(theta, grad_noise) -> ĝ``: the potential gradient at ``theta`` (shape ``(K, D)``)
 #: given a pre-drawn standard normal ``grad_noise`` of the same shape.
@@ -68,22 +50,16 @@ class BlockRunner:
         state: a state from ``sampler.init`` with exactly one parameter tensor of shape
             ``(K, D)`` (``num_chains=K``); updated in place.
         grad_fn: the stochastic potential gradient, see :data:`GradFn`.
-        grad_generator: the generator of the gradient noise (the "data" randomness, kept apart
-            from the sampler's own generator, which drives ξ).
+        grad_generator: the generator of the gradient noise (kept apart from the sampler's).
         block: steps per compiled call (unrolled, so compile time grows with it).
         compile: use ``torch.compile`` (inductor); ``False`` runs the same code eagerly.
-        inductor_options: the inductor options to compile with. By default inductor's C++
-            wrapper is tried first (it halves the per-step cost of the tiny kernels), then the
-            default Python wrapper; if both fail the runner says so on stderr and continues
-            eagerly (``compile_error`` holds the reason). Options are not private to one
-            compile: some (``cpp.vec_isa_ok``) leave process-wide caches behind.
-        noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream); with
-            the sampler's ``noise="philox"`` every draw is the eager stream.
+        inductor_options: the inductor options to compile with. By default the C++ wrapper is
+            tried first (it halves the per-step cost), then the Python one; if both fail the
+            runner says so on stderr and runs eagerly (``compile_error`` holds the reason).
+        noise: ``"block"`` (one draw per chunk) or ``"exact"`` (the eager step's stream).
         chunk: steps whose noise is drawn at once (rounded down to a multiple of ``block``).
-        adapt: update the metric's statistics at every step (the sampler must then be built
-            with ``adapt_until=None``: blocks do not stop at a warm-up's end) or never
-            (``False``: a frozen G, as ``adapt=False`` in
-            :meth:`~sgrld.core.sampler.Sampler.step`).
+        adapt: update the metric at every step (the sampler needs ``adapt_until=None``) or
+            never (``False``: a frozen G).
     """
 
     def __init__(
@@ -104,8 +80,7 @@ class BlockRunner:
             raise ValueError("BlockRunner supports states with exactly one parameter tensor")
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"invalid block: {block!r} (expected an integer >= 1)")
-        if noise not in ("block", "exact"):
-            raise ValueError(f"invalid noise: {noise!r} (expected 'block' or 'exact')")
+        check_choice("noise", noise, ("block", "exact"))
         (self.theta,) = state.params.values()
         layout = state.layout
         if len(layout.shapes[0]) != 1 or self.theta.shape != (*layout.batch_shape, layout.size):
@@ -153,7 +128,7 @@ class BlockRunner:
         step0: int,
         count: int,
     ) -> None:
-        """``count`` steps of :func:`sgrld.core.sampler.sgrld_step` on pre-drawn noise."""
+        """``count`` steps of the engine's body on pre-drawn noise."""
         metric, layout = self.sampler.metric, self.state.layout
         lr, sigma = self.sampler.lr, self.sigma
         for b in range(count):
@@ -209,7 +184,7 @@ class BlockRunner:
                 self._xi[b].normal_(generator=self.state.generator)
 
     def _philox_rows(self, xi: Tensor) -> Tensor:
-        """A ``(*batch, D)`` noise row as the (chains, rows, width) blocks Philox fills."""
+        """A ``(*batch, D)`` noise row as the (chains, rows, width) Philox blocks."""
         width = values_per_counter(xi.dtype)
         chains = math.prod(self.state.layout.batch_shape)
         size = self.state.layout.size
@@ -222,10 +197,8 @@ class BlockRunner:
     def run(self, steps: int, on_chunk: Callable[[int, Tensor], None]) -> None:
         """Take ``steps`` steps; after each chunk call ``on_chunk(first_step_index, iterates)``.
 
-        A chunk is ``chunk`` steps (the last one may be shorter): its noise is drawn up front,
-        then it runs as consecutive compiled blocks. ``iterates`` has shape ``(count, K, D)`` and
-        is overwritten by the next chunk: copy what you keep. The first two blocks compile
-        (timed in ``compile_seconds``); a final partial block runs eagerly (same code).
+        ``iterates`` ``(count, K, D)`` is overwritten by the next chunk: copy what you keep. The
+        first two blocks compile (timed in ``compile_seconds``); a final partial block runs eagerly.
         """
         done = 0
         while done < steps:
@@ -284,17 +257,12 @@ def _compiling() -> Iterator[None]:
 
 
 def _drop_cshim_note(record: logging.LogRecord) -> bool:
-    """Inductor logs, once per call site, that ``eigh`` (Shampoo's root) has no C shim and
-    falls back to its proxy executor: a correct path, not something to show a user."""
+    """Drop inductor's note that ``eigh`` has no C shim (a correct fallback)."""
     return "missing a c-shim implementation" not in record.getMessage()
 
 
 def _dynamic_step() -> contextlib.AbstractContextManager[None]:
-    """Compile with the step counter ``step0`` symbolic from the start (one graph, not two).
-
-    ``torch.compiler.config.dynamic_sources`` is recent; without it dynamo specialises on the
-    first value and recompiles once with a symbolic step.
-    """
+    """Compile with ``step0`` symbolic from the start, where torch can (one graph)."""
     config = getattr(torch.compiler, "config", None)
     if config is not None and hasattr(config, "dynamic_sources"):
         patch: contextlib.AbstractContextManager[None] = config.patch(dynamic_sources="L['step0']")

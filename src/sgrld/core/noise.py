@@ -1,33 +1,17 @@
-"""Sources of the Gaussian noise ξ ~ N(0, I) of the SGRLD step.
+"""Sources of the Gaussian noise ξ ~ N(0, I) of the SGRLD step (``docs/performance.md``).
 
-``"torch"`` (default): ``Tensor.normal_(generator=...)``. On CPU this is torch's Mersenne
-Twister, single-threaded, and for a 478k-parameter MLP it costs about as much as a forward and
-backward pass (``docs/performance.md``): the floor of every sampler's step.
-
-``"philox"``: the counter-based Philox4x32-10 generator (Salmon et al., SC'11; the generator of
-cuRAND, JAX and torch's CUDA backend) with a Box–Muller transform, as one ``torch.compile``d
-elementwise kernel that fuses the transform. ξ is a pure function of (key, step, index): the key
-is the chain's own (``SamplerState.keys``, one per chain, drawn from the sampler's generator at
-``init`` or set from per-chain seeds), the counter is the element's row in the chain's buffer and
-the step count. Hence: no generator state to advance (a step can be captured in a CUDA graph or
-traced by ``torch.compile`` without a graph break), chain k's noise does not depend on how many
-chains run beside it, a block of steps draws exactly what the steps one by one draw, and resume
-is exact. The first call compiles (seconds; inductor caches it on disk). Without a working
-compiler it runs the same arithmetic eagerly (correct but slow) after a warning. Whether it is
-faster than ``"torch"`` depends on the machine: measure (``benchmarks/step_time.py``).
-
-The same integers are computed in one of two lane widths, chosen by the CPU (every result is
-bit-identical; ``tests/test_noise.py``): 32-bit words in int64 lanes, whose 32×32→64-bit products
-are two int64 products of 16-bit halves, where ATen's CPU capability is AVX-512 (native 64-bit
-lane products) or the device is not a CPU; in int32 lanes (:func:`_mulhilo32`: four int32
-products of signed 16-bit digits) elsewhere, since AVX2 multiplies int64 lanes one at a time.
-No intermediate overflows in either (no signed wrap-around is relied upon; only ``<<`` drops the
-bits above 32, which C++20 and torch define).
+``"torch"`` (default): ``Tensor.normal_(generator=...)``. ``"philox"``: the counter-based
+Philox4x32-10 generator (Salmon et al., SC'11) with Box–Muller, one ``torch.compile``d kernel
+(eager after a warning without a compiler). ξ is a pure function of (the chain's key, step,
+index): no generator state (a step can be captured or traced), a chain's noise does not depend
+on the chains beside it, and resume is exact. The words are computed in int64 lanes, or in
+int32 lanes on CPUs without AVX-512 (:func:`_mulhilo32`), bit-identically.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -77,9 +61,8 @@ def _mulhilo32(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """(high, low) words of a·m for a uint32 ``a`` held in int32 lanes (its bits; so are the
     results) and Philox's multipliers m (2³¹ ≤ m < 2³², digits |h| < 2¹⁴, |l| < 2¹⁵).
 
-    With a = a₁·2¹⁶ + a₀ (0 ≤ aᵢ < 2¹⁶) and m = h·2¹⁶ + l + 2³²: every product aᵢ·d is below
-    2³¹ in magnitude (a·h below 2³⁰), every sum below 2³⁰ + 2¹⁷, and
-    a·m = (p00 mod 2¹⁶) + 2¹⁶·(r mod 2¹⁶) + 2³²·s + 2⁴⁸·a₁ with r, s as below.
+    With a = a₁·2¹⁶ + a₀ and m = h·2¹⁶ + l + 2³² every product and sum stays below 2³¹ in
+    magnitude, and a·m = (p00 mod 2¹⁶) + 2¹⁶·(r mod 2¹⁶) + 2³²·s + 2⁴⁸·a₁.
     """
     high, low = _digits(m)
     assert high > -0x4000 and -0x8000 < low < 0x8000
@@ -106,9 +89,9 @@ def philox4x32(
     *,
     int32_lanes: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Philox4x32-10 of the counter (c0..c3) under the key (k0, k1), all int64 words in
-    [0, 2³²); the result's words are int64 too, or (``int32_lanes``) the int32 holding their
-    bits, computed in int32 lanes (the key schedule stays in int64: one value per chain)."""
+    """Philox4x32-10 of the counter (c0..c3) under the key (k0, k1), int64 words in [0, 2³²); the
+    result's words are int64 too, or (``int32_lanes``) int32 holding their bits.
+    """
     mulhilo = _mulhilo32 if int32_lanes else _mulhilo
     if int32_lanes:
         c0, c1, c2, c3 = (_to_int32(c) for c in (c0, c1, c2, c3))
@@ -136,11 +119,8 @@ def values_per_counter(dtype: torch.dtype) -> int:
 def _philox_normal(
     key: Tensor, out: Tensor, first_row: int = 0, step: Tensor | None = None
 ) -> None:
-    """Fill ``out`` of shape (..., n, values_per_counter) with N(0, 1); row i from counter i.
-
-    ``key`` is (..., 2) int64 (one key per leading index, e.g. per chain), ``step`` a 0-d int64
-    tensor that fills the counter's two high words (``None``: 0). ``first_row`` shifts the
-    counters (rows ``first_row``… of a larger buffer; for tests).
+    """Fill ``out`` (..., n, values_per_counter) with N(0, 1) under ``key`` (..., 2) at ``step``
+    (0-d int64, the counter's high words; None: 0), row i from counter ``first_row`` + i.
     """
     index = torch.arange(out.shape[-2], dtype=torch.int64, device=out.device) + first_row
     out.copy_(_normals(key, index, step, out.dtype))
@@ -149,16 +129,14 @@ def _philox_normal(
 def _philox_normal_at(
     key: Tensor, out: Tensor, counters: Tensor, picks: Tensor, step: Tensor
 ) -> None:
-    """Fill the 1-d ``out`` with chosen normals of the ``counters`` (int64, (r,)): value j of
-    ``out`` is value ``picks[j]`` of the flattened (r, width) normals — the same arithmetic as
-    :func:`_philox_normal` (a shard's noise: :class:`NoiseBuffer`). ``key`` is (1, 2)."""
+    """Fill the 1-d ``out`` with value ``picks[j]`` of the flattened normals of ``counters`` (a
+    shard's noise: :class:`NoiseBuffer`); ``key`` is (1, 2)."""
     values = _normals(key, counters, step, out.dtype).reshape(-1)
     out.copy_(values.index_select(0, picks))
 
 
 def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """The normals of the counters ``index`` (n,) under ``key`` (..., 2) at ``step``:
-    shape (..., n, values_per_counter)."""
+    """The normals of counters ``index`` (n,) under ``key`` (..., 2): (..., n, width)."""
     zero = torch.zeros_like(index)
     t_lo = zero if step is None else zero + (step & _MASK32)
     t_hi = zero if step is None else zero + (step >> 32)
@@ -185,9 +163,9 @@ def _normals(key: Tensor, index: Tensor, step: Tensor | None, dtype: torch.dtype
 def philox_normals(
     shape: tuple[int, ...], dtype: torch.dtype, keys: Tensor, step: Tensor
 ) -> Tensor:
-    """A new layout-shaped (*batch, D) tensor of the numbers :class:`NoiseBuffer` draws with
-    ``keys`` (*batch, 2) at ``step``: the same counters, for a traced step that fuses the draw
-    with what reads it (``compile=True``: :mod:`sgrld.core.compiled`)."""
+    """A new (*batch, D) tensor of the numbers :class:`NoiseBuffer` draws with ``keys`` at ``step``,
+    for a traced step that fuses the draw (``compile=True``: :mod:`sgrld.core.compiled`).
+    """
     numel = shape[-1]
     width = values_per_counter(dtype)
     rows = -(-numel // width)
@@ -206,93 +184,69 @@ def _kernel(fn: Callable[..., None] = _philox_normal) -> Callable[..., None]:
     return _compiled[fn]
 
 
-#: Recompiles the kernel may need in one process. Even with ``dynamic=True`` dynamo compiles
-#: once per dtype and specialises every dimension of size 1 (one chain, one counter): a process
-#: with float32, float64 and bfloat16 groups, one and several chains, reaches torch's default
-#: of 8, after which the kernel would fall back to its eager arithmetic for good.
+#: Recompiles the kernel may need in one process (one per dtype and size-1 dimension, even with
+#: ``dynamic=True``): torch's default of 8 would leave it eager for good.
 RECOMPILE_LIMIT = 64
 
 
 @contextlib.contextmanager
 def _kernel_context() -> Iterator[None]:
-    """The kernel's call: quiet, no autograd, one default dtype, room for its recompiles."""
+    """The kernel's call: quiet, no autograd, room to recompile, float32 default dtype."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     limit = max(getattr(config, name), RECOMPILE_LIMIT)
-    with quiet_compile(), torch.no_grad(), _float32_default(), config.patch({name: limit}):
-        yield
-
-
-@contextlib.contextmanager
-def _float32_default() -> Iterator[None]:
-    """Call the kernel under one default dtype: dynamo guards on it, so a caller that runs in
-    float64 by default (``torch.set_default_dtype``) would otherwise compile it once more; its
-    arithmetic names every dtype, so the numbers do not depend on it."""
     previous = torch.get_default_dtype()
-    if previous == torch.float32:
-        yield
-        return
     torch.set_default_dtype(torch.float32)
     try:
-        yield
+        with quiet_compile(), torch.no_grad(), config.patch({name: limit}):
+            yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def _compiled_call(kernel: Callable[[], Callable[..., None]], *args: object) -> bool:
+    """Run the compiled ``kernel()``; ``False`` (warned once) where compiling fails."""
+    global _compile_failed
+    if _compile_failed or torch.compiler.is_compiling():
+        return False
+    try:
+        with _kernel_context():
+            kernel()(*args)
+        return True
+    except Exception as exc:
+        _compile_failed = True
+        warnings.warn(
+            f"sgrld: compiling the Philox noise kernel failed ({failure_reason(exc)}); "
+            "drawing it eagerly, which is much slower than noise='torch'",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return False
 
 
 def philox_normal_(
     blocks: Tensor, key: Tensor, step: Tensor | None = None, *, compile: bool = True
 ) -> None:
     """Fill ``blocks`` (..., n, values_per_counter) with N(0, 1) under ``key`` (..., 2) at
-    ``step`` (see :func:`_philox_normal`)."""
-    global _compile_failed
-    if torch.compiler.is_compiling():  # inside a traced step: trace the arithmetic itself
-        _philox_normal(key, blocks, 0, step)
-        return
-    if compile and not _compile_failed:
-        # One input form for the one compiled kernel — blocks (chains, n, width), keys
-        # (chains, 2), a 0-d step, grad mode off — so that dtype and device, not the callers'
-        # ranks, a missing step or their grad mode, make it recompile: far below dynamo's limit.
-        # detached: the same storage, but no view of the caller's buffer, whose base's layout
-        # dynamo would otherwise guard on (one recompile per kind of caller)
+    ``step`` (see :func:`_philox_normal`); inside a traced step the arithmetic is traced."""
+    if compile and not torch.compiler.is_compiling():
+        # One input form for the one compiled kernel (blocks (chains, n, width) detached from
+        # the caller's buffer, keys (chains, 2), a 0-d step): only dtype and device recompile.
         blocks3 = blocks.view(-1, *blocks.shape[-2:]).detach()
-        keys2 = key.reshape(-1, 2)
         steps = torch.zeros((), dtype=torch.int64, device=blocks.device) if step is None else step
-        try:
-            with _kernel_context():
-                _kernel()(keys2, blocks3, 0, steps)
+        if _compiled_call(_kernel, key.reshape(-1, 2), blocks3, 0, steps):
             return
-        except Exception as exc:  # no C++ toolchain, unsupported backend, ...
-            _compile_failed = True
-            warnings.warn(
-                f"sgrld: compiling the Philox noise kernel failed ({failure_reason(exc)}); "
-                "drawing it eagerly, which is much slower than noise='torch'",
-                RuntimeWarning,
-                stacklevel=3,
-            )
     _philox_normal(key, blocks, 0, step)
 
 
 def philox_normal_at_(
     flat: Tensor, key: Tensor, counters: Tensor, picks: Tensor, step: Tensor
 ) -> None:
-    """:func:`_philox_normal_at`, compiled as :func:`philox_normal_` is (eagerly without a
-    compiler, after its warning)."""
-    global _compile_failed
-    if not _compile_failed and not torch.compiler.is_compiling():
-        try:
-            with _kernel_context():
-                args = (counters, picks, step)
-                _kernel(_philox_normal_at)(key.reshape(1, 2), flat.detach(), *args)
-            return
-        except Exception as exc:  # as in philox_normal_
-            _compile_failed = True
-            warnings.warn(
-                f"sgrld: compiling the Philox noise kernel failed ({failure_reason(exc)}); "
-                "drawing it eagerly, which is much slower",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    _philox_normal_at(key.reshape(1, 2), flat, counters, picks, step)
+    """:func:`_philox_normal_at`, compiled as :func:`philox_normal_` is."""
+    key = key.reshape(1, 2)
+    kernel = functools.partial(_kernel, _philox_normal_at)
+    if not _compiled_call(kernel, key, flat.detach(), counters, picks, step):
+        _philox_normal_at(key, flat, counters, picks, step)
 
 
 def keys_from_generator(
@@ -317,9 +271,8 @@ def keys_from_seeds(seeds: Tensor | list[int], device: torch.device) -> Tensor:
 class NoiseBuffer:
     """The flat noise buffer of a layout, padded per chain so that Philox fills whole counters.
 
-    ``flat`` has the layout's shape (*batch, D) and is what the metric sees; ``blocks`` views the
-    same storage as (chains, n, values_per_counter), one row range per chain, so that chain k's
-    counters (and numbers) do not depend on how many chains share the buffer.
+    ``flat`` (*batch, D) is what the metric sees; ``blocks`` views the same storage as
+    (chains, n, values_per_counter), one row range per chain.
     """
 
     def __init__(
@@ -364,11 +317,9 @@ class NoiseBuffer:
         keys: Tensor | None = None,
         step: Tensor | None = None,
     ) -> Tensor:
-        """Fill with fresh N(0, I) and return the layout-shaped buffer.
-
-        ``"torch"`` draws from ``generator``; ``"philox"`` is a function of the chains' ``keys``
-        (*batch, 2) and the ``step`` count (0-d int64 tensor).
-        """
+        """Fill with fresh N(0, I) and return the layout-shaped buffer: from ``generator``
+        (``"torch"``) or from the chains' ``keys`` (*batch, 2) and the ``step`` (0-d int64 tensor,
+        ``"philox"``)."""
         if source == "torch":
             if self.picks is not None:
                 raise ValueError(

@@ -1,28 +1,8 @@
-"""A group's sampler state as ``torch.optim`` keeps state: one dict of tensors per parameter.
-
-The engine steps a group through flat ``(D,)`` buffers (:mod:`sgrld.core.layout`); the facade
-publishes *views* of those buffers in ``optimizer.state[p]``, so that torch's tools
-(``state_dict``, ``torch.distributed.checkpoint``, Lightning, FSDP) see every tensor a step
-depends on, in torch's layout, with no copy per step. Loading goes the other way: a dict of
-per-parameter tensors is validated against a fresh state and copied into its flat buffers.
-
-Where each statistic goes (its kind, :mod:`sgrld.core.contract`):
-
-* ``"element"`` (one entry per parameter element): a parameter-shaped view, in every parameter;
-* ``"tensor"`` (one entry per parameter tensor): a 0-d view, in every parameter;
-* :class:`~sgrld.core.contract.PerTensor` (belongs to one tensor, e.g. Shampoo's factors): its
-  ``stat`` in that parameter's dict;
-* ``"global"`` (shared by the group, e.g. Monge's ‖m‖² with ``scope="global"``): the group's
-  first parameter.
-
-Sharded parameters (FSDP2, :mod:`sgrld.core.shards`): a per-element statistic is published as
-a DTensor of the parameter's global shape and placement over the rank's shard, so that
-``torch.distributed.checkpoint`` saves it and loads it on another number of ranks as it does the
-parameter; everything else is the same on every rank (sums are taken over the mesh), except
-Shampoo's factors, which are the rank's own blocks' (:func:`shard_key`).
-
-Besides the statistics every parameter holds ``step`` (a view of the group's step count) and the
-group's first parameter ``noise_key`` (the Philox key) and ``check_flags`` (deferred checks).
+"""A group's sampler state as ``torch.optim`` keeps state: per parameter, views of the engine's
+flat buffers (``"element"`` statistics parameter-shaped, ``"tensor"`` ones 0-d, a PerTensor one
+in its parameter, ``"global"`` ones and the noise key and check flags on the first), DTensors of
+the global shape under FSDP2 (Shampoo's factors: the rank's own, :func:`shard_key`); loading
+validates dicts against a fresh state before copying them in.
 """
 
 from __future__ import annotations
@@ -41,7 +21,6 @@ from sgrld.core.state import SamplerState
 STEP, NOISE_KEY, CHECK_FLAGS, GENERATOR = "step", "noise_key", "check_flags", "generator"
 #: a low-precision parameter's master copy (:mod:`sgrld.core.precision`)
 MASTER = "master"
-GROUP_ENTRIES = (NOISE_KEY, CHECK_FLAGS)
 
 
 def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
@@ -76,16 +55,14 @@ def publish(metric: Metric, state: SamplerState) -> list[dict[str, Tensor]]:
 
 
 def shard_key(stat: str, shards: ShardSpec) -> str:
-    """The name of a per-tensor statistic of one rank's shard (Shampoo's factors of the blocks
-    that rank holds): each rank's factors are its own (no global view reshards them), so they
-    are saved under names of their own, rank and world size in the name; a checkpoint of W
-    ranks then loads on W ranks, and on W′ ≠ W ranks the names are not found."""
+    """The name of a per-tensor statistic of one rank's shard (rank and world size in the name: a
+    checkpoint of W ranks loads on W ranks only).
+    """
     return f"{stat}#shard{shards.rank}of{shards.world}"
 
 
 def _shard_of(value: Tensor, target: Tensor) -> Tensor:
-    """The part of ``value`` (a global view, or a whole tensor) that the sharded ``target``
-    holds on this rank."""
+    """The part of ``value`` (global view or whole tensor) the sharded ``target`` holds here."""
     if is_sharded(value):
         if tuple(value.placements) == tuple(target.placements):  # type: ignore[attr-defined]
             return local(value)
@@ -103,13 +80,12 @@ def plan_load(
     extra: tuple[str, ...] = (),
     optional: tuple[str, ...] = (),
 ) -> list[tuple[Tensor, Tensor]]:
-    """Validate ``saved`` per-parameter dicts against ``mine`` (:func:`publish` of a fresh
-    state) and return the ``(target, value)`` copies that load them; changes nothing.
+    """Validate ``saved`` per-parameter dicts against ``mine`` (:func:`publish` of a fresh state)
+    and return the ``(target, value)`` copies that load them; changes nothing.
 
-    Keys must match exactly (``extra`` keys of the first parameter are allowed and skipped,
-    ``optional`` ones may be missing: e.g. a master copy, then kept as it is), shapes too;
-    floating-point statistics are cast to the parameter's dtype and device, as torch.optim
-    does, and must be finite; integer entries (step, key, flags) must be integers.
+    ``extra`` keys of the first parameter are allowed and skipped, ``optional`` ones may be missing
+    (a master copy, then kept); shapes must match; floating-point values are cast as torch.optim
+    does and must be finite; integer entries must be integers.
     """
     copies: list[tuple[Tensor, Tensor]] = []
     for i, (entry, got, name) in enumerate(zip(mine, saved, names, strict=True)):

@@ -1,21 +1,9 @@
-"""Low-precision parameters (bfloat16, float16): a chain that keeps its moves.
+"""Low-precision parameters (bfloat16, float16): a chain that keeps its moves
+(``docs/precision.md``).
 
-bfloat16 keeps 8 significant bits. A Langevin move whose drift and noise are below half a unit
-in the last place (ulp) of θ is rounded away to nearest: the drift is lost first (it is the
-smaller term near the mode), the noise partly kept, and the chain becomes a random walk with the
-wrong variance — silently (measured in ``docs/precision.md``). Two remedies:
-
-* ``"master"`` (the default): the chain lives in a copy of the parameters in ``master_dtype``
-  (float32), held in the optimizer state; the parameter is its image rounded to nearest, which
-  the model's forward pass sees. Statistics are kept in the master dtype too.
-* ``"stochastic"``: no copy; each move is computed in ``master_dtype`` and written back with
-  unbiased stochastic rounding (E[round(x)] = x), its uniforms drawn by the counter-based
-  generator under a key derived from the chain's, so the step stays reproducible and capturable.
-  Unbiased is not exact: the rounding adds variance of up to ulp²/4 per step, which matters when
-  the Langevin noise per step is smaller than an ulp (``docs/precision.md``).
-
-``"nearest"`` is plain arithmetic in the parameter's dtype, the behaviour of torch's optimizers;
-it warns, as moves below half an ulp are lost.
+Moves below half an ulp are rounded away, silently. ``"master"`` steps a ``master_dtype`` copy
+(the parameter its rounded image); ``"stochastic"`` rounds each move without bias, from
+counter-based uniforms (reproducible, capturable); ``"nearest"`` is plain arithmetic, and warns.
 """
 
 from __future__ import annotations
@@ -53,9 +41,9 @@ def check_low_precision(mode: str, master_dtype: object) -> None:
 
 
 def stochastic_round_(out: Tensor, x: Tensor, uniform: Tensor) -> None:
-    """``out`` ← x rounded to ``out``'s dtype up or down, up with probability equal to x's
-    distance from the lower neighbour over the gap: E[out] = x. ``uniform`` ~ U(0, 1) of x's
-    shape."""
+    """``out`` ← x rounded to ``out``'s dtype up with probability (x − lower)/gap, else down:
+    E[out] = x. ``uniform`` ~ U(0, 1) of x's shape.
+    """
     near = x.to(out.dtype)
     near_x = near.to(x.dtype)
     towards = torch.where(near_x < x, torch.inf, -torch.inf).to(out.dtype)
@@ -66,8 +54,9 @@ def stochastic_round_(out: Tensor, x: Tensor, uniform: Tensor) -> None:
 
 
 class Rounding:
-    """The uniforms of stochastic rounding for one group's flat layout (a scratch buffer);
-    sharded, each shard's at its elements' global indices (:mod:`sgrld.core.shards`)."""
+    """The uniforms of stochastic rounding for one group's flat layout (sharded: at global
+    indices).
+    """
 
     def __init__(
         self,
@@ -92,15 +81,10 @@ class Rounding:
 class StandIns:
     """The tensors a group's step moves in place of its parameters, and the way back.
 
-    A parameter is stood in for when it is of low precision (a ``master_dtype`` copy, kept
-    across steps in ``"master"`` mode, refilled each step in ``"stochastic"`` mode) or when it
-    has an element mask (only the selected elements, a 1-d tensor: the others stay fixed bit for
-    bit, and the metric acts on the selected ones only). Others are their own stand-ins.
-
-    Sharded parameters (FSDP2's DTensors) get sharded stand-ins: DTensors of the same mesh and
-    placement whose shards are the parameter's shard in ``master_dtype``, so that the group's
-    layout (:class:`~sgrld.core.shards.ShardSpec`) and its noise at global indices are those of
-    the one-process chain; every copy in and out is of the rank's shard alone.
+    A low-precision parameter's is a ``master_dtype`` copy (kept in ``"master"`` mode, refilled each
+    step in ``"stochastic"`` mode); a masked one's its selected elements (1-d; the others stay fixed
+    bit for bit). Sharded parameters get DTensor stand-ins of the same mesh and placement, so the
+    layout and the noise at global indices are the one-process chain's.
     """
 
     def __init__(
@@ -157,9 +141,8 @@ class StandIns:
         return self.work if self.low and self.mode == "master" else None
 
     def pull(self) -> None:
-        """Before a step: masters keep their elements unless the parameter no longer is their
-        rounded image (the user assigned it, e.g. loaded weights); scratch is refilled. No host
-        read."""
+        """Before a step: masters keep their elements unless the parameter is no longer their
+        rounded image (the user assigned it); scratch is refilled. No host read."""
         for p, m, w in zip(self.params, self.masks, self.work, strict=True):
             values, w = local(self._values(p, m)), local(w)
             if self.masters is not None:
@@ -176,7 +159,8 @@ class StandIns:
 
     def push(self, keys: Tensor, step: Tensor) -> None:
         """After a step: write the stand-ins into the parameters (rounded to nearest, or
-        stochastically under the chain's derived key at this step)."""
+        stochastically).
+        """
         uniforms = None if self.rounding is None else self.rounding.uniforms(keys, step)
         offset = 0
         for p, m, w in zip(self.params, self.masks, self.work, strict=True):
@@ -200,9 +184,8 @@ def _rows(mask: Tensor, p: Tensor) -> Tensor:
 
 
 def _masked_spec(params: Sequence[Tensor], masks: Sequence[Tensor | None]) -> ShardSpec:
-    """Where each rank's stand-ins lie in the one-process stand-ins' flat buffer: a masked
-    parameter's one-process stand-in is its selected elements in row-major order, so a shard's
-    selected elements are one run of it, starting at the count selected in the rows before."""
+    """Where each rank's stand-ins lie in the one-process stand-ins' buffer: a masked shard's
+    selected elements are one run, starting at the count selected in the rows before."""
     names = [str(i) for i in range(len(params))]
     base = ShardSpec.of(names, params)
     assert base is not None

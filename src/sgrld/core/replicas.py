@@ -1,12 +1,5 @@
-"""Data-parallel chains: one chain whose replicas on every rank must move identically.
-
-Under ``DistributedDataParallel`` every rank holds the whole model and the gradients are
-all-reduced, so each rank's optimizer computes the same move — provided every rank draws the
-same noise. Ranks seeded differently would each add their own ξ: the replicas drift apart and
-nothing averages them into a correct chain. :func:`check_same_noise` compares, across the
-ranks, everything the noise depends on (the groups' keys and the generator's state), once.
-Under FSDP2 the ranks hold shards of one chain (:mod:`sgrld.core.shards`), and the same check
-makes sure that they draw one chain's noise.
+"""Data-parallel chains: under DDP (or FSDP2's shards of one chain) every rank must draw the same
+noise, else the replicas drift apart; :func:`check_same_noise` compares it once.
 """
 
 from __future__ import annotations
@@ -25,8 +18,8 @@ def world() -> tuple[int, int]:
 
 
 def check_same_noise(fingerprint: Tensor) -> None:
-    """Refuse, on every rank alike, unless every rank's ``fingerprint`` (an int64 vector of what
-    the noise depends on) equals rank 0's. One all-gather; nothing with a single process."""
+    """Refuse, on every rank alike, unless every rank's ``fingerprint`` (int64, what the noise
+    depends on) equals rank 0's: one all-gather; nothing with a single process."""
     import torch.distributed as dist
 
     _, size = world()

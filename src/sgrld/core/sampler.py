@@ -1,8 +1,5 @@
-"""Functional core: ``build(metric, ...)`` → ``init(params) -> state``, ``step(state, grads)``.
-
-A step is :func:`sgrld.core.engine.advance`, the one step engine that :mod:`sgrld.optim` (the
-``torch.optim`` facade) also calls. Conventions (ℓ, n, τ, h, signs) are in
-``docs/conventions.md``.
+"""Functional core: ``build(metric, ...)`` → ``init(params) -> state``, ``step(state, grads)``,
+each step :func:`sgrld.core.engine.advance` (``docs/conventions.md``).
 """
 
 from __future__ import annotations
@@ -45,11 +42,8 @@ def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: f
 
 
 def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
-    """A tensor ℓ: floating point, 0-d or one per chain, every entry >= 0 (read once here; ℓ = 0
-    is a step that moves nothing, as in torch.optim, e.g. the start of a warm-up schedule).
-
-    ``num_chains``: the state's chain count (``None``: a single chain, so ℓ must be 0-d);
-    ``True``: not known yet (a 1-d ℓ is accepted and checked at ``init``).
+    """A tensor ℓ: floating point, 0-d or one per chain (``num_chains``; ``None``: one chain, 0-d
+    only; ``True``: not known yet), every entry >= 0 (ℓ = 0 moves nothing, as in torch.optim).
     """
     if not lr.is_floating_point():
         raise ValueError(f"invalid lr: a {lr.dtype} tensor (expected a floating-point tensor)")
@@ -72,17 +66,12 @@ def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
 class Sampler:
     """A configured SGRLD sampler: the functional API (blackjax / posteriors style).
 
-    ``lr`` is a float, a 0-d tensor or (for K chains) a ``(K,)`` tensor of per-chain step sizes;
+    ``lr`` is a float, a 0-d tensor or a ``(K,)`` tensor of per-chain step sizes;
     ``check_finite``/``sync_checks`` choose how NaN/Inf gradients are caught
-    (:mod:`sgrld.core.engine`); ``capturable=True`` makes every step free of host reads and
-    Python-side randomness, so that it can be captured in a CUDA graph or traced by
-    ``torch.compile`` without a graph break (it needs ``noise="philox"``, the counter-based
-    source; while a step is traced or captured, a due Shampoo refresh is left to
-    :meth:`refresh_if_due` on the host, while eager steps refresh themselves as usual).
-    ``adapt_until`` (:mod:`sgrld.core.warmup`): the metric adapts during the first
-    ``adapt_until`` steps of a state (1,000 by default), then G is frozen, so that the chain
-    samples the posterior; ``None`` adapts at every step (the paper's protocol, which biases the
-    stationary law: ``docs/posterior.md``).
+    (:mod:`sgrld.core.engine`); ``capturable=True`` (needs ``noise="philox"``) makes every step
+    free of host reads for CUDA graphs and ``torch.compile``, leaving a due Shampoo refresh of a
+    traced step to :meth:`refresh_if_due`; the metric adapts for the first ``adapt_until`` steps,
+    then G is frozen (:mod:`sgrld.core.warmup`; ``None``: always, the paper's biased protocol).
 
     Examples:
         >>> import torch, sgrld
@@ -125,12 +114,9 @@ class Sampler:
         generator: torch.Generator | None = None,
         seeds: Sequence[int] | None = None,
     ) -> SamplerState:
-        """Initial state. With ``num_chains=K`` every tensor carries K chains in a leading dim.
-
-        The parameters are used (and later updated) in place, not copied. ``seeds`` (one per
-        chain, or one for a single chain) set the chains' Philox keys (``noise="philox"``):
-        chain k's noise then depends on its seed alone, not on K or its position.
-        """
+        """Initial state, using the parameters in place. With ``num_chains=K`` every tensor carries
+        K chains in a leading dim; ``seeds`` (one per chain) set the chains' Philox keys, so that
+        chain k's noise depends on its seed alone."""
         if not params:
             raise ValueError("params is empty")
         if num_chains is not None and (
@@ -172,14 +158,11 @@ class Sampler:
         adapt: bool = True,
         telemetry: Tensor | None = None,
     ) -> SamplerState:
-        """Advance ``state`` by one step given the gradients of the per-datum potential.
+        """Advance ``state`` by one step given ĝ = ∇u_B by parameter name (missing or ``None``:
+        skipped).
 
-        ``grads`` maps parameter names to ĝ = ∇u_B (see ``docs/conventions.md``); a missing name
-        or ``None`` skips that parameter. With ``inplace=False`` the input state is left
-        untouched and a new one is returned; ``adapt=False`` freezes the metric for this step
-        (after the warm-up, ``state.step >= adapt_until``, it is frozen anyway); ``telemetry``: a
-        float64 ``(*batch, 4)`` accumulator of per-step figures
-        (:func:`sgrld.core.engine.record_telemetry`).
+        ``inplace=False`` returns a new state; ``adapt=False`` freezes the metric for this step;
+        ``telemetry``: a :func:`sgrld.core.engine.record_telemetry` accumulator.
         """
         if not isinstance(grads, Mapping):
             raise TypeError(
@@ -219,13 +202,10 @@ class Sampler:
         adapt: bool = True,
         callback: Callable[[SamplerState], None] | None = None,
     ) -> SamplerState:
-        """Take ``num_steps`` steps in place, ĝ = ``grad_fn(state.params)`` at each.
-
-        Every option of the sampler applies as in :meth:`step` (it is the same engine);
-        ``callback(state)`` runs after each step (e.g. to keep samples). Deferred checks are
-        read once at the end. For long runs of tiny single-tensor problems see
-        :class:`sgrld.core.multistep.BlockRunner` (compiled blocks of steps).
-        """
+        """Take ``num_steps`` steps in place, ĝ = ``grad_fn(state.params)`` at each, as
+        :meth:`step`; ``callback(state)`` runs after each step; deferred checks are read once at the
+        end. For long runs of tiny single-tensor problems see
+        :class:`sgrld.core.multistep.BlockRunner`."""
         if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
             raise ValueError(f"invalid num_steps: {num_steps!r} (expected an integer >= 0)")
         for _ in range(num_steps):

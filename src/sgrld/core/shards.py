@@ -1,28 +1,13 @@
-"""Sharded parameters (FSDP2's DTensors): one chain whose elements are spread over the ranks.
-
-Under ``torch.distributed.fsdp.fully_shard`` every parameter is a DTensor split along dim 0
-(``Shard(0)``) over a one-dimensional device mesh; each rank steps its own rows. The chain is
-the one-process chain exactly when
-
-* every elementwise operation runs on the local shard (the engine's flat buffers hold the
-  shards of the group's tensors back to back),
-* every sum over the parameters (Monge's ⟨m, ·⟩ and ‖m‖², Wenzel's mean g² per tensor, the
-  finite check) is summed over the mesh: :meth:`ShardSpec.sum_`, one ``all_reduce`` of a small
-  vector,
-* element i of the one-process group's flat buffer gets the same ξ on whichever rank holds it:
-  the counter-based noise (:mod:`sgrld.core.noise`) is drawn at each shard's *global* flat
-  index (:attr:`ShardSpec.starts`).
-
-:class:`ShardSpec` is that mapping for one parameter group, attached to its
-:class:`~sgrld.core.layout.FlatLayout`. Rows are split as ``torch.chunk`` splits them (FSDP2's
-rule): ⌈n/W⌉ rows per rank, the last ranks fewer or none.
+"""Sharded parameters (FSDP2's DTensors, split along dim 0 as ``torch.chunk``): one chain whose
+elements are spread over the ranks, exactly the one-process chain: elementwise work on the
+local shards, sums over the mesh (:meth:`ShardSpec.sum_`), ξ at global indices.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -37,14 +22,14 @@ def is_sharded(t: object) -> bool:
 
 
 def local(t: Tensor) -> Tensor:
-    """The rank's shard of a DTensor (the same storage: in-place updates reach the parameter);
-    any other tensor as it is."""
+    """The rank's shard of a DTensor (the same storage); any other tensor as it is."""
     return t.to_local() if is_sharded(t) else t  # type: ignore[attr-defined]
 
 
 def rows_of(size: int, world: int, coordinate: int) -> tuple[int, int]:
-    """(first row, row count) of rank ``coordinate``'s shard of ``size`` rows: ``torch.chunk``'s
-    split, FSDP2's (⌈size/world⌉ per rank; the last ranks get fewer, maybe none)."""
+    """(first row, row count) of rank ``coordinate``'s shard of ``size`` rows (``torch.chunk``'s
+    split).
+    """
     chunk = -(-size // world)
     start = min(coordinate * chunk, size)
     return start, min(size, start + chunk) - start
@@ -52,20 +37,16 @@ def rows_of(size: int, world: int, coordinate: int) -> tuple[int, int]:
 
 @runtime_checkable
 class SumsAhead(Protocol):
-    """A metric whose sums over the parameters can be taken before its step runs.
-
-    Under sharding the engine calls :meth:`sums_ahead` once the gradient and ξ are known and
-    before anything changes, and all-reduces its result together with the finite check: one
-    collective per step. The metric's own calls ``layout.sum_(local, name)`` then take the sum
-    named ``name`` instead of sending their own.
+    """A metric whose sums over the parameters can be taken before its step runs: the engine
+    all-reduces them with the finite check (one collective per step), and the metric's
+    ``layout.sum_(local, name)`` then takes the sum named ``name``.
     """
 
     def sums_ahead(
         self, stats: dict[str, Tensor], layout: Any, grad: Tensor, noise: Tensor | None, adapt: bool
     ) -> dict[str, Tensor]:
-        """This rank's shares of the step's sums, by the names the metric passes to ``sum_``,
-        exactly as its ``update`` (if ``adapt``), ``inverse`` and ``inverse_sqrt`` (if ``noise``
-        is drawn) would compute them."""
+        """This rank's shares of the step's sums, by name, as ``update`` (if ``adapt``), ``inverse``
+        and ``inverse_sqrt`` (if ``noise``) would compute them."""
         ...
 
 
@@ -76,9 +57,7 @@ class ShardSpec:
     Attributes:
         names: the parameters' names (for messages).
         full_shapes: the parameters' global shapes.
-        starts: per parameter, the global flat index (in the one-process group's ``(D,)``
-            buffer) of the shard's first element; the shard's elements follow contiguously,
-            since a ``Shard(0)`` shard is a run of whole rows.
+        starts: per parameter, the global flat index of the shard's first element (a run of rows).
         rank: the rank's coordinate in the mesh.
         world: the mesh's size W.
         mesh: the device mesh (its process group carries the sums).
@@ -92,9 +71,8 @@ class ShardSpec:
     world: int
     mesh: Any = field(compare=False, repr=False)
     placements: tuple[Any, ...] = field(compare=False, repr=False)
-    #: parameters whose shards are not ``torch.chunk``'s split of a tensor (a masked
-    #: parameter's selected elements): their per-element state is the rank's own, published
-    #: under :func:`~sgrld.core.param_state.shard_key` rather than as a global view
+    #: parameters whose shards are not ``torch.chunk``'s split (masked ones): their per-element
+    #: state is the rank's own (:func:`~sgrld.core.param_state.shard_key`), not a global view
     uneven: tuple[int, ...] = field(default=(), compare=False)
     #: this step's sums, summed ahead by the engine (:class:`SumsAhead`), by name; consumed
     #: by :meth:`sum_`, emptied at the end of each step
@@ -102,9 +80,8 @@ class ShardSpec:
 
     @staticmethod
     def of(names: Sequence[str], params: Sequence[Tensor]) -> ShardSpec | None:
-        """The spec of a group, ``None`` if no parameter is sharded. Refuses groups mixing
-        sharded and whole parameters, meshes other than one dimension, and placements other
-        than ``Shard(0)`` (tensor parallelism, HSDP), each with the reason."""
+        """The spec of a group, ``None`` if no parameter is sharded; refuses mixed groups, meshes of
+        more than one dimension and placements other than ``Shard(0)``."""
         from torch.distributed.tensor import Shard
 
         sharded = [is_sharded(p) for p in params]
@@ -139,14 +116,9 @@ class ShardSpec:
             full_shapes.append(shape)
             starts.append(offset + first * row)
             offset += math.prod(shape)
+        rank, world = mesh.get_coordinate()[0], mesh.size()
         return ShardSpec(
-            tuple(names),
-            tuple(full_shapes),
-            tuple(starts),
-            mesh.get_coordinate()[0],
-            mesh.size(),
-            mesh,
-            (Shard(0),),
+            tuple(names), tuple(full_shapes), tuple(starts), rank, world, mesh, (Shard(0),)
         )
 
     @property
@@ -154,25 +126,19 @@ class ShardSpec:
         return tuple(math.prod(s) for s in self.full_shapes)
 
     def restrict(self, active: Sequence[int]) -> ShardSpec:
-        """The spec of the parameters ``active`` (a step where only they have gradients); the
-        global indices stay those of the whole group, so the noise does not change."""
-        pick = [self.names[i] for i in active], [self.full_shapes[i] for i in active]
-        return ShardSpec(
-            tuple(pick[0]),
-            tuple(pick[1]),
-            tuple(self.starts[i] for i in active),
-            self.rank,
-            self.world,
-            self.mesh,
-            self.placements,
+        """The spec of the parameters ``active`` (global indices unchanged)."""
+        return replace(
+            self,
+            names=tuple(self.names[i] for i in active),
+            full_shapes=tuple(self.full_shapes[i] for i in active),
+            starts=tuple(self.starts[i] for i in active),
             uneven=tuple(j for j, i in enumerate(active) if i in self.uneven),
+            ahead={},
         )
 
     def sum_(self, partial: Tensor, name: str | None = None) -> Tensor:
-        """Sum ``partial`` (each rank's share of some sums) over the mesh, in place; returns it.
-
-        One ``all_reduce`` of a small vector — unless the engine summed it ahead under ``name``
-        this step (:class:`SumsAhead`): then that sum is taken and nothing is sent."""
+        """Sum ``partial`` over the mesh in place (one ``all_reduce``), unless the engine summed it
+        ahead under ``name`` this step."""
         import torch.distributed as dist
 
         if name is not None and name in self.ahead:
@@ -181,9 +147,9 @@ class ShardSpec:
         return partial
 
     def global_view(self, shard: Tensor, index: int) -> Tensor:
-        """A DTensor of parameter ``index``'s global shape whose shard is ``shard`` (no copy):
-        how per-element state is published, so that ``torch.distributed.checkpoint`` saves
-        and reshards it as it does the parameter."""
+        """A DTensor of parameter ``index``'s global shape over ``shard`` (no copy), so that
+        ``torch.distributed.checkpoint`` saves and reshards per-element state as the parameter.
+        """
         from torch.distributed.tensor import DTensor
 
         shape = self.full_shapes[index]

@@ -37,10 +37,8 @@ class Workspace:
         )
 
     def gather(self, tensors: Sequence[Tensor]) -> Tensor:
-        """Copy the parameter-shaped ``tensors`` into ``grad`` and return it.
-
-        Eagerly one ``_foreach_copy_`` into the cached views: a parallel copy, where ``cat``
-        into a flat ``out`` copies on one thread (75 against 45 µs for 478k float32).
+        """Copy the parameter-shaped ``tensors`` into ``grad`` and return it (eagerly one
+        ``_foreach_copy_``: parallel, where ``cat`` copies on one thread).
         """
         if torch.compiler.is_compiling():  # a traced step: the one cat node inductor fuses
             return self.layout.gather(tensors, self.grad)
@@ -48,8 +46,7 @@ class Workspace:
         return self.grad
 
     def views(self, flat: Tensor) -> list[Tensor]:
-        """``layout.views(flat)``, made once when ``flat`` is one of this workspace's buffers
-        (the metrics return the buffer they were given when they work in place)."""
+        """``layout.views(flat)``, cached for this workspace's own buffers."""
         if torch.compiler.is_compiling():  # a traced step: views are free, the cache is not
             return self.layout.views(flat)
         if flat is self.grad:
@@ -68,19 +65,16 @@ class SamplerState:
     """State of one group of parameters under one sampler.
 
     Attributes:
-        params: the parameters (updated in place by :func:`sgrld.core.sampler.Sampler.step`).
+        params: the parameters (updated in place by :meth:`sgrld.core.sampler.Sampler.step`).
         stats: the metric's statistics (see :mod:`sgrld.core.contract`).
         step: number of steps taken so far (host counter: schedules read it without a sync).
         generator: the random generator that drives ``noise="torch"``.
         layout: the flat layout of ``params``.
-        keys: ``(*batch, 2)`` int64 Philox keys, one per chain (``noise="philox"``; zeros
-            otherwise).
-        device_step: the step count as a 0-d int64 tensor on the parameters' device (what
-            compiled and captured steps read).
-        flags: ``(*batch, 2)`` int64 deferred-check flags per chain: the first step whose
-            gradient was non-finite (0: none) and the index of its first bad tensor.
-        center: the localisation's centre θ₀, one copy of each parameter taken at ``init``
-            (a sampler with ``localization > 0``; ``None`` otherwise).
+        keys: ``(*batch, 2)`` int64 Philox keys, one per chain (zeros unless ``noise="philox"``).
+        device_step: the step count as a 0-d int64 tensor on the parameters' device.
+        flags: ``(*batch, 2)`` int64 deferred-check flags per chain: the first step whose gradient
+            was non-finite (0: none) and the index of its first bad tensor.
+        center: the localisation's centre θ₀, copies of the parameters at ``init`` (or ``None``).
     """
 
     params: dict[str, Tensor]
@@ -121,10 +115,8 @@ class SamplerState:
         return sd
 
     def validate_state_dict(self, sd: Any, label: str = "state dict") -> None:
-        """Refuse ``sd`` unless it fits this state exactly; changes nothing.
-
-        Keys, shapes and dtypes must match, statistics must be finite, ``step`` a non-negative
-        int and ``generator`` a state this generator accepts.
+        """Refuse ``sd`` unless it fits this state exactly (keys, shapes, dtypes, finite statistics,
+        ``step`` an int >= 0, a generator state this generator accepts); changes nothing.
         """
         if not isinstance(sd, dict) or not {"stats", "step", "generator"} <= set(sd):
             raise ValueError(f"{label} is not a sampler state (needs stats, step and generator)")
@@ -161,8 +153,7 @@ class SamplerState:
         check_generator_state(self.generator, sd["generator"], label)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Validate everything (:meth:`validate_state_dict`), then restore in place, keeping
-        existing buffers (and views of them) valid: a refused dict changes nothing."""
+        """Validate everything, then restore in place (buffers and views of them stay valid)."""
         self.validate_state_dict(sd)
         self.apply_state_dict(sd)
 
@@ -182,8 +173,7 @@ class SamplerState:
 
 
 def check_generator_state(generator: torch.Generator, saved: Any, label: str) -> None:
-    """Refuse a saved state that ``generator`` would not accept (tried on a scratch generator of
-    its device, so ``generator`` itself is untouched)."""
+    """Refuse a saved state that ``generator`` would not accept (tried on a scratch one)."""
     probe = torch.Generator(device=generator.device)
     try:
         probe.set_state(saved)

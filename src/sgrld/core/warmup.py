@@ -1,14 +1,6 @@
-"""When a metric adapts: during a warm-up of ``adapt_until`` steps, then never again.
-
-An adaptive metric whose statistics keep following the stochastic gradient makes G a function
-of the recent path of θ, while the step drops Γ (``docs/conventions.md``): the chain then samples
-a different law from the posterior (``docs/posterior.md`` measures by how much). Adapting during
-a warm-up and then freezing G, as Stan and every HMC library adapt their mass matrix, keeps the
-posterior exact up to the discretisation. ``adapt_until=None`` is the paper's protocol: adapt at
-every step.
-
-Every path decides with :func:`adapting` on the host step count, so the facade, the functional
-sampler, :class:`~sgrld.Chains` and the runner freeze G at the same step.
+"""When a metric adapts: during a warm-up of ``adapt_until`` steps, then never again, so that the
+frozen G samples the posterior (adapting throughout, the paper's protocol ``None``, biases it:
+``docs/posterior.md``). Every path decides with :func:`adapting` on the host step count.
 """
 
 from __future__ import annotations
@@ -39,30 +31,25 @@ def check_adapt_until(adapt_until: int | None) -> None:
 
 
 def adapting(steps_taken: int, adapt_until: int | None) -> bool:
-    """Whether the next step (number ``steps_taken + 1``) updates the metric's statistics.
-
-    Steps 1, …, ``adapt_until`` adapt (and a scheduled refresh due at one of them runs, so that
-    Shampoo's roots are last computed at the warm-up's last refresh); later steps use G as it
-    was after step ``adapt_until``. ``adapt_until=0`` never adapts (G stays at its initial value).
-    """
+    """Whether step ``steps_taken + 1`` updates the metric: steps 1, …, ``adapt_until`` do (and
+    their due refreshes run); 0 never adapts."""
     return adapt_until is None or steps_taken < adapt_until
 
 
 def drawn_while_adapting(
     metric: Any, steps_taken: int, adapt_until: int | None, adapt: bool = True
 ) -> bool:
-    """Whether a sample of the chain after ``steps_taken`` steps was drawn while ``metric``
-    still adapted: its last step updated G (G = I has nothing to adapt; ``adapt=False``: the
-    user froze it). The one answer of the optimizer, :class:`~sgrld.Chains` and the runner."""
+    """Whether a sample after ``steps_taken`` steps was drawn while ``metric`` still adapted (G = I
+    has nothing to adapt; ``adapt=False``: frozen by the user).
+    """
     last = steps_taken - 1
     return steps_taken > 0 and adapt and metric.preconditions and adapting(last, adapt_until)
 
 
 def closes_warmup(metric: Any, step: int, adapt_until: int | None) -> bool:
-    """Whether step ``step`` ends the warm-up off the metric's refresh schedule, so that its
-    scheduled part (Shampoo's inverse roots) must be refreshed once more now: else the frozen
-    G would be the one of the last scheduled refresh, or I when the warm-up is shorter than
-    the interval (Shampoo with a 20-step warm-up and roots every 100 steps would be SGLD)."""
+    """Whether step ``step`` ends the warm-up off the refresh schedule, so the scheduled part
+    (Shampoo's roots) is refreshed once more now, else the frozen G would be stale (or I).
+    """
     interval = metric.refresh_interval
     return (
         interval is not None

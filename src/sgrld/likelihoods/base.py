@@ -1,21 +1,10 @@
 """The likelihood plug-in contract and the registry.
 
 A :class:`Likelihood` is the observation model p(y | x, θ) of a
-:class:`~sgrld.models.BayesianModel`. It is a small ``nn.Module`` attached to the model (as
-``model.likelihood``) so that a sampled likelihood parameter (the Gaussian's log σ) is an
-``nn.Parameter`` of the model, stepped by the same chain as the network's weights. It answers
-four questions:
-
-* **η from the network**: :meth:`~Likelihood.forward` maps the net's ``num_outputs`` outputs to
-  the per-point parameters η of p(y | η) (``(…, B, width)``); the model's forward returns η, so
-  :class:`~sgrld.Chains` and the ensembles see every chain's likelihood parameters;
-* **the potential's data term**: :meth:`~Likelihood.nll`, the minibatch mean of −log p(y | η);
-* **the posterior-predictive ensemble**: a running total over samples, built by
-  :meth:`~Likelihood.ensemble_init`, :meth:`~Likelihood.ensemble_terms` and
-  :meth:`~Likelihood.ensemble_fold`;
-* **the scores that fit**: :meth:`~Likelihood.scores` of that ensemble against the targets.
-
-See ``docs/likelihoods.md`` for the scores' definitions and how to add a likelihood.
+:class:`~sgrld.models.BayesianModel`, an ``nn.Module`` attached as ``model.likelihood`` so that
+a sampled likelihood parameter is stepped by the same chain as the weights. It maps the net's
+outputs to η, gives the potential's data term (:meth:`~Likelihood.nll`), builds the
+posterior-predictive ensemble and scores it (``docs/likelihoods.md``).
 """
 
 from __future__ import annotations
@@ -67,8 +56,7 @@ class Likelihood(nn.Module, abc.ABC):
     def total_shape(
         self, lead: tuple[int, ...], num_points: int, num_samples: int
     ) -> tuple[int, ...]:
-        """Shape of the running total after ``num_samples`` samples (default: fixed, ``width``
-        per point)."""
+        """Shape of the running total after ``num_samples`` samples."""
         return (*lead, num_points, self.width)
 
     @abc.abstractmethod
@@ -87,9 +75,8 @@ class Likelihood(nn.Module, abc.ABC):
     def scores(
         self, total: Tensor, num_samples: int, targets: Tensor, *, num_bins: int = 30
     ) -> dict[str, Tensor]:
-        """The ensemble's scores (keys :attr:`score_names`), each of shape ``lead``.
-
-        ``num_bins`` is the number of calibration bins where a score uses them (ECE).
+        """The ensemble's scores (keys :attr:`score_names`), each of shape ``lead``; ``num_bins``
+        calibration bins where a score uses them (ECE).
         """
 
 

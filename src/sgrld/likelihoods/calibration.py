@@ -1,16 +1,9 @@
 """Top-label expected calibration error (ECE) with the reference's binning.
 
-The reference scores calibration with the Google ``uncertainty_metrics`` implementation
-(``ece(labels, probs, num_bins=30)``): top-label, L1, 30 equal-width bins on [0, 1]. Two details
-of that implementation are reproduced on purpose:
-
-- bins are assigned with ``np.digitize(confidence, upper_edges)``, so bin ``b`` holds
-  ``b/B <= p < (b+1)/B`` and a confidence of exactly 1.0 (common for a confident ensemble
-  on MNIST) lands in an extra bin ``B``. The extra bin is an ordinary bin for the error sum.
-- the per-bin counts get ``+ eps`` before dividing, and the weights are ``counts / N``. The eps
-  cancels in ``|acc_b - conf_b| * n_b / N``, so the result is
-  ``Σ_b |Σ_{i∈b} (correct_i - conf_i)| / N``, which is what :func:`expected_calibration_error`
-  computes (identical up to floating-point rounding).
+As Google ``uncertainty_metrics``' ``ece(labels, probs, num_bins=30)`` (top-label, L1, 30
+equal-width bins), including ``np.digitize``'s extra bin for a confidence of exactly 1.0 (an
+ordinary bin for the sum); the reference's ``+ eps`` on the counts cancels, so the ECE is
+``Σ_b |Σ_{i∈b} (correct_i − conf_i)| / N``.
 """
 
 from __future__ import annotations
@@ -34,10 +27,8 @@ def _as_numpy(array: ArrayOrTensor) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class ReliabilityBins:
-    """Per-bin statistics of a top-label reliability diagram.
-
-    All arrays have ``num_bins + 1`` entries; the last one is the extra bin that holds
-    confidences of exactly 1.0 (``np.digitize`` semantics).
+    """Per-bin statistics of a top-label reliability diagram; ``num_bins + 1`` entries each, the
+    last the extra bin of confidences of exactly 1.0.
 
     Attributes:
         upper_edges: Upper edge of each regular bin, ``(1/B, 2/B, ..., 1)``, length ``num_bins``.
@@ -53,15 +44,15 @@ class ReliabilityBins:
 
 
 def top_label(probs: ArrayOrTensor, labels: ArrayOrTensor) -> tuple[np.ndarray, np.ndarray]:
-    """Return the top-label confidence and correctness of each point.
+    """The top-label confidence and correctness of each point.
 
     Args:
         probs: Class probabilities, shape ``(N, C)``.
         labels: Integer class labels, shape ``(N,)``.
 
     Returns:
-        ``(confidence, correct)``: the max probability (float64) and whether its argmax (first
-        maximum on ties, as ``np.argmax``) equals the label (float64 0/1), each of shape ``(N,)``.
+        ``(confidence, correct)``: the max probability and whether its argmax (first on ties)
+        equals the label (0/1), float64 of shape ``(N,)``.
     """
     probs_np = _as_numpy(probs).astype(np.float64, copy=False)
     labels_np = _as_numpy(labels)
@@ -100,10 +91,7 @@ def reliability_bins(
     upper_edges, counts, conf_sum, hit_sum = _binned_sums(conf, hits, num_bins)
     safe = np.maximum(counts, 1)
     return ReliabilityBins(
-        upper_edges=upper_edges,
-        counts=counts,
-        confidence=conf_sum / safe,
-        accuracy=hit_sum / safe,
+        upper_edges=upper_edges, counts=counts, confidence=conf_sum / safe, accuracy=hit_sum / safe
     )
 
 
@@ -123,10 +111,8 @@ def _binned_sums(
 def expected_calibration_error(
     probs: ArrayOrTensor, labels: ArrayOrTensor, num_bins: int = 30
 ) -> float:
-    """Top-label L1 expected calibration error, ``Σ_b (n_b / N) |acc_b - conf_b|``.
-
-    Matches ``uncertainty_metrics.numpy.ece(labels, probs, num_bins)`` including the extra bin
-    for a confidence of exactly 1.0 (see the module docstring).
+    """Top-label L1 expected calibration error, ``Σ_b (n_b / N) |acc_b - conf_b|`` (module
+    docstring).
 
     Args:
         probs: Class probabilities (for the paper: the ensemble-averaged predictive), ``(N, C)``.
@@ -137,8 +123,7 @@ def expected_calibration_error(
         The ECE in [0, 1]; 0.0 for an empty input, as the reference.
 
     References:
-        The paper's Tables 8-9 (ECE); Guo et al. (2017), "On Calibration of Modern Neural
-        Networks", ICML.
+        The paper's Tables 8-9; Guo et al. (2017), "On Calibration of Modern Neural Networks".
 
     Examples:
         >>> expected_calibration_error([[0.9, 0.1], [1.0, 0.0]], [0, 1])

@@ -16,11 +16,8 @@ from sgrld.likelihoods.calibration import expected_calibration_error
 class Categorical(Likelihood):
     """Softmax cross-entropy over ``num_classes`` logits (temperature 1); η are the logits.
 
-    The ensemble is the mean of the samples' softmax, kept as a float64 running log-sum-exp
-    ``L[…, i, c] = logsumexp_s log p(c | x_i, θ_s)`` (memory ``N·C`` whatever the number of
-    samples). Scores: ``lp`` (mean log predictive of the true class), ``accuracy`` (of the
-    argmax), ``ece`` (top-label L1, :func:`~sgrld.evaluation.expected_calibration_error`) and
-    ``confidence`` (mean max probability).
+    The ensemble is the mean of the samples' softmax as a float64 running log-sum-exp (memory
+    ``N·C``); scores ``lp``, ``accuracy``, ``ece`` and ``confidence`` (``docs/likelihoods.md``).
 
     Args:
         num_classes: C ≥ 1; ``None`` (a model's default) takes as many as the net has outputs,

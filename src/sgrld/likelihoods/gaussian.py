@@ -19,29 +19,11 @@ COVERAGE_LEVELS = (0.5, 0.9)
 class Gaussian(Likelihood):
     """y ~ N(f(x), σ²) with one network output; η = (f(x), log σ).
 
-    **σ fixed or learned.** With ``scale`` given, σ is that constant. With ``scale=None`` the
-    parameter ``log_scale`` = log σ is an ``nn.Parameter`` of the model, stepped by the same
-    SG-MCMC chain as the weights, with the prior log σ ~ N(``prior_loc``, ``prior_scale``²),
-    initialised at ``prior_loc``. A Gaussian on log σ (rather than a Gamma on the precision
-    1/σ²) because the chain moves log σ, an unconstrained coordinate: the prior is then smooth
-    with Gaussian tails on both sides and its gradient is linear, whereas a Gamma(a, b) on
-    1/σ² = e^{−2 log σ} has the doubly exponential tail e^{−b e^{−2 log σ}} as σ → 0, a
-    gradient stiff enough to throw an explicit Euler–Maruyama step off. The default N(0, 1) is
-    for standardised targets: σ = 1 is "the net explains nothing", and 95 % of the mass lies on
-    σ ∈ [0.14, 7.1].
-
-    **Ensemble and scores.** The posterior predictive of S samples is the equal-weight mixture
-    (1/S) Σ_s N(f_s(x), σ_s²); the ensemble keeps every component (``N·S·2`` float64). Scores,
-    in the units of the *original* targets when the targets were standardised by
-    y' = (y − m)/``target_scale``:
-
-    * ``lp``: mean_i log p̄(y_i | x_i) with log p̄ a log-sum-exp over the components, minus the
-      Jacobian log ``target_scale`` of the scaling;
-    * ``rmse``: root mean squared error of the mixture mean (1/S) Σ_s f_s(x), times
-      ``target_scale``;
-    * ``coverage_50``, ``coverage_90``: the fraction of targets inside the mixture's central
-      50 % and 90 % intervals, from its exact quantiles (:func:`mixture_quantile`; invariant
-      under the scaling).
+    With ``scale=None`` the parameter ``log_scale`` = log σ is sampled with the weights, under the
+    prior log σ ~ N(``prior_loc``, ``prior_scale``²) (smooth in the coordinate the chain moves,
+    where a Gamma on 1/σ² is too stiff), started at ``prior_loc``. The ensemble keeps every
+    mixture component; the scores ``lp``, ``rmse``, ``coverage_50``, ``coverage_90`` are in the
+    original target units (``docs/likelihoods.md`` defines them).
 
     Args:
         scale: the fixed σ > 0 (in standardised units), or ``None`` to learn it.

@@ -1,9 +1,5 @@
-"""CDF and quantiles of equal-weight Gaussian mixtures (the regression posterior predictive).
-
-A mixture's quantile has no closed form; it is found by bisection on the mixture CDF inside the
-bracket of the components' own quantiles (each component's CDF is ≤ q at the smallest of them and
-≥ q at the largest, so the mixture's is too). A single Gaussian moment-matched to the mixture
-would misplace the quantiles of a skewed or multi-modal predictive.
+"""CDF and quantiles of equal-weight Gaussian mixtures (the regression posterior predictive):
+quantiles by bisection inside the bracket of the components' own quantiles.
 """
 
 from __future__ import annotations

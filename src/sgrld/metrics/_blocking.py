@@ -1,21 +1,10 @@
 """Shape merging and blocking of the Shampoo metric (Gupta et al. 2018 §5).
 
-A parameter tensor is first reshaped to its *merged* shape (consecutive small dims fused, size-1
-dims dropped), then every merged dim larger than ``block_size`` is cut into chunks of
-``block_size`` plus a remainder (``tiling="reference"``), or (``tiling="even"``) into the fewest
-chunks of at most ``block_size`` whose sizes differ by at most one, the larger ones first as in
-``numpy.array_split`` (784 → 7 × 112, 400 → 4 × 100: one group of equal blocks instead of four,
-so fewer and larger batched matmuls and no 16-wide slivers). Each block, in row-major product
-order over the per-dim chunks, carries its own Kronecker factors.
-
-For speed, blocks are not handled one at a time: blocks of equal shape form a :class:`BlockGroup`
-(one choice of "full chunks" or "remainder" per dim), and a whole group is moved between the
-tensor and a stacked ``(count, batch, *sizes)`` buffer with one view + permute + copy, so that
-its statistics and preconditioners are batched matmuls. Across
-the tensors of a layout, the groups of equal block shape form one :class:`Bucket`
-(:func:`plan_buckets`): its statistics are one tensor per axis, and on an accelerator its blocks
-are stacked in one buffer and handled by one batched matmul per axis (:mod:`sgrld.metrics.
-shampoo`).
+A tensor is reshaped to its *merged* shape (consecutive small dims fused, size-1 dims dropped);
+each merged dim larger than ``block_size`` is cut into chunks of ``block_size`` plus a remainder
+(``tiling="reference"``) or into the fewest near-equal chunks (``"even"``: 784 → 7 × 112). Blocks
+of equal shape form a :class:`BlockGroup`, moved with one view + permute + copy; across tensors,
+groups of equal block shape form a :class:`Bucket` (:func:`plan_buckets`).
 """
 
 from __future__ import annotations
@@ -31,11 +20,7 @@ from torch import Tensor
 
 
 def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
-    """Fuse consecutive dims while their product stays ≤ ``max_dim``.
-
-    Walking left to right, a dim joins the running product if the product stays ≤ ``max_dim``;
-    otherwise the product is emitted (if > 1) and restarts at that dim. Size-1 dims vanish, so
-    a scalar or a tensor of ones merges to ``()``.
+    """Fuse consecutive dims while their product stays ≤ ``max_dim``; size-1 dims vanish.
 
     Examples:
         >>> merge_small_dims([16, 16, 3, 3], 128)
@@ -56,16 +41,11 @@ def merge_small_dims(shape: Sequence[int], max_dim: int) -> tuple[int, ...]:
 
 
 def merge_rows(whole: Sequence[int], max_dim: int, rows: int) -> tuple[tuple[int, ...], int]:
-    """The merged shape of ``rows`` rows (along dim 0) of a tensor of shape ``whole``, with the
-    whole tensor's grouping of dims, and the first merged dim's elements per row.
+    """The merged shape of ``rows`` rows of a tensor of shape ``whole``, with the whole tensor's
+    grouping of dims, and the first merged dim's elements per row (0 where dim 0 is 1).
 
-    Only the first merged dim, the one that holds dim 0, is shorter: ``rows`` times the other
-    dims of its group (the second value; 0 where dim 0 is 1, whose shard is all or nothing). A
-    shard of rows is then merged as its whole tensor is, never differently because it is
-    thinner (which could fuse dim 0 with dims the whole tensor keeps apart). A merged dim of 1
-    (one row of a dim-0-only group) is kept, so that the merged rank, hence G's exponent, is
-    the whole tensor's; ``rows = 0`` gives a first merged dim of 0 (an empty shard: no
-    blocks).
+    A shard is merged as its whole tensor is (only the first merged dim shorter), so its merged
+    rank, hence G's exponent, is the whole tensor's; ``rows = 0`` gives an empty first dim.
 
     Examples:
         >>> merge_small_dims((16, 16, 3, 3), 128), merge_rows((16, 16, 3, 3), 128, 8)
@@ -147,8 +127,7 @@ class BlockGroup:
         return region.permute(*range(1, 2 * k, 2), 0, *range(2, 2 * k + 1, 2))
 
     def gather(self, x: Tensor, out: Tensor) -> Tensor:
-        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(count, B, *sizes)``,
-        blocks first: each block's B chains are adjacent)."""
+        """Copy the group out of ``x`` (``(B, *merged)``) into ``out`` (``(count, B, *sizes)``)."""
         out.view(*self.counts, x.shape[0], *self.sizes).copy_(self._blocks_first(x))
         return out
 
@@ -159,12 +138,8 @@ class BlockGroup:
 
 @dataclass(frozen=True)
 class BlockPlan:
-    """How one parameter tensor is merged and blocked.
-
-    Attributes:
-        shape: the parameter's shape (without chain dim).
-        merged: the merged shape; its length is the rank ``k`` of the Kronecker metric.
-        groups: the blocks, grouped by shape (at most 2^k groups).
+    """How one parameter tensor is merged (``merged``, of rank k) and blocked (``groups`` by
+    shape).
     """
 
     shape: tuple[int, ...]
@@ -190,17 +165,9 @@ def plan_blocks(
 ) -> BlockPlan:
     """Merge ``shape`` and split it into blocks of at most ``block_size`` per dim.
 
-    ``whole`` and ``row_splits`` plan row pieces (FSDP2's shards, :mod:`sgrld.core.shards`):
-
-    * ``whole``: the shape of the tensor that ``shape`` is a run of rows of (the same dims after
-      the first). ``shape`` is merged with ``whole``'s grouping of dims (:func:`merge_rows`),
-      so that a shard has the whole tensor's merged axes, only the first one shorter.
-    * ``row_splits``: the row counts of consecutive pieces of ``shape`` along dim 0 (summing to
-      ``shape[0]``; zeros allowed); the first merged dim is blocked piece by piece, so that no
-      block crosses a piece. One process planning ``row_splits`` of W shards has the blocks of
-      the W ranks together.
-
-    Without either (the default) this is the plan of a tensor of its own, as it always was.
+    ``whole``: the tensor that ``shape`` is rows of (a shard, merged as :func:`merge_rows`);
+    ``row_splits``: row counts of consecutive pieces along dim 0, blocked piece by piece so that no
+    block crosses a piece (the W shards of one chain in one process).
 
     Examples:
         >>> plan = plan_blocks((400, 784), 128)
@@ -209,9 +176,6 @@ def plan_blocks(
         >>> even = plan_blocks((400, 784), 128, "even")
         >>> even.num_blocks, [g.sizes for g in even.groups]
         (28, [(100, 112)])
-        >>> shard = plan_blocks((8, 16, 3, 3), 128, whole=(16, 16, 3, 3))
-        >>> shard.merged, [g.sizes for g in shard.groups]
-        ((8, 48, 3), [(8, 48, 3)])
         >>> two = plan_blocks((16, 16, 3, 3), 128, row_splits=(8, 8))  # both shards' blocks
         >>> two.merged, [(g.counts, g.sizes) for g in two.groups]
         ((16, 48, 3), [((2, 1, 1), (8, 48, 3))])
@@ -255,15 +219,9 @@ def plan_blocks(
 
 @dataclass(frozen=True)
 class Member:
-    """One tensor's group of blocks inside a :class:`Bucket`.
-
-    Attributes:
-        tensor: the tensor's index in the layout.
-        index: the group's index in the tensor's plan (the ``<group>`` of its stat keys).
-        group: the blocks.
-        merged: the tensor's merged shape.
-        start: the bucket's first block that belongs to this member.
-        whole: the tensor is this single block (its data can be used in place).
+    """One tensor's group of blocks inside a :class:`Bucket`: ``index`` is the group's index in the
+    tensor's plan, ``start`` the bucket's first block of it, ``whole`` that the tensor is this one
+    block (used in place).
     """
 
     tensor: int
@@ -276,8 +234,7 @@ class Member:
 
 @dataclass(frozen=True)
 class Bucket:
-    """The groups of one block shape across the tensors of a layout, stacked block after block
-    in tensor order (member ``j`` holds blocks ``[start_j, start_j + count_j)``)."""
+    """The groups of one block shape across a layout's tensors, block after block."""
 
     sizes: tuple[int, ...]
     members: tuple[Member, ...]
@@ -296,9 +253,8 @@ class Bucket:
 
 
 def plan_buckets(plans: Sequence[tuple[int, BlockPlan]]) -> tuple[Bucket, ...]:
-    """Group the blocks of the tensors ``plans`` (``(index, plan)`` pairs) by block shape.
-
-    Buckets come in the order of their first block.
+    """Group the blocks of ``plans`` (``(index, plan)`` pairs) by block shape, in order of first
+    block.
 
     Examples:
         >>> plans = [(0, plan_blocks((400, 784), 128)), (1, plan_blocks((400, 400), 128))]

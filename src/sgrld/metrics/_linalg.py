@@ -1,30 +1,6 @@
-"""Inverse p-th roots of batches of symmetric PSD matrices, for the Shampoo metric.
-
-Two methods:
-
-* :func:`inverse_roots_eigh`: one float64 ``eigh`` per matrix, every requested root from the same
-  decomposition. The default: on CPU it is 3-10× faster than coupled Newton (table below) and stays
-  accurate for the tiny relative ridges (1e-8·λ_max) where float32 methods fail.
-* :func:`inverse_root_newton`: the coupled Newton iteration of Guo & Higham (2006) exactly as in
-  the reference ``matrix_functions.ComputePower`` (power-iteration λ_max, ``z = (1+p)/(2‖A‖_F)``,
-  tolerance 1e-6 on max|M − I|, 1.2× divergence guard), batched over matrices, computed in the
-  input dtype. Kept for fidelity to the reference.
-
-Neither mutates its input: the ridge is added to a copy (the reference adds it to the statistics
-in place).
-
-Measured (2 CPU threads, factors of an MLP 784-400-400-10 after 300 SGD steps on MNIST, relative
-ridge 1e-8, both roots p = 8 and p = 4; error = relative Frobenius error against float64 eigh):
-
-| factors | eigh f64 | Newton f32 (err) | Newton f64 (err) |
-|---|---:|---:|---:|
-| W1 left, 18 blocks 128² | 18 ms | 51 ms (1e-5) | 117 ms (3e-6) |
-| W1 right, 18 blocks 128² | 13 ms | 50 ms (1e-5) | 141 ms (7e-7) |
-| W3 left, 3 blocks 10² | 0.1 ms | 1.7 ms (0.27) | 1.7 ms (0.27) |
-| all 96 factors of the MLP | 71 ms | 240 ms | |
-
-The W3 factors are nearly singular (condition ≈ 1e8 with the ridge) and Newton stops before it
-converges, even in float64 with the exact λ_max; with ε = 1e-6 the error drops to 3e-3.
+"""Inverse p-th roots of batches of symmetric PSD matrices, for the Shampoo metric: from one
+float64 ``eigh`` (default: 3-10× faster on CPU than Newton, accurate for tiny ridges) or by the
+reference's coupled Newton iteration (kept for fidelity). Neither mutates its input.
 """
 
 from __future__ import annotations
@@ -56,21 +32,14 @@ def inverse_roots_eigh(
 ) -> list[Tensor]:
     """[(A + rI)^(−e) for e in exponents] for a batch ``A`` of symmetric PSD matrices.
 
-    ``A = Q Λ Qᵀ`` in ``dtype`` (float64 by default); tiny negative eigenvalues from rounding
-    are clamped to 0 (Meta ``distributed_shampoo`` style), then the ridge r is added (r =
-    eps·λ_max for ``"relative"``, eps for ``"absolute"``, 0 for ``"none"``). Eigenvalues still
-    ≤ 0 after the ridge (an all-zero matrix, or a singular one with ``ridge="none"``) get the
-    root 1: those directions are left unpreconditioned instead of turning into inf. ``damping``
-    δ adds δ·tr(A)/n (δ times the mean eigenvalue) on top of the ridge: it bounds the condition
-    number of A + rI by about n/δ, so that directions the statistics have barely seen (e.g.
-    where only the prior acts) do not get a huge G⁻¹ (``docs/posterior.md``). If the
-    decomposition fails in a lower precision (LAPACK/cuSOLVER does not converge, or a root comes
-    out non-finite), the whole batch is recomputed in float64.
+    Tiny negative eigenvalues are clamped to 0, then the ridge r and ``damping``·tr(A)/n are added;
+    eigenvalues still ≤ 0 get the root 1 (left unpreconditioned, not inf). A decomposition that
+    fails in a lower precision (no convergence or a non-finite root) is redone in float64.
 
     Args:
         mat: ``(..., n, n)`` symmetric PSD matrices (only the lower triangle is read).
         exponents: the positive exponents e of the inverse roots.
-        ridge: how the ridge r is chosen.
+        ridge: r = eps·λ_max (``"relative"``), eps (``"absolute"``) or 0 (``"none"``).
         eps: ε of the ridge.
         dtype: the precision of the decomposition.
         damping: δ ≥ 0, the damping relative to the mean eigenvalue.
@@ -107,12 +76,8 @@ def _roots_by_eigh(
 def _inverse_roots_2x2(
     mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float, damping: float = 0.0
 ) -> list[Tensor]:
-    """:func:`inverse_roots_eigh` for 2 × 2 matrices in closed form (the funnel's factors).
-
-    The Jacobi rotation by θ = ½·atan2(2b, a − c) diagonalises [[a, b], [b, c]] with eigenvalues
-    (a + c)/2 ± hypot((a − c)/2, b); then R = Q diag(f₁, f₂) Qᵀ entrywise. Only elementwise ops
-    (so ``torch.compile`` fuses them, where ``eigh`` is an opaque LAPACK call per step), no
-    division, and degenerate spectra (b = 0, a = c) need no special case.
+    """:func:`inverse_roots_eigh` for 2 × 2 matrices in closed form (the funnel's factors): a Jacobi
+    rotation, elementwise ops only (``torch.compile`` fuses them), no division.
     """
     m = mat.to(torch.float64)
     a, b, c = m[..., 0, 0], m[..., 1, 0], m[..., 1, 1]  # the lower triangle, as eigh
@@ -141,13 +106,8 @@ def _inverse_roots_2x2(
 
 
 def power_iteration(mat: Tensor, *, tol: float = 1e-6, max_iter: int = 100) -> Tensor:
-    """λ_max of each matrix of ``(B, n, n)`` by the reference's power iteration (``PowerIter``).
-
-    As in the reference the start vector is uniform on (−1, 1) and the iteration stops when the
-    Rayleigh quotient changes by ≤ ``tol`` (absolute) or after ``max_iter`` steps, here once every
-    matrix of the batch has converged. The start vector comes from a private generator with a
-    fixed seed, so the global RNG is not touched and the result is deterministic.
-    """
+    """λ_max of each matrix of ``(B, n, n)`` by the reference's power iteration (``PowerIter``),
+    from a uniform (−1, 1) start vector of a private fixed-seed generator (deterministic)."""
     gen = torch.Generator().manual_seed(0)
     v = (torch.rand(mat.shape[:-1], generator=gen, dtype=mat.dtype) * 2 - 1).to(mat.device)
     lam = torch.zeros(mat.shape[:-2], dtype=mat.dtype, device=mat.device)
@@ -163,18 +123,14 @@ def power_iteration(mat: Tensor, *, tol: float = 1e-6, max_iter: int = 100) -> T
 
 
 def _mat_power(m: Tensor, p: int) -> Tensor:
-    """M^p by repeated squaring (p a power of two ≤ 32) or binary exponentiation (``MatPower``)."""
-    if p in (1, 2, 4, 8, 16, 32):
-        res, done = m, 1
-        while done < p:
-            res = res @ res
-            done *= 2
-        return res
+    """M^p by binary exponentiation (``MatPower``; a power of two is repeated squaring)."""
     power: Tensor | None = None
-    while p > 0:
+    while True:
         if p % 2 == 1:
             power = m if power is None else m @ power
         p //= 2
+        if p == 0:
+            break
         m = m @ m
     assert power is not None
     return power
@@ -189,20 +145,17 @@ def inverse_root_newton(
     max_iter: int = 100,
     tol: float = 1e-6,
 ) -> Tensor:
-    """(A + rI)^(−1/p) by the coupled Newton iteration.
+    """(A + rI)^(−1/p) by the coupled Newton iteration of Guo & Higham (2006), as the reference.
 
-    With A the ridged matrix, z = (1+p)/(2‖A‖_F), X₀ = z^{1/p}·I, M₀ = z·A, iterate
-    T = (1 + 1/p)I − M/p, X ← XT, M ← T^p M while max|M − I| > ``tol`` (at most ``max_iter``
-    times); a step that raises the error above 1.2× the previous one is rejected and stops that
-    matrix. Each matrix of the batch follows its own stopping rule, exactly as the unbatched
-    reference would (only λ_max is iterated until every matrix has converged). Runs in ``mat``'s
-    dtype (float32 in the reference).
+    z = (1+p)/(2‖A‖_F), X₀ = z^{1/p}·I, M₀ = z·A; T = (1 + 1/p)I − M/p, X ← XT, M ← T^p M while
+    max|M − I| > ``tol``; a step raising the error above 1.2× stops that matrix. Each matrix stops
+    on its own; runs in ``mat``'s dtype. On nearly singular factors (condition ≈ 1e8 with the
+    ridge) it stops before converging, even in float64.
 
     Args:
         mat: ``(B, n, n)`` symmetric PSD matrices (not modified).
         p: the integer root.
-        ridge: r = eps·λ_max with λ_max by :func:`power_iteration` (``"relative"``, the
-            reference), eps (``"absolute"``) or 0 (``"none"``).
+        ridge: r = eps·λ_max (:func:`power_iteration`, ``"relative"``), eps (``"absolute"``) or 0.
         eps: ε of the ridge.
         max_iter: iteration cap.
         tol: tolerance on max|M − I|.

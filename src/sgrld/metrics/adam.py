@@ -22,21 +22,18 @@ class AdamMetric(Metric):
     """G = diag(√v̂ + max(ε, floor·s)), v ← β₂·v + (1−β₂)·g², v̂ = v/(1−β₂ᵗ) (v from zeros,
     current g included), s = √mean(v̂) over the group.
 
-    The second moment is Adam's (Kingma & Ba 2015, Algorithm 1), with no first moment: the drift
-    stays −ℓ G⁻¹ĝ. Without the bias correction (pSGLD, :class:`~sgrld.metrics.RMSpropMetric`)
-    v starts near zero, so G⁻¹ = 1/(√(1−β₂)|g| + ε) is huge in the first steps (31.6/|g| at
-    β₂ = 0.999) and shrinks as v fills; v̂ is an unbiased average from step 1 (G = |g| + ε then),
-    so a slow β₂ such as Adam's 0.999 is usable from the start. As for pSGLD, G follows ĝ and
-    the step drops Γ(θ) (paper eq. 4; Li et al. 2016, Algorithm 1): exact only once G is frozen
-    after the warm-up (``docs/posterior.md``). The same chain as
-    ``RMSpropMetric(decay=beta2, eps=eps, bias_correction=True)``, under its own name and Adam's
-    defaults.
+    Adam's second moment without its first moment (the drift stays −ℓ G⁻¹ĝ): bias-corrected, so a
+    slow β₂ is usable from step 1, where pSGLD's G⁻¹ is huge. The same chain as
+    ``RMSpropMetric(decay=beta2, eps=eps, bias_correction=True)``, with Adam's defaults.
 
     Args:
         beta2: EMA weight β₂ in [0, 1) of the squared gradients.
         eps: ε ≥ 0 added to √v̂ (outside the square root, as in Adam).
-        floor: ≥ 0, the least added to √v̂ relative to the statistics' scale (default 0.1;
-            0 is Adam's absolute ε alone): see :class:`~sgrld.metrics.RMSpropMetric`.
+        floor: in [0, 1), the least added to √v̂ relative to the statistics' scale (0: Adam's
+            absolute ε alone): see :class:`~sgrld.metrics.RMSpropMetric`.
+
+    References:
+        Kingma & Ba (2015), Algorithm 1; Li et al. (2016).
     """
 
     name = "adam"
@@ -66,7 +63,7 @@ class AdamMetric(Metric):
     def sums_ahead(
         self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
     ) -> dict[str, Tensor]:
-        """Sharded parameters: the floor's Σ v, summed ahead (as RMSprop's)."""
+        """Sharded parameters: the floor's Σ v, summed ahead."""
         return second_moment_sums_ahead(stats["exp_avg_sq"], grad, self.beta2, self.floor, adapt)
 
     # G⁻¹ = r², G^{-1/2} = r from the shared buffer, as RMSprop's

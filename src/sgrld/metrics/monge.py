@@ -10,15 +10,12 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
+from sgrld.core.contract import Metric, StatKind, Stats, check_choice, check_range, register
 from sgrld.core.layout import FlatLayout
 
 
 def _dots(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
-    """⟨x_i, y_i⟩ over the last dim for each segment pair, stacked to shape ``(*batch, S)``.
-
-    ``vecdot`` is a BLAS dot; the ``(1, D) @ (D, 1)`` matmul form is 10× slower on CPU.
-    """
+    """⟨x_i, y_i⟩ per segment pair, shape ``(*batch, S)`` (BLAS dots: 10× a matmul on CPU)."""
     return torch.stack([torch.linalg.vecdot(x, y) for x, y in zip(xs, ys, strict=True)], -1)
 
 
@@ -27,21 +24,14 @@ def _dots(xs: list[Tensor], ys: list[Tensor]) -> Tensor:
 class MongeMetric(Metric):
     """Rank-one metric G = I + α² m mᵀ, applied in O(D) without forming G.
 
-    m ← decay·m + (1−decay)·g (m from zeros, current g included). With s = ‖m‖²,
-    Sherman–Morrison and the rank-one square root give (paper eq. 11–12)
+    m ← decay·m + (1−decay)·g (from zeros, current g included). With s = ‖m‖² (paper eq. 11–12):
 
         G⁻¹v = v + f₋₁ ⟨m, v⟩ m,        f₋₁ = −α² / (1 + α²s)
         G^{-1/2}v = v + f₋½ ⟨m, v⟩ m,   f₋½ = −α² / (√(1+α²s) · (1 + √(1+α²s)))
 
-    where f₋½ is the cancellation-free form of (1/√(1+α²s) − 1)/s: it needs no guard as ‖m‖ → 0
-    and equals −α²/2 there. α² = 0 gives exactly SGLD.
-
-    With ``alpha2_rule="normalized"`` the option ``alpha2`` is a scale-free c > 0 and every step
-    uses α²_t = c/s_t, so G's eigenvalue along m is always 1 + c, whatever ‖m‖ is (the fixed
-    rule's stretch 1 + α²s changes with the gradients' scale). Then f₋₁ = −c/((1+c)·s) and
-    f₋½ = −c/(√(1+c)(1+√(1+c))·s): the 1/s is cancelled by ⟨m, v⟩ m, which is O(s). Guard: where
-    s is below the dtype's smallest normal number (m = 0, or ‖m‖² underflows) α²_t = 0 and
-    G = I — there is no direction to stretch, and 1/s would overflow.
+    (f₋½ the cancellation-free form, −α²/2 as ‖m‖ → 0). α² = 0 is exactly SGLD. With
+    ``alpha2_rule="normalized"``, α²_t = c/s_t: G's eigenvalue along m is always 1 + c, whatever
+    the gradients' scale; where s underflows (m = 0) α²_t = 0 and G = I.
 
     Args:
         alpha2: α² ≥ 0 (``"fixed"``), or c > 0 (``"normalized"``).
@@ -50,8 +40,10 @@ class MongeMetric(Metric):
         scope: ``"global"`` (the paper's metric: inner products over all parameters of the
             group) or ``"tensor"`` (one rank-one metric per parameter tensor).
         fallback_threshold: if set, a step whose drift ‖G⁻¹g‖ exceeds it uses G = c·I with
-            c = ‖g‖/threshold instead (the funnel code's explosion fallback; it
-            compares the preconditioned norm but rescales by the raw one, as there).
+            c = ‖g‖/threshold instead (the funnel code's explosion fallback).
+
+    References:
+        Yu et al. (2023) §4.1; Hartmann et al. (2022).
     """
 
     name = "monge"
@@ -69,17 +61,13 @@ class MongeMetric(Metric):
     fallback_threshold: float | None = None
 
     def __post_init__(self) -> None:
-        if self.alpha2_rule not in ("fixed", "normalized"):
-            raise ValueError(
-                f"invalid alpha2_rule: {self.alpha2_rule!r} (expected 'fixed' or 'normalized')"
-            )
+        check_choice("alpha2_rule", self.alpha2_rule, ("fixed", "normalized"))
         if self.alpha2_rule == "normalized":
             check_range("alpha2", self.alpha2, lambda v: 0.0 < v < math.inf, "c = alpha2 > 0")
         else:
             check_range("alpha2", self.alpha2, lambda v: v >= 0.0, "alpha2 >= 0")
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
-        if self.scope not in ("global", "tensor"):
-            raise ValueError(f"invalid scope: {self.scope!r} (expected 'global' or 'tensor')")
+        check_choice("scope", self.scope, ("global", "tensor"))
         if self.fallback_threshold is not None:
             check_range("fallback_threshold", self.fallback_threshold, lambda v: v > 0, "> 0")
 
@@ -97,8 +85,7 @@ class MongeMetric(Metric):
         return {"exp_avg": "element", "sq_norm": seg, "fallback": seg}
 
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
-        """``stretch``: G's eigenvalue along m minus 1, α²‖m‖² (largest over segments; one per
-        chain): how far G is from I (the ``"normalized"`` rule holds it at c)."""
+        """``stretch``: α²‖m‖², G's eigenvalue along m minus 1 (per chain)."""
         s = stats["sq_norm"]
         if self.alpha2_rule == "normalized":
             tiny = torch.finfo(s.dtype).tiny
@@ -143,9 +130,8 @@ class MongeMetric(Metric):
         return torch.where(sq_norm >= tiny, sq_norm.clamp(min=tiny).reciprocal(), 0.0)
 
     def coefficient_slope(self, sq_norm: Tensor) -> Tensor:
-        """dβ/ds with β = −f₋₁ = α²/(1+α²s): −β² (fixed), −β/s (normalized, 0 where guarded).
-
-        The exact Riemannian drift needs it (:mod:`sgrld.metrics.monge_exact`).
+        """dβ/ds with β = −f₋₁: −β² (fixed), −β/s (normalized, 0 where guarded), for
+        :mod:`sgrld.metrics.monge_exact`.
         """
         beta = -self._inverse_coefficient(sq_norm)
         if self.alpha2_rule == "fixed":
@@ -160,9 +146,9 @@ class MongeMetric(Metric):
     def sums_ahead(
         self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
     ) -> dict[str, Tensor]:
-        """Sharded parameters: this rank's ‖m‖², ⟨m, g⟩ (‖g‖²) and ⟨m, ξ⟩ of the m that
-        :meth:`update` is about to make, so that the engine sums them with the finite check in
-        one all-reduce (:class:`sgrld.core.shards.SumsAhead`)."""
+        """Sharded parameters: this rank's ‖m‖², ⟨m, g⟩ (‖g‖²) and ⟨m, ξ⟩ of the m :meth:`update` is
+        about to make, summed ahead by the engine.
+        """
         m = stats["exp_avg"]
         if adapt:
             m = torch.lerp(m, grad, 1.0 - self.decay)  # update's m, not stored yet

@@ -1,26 +1,16 @@
 """The exact Riemannian drift Γ for Monge's metric with m = ∇u(θ) (Hartmann et al. 2022).
 
-SGRLD drops Γ_i(θ) = Σ_j ∂(G⁻¹)_ij/∂θ_j (paper eq. 4). For the Monge metric of Hartmann et al.,
-whose m is the gradient of the per-datum potential at the current point, m = ∇u(θ), it is cheap.
-With s = ‖m‖², G⁻¹ = I − β(s) m mᵀ (β = −f₋₁ of :class:`~sgrld.metrics.MongeMetric`) and H = ∇²u:
-∂_j m_i = H_ij and ∂_j β = β'(s)·2(Hm)_j, so
+SGRLD drops Γ_i = Σ_j ∂(G⁻¹)_ij/∂θ_j (paper eq. 4). With s = ‖m‖², G⁻¹ = I − β(s) m mᵀ and
+H = ∇²u:
 
-    Γ = −Σ_j ∂_j(β m_i m_j) = −2β'(s)(mᵀHm) m − β Hm − β tr(H) m.
+    Γ = −2β'(s)(mᵀHm) m − β Hm − β tr(H) m,
 
-For the fixed rule β = α²/(1+α²s) and β' = −β², which gives Γ = 2β²(mᵀHm) m − β Hm − β tr(H) m
-(checked against finite differences of the dense G⁻¹ in
-``tests/test_riemann.py``); for the normalised rule β = c/((1+c)s) and β' = −β/s, so there Γ
-grows as 1/‖∇u‖ near critical points of u (on the funnel the corrected chain diverged:
-``docs/results/beyond.md``; use the fixed rule with the correction). One Hessian–
-vector product gives Hm; tr(H) is exact (D products, which also give Hm) or a Hutchinson estimate
-with Rademacher probes (unbiased: E[zᵀHz] = tr H).
+(β' = −β² for the fixed rule; −β/s for the normalised one, so Γ grows as 1/‖∇u‖ near critical
+points: use the fixed rule with the correction, ``docs/results/beyond.md``). Hm is one
+Hessian–vector product; tr(H) is exact (D products) or a Hutchinson estimate. Γ enters with
+the noise's variance factor ℓτ/n (``docs/conventions.md``):
 
-Scaling (``docs/conventions.md``): the Riemannian Langevin SDE for exp(−n·u/τ) is
-dθ = (−G⁻¹∇(n u) + τΓ) dt + √(2τ) G^{-1/2} dW; its Euler–Maruyama step with h = ℓ/n is
-
-    θ ← θ − ℓ·G⁻¹∇u + (ℓτ/n)·Γ + √(2ℓτ/n)·G^{-1/2}ξ,
-
-i.e. Γ enters with the noise's variance factor hτ = ℓτ/n (on the funnel n = 1: ℓτΓ).
+    θ ← θ − ℓ·G⁻¹∇u + (ℓτ/n)·Γ + √(2ℓτ/n)·G^{-1/2}ξ.
 """
 
 from __future__ import annotations
@@ -31,6 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import check_choice
 from sgrld.core.integrator import noise_scale
 from sgrld.core.layout import FlatLayout
 from sgrld.core.sampler import NonFiniteGradientError, validate_hyperparameters
@@ -71,9 +62,8 @@ def hutchinson_trace(
     probes: int,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """Unbiased tr(H) per chain: the mean of zᵀHz over ``probes`` Rademacher vectors z.
-
-    ``hvp(v)`` returns H v for ``v`` shaped like ``like`` ``(*batch, D)``.
+    """Unbiased tr(H) per chain: the mean of zᵀHz over ``probes`` Rademacher vectors z
+    (``hvp(v)`` = H v for ``v`` shaped like ``like``).
     """
     return probe_trace(hvp, rademacher((probes, *like.shape), like, generator))
 
@@ -105,10 +95,7 @@ def exact_monge_step(
     probes: int = 1,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """One step θ ← θ − ℓ G⁻¹∇u + (ℓτ/n) Γ + √(2ℓτ/n) G^{-1/2}ξ with m = ∇u(θ) (module doc).
-
-    ∇u and the Hessian–vector products come from autograd; :func:`exact_monge_move` is the same
-    step for a caller with analytic derivatives.
+    """One step θ ← θ − ℓ G⁻¹∇u + (ℓτ/n) Γ + √(2ℓτ/n) G^{-1/2}ξ with m = ∇u(θ), by autograd.
 
     Args:
         potential_fn: θ ``(*batch, D)`` → per-datum potential u ``(*batch,)``, differentiable twice
@@ -164,10 +151,8 @@ def exact_monge_move(
     probes: int = 1,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """The step of :func:`exact_monge_step` given m = ∇u(θ) and v ↦ ∇²u(θ)·v.
-
-    G⁻¹ and G^{-1/2} are the :class:`~sgrld.metrics.MongeMetric`'s own (its α² rule included);
-    its ``decay`` plays no part (m is the current gradient, not an average).
+    """The step of :func:`exact_monge_step` given m = ∇u(θ) and v ↦ ∇²u(θ)·v, with the
+    :class:`~sgrld.metrics.MongeMetric`'s G (its ``decay`` plays no part).
 
     Args:
         theta: the current point(s), shape ``(*batch, D)``; not modified.
@@ -184,14 +169,14 @@ def exact_monge_move(
     Raises:
         NonFiniteGradientError: ``grad`` holds NaN or Inf (nothing is returned).
 
-    References: Hartmann, Girolami, Klami: Lagrangian manifold Monte Carlo on Monge patches,
-    AISTATS 2022; Girolami & Calderhead 2011 (the Γ term); Yu et al. 2023 eq. 4.
+    References:
+        Hartmann, Girolami, Klami (2022), AISTATS; Girolami & Calderhead (2011); Yu et al. (2023)
+        eq. 4.
     """
     validate_hyperparameters(lr, num_data, temperature)
     if metric.scope != "global" or metric.fallback_threshold is not None:
         raise ValueError("the exact drift needs a Monge metric with scope='global', no fallback")
-    if trace not in (None, "exact", "hutchinson"):
-        raise ValueError(f"invalid trace: {trace!r} (expected 'exact', 'hutchinson' or None)")
+    check_choice("trace", trace, ("exact", "hutchinson", None))
     if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
         raise ValueError(f"invalid probes: {probes!r} (expected an integer >= 1)")
     if not bool(torch.isfinite(grad).all()):
@@ -222,9 +207,8 @@ def monge_move(
     noise: Tensor | None,
 ) -> Tensor:
     """The arithmetic of :func:`exact_monge_move` with its randomness given (no checks, no host
-    sync, so a caller can ``torch.compile`` blocks of it): ``probes`` ``(P, *batch, D)`` for
-    Hutchinson's tr(H), ``None`` for the exact trace; ``noise`` ξ (overwritten), ``None`` when
-    τ = 0."""
+    sync: compilable): ``probes`` ``(P, *batch, D)`` or ``None`` (exact trace); ``noise`` ξ
+    (overwritten) or ``None`` when τ = 0."""
     m, dim = grad, theta.shape[-1]
     layout = FlatLayout(("theta",), ((dim,),), tuple(theta.shape[:-1]))
     stats = metric.init(layout, theta)

@@ -16,29 +16,23 @@ from sgrld.core.layout import FlatLayout
 @dataclass(frozen=True, kw_only=True)
 class RMSpropMetric(Metric):
     """G = diag(√V + max(ε, floor·s)), V ← decay·V + (1−decay)·g² (V from zeros, current g
-    included), s = √mean(V) the statistics' scale over the group (per chain).
+    included), s = √mean(V) over the group (per chain).
 
-    As in the reference there is no bias correction, so at step 1 G⁻¹ = 1/(√(1−decay)|g| + ε),
-    i.e. 10/|g| for decay 0.99. ``bias_correction=True`` divides V by
-    1 − decay^t instead, which removes those huge first steps.
-
-    **The relative floor.** With an absolute ε alone, a coordinate whose gradient is exactly
-    zero (bf16 rounding, a dead ReLU, an embedding row absent from the batch, an always-zero
-    input pixel) gets G = ε = 1e-8 and noise 10⁴ × σ. ``floor`` (default 0.1) adds at least
-    ``floor`` times the group's scale s instead, so no coordinate's G is more than 10 times
-    smaller than the group's typical √V (its noise at most ~3.2 × a typical coordinate's, not
-    10⁴ ×), whatever the gradients' units; while no gradient has been seen (s = 0), G = I
-    (SGLD's step, as Shampoo's and Wenzel's metrics before their first refresh). Once G is
-    frozen after the warm-up any positive G samples the posterior, so the floor changes how
-    fast small-gradient coordinates mix, not what is sampled (``docs/health.md`` has the
-    measurements). ``floor=0`` is the paper's metric (the runner uses it for the paper's
-    protocol, ``--adapt always``).
+    As in the reference there is no bias correction (at step 1 G⁻¹ = 1/(√(1−decay)|g| + ε));
+    ``bias_correction=True`` divides V by 1 − decayᵗ. The relative ``floor`` keeps a coordinate
+    whose gradient is zero (a dead ReLU, an absent embedding row) from getting G = ε and 10⁴ × the
+    noise: no G is below ``floor`` times the group's scale s; G = I while s = 0. It changes how fast
+    such coordinates mix, not what a frozen G samples (``docs/health.md``); ``floor=0`` is the
+    paper's metric.
 
     Args:
         decay: EMA weight λ in [0, 1).
         eps: ε ≥ 0 added to √V (outside the square root, as in the paper).
         bias_correction: divide V by 1 − decayᵗ when forming G.
-        floor: ≥ 0, the least added to √V relative to the statistics' scale s.
+        floor: in [0, 1), the least added to √V relative to the statistics' scale s.
+
+    References:
+        Li et al. (2016), pSGLD; Yu et al. (2023) §3.1.
     """
 
     name = "rmsprop"
@@ -69,8 +63,7 @@ class RMSpropMetric(Metric):
     def sums_ahead(
         self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
     ) -> dict[str, Tensor]:
-        """Sharded parameters: the floor's Σ V, summed with the finite check in the engine's
-        one all-reduce (:class:`sgrld.core.shards.SumsAhead`)."""
+        """Sharded parameters: the floor's Σ V, summed ahead."""
         return second_moment_sums_ahead(stats["square_avg"], grad, self.decay, self.floor, adapt)
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
@@ -82,8 +75,7 @@ class RMSpropMetric(Metric):
 
 
 def init_second_moment(key: str, layout: FlatLayout, like: Tensor, eps: float) -> Stats:
-    """The second moment ``key`` from zeros and r = G^{-1/2}, diagonal (G⁻¹ = r², so one
-    buffer serves both), shared by the RMSprop and Adam metrics."""
+    """The second moment ``key`` from zeros and r = G^{-1/2} (G⁻¹ = r²: one buffer serves both)."""
     v = layout.zeros(like.dtype, like.device)
     return {key: v, "inv_sqrt": torch.full_like(v, eps**-0.5 if eps else math.inf)}
 
@@ -91,8 +83,9 @@ def init_second_moment(key: str, layout: FlatLayout, like: Tensor, eps: float) -
 def second_moment_sums_ahead(
     v: Tensor, grad: Tensor, decay: float, floor: float, adapt: bool
 ) -> dict[str, Tensor]:
-    """This rank's Σ of the v that :func:`update_second_moment` is about to make (its
-    ``"scale"`` sum), computed as it computes it; nothing without a floor or when frozen."""
+    """This rank's Σ of the v :func:`update_second_moment` is about to make (nothing without a floor
+    or when frozen).
+    """
     if not (floor and adapt):
         return {}
     ahead = v.mul(decay).addcmul_(grad, grad, value=1.0 - decay)
@@ -111,15 +104,11 @@ def update_second_moment(
     floor: float = 0.0,
     layout: FlatLayout | None = None,
 ) -> None:
-    """v ← decay·v + (1−decay)·g², then r = (√v + max(ε, floor·s))^{-1/2} with s = √mean(v)
-    over the group of ``layout`` (per chain; over every rank's shard), or with v/(1−decayᵗ);
-    r = 1 (G = I) while s = 0.
+    """v ← decay·v + (1−decay)·g², then r = (√v + max(ε, floor·s))^{-1/2}, s = √mean(v) over the
+    group (per chain, over every rank's shard), or with v/(1−decayᵗ); r = 1 while s = 0.
 
-    r lives in a preallocated buffer, 3 passes over D (4 with bias correction, one more with the
-    floor: its mean reads v); multiplying by r twice is cheaper than dividing by √v + ε.
-    Eagerly pow(x, −½) is the vectorised rsqrt kernel on CPU (2× faster than torch.rsqrt);
-    under torch.compile (the funnel's fast path) inductor turns pow into a slow generic pow,
-    rsqrt into rsqrt.
+    Multiplying by r twice is cheaper than dividing by √v + ε. Eagerly pow(x, −½) is CPU's
+    vectorised rsqrt (2× torch.rsqrt); under torch.compile rsqrt is the fast one.
     """
     v.mul_(decay).addcmul_(grad, grad, value=1.0 - decay)
     correction = None
@@ -134,9 +123,8 @@ def update_second_moment(
         if correction is not None:
             total = total / correction
         scale = (total / sum(layout.full_numels)).sqrt_()
-        # r ← r + max(ε, floor·s), and r ← 1 (G = I) while nothing is seen (s = 0), as
-        # seen·r + add in one pass over D (bit for bit: r·1 and r·0 are exact); a masked
-        # fill after the add would be a second pass
+        # r ← r + max(ε, floor·s), or 1 (G = I) while s = 0, as seen·r + add in one pass
+        # over D (r·1 and r·0 are exact)
         seen = scale != 0.0
         add = torch.where(seen, torch.clamp(scale * floor, min=eps), 1.0)
         torch.addcmul(add, r, seen.to(r.dtype), out=r)

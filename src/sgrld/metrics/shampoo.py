@@ -1,37 +1,16 @@
 """Shampoo metric: a blocked Kronecker-factored RMSprop metric (paper §3.2).
 
-Per parameter tensor, reshaped to its merged shape of rank k and cut into blocks
-(:mod:`sgrld.metrics._blocking`), every block X carries one factor H_i per axis i:
+Each parameter tensor, reshaped to its merged shape of rank k and cut into blocks
+(:mod:`sgrld.metrics._blocking`), carries per block X one factor H_i per axis i:
 
     H_i ← decay·H_i + (1 − decay)·X_(i) X_(i)ᵀ,      H_i(0) = eps·I,
 
-with X_(i) the unfolding of X along axis i. The metric of a block is G = ⊗_i (H_i + rI)^{1/(2k)},
-so
-
-    G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g,       G^{-1/2}ξ = (⊗_i (H_i + rI)^{−1/(4k)}) ξ.
-
-The two roots of every factor are recomputed only when ``step % update_interval == 0`` and are
-the identity before the first refresh (so the first ``update_interval − 1`` steps are SGLD, as in
-the reference). Roots never modify the statistics. How G⁻¹ and G^{-1/2} enter
-the step (ℓ, n, τ) is fixed once in ``docs/conventions.md``.
-
-Speed (performance.md): blocks of equal shape are stacked and handled with batched matmuls; each
-Kronecker product is applied by k matmuls contracting one axis at a time (the cyclic "tensordot"
-trick: no copy per axis); work buffers are reused across steps; nothing in ``update``,
-``inverse`` or ``inverse_sqrt`` syncs with the host, only the root refresh does. Blocks of one
-shape form a *bucket* across all tensors of the layout (:func:`~sgrld.metrics._blocking.
-plan_buckets`), and each statistic of a bucket's axis is one tensor whose per-tensor keys are
-views (state dicts unchanged). On an accelerator a step is then one gather of every bucket's
-blocks (an index kernel), k batched matmuls per bucket and one scatter: a few launches per
-bucket instead of per tensor. On CPU (launches are cheap, the work is GEMM-bound) the same
-kernels run one tensor group at a time, each gathered just before its matmuls, which measured
-fastest there (performance.md, "Shampoo: blocks stacked across tensors").
-
-Measured (2 CPU threads, fp32, MLP 784-400-400-10, D = 478,410, defaults): ``update`` 1.7 ms,
-``inverse`` 1.9 ms, ``inverse_sqrt`` 1.9 ms per step, ≈ 150 GFLOP/s, near the GEMM rate (block
-128 costs 0.73 GFLOP per step). A root refresh of all 96 factors takes 68-71 ms (float64
-``eigh``, both roots), i.e. 0.7 ms per step at ``update_interval=100``, and 180-240 ms with
-``root_method="newton"`` (see :mod:`sgrld.metrics._linalg`).
+and G = ⊗_i (H_i + rI)^{1/(2k)}, so G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g and
+G^{-1/2}ξ = (⊗_i (H_i + rI)^{−1/(4k)}) ξ. The roots are recomputed when
+``step % update_interval == 0`` and are the identity before (the first steps are SGLD, as in the
+reference). Blocks of one shape form a bucket across tensors, handled by batched matmuls that
+contract one axis at a time; only the root refresh syncs with the host (``docs/performance.md``,
+"Shampoo: blocks stacked across tensors").
 """
 
 from __future__ import annotations
@@ -46,7 +25,15 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, PerTensor, StatKind, Stats, check_range, register
+from sgrld.core.contract import (
+    Metric,
+    PerTensor,
+    StatKind,
+    Stats,
+    check_choice,
+    check_range,
+    register,
+)
 from sgrld.core.layout import FlatLayout
 from sgrld.core.shards import rows_of
 from sgrld.metrics._blocking import (
@@ -76,48 +63,29 @@ def _key(stat: str, group: int, axis: int, index: int) -> str:
 class ShampooMetric(Metric):
     """Blocked Kronecker-factored metric G = ⊗_i H_i^{1/(2k)} per block (paper §3.2).
 
-    With the defaults this is the reference ``ShampooSGLD`` with its bugs fixed: an explicit
-    step counter, roots computed on a copy, in float64 ``eigh``.
-    Tensors of merged rank ≤ 1 (biases, scalars) get G = I unless ``precondition_vectors``.
-
-    The funnel's full-matrix RMSprop is
-    ``ShampooMetric(decay=0.9995, eps=1e-6, update_interval=1, precondition_vectors=True,
-    ridge="none")``: for a 2-vector G⁻¹ = H^{−1/2} and G^{-1/2} = H^{−1/4}.
+    The defaults are the reference ``ShampooSGLD`` with its bugs fixed (an explicit step counter,
+    roots computed on a copy, in float64 ``eigh``). Tensors of merged rank ≤ 1 get G = I unless
+    ``precondition_vectors``. The funnel's full-matrix RMSprop is ``ShampooMetric(decay=0.9995,
+    eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none")``.
 
     Args:
         decay: EMA weight λ of the factors, in [0, 1).
         eps: ε ≥ 0: the factors start at ε·I, and ε sets the ridge r.
         block_size: largest merged dim and largest block side (integer ≥ 1).
-        update_interval: the roots are recomputed at steps that are multiples of it
-            (integer ≥ 1); they are the identity before.
-        root_method: ``"eigh"`` (float64 eigendecomposition, tiny negative eigenvalues clamped
-            to 0) or ``"newton"`` (the reference's coupled Newton iteration, in the dtype of the
-            statistics).
-        precondition_vectors: give tensors of merged rank 1 a full-matrix factor (full-matrix
-            RMSprop, blocked like any other dim) instead of the identity.
-        tiling: how a merged dim larger than ``block_size`` is cut: ``"reference"`` (chunks of
-            ``block_size`` plus a remainder, as in the paper's code) or ``"even"`` (the
-            fewest chunks of ≤ ``block_size``, sizes differing by ≤ 1: 784 → 7 × 112; faster,
-            a different but equally valid metric).
-        ridge: r added to each factor before its root: ``"relative"`` r = ε·λ_max(H_i) (the
-            reference), ``"absolute"`` r = ε, or ``"none"`` r = 0 (the funnel).
-        damping: δ ≥ 0 adds δ·tr(H_i)/s_i (δ times the mean eigenvalue) to the ridge, so that
-            directions the statistics have barely seen do not get a huge G⁻¹; 0 (the paper's)
-            by default; ``docs/posterior.md`` measures what it buys (``root_method="eigh"``).
-        root_dtype: the precision of ``eigh`` (float64, the default; float32 is much faster on
-            a GPU and is retried in float64 for a bucket whose decomposition fails).
-        row_shards: W ≥ 1: plan every tensor as the W shards that FSDP2 cuts it into along
-            dim 0 (``torch.chunk``'s rows, :func:`sgrld.core.shards.rows_of`), so that one
-            process has the block partition of a chain sharded over W ranks (no block crosses a
-            shard) and is that chain. Sharded parameters are always planned by their shards;
-            there it must be 1 or the mesh's size. 1 (the default): whole tensors.
-
-    Sharded parameters (FSDP2, ``docs/distributed.md``): a rank's shard of a tensor is merged
-    with the *whole* tensor's grouping of dims, only the first merged dim cut at the shard's
-    rows (:func:`~sgrld.metrics._blocking.merge_rows`), then blocked within the shard; it gets
-    G = I exactly when the whole tensor does (its merged rank, which the shard keeps, is ≤ 1
-    without ``precondition_vectors``), and an empty shard has no blocks. :meth:`partition`
-    reports the merged shape and blocks of each tensor.
+        update_interval: the roots are recomputed at multiples of it (integer ≥ 1), I before.
+        root_method: ``"eigh"`` (float64, tiny negative eigenvalues clamped to 0) or ``"newton"``
+            (the reference's coupled Newton iteration, in the statistics' dtype).
+        precondition_vectors: give tensors of merged rank 1 a full-matrix factor instead of I.
+        tiling: ``"reference"`` (chunks of ``block_size`` plus a remainder) or ``"even"`` (the
+            fewest near-equal chunks: 784 → 7 × 112; faster, a different but valid metric).
+        ridge: r added before the root: ``"relative"`` ε·λ_max(H_i) (the reference),
+            ``"absolute"`` ε, or ``"none"`` 0 (the funnel).
+        damping: δ ≥ 0 adds δ·tr(H_i)/s_i to the ridge (``docs/posterior.md``; ``"eigh"`` only).
+        root_dtype: the precision of ``eigh`` (float64; float32 is much faster on a GPU and is
+            retried in float64 for a bucket whose decomposition fails).
+        row_shards: W ≥ 1: plan every tensor as the W row shards FSDP2 cuts it into, so one
+            process has the blocks of a chain sharded over W ranks; for sharded parameters 1 or
+            the mesh's size (``docs/distributed.md``).
 
     References:
         Yu et al. (2023) §3.2; Gupta, Koren & Singer (2018), Shampoo; reference.md §2.5.
@@ -125,13 +93,9 @@ class ShampooMetric(Metric):
     Examples:
         >>> import torch
         >>> from sgrld.core.layout import FlatLayout
-        >>> layout = FlatLayout(("w",), ((3, 200),))  # merged (3, 200): (3, 4) would be (12,)
-        >>> metric = ShampooMetric(update_interval=1)
+        >>> layout, metric = FlatLayout(("w",), ((3, 200),)), ShampooMetric(update_interval=1)
         >>> stats = metric.init(layout, torch.zeros(600))
-        >>> g = torch.randn(600)
-        >>> metric.update(stats, layout, g, step=1)
-        >>> metric.refresh(stats, layout)  # the step engine does this every update_interval
-        >>> metric.inverse(stats, layout, g.clone()).shape
+        >>> metric.inverse(stats, layout, torch.randn(600)).shape
         torch.Size([600])
     """
 
@@ -169,16 +133,9 @@ class ShampooMetric(Metric):
         _check_int("block_size", self.block_size, 1)
         _check_int("update_interval", self.update_interval, 1)
         _check_int("row_shards", self.row_shards, 1)
-        if self.root_method not in ("eigh", "newton"):
-            raise ValueError(
-                f"invalid root_method: {self.root_method!r} (expected 'eigh' or 'newton')"
-            )
-        if self.tiling not in TILINGS:
-            raise ValueError(f"invalid tiling: {self.tiling!r} (expected 'reference' or 'even')")
-        if self.ridge not in ("relative", "absolute", "none"):
-            raise ValueError(
-                f"invalid ridge: {self.ridge!r} (expected 'relative', 'absolute' or 'none')"
-            )
+        check_choice("root_method", self.root_method, ("eigh", "newton"))
+        check_choice("tiling", self.tiling, TILINGS)
+        check_choice("ridge", self.ridge, ("relative", "absolute", "none"))
         if self.root_dtype not in (torch.float32, torch.float64):
             raise ValueError(
                 f"invalid root_dtype: {self.root_dtype!r} (expected torch.float32 or float64)"
@@ -196,13 +153,9 @@ class ShampooMetric(Metric):
         whole: tuple[int, ...] | None = None,
         row_splits: tuple[int, ...] | None = None,
     ) -> BlockPlan | None:
-        """The merge/block plan of a tensor of ``shape``, or ``None`` if it gets G = I (or, as
-        an empty shard, has no blocks).
-
-        ``shape`` may be rows of a tensor of shape ``whole`` (a shard), cut into pieces of
-        ``row_splits`` rows (:func:`~sgrld.metrics._blocking.plan_blocks`); G = I is then
-        decided on the whole tensor, so that every rank's shard of a tensor decides alike.
-        """
+        """The merge/block plan of a tensor of ``shape``, or ``None`` if it gets G = I (or is an
+        empty shard). A shard (rows of ``whole``, or cut at ``row_splits``) gets G = I as its whole
+        tensor does."""
         decided = plan_blocks(tuple(whole or shape), self.block_size, self.tiling)
         min_rank = 1 if self.precondition_vectors else 2
         if decided.rank < min_rank:
@@ -213,42 +166,30 @@ class ShampooMetric(Metric):
         return plan if plan.num_blocks else None
 
     def _plans(self, layout: FlatLayout) -> list[tuple[int, BlockPlan]]:
-        # A plain loop: torch.compile cannot trace a walrus in a comprehension (funnel fast path).
-        out = []
-        cut = self._cut(layout)
-        for i, shape in enumerate(layout.shapes):
-            plan = self._plan_of(layout, i) if cut else self.plan(shape)
-            if plan is not None:
-                out.append((i, plan))
-        return out
-
-    def _cut(self, layout: FlatLayout) -> bool:
-        """Whether ``layout``'s tensors are planned as row shards (sharded, or ``row_shards``)."""
+        """Each planned tensor's ``(index, plan)``: whole, a rank's shard, or ``row_shards``."""
         shards = layout.shards
         if shards is not None and self.row_shards not in (1, shards.world):
             raise ValueError(
                 f"row_shards={self.row_shards} on parameters sharded over {shards.world} ranks: "
                 "a sharded chain's blocks are its shards' (row_shards must be 1 or the mesh size)"
             )
-        return shards is not None or self.row_shards > 1
-
-    def _plan_of(self, layout: FlatLayout, i: int) -> BlockPlan | None:
-        """Tensor ``i``'s plan as a rank's shard (whole tensor: ``layout.shards``) or as the
-        ``row_shards`` shards of one process."""
-        shape = layout.shapes[i]
-        if layout.shards is not None:
-            return self.plan(shape, layout.shards.full_shapes[i])
-        if not shape:  # a scalar has no rows to cut
-            return self.plan(shape)
-        splits = tuple(rows_of(shape[0], self.row_shards, r)[1] for r in range(self.row_shards))
-        return self.plan(shape, row_splits=splits)
+        # A plain loop: torch.compile cannot trace a walrus in a comprehension (funnel fast path).
+        out = []
+        for i, shape in enumerate(layout.shapes):
+            if shards is not None:
+                plan = self.plan(shape, shards.full_shapes[i])
+            elif self.row_shards > 1 and shape:  # a scalar has no rows to cut
+                rows = [rows_of(shape[0], self.row_shards, r)[1] for r in range(self.row_shards)]
+                plan = self.plan(shape, row_splits=tuple(rows))
+            else:
+                plan = self.plan(shape)
+            if plan is not None:
+                out.append((i, plan))
+        return out
 
     def partition(self, layout: FlatLayout) -> list[TensorBlocks]:
-        """How each tensor of ``layout`` is merged and blocked (on this rank, if sharded).
-
-        One :class:`TensorBlocks` per tensor, in layout order: its whole shape, the rows held,
-        the merged shape and every block's shape in order (none where G = I or the shard is
-        empty). ``ShampooSGLD.partition()`` gives it for an optimizer's parameters.
+        """How each tensor of ``layout`` is merged and blocked (on this rank, if sharded), in layout
+        order. ``ShampooSGLD.partition()`` gives it for an optimizer's parameters.
 
         Examples:
             >>> layout = FlatLayout(("conv", "bias"), ((16, 16, 3, 3), (16,)))
@@ -272,13 +213,12 @@ class ShampooMetric(Metric):
         return out
 
     def _key_of(self, layout: FlatLayout) -> tuple[object, ...]:
-        """What a layout's plans depend on: the (local) shapes, the chains, and the whole
-        shapes of a sharded layout."""
+        """What a layout's plans depend on: shapes, chains, whole shapes."""
         shards = layout.shards
         return (layout.shapes, layout.batch_shape, None if shards is None else shards.full_shapes)
 
     def _stacking(self, layout: FlatLayout) -> _Stacking:
-        """The buckets of ``layout`` and where each lies in a work region (cached by shapes)."""
+        """The buckets of ``layout`` and their work-region spans (cached)."""
         key = self._key_of(layout)
         stacking = self._stackings.get(key)
         if stacking is None:
@@ -287,8 +227,7 @@ class ShampooMetric(Metric):
         return stacking
 
     def _work(self, stacking: _Stacking, layout: FlatLayout, like: Tensor) -> _Work:
-        """The gather index (or ``None``) and the reusable flat regions for the blocks: three
-        holding every bucket with an index, two holding the largest tensor group without."""
+        """The gather index (or ``None``) and the reusable work regions."""
         index = self._index(stacking, layout, like)
         # one region per gathered, intermediate and transformed blocks; without an index the
         # transformed blocks end in one of the first two (and are scattered piece by piece)
@@ -302,11 +241,9 @@ class ShampooMetric(Metric):
         return _Work(index, regions[0], regions[1], regions[-1] if index is not None else None)
 
     def _index(self, stacking: _Stacking, layout: FlatLayout, x: Tensor) -> Tensor | None:
-        """Flat positions in ``x`` of every bucket's blocks in work-region order (the gather and
-        scatter of all buckets in one kernel each), or ``None`` where the blocks are copied one
-        tensor at a time: on CPU (faster there, see :meth:`_pieces`), while traced (inductor
-        fuses the copies), for a strided ``x``, and while a CUDA graph is captured before the
-        index exists (it is made once, outside any graph)."""
+        """Flat positions of every bucket's blocks (one gather and one scatter kernel), or ``None``
+        where blocks are copied one tensor at a time: on CPU (faster there), while traced, for a
+        strided ``x``, and while a CUDA graph is captured before the index exists."""
         if x.device.type == "cpu" or torch.compiler.is_compiling() or not x.is_contiguous():
             return None
         key = (*self._key_of(layout), x.device)
@@ -319,11 +256,8 @@ class ShampooMetric(Metric):
     # ------------------------------------------------------------------ contract
 
     def init(self, layout: FlatLayout, like: Tensor) -> Stats:
-        """ε·I factors and identity roots, one key per tensor, group, axis and statistic.
-
-        Each statistic of a bucket's axis is one ``(blocks, *batch, s, s)`` tensor and the
-        per-tensor keys are views of it, so that a step updates and applies a whole bucket with one
-        batched matmul while state dicts keep their per-tensor keys and shapes.
+        """ε·I factors and identity roots; the per-tensor keys are views of one tensor per bucket
+        axis.
         """
         whole = layout.shapes if layout.shards is None else layout.shards.full_shapes
         if (
@@ -354,7 +288,7 @@ class ShampooMetric(Metric):
         return {_key(*k): views[k] for k in self._stat_names(layout)}
 
     def _stat_names(self, layout: FlatLayout) -> Iterator[tuple[str, int, int, int]]:
-        """(statistic, group, axis, tensor) of every factor and root, in the state's order."""
+        """(statistic, group, axis, tensor) of every factor and root."""
         for i, plan in self._plans(layout):
             for g, group in enumerate(plan.groups):
                 for a in range(len(group.sizes)):
@@ -362,23 +296,23 @@ class ShampooMetric(Metric):
                         yield stat, g, a, i
 
     def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
-        """Every factor and root belongs to one tensor (:class:`~sgrld.core.contract.PerTensor`)."""
+        """Every factor and root belongs to one tensor."""
         kinds = (PerTensor(f"{s}_{g}_{a}", i) for s, g, a, i in self._stat_names(layout))
         return {kind.key: kind for kind in kinds}
 
     @property
     def refresh_interval(self) -> int:
-        """The roots are recomputed by the step engine every ``update_interval`` steps."""
+        """The roots are recomputed every ``update_interval`` steps."""
         return self.update_interval
 
     def refresh(self, stats: Stats, layout: FlatLayout) -> None:
-        """Recompute the inverse roots (the engine calls this every ``update_interval`` steps)."""
+        """Recompute the inverse roots (:meth:`compute_roots`)."""
         self.compute_roots(stats, layout)
 
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
-        """``factor_condition``: the largest condition number λ_max/λ_min of any factor H_i, one
-        per chain (float64 eigenvalues; a singular factor gives inf): how hard the roots' ridge
-        works."""
+        """``factor_condition``: the largest condition number λ_max/λ_min of any factor, per
+        chain.
+        """
         worst = torch.zeros(layout.batch_shape, dtype=torch.float64)
         for key, value in stats.items():
             if key.startswith("factor_"):  # (*batch, blocks, s, s)
@@ -388,11 +322,7 @@ class ShampooMetric(Metric):
         return {"factor_condition": worst}
 
     def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block (roots: :meth:`refresh`).
-
-        Per bucket and axis one batched matmul over the bucket's blocks of every tensor (see
-        :meth:`_pieces` for how the blocks are gathered on each device).
-        """
+        """H_i ← decay·H_i + (1−decay)·X_(i)X_(i)ᵀ per block."""
         nb = len(layout.batch_shape)
         stacking = self._stacking(layout)
         work = self._work(stacking, layout, grad)
@@ -400,8 +330,10 @@ class ShampooMetric(Metric):
             for a in range(piece.bucket.rank):
                 factor, copied_from = stacking.piece_stat(stats, "factor", piece, a, nb)
                 self._fold(factor, blocks, a)
-                if copied_from is not None:
-                    _write_back(factor, copied_from)
+                if copied_from is not None:  # stacked by copying: write it back
+                    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in copied_from]
+                    for part, value in zip(copied_from, factor.split(rows), strict=True):
+                        part.copy_(value.view(part.shape))
 
     def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
         """G⁻¹g = (⊗_i (H_i + rI)^{−1/(2k)}) g per block, in place."""
@@ -412,16 +344,11 @@ class ShampooMetric(Metric):
         return self._precondition(stats, layout, noise, "noise_root")
 
     def compute_roots(self, stats: Stats, layout: FlatLayout) -> None:
-        """Recompute both inverse roots of every factor now (the engine calls this on schedule).
+        """Recompute both inverse roots of every factor now (the factors are only read).
 
-        Grad roots (H_i + rI)^{−1/(2k)} and noise roots (H_i + rI)^{−1/(4k)}, computed in
-        ``root_dtype`` (``eigh``, float64 by default, retried in float64 if a lower precision
-        fails) or in the statistics' dtype (``newton``, which forms the 1/(4k) root and squares
-        it, as the reference), stored in the statistics' dtype. The factors are only read.
-
-        Factors of equal size and rank across all tensors form one bucket, decomposed by one
-        batched call (one ``eigh`` per bucket instead of one per factor group: on a GPU the
-        refresh is then a handful of launches).
+        Grad roots (H_i + rI)^{−1/(2k)} and noise roots (H_i + rI)^{−1/(4k)}, by ``eigh`` in
+        ``root_dtype`` or by ``newton`` in the statistics' dtype (the 1/(4k) root, squared, as the
+        reference), one batched call per bucket of equal size and rank.
         """
         buckets: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         for i, plan in self._plans(layout):
@@ -454,20 +381,11 @@ class ShampooMetric(Metric):
     def _pieces(
         self, stacking: _Stacking, layout: FlatLayout, x: Tensor, work: _Work, scatter: bool
     ) -> Iterator[tuple[_Piece, Tensor, Tensor | None]]:
-        """Each piece's blocks of ``x`` as ``(piece, blocks, result)``: ``blocks`` is
-        ``(count·chains, *sizes)``, block-major; ``result`` is where the caller's k cyclic
-        matmuls, alternating between the scratch and the gathered region, write the transformed
-        blocks so that they reach ``x`` (``None`` for a piece used in place, which the caller
-        writes itself). Only with ``scatter`` are the results written back into ``x``.
-
-        With a gather index (accelerators) a piece is a whole bucket: one kernel gathers every
-        bucket before the first piece and one scatters them all after the last. Without one (CPU,
-        traced steps) a piece is one tensor's group of blocks, gathered just before and scattered
-        just after it is used, or one whole tensor used in place, as before the buckets: on CPU,
-        where launches are cheap, stacking saved nothing and cost up to 5 % in cache misses and
-        copies of whole tensors (docs/performance.md, "Shampoo: blocks stacked across
-        tensors").
-        """
+        """Each piece's blocks of ``x`` as ``(piece, blocks, result)``; ``result`` is where the
+        caller's matmuls must end for the blocks to reach ``x`` (``None``: used in place). With a
+        gather index a piece is a whole bucket (one gather, one scatter); without (CPU, traced) one
+        tensor's group, gathered just before and scattered just after (faster on CPU:
+        ``docs/performance.md``)."""
         if work.positions is not None:
             assert work.result is not None
             torch.index_select(x.view(-1), 0, work.positions, out=work.gathered)
@@ -494,10 +412,7 @@ class ShampooMetric(Metric):
                 m.group.scatter(result, xi)
 
     def _fold(self, factor: Tensor, blocks: Tensor, axis: int) -> None:
-        """factor ← decay·factor + (1−decay)·X_(axis)X_(axis)ᵀ, batched over blocks.
-
-        The first and last axes are strided views of the blocks (no copy).
-        """
+        """factor ← decay·factor + (1−decay)·X_(axis)X_(axis)ᵀ, batched."""
         n, sizes = blocks.shape[0], blocks.shape[1:]
         s = sizes[axis]
         if axis == 0:
@@ -509,14 +424,9 @@ class ShampooMetric(Metric):
         factor.baddbmm_(unfold, unfold.mT, beta=self.decay, alpha=1.0 - self.decay)
 
     def _precondition(self, stats: Stats, layout: FlatLayout, x: Tensor, root: str) -> Tensor:
-        """Apply ⊗_i R_i to every block of ``x`` in place, R_i = ``stats[root_i]``.
-
-        A block's axes are contracted one at a time with the cyclic trick of the reference:
-        view the block as (s_0, rest), contract s_0 with R_0 into (rest, s_0), which is the block
-        with its axes rotated by one; after k contractions the axis order is back. The transposed
-        operand is only a strided view, so each contraction is one batched GEMM over a bucket's
-        blocks of every tensor (:meth:`_pieces`).
-        """
+        """Apply ⊗_i R_i to every block of ``x`` in place, one axis at a time (the reference's
+        cyclic contraction: each one rotates the block's axes by one, a batched GEMM over a bucket's
+        blocks)."""
         nb = len(layout.batch_shape)
         stacking = self._stacking(layout)
         work = self._work(stacking, layout, x)
@@ -542,11 +452,9 @@ class TensorBlocks(NamedTuple):
     Attributes:
         name: the parameter's name.
         shape: the whole tensor's shape (of all ranks together, when sharded).
-        rows: ``(first row, row count)`` along dim 0 that this rank holds (all rows unsharded).
-        merged: the merged shape of the rows held (the whole tensor's grouping of dims, the
-            first merged dim cut at the rows); ``()`` where G = I or there are no blocks.
-        blocks: each block's shape, in the plan's order; ``()`` where G = I or the shard is
-            empty.
+        rows: ``(first row, row count)`` along dim 0 that this rank holds.
+        merged: the merged shape of the rows held; ``()`` where G = I or there are no blocks.
+        blocks: each block's shape, in the plan's order; ``()`` where G = I or none.
     """
 
     name: str
@@ -557,17 +465,13 @@ class TensorBlocks(NamedTuple):
 
     @property
     def factor_numel(self) -> int:
-        """Elements of the blocks' factors H_i (one s × s matrix per block and axis; the two
-        roots take as many each)."""
+        """Elements of the blocks' factors H_i (each root takes as many)."""
         return sum(s * s for block in self.blocks for s in block)
 
 
 def _kron_apply(y: Tensor, roots: list[Tensor], scratch: tuple[Tensor, ...], out: Tensor) -> Tensor:
-    """(⊗_i R_i) applied to each block of ``y`` (``(n, *sizes)``), written into ``out``.
-
-    Contraction ``a`` reads the previous result and writes ``scratch[a % 2]`` (the last one
-    ``out``), so no matmul reads the memory it writes: ``scratch`` must not overlap ``out``, and
-    ``y`` may be one of them only where it is not written while read.
+    """(⊗_i R_i) applied to each block of ``y`` into ``out``; contraction ``a`` writes
+    ``scratch[a % 2]`` (the last ``out``), so no matmul reads what it writes.
     """
     n, k = y.shape[0], len(roots)
     for a, r in enumerate(roots):
@@ -595,13 +499,6 @@ def _common_base(parts: list[Tensor], bucket: Bucket) -> Tensor | None:
     return base
 
 
-def _write_back(stacked: Tensor, parts: list[Tensor]) -> None:
-    """Copy a statistic that was stacked by copying (``piece_stat``) back into ``parts``."""
-    rows = [p.shape[0] * math.prod(p.shape[1:-2]) for p in parts]
-    for part, value in zip(parts, stacked.split(rows), strict=True):
-        part.copy_(value.view(part.shape))
-
-
 class _Work(NamedTuple):
     positions: Tensor | None
     gathered: Tensor
@@ -611,13 +508,8 @@ class _Work(NamedTuple):
 
 @dataclass(frozen=True)
 class _Piece:
-    """Blocks of bucket number ``number`` handled by one matmul per axis: the whole bucket
-    (``member`` None) or one member's group (``member``; a whole tensor is used in place).
-
-    Attributes:
-        position: the member's index in the bucket's members (-1: the whole bucket).
-        span: the piece's elements in a work region.
-        rows_count: blocks × chains.
+    """One matmul per axis over a whole bucket (``member`` None, ``position`` -1) or one member's
+    group; ``span`` is its part of a work region, ``rows_count`` blocks × chains.
     """
 
     bucket: Bucket
@@ -630,9 +522,7 @@ class _Piece:
 
 @dataclass(frozen=True)
 class _Stacking:
-    """How a layout's blocks are stacked: its buckets, as pieces with a gather index
-    (``stacked``: a bucket each, back to back in ``size`` elements of a work region) and
-    without one (``split``: one member each, from offset 0 of ``largest`` elements)."""
+    """A layout's buckets as pieces with a gather index (``stacked``) and without."""
 
     buckets: tuple[Bucket, ...]
     stacked: tuple[_Piece, ...]
@@ -672,15 +562,9 @@ class _Stacking:
     def piece_stat(
         self, stats: Stats, stat: str, piece: _Piece, axis: int, nbatch: int
     ) -> tuple[Tensor, list[Tensor] | None]:
-        """Statistic ``stat`` of ``piece``'s blocks, one axis, as one ``(rows, s, s)`` tensor
-        (block-major), and ``None``, or the views to write it back to where it is a copy.
-
-        A member's statistic is its own tensor (a view of the bucket's, as :meth:`ShampooMetric.
-        init` makes it: no copy). A whole bucket's is the tensor that its members' statistics
-        are views of (checked once, then by identity); statistics that are not views of one
-        tensor (cloned, stacked by a caller, or while ``torch.compile`` traces, where a view's
-        base cannot be read) are copied into one.
-        """
+        """Statistic ``stat`` of ``piece`` for one axis as one ``(rows, s, s)`` tensor, and
+        ``None``, or the views to write it back to where it is a copy (not views of one base, or
+        while traced)."""
         slot = (stat, piece.number, axis)
         keys = self._keys[slot]
         raw = (
@@ -704,8 +588,7 @@ class _Stacking:
         return torch.cat(parts).view(-1, s, s), parts
 
     def positions(self, layout: FlatLayout, device: torch.device) -> Tensor:
-        """The flat index into a contiguous ``(*batch, D)`` buffer of every element of a work
-        region: the blocks gathered by the same code from a buffer of positions."""
+        """Flat index into a ``(*batch, D)`` buffer of every work-region element."""
         flat = torch.arange(self.chains * layout.size, device=device)
         segments = layout.segments(flat.view(self.chains, layout.size))
         pieces = [

@@ -16,28 +16,20 @@ from sgrld.core.layout import FlatLayout
 class WenzelMetric(Metric):
     """G⁻¹ = M_p·I per parameter tensor p, changed only by :meth:`refresh`.
 
-    Statistics V (from ones) follow V ← decay·V + (1−decay)·g². A refresh (runners call it at each
-    epoch end) sets s_p = mean(V_p) + ε and M_p = (s_p / min_q s_q)^(−1/2): the tensor with the
-    smallest mean squared gradient gets M = 1, all others smaller steps. Until the first refresh
-    M = 1, so Wenzel equals SGLD for the whole first epoch, as in the reference.
-
-    The reference folds g into V *after* the move; since M only changes at a refresh, folding
-    before is the same chain, and lets the core's gradient copy be scaled in place.
-
-    A refresh reads V only through mean(V_p), and the mean is linear, so the per-element EMA is
-    kept as its per-tensor mean: v_p ← decay·v_p + (1−decay)·mean(g_p²), v_p = 1 at first. This
-    is the reference's statistic exactly (up to rounding) at the cost of one read-only dot
-    product per tensor per step, with no parameter-sized buffer (memory as SGLD's).
-
-    With ``min_scale`` > 0 a refresh floors every M_p at it (damping): the tensor with the
-    largest mean squared gradient then still moves at least √min_scale as far per unit of noise
-    as the one with the smallest, instead of being nearly frozen for the epoch. Any M_p > 0 is a
-    valid constant metric between refreshes, so the floor keeps the chain's stationary law.
+    V (from ones) follows V ← decay·V + (1−decay)·g², kept as its per-tensor mean (the refresh
+    reads only mean(V_p), which is linear: no parameter-sized buffer). A refresh (each epoch end)
+    sets s_p = mean(V_p) + ε and M_p = (s_p / min_q s_q)^(−1/2); M = 1 until the first refresh,
+    so Wenzel is SGLD for the first epoch, as in the reference. The reference folds g into V after
+    the move; since M only changes at a refresh, folding before is the same chain.
+    ``min_scale`` > 0 floors every M_p (damping); any M_p > 0 keeps the stationary law.
 
     Args:
         decay: EMA weight in [0, 1).
         eps: ε ≥ 0 added to mean(V) (inside the square root).
         min_scale: floor on M_p in [0, 1] (0, the reference's: none; 1 makes Wenzel SGLD).
+
+    References:
+        Wenzel et al. (2020), How good is the Bayes posterior in deep neural networks really?
     """
 
     name = "wenzel"
@@ -86,8 +78,7 @@ class WenzelMetric(Metric):
     def sums_ahead(
         self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
     ) -> dict[str, Tensor]:
-        """Sharded parameters: this rank's Σg² per tensor, summed by the engine with the finite
-        check in one all-reduce (:class:`sgrld.core.shards.SumsAhead`)."""
+        """Sharded parameters: this rank's Σg² per tensor, summed ahead."""
         return {"gg": self._square_sums(layout, grad)} if adapt else {}
 
     def refresh(self, stats: Stats, layout: FlatLayout) -> None:

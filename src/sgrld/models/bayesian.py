@@ -1,19 +1,10 @@
 """A network whose parameters carry priors, its likelihood, He initialisation and the potential.
 
-Every ``nn.Linear`` and ``nn.Conv*`` parameter gets a prior module attached next to it as
-``<param>_prior`` (so a horseshoe's sampled scale appears as ``....weight_prior.raw_scale``, like
-the reference's ``weight_prior.scale.p``). BatchNorm and other parameters stay flat (improper
-prior) but are sampled like all others. All parameters are plain ``nn.Parameter``s
-reachable through ``named_parameters()`` in a fixed order: each layer's weight and bias, then its
-priors' hyper-parameters.
-
-Scale rule: σ = ``weight_scale``/sqrt(in_features) for dense weights,
-``weight_scale``/sqrt(C_in) for conv kernels (or /sqrt(C_in·k²) with ``conv_scale="fan_in"``),
-``bias_scale`` for biases.
-
-The likelihood (:mod:`sgrld.likelihoods`, categorical by default) is the submodule
-``likelihood``, registered after the net: its sampled parameters (a learned Gaussian log σ) come
-after the net's in ``named_parameters()``, and a categorical likelihood adds none.
+Every ``nn.Linear`` and ``nn.Conv*`` parameter gets a prior as ``<param>_prior`` (a horseshoe's
+scale is ``....weight_prior.raw_scale``); σ = ``weight_scale``/sqrt(fan) (C_in for convs, or
+C_in·k² with ``conv_scale="fan_in"``), ``bias_scale`` for biases. Other parameters (BatchNorm)
+have an improper flat prior but are sampled too. ``named_parameters()`` order: each layer's
+weight and bias, its priors' hyper-parameters, then the likelihood's (``docs/likelihoods.md``).
 """
 
 from __future__ import annotations
@@ -52,9 +43,8 @@ def parameter_scales(module: nn.Module, config: PriorConfig) -> dict[str, float]
 class BayesianModel(nn.Module):
     """``net`` with a prior on every Linear/conv parameter, a likelihood and ``log_prior()``.
 
-    The forward pass returns η, the likelihood's per-point parameters (the logits of the default
-    Categorical likelihood, softmax temperature 1; mean and log σ of a Gaussian).
-    Sample in ``train()`` mode and evaluate in ``eval()`` mode (BatchNorm).
+    The forward pass returns η, the likelihood's per-point parameters (logits by default). Sample in
+    ``train()`` mode and evaluate in ``eval()`` mode (BatchNorm).
 
     Args:
         net: the network; its layers get ``<param>_prior`` submodules attached.
@@ -62,8 +52,7 @@ class BayesianModel(nn.Module):
         config: scales and variants; the default reproduces the reference.
         init: apply He initialisation now; otherwise keep the net's own values.
         generator: random generator for the initialisation.
-        likelihood: p(y | x, θ) (default: :class:`~sgrld.likelihoods.Categorical` over the
-            net's outputs).
+        likelihood: p(y | x, θ) (default: :class:`~sgrld.likelihoods.Categorical`).
 
     Raises:
         ValueError: unknown ``prior``; the message lists the valid names.
@@ -124,13 +113,9 @@ class BayesianModel(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """He initialisation.
-
-        Weights with a prior: Kaiming normal, fan_in, ReLU gain (std sqrt(2/fan_in), fan_in =
-        C_in·k² for convs). Biases with a prior: U(±1/sqrt(out_features)). BatchNorm: weight 1,
-        bias 0, running stats reset. Horseshoe scales: softplus⁻¹(1). The likelihood's
-        parameters: its own initial values (a learned log σ: its prior's mean).
-        """
+        """He initialisation: prior-carrying weights Kaiming normal (fan_in, ReLU gain), their
+        biases U(±1/sqrt(out_features)); BatchNorm, prior and likelihood parameters at their initial
+        values."""
         for _, layer, name, site_prior in self._sites:
             param = getattr(layer, name)
             if name == "weight":
@@ -151,17 +136,15 @@ class BayesianModel(nn.Module):
 
 
 def potential(model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
-    """Per-datum potential u_B(θ) = −mean_B log p(y|x, θ) − log p(θ)/n.
-
-    Its gradient is the paper's ĝ = ∇Û/n used by every sampler (``docs/conventions.md``). The
-    data term is the model's likelihood's :meth:`~sgrld.likelihoods.Likelihood.nll`; for the
-    default categorical likelihood exactly ``F.cross_entropy(model(x), y)``.
+    """Per-datum potential u_B(θ) = −mean_B log p(y|x, θ) − log p(θ)/n, whose gradient is the
+    paper's ĝ (``docs/conventions.md``); for the categorical likelihood the data term is exactly
+    ``F.cross_entropy(model(x), y)``.
 
     Args:
         model: the Bayesian model (its mode decides how BatchNorm behaves).
         x: a minibatch of inputs.
         y: the minibatch's targets: int64 class labels (categorical), floats (Gaussian).
-        num_data: n, the number of training points (50,000 MNIST, 40,000 CIFAR-10).
+        num_data: n, the number of training points.
 
     Returns:
         A 0-d tensor.

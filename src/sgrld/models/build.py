@@ -24,30 +24,29 @@ def build_model(
     in_features: int = 784,
     likelihood: Likelihood | None = None,
 ) -> BayesianModel:
-    """A He-initialised :class:`BayesianModel` for one of the paper's settings, or a regression.
-
-    The net has as many outputs as the likelihood reads (``likelihood.num_outputs``).
+    """A He-initialised :class:`BayesianModel` for one of the paper's settings, or a regression;
+    the net has as many outputs as the likelihood reads.
 
     Args:
         arch: ``"fc"`` (MNIST 784-N-N-10; diabetes 10-N-N-1) or ``"resnet20"`` (CIFAR-10).
-        prior: ``gaussian``, ``horseshoe`` or ``convcorrnormal``; the paper uses G/HS for
-            ``fc`` and G/``convcorrnormal`` for ``resnet20``.
-        width: hidden width N of ``fc`` (400, 800 or 1200 in the paper); ignored for resnet20.
+        prior: ``gaussian``, ``horseshoe`` or ``convcorrnormal`` (the paper: G/HS for ``fc``,
+            G/``convcorrnormal`` for ``resnet20``).
+        width: hidden width N of ``fc`` (400, 800 or 1200 in the paper).
         num_classes: number of logits of the default likelihood, ``Categorical(num_classes)``.
         config: prior scales and variants (reference defaults).
         generator: random generator of the initialisation.
-        in_features: inputs of ``fc`` (784 for MNIST, 10 for diabetes); ignored for resnet20.
-        likelihood: p(y | x, θ), e.g. :class:`~sgrld.likelihoods.Gaussian` for regression;
-            overrides ``num_classes``.
+        in_features: inputs of ``fc`` (784 for MNIST, 10 for diabetes).
+        likelihood: p(y | x, θ), e.g. :class:`~sgrld.likelihoods.Gaussian`; overrides
+            ``num_classes``.
+
+    Raises:
+        ValueError: unknown ``arch`` or ``prior`` (listing the valid names) or bad sizes.
 
     Examples:
         >>> from sgrld.likelihoods import Gaussian
         >>> model = build_model("fc", width=50, in_features=10, likelihood=Gaussian(scale=None))
         >>> model(torch.zeros(3, 10)).shape  # per point: mean and log σ
         torch.Size([3, 2])
-
-    Raises:
-        ValueError: unknown ``arch`` or ``prior`` (listing the valid names) or bad sizes.
     """
     get_prior(prior)  # validate before building the net
     if likelihood is None:

@@ -14,16 +14,14 @@ def check_positive(name: str, value: int) -> None:
 
 
 class FullyConnected(nn.Sequential):
-    """Flatten → fc1 → ReLU → fc2 → ReLU → fc3, Linear layers (in, N), (N, N), (N, classes).
+    """Flatten → fc1 → ReLU → fc2 → ReLU → fc3: Linear (in, N), (N, N), (N, classes), with biases.
 
-    All Linear layers have a bias; there is no BatchNorm (the reference passes ``batchnorm=True``
-    but the dense net ignores it). Parameter count 478,410 / 1,276,810 / 2,395,210 for
-    N = 400 / 800 / 1200.
+    No BatchNorm (the reference's dense net ignores ``batchnorm=True``); 478,410 / 1,276,810 /
+    2,395,210 parameters for N = 400 / 800 / 1200.
 
     Args:
         width: hidden width N ≥ 1.
-        in_features: input size (784 for flattened MNIST, 10 for diabetes; any input is
-            flattened first).
+        in_features: input size (784 for flattened MNIST, 10 for diabetes; inputs are flattened).
         num_classes: number of outputs (the logits; 1 for a Gaussian regression).
     """
 

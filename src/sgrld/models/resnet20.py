@@ -1,9 +1,5 @@
-"""Google ResNet-20 for CIFAR-10 with BatchNorm, without torchvision.
-
-Ported, like the reference, from google-research ``cold_posterior_bnn``: stem conv3×3(16) → BN →
-ReLU, three stages of three BasicBlocks (16, 32, 64 filters; stride 2 at the start of stages 2
-and 3; 1×1 conv + BN shortcuts where the shape changes), global average pooling, Linear(64, 10).
-Parameters: convs 270,256; BN 1,568; linear 650; total 272,474.
+"""Google ResNet-20 for CIFAR-10 with BatchNorm, ported like the reference from google-research
+``cold_posterior_bnn`` (272,474 parameters), without torchvision.
 """
 
 from __future__ import annotations
@@ -47,10 +43,8 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-    """Google ResNet-20. Input NCHW (32×32 for CIFAR-10), output logits.
-
-    Sample in ``train()`` mode (batch statistics, running stats updated); evaluate in ``eval()``
-    mode (running stats). Global average pooling equals the reference AvgPool2d(8) on 32×32 input.
+    """Google ResNet-20: input NCHW (32×32 for CIFAR-10), output logits; sample in ``train()`` mode,
+    evaluate in ``eval()`` mode (BatchNorm). Global average pooling is the reference AvgPool2d(8).
 
     Args:
         num_classes: number of logits.

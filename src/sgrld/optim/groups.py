@@ -1,6 +1,4 @@
-"""What a parameter group is stepped through: its validated options and tensors, the tensors
-stepped in their place (masks, low-precision masters: :class:`sgrld.core.precision.StandIns`),
-FSDP2 shards, and the per-parameter state entries beyond the statistics."""
+"""A parameter group's validated options and tensors, stand-ins, shards and extra state entries."""
 
 from __future__ import annotations
 
@@ -83,8 +81,7 @@ def check_sharded(name: str, noise: str, compile: bool, capturable: bool) -> Non
 
 
 def follow_shards(state: SamplerState, params: list[Tensor]) -> None:
-    """Point the state at the parameters' current shards: FSDP2 moves a shard into its own
-    padded storage at its first forward (lazy initialisation), after the optimizer was built."""
+    """Point the state at the parameters' current shards (FSDP2 moves them lazily)."""
     for name, p in zip(state.params, params, strict=True):
         shard = local(p)
         if shard.data_ptr() != state.params[name].data_ptr():
@@ -94,9 +91,7 @@ def follow_shards(state: SamplerState, params: list[Tensor]) -> None:
 def publish_group(
     metric: Metric, state: SamplerState, standins: StandIns | None
 ) -> list[dict[str, Tensor]]:
-    """:func:`~sgrld.core.param_state.publish` plus the master copies of low-precision
-    parameters and the localisation's centre (a masked sharded parameter's: the rank's own,
-    under its shard's key)."""
+    """:func:`~sgrld.core.param_state.publish` plus master copies and the localisation's centre."""
     entries = publish(metric, state)
     shards = state.layout.shards
     for name, tensors in ((MASTER, standins and standins.masters), (CENTER, state.center)):
@@ -117,16 +112,15 @@ _OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[SGRLDOptimizer]]] = {}
 
 
 def own(p: Tensor, opt: SGRLDOptimizer) -> None:
-    """Record ``opt`` as the optimizer of ``p`` (by id: a tensor's ``==`` is elementwise, so
-    no mapping can key on tensors; the entry goes when ``p`` does)."""
+    """Record ``opt`` as ``p``'s optimizer (by id: the entry goes when ``p`` does)."""
     key = id(p)
     _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))
 
 
 def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | None:
-    """Whether the state of ``params`` was produced by a step that adapted the metric (the
-    warm-up, :mod:`sgrld.core.warmup`), as ``(adapting, steps taken, adapt_until)`` of the
-    optimizer that steps them; ``None`` when no sgrld optimizer steps them."""
+    """``(adapting, steps taken, adapt_until)`` of the optimizer stepping ``params``: whether their
+    state came from a step that adapted the metric; ``None`` if no sgrld optimizer steps them.
+    """
     for p in params:
         refs = _OWNERS.get(id(p))
         opt = None if refs is None or refs[0]() is not p else refs[1]()

@@ -1,11 +1,6 @@
-"""Loading an optimizer state dict: validated completely before anything is applied.
-
-Two formats load. Today's is torch.optim's (``state`` by parameter index, ``param_groups``),
-every tensor in the per-parameter entries of :mod:`sgrld.core.param_state`. sgrld's first
-format kept each group's flat sampler state beside an empty torch ``state``
-(``{"sgrld": {"generator", "groups": [flat state or None]}}``); it is converted to today's
-(:func:`from_first_format`) and then loaded as one. Group options a dict predates take the value
-they had before they existed.
+"""Loading an optimizer state dict, validated completely before anything is applied: torch.optim's
+format, or sgrld's first (a flat sampler state per group under ``"sgrld"``), converted
+(:func:`from_first_format`); group options a dict predates take their values from before.
 """
 
 from __future__ import annotations

@@ -89,88 +89,59 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     """SGRLD with an arbitrary metric plug-in: θ ← θ − ℓ G⁻¹ĝ + √(2ℓτ/n) G^{-1/2}ξ, ĝ the
     gradient of the per-datum potential in ``p.grad`` (``docs/conventions.md``).
 
-    Each parameter group is one metric (Monge's inner products and Wenzel's normalisation run
-    over all of a group's parameters, as in the paper's code). The presets
-    (:class:`~sgrld.SGLD`, ...) are this class with the metric fixed, taking these arguments.
+    Each parameter group is one metric (Monge's inner products and Wenzel's normalisation run over
+    a group's parameters, as in the paper's code); the presets (:class:`~sgrld.SGLD`, ...) are this
+    class with the metric fixed.
 
     Args:
-        params: parameters, ``(name, parameter)`` pairs (e.g. ``model.named_parameters()``:
-            error messages then use the names) or parameter groups. A group may override ``lr``,
-            ``num_data``, ``temperature`` and any option of the metric (``alpha2``, ``decay``,
-            ...), as torch.optim groups override ``lr``; each group has its own statistics.
-        lr: learning rate ℓ ≥ 0 (the SDE step is h = ℓ / num_data; ℓ = 0 is a step that moves
-            nothing, e.g. the first of a warm-up schedule): a float or a one-element tensor (a
-            scheduler then changes it on the device, and a compiled step does not recompile).
+        params: parameters, ``(name, parameter)`` pairs (messages then use the names) or groups,
+            which may override ``lr``, ``num_data``, ``temperature``, ``adapt_until``,
+            ``adapt_metric`` (False freezes the metric) and any option of the metric.
+        lr: ℓ ≥ 0 (h = ℓ / num_data): a float or a one-element tensor (a scheduler then changes it
+            on the device, and a compiled step does not recompile).
         num_data: number of training data n > 0.
         temperature: τ ≥ 0; 0 gives deterministic preconditioned descent (no noise drawn).
-        metric: the metric G (see :mod:`sgrld.metrics`), or its registry name or alias
-            (``"rmsprop"``), built with ``metric_options``; a preset's is its
-            :attr:`metric_class`.
-        generator: drives the noise; a private one seeded from torch's global generator by
-            default. Its state is saved in :meth:`state_dict`.
+        metric: the metric G, or its registry name or alias (``"rmsprop"``) built with
+            ``metric_options``; a preset's is its :attr:`metric_class`.
+        generator: drives the noise (default: a private one seeded from torch's global
+            generator); saved in :meth:`state_dict`.
         check_finite: refuse a step whose gradient holds NaN/Inf, naming the parameter and step;
-            nothing changes in any group (see :mod:`sgrld.core.engine` for the modes).
-        sync_checks: ``None`` (default): read the check at once on CPU, defer it on CUDA and
-            while a step is traced by ``torch.compile`` to :meth:`check`, :meth:`state_dict` and
-            refreshes (no host sync per step); ``True`` read at once everywhere (eager steps);
-            ``False`` always defer.
-        noise: the source of ξ: ``"torch"`` (``normal_`` with ``generator``) or ``"philox"`` (a
-            compiled counter-based generator; see :mod:`sgrld.core.noise`). ``None`` (default):
-            ``"philox"`` with ``capturable=True``, else ``"torch"``. A ``"torch"`` step traced by
-            ``torch.compile`` draws from the counter-based generator keyed by ``generator``'s
-            seed, since ``normal_`` with a generator would break the graph.
-        compile: run each step's metric update, preconditioning and move as one
-            ``torch.compile``d call (:mod:`sgrld.core.compiled`; identity, RMSprop and Wenzel).
-        capturable: make :meth:`step` free of host reads and Python randomness, as torch.optim's
-            ``capturable``: it can be captured in a CUDA graph or traced by ``torch.compile``
-            (``opt.step(); sched.step()`` in one compiled function). Needs counter-based noise
-            (chosen unless ``noise`` says otherwise); checks are deferred; while a step is traced
-            or captured, Shampoo's root refresh is left to :meth:`refresh_if_due` on the host
-            (:class:`sgrld.capture.GraphedStep` calls it; eager steps refresh themselves).
-
-        low_precision: how parameters of fewer bits than ``master_dtype`` (bfloat16, float16)
-            are stepped: ``"master"`` (default: a ``master_dtype`` copy in the state carries the
-            chain), ``"stochastic"`` (unbiased rounding of each move) or ``"nearest"`` (plain,
-            warns: small moves are lost). See :mod:`sgrld.core.precision`.
-        master_dtype: the dtype of master copies and of low-precision arithmetic (float32).
+            nothing changes in any group (:mod:`sgrld.core.engine`).
+        sync_checks: ``None``: read the check at once on CPU, defer it on CUDA and in traced steps
+            to :meth:`check`, :meth:`state_dict` and refreshes; ``True``: always at once;
+            ``False``: always deferred.
+        noise: ``"torch"`` (``normal_`` with ``generator``) or ``"philox"`` (counter-based,
+            :mod:`sgrld.core.noise`); ``None``: ``"philox"`` if ``capturable`` or sharded, else
+            ``"torch"`` (a traced ``"torch"`` step draws Philox keyed by the generator's seed).
+        compile: run each step's body as one ``torch.compile``d call (:mod:`sgrld.core.compiled`).
+        capturable: steps free of host reads and Python randomness, as torch.optim's; checks are
+            deferred and a traced step's Shampoo refresh is left to :meth:`refresh_if_due`.
+        low_precision: parameters of fewer bits than ``master_dtype``: ``"master"`` (a copy in the
+            state carries the chain), ``"stochastic"`` (unbiased rounding) or ``"nearest"``
+            (warns: small moves are lost); :mod:`sgrld.core.precision`.
+        master_dtype: the dtype of master copies and low-precision arithmetic (float32).
         telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
-        masks: ``{parameter: bool tensor of its shape}``: only the ``True`` elements are
-            sampled (the metric acts on them alone), the others stay fixed bit for bit. A
-            sharded (FSDP2) parameter's mask has its global shape, the same on every rank.
-        data_parallel: whether the ranks of a ``torch.distributed`` process group hold replicas
-            of one chain (``DistributedDataParallel``): the first step then refuses ranks that
-            would draw different noise. ``None`` (default): whenever a group of several ranks
-            exists (every rank must then step); ``False`` for independent chains per rank.
+        masks: ``{parameter: bool tensor of its shape}`` (global shape if sharded): only the
+            ``True`` elements are sampled, the others stay fixed bit for bit.
+        data_parallel: whether the ranks of a process group hold replicas of one chain (DDP): the
+            first step then refuses ranks that would draw different noise. ``None``: whenever a
+            group of several ranks exists; ``False``: independent chains per rank.
+        adapt_until: the metric adapts during the first ``adapt_until`` steps (default 1,000),
+            then G is frozen; ``None`` always adapts (the paper's, biased: ``docs/posterior.md``).
+        localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters at construction, added
+            to the drift's gradient only (``docs/llc.md``).
+        refresh_every: refresh a per-epoch metric (Wenzel's) every ``refresh_every`` steps;
+            ``None``: the caller calls :meth:`refresh_metric`.
+        batch_size: instead of ``refresh_every``: refresh every ⌈num_data / batch_size⌉ steps.
+        **metric_options: the metric's options when ``metric`` is a name or the class a preset,
+            e.g. ``WenzelSGLD(params, lr=0.05, num_data=n, min_scale=0.1)``.
 
-        adapt_until: the warm-up (:mod:`sgrld.core.warmup`): the metric adapts during the
-            first ``adapt_until`` steps (default 1,000), then G is frozen, so that the chain
-            samples the posterior; ``None`` adapts at every step (the paper's protocol, whose
-            stationary law is biased: ``docs/posterior.md``). A group option.
-        localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters θ₀ at construction
-            (held in the state as ``center``), added to the drift's gradient after the metric
-            has seen the loss's gradient alone: the local posterior of the learning
-            coefficient (``docs/llc.md``; :func:`sgrld.build`'s option). 0 (default): none.
-        refresh_every: for a metric refreshed per epoch (:attr:`Metric.refresh_per_epoch`,
-            Wenzel's): refresh it after every ``refresh_every`` steps. ``None`` (default): the
-            caller calls :meth:`refresh_metric` (the runner does at each epoch end).
-        batch_size: instead of ``refresh_every``: refresh once per epoch, every
-            ⌈num_data / batch_size⌉ steps.
-        **metric_options: the metric's options (its dataclass fields: ``decay``, ``alpha2``,
-            ...) when ``metric`` is a name or the class is a preset, e.g.
-            ``SGRLDOptimizer(params, lr=1e-3, num_data=n, metric="rmsprop", decay=0.9)``,
-            ``WenzelSGLD(params, lr=0.05, num_data=n, min_scale=0.1)``.
+    The state is torch.optim's ``optimizer.state[p]`` from construction on, every tensor a step
+    depends on (:mod:`sgrld.core.param_state`), so :meth:`state_dict`, ``copy.deepcopy``,
+    pickling and ``torch.distributed.checkpoint`` carry it.
 
-    Each parameter group also carries ``adapt_metric`` (default True): set it to False to
-    freeze the metric's statistics at once (see :meth:`freeze_metric`).
-
-    State: as every ``torch.optim`` optimizer, in ``optimizer.state[p]`` — every tensor a step
-    depends on (the statistics, the step count, the group's noise key and deferred-check flags
-    on its first parameter, the generator's state on the first parameter of the first group;
-    layout in :mod:`sgrld.core.param_state`), so that :meth:`state_dict`, ``copy.deepcopy``,
-    pickling and ``torch.distributed.checkpoint`` carry it all. It exists from construction
-    (statistics at their initial values), so no tool needs a step to create it.
-
-    References: Yu et al., Scalable SGRLD in Non-Diagonal Metrics, TMLR 2023, eq. 4.
+    References:
+        Yu et al., Scalable SGRLD in Non-Diagonal Metrics, TMLR 2023, eq. 4.
     """
 
     #: the metric of a preset (built from the keyword options); ``None``: ``metric=`` gives it
@@ -347,11 +318,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _new_state(
         self, index: int, metric: Metric, group: dict[str, Any] | None = None
     ) -> tuple[SamplerState, StandIns | None]:
-        """Fresh state of group ``index`` (or of ``group``, its future self on a load): its
-        statistics at their initial values, over the parameters or their stand-ins (master
-        copies of low-precision parameters, masked parameters' selected elements); the group's
-        noise key is a function of the generator's seed (for traced ``"torch"`` steps) until
-        :meth:`_build` draws a Philox key."""
+        """Fresh state of group ``index`` (or of ``group``, its future self on a load) over the
+        parameters or their stand-ins; its noise key is set by :meth:`_build`."""
         group = self.param_groups[index] if group is None else group
         params: list[Tensor] = group["params"]
         masks = [self._masks.get(p) for p in params]
@@ -405,7 +373,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._compiled.pop(index, None)
 
     def _snapshot_generator(self) -> None:
-        """Write the generator's state into the first parameter's state (read by state_dict)."""
+        """Write the generator's state into the first parameter's state."""
         first = self.param_groups[0]["params"][0]
         self.state[first][GENERATOR] = self.generator.get_state()
 
@@ -428,10 +396,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     @property
     def sampler_states(self) -> list[SamplerState]:
-        """Each parameter group's state in the functional core (:class:`sgrld.SamplerState`):
-        the live tensors a step reads and writes — flat views of the parameters (or their
-        master copies), the metric's statistics, the host and device step counts, the noise
-        key, the deferred-check flags — as the next :meth:`step` uses them."""
+        """Each parameter group's :class:`sgrld.SamplerState`: the live tensors the next
+        :meth:`step` reads and writes."""
         return [self._group_state(i) for i in range(len(self.param_groups))]
 
     @property
@@ -442,9 +408,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return list(self._group_metrics)
 
     def refreshes_next(self) -> bool:
-        """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's
-        last step, a ``refresh_every`` refresh): a step that cannot be replayed from a CUDA
-        graph (:class:`sgrld.capture.GraphedStep` runs it eagerly)."""
+        """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's end, a
+        ``refresh_every`` refresh): a step a CUDA graph cannot replay.
+        """
         groups = enumerate(zip(self.sampler_states, self.param_groups, strict=True))
         # a frozen metric (adapt_metric False) is not refreshed
         if any(g["adapt_metric"] and self._refresh_due(i, s.step + 1) for i, (s, g) in groups):
@@ -453,15 +419,17 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return every is not None and (self.num_steps + 1) % every == 0
 
     def _refresh_due(self, index: int, step: int) -> bool:
-        """Whether step ``step`` (from 1) of group ``index`` refreshes G: a scheduled refresh
-        or the warm-up's last step, in the warm-up (after it G is frozen)."""
+        """Whether step ``step`` of group ``index`` refreshes G (scheduled or the warm-up's last
+        step).
+        """
         metric, until = self._group_metrics[index], self.param_groups[index]["adapt_until"]
         due = refresh_due(metric, step) or closes_warmup(metric, step, until)
         return due and adapting(step - 1, until)
 
     def after_replay(self) -> None:
-        """The host's part of a step that ran on the device alone (a replayed CUDA graph):
-        the step counters advance and the host's schedule runs, as after :meth:`step`."""
+        """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
+        runs.
+        """
         for state in self._group_states:
             state.step += 1
         self._after_step()
@@ -482,10 +450,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """One sampler step for every parameter group (grads of ``None`` are skipped).
-
-        Every group's gradients are validated (shape, dtype; NaN/Inf in ``"sync"`` check mode)
-        before any group moves, so a refused step changes nothing anywhere.
+        """One sampler step for every parameter group (grads of ``None`` are skipped); every group's
+        gradients are validated before any group moves, so a refused step changes nothing.
         """
         loss = None
         if closure is not None:
@@ -605,12 +571,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return settled(steps, self.param_groups[0]["adapt_until"])
 
     def health(self) -> Health:
-        """The chain's health (:func:`sgrld.health`) from every step so far: whether it broke
-        down while staying finite, or its ℓ is too large or too small, with the figure that
-        crossed which bound. Every optimizer watches one step in 16 on the device (three
-        reductions) and reads the figures once per 512 steps, warning once per verdict
-        (:class:`sgrld.HealthWarning`); this reads the open window too (one host read; under
-        FSDP one all-reduce, so call it on every rank)."""
+        """The chain's health (:func:`sgrld.health`) from every step so far. Every optimizer watches
+        one step in 16 on the device and reads the figures once per 512 steps, warning once per
+        verdict (:class:`sgrld.HealthWarning`); this reads the open window too (under FSDP an
+        all-reduce: call it on every rank)."""
         return self._watch.verdict(self._settled(self.num_steps), self._open_window())
 
     def _accumulator(self, index: int) -> Tensor | None:
@@ -633,18 +597,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def telemetry(
         self, reset: bool = True, *, per_group: bool = False
     ) -> dict[str, float] | list[dict[str, float]]:
-        """Per-step health figures of the chain since the last read (``telemetry=True``).
+        """Per-step figures of the chain since the last read (``telemetry=True``), summed on the
+        device.
 
-        Summed on the device in each step (no host read there) and read here, once: ``steps``;
-        ``drift_rms`` and ``noise_rms``, the root-mean-square over the steps of the norms
-        ‖ℓG⁻¹ĝ‖ and ‖σG^{-½}ξ‖; ``theta_norm``, that of ‖θ‖ before each move; their ratio
-        ``drift_to_noise`` (healthy chains read 0.04–0.35; above 1, ℓ is too large:
-        ``docs/health.md``, :func:`sgrld.health`); and the metric's own figures of the current G
-        (:meth:`Metric.diagnostics`: Monge's ``stretch`` α²‖m‖², Shampoo's
-        ``factor_condition``). The norms are of every parameter group together (their squares
-        add; a metric figure is its largest over the groups); ``per_group=True`` gives one
-        mapping per group instead. Each read starts new sums unless ``reset=False``.
-        """
+        ``steps``; ``drift_rms``, ``noise_rms`` and ``theta_norm``, the RMS over the steps of
+        ‖ℓG⁻¹ĝ‖, ‖σG^{-½}ξ‖ and ‖θ‖; ``drift_to_noise`` (healthy chains 0.04–0.35; above 1 ℓ is too
+        large: ``docs/health.md``); and the metric's own (:meth:`Metric.diagnostics`). Norms are of
+        all groups together (a metric figure is its largest); ``per_group=True`` gives one mapping
+        per group. Each read starts new sums unless ``reset=False``."""
         if not self.telemetry_enabled:
             raise RuntimeError("telemetry is off: build the optimizer with telemetry=True")
         sums_of, extras = [], []
@@ -672,15 +632,15 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     # --- checks, refreshes, the metric's adaptation ------------------------------------------
 
     def check(self) -> None:
-        """Raise :class:`~sgrld.core.NonFiniteGradientError` if a deferred check (CUDA,
-        ``capturable=True``, a traced step or ``sync_checks=False``) recorded a NaN/Inf
-        gradient: the one host read of the flags, naming the first bad step and parameter."""
+        """Raise :class:`~sgrld.core.NonFiniteGradientError` if a deferred check recorded a NaN/Inf
+        gradient, naming the first bad step and parameter.
+        """
         for index, state in enumerate(self._group_states):
             check(state, f"param group {index}: " if len(self._group_states) > 1 else "")
 
     def refresh_if_due(self) -> bool:
-        """Run a due scheduled refresh (Shampoo's roots) in every group; for ``capturable``
-        optimizers, whose steps leave it to the host. Returns whether one ran."""
+        """Run a due scheduled refresh (Shampoo's roots) in every group, for ``capturable``
+        optimizers; returns whether one ran."""
         due = [i for i, s in enumerate(self._group_states) if self._refresh_due(i, s.step)]
         for index in due:
             state = self._group_states[index]
@@ -689,14 +649,14 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def refresh_metric(self) -> None:
         """Recompute the explicitly scheduled part of the metric in every group (Wenzel's
-        layer-wise scales, at each epoch end: :attr:`Metric.refresh_per_epoch`)."""
+        scales).
+        """
         for metric, state in zip(self.group_metrics, self._group_states, strict=True):
             metric.refresh(state.stats, state.layout)
         self._last_refresh = self.num_steps
 
     def adapts(self, index: int = 0) -> bool:
-        """Whether group ``index``'s next step updates its metric (``adapt_metric`` and still
-        in the warm-up of ``adapt_until`` steps)."""
+        """Whether group ``index``'s next step updates its metric."""
         group, state = self.param_groups[index], self._group_states[index]
         return bool(group["adapt_metric"]) and adapting(state.step, group["adapt_until"])
 
@@ -706,10 +666,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             group["adapt_metric"] = not frozen
 
     def state_bytes(self) -> dict[str, int]:
-        """Bytes of optimizer state per parameter (by name; statistics, master copies, step and
-        keys; the generator's state on the first parameter), to size block sizes and precision
-        before a run rather than after it fails. ``sum(opt.state_bytes().values())`` is the
-        total."""
+        """Bytes of optimizer state per parameter name (statistics, master copies, step, keys,
+        generator), to size block sizes and precision before a run."""
         out: dict[str, int] = {}
         for index, group in enumerate(self.param_groups):
             for name, p in zip(self._names(index), group["params"], strict=True):
@@ -728,10 +686,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     # --- state dicts and copies --------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """torch.optim's state dict (``state`` by parameter index, ``param_groups``), holding
-        every tensor a step depends on (see the class docstring). Deferred checks are read
-        first: a chain with a non-finite gradient is not checkpointed. As in torch, the tensors
-        are the optimizer's own (not copies) and the state-dict hooks see the whole dict."""
+        """torch.optim's state dict, holding every tensor a step depends on; deferred checks are
+        read first (a chain with a non-finite gradient is not checkpointed). As in torch, the
+        tensors are the optimizer's own."""
         self.check()
         self._snapshot_generator()
         state_dict = super().state_dict()
@@ -742,12 +699,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a :meth:`state_dict` (or one of sgrld's first format, converted).
 
-        The load pre-hooks run first and may replace the dict; then everything is validated
-        (groups, options, every parameter's state: keys, shapes, finiteness, step, generator
-        state) before anything is applied, so a refused dict leaves the optimizer exactly as it
-        was. Group options missing from an older dict take their defaults; floating-point state
-        is cast to the parameters' dtype and device, as torch.optim does. The post-hooks run
-        after everything, step counts and noise state included, is restored.
+        After the pre-hooks everything is validated before anything is applied, so a refused dict
+        leaves the optimizer as it was; missing group options take their defaults; floating-point
+        state is cast to the parameters' dtype and device. The post-hooks run last.
         """
         if not isinstance(state_dict, dict):
             raise ValueError(f"not an optimizer state dict: a {type(state_dict).__name__}")
@@ -763,7 +717,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _apply_groups(
         self, groups: list[dict[str, Any]], watch_first: dict[str, float] | None
     ) -> None:
-        """Start a load: the groups it brings, and no state (:meth:`_install` then fills it)."""
+        """Start a load: its groups, and no state yet."""
         self.param_groups = groups
         self.state = defaultdict(dict)
         self._compiled = {}
@@ -778,8 +732,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """A copy (``copy.deepcopy``, pickle, ``torch.save(optimizer)``): the configuration is
-        restored, and the per-parameter state is loaded into fresh flat buffers."""
+        """A copy (deepcopy, pickle, ``torch.save``): the configuration restored, the per-parameter
+        state loaded into fresh flat buffers."""
         config = dict(state.pop("_sgrld"))
         super().__setstate__(state)
         self.generator = torch.Generator(device=config.pop("generator_device"))

@@ -1,10 +1,6 @@
-"""The figures an optimizer sums on the device: telemetry, and :func:`sgrld.health`'s watch.
-
-The engine adds a step's sums of squares (‖ℓG⁻¹ĝ‖², ‖σG^{-½}ξ‖², ‖θ‖²) and a step count to a
-float64 ``(4,)`` tensor (:func:`sgrld.core.engine.telemetry_figures`); nothing is read in a step.
-The watch does so on one step in ``WATCH_EVERY`` and reads its window once per ``WATCH_WINDOW``
-of those (:mod:`sgrld.chain_health` holds the rule); under FSDP the sums are the rank's shard's
-and are summed over the mesh at the read.
+"""The figures an optimizer sums on the device: telemetry, and :func:`sgrld.health`'s watch (one
+step in ``WATCH_EVERY``, read once per ``WATCH_WINDOW``: :mod:`sgrld.chain_health`); under FSDP
+the rank's sums are summed over the mesh at the read.
 """
 
 from __future__ import annotations
@@ -40,9 +36,9 @@ def chain_sums(sums_of: Sequence[Sequence[float]]) -> list[float]:
 def over_the_mesh(
     shards: ShardSpec, sums: Tensor, diagnostics: dict[str, Tensor]
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """A sharded group's figures for the whole chain: the sums of squares of the rank's shard
-    summed over the ranks, the metric's figures (largest over the rank's own blocks) their
-    largest over the ranks; two collectives, at the read only."""
+    """A sharded group's figures for the whole chain: sums over the ranks, metric figures'
+    maximum.
+    """
     import torch.distributed as dist
 
     shards.sum_(sums[:3])  # the step count is every rank's
@@ -55,8 +51,7 @@ def over_the_mesh(
 
 
 def settled(steps: int, adapt_until: int | None) -> bool:
-    """Past the warm-up (while the metric adapts, G changes under the chain) and the first
-    window: only then is ℓ judged (:func:`sgrld.chain_health.judge`)."""
+    """Past the warm-up and the first window: only then is ℓ judged."""
     return steps > max(DEFAULT_WARMUP if adapt_until is None else adapt_until, WINDOW_STEPS)
 
 
@@ -94,8 +89,7 @@ class HealthWatch(Watch):
     def open_window(
         self, shards: Sequence[ShardSpec | None], temperature: float
     ) -> dict[str, float] | None:
-        """The open window (one host read; summed over the mesh under FSDP, so that every rank
-        reaches the same verdict); ``None`` when empty."""
+        """The open window (one host read; summed over the mesh under FSDP); ``None`` when empty."""
         sums_of = []
         for index, acc in self.sums.items():
             mesh = shards[index]

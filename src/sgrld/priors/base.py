@@ -1,9 +1,5 @@
-"""The prior contract, its configuration and the registry.
-
-A :class:`Prior` is a small ``nn.Module`` attached to one parameter tensor. It owns that tensor's
-hyper-parameters (e.g. the horseshoe scale, itself a sampled ``nn.Parameter``) and answers one
-question: the log density of a value, summed over elements, hyper-priors included. The model's
-``log p(θ)`` is the sum over its priors.
+"""The prior contract, its configuration and the registry: a :class:`Prior` is an ``nn.Module``
+attached to one parameter tensor, owning its hyper-parameters; log p(θ) sums over them.
 """
 
 from __future__ import annotations
@@ -23,10 +19,10 @@ class PriorConfig:
     Attributes:
         weight_scale: σ_w = ``weight_scale`` / sqrt(dim) (1.41 in every experiment).
         bias_scale: σ of every bias prior, not width-scaled.
-        conv_scale: ``"c_in"`` scales conv priors by the input channels only, as the reference
-            does; ``"fan_in"`` uses C_in·k².
-        horseshoe_jacobian: ``False`` = reference horseshoe (half-Cauchy at s = σ·softplus(p), no
-            Jacobian); ``True`` = textbook λ = softplus(p) ~ HC(0, 1) with its Jacobian.
+        conv_scale: ``"c_in"`` scales conv priors by the input channels only (the reference);
+            ``"fan_in"`` uses C_in·k².
+        horseshoe_jacobian: ``False`` = reference horseshoe (no Jacobian); ``True`` = textbook
+            λ = softplus(p) ~ HC(0, 1) with its Jacobian.
         lengthscale: ℓ of the correlated conv prior's exponential kernel.
     """
 
@@ -61,11 +57,8 @@ class Prior(nn.Module, abc.ABC):
     @classmethod
     @abc.abstractmethod
     def for_parameter(cls, shape: torch.Size, scale: float, config: PriorConfig) -> Prior:
-        """The prior of this family for a parameter of ``shape`` with base scale ``scale``.
-
-        A family may hand back another family's prior where it does not apply (the correlated
-        conv prior gives dense weights and biases a Gaussian, as in the reference).
-        """
+        """The prior of this family for a parameter of ``shape`` with base scale ``scale`` (or
+        another family's where this one does not apply)."""
 
     def reset_parameters(self) -> None:
         """Put sampled hyper-parameters back at their initial values."""

@@ -1,12 +1,8 @@
 """Correlated Normal prior over conv filters (Fortuin et al. 2022, ``convcorrnormal``).
 
-Each of the C_out·C_in filters of a (C_out, C_in, K_h, K_w) kernel is an independent
-K_h·K_w-dimensional N(0, Σ) with Σ_ab = σ² exp(−d_ab / ℓ), d_ab the Euclidean distance between
-grid positions a and b flattened row-major. The kernel is exponential (Matérn-½), although the
-reference class is called "SquaredExponentialNormal".
-
-Unlike the reference, which rebuilds the Cholesky factor at every evaluation, the factor and its
-inverse are computed once (float64) and cached as buffers that follow the module's device/dtype.
+Each K_h×K_w filter is N(0, Σ), Σ_ab = σ² exp(−d_ab / ℓ) over the row-major grid (exponential,
+although the reference class is "SquaredExponentialNormal"). The Cholesky factor and its
+inverse are computed once (float64), where the reference rebuilds them at every evaluation.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Horseshoe prior with one sampled scale per tensor, as in bnn_priors.
 
-Reference variant (default)::
-
-    s = σ · softplus(p),   w_i ~ N(0, s²),   log p = Σ log N(w_i; 0, s²) + log HC(s; γ)
-
-with the half-Cauchy evaluated at s and *no* Jacobian of the softplus or of the σ factor.
-Textbook variant (``jacobian=True``)::
-
-    λ = softplus(p) ~ HC(0, γ),   w_i ~ N(0, σ² λ²),
-    log p = Σ log N(w_i; 0, σ² λ²) + log HC(λ; γ) + log sigmoid(p)
-
-where log sigmoid(p) = log softplus'(p) makes the density proper in p.
+Reference variant (default): s = σ · softplus(p), w_i ~ N(0, s²),
+log p = Σ log N(w_i; 0, s²) + log HC(s; γ), without Jacobian. Textbook variant
+(``jacobian=True``): λ = softplus(p) ~ HC(0, γ), w_i ~ N(0, σ² λ²), plus log sigmoid(p).
 """
 
 from __future__ import annotations
