@@ -49,32 +49,22 @@ _MNIST_URLS = (
 )
 _CIFAR10_URLS = ("https://www.cs.toronto.edu/~kriz/",)
 
-#: The four MNIST IDX files; digests of the *uncompressed* files (shared/data/README.md).
+#: The digests of the four MNIST IDX files *uncompressed* (shared/data/README.md).
+_MNIST_DIGESTS = {
+    "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+}
+#: The four MNIST IDX files by key (``train_images``, ..., ``test_labels``), gzipped.
 MNIST_FILES: dict[str, RemoteFile] = {
     key: RemoteFile(
         filename=f"{stem}.gz", base_urls=_MNIST_URLS, sha256=digest, digest_of="gunzipped"
     )
-    for key, stem, digest in (
-        (
-            "train_images",
-            "train-images-idx3-ubyte",
-            "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-        ),
-        (
-            "train_labels",
-            "train-labels-idx1-ubyte",
-            "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-        ),
-        (
-            "test_images",
-            "t10k-images-idx3-ubyte",
-            "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-        ),
-        (
-            "test_labels",
-            "t10k-labels-idx1-ubyte",
-            "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
-        ),
+    for key, (stem, digest) in zip(
+        ("train_images", "train_labels", "test_images", "test_labels"),
+        _MNIST_DIGESTS.items(),
+        strict=True,
     )
 }
 

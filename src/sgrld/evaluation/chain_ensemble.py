@@ -7,7 +7,6 @@ single run's ``EnsemblePredictive``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -46,11 +45,8 @@ class ChainEnsemble(EnsemblePredictive):
         likelihood: Likelihood | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        if num_chains < 1 or num_points < 1 or (num_classes is not None and num_classes < 2):
-            raise ValueError(
-                "need num_chains >= 1, num_points >= 1 and num_classes >= 2, got "
-                f"{num_chains}, {num_points}, {num_classes}"
-            )
+        if num_chains < 1:  # the sizes of the set: EnsemblePredictive's check
+            raise ValueError(f"need num_chains >= 1, got {num_chains}")
         self._lead = (num_chains,)
         super().__init__(num_points, num_classes, likelihood=likelihood, device=device)
         #: (K, N, width of η): the shape of one sample's outputs over the whole set
@@ -62,21 +58,7 @@ class ChainEnsemble(EnsemblePredictive):
         """Per chain, the dict of :meth:`EnsemblePredictive.metrics
         <sgrld.evaluation.ensemble.EnsemblePredictive.metrics>` (categorical: lp, accuracy,
         ece, confidence, num_samples); the scores batched over chains."""
-        k, n, _ = self.shape
-        if labels.shape != (n,):
-            raise ValueError(f"expected labels ({n},), got {tuple(labels.shape)}")
-        if self._num_samples == 0:
-            empty = {**dict.fromkeys(self.likelihood.score_names, math.nan), "num_samples": 0}
-            return [dict(empty) for _ in range(k)]
-        scores = self.likelihood.scores(self._log_sum, self._num_samples, labels, num_bins=num_bins)
-        columns = {name: value.tolist() for name, value in scores.items()}
-        return [
-            {
-                **{name: column[i] for name, column in columns.items()},
-                "num_samples": self._num_samples,
-            }
-            for i in range(k)
-        ]
+        return self._per_chain(labels, num_bins)
 
 
 def evaluate_chains(

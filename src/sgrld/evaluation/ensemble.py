@@ -154,12 +154,25 @@ class EnsemblePredictive:
             the averaged probabilities; Gaussian: ``lp``, ``rmse``, ``coverage_50``,
             ``coverage_90``; and ``num_samples``. NaN while the ensemble is empty.
         """
+        return self._per_chain(labels, num_bins)[0]
+
+    def _per_chain(self, labels: torch.Tensor, num_bins: int) -> list[dict[str, float]]:
+        """:meth:`metrics` of each ensemble of the leading dims (one without them)."""
         if labels.shape != (self.num_points,):
             raise ValueError(f"expected labels ({self.num_points},), got {tuple(labels.shape)}")
+        count = math.prod(self._lead)
         if self._num_samples == 0:
-            return {**dict.fromkeys(self.likelihood.score_names, math.nan), "num_samples": 0}
+            empty = {**dict.fromkeys(self.likelihood.score_names, math.nan), "num_samples": 0}
+            return [dict(empty) for _ in range(count)]
         scores = self.likelihood.scores(self._log_sum, self._num_samples, labels, num_bins=num_bins)
-        return {**{k: float(v) for k, v in scores.items()}, "num_samples": self._num_samples}
+        columns = {name: value.reshape(-1).tolist() for name, value in scores.items()}
+        return [
+            {
+                **{name: column[i] for name, column in columns.items()},
+                "num_samples": self._num_samples,
+            }
+            for i in range(count)
+        ]
 
     @property
     def total(self) -> torch.Tensor:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
@@ -162,19 +163,25 @@ def llc(
             "llc: masks, sharded (FSDP2) or low-precision parameters need lr (devinterp's ε): "
             "the calibration runs on whole float32/float64 parameters"
         )
+
+    def make(eps: float) -> Sampler:
+        options: dict[str, Any] = devinterp_options(
+            eps, nbeta=nbeta, localization=localization, num_data=num_data
+        )
+        return build(sampler, **options, noise="philox", adapt_until=adapt_until, **metric_options)
+
     if lr is None:
-        probe = _sampler(sampler, 1.0, nbeta, localization, num_data, adapt_until, metric_options)
         lr = calibrate_lr(
             model,
             loss,
             first[:PROBE_BATCHES],
-            probe,
+            make(1.0),
             nbeta=nbeta,
             localization=localization,
             num_steps=num_steps - burnin,
             seed=seed,
         )
-    built = _sampler(sampler, lr, nbeta, localization, num_data, adapt_until, metric_options)
+    built = make(lr)  # refuses bad options on either path
     seeds = [seed + k for k in range(num_chains)]
     if through_optimizer:
         settings: dict[str, Any] = {
@@ -219,52 +226,45 @@ def _optimized(
     from sgrld.optim import SGRLDOptimizer
 
     params = list(named.values())
-    kept = [*params, *model.buffers()]
     if masks is not None:  # devinterp's weight restriction: the others stay at w₀
         named = {n: p for n, p in named.items() if any(p is q for q in masks)}
-    saved = [t.detach().clone() for t in kept]
     trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
-
-    def restore() -> None:
-        with torch.no_grad():
-            for t, s in zip(kept, saved, strict=True):
-                t.copy_(s)
-
     try:
-        for k, s in enumerate(seeds):
-            opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox",
-                                 masks=masks, **settings)  # fmt: skip
-            key = opt.state[next(iter(named.values()))][NOISE_KEY]
-            key.copy_(keys_from_seeds([s], key.device).view_as(key))
-            batches = _cycle(loader)
-            for t in range(num_steps):
-                opt.zero_grad(set_to_none=True)
-                value = loss(model, next(batches))
-                value.backward()
-                trace[k, t] = float(value.detach())
-                opt.step()
-            opt.check()
-            restore()
+        with _restoring([*params, *model.buffers()]) as restore:
+            for k, s in enumerate(seeds):
+                opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox",
+                                     masks=masks, **settings)  # fmt: skip
+                key = opt.state[next(iter(named.values()))][NOISE_KEY]
+                key.copy_(keys_from_seeds([s], key.device).view_as(key))
+                batches = _cycle(loader)
+                for t in range(num_steps):
+                    opt.zero_grad(set_to_none=True)
+                    value = loss(model, next(batches))
+                    value.backward()
+                    trace[k, t] = float(value.detach())
+                    opt.step()
+                opt.check()
+                restore()
     finally:
         for p in params:
             p.grad = None
-        restore()
     return trace.numpy()
 
 
-def _sampler(
-    name: str,
-    lr: float,
-    nbeta: float,
-    localization: float,
-    num_data: float,
-    adapt_until: int | None,
-    options: Mapping[str, Any],
-) -> Sampler:
-    m = devinterp_options(lr, nbeta=nbeta, localization=localization, num_data=num_data)
-    return build(name, lr=m["lr"], num_data=m["num_data"], temperature=m["temperature"],
-                 localization=m["localization"], noise="philox", adapt_until=adapt_until,
-                 **options)  # fmt: skip
+@contextlib.contextmanager
+def _restoring(tensors: list[Tensor]) -> Iterator[Callable[[], None]]:
+    """A function putting ``tensors`` back at their values now, called on exit too."""
+    saved = [t.detach().clone() for t in tensors]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved, strict=True):
+                t.copy_(s)
+
+    try:
+        yield restore
+    finally:
+        restore()
 
 
 def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
@@ -310,10 +310,8 @@ def _sequential(
     buffers too: a BatchNorm's running statistics move in train mode)."""
     named = {n: p for n, p in model.named_parameters() if p.requires_grad}
     params: list[Tensor] = list(named.values())
-    kept = params + list(model.buffers())
-    saved = [t.detach().clone() for t in kept]
     trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
-    try:
+    with _restoring(params + list(model.buffers())) as restore:
         for k, s in enumerate(seeds):
             state = sampler.init({n: p.detach() for n, p in named.items()}, seeds=[s])
             batches = _cycle(loader)
@@ -323,9 +321,5 @@ def _sequential(
                 trace[k, t] = float(value.detach())
                 sampler.step(state, dict(zip(named, grads, strict=True)))
             sampler.check(state)
-            with torch.no_grad():
-                torch._foreach_copy_(kept, saved)
-    finally:
-        with torch.no_grad():
-            torch._foreach_copy_(kept, saved)
+            restore()
     return trace.numpy()

@@ -11,7 +11,7 @@ A diverged candidate scores +∞.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -32,27 +32,24 @@ def round_scores(
     ok = [not r.diverged and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):
         return [(math.inf, 0.0)] * len(records)
-    if kind == "validation":
-        return [
-            _validation(r) if fine else (math.inf, 0.0) for r, fine in zip(records, ok, strict=True)
-        ]
-    pooled = np.concatenate([r.scores for r, fine in zip(records, ok, strict=True) if fine])
-    rms = np.sqrt(np.mean(pooled**2, axis=0))
-    scale = 1.0 / np.where((rms > 0) & np.isfinite(rms), rms, 1.0)
+    score: Callable[[Record], tuple[float, float]] = _validation
+    if kind != "validation":
+        pooled = np.concatenate([r.scores for r, fine in zip(records, ok, strict=True) if fine])
+        rms = np.sqrt(np.mean(pooled**2, axis=0))
+        scale = 1.0 / np.where((rms > 0) & np.isfinite(rms), rms, 1.0)
 
-    def squared(x: np.ndarray, s: np.ndarray) -> float:
-        value = coordinate_stein_discrepancy(x, s, subsets, scale)
-        return value * abs(value)
+        def squared(x: np.ndarray, s: np.ndarray) -> float:
+            value = coordinate_stein_discrepancy(x, s, subsets, scale)
+            return value * abs(value)
 
-    out = []
-    for r, fine in zip(records, ok, strict=True):
-        if not fine:
-            out.append((math.inf, 0.0))
-            continue
-        whole = squared(r.samples, r.scores)
-        even, odd = squared(r.samples[::2], r.scores[::2]), squared(r.samples[1::2], r.scores[1::2])
-        out.append((whole, abs(even - odd) / 2))
-    return out
+        def ksd(r: Record) -> tuple[float, float]:
+            whole = squared(r.samples, r.scores)
+            even = squared(r.samples[::2], r.scores[::2])
+            return whole, abs(even - squared(r.samples[1::2], r.scores[1::2])) / 2
+
+        score = ksd
+
+    return [score(r) if fine else (math.inf, 0.0) for r, fine in zip(records, ok, strict=True)]
 
 
 def _validation(record: Record) -> tuple[float, float]:
