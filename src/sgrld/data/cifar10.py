@@ -70,13 +70,10 @@ def parse_batch(raw: bytes, *, source: str) -> tuple[np.ndarray, np.ndarray]:
 def _read_members(path: Path, verify: bool) -> dict[str, bytes]:
     names = (*TRAIN_BATCHES, TEST_BATCH)
     if path.is_dir():
-        out = {}
-        for name in names:
-            member = path / name
+        for member in (path / name for name in names):
             if not member.is_file():
                 raise FileNotFoundError(f"CIFAR-10 batch {member} is missing")
-            out[name] = member.read_bytes()
-        return out
+        return {name: (path / name).read_bytes() for name in names}
     if verify:
         verify_file(path, CIFAR10_ARCHIVE)
     try:

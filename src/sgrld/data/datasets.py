@@ -10,18 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sgrld.data import diabetes
 from sgrld.data.cifar10 import locate_cifar10, read_cifar10, standardise
-from sgrld.data.diabetes import NUM_TEST as DIABETES_NUM_TEST
-from sgrld.data.diabetes import NUM_VAL as DIABETES_NUM_VAL
-from sgrld.data.diabetes import load_diabetes_splits
 from sgrld.data.download import MNIST_FILES, download_dataset, find_copy, missing_files_message
 from sgrld.data.idx import ImageArrays, read_mnist
 from sgrld.data.splits import Splits, split_indices
 
 DATA_DIR_ENV = "SGRLD_DATA_DIR"
-
-#: The 442 diabetes patients less the test split.
-DIABETES_TRAIN_POOL = 442 - DIABETES_NUM_TEST
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,8 +59,8 @@ DATASETS: dict[str, DatasetInfo] = {
         likelihood="gaussian",
         input_shape=(10,),
         num_outputs=1,
-        num_val=DIABETES_NUM_VAL,
-        train_pool=DIABETES_TRAIN_POOL,
+        num_val=diabetes.NUM_VAL,
+        train_pool=442 - diabetes.NUM_TEST,  # the patients less the test split
         bundled=True,
     ),
 }
@@ -179,7 +174,7 @@ def load_dataset(
     """
     num_val = dataset_info(name).num_val if num_val is None else num_val
     if name == "diabetes":  # bundled with scikit-learn: no directory to look in
-        return load_diabetes_splits(num_val, seed).to(device)
+        return diabetes.load_diabetes_splits(num_val, seed).to(device)
     root = resolve_data_dir(data_dir)
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"data_dir {root} is a file, not a directory")

@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from sgrld.likelihoods.categorical import Categorical
 
 __all__ = ["CurvatureStats", "curvature_per_example", "measure_curvature"]
 
@@ -91,10 +92,7 @@ def curvature_per_example(
     with torch.enable_grad():
         # batch-mean NLL, the reference's 1/B (a Bayesian model's own likelihood if it has one)
         likelihood = getattr(model, "likelihood", None)
-        if likelihood is not None:
-            loss = likelihood.nll(model(x), targets)
-        else:
-            loss = F.cross_entropy(model(x), targets, reduction="mean")
+        loss = (Categorical() if likelihood is None else likelihood).nll(model(x), targets)
         (grad,) = torch.autograd.grad(loss, x, create_graph=True)
         for _ in range(num_iterations):
             (hvp,) = torch.autograd.grad(grad, x, grad_outputs=u, retain_graph=True)

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from sgrld.likelihoods.categorical import Categorical
 
 __all__ = ["SampleTrace", "diagnostics_of", "inference_data_of"]
 
@@ -53,12 +54,8 @@ class SampleTrace:
     ) -> None:
         """Add the test outputs of points ``start, start + 1, ...`` of the current sample:
         class logits, or any likelihood's η with its ``log_prob`` (evaluated in float64)."""
-        if log_prob is not None:
-            eta = logits.detach().to(torch.float64)
-            picked = log_prob(eta, targets.to(eta.device))
-        else:
-            logp = F.log_softmax(logits.detach().to(torch.float64), dim=-1)
-            picked = logp.gather(1, targets.view(-1, 1).to(logp.device)).squeeze(1)
+        eta = logits.detach().to(torch.float64)
+        picked = (log_prob or Categorical().log_prob)(eta, targets.to(eta.device))
         self._sum += float(picked.sum())
         if start < self.num_probe:
             self._probe += picked[: self.num_probe - start].tolist()

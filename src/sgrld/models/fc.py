@@ -26,12 +26,9 @@ class FullyConnected(nn.Sequential):
     """
 
     def __init__(self, width: int = 400, in_features: int = 784, num_classes: int = 10) -> None:
-        for name, value in (
-            ("width", width),
-            ("in_features", in_features),
-            ("num_classes", num_classes),
-        ):
-            check_positive(name, value)
+        check_positive("width", width)
+        check_positive("in_features", in_features)
+        check_positive("num_classes", num_classes)
         super().__init__(
             OrderedDict(
                 flatten=nn.Flatten(),
