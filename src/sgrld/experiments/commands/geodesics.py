@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from sgrld.experiments.base import exits
+from sgrld.experiments.base.files import make_out_dir
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.funnel.geodesics import (
     BASE_POINTS,
@@ -39,12 +38,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return fail("geodesics", f"{exc.name} is needed (pip install scipy 'sgrld[plots]')", 2)
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=args.out)
-        os.close(fd)
-        os.unlink(probe)
+        make_out_dir(args.out)
     except OSError as exc:
-        return fail("geodesics", f"cannot write to --out {str(args.out)!r}: {exc}", exits.IO_ERROR)
+        return fail("geodesics", str(exc), exits.IO_ERROR)
     panels = {}
     for name, base in BASE_POINTS.items():
         print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)

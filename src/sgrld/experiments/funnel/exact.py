@@ -53,18 +53,6 @@ def _monge_setting(alpha2: float | None, alpha2_rule: str) -> SamplerSetting:
     return replace(setting, options=options)
 
 
-def run_baseline(
-    name: str,
-    config: FunnelConfig,
-    setting: SamplerSetting,
-    progress: Callable[[int], None] | None = None,
-) -> SamplerRun:
-    """A :data:`SETTINGS` sampler on the exact gradient ĝ = −∇log p (the funnel's block runner)."""
-    keeper = Keeper(config, progress, every_chain=False)
-    settings = {**setting.as_dict(), "gradient_noise_std": 0.0}
-    return run_blocks(name, config, setting, 0.0, keeper, settings)
-
-
 def run_current(
     config: FunnelConfig,
     metric: MongeMetric,
@@ -131,7 +119,7 @@ def run_exact_funnel(
     settings = {**SETTINGS, monge.metric: monge}
     runs: dict[str, SamplerRun] = {}
     for name in names:
-        runs[name] = run_baseline(name, config, settings[name], progress)
+        runs[name] = run_blocks(name, config, settings[name], progress, exact=True)
     metric = MongeMetric(alpha2=monge.options["alpha2"], alpha2_rule=alpha2_rule)  # type: ignore[arg-type]
     runs[current_name(correction)] = run_current(config, metric, monge.lr, correction, progress)
     return runs

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.base.files import read_file
+from sgrld.experiments.base.files import make_out_dir, read_file
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
 from sgrld.experiments.run.results import SHORT, Results, second_score
 
@@ -193,22 +193,6 @@ def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
 def run_folders(out: Path, configs: list[Any]) -> list[Path]:
     """Where each run's ``results.json`` goes: ``OUT`` for one, ``OUT/<label>`` for K."""
     return [out / chain_label(c) for c in configs] if len(configs) > 1 else [out]
-
-
-def make_out_dir(out: Path) -> None:
-    """Refuse an ``--out`` that cannot be written (a read-only one: exit 74, as every command)."""
-    import tempfile
-
-    from sgrld.experiments.base.files import OutputError
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)  # O_EXCL: never a link
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
 
 
 def load_splits(args: DataOptions, config: Any, data_dir: Path | None, out: Path) -> Any:
