@@ -327,12 +327,9 @@ def run_funnel(
         ``{name: SamplerRun}`` in the order of ``names``.
     """
     total = len(names) * config.steps
-    results: dict[str, SamplerRun] = {}
     with Progress(total, "funnel", enabled=progress) as bar:
         if jobs <= 1 or len(names) == 1:
-            for name in names:
-                results[name] = run_sampler(name, config, bar.update)
-            return results
+            return {name: run_sampler(name, config, bar.update) for name in names}
         ctx = mp.get_context("spawn")
         counters = ctx.Array("q", len(names), lock=False)
         # Longest first (Shampoo's root every step, then Monge) to balance the workers.
@@ -355,8 +352,7 @@ def run_funnel(
                 bar.update(now - seen)
                 seen = now
             bar.update(total - seen)
-            for name in names:
-                results[name] = futures[name].result()
+            results = {name: futures[name].result() for name in names}
         except BaseException:
             # Ctrl-C, SIGTERM (sigterm_raises) or a failed sampler: do not wait for the others
             # to finish their samplers; end them now.

@@ -298,17 +298,13 @@ def run_locked(
 
 
 def plot_results(results: Results, out: Path) -> None:
+    """``out/curves.png`` (an OutputError, from :func:`~.base.files.write_atomic`, names it)."""
     try:
         from sgrld.experiments.run.plots import plot_run_curves
 
         plot_run_curves(results, out / "curves.png")
     except ImportError as exc:  # matplotlib is an optional dependency (extra "plots")
         print(f"sgrld sample: no curves.png ({exc}); install sgrld[plots]", file=sys.stderr)
-    except OSError as exc:
-        from sgrld.experiments.base.files import OutputError
-
-        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
 
 
 def print_summary(configs: list[Any], results: list[Results], out: Path) -> None:
