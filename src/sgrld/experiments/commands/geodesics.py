@@ -41,14 +41,11 @@ def run(args: argparse.Namespace) -> int:
         make_out_dir(args.out)
     except OSError as exc:
         return fail("geodesics", str(exc), exits.IO_ERROR)
-    panels = {}
-    for name, base in BASE_POINTS.items():
-        print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
-        panels[name] = (base, *compute_panel(base, args.alpha2, args.directions))
     files = {}
-    for name, (base, ends, paths) in panels.items():  # every figure first, in memory
+    for name, base in BASE_POINTS.items():  # every figure first, in memory
+        print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
         buffer = io.BytesIO()
-        plot_panel(base, ends, paths, buffer)
+        plot_panel(base, *compute_panel(base, args.alpha2, args.directions), buffer)
         files[f"geodesics_{name}.png"] = buffer.getvalue()
     try:
         written = write_set(args.out, files, {"alpha2": args.alpha2, "directions": args.directions})
