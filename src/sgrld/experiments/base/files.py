@@ -42,6 +42,7 @@ __all__ = [
     "UnsafePathError",
     "find_nonfinite",
     "load_checkpoint",
+    "make_out_dir",
     "read_file",
     "refuse_links",
     "remove_stale_temporaries",
@@ -199,6 +200,22 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def make_out_dir(out: Path) -> None:
+    """Refuse an ``--out`` that cannot be written (a read-only one: exit 74, as every command).
+
+    Raises:
+        OutputError: naming ``--out`` and the reason.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)  # O_EXCL: never a link
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], **options: Any) -> None:

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import (
@@ -103,15 +104,10 @@ def add_arguments(
     """The ``sgrld funnel`` options (``demo`` reuses them with other defaults)."""
     default_compile_text = "--compile" if default_compile else "--no-compile"
     parser.epilog = exits.epilog("funnel")
-    if default_out is None:
-        parser.add_argument("--out", required=True, type=Path, help="output directory")
-    else:
-        parser.add_argument(
-            "--out",
-            default=Path(default_out),
-            type=Path,
-            help=f"output directory (default {default_out})",
-        )
+    out: dict[str, Any] = {"required": True, "help": "output directory"}
+    if default_out is not None:
+        out = {"default": Path(default_out), "help": f"output directory (default {default_out})"}
+    parser.add_argument("--out", type=Path, **out)
     parser.add_argument(
         "--steps",
         type=_positive_int,
@@ -212,21 +208,16 @@ def execute(args: argparse.Namespace, command: str) -> int:
     if isinstance(plan, int):
         return plan
     names, config = plan
-    lock = DirectoryLock(args.out, f"sgrld {command}")
     try:
-        lock.__enter__()
+        with DirectoryLock(args.out, f"sgrld {command}"), sigterm_raises():
+            return _execute_locked(args, command, names, config)
     except DirectoryLockedError as exc:
         return fail(command, str(exc), 2)
-    except OutputError as exc:  # e.g. a read-only --out: as sample, EX_IOERR
+    except OutputError as exc:  # taking the lock, e.g. a read-only --out: as sample, EX_IOERR
         return fail(command, f"cannot write to --out {str(args.out)!r}: {exc}", EXIT_IO_ERROR)
-    try:
-        with sigterm_raises():
-            return _execute_locked(args, command, names, config)
     except Terminated:
         print(f"sgrld {command}: terminated; workers stopped", file=sys.stderr)
         return exits.TERMINATED
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def _execute_locked(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from sgrld.experiments.base import exits
+from sgrld.experiments.base.files import make_out_dir
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.funnel.geodesics import (
     BASE_POINTS,
@@ -39,20 +38,14 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return fail("geodesics", f"{exc.name} is needed (pip install scipy 'sgrld[plots]')", 2)
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=args.out)
-        os.close(fd)
-        os.unlink(probe)
+        make_out_dir(args.out)
     except OSError as exc:
-        return fail("geodesics", f"cannot write to --out {str(args.out)!r}: {exc}", exits.IO_ERROR)
-    panels = {}
-    for name, base in BASE_POINTS.items():
-        print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
-        panels[name] = (base, *compute_panel(base, args.alpha2, args.directions))
+        return fail("geodesics", str(exc), exits.IO_ERROR)
     files = {}
-    for name, (base, ends, paths) in panels.items():  # every figure first, in memory
+    for name, base in BASE_POINTS.items():  # every figure first, in memory
+        print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)
         buffer = io.BytesIO()
-        plot_panel(base, ends, paths, buffer)
+        plot_panel(base, *compute_panel(base, args.alpha2, args.directions), buffer)
         files[f"geodesics_{name}.png"] = buffer.getvalue()
     try:
         written = write_set(args.out, files, {"alpha2": args.alpha2, "directions": args.directions})

@@ -73,12 +73,10 @@ def _refuse_foreign(out: Path, checkpoint: Path, configs: list[Any]) -> None:
     """Refuse a checkpoint of another run than the ``results.json`` beside it: resuming would
     continue the other run over this one's results."""
     from sgrld.experiments.run.config import RunConfig, config_differences
-    from sgrld.experiments.run.naming import chain_label
     from sgrld.experiments.run.results import RESULTS_FILE
 
-    beside = [(out / RESULTS_FILE, configs[0])] if len(configs) == 1 else []
-    beside += [(out / chain_label(c) / RESULTS_FILE, c) for c in configs if len(configs) > 1]
-    for results, config in beside:
+    for folder, config in zip(launch.run_folders(out, configs), configs, strict=True):
+        results = folder / RESULTS_FILE
         if not results.is_file():
             continue
         theirs = RunConfig.from_dict(json.loads(read_file(results))["config"])

@@ -143,29 +143,21 @@ def _chosen(result: dict[str, Any]) -> str:
     )
 
 
+_SETTING = ("dataset", "prior", "width", "sampler")  # what a paper grid block must match
+
+
 def paper_grid(config: Any, steps: int) -> dict[str, Any] | None:
     """The paper's ℓ (× α²) grid for the setting, one seed, and its gradient evaluations."""
-    from importlib import resources
-
-    import tomllib
+    from sgrld.experiments.sweep.grid import parse_config, read_config, shipped_configs
 
     points = []
-    for path in resources.files("sgrld.configs").joinpath("paper").iterdir():
-        if not path.name.endswith(".toml"):
+    for name in shipped_configs():
+        if not name.startswith("paper/"):
             continue
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        defaults = data.get("defaults", {})
-        for block in data.get("grid", []):
-            merged = {**defaults, **block}
-            if all(
-                config_value in _list(merged.get(key))
-                for key, config_value in (
-                    ("dataset", config.dataset), ("prior", config.prior),
-                    ("width", config.width), ("sampler", config.sampler),
-                )
-            ):  # fmt: skip
-                alphas = _list(merged.get("alpha2")) or [None]
-                points += [(lr, a) for lr in _list(merged.get("lr")) for a in alphas]
+        for block in parse_config(*read_config(name)):  # its defaults merged in
+            if all(getattr(config, k) in _list(block.get(k)) for k in _SETTING):
+                alphas = _list(block.get("alpha2")) or [None]
+                points += [(lr, a) for lr in _list(block.get("lr")) for a in alphas]
     if not points:
         return None
     unique = sorted(set(points), key=lambda p: (p[0], p[1] or 0.0))

@@ -23,7 +23,6 @@ from sgrld.experiments.funnel.run import (
     FunnelConfig,
     Keeper,
     SamplerRun,
-    SamplerSetting,
     derive_seeds,
     run_blocks,
     start_points,
@@ -43,26 +42,6 @@ def total_steps(names: Sequence[str], config: FunnelConfig) -> int:
 
 def current_name(correction: bool) -> str:
     return "monge-current+Γ" if correction else "monge-current"
-
-
-def _monge_setting(alpha2: float | None, alpha2_rule: str) -> SamplerSetting:
-    setting = SETTINGS["monge"]
-    options = {**setting.options, "alpha2_rule": alpha2_rule}
-    if alpha2 is not None:
-        options["alpha2"] = alpha2
-    return replace(setting, options=options)
-
-
-def run_baseline(
-    name: str,
-    config: FunnelConfig,
-    setting: SamplerSetting,
-    progress: Callable[[int], None] | None = None,
-) -> SamplerRun:
-    """A :data:`SETTINGS` sampler on the exact gradient ĝ = −∇log p (the funnel's block runner)."""
-    keeper = Keeper(config, progress, every_chain=False)
-    settings = {**setting.as_dict(), "gradient_noise_std": 0.0}
-    return run_blocks(name, config, setting, 0.0, keeper, settings)
 
 
 def run_current(
@@ -127,11 +106,11 @@ def run_exact_funnel(
 ) -> dict[str, SamplerRun]:
     """The samplers ``names`` on exact gradients, then Monge with m = ∇u(θ) (± Γ), one process;
     both Monge metrics take ``alpha2`` (default 0.1) and ``alpha2_rule``."""
-    monge = _monge_setting(alpha2, alpha2_rule)
+    options = {**SETTINGS["monge"].options, "alpha2_rule": alpha2_rule}
+    options |= {} if alpha2 is None else {"alpha2": alpha2}
+    monge = replace(SETTINGS["monge"], options=options)
     settings = {**SETTINGS, monge.metric: monge}
-    runs: dict[str, SamplerRun] = {}
-    for name in names:
-        runs[name] = run_baseline(name, config, settings[name], progress)
+    runs = {name: run_blocks(name, config, settings[name], progress, exact=True) for name in names}
     metric = MongeMetric(alpha2=monge.options["alpha2"], alpha2_rule=alpha2_rule)  # type: ignore[arg-type]
     runs[current_name(correction)] = run_current(config, metric, monge.lr, correction, progress)
     return runs

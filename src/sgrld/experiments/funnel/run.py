@@ -166,9 +166,7 @@ def run_sampler(
     import torch
 
     torch.set_num_threads(1)  # (K, 2) tensors: threads only add overhead
-    setting = SETTINGS[name]
-    keeper = Keeper(config, progress, every_chain=True)
-    return run_blocks(name, config, setting, 1.0, keeper, setting.as_dict())
+    return run_blocks(name, config, SETTINGS[name], progress)
 
 
 def start_points(config: FunnelConfig) -> Any:
@@ -187,11 +185,12 @@ def run_blocks(
     name: str,
     config: FunnelConfig,
     setting: SamplerSetting,
-    noise_std: float,
-    keeper: Keeper,
-    settings: dict[str, Any],
+    progress: Callable[[int], None] | None,
+    *,
+    exact: bool = False,
 ) -> SamplerRun:
-    """``setting``'s sampler through the block runner on ĝ = −(∇log p + ``noise_std``·noise)."""
+    """``setting``'s sampler through the block runner on ĝ = −(∇log p + noise), or (``exact``)
+    on ĝ = −∇log p with the scatter and histogram of the first chain only."""
     import torch
 
     import sgrld
@@ -199,6 +198,9 @@ def run_blocks(
     from sgrld.data.funnel import FunnelTarget
 
     target, seeds = FunnelTarget(), derive_seeds(config.seed)
+    noise_std = 0.0 if exact else 1.0
+    settings = setting.as_dict() | ({"gradient_noise_std": 0.0} if exact else {})
+    keeper = Keeper(config, progress, every_chain=not exact)
     sampler = sgrld.build(
         setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
     )
@@ -325,12 +327,9 @@ def run_funnel(
         ``{name: SamplerRun}`` in the order of ``names``.
     """
     total = len(names) * config.steps
-    results: dict[str, SamplerRun] = {}
     with Progress(total, "funnel", enabled=progress) as bar:
         if jobs <= 1 or len(names) == 1:
-            for name in names:
-                results[name] = run_sampler(name, config, bar.update)
-            return results
+            return {name: run_sampler(name, config, bar.update) for name in names}
         ctx = mp.get_context("spawn")
         counters = ctx.Array("q", len(names), lock=False)
         # Longest first (Shampoo's root every step, then Monge) to balance the workers.
@@ -353,8 +352,7 @@ def run_funnel(
                 bar.update(now - seen)
                 seen = now
             bar.update(total - seen)
-            for name in names:
-                results[name] = futures[name].result()
+            results = {name: futures[name].result() for name in names}
         except BaseException:
             # Ctrl-C, SIGTERM (sigterm_raises) or a failed sampler: do not wait for the others
             # to finish their samplers; end them now.

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.base.files import read_file
+from sgrld.experiments.base.files import make_out_dir, read_file
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
 from sgrld.experiments.run.results import SHORT, Results, second_score
 
@@ -195,22 +195,6 @@ def run_folders(out: Path, configs: list[Any]) -> list[Path]:
     return [out / chain_label(c) for c in configs] if len(configs) > 1 else [out]
 
 
-def make_out_dir(out: Path) -> None:
-    """Refuse an ``--out`` that cannot be written (a read-only one: exit 74, as every command)."""
-    import tempfile
-
-    from sgrld.experiments.base.files import OutputError
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=out)  # O_EXCL: never a link
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
-
-
 def load_splits(args: DataOptions, config: Any, data_dir: Path | None, out: Path) -> Any:
     """The dataset (and a writable ``out``), or ``None`` after reporting why not."""
     import torch
@@ -314,17 +298,13 @@ def run_locked(
 
 
 def plot_results(results: Results, out: Path) -> None:
+    """``out/curves.png`` (an OutputError, from :func:`~.base.files.write_atomic`, names it)."""
     try:
         from sgrld.experiments.run.plots import plot_run_curves
 
         plot_run_curves(results, out / "curves.png")
     except ImportError as exc:  # matplotlib is an optional dependency (extra "plots")
         print(f"sgrld sample: no curves.png ({exc}); install sgrld[plots]", file=sys.stderr)
-    except OSError as exc:
-        from sgrld.experiments.base.files import OutputError
-
-        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
-        raise OutputError(exc.errno, f"cannot write {out / 'curves.png'}: {reason}") from exc
 
 
 def print_summary(configs: list[Any], results: list[Results], out: Path) -> None:
