@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
-from sgrld.core.contract import Metric, Stats
+from sgrld.core.contract import Metric, Stats, check_bool
 from sgrld.core.engine import Move, body
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import philox_normals
@@ -44,8 +44,7 @@ def _move(
 
 def check_compile(compile: bool, metric: Metric) -> None:
     """Refuse a non-bool ``compile`` and ``compile=True`` for a metric that is not compilable."""
-    if not isinstance(compile, bool):
-        raise ValueError(f"invalid compile: {compile!r} (expected True or False)")
+    check_bool("compile", compile)
     if compile:
         check_compilable(metric)
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.contract import Metric, check_range
+from sgrld.core.contract import Metric, check_bool, check_int, check_range
 from sgrld.core.engine import (
     NonFiniteGradientError,
     advance,
@@ -119,10 +119,8 @@ class Sampler:
         chain k's noise depends on its seed alone."""
         if not params:
             raise ValueError("params is empty")
-        if num_chains is not None and (
-            not isinstance(num_chains, int) or isinstance(num_chains, bool) or num_chains < 1
-        ):
-            raise ValueError(f"invalid num_chains: {num_chains!r} (expected an int >= 1)")
+        if num_chains is not None:
+            check_int("num_chains", num_chains, 1)
         names, tensors = list(params), list(params.values())
         for name, t in zip(names, tensors, strict=True):
             if not isinstance(t, Tensor):
@@ -206,8 +204,7 @@ class Sampler:
         :meth:`step`; ``callback(state)`` runs after each step; deferred checks are read once at the
         end. For long runs of tiny single-tensor problems see
         :class:`sgrld.core.multistep.BlockRunner`."""
-        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
-            raise ValueError(f"invalid num_steps: {num_steps!r} (expected an integer >= 0)")
+        check_int("num_steps", num_steps, 0)
         for _ in range(num_steps):
             with torch.enable_grad():
                 grads = grad_fn(state.params)
@@ -244,9 +241,8 @@ class Sampler:
 
 def check_flags(check_finite: bool, capturable: bool, sync_checks: bool | None, noise: str) -> None:
     """Refuse non-bool flags and the combinations a captured step cannot honour."""
-    for name, value in (("check_finite", check_finite), ("capturable", capturable)):
-        if not isinstance(value, bool):
-            raise ValueError(f"invalid {name}: {value!r} (expected True or False)")
+    check_bool("check_finite", check_finite)
+    check_bool("capturable", capturable)
     if sync_checks is not None and not isinstance(sync_checks, bool):
         raise ValueError(f"invalid sync_checks: {sync_checks!r} (expected None, True or False)")
     if capturable and noise != "philox":

@@ -16,7 +16,6 @@ from sgrld.core.contract import Metric
 from sgrld.core.noise import keys_from_generator, keys_from_seeds
 from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load
 from sgrld.core.state import check_generator_state
-from sgrld.core.warmup import check_adapt_until
 from sgrld.optim.groups import publish_group, validate_group
 from sgrld.optim.watch import WATCH_KEY, first_window
 
@@ -101,8 +100,7 @@ def load_group(opt: SGRLDOptimizer, index: int, saved: Any) -> tuple[dict[str, A
     if "param_names" in mine:
         group["param_names"] = mine["param_names"]
     try:
-        validate_group(group["lr"], group["num_data"], group["temperature"])
-        check_adapt_until(group["adapt_until"])
+        validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
         metric = opt._group_metric(group)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{label}: {exc}") from None

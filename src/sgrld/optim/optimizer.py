@@ -17,7 +17,7 @@ from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, Health
 from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.contract import check_options, option_names
+from sgrld.core.contract import check_bool, check_options, option_names
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
@@ -30,7 +30,7 @@ from sgrld.core.engine import (
     telemetry_figures,
     validate_grads,
 )
-from sgrld.core.layout import FlatLayout
+from sgrld.core.layout import FlatLayout, check_one_buffer
 from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, StandIns, check_low_precision, is_low_precision
@@ -38,13 +38,12 @@ from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
 from sgrld.optim.groups import (
     as_scalar,
     check_masks,
-    check_params,
     check_sharded,
     follow_shards,
     own,
@@ -186,8 +185,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         metric = self._make_metric(metric, metric_options)
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
-        if not isinstance(telemetry, bool):
-            raise ValueError(f"invalid telemetry: {telemetry!r} (expected True or False)")
+        check_bool("telemetry", telemetry)
         _check_schedule(refresh_every, batch_size, metric)
         check_low_precision(low_precision, master_dtype)
         requested_noise = noise
@@ -272,9 +270,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         index = len(self.param_groups) - 1
         params: list[Tensor] = group["params"]
-        check_params(self._names(index), params)
-        validate_group(group["lr"], group["num_data"], group["temperature"])
-        check_adapt_until(group["adapt_until"])
+        # stepped as one flat buffer: one dtype and device, floating
+        check_one_buffer(self._names(index), params, " (put the others in a group of their own)")
+        validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
         self._group_metric(group)  # validates the group's metric options now
         low = is_low_precision(params[0].dtype, self.master_dtype)
         if low and self.low_precision == "nearest" and not self._warned_nearest:
