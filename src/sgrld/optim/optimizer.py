@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, Health
-from sgrld.core.compiled import CompiledMove, check_compile
+from sgrld.core.compiled import CompiledMove
 from sgrld.core.contract import check_bool, check_options, option_names
 from sgrld.core.engine import (
     CheckMode,
@@ -31,7 +31,7 @@ from sgrld.core.engine import (
     validate_grads,
 )
 from sgrld.core.layout import FlatLayout, check_one_buffer
-from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator
+from sgrld.core.noise import NoiseSource, keys_from_generator
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, StandIns, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
@@ -191,9 +191,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         requested_noise = noise
         if noise is None:
             noise = "philox" if capturable is True else "torch"
-        check_noise_source(noise)
-        check_compile(compile, metric)
-        check_flags(check_finite, capturable, sync_checks, noise)
+        check_flags(metric, noise, compile, check_finite, capturable, sync_checks)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.metric = metric
@@ -236,7 +234,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.compile = compile
         self.capturable = capturable
         self.sync_checks = sync_checks
-        self._compiled: dict[int, CompiledMove] = {}  # per param group (compile=True)
+        # per param group (compile=True)
+        self._compiled: defaultdict[int, CompiledMove] = defaultdict(CompiledMove)
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
         self._ready = True
@@ -471,7 +470,37 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     if modes[index] == "sync":
                         check_finite_now(state, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
-            self._advance_groups(states, grads, modes, noise, traced, watched)
+            for index, (group, state) in enumerate(zip(self.param_groups, states, strict=True)):
+                metric, standins = self._group_metrics[index], self._standins.get(index)
+                if state.layout.shards is not None and standins is None:
+                    follow_shards(state, group["params"])  # stand-ins stay where they are
+                if standins is not None:  # step master copies, scratch or selected elements
+                    standins.pull()
+                telemetry = self._accumulator(index)
+                # a watched step's sums go to the watch and the user's telemetry both
+                device = group["params"][0].device
+                sums = self._watch.step_sums(index, device) if watched else telemetry
+                advance(
+                    metric,
+                    state,
+                    grads[index],
+                    lr=as_scalar(group["lr"]),
+                    num_data=group["num_data"],
+                    temperature=group["temperature"],
+                    checks=modes[index],
+                    adapt=self.adapts(index),
+                    noise_source=noise,
+                    compiled=self._compiled[index] if self.compile else None,
+                    refresh=not (self.capturable and traced),
+                    telemetry=sums,
+                    localization=self.localization,
+                    closes_warmup=closes_warmup(metric, state.step + 1, group["adapt_until"]),
+                )
+                if watched:
+                    assert sums is not None
+                    self._watch.add(index, sums, telemetry)
+                if standins is not None:
+                    standins.push(state.keys, state.device_step)
         except NonFiniteGradientError as exc:
             window = self._open_window()  # a read on the error path
             message = self._watch.nonfinite_message(str(exc), states[0].step + 1, window)
@@ -482,49 +511,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if watched and steps % WINDOW_STEPS == 0:
             self._watch.end_window(self._open_window(), self._settled(steps))
         return loss
-
-    def _advance_groups(
-        self,
-        states: list[SamplerState],
-        grads: list[list[Tensor | None]],
-        modes: list[CheckMode],
-        noise: NoiseSource,
-        traced: bool,
-        watched: bool,
-    ) -> None:
-        for index, group in enumerate(self.param_groups):
-            standins = self._standins.get(index)
-            if states[index].layout.shards is not None and standins is None:
-                follow_shards(states[index], group["params"])  # stand-ins stay where they are
-            if standins is not None:  # step master copies, scratch or selected elements
-                standins.pull()
-            adapt = self.adapts(index)
-            telemetry = self._accumulator(index)
-            # a watched step's sums go to the watch and the user's telemetry both
-            sums = self._watch.step_sums(index, group["params"][0].device) if watched else telemetry
-            advance(
-                self._group_metrics[index],
-                states[index],
-                grads[index],
-                lr=as_scalar(group["lr"]),
-                num_data=group["num_data"],
-                temperature=group["temperature"],
-                checks=modes[index],
-                adapt=adapt,
-                noise_source=noise,
-                compiled=self._compiled_move(index),
-                refresh=not (self.capturable and traced),
-                telemetry=sums,
-                localization=self.localization,
-                closes_warmup=closes_warmup(
-                    self._group_metrics[index], states[index].step + 1, group["adapt_until"]
-                ),
-            )
-            if watched:
-                assert sums is not None
-                self._watch.add(index, sums, telemetry)
-            if standins is not None:
-                standins.push(states[index].keys, states[index].device_step)
 
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
@@ -551,13 +537,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         device = self.param_groups[0]["params"][0].device
         check_same_noise(torch.cat([*keys, generator]).to(device))
         self._replicas_checked = True
-
-    def _compiled_move(self, index: int) -> CompiledMove | None:
-        if not self.compile:
-            return None
-        if index not in self._compiled:
-            self._compiled[index] = CompiledMove()
-        return self._compiled[index]
 
     # --- health and telemetry ----------------------------------------------------------------
 
@@ -718,7 +697,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Start a load: its groups, and no state yet."""
         self.param_groups = groups
         self.state = defaultdict(dict)
-        self._compiled = {}
+        self._compiled = defaultdict(CompiledMove)
         self._standins = {}
         self._watch = HealthWatch(watch_first)
 
