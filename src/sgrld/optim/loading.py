@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
 
 
-def seed_key(generator: torch.Generator, device: torch.device) -> Tensor:
-    """The noise key of ``noise="torch"`` groups (a traced step's): from the generator's seed."""
+def new_key(noise: str, generator: torch.Generator, device: torch.device) -> Tensor:
+    """A new group's noise key: Philox's drawn from ``generator``; a ``noise="torch"`` group's (a
+    traced step's) from the generator's seed."""
+    if noise == "philox":
+        return keys_from_generator((), generator, device)
     return keys_from_seeds([generator.initial_seed() % 2**64], device)[0]
 
 
@@ -140,10 +143,8 @@ def from_first_format(
                 )
             state.validate_state_dict(saved, label)
             state.apply_state_dict(saved)
-        elif opt.noise == "philox":
-            state.keys.copy_(keys_from_generator((), generator, state.keys.device))
-        if opt.noise != "philox":
-            state.keys.copy_(seed_key(generator, state.keys.device))
+        if saved is None or opt.noise != "philox":
+            state.keys.copy_(new_key(opt.noise, generator, state.keys.device))
         entries = publish_group(metric, state, standins)
         out.update(zip(saved_groups[index]["params"], entries, strict=True))
     out[saved_groups[0]["params"][0]][GENERATOR] = generator.get_state()

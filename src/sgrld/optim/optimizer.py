@@ -31,7 +31,7 @@ from sgrld.core.engine import (
     validate_grads,
 )
 from sgrld.core.layout import FlatLayout, check_one_buffer
-from sgrld.core.noise import NoiseSource, keys_from_generator
+from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, StandIns, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
@@ -343,12 +343,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Create group ``index``'s state (with ``keys``, or new ones) in ``self.state``."""
         metric = self._group_metric(self.param_groups[index])
         state, standins = self._new_state(index, metric)
-        if keys is not None:
-            state.keys.copy_(keys)
-        elif self.noise == "philox":
-            state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
-        else:
-            state.keys.copy_(loading.seed_key(self.generator, state.keys.device))
+        if keys is None:
+            keys = loading.new_key(self.noise, self.generator, state.keys.device)
+        state.keys.copy_(keys)
         self._install(index, state, metric, standins)
 
     def _install(
