@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from sgrld.core.contract import check_int
 from sgrld.optim import SGRLDOptimizer
 
 __all__ = ["GraphedStep"]
@@ -52,8 +53,7 @@ class GraphedStep:
             device = group["params"][0].device
             if device.type != "cuda":
                 raise ValueError(f"CUDA graphs need parameters on a CUDA device, not {device}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-            raise ValueError(f"invalid warmup: {warmup!r} (expected an integer >= 1)")
+        check_int("warmup", warmup, 1)
         self.step_fn, self.optimizer = step_fn, optimizer
         self.warmup = warmup
         self.warmed = 0  # eager warm-up calls so far
@@ -74,7 +74,7 @@ class GraphedStep:
         self.warmed += 1
         return output
 
-    def _capture(self) -> None:
+    def _capture(self) -> torch.cuda.CUDAGraph:
         """Record the step; its host side ran (the step counts advanced): undo that for the
         replay.
         """
@@ -88,19 +88,12 @@ class GraphedStep:
         finally:  # also when the capture fails: no step was taken
             for state, count in zip(states, counts, strict=True):
                 state.step = count
-        self.graph = graph
         self._adapts = self._adapting()
+        return graph
 
     def _adapting(self) -> tuple[bool, ...]:
         opt = self.optimizer
         return tuple(opt.adapts(i) for i in range(len(opt.param_groups)))
-
-    def _replay(self) -> Tensor | None:
-        assert self.graph is not None
-        self.graph.replay()
-        self.replays += 1
-        self.optimizer.after_replay()  # the device count advanced inside the graph
-        return self.output
 
     def __call__(self) -> Tensor | None:
         """One training step: eager (warm-up, due refresh), or captured and replayed."""
@@ -111,5 +104,8 @@ class GraphedStep:
         if self.graph is None:
             if self.warmed < self.warmup:
                 return self._warm()
-            self._capture()
-        return self._replay()
+            self.graph = self._capture()
+        self.graph.replay()
+        self.replays += 1
+        self.optimizer.after_replay()  # the device count advanced inside the graph
+        return self.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import types
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -42,14 +43,6 @@ def _move(
     body(Move(metric, stats, layout, grad.clone(), xi, *rest))  # type: ignore[arg-type]
 
 
-def check_compile(compile: bool, metric: Metric) -> None:
-    """Refuse a non-bool ``compile`` and ``compile=True`` for a metric that is not compilable."""
-    if not isinstance(compile, bool):
-        raise ValueError(f"invalid compile: {compile!r} (expected True or False)")
-    if compile:
-        check_compilable(metric)
-
-
 def check_compilable(metric: Metric) -> None:
     if not metric.compilable:
         raise ValueError(
@@ -59,13 +52,11 @@ def check_compilable(metric: Metric) -> None:
 
 
 class CompiledMove:
-    """The compiled step body of one sampler (never saved: it holds no state of the chain)."""
+    """The compiled step body of one sampler, made at its first call (never saved: it holds no
+    state of the chain)."""
 
     def __init__(self) -> None:
-        code = _move.__code__.replace(co_name=f"_sgrld_move_{next(_counter)}")
-        with quiet_compile():  # importing inductor touches deprecated torch APIs
-            fn = types.FunctionType(code, _move.__globals__, code.co_name)
-            self._fn = torch.compile(fn, fullgraph=True)
+        self._fn: Callable[..., None] | None = None
         self._scalars: dict[tuple[torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
         self.failed = False
 
@@ -77,6 +68,11 @@ class CompiledMove:
         """
         if self.failed:
             return False
+        if self._fn is None:
+            code = _move.__code__.replace(co_name=f"_sgrld_move_{next(_counter)}")
+            with quiet_compile():  # importing inductor touches deprecated torch APIs
+                fn = types.FunctionType(code, _move.__globals__, code.co_name)
+                self._fn = torch.compile(fn, fullgraph=True)
         if not (isinstance(move.lr, Tensor) and isinstance(move.sigma, Tensor)):
             # 0-d float32 (float64 for float64 parameters) scalars: they do not change the
             # result's dtype, and half precision would round ℓ and make σ ≈ 1e-5 subnormal

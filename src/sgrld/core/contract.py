@@ -219,6 +219,18 @@ def check_range(name: str, value: float, ok: Callable[[float], bool], expect: st
         raise ValueError(f"invalid {name}: {value!r} (expected {expect})")
 
 
+def check_int(name: str, value: int, low: int) -> None:
+    """Refuse anything but an integer >= ``low`` (a bool is not one)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"invalid {name}: {value!r} (expected an integer >= {low})")
+
+
+def check_bool(name: str, value: bool) -> None:
+    """Refuse anything but ``True`` or ``False``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"invalid {name}: {value!r} (expected True or False)")
+
+
 def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     """Refuse ``value`` unless it is one of ``choices``, with a message naming them."""
     if value not in choices:

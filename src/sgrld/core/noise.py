@@ -33,11 +33,6 @@ ROUNDS = 10
 INT32_LANES = torch.backends.cpu.get_cpu_capability() != "AVX512"
 
 
-def check_noise_source(noise: str) -> None:
-    if noise not in NOISE_SOURCES:
-        raise ValueError(f"invalid noise: {noise!r} (expected one of {', '.join(NOISE_SOURCES)})")
-
-
 def _mulhilo(a: Tensor, m: int) -> tuple[Tensor, Tensor]:
     """(high, low) 32-bit words of a·m for 0 ≤ a, m < 2³², without int64 overflow."""
     hi16, lo16 = m >> 16, m & 0xFFFF

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.contract import Metric, check_range
+from sgrld.core.compiled import CompiledMove, check_compilable
+from sgrld.core.contract import Metric, check_bool, check_choice, check_int, check_range
 from sgrld.core.engine import (
     NonFiniteGradientError,
     advance,
@@ -23,7 +23,7 @@ from sgrld.core.engine import (
     refresh_due,
 )
 from sgrld.core.layout import FlatLayout, check_one_buffer
-from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator, keys_from_seeds
+from sgrld.core.noise import NOISE_SOURCES, NoiseSource, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 
@@ -94,15 +94,20 @@ class Sampler:
     adapt_until: int | None = DEFAULT_WARMUP
     localization: float = 0.0
     # the compiled step (compile=True), shared by the states this sampler steps; not state
-    _compiled: list[CompiledMove] = field(
-        default_factory=list, init=False, repr=False, compare=False
+    _compiled: CompiledMove = field(
+        default_factory=CompiledMove, init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
-        check_noise_source(self.noise)
-        check_compile(self.compile, self.metric)
-        check_flags(self.check_finite, self.capturable, self.sync_checks, self.noise)
+        check_flags(
+            self.metric,
+            self.noise,
+            self.compile,
+            self.check_finite,
+            self.capturable,
+            self.sync_checks,
+        )
         check_adapt_until(self.adapt_until)
         check_range("localization", self.localization, lambda v: v >= 0.0, "localization >= 0")
 
@@ -119,10 +124,8 @@ class Sampler:
         chain k's noise depends on its seed alone."""
         if not params:
             raise ValueError("params is empty")
-        if num_chains is not None and (
-            not isinstance(num_chains, int) or isinstance(num_chains, bool) or num_chains < 1
-        ):
-            raise ValueError(f"invalid num_chains: {num_chains!r} (expected an int >= 1)")
+        if num_chains is not None:
+            check_int("num_chains", num_chains, 1)
         names, tensors = list(params), list(params.values())
         for name, t in zip(names, tensors, strict=True):
             if not isinstance(t, Tensor):
@@ -185,7 +188,7 @@ class Sampler:
             checks=check_mode(self.check_finite, self.sync_checks, device, self.capturable),
             adapt=adapt and adapting(state.step, self.adapt_until),
             noise_source=self.noise,
-            compiled=self._compiled_move(),
+            compiled=self._compiled if self.compile else None,
             refresh=not (self.capturable and in_graph()),
             telemetry=telemetry,
             closes_warmup=closes_warmup(self.metric, state.step + 1, self.adapt_until),
@@ -206,8 +209,7 @@ class Sampler:
         :meth:`step`; ``callback(state)`` runs after each step; deferred checks are read once at the
         end. For long runs of tiny single-tensor problems see
         :class:`sgrld.core.multistep.BlockRunner`."""
-        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 0:
-            raise ValueError(f"invalid num_steps: {num_steps!r} (expected an integer >= 0)")
+        check_int("num_steps", num_steps, 0)
         for _ in range(num_steps):
             with torch.enable_grad():
                 grads = grad_fn(state.params)
@@ -229,24 +231,28 @@ class Sampler:
         self.metric.refresh(state.stats, state.layout)
         return True
 
-    def _compiled_move(self) -> CompiledMove | None:
-        if not self.compile:
-            return None
-        if not self._compiled:
-            self._compiled.append(CompiledMove())
-        return self._compiled[0]
-
     def refresh(self, state: SamplerState) -> SamplerState:
         """Recompute the explicitly scheduled part of the metric (Wenzel's preconditioner)."""
         self.metric.refresh(state.stats, state.layout)
         return state
 
 
-def check_flags(check_finite: bool, capturable: bool, sync_checks: bool | None, noise: str) -> None:
-    """Refuse non-bool flags and the combinations a captured step cannot honour."""
-    for name, value in (("check_finite", check_finite), ("capturable", capturable)):
-        if not isinstance(value, bool):
-            raise ValueError(f"invalid {name}: {value!r} (expected True or False)")
+def check_flags(
+    metric: Metric,
+    noise: str,
+    compile: bool,
+    check_finite: bool,
+    capturable: bool,
+    sync_checks: bool | None,
+) -> None:
+    """Refuse an unknown noise source, non-bool flags, ``compile=True`` for a metric that is not
+    compilable (:mod:`sgrld.core.compiled`) and the combinations a captured step cannot honour."""
+    check_choice("noise", noise, NOISE_SOURCES)
+    check_bool("compile", compile)
+    if compile:
+        check_compilable(metric)
+    check_bool("check_finite", check_finite)
+    check_bool("capturable", capturable)
     if sync_checks is not None and not isinstance(sync_checks, bool):
         raise ValueError(f"invalid sync_checks: {sync_checks!r} (expected None, True or False)")
     if capturable and noise != "philox":

@@ -20,9 +20,9 @@ class Workspace:
     grad: Tensor
     noise: NoiseBuffer
     layout: FlatLayout
-    # parameter-shaped views of the two buffers, made once (an eager step's Python overhead)
-    _grad_views: list[Tensor] | None = field(default=None, repr=False)
-    _noise_views: list[Tensor] | None = field(default=None, repr=False)
+    # parameter-shaped views of the two buffers (by: is it ``grad``), made once (an eager step's
+    # Python overhead)
+    _views: dict[bool, list[Tensor]] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def for_layout(layout: FlatLayout, like: Tensor) -> Workspace:
@@ -47,17 +47,13 @@ class Workspace:
 
     def views(self, flat: Tensor) -> list[Tensor]:
         """``layout.views(flat)``, cached for this workspace's own buffers."""
-        if torch.compiler.is_compiling():  # a traced step: views are free, the cache is not
+        # a traced step: views are free, the cache is not
+        if torch.compiler.is_compiling() or not (flat is self.grad or flat is self.noise.flat):
             return self.layout.views(flat)
-        if flat is self.grad:
-            if self._grad_views is None:
-                self._grad_views = self.layout.views(flat)
-            return self._grad_views
-        if flat is self.noise.flat:
-            if self._noise_views is None:
-                self._noise_views = self.layout.views(flat)
-            return self._noise_views
-        return self.layout.views(flat)
+        is_grad = flat is self.grad
+        if is_grad not in self._views:
+            self._views[is_grad] = self.layout.views(flat)
+        return self._views[is_grad]
 
 
 @dataclass

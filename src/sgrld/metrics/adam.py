@@ -4,21 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor
-
-from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
-from sgrld.core.layout import FlatLayout
-from sgrld.metrics.rmsprop import (
-    RMSpropMetric,
-    init_second_moment,
-    second_moment_sums_ahead,
-    update_second_moment,
-)
+from sgrld.core.contract import register
+from sgrld.metrics.rmsprop import SecondMomentMetric
 
 
 @register
 @dataclass(frozen=True, kw_only=True)
-class AdamMetric(Metric):
+class AdamMetric(SecondMomentMetric):
     """G = diag(√v̂ + max(ε, floor·s)), v ← β₂·v + (1−β₂)·g², v̂ = v/(1−β₂ᵗ) (v from zeros,
     current g included), s = √mean(v̂) over the group.
 
@@ -37,35 +29,9 @@ class AdamMetric(Metric):
     """
 
     name = "adam"
-    compilable = True
+    key = "exp_avg_sq"
+    decay_option = "beta2"
+    bias_correction = True  # not an option: v̂ = v/(1−β₂ᵗ), in float64 on every path
     beta2: float = 0.999
     eps: float = 1e-8
     floor: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_range("beta2", self.beta2, lambda v: 0.0 <= v < 1.0, "0 <= beta2 < 1")
-        check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
-        check_range("floor", self.floor, lambda v: 0.0 <= v < 1.0, "0 <= floor < 1")
-
-    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
-        return init_second_moment("exp_avg_sq", layout, like, self.eps)
-
-    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
-        return {"exp_avg_sq": "element", "inv_sqrt": "element"}
-
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        # v̂ = v/(1−β₂ᵗ), the correction in float64 on every path (eager, deferred, compiled)
-        update_second_moment(
-            stats["exp_avg_sq"], stats["inv_sqrt"], grad, step, self.beta2, self.eps,
-            bias_correction=True, floor=self.floor, layout=layout,
-        )  # fmt: skip
-
-    def sums_ahead(
-        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
-    ) -> dict[str, Tensor]:
-        """Sharded parameters: the floor's Σ v, summed ahead."""
-        return second_moment_sums_ahead(stats["exp_avg_sq"], grad, self.beta2, self.floor, adapt)
-
-    # G⁻¹ = r², G^{-1/2} = r from the shared buffer, as RMSprop's
-    inverse = RMSpropMetric.inverse
-    inverse_sqrt = RMSpropMetric.inverse_sqrt

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import check_choice
+from sgrld.core.contract import check_choice, check_int
 from sgrld.core.integrator import noise_scale
 from sgrld.core.layout import FlatLayout
 from sgrld.core.sampler import NonFiniteGradientError, validate_hyperparameters
@@ -177,8 +177,7 @@ def exact_monge_move(
     if metric.scope != "global" or metric.fallback_threshold is not None:
         raise ValueError("the exact drift needs a Monge metric with scope='global', no fallback")
     check_choice("trace", trace, ("exact", "hutchinson", None))
-    if isinstance(probes, bool) or not isinstance(probes, int) or probes < 1:
-        raise ValueError(f"invalid probes: {probes!r} (expected an integer >= 1)")
+    check_int("probes", probes, 1)
     if not bool(torch.isfinite(grad).all()):
         raise NonFiniteGradientError("gradient of the potential contains NaN or Inf")
     dim = theta.shape[-1]

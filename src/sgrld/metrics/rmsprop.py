@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -12,9 +13,72 @@ from sgrld.core.contract import Metric, StatKind, Stats, check_range, register
 from sgrld.core.layout import FlatLayout
 
 
+class SecondMomentMetric(Metric):
+    """A diagonal G = diag(√v + max(ε, floor·s)) from a second moment v of ĝ kept under
+    :attr:`key`, with r = G^{-1/2} (G⁻¹ = r²: one buffer serves both); the subclass's dataclass
+    fields hold ε, the floor, v's EMA weight (the option :attr:`decay_option`) and whether G uses
+    v/(1 − decayᵗ) (an option, or fixed by the class).
+    """
+
+    compilable = True
+    #: the statistic holding v, as checkpoints name it
+    key: ClassVar[str]
+    #: the option holding v's EMA weight
+    decay_option: ClassVar[str]
+    eps: float
+    floor: float
+    bias_correction: bool
+
+    def __post_init__(self) -> None:
+        name = self.decay_option
+        check_range(name, self._decay, lambda v: 0.0 <= v < 1.0, f"0 <= {name} < 1")
+        check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
+        check_range("floor", self.floor, lambda v: 0.0 <= v < 1.0, "0 <= floor < 1")
+
+    @property
+    def _decay(self) -> float:
+        decay: float = getattr(self, self.decay_option)
+        return decay
+
+    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
+        """v from zeros, and r = G^{-1/2} = ε^{-1/2}."""
+        v = layout.zeros(like.dtype, like.device)
+        return {
+            self.key: v,
+            "inv_sqrt": torch.full_like(v, self.eps**-0.5 if self.eps else math.inf),
+        }
+
+    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
+        return {self.key: "element", "inv_sqrt": "element"}
+
+    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
+        update_second_moment(
+            stats[self.key], stats["inv_sqrt"], grad, step, self._decay, self.eps,
+            bias_correction=self.bias_correction, floor=self.floor, layout=layout,
+        )  # fmt: skip
+
+    def sums_ahead(
+        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
+    ) -> dict[str, Tensor]:
+        """Sharded parameters: this rank's Σ of the v that :meth:`update` is about to make, for the
+        floor (nothing without a floor or when frozen)."""
+        if not (self.floor and adapt):
+            return {}
+        decay = self._decay
+        ahead = stats[self.key].mul(decay).addcmul_(grad, grad, value=1.0 - decay)
+        return {"scale": ahead.sum(dim=-1, keepdim=True)}
+
+    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
+        r = stats["inv_sqrt"]
+        return grad.mul_(r).mul_(r)
+
+    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
+        return noise.mul_(stats["inv_sqrt"])
+
+
 @register
 @dataclass(frozen=True, kw_only=True)
-class RMSpropMetric(Metric):
+class RMSpropMetric(SecondMomentMetric):
     """G = diag(√V + max(ε, floor·s)), V ← decay·V + (1−decay)·g² (V from zeros, current g
     included), s = √mean(V) over the group (per chain).
 
@@ -37,59 +101,12 @@ class RMSpropMetric(Metric):
 
     name = "rmsprop"
     aliases = ("psgld", "rmspropsgld")
-    compilable = True
+    key = "square_avg"
+    decay_option = "decay"
     decay: float = 0.99
     eps: float = 1e-8
     bias_correction: bool = False
     floor: float = 0.1
-
-    def __post_init__(self) -> None:
-        check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
-        check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
-        check_range("floor", self.floor, lambda v: 0.0 <= v < 1.0, "0 <= floor < 1")
-
-    def init(self, layout: FlatLayout, like: Tensor) -> Stats:
-        return init_second_moment("square_avg", layout, like, self.eps)
-
-    def stat_kinds(self, layout: FlatLayout) -> dict[str, StatKind]:
-        return {"square_avg": "element", "inv_sqrt": "element"}
-
-    def update(self, stats: Stats, layout: FlatLayout, grad: Tensor, step: int | Tensor) -> None:
-        update_second_moment(
-            stats["square_avg"], stats["inv_sqrt"], grad, step, self.decay, self.eps,
-            bias_correction=self.bias_correction, floor=self.floor, layout=layout,
-        )  # fmt: skip
-
-    def sums_ahead(
-        self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
-    ) -> dict[str, Tensor]:
-        """Sharded parameters: the floor's Σ V, summed ahead."""
-        return second_moment_sums_ahead(stats["square_avg"], grad, self.decay, self.floor, adapt)
-
-    def inverse(self, stats: Stats, layout: FlatLayout, grad: Tensor) -> Tensor:
-        r = stats["inv_sqrt"]
-        return grad.mul_(r).mul_(r)
-
-    def inverse_sqrt(self, stats: Stats, layout: FlatLayout, noise: Tensor) -> Tensor:
-        return noise.mul_(stats["inv_sqrt"])
-
-
-def init_second_moment(key: str, layout: FlatLayout, like: Tensor, eps: float) -> Stats:
-    """The second moment ``key`` from zeros and r = G^{-1/2} (G⁻¹ = r²: one buffer serves both)."""
-    v = layout.zeros(like.dtype, like.device)
-    return {key: v, "inv_sqrt": torch.full_like(v, eps**-0.5 if eps else math.inf)}
-
-
-def second_moment_sums_ahead(
-    v: Tensor, grad: Tensor, decay: float, floor: float, adapt: bool
-) -> dict[str, Tensor]:
-    """This rank's Σ of the v :func:`update_second_moment` is about to make (nothing without a floor
-    or when frozen).
-    """
-    if not (floor and adapt):
-        return {}
-    ahead = v.mul(decay).addcmul_(grad, grad, value=1.0 - decay)
-    return {"scale": ahead.sum(dim=-1, keepdim=True)}
 
 
 def update_second_moment(

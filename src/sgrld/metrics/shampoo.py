@@ -30,7 +30,9 @@ from sgrld.core.contract import (
     PerTensor,
     StatKind,
     Stats,
+    check_bool,
     check_choice,
+    check_int,
     check_range,
     register,
 )
@@ -46,11 +48,6 @@ from sgrld.metrics._blocking import (
     plan_buckets,
 )
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
-
-
-def _check_int(name: str, value: int, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"invalid {name}: {value!r} (expected an integer >= {low})")
 
 
 def _key(stat: str, group: int, axis: int, index: int) -> str:
@@ -130,9 +127,9 @@ class ShampooMetric(Metric):
         check_range("damping", self.damping, lambda v: v >= 0.0, "damping >= 0")
         if self.damping and self.root_method != "eigh":
             raise ValueError("damping needs root_method='eigh' (Newton's iteration has no damping)")
-        _check_int("block_size", self.block_size, 1)
-        _check_int("update_interval", self.update_interval, 1)
-        _check_int("row_shards", self.row_shards, 1)
+        check_int("block_size", self.block_size, 1)
+        check_int("update_interval", self.update_interval, 1)
+        check_int("row_shards", self.row_shards, 1)
         check_choice("root_method", self.root_method, ("eigh", "newton"))
         check_choice("tiling", self.tiling, TILINGS)
         check_choice("ridge", self.ridge, ("relative", "absolute", "none"))
@@ -140,10 +137,7 @@ class ShampooMetric(Metric):
             raise ValueError(
                 f"invalid root_dtype: {self.root_dtype!r} (expected torch.float32 or float64)"
             )
-        if not isinstance(self.precondition_vectors, bool):
-            raise ValueError(
-                f"invalid precondition_vectors: {self.precondition_vectors!r} (expected a bool)"
-            )
+        check_bool("precondition_vectors", self.precondition_vectors)
 
     # ------------------------------------------------------------------ layout
 

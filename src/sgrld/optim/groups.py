@@ -10,13 +10,12 @@ import torch
 from torch import Tensor
 
 from sgrld.core.contract import Metric
-from sgrld.core.layout import check_one_buffer
 from sgrld.core.param_state import MASTER, publish, shard_key
 from sgrld.core.precision import StandIns
 from sgrld.core.sampler import validate_hyperparameters
 from sgrld.core.shards import local
 from sgrld.core.state import SamplerState
-from sgrld.core.warmup import drawn_while_adapting
+from sgrld.core.warmup import check_adapt_until, drawn_while_adapting
 
 if TYPE_CHECKING:
     from sgrld.optim.optimizer import SGRLDOptimizer
@@ -25,8 +24,11 @@ if TYPE_CHECKING:
 CENTER = "center"
 
 
-def validate_group(lr: float | Tensor, num_data: float, temperature: float) -> None:
-    """ℓ, n and τ of a group, as torch.optim takes ℓ: a float or any one-element tensor."""
+def validate_group(
+    lr: float | Tensor, num_data: float, temperature: float, adapt_until: int | None = None
+) -> None:
+    """ℓ, n, τ and the warm-up of a group, as torch.optim takes ℓ: a float or any one-element
+    tensor."""
     if isinstance(lr, Tensor):
         if lr.numel() != 1:
             raise ValueError(
@@ -35,16 +37,12 @@ def validate_group(lr: float | Tensor, num_data: float, temperature: float) -> N
             )
         lr = lr.reshape(())
     validate_hyperparameters(lr, num_data, temperature)
+    check_adapt_until(adapt_until)
 
 
 def as_scalar(lr: float | Tensor) -> float | Tensor:
     """ℓ as the engine takes it: a float, or a 0-d view of any one-element tensor."""
     return lr.view(()) if isinstance(lr, Tensor) and lr.dim() > 0 else lr
-
-
-def check_params(names: list[str], params: list[Tensor]) -> None:
-    """A group's parameters are stepped as one flat buffer: one dtype and device, floating."""
-    check_one_buffer(names, params, " (put the others in a group of their own)")
 
 
 def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:

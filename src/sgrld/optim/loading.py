@@ -16,7 +16,6 @@ from sgrld.core.contract import Metric
 from sgrld.core.noise import keys_from_generator, keys_from_seeds
 from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load
 from sgrld.core.state import check_generator_state
-from sgrld.core.warmup import check_adapt_until
 from sgrld.optim.groups import publish_group, validate_group
 from sgrld.optim.watch import WATCH_KEY, first_window
 
@@ -28,8 +27,11 @@ if TYPE_CHECKING:
 BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
 
 
-def seed_key(generator: torch.Generator, device: torch.device) -> Tensor:
-    """The noise key of ``noise="torch"`` groups (a traced step's): from the generator's seed."""
+def new_key(noise: str, generator: torch.Generator, device: torch.device) -> Tensor:
+    """A new group's noise key: Philox's drawn from ``generator``; a ``noise="torch"`` group's (a
+    traced step's) from the generator's seed."""
+    if noise == "philox":
+        return keys_from_generator((), generator, device)
     return keys_from_seeds([generator.initial_seed() % 2**64], device)[0]
 
 
@@ -101,8 +103,7 @@ def load_group(opt: SGRLDOptimizer, index: int, saved: Any) -> tuple[dict[str, A
     if "param_names" in mine:
         group["param_names"] = mine["param_names"]
     try:
-        validate_group(group["lr"], group["num_data"], group["temperature"])
-        check_adapt_until(group["adapt_until"])
+        validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
         metric = opt._group_metric(group)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{label}: {exc}") from None
@@ -142,10 +143,8 @@ def from_first_format(
                 )
             state.validate_state_dict(saved, label)
             state.apply_state_dict(saved)
-        elif opt.noise == "philox":
-            state.keys.copy_(keys_from_generator((), generator, state.keys.device))
-        if opt.noise != "philox":
-            state.keys.copy_(seed_key(generator, state.keys.device))
+        if saved is None or opt.noise != "philox":
+            state.keys.copy_(new_key(opt.noise, generator, state.keys.device))
         entries = publish_group(metric, state, standins)
         out.update(zip(saved_groups[index]["params"], entries, strict=True))
     out[saved_groups[0]["params"][0]][GENERATOR] = generator.get_state()

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, Health
-from sgrld.core.compiled import CompiledMove, check_compile
-from sgrld.core.contract import check_options, option_names
+from sgrld.core.compiled import CompiledMove
+from sgrld.core.contract import check_bool, check_options, option_names
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
@@ -30,21 +30,20 @@ from sgrld.core.engine import (
     telemetry_figures,
     validate_grads,
 )
-from sgrld.core.layout import FlatLayout
-from sgrld.core.noise import NoiseSource, check_noise_source, keys_from_generator
+from sgrld.core.layout import FlatLayout, check_one_buffer
+from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, StandIns, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
 from sgrld.optim.groups import (
     as_scalar,
     check_masks,
-    check_params,
     check_sharded,
     follow_shards,
     own,
@@ -186,16 +185,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         metric = self._make_metric(metric, metric_options)
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
-        if not isinstance(telemetry, bool):
-            raise ValueError(f"invalid telemetry: {telemetry!r} (expected True or False)")
+        check_bool("telemetry", telemetry)
         _check_schedule(refresh_every, batch_size, metric)
         check_low_precision(low_precision, master_dtype)
         requested_noise = noise
         if noise is None:
             noise = "philox" if capturable is True else "torch"
-        check_noise_source(noise)
-        check_compile(compile, metric)
-        check_flags(check_finite, capturable, sync_checks, noise)
+        check_flags(metric, noise, compile, check_finite, capturable, sync_checks)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.metric = metric
@@ -238,7 +234,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.compile = compile
         self.capturable = capturable
         self.sync_checks = sync_checks
-        self._compiled: dict[int, CompiledMove] = {}  # per param group (compile=True)
+        # per param group (compile=True)
+        self._compiled: defaultdict[int, CompiledMove] = defaultdict(CompiledMove)
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
         self._ready = True
@@ -272,9 +269,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         index = len(self.param_groups) - 1
         params: list[Tensor] = group["params"]
-        check_params(self._names(index), params)
-        validate_group(group["lr"], group["num_data"], group["temperature"])
-        check_adapt_until(group["adapt_until"])
+        # stepped as one flat buffer: one dtype and device, floating
+        check_one_buffer(self._names(index), params, " (put the others in a group of their own)")
+        validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
         self._group_metric(group)  # validates the group's metric options now
         low = is_low_precision(params[0].dtype, self.master_dtype)
         if low and self.low_precision == "nearest" and not self._warned_nearest:
@@ -346,12 +343,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Create group ``index``'s state (with ``keys``, or new ones) in ``self.state``."""
         metric = self._group_metric(self.param_groups[index])
         state, standins = self._new_state(index, metric)
-        if keys is not None:
-            state.keys.copy_(keys)
-        elif self.noise == "philox":
-            state.keys.copy_(keys_from_generator((), self.generator, state.keys.device))
-        else:
-            state.keys.copy_(loading.seed_key(self.generator, state.keys.device))
+        if keys is None:
+            keys = loading.new_key(self.noise, self.generator, state.keys.device)
+        state.keys.copy_(keys)
         self._install(index, state, metric, standins)
 
     def _install(
@@ -473,7 +467,37 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     if modes[index] == "sync":
                         check_finite_now(state, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
-            self._advance_groups(states, grads, modes, noise, traced, watched)
+            for index, (group, state) in enumerate(zip(self.param_groups, states, strict=True)):
+                metric, standins = self._group_metrics[index], self._standins.get(index)
+                if state.layout.shards is not None and standins is None:
+                    follow_shards(state, group["params"])  # stand-ins stay where they are
+                if standins is not None:  # step master copies, scratch or selected elements
+                    standins.pull()
+                telemetry = self._accumulator(index)
+                # a watched step's sums go to the watch and the user's telemetry both
+                device = group["params"][0].device
+                sums = self._watch.step_sums(index, device) if watched else telemetry
+                advance(
+                    metric,
+                    state,
+                    grads[index],
+                    lr=as_scalar(group["lr"]),
+                    num_data=group["num_data"],
+                    temperature=group["temperature"],
+                    checks=modes[index],
+                    adapt=self.adapts(index),
+                    noise_source=noise,
+                    compiled=self._compiled[index] if self.compile else None,
+                    refresh=not (self.capturable and traced),
+                    telemetry=sums,
+                    localization=self.localization,
+                    closes_warmup=closes_warmup(metric, state.step + 1, group["adapt_until"]),
+                )
+                if watched:
+                    assert sums is not None
+                    self._watch.add(index, sums, telemetry)
+                if standins is not None:
+                    standins.push(state.keys, state.device_step)
         except NonFiniteGradientError as exc:
             window = self._open_window()  # a read on the error path
             message = self._watch.nonfinite_message(str(exc), states[0].step + 1, window)
@@ -484,49 +508,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if watched and steps % WINDOW_STEPS == 0:
             self._watch.end_window(self._open_window(), self._settled(steps))
         return loss
-
-    def _advance_groups(
-        self,
-        states: list[SamplerState],
-        grads: list[list[Tensor | None]],
-        modes: list[CheckMode],
-        noise: NoiseSource,
-        traced: bool,
-        watched: bool,
-    ) -> None:
-        for index, group in enumerate(self.param_groups):
-            standins = self._standins.get(index)
-            if states[index].layout.shards is not None and standins is None:
-                follow_shards(states[index], group["params"])  # stand-ins stay where they are
-            if standins is not None:  # step master copies, scratch or selected elements
-                standins.pull()
-            adapt = self.adapts(index)
-            telemetry = self._accumulator(index)
-            # a watched step's sums go to the watch and the user's telemetry both
-            sums = self._watch.step_sums(index, group["params"][0].device) if watched else telemetry
-            advance(
-                self._group_metrics[index],
-                states[index],
-                grads[index],
-                lr=as_scalar(group["lr"]),
-                num_data=group["num_data"],
-                temperature=group["temperature"],
-                checks=modes[index],
-                adapt=adapt,
-                noise_source=noise,
-                compiled=self._compiled_move(index),
-                refresh=not (self.capturable and traced),
-                telemetry=sums,
-                localization=self.localization,
-                closes_warmup=closes_warmup(
-                    self._group_metrics[index], states[index].step + 1, group["adapt_until"]
-                ),
-            )
-            if watched:
-                assert sums is not None
-                self._watch.add(index, sums, telemetry)
-            if standins is not None:
-                standins.push(states[index].keys, states[index].device_step)
 
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
@@ -553,13 +534,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         device = self.param_groups[0]["params"][0].device
         check_same_noise(torch.cat([*keys, generator]).to(device))
         self._replicas_checked = True
-
-    def _compiled_move(self, index: int) -> CompiledMove | None:
-        if not self.compile:
-            return None
-        if index not in self._compiled:
-            self._compiled[index] = CompiledMove()
-        return self._compiled[index]
 
     # --- health and telemetry ----------------------------------------------------------------
 
@@ -720,7 +694,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Start a load: its groups, and no state yet."""
         self.param_groups = groups
         self.state = defaultdict(dict)
-        self._compiled = {}
+        self._compiled = defaultdict(CompiledMove)
         self._standins = {}
         self._watch = HealthWatch(watch_first)
 
