@@ -5,8 +5,6 @@ beside them; the outputs are in ``docs/experiments.md``.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import sys
@@ -24,6 +22,7 @@ from sgrld.experiments.report.tables import (
     PRIOR_SHORT,
     SAMPLER_ORDER,
     Group,
+    csv_text,
     format_stat,
     identity_at,
     in_order,
@@ -168,24 +167,19 @@ class Table:
         )
 
     def csv(self) -> str:
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
         bare = [[c.cell if isinstance(c, Marked) else c for c in row] for row in self.rows]
         tuples = {i for row in bare for i, c in enumerate(row) if isinstance(c, tuple)}
         header: list[str] = []
         for i, (name, _) in enumerate(self.columns):
             header += [f"{name} mean", f"{name} std"] if i in tuples else [name]
-        writer.writerow(header)
+        rows = []
         for row in bare:
             values: list[Any] = []
             for i, cell in enumerate(row):
-                if i in tuples:
-                    pair = cell if isinstance(cell, tuple) else (cell, "")
-                    values += ["" if isinstance(v, float) and math.isnan(v) else v for v in pair]
-                else:
-                    values.append("" if isinstance(cell, float) and math.isnan(cell) else cell)
-            writer.writerow(values)
-        return out.getvalue()
+                pair = cell if isinstance(cell, tuple) else (cell, "")
+                values += pair if i in tuples else [cell]
+            rows.append(["" if isinstance(v, float) and math.isnan(v) else v for v in values])
+        return csv_text(header, rows)
 
 
 Column = tuple[str, int, Callable[[Choice], Cell]]
@@ -435,9 +429,7 @@ SELECTION_COLUMNS += ["val_lp_mean", "val_lp_std", "runs", "candidates", "broken
 
 def selection_csv(choices: Sequence[Choice]) -> str:
     """Every choice: the cell, the stage, the chosen value, its validation score, the candidates."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(SELECTION_COLUMNS)
+    rows = []
     for choice in choices:
         for stage in choice.stages:
             chosen = stage.chosen
@@ -445,7 +437,7 @@ def selection_csv(choices: Sequence[Choice]) -> str:
             if stage.kind == "alpha2" and choice.identity_optimal:
                 mean, std = stage.scores[0.0], math.nan
             value = stage.value
-            writer.writerow(
+            rows.append(
                 [
                     setting_label(choice.setting),
                     choice.prior,
@@ -464,4 +456,4 @@ def selection_csv(choices: Sequence[Choice]) -> str:
                     stage.warning or "",
                 ]
             )
-    return out.getvalue()
+    return csv_text(SELECTION_COLUMNS, rows)

@@ -486,26 +486,29 @@ def csv_table(groups: Sequence[Group]) -> str:
         config_keys += [k for k in group.config if k not in config_keys]
     header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
     columns = _columns(groups)
-    for metric in columns:
-        header += [f"{metric}_mean", f"{metric}_std"]
+    header += [f"{metric}_{stat}" for metric in columns for stat in ("mean", "std")]
     header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
+    rows = []
     for group in groups:
         row: list[Any] = [group.config.get(k, "") for k in config_keys]
         row = ["" if v is None else v for v in row]
         row += [len(group.runs), len(group.completed), group.num_broken]
         row.append(" ".join(map(str, group.seeds)))
-        for metric in columns:
-            mean, std = group.stat(metric)
-            row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
+        row += ["" if math.isnan(v) else repr(v) for metric in columns for v in group.stat(metric)]
         d = group.diagnostics
         values = (
             [d["variables"]["test_loglik"]["rhat"], *d["worst"].values()]
             if d["available"]
             else [None] * 4
         )
-        row += ["" if v is None or math.isnan(v) else repr(v) for v in values]
-        writer.writerow(row)
+        rows.append(row + ["" if v is None or math.isnan(v) else repr(v) for v in values])
+    return csv_text(header, rows)
+
+
+def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The CSV text of a header and rows, ``\\n`` line ends."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
     return out.getvalue()
