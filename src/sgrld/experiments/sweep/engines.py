@@ -4,10 +4,8 @@ its local executor (:func:`run_submitit`), both reporting to one :class:`GridPro
 
 from __future__ import annotations
 
-import errno
 import multiprocessing
 import os
-import stat
 import sys
 import time
 from collections import deque
@@ -307,21 +305,15 @@ def _output_to(log: Path, redirect: bool) -> Iterator[None]:
     if not redirect:
         yield
         return
-    from sgrld.experiments.base.files import OutputError
+    from sgrld.experiments.base.files import OutputError, _open_regular, _reason
 
     sys.stdout.flush()
     sys.stderr.flush()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_NONBLOCK", 0)
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(log, flags, 0o644)  # never through a link planted at its name
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            os.close(handle)
-            raise OSError(errno.EINVAL, "not a regular file")
+        handle = _open_regular(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "use")
     except OSError as exc:
-        why = "a symbolic link or not a regular file" if log.is_symlink() else exc.strerror
-        raise OutputError(exc.errno, f"cannot write {log}: {why}; refusing to use it") from None
+        raise OutputError(exc.errno, f"cannot write {log}: {_reason(exc)}") from None
     saved = [os.dup(1), os.dup(2)]
     try:
         os.dup2(handle, 1)
