@@ -125,15 +125,6 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
     return list(choices.values())
 
 
-def _paper(table: int, choice: Choice, metric: str) -> Cell:
-    width = choice.setting.get("width") if choice.setting["dataset"] == "mnist" else None
-    key = (table, str(choice.setting["dataset"]), width, choice.prior, choice.sampler, metric)
-    value = paper_numbers().get(key)
-    if value is None:
-        return "–"
-    return value if not math.isnan(value[1]) else value[0]
-
-
 @dataclass
 class Table:
     """One of the paper's tables: a title, columns (name, digits) and rows of cells."""
@@ -354,7 +345,18 @@ _PAPER_METRICS = {
 
 
 def _from_paper(table: int, name: str) -> Callable[[Choice], Cell]:
-    return lambda choice: _paper(table, choice, _PAPER_METRICS[name])
+    """The paper's number in ``table`` of a choice's column ``name``."""
+
+    def cell(choice: Choice) -> Cell:
+        dataset = str(choice.setting["dataset"])
+        width = choice.setting.get("width") if dataset == "mnist" else None
+        key = (table, dataset, width, choice.prior, choice.sampler, _PAPER_METRICS[name])
+        value = paper_numbers().get(key)
+        if value is None:
+            return "–"
+        return value if not math.isnan(value[1]) else value[0]
+
+    return cell
 
 
 def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Table]:
@@ -378,8 +380,8 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
             if entry is None:
                 return IDENTITY_OPTIMAL if c.identity_optimal else "–"
             if metric == "lr":
-                lr, a2 = entry.setting
-                return f"{lr:g}" + (f", α² {a2:g}" if a2 is not None else "")
+                lr, alpha2 = entry.setting
+                return lr_text({"lr": lr, "alpha2": alpha2})
             if metric == "budget":
                 return entry.budget_s
             return entry.metrics[metric]

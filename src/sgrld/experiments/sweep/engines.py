@@ -110,10 +110,6 @@ WORKER_RETRIES = 1
 WORKER_DIED = "its worker process died (killed, e.g. by the out-of-memory killer)"
 
 
-def _init_worker(parent: int) -> None:
-    die_with_parent(parent)
-
-
 def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) -> None:
     """Execute the jobs in ``workers`` processes (in this process when ``workers`` is 1).
 
@@ -137,7 +133,7 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
             return ProcessPoolExecutor(
                 max_workers=1,
                 mp_context=context,
-                initializer=_init_worker,
+                initializer=die_with_parent,
                 initargs=(os.getpid(),),
             )
 
@@ -200,27 +196,22 @@ class ClusterOptions:
 def _executor(folder: Path, options: ClusterOptions) -> Any:
     import submitit
 
-    if options.local:
-        local = submitit.LocalExecutor(folder=folder)
-        local.update_parameters(
-            timeout_min=options.timeout_min,
-            tasks_per_node=options.tasks_per_node,
-            gpus_per_node=options.gpus_per_job,  # 0 hides every GPU from the tasks
-        )
-        return local
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     parameters: dict[str, Any] = {
-        "name": "sgrld-sweep",
         "timeout_min": options.timeout_min,
-        "gpus_per_node": options.gpus_per_job,
-        "cpus_per_task": options.cpus_per_job,
         "tasks_per_node": options.tasks_per_node,
-        "nodes": options.nodes,
+        "gpus_per_node": options.gpus_per_job,  # locally, 0 hides every GPU from the tasks
     }
-    if options.partition:
-        parameters["slurm_partition"] = options.partition
-    if options.parallel:
-        parameters["slurm_array_parallelism"] = options.parallel
+    if options.local:
+        executor: Any = submitit.LocalExecutor(folder=folder)
+    else:
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        parameters.update(
+            name="sgrld-sweep", cpus_per_task=options.cpus_per_job, nodes=options.nodes
+        )
+        if options.partition:
+            parameters["slurm_partition"] = options.partition
+        if options.parallel:
+            parameters["slurm_array_parallelism"] = options.parallel
     executor.update_parameters(**parameters)
     return executor
 
