@@ -68,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
             return fail("report", str(exc), exits.USAGE)
     try:
         groups = aggregate(runs)
-        written = write_report(
-            groups, args.out, paper=args.paper, figures=not args.no_figures, left_out=problems
-        )
+        written = write_report(groups, args, left_out=problems)
         if tuning is not None:
             write_atomic(args.out / "tuning.md", tuning)
             written.append(args.out / "tuning.md")
@@ -82,18 +80,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_report(
-    groups: Sequence[Group],
-    out: Path,
-    *,
-    paper: bool,
-    figures: bool,
-    left_out: Sequence[str] = (),
+    groups: Sequence[Group], args: argparse.Namespace, left_out: Sequence[str]
 ) -> list[Path]:
-    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``out``
+    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``--out``
     (each file atomically, never through a link planted at its name); ``left_out`` lists the
     runs left out and why."""
+    out = args.out
     choices = select_all(groups)
-    tables = build_tables(choices, paper=paper)
+    tables = build_tables(choices, paper=args.paper)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for table in tables:
@@ -103,7 +97,7 @@ def write_report(
             written.append(path)
     write_atomic(out / "selection.csv", selection_csv(choices))
     written.append(out / "selection.csv")
-    if figures:
+    if not args.no_figures:
         from sgrld.experiments.report.figures import draw_figures  # matplotlib: only if asked
 
         written += draw_figures(choices, out)

@@ -126,8 +126,6 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
             raise GridError("no sampler: give --sampler or set sampler in the config")
         config = config_from_args(point).to_dict()
         configs.setdefault(repr(sorted(config.items())), config)
-    if not configs:
-        raise GridError("the grid is empty")
     return grid.place_runs(list(configs.values())), source
 
 

@@ -23,6 +23,7 @@ from sgrld.chain_health import Health, health
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.naming import run_label
+from sgrld.experiments.run.options import by_field
 from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
 from sgrld.metrics import get_metric, metric_names
 
@@ -304,17 +305,11 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     plural = "" if counts[-1] == 1 else "s"
     spread = "no spread with one seed" if counts[-1] == 1 else "mean (std, ddof = 0)"
+    options = by_field()  # the defaults
     extras = [
         f"{name} {config[name]}"
-        for name, default in (
-            ("max_train", None),
-            ("max_eval", None),
-            ("temperature", 1.0),
-            ("batch_size", 100),
-            ("burnin", 1000),
-            ("thinning", 100),
-        )
-        if config.get(name, default) != default
+        for name in ("max_train", "max_eval", "temperature", "batch_size", "burnin", "thinning")
+        if config.get(name, options[name].default) != options[name].default
     ]
     extra = f", {', '.join(extras)}" if extras else ""
     epochs = f"{config['epochs']} epoch{'s' * (config['epochs'] != 1)}"
