@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import write_atomic
 from sgrld.experiments.commands.common import add_strict_argument, fail, report_problems
-from sgrld.experiments.report.build import plural
-from sgrld.experiments.report.tables import TableError, aggregate, find_results, load_checked
+from sgrld.experiments.report.build import (
+    build_tables,
+    plural,
+    select_all,
+    selection_csv,
+    setting_label,
+)
+from sgrld.experiments.report.tables import Group, TableError, aggregate, find_results, load_checked
 from sgrld.experiments.report.tuning import tuning_table
-from sgrld.experiments.report.write import write_report
 from sgrld.experiments.run.tuned import read_tune
 
 
@@ -61,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
             return fail("report", str(exc), exits.USAGE)
     try:
         groups = aggregate(runs)
-        written = write_report(
-            groups, args.out, paper=args.paper, figures=not args.no_figures, left_out=problems
-        )
+        written = write_report(groups, args, left_out=problems)
         if tuning is not None:
             write_atomic(args.out / "tuning.md", tuning)
             written.append(args.out / "tuning.md")
@@ -72,3 +77,46 @@ def run(args: argparse.Namespace) -> int:
         return fail("report", str(exc), exits.IO_ERROR)
     print(f"{plural(len(runs), 'run')}; wrote {', '.join(p.name for p in written)} to {args.out}")
     return exits.FAILED if args.strict and problems else exits.OK
+
+
+def write_report(
+    groups: Sequence[Group], args: argparse.Namespace, left_out: Sequence[str]
+) -> list[Path]:
+    """Select, then write every table, figure, ``selection.csv`` and ``report.md`` to ``--out``
+    (each file atomically, never through a link planted at its name); ``left_out`` lists the
+    runs left out and why."""
+    out = args.out
+    choices = select_all(groups)
+    tables = build_tables(choices, paper=args.paper)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for table in tables:
+        for suffix, text in (("md", table.markdown() + "\n"), ("csv", table.csv())):
+            path = out / f"table{table.number}.{suffix}"
+            write_atomic(path, text)
+            written.append(path)
+    write_atomic(out / "selection.csv", selection_csv(choices))
+    written.append(out / "selection.csv")
+    if not args.no_figures:
+        from sgrld.experiments.report.figures import draw_figures  # matplotlib: only if asked
+
+        written += draw_figures(choices, out)
+    warnings = [
+        f"- {setting_label(c.setting)} {c.prior} {c.sampler}: {w}"
+        for c in choices
+        for w in c.warnings
+    ]
+    body = "\n\n".join(t.markdown() for t in tables)
+    notes = "\n".join(warnings) if warnings else "none"
+    figure_list = "\n".join(f"- {p.name}" for p in written if p.suffix == ".png") or "none"
+    dropped = "\n".join(f"- {line}" for line in left_out) or "none"
+    text = (
+        f"# Report of {plural(sum(len(g.runs) for g in groups), 'run')}\n\n{body}\n\n"
+        f"## Selection warnings\n\n{notes}\n\n## Runs left out\n\n{dropped}\n\n"
+        f"## Figures\n\n{figure_list}\n"
+    )
+    write_atomic(out / "report.md", text)
+    written.append(out / "report.md")
+    for line in warnings:
+        print(f"sgrld report: warning: {line[2:]}", file=sys.stderr)
+    return written

@@ -27,6 +27,7 @@ from sgrld.experiments.run.choices import PRIORS, SAMPLERS
 from sgrld.experiments.run.options import OPTIONS
 from sgrld.experiments.sweep import grid
 from sgrld.experiments.sweep.grid import GridError, PlannedRun
+from sgrld.experiments.sweep.jobs import Machine, make_jobs, run_state
 
 ENGINES = ("local", "submitit", "submitit-local")
 _RECORDED = "; recorded in sweep.json: a rerun must give the same"
@@ -125,8 +126,6 @@ def plan(args: argparse.Namespace) -> tuple[list[PlannedRun], str]:
             raise GridError("no sampler: give --sampler or set sampler in the config")
         config = config_from_args(point).to_dict()
         configs.setdefault(repr(sorted(config.items())), config)
-    if not configs:
-        raise GridError("the grid is empty")
     return grid.place_runs(list(configs.values())), source
 
 
@@ -230,8 +229,6 @@ def chain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Plan and check everything, then run what is missing and summarise."""
-    from sgrld.experiments.sweep.jobs import Machine, make_jobs, run_state
-
     out = Path(args.out)
     try:
         _check(args)
@@ -326,8 +323,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _summary(tally: Any, runs: list[PlannedRun], out: Path, seconds: float) -> int:
     """Print how the runs ended; the exit status: 1 a run failed, 75 runs still held elsewhere."""
-    from sgrld.experiments.sweep.jobs import run_state
-
     configs = {r.path: r.config for r in runs}
     # A run held by another sweep or job may have finished meanwhile: then it is done.
     busy = [path for path in tally.busy if run_state(out / path, configs[path]) != "done"]

@@ -5,8 +5,6 @@ beside them; the outputs are in ``docs/experiments.md``.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import sys
@@ -24,6 +22,7 @@ from sgrld.experiments.report.tables import (
     PRIOR_SHORT,
     SAMPLER_ORDER,
     Group,
+    csv_text,
     format_stat,
     identity_at,
     in_order,
@@ -126,15 +125,6 @@ def select_all(groups: Sequence[Group]) -> list[Choice]:
     return list(choices.values())
 
 
-def _paper(table: int, choice: Choice, metric: str) -> Cell:
-    width = choice.setting.get("width") if choice.setting["dataset"] == "mnist" else None
-    key = (table, str(choice.setting["dataset"]), width, choice.prior, choice.sampler, metric)
-    value = paper_numbers().get(key)
-    if value is None:
-        return "–"
-    return value if not math.isnan(value[1]) else value[0]
-
-
 @dataclass
 class Table:
     """One of the paper's tables: a title, columns (name, digits) and rows of cells."""
@@ -168,24 +158,19 @@ class Table:
         )
 
     def csv(self) -> str:
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
         bare = [[c.cell if isinstance(c, Marked) else c for c in row] for row in self.rows]
         tuples = {i for row in bare for i, c in enumerate(row) if isinstance(c, tuple)}
         header: list[str] = []
         for i, (name, _) in enumerate(self.columns):
             header += [f"{name} mean", f"{name} std"] if i in tuples else [name]
-        writer.writerow(header)
+        rows = []
         for row in bare:
             values: list[Any] = []
             for i, cell in enumerate(row):
-                if i in tuples:
-                    pair = cell if isinstance(cell, tuple) else (cell, "")
-                    values += ["" if isinstance(v, float) and math.isnan(v) else v for v in pair]
-                else:
-                    values.append("" if isinstance(cell, float) and math.isnan(cell) else cell)
-            writer.writerow(values)
-        return out.getvalue()
+                pair = cell if isinstance(cell, tuple) else (cell, "")
+                values += pair if i in tuples else [cell]
+            rows.append(["" if isinstance(v, float) and math.isnan(v) else v for v in values])
+        return csv_text(header, rows)
 
 
 Column = tuple[str, int, Callable[[Choice], Cell]]
@@ -360,7 +345,18 @@ _PAPER_METRICS = {
 
 
 def _from_paper(table: int, name: str) -> Callable[[Choice], Cell]:
-    return lambda choice: _paper(table, choice, _PAPER_METRICS[name])
+    """The paper's number in ``table`` of a choice's column ``name``."""
+
+    def cell(choice: Choice) -> Cell:
+        dataset = str(choice.setting["dataset"])
+        width = choice.setting.get("width") if dataset == "mnist" else None
+        key = (table, dataset, width, choice.prior, choice.sampler, _PAPER_METRICS[name])
+        value = paper_numbers().get(key)
+        if value is None:
+            return "–"
+        return value if not math.isnan(value[1]) else value[0]
+
+    return cell
 
 
 def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Table]:
@@ -384,8 +380,8 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
             if entry is None:
                 return IDENTITY_OPTIMAL if c.identity_optimal else "–"
             if metric == "lr":
-                lr, a2 = entry.setting
-                return f"{lr:g}" + (f", α² {a2:g}" if a2 is not None else "")
+                lr, alpha2 = entry.setting
+                return lr_text({"lr": lr, "alpha2": alpha2})
             if metric == "budget":
                 return entry.budget_s
             return entry.metrics[metric]
@@ -435,9 +431,7 @@ SELECTION_COLUMNS += ["val_lp_mean", "val_lp_std", "runs", "candidates", "broken
 
 def selection_csv(choices: Sequence[Choice]) -> str:
     """Every choice: the cell, the stage, the chosen value, its validation score, the candidates."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(SELECTION_COLUMNS)
+    rows = []
     for choice in choices:
         for stage in choice.stages:
             chosen = stage.chosen
@@ -445,7 +439,7 @@ def selection_csv(choices: Sequence[Choice]) -> str:
             if stage.kind == "alpha2" and choice.identity_optimal:
                 mean, std = stage.scores[0.0], math.nan
             value = stage.value
-            writer.writerow(
+            rows.append(
                 [
                     setting_label(choice.setting),
                     choice.prior,
@@ -464,4 +458,4 @@ def selection_csv(choices: Sequence[Choice]) -> str:
                     stage.warning or "",
                 ]
             )
-    return out.getvalue()
+    return csv_text(SELECTION_COLUMNS, rows)

@@ -27,15 +27,12 @@ def _edge(name: str, chosen: float, grid: Sequence[float]) -> str | None:
     values = sorted(set(grid))
     if len(values) == 1:
         return f"{name} = {chosen:g} is the only value tried (not tuned)"
+    text = "{" + ", ".join(f"{v:g}" for v in values) + "}"
     if chosen == values[0]:
-        return f"{name} = {chosen:g} is the smallest of its grid {_grid_text(values)}"
+        return f"{name} = {chosen:g} is the smallest of its grid {text}"
     if chosen == values[-1]:
-        return f"{name} = {chosen:g} is the largest of its grid {_grid_text(values)}"
+        return f"{name} = {chosen:g} is the largest of its grid {text}"
     return None
-
-
-def _grid_text(values: Sequence[float]) -> str:
-    return "{" + ", ".join(f"{v:g}" for v in values) + "}"
 
 
 @dataclass

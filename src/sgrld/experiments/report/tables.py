@@ -23,6 +23,7 @@ from sgrld.chain_health import Health, health
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.naming import run_label
+from sgrld.experiments.run.options import by_field
 from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
 from sgrld.metrics import get_metric, metric_names
 
@@ -304,17 +305,11 @@ def _setting_title(config: dict[str, Any], groups: Sequence[Group]) -> str:
     seeds = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
     plural = "" if counts[-1] == 1 else "s"
     spread = "no spread with one seed" if counts[-1] == 1 else "mean (std, ddof = 0)"
+    options = by_field()  # the defaults
     extras = [
         f"{name} {config[name]}"
-        for name, default in (
-            ("max_train", None),
-            ("max_eval", None),
-            ("temperature", 1.0),
-            ("batch_size", 100),
-            ("burnin", 1000),
-            ("thinning", 100),
-        )
-        if config.get(name, default) != default
+        for name in ("max_train", "max_eval", "temperature", "batch_size", "burnin", "thinning")
+        if config.get(name, options[name].default) != options[name].default
     ]
     extra = f", {', '.join(extras)}" if extras else ""
     epochs = f"{config['epochs']} epoch{'s' * (config['epochs'] != 1)}"
@@ -486,26 +481,29 @@ def csv_table(groups: Sequence[Group]) -> str:
         config_keys += [k for k in group.config if k not in config_keys]
     header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
     columns = _columns(groups)
-    for metric in columns:
-        header += [f"{metric}_mean", f"{metric}_std"]
+    header += [f"{metric}_{stat}" for metric in columns for stat in ("mean", "std")]
     header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(header)
+    rows = []
     for group in groups:
         row: list[Any] = [group.config.get(k, "") for k in config_keys]
         row = ["" if v is None else v for v in row]
         row += [len(group.runs), len(group.completed), group.num_broken]
         row.append(" ".join(map(str, group.seeds)))
-        for metric in columns:
-            mean, std = group.stat(metric)
-            row += ["" if math.isnan(mean) else repr(mean), "" if math.isnan(std) else repr(std)]
+        row += ["" if math.isnan(v) else repr(v) for metric in columns for v in group.stat(metric)]
         d = group.diagnostics
         values = (
             [d["variables"]["test_loglik"]["rhat"], *d["worst"].values()]
             if d["available"]
             else [None] * 4
         )
-        row += ["" if v is None or math.isnan(v) else repr(v) for v in values]
-        writer.writerow(row)
+        rows.append(row + ["" if v is None or math.isnan(v) else repr(v) for v in values])
+    return csv_text(header, rows)
+
+
+def csv_text(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The CSV text of a header and rows, ``\\n`` line ends."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
     return out.getvalue()

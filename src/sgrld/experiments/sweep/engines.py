@@ -4,10 +4,8 @@ its local executor (:func:`run_submitit`), both reporting to one :class:`GridPro
 
 from __future__ import annotations
 
-import errno
 import multiprocessing
 import os
-import stat
 import sys
 import time
 from collections import deque
@@ -112,10 +110,6 @@ WORKER_RETRIES = 1
 WORKER_DIED = "its worker process died (killed, e.g. by the out-of-memory killer)"
 
 
-def _init_worker(parent: int) -> None:
-    die_with_parent(parent)
-
-
 def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) -> None:
     """Execute the jobs in ``workers`` processes (in this process when ``workers`` is 1).
 
@@ -139,7 +133,7 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
             return ProcessPoolExecutor(
                 max_workers=1,
                 mp_context=context,
-                initializer=_init_worker,
+                initializer=die_with_parent,
                 initargs=(os.getpid(),),
             )
 
@@ -202,27 +196,22 @@ class ClusterOptions:
 def _executor(folder: Path, options: ClusterOptions) -> Any:
     import submitit
 
-    if options.local:
-        local = submitit.LocalExecutor(folder=folder)
-        local.update_parameters(
-            timeout_min=options.timeout_min,
-            tasks_per_node=options.tasks_per_node,
-            gpus_per_node=options.gpus_per_job,  # 0 hides every GPU from the tasks
-        )
-        return local
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
     parameters: dict[str, Any] = {
-        "name": "sgrld-sweep",
         "timeout_min": options.timeout_min,
-        "gpus_per_node": options.gpus_per_job,
-        "cpus_per_task": options.cpus_per_job,
         "tasks_per_node": options.tasks_per_node,
-        "nodes": options.nodes,
+        "gpus_per_node": options.gpus_per_job,  # locally, 0 hides every GPU from the tasks
     }
-    if options.partition:
-        parameters["slurm_partition"] = options.partition
-    if options.parallel:
-        parameters["slurm_array_parallelism"] = options.parallel
+    if options.local:
+        executor: Any = submitit.LocalExecutor(folder=folder)
+    else:
+        executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        parameters.update(
+            name="sgrld-sweep", cpus_per_task=options.cpus_per_job, nodes=options.nodes
+        )
+        if options.partition:
+            parameters["slurm_partition"] = options.partition
+        if options.parallel:
+            parameters["slurm_array_parallelism"] = options.parallel
     executor.update_parameters(**parameters)
     return executor
 
@@ -307,21 +296,15 @@ def _output_to(log: Path, redirect: bool) -> Iterator[None]:
     if not redirect:
         yield
         return
-    from sgrld.experiments.base.files import OutputError
+    from sgrld.experiments.base.files import OutputError, _open_regular, _reason
 
     sys.stdout.flush()
     sys.stderr.flush()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_NONBLOCK", 0)
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        handle = os.open(log, flags, 0o644)  # never through a link planted at its name
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            os.close(handle)
-            raise OSError(errno.EINVAL, "not a regular file")
+        handle = _open_regular(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "use")
     except OSError as exc:
-        why = "a symbolic link or not a regular file" if log.is_symlink() else exc.strerror
-        raise OutputError(exc.errno, f"cannot write {log}: {why}; refusing to use it") from None
+        raise OutputError(exc.errno, f"cannot write {log}: {_reason(exc)}") from None
     saved = [os.dup(1), os.dup(2)]
     try:
         os.dup2(handle, 1)

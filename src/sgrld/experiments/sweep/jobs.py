@@ -78,11 +78,27 @@ def _splits(dataset: str, data_dir: str, num_val: int, verify: bool, download: b
     return load_dataset(dataset, data_dir, num_val=num_val, verify=verify, download=download)
 
 
-def _sample(run: Any, machine: Any, folder: Path, device: Any, parallel: Any = None) -> Any:
-    """Run (or resume) ``run`` in ``folder``: the sample run of one job or one rank of it."""
+def _use_threads(machine: Machine) -> None:
+    import torch
+
+    if machine.threads is not None:
+        torch.set_num_threads(machine.threads)
+
+
+def _plot(results: Sequence[Any], folders: Sequence[Path]) -> None:
+    from sgrld.experiments.run.plots import plot_run_curves
+
+    for result, folder in zip(results, folders, strict=True):
+        plot_run_curves(result, folder / "curves.png")
+
+
+def _sample(run: Any, machine: Any, out: Path, device: Any, parallel: Any = None) -> RunOutcome:
+    """Run (or resume) ``run`` and draw its curves (rank 0): the sample run of one job or one
+    rank of it."""
     from sgrld.experiments.run.config import RunConfig
     from sgrld.experiments.run.loop import run_sampling
 
+    folder = out / run.path
     config = RunConfig.from_dict(run.config)
     splits = _splits(
         config.dataset, machine.data_dir, config.num_val, machine.verify, machine.download
@@ -96,7 +112,9 @@ def _sample(run: Any, machine: Any, folder: Path, device: Any, parallel: Any = N
         step_mode="auto" if machine.graph else "eager",
         parallel=parallel,
     )
-    return results
+    if machine.plot and (parallel is None or parallel.is_main):
+        _plot([results], [folder])
+    return RunOutcome(run.path, results["status"], results["epochs_completed"])
 
 
 @contextmanager
@@ -130,21 +148,12 @@ def _locked(out: Path, run_path: str) -> Iterator[bool]:
 
 def execute_run(run: PlannedRun, out: Path, machine: Machine) -> RunOutcome:
     """Run, resume or skip one run of the grid in this process."""
-    folder = out / run.path
     with ExitStack() as stack:
         decision = _decide(run, out, stack)
         if decision != "run":
             return RunOutcome(run.path, decision)
-        import torch
-
-        if machine.threads is not None:
-            torch.set_num_threads(machine.threads)
-        results = _sample(run, machine, folder, machine.device)
-        if machine.plot:
-            from sgrld.experiments.run.plots import plot_run_curves
-
-            plot_run_curves(results, folder / "curves.png")
-        return RunOutcome(run.path, results["status"], results["epochs_completed"])
+        _use_threads(machine)
+        return _sample(run, machine, out, machine.device)
 
 
 def _decide(run: PlannedRun, out: Path, stack: ExitStack) -> str:
@@ -175,10 +184,8 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
 
     env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     device = rank_device(torch.device(machine.device), env.local_rank)
-    if machine.threads is not None:
-        torch.set_num_threads(machine.threads)
+    _use_threads(machine)
     parallel = DataParallel.join(device, machine.parallel)
-    folder = out / run.path
     with ExitStack() as stack:
         decision, error, refusal = "run", "", None
         if parallel.is_main:
@@ -196,13 +203,9 @@ def execute_parallel_run(run: PlannedRun, out: Path, machine: Machine) -> RunOut
         if decision != "run":
             dist.destroy_process_group()
             return RunOutcome(run.path, decision)
-        results = _sample(run, machine, folder, device, parallel)
-        if machine.plot and parallel.is_main:
-            from sgrld.experiments.run.plots import plot_run_curves
-
-            plot_run_curves(results, folder / "curves.png")
+        outcome = _sample(run, machine, out, device, parallel)
     dist.destroy_process_group()
-    return RunOutcome(run.path, results["status"], results["epochs_completed"])
+    return outcome
 
 
 def pack_id(runs: Sequence[PlannedRun]) -> str:
@@ -231,13 +234,10 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             runs = [r for r in runs if run_state(out / r.path, r.config) != "done"]
         if not runs:  # finished by another job meanwhile
             return [RunOutcome(r.path, "skipped") for r in open_runs]
-        import torch
-
         from sgrld.experiments.run import loop
         from sgrld.experiments.run.config import RunConfig
 
-        if machine.threads is not None:
-            torch.set_num_threads(machine.threads)
+        _use_threads(machine)
         configs = [RunConfig.from_dict(r.config) for r in runs]
         first = configs[0]
         splits = _splits(
@@ -253,10 +253,7 @@ def execute_pack(runs: Sequence[PlannedRun], out: Path, machine: Machine) -> lis
             folders=[out / r.path for r in runs],
         )
         if machine.plot:
-            from sgrld.experiments.run.plots import plot_run_curves
-
-            for run, result in zip(runs, results, strict=True):
-                plot_run_curves(result, out / run.path / "curves.png")
+            _plot(results, [out / r.path for r in runs])
         status = {r.path: res for r, res in zip(runs, results, strict=True)}
         return [
             RunOutcome(r.path, status[r.path]["status"], status[r.path]["epochs_completed"])
