@@ -40,9 +40,11 @@ __all__ = [
     "OutputError",
     "Terminated",
     "UnsafePathError",
+    "error_reason",
     "find_nonfinite",
     "load_checkpoint",
     "make_out_dir",
+    "open_regular",
     "read_file",
     "refuse_links",
     "remove_stale_temporaries",
@@ -81,7 +83,8 @@ class UnsafePathError(OSError):
     (FIFO, device, socket), or a file too large to be what it claims."""
 
 
-def _reason(exc: OSError) -> str:
+def error_reason(exc: OSError) -> str:
+    """Why an I/O call failed, in words for an error message."""
     # "no space left on device", not a traceback ending in torch's "enforce fail"
     if isinstance(exc, UnsafePathError):
         return str(exc.strerror)
@@ -91,7 +94,7 @@ def _reason(exc: OSError) -> str:
 MAX_JSON_BYTES = 1 << 30  # the largest JSON file (results, manifests, configs) read
 
 
-def _open_regular(path: str | os.PathLike[str], flags: int, use: str) -> int:
+def open_regular(path: str | os.PathLike[str], flags: int, use: str) -> int:
     """Open a regular file, never through a link planted at its name, never blocking on a FIFO.
 
     Raises:
@@ -112,7 +115,7 @@ def _open_regular(path: str | os.PathLike[str], flags: int, use: str) -> int:
 
 
 def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) -> bytes:
-    """The bytes of a regular file (:func:`_open_regular`), never reading a device.
+    """The bytes of a regular file (:func:`open_regular`), never reading a device.
 
     Args:
         limit: the most bytes such a file can sanely hold (``None``: the machine's memory).
@@ -121,7 +124,7 @@ def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) 
         UnsafePathError: a symbolic link, not a regular file, or larger than ``limit``.
         OSError: it cannot be opened or read.
     """
-    fd = _open_regular(path, os.O_RDONLY, "read")
+    fd = open_regular(path, os.O_RDONLY, "read")
     try:
         info = os.fstat(fd)
         most = limit
@@ -171,7 +174,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TEMP_SUFFIX, dir=path.parent)
     except OSError as exc:
-        raise OutputError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
+        raise OutputError(exc.errno, f"cannot write {path}: {error_reason(exc)}") from exc
     try:
         try:
             _write_all(fd, payload)
@@ -186,7 +189,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            raise OutputError(exc.errno, f"cannot write {path}: {_reason(exc)}") from exc
+            raise OutputError(exc.errno, f"cannot write {path}: {error_reason(exc)}") from exc
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -267,7 +270,7 @@ class DirectoryLock:
             self._created = not self.directory.exists()
             self.directory.mkdir(parents=True, exist_ok=True)
             while True:
-                fd = _open_regular(self.path, os.O_RDWR | os.O_CREAT, "use")
+                fd = open_regular(self.path, os.O_RDWR | os.O_CREAT, "use")
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -293,7 +296,7 @@ class DirectoryLock:
             os.ftruncate(fd, 0)
             os.write(fd, f"pid {os.getpid()} on {host}, {self.command}, since {stamp}\n".encode())
         except OSError as exc:
-            raise OutputError(exc.errno, f"cannot lock {self.path}: {_reason(exc)}") from exc
+            raise OutputError(exc.errno, f"cannot lock {self.path}: {error_reason(exc)}") from exc
         self._fd = fd
         return self
 
@@ -337,7 +340,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
     try:
         data = read_file(path, limit=None)
     except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_reason(exc)}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {error_reason(exc)}") from None
     if not data:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes)")
     if not data.startswith(_MAGIC):

@@ -296,15 +296,15 @@ def _output_to(log: Path, redirect: bool) -> Iterator[None]:
     if not redirect:
         yield
         return
-    from sgrld.experiments.base.files import OutputError, _open_regular, _reason
+    from sgrld.experiments.base.files import OutputError, error_reason, open_regular
 
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
-        handle = _open_regular(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "use")
+        handle = open_regular(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "use")
     except OSError as exc:
-        raise OutputError(exc.errno, f"cannot write {log}: {_reason(exc)}") from None
+        raise OutputError(exc.errno, f"cannot write {log}: {error_reason(exc)}") from None
     saved = [os.dup(1), os.dup(2)]
     try:
         os.dup2(handle, 1)
