@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from sgrld.chain_health import Health, judge
+from sgrld.core.contract import check_int
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
@@ -143,10 +144,8 @@ class Chains:
         keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds, bits=64)
         if len(keys) != k:
             raise ValueError(f"noise_seeds: {len(keys)} for {k} chains (give one per chain)")
-        if chain_batch is not None and (
-            isinstance(chain_batch, bool) or not isinstance(chain_batch, int) or chain_batch < 1
-        ):
-            raise ValueError(f"invalid chain_batch: {chain_batch!r} (expected an int >= 1)")
+        if chain_batch is not None:
+            check_int("chain_batch", chain_batch, 1)
         self.chain_batch = chain_batch or k
         self.groups = self._make_groups(sampler, lr, options, keys)
         if telemetry:

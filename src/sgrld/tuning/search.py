@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from sgrld import build
+from sgrld.core.contract import check_int
 from sgrld.metrics import get_metric, resolve_metric_name
 from sgrld.tuning.data import Batches
 from sgrld.tuning.result import Candidate, Round, TuneResult
@@ -89,8 +90,7 @@ def tune(
     """
     name = resolve_metric_name(sampler)
     for label, value, low in (("steps", steps, 1), ("budget", budget, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"invalid {label}: {value!r} (expected an int >= {low})")
+        check_int(label, value, low)
     if "lr" in fixed:
         raise TypeError("tune() chooses lr: pass the other options only")
     build(name, lr=1.0, num_data=num_data, noise="philox", **fixed)  # refuse bad options
