@@ -183,7 +183,7 @@ def test_a_generator_loader_names_the_fix() -> None:
     model, potential, _, n = _diabetes()
     x, y, _, _ = tp.diabetes()
     once = ((x[i : i + 32], y[i : i + 32]) for i in range(0, len(y), 32))
-    with pytest.raises(ValueError, match=r"empty on its second pass.*DataLoader or a list"):
+    with pytest.raises(ValueError, match=r"is an iterator.*DataLoader or a list"):
         sgrld.tune("sgld", model, potential, once, num_data=n, steps=1000, budget=10_000)
 
 

@@ -8,9 +8,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +21,20 @@ from sgrld import build
 from sgrld.chains import Chains
 from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
+from sgrld.core.runner import (
+    FunctionalChain,
+    OptimizerChain,
+    Stepper,
+    VectorizedChains,
+    passes,
+    run,
+    sampled,
+    stopped,
+)
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
+from sgrld.optim import SGRLDOptimizer
 from sgrld.slt.calibration import calibrate_lr
-from sgrld.tuning.data import bind, expanded
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 #: the initial batches :func:`calibrate_lr` probes (its cost: 30 Hessian-vector products each)
@@ -149,9 +158,9 @@ def llc(
     if not nbeta > 0.0 or localization < 0.0:
         raise ValueError(f"need nbeta > 0 and localization >= 0, got {nbeta}, {localization}")
     # the parameters now: FSDP2's root module holds whole ones after a forward without grad
-    named: dict[str, Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    batches = _cycle(loader)
-    first = [next(batches) for _ in range(init_batches)]
+    named = sampled(model)
+    batches = passes(loader)
+    first = [next(batches)[0] for _ in range(init_batches)]
     with torch.no_grad():
         init_loss = float(np.mean([float(loss(model, b)) for b in first]))
     calibrated = lr is None
@@ -183,16 +192,28 @@ def llc(
         )
     built = make(lr)  # refuses bad options on either path
     seeds = [seed + k for k in range(num_chains)]
+    steppers: Iterable[Stepper]
     if through_optimizer:
         settings: dict[str, Any] = {
             **devinterp_options(lr, nbeta=nbeta, localization=localization, num_data=num_data),
             **metric_options,
             "adapt_until": adapt_until,
         }
-        trace = _optimized(model, named, loss, loader, sampler, settings, masks, seeds, num_steps)
+        steppers = (_optimizer_chain(model, named, loss, sampler, settings, masks, s)
+                    for s in seeds)  # fmt: skip
+    elif vectorize:
+        chains = Chains(model, built, seeds, sample=named.__contains__)
+        steppers = [VectorizedChains(chains, loss)]
     else:
-        run = _vectorized if vectorize else _sequential
-        trace = run(model, loss, loader, built, seeds, num_steps)
+        steppers = (FunctionalChain(model, named, loss, built, s) for s in seeds)
+    try:
+        done = run(steppers, loader, num_steps, restore=[*named.values(), *model.buffers()])
+    finally:
+        for p in named.values():
+            p.grad = None
+    if done.failures:
+        raise stopped(done.failures, seeds)
+    trace = done.trace.numpy()
     per_chain = nbeta * (trace[:, burnin:].mean(axis=1) - init_loss)
     std = float(per_chain.std(ddof=1)) if num_chains > 1 else math.nan
     return LLCEstimate(
@@ -209,117 +230,22 @@ def llc(
     )
 
 
-def _optimized(
+def _optimizer_chain(
     model: nn.Module,
     named: dict[str, Tensor],
     loss: LossFn,
-    loader: Iterable[Any],
     metric: str,
     settings: dict[str, Any],
     masks: Mapping[Tensor, Tensor] | None,
-    seeds: list[int],
-    num_steps: int,
-) -> np.ndarray:
-    """The chains one after the other through :class:`sgrld.SGRLDOptimizer` on the model's
-    own parameters (sharded, bfloat16, masked), restored afterwards; chain k keyed by
-    ``seeds[k]`` as in :func:`_sequential`."""
-    from sgrld.optim import SGRLDOptimizer
-
-    params = list(named.values())
-    if masks is not None:  # devinterp's weight restriction: the others stay at w₀
+    seed: int,
+) -> OptimizerChain:
+    """Chain ``seed`` through :class:`sgrld.SGRLDOptimizer` on the model's own parameters
+    (sharded, bfloat16, masked: only the masked ones, devinterp's weight restriction), keyed as
+    a functional chain of that seed."""
+    if masks is not None:
         named = {n: p for n, p in named.items() if any(p is q for q in masks)}
-    trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
-    try:
-        with _restoring([*params, *model.buffers()]) as restore:
-            for k, s in enumerate(seeds):
-                opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox",
-                                     masks=masks, **settings)  # fmt: skip
-                key = opt.state[next(iter(named.values()))][NOISE_KEY]
-                key.copy_(keys_from_seeds([s], key.device).view_as(key))
-                batches = _cycle(loader)
-                for t in range(num_steps):
-                    opt.zero_grad(set_to_none=True)
-                    value = loss(model, next(batches))
-                    value.backward()
-                    trace[k, t] = float(value.detach())
-                    opt.step()
-                opt.check()
-                restore()
-    finally:
-        for p in params:
-            p.grad = None
-    return trace.numpy()
-
-
-@contextlib.contextmanager
-def _restoring(tensors: list[Tensor]) -> Iterator[Callable[[], None]]:
-    """A function putting ``tensors`` back at their values now, called on exit too."""
-    saved = [t.detach().clone() for t in tensors]
-
-    def restore() -> None:
-        with torch.no_grad():
-            for t, s in zip(tensors, saved, strict=True):
-                t.copy_(s)
-
-    try:
-        yield restore
-    finally:
-        restore()
-
-
-def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("the loader yields no batch")
-
-
-def _vectorized(
-    model: nn.Module,
-    loss: LossFn,
-    loader: Iterable[Any],
-    sampler: Sampler,
-    seeds: list[int],
-    num_steps: int,
-) -> np.ndarray:
-    """K chains in one process (:class:`sgrld.Chains` on copies of ``model``)."""
-    chains = Chains(model, sampler, seeds)
-    k = len(seeds)
-    trace = torch.empty(k, num_steps, dtype=torch.float64)
-    batches = _cycle(loader)
-    for t in range(num_steps):
-        # every chain the same batch: a stride-0 chain dim, no copy
-        tensors, rebuild = expanded(next(batches), k)
-        trace[:, t] = chains.step(bind(loss, rebuild), *tensors).double()
-    chains.check()
-    return trace.numpy()
-
-
-def _sequential(
-    model: nn.Module,
-    loss: LossFn,
-    loader: Iterable[Any],
-    sampler: Sampler,
-    seeds: list[int],
-    num_steps: int,
-) -> np.ndarray:
-    """The chains one after the other on the model's own parameters, restored afterwards (its
-    buffers too: a BatchNorm's running statistics move in train mode)."""
-    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    params: list[Tensor] = list(named.values())
-    trace = torch.empty(len(seeds), num_steps, dtype=torch.float64)
-    with _restoring(params + list(model.buffers())) as restore:
-        for k, s in enumerate(seeds):
-            state = sampler.init({n: p.detach() for n, p in named.items()}, seeds=[s])
-            batches = _cycle(loader)
-            for t in range(num_steps):
-                value = loss(model, next(batches))
-                grads = torch.autograd.grad(value, params)
-                trace[k, t] = float(value.detach())
-                sampler.step(state, dict(zip(named, grads, strict=True)))
-            sampler.check(state)
-            restore()
-    return trace.numpy()
+    opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox", masks=masks,
+                         sync_checks=False, **settings)  # fmt: skip
+    key = opt.state[next(iter(named.values()))][NOISE_KEY]
+    key.copy_(keys_from_seeds([seed], key.device).view_as(key))
+    return OptimizerChain(model, loss, opt)

@@ -11,7 +11,6 @@ scoring batches) and each validation datum's log-likelihood. Divergence is
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from torch import Tensor, nn
 from sgrld import build
 from sgrld.chain_health import blown_up
 from sgrld.chains import Chains
+from sgrld.core.runner import Account, Stepper, VectorizedChains, run, sampled
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.metrics import get_metric
 from sgrld.tuning.data import Batches, bind, expanded, flatten, size
@@ -46,6 +46,7 @@ class Problem:
     chains_per_candidate: int
     points: int
     validation: tuple[list[Any], Callable[[nn.Module, Any], Tensor]] | None = None
+    account: Account = dataclasses.field(default_factory=Account)
 
     def build(self, candidates: Sequence[Mapping[str, float]], length: int) -> Chains:
         """The round's chains (``lr`` and the searched options per candidate): candidate c's
@@ -63,11 +64,14 @@ class Problem:
         per_chain: dict[str, Any] = {
             name: [float(x[name]) for x in candidates for _ in range(c)] for name in candidates[0]
         }
-        return Chains(self.model, sampler, seeds, telemetry=True, **per_chain)
+        sample = sampled(self.model).__contains__  # the frozen parameters stay
+        return Chains(self.model, sampler, seeds, telemetry=True, sample=sample, **per_chain)
 
     def cost(self, candidates: int, length: int, *, scored: bool = True) -> int:
-        """Gradient evaluations (minibatch gradients of one chain) of a round; a scoring or
-        validation batch at a thinned point counts as one."""
+        """The forecast of a round's gradient evaluations that the search plans with
+        (:func:`run_round` counts what it spends into :attr:`account`; the tests hold the two
+        equal): one per chain and step, and per scoring or validation batch at a thinned
+        point."""
         chains = candidates * self.chains_per_candidate
         per_point = len(self.batches.scoring) + len(self.validation[0] if self.validation else [])
         return chains * (length + self.points * per_point * scored)
@@ -96,38 +100,31 @@ def run_round(
 ) -> list[Record]:
     """Run every candidate (``{"lr": ℓ, **searched options}``) for ``length`` steps; one
     :class:`Record` each (``scored=False``: whether it diverged only, e.g. for a stability
-    probe)."""
+    probe). The gradient evaluations go into ``problem.account``, each where it is spent."""
     chains = problem.build(candidates, length)
     k = chains.num_chains
     burn = length // 2
     stride = max(1, (length - burn) // problem.points)
     thinned = {burn + stride * (i + 1) for i in range(problem.points)} if scored else set()
     kept: dict[str, list[Tensor]] = {"x": [], "s": [], "ll": []}
-    start: Tensor | None = None
     temperature = float(problem.fixed.get("temperature", 1.0)) or 1.0
-    for step, (batch, epoch_end) in enumerate(problem.batches.epochs(), 1):
-        tensors, rebuild = expanded(batch, k)
-        potential = bind(problem.potential, rebuild)
-        if start is None:
-            with torch.no_grad():
-                start = chains.map(potential, *tensors)
-        losses, grads = chains.grads(potential, *tensors)
-        bad = blown_up(start, losses)  # frozen by the engine from this step on
-        for g in grads.values():
-            g.masked_fill_(bad.reshape(-1, *[1] * (g.dim() - 1)), math.nan)
-        chains.apply(grads)
-        if epoch_end and get_metric(problem.sampler).refresh_per_epoch:
-            chains.refresh()
+
+    def each(_: Stepper, step: int) -> None:
         if step == burn:
             chains.telemetry()  # health is judged on the second half, the scored one
         if step in thinned:
+            problem.account.spend(k * len(problem.batches.scoring))
             x, s = _score(problem, chains)
             kept["x"].append(x)
             kept["s"].append(s * (problem.num_data / temperature))
             if problem.validation is not None:
+                problem.account.spend(k * len(problem.validation[0]))  # priced as gradients
                 kept["ll"].append(_validation(problem, chains))
-        if step == length:
-            break
+
+    refresh = get_metric(problem.sampler).refresh_per_epoch
+    # a chain whose potential blows up gets a non-finite gradient: the engine freezes it
+    stepper = VectorizedChains(chains, problem.potential, rule=blown_up, refresh=refresh)
+    run([stepper], problem.batches.loader, length, account=problem.account, each=each)
     broken = [h.broken_down for h in chains.health()]
     c = problem.chains_per_candidate
     return _records(problem, [any(broken[i : i + c]) for i in range(0, k, c)], kept)

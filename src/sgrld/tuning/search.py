@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from sgrld import build
 from sgrld.core.contract import check_int
+from sgrld.core.runner import sampled
 from sgrld.metrics import get_metric, resolve_metric_name
 from sgrld.tuning.data import Batches
 from sgrld.tuning.result import Candidate, Round, TuneResult
@@ -101,7 +102,7 @@ def tune(
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         batches = Batches(loader, score_points, first.device)
-        coords, subsets = _subsets(sum(p.numel() for p in model.parameters()), seed)
+        coords, subsets = _subsets(sum(p.numel() for p in sampled(model).values()), seed)
         problem = Problem(
             name, model, potential, batches, num_data, dict(fixed), coords, seed, chains, points,
             None if validation is None else (list(validation[0]), validation[1]),
@@ -146,7 +147,7 @@ class _Search:
         self.problem, self.steps, self.budget, self.subsets = problem, steps, budget, subsets
         self.kind = "ksd" if problem.validation is None else "validation"
         self.at = dict(searched)
-        self.spent = 0
+        problem.account.budget = budget  # run_round spends into it, where it spends
         self.rounds: list[Round] = []
         self.history: dict[Key, list[tuple[int, float]]] = {}
         self.broken: set[Key] = set()
@@ -156,6 +157,11 @@ class _Search:
         self.limit = budget  # what the current pass may spend up to
         self.probe_cost = problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
         self.least = problem.cost(2, self.min_length)  # two candidates, the shortest chains
+
+    @property
+    def spent(self) -> int:
+        """The gradient evaluations spent so far, as counted by the runner."""
+        return self.problem.account.spent
 
     def run(self) -> TuneResult:
         minimum = self.probe_cost + self.passes * self.least
@@ -262,11 +268,11 @@ class _Search:
 
     def _ladder(self, shift: int) -> list[float]:
         lrs = [10.0 ** (k + shift) for k in PROBE_EXPONENTS]
+        before = self.spent
         records = run_round(self.problem, [self._candidate("lr", lr) for lr in lrs], PROBE_STEPS,
                             scored=False)  # fmt: skip
-        self.spent += self.probe_cost
         marks = tuple(math.inf if r.diverged else 0.0 for r in records)
-        self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, self.probe_cost,
+        self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, self.spent - before,
                                  at=dict(self.at)))  # fmt: skip
         bad = [lr for lr, r in zip(lrs, records, strict=True) if r.diverged]
         self.ceiling = min([self.ceiling, *bad])
@@ -318,8 +324,8 @@ class _Search:
         (:meth:`_extra`), at most ``MAX_WIDEN`` times, and while every ℓ diverged, downwards as
         long as the pass's share allows."""
         make = [self._candidate(option, v, lr) for v in values]
+        before = self.spent
         records = dict(zip(values, run_round(self.problem, make, length), strict=True))
-        self.spent += self.problem.cost(len(values), length)
         widened = 0
         while True:
             scored = dict(zip(records, round_scores(list(records.values()), self.subsets,
@@ -333,11 +339,11 @@ class _Search:
                 break
             make = [self._candidate(option, extra, lr)]
             records[extra] = run_round(self.problem, make, length)[0]
-            self.spent += self.problem.cost(1, length)
             widened += 1
         if widen and lr is None and diverged:
             raise self._all_diverged(list(records))
-        self._note(option, "bracket" if widen else "halving", length, records, scored, lr)
+        self._note(option, "bracket" if widen else "halving", length, records, scored, lr,
+                   self.spent - before)  # fmt: skip
         return scores
 
     def _note(
@@ -348,6 +354,7 @@ class _Search:
         records: dict[float, Record],
         scored: dict[float, tuple[float, float]],
         lr: float | None,
+        cost: int,
     ) -> None:
         values = sorted(records)
         for v in values:
@@ -357,7 +364,6 @@ class _Search:
                 self.broken.add(key)
                 if option == "lr":
                     self.ceiling = min(self.ceiling, v)
-        cost = self.problem.cost(len(values), length)
         scores = tuple(scored[v][0] for v in values)
         errors = tuple(scored[v][1] for v in values)
         at = {k: x for k, x in self._candidate(option, 0.0, lr).items() if k != option}

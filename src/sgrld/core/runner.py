@@ -1,0 +1,366 @@
+"""One chain runner: K chains of a model over a re-iterable loader, however they are stepped.
+
+A stepper moves its chains by one batch: :class:`VectorizedChains` (an :class:`sgrld.Chains`,
+the K chains in one ``vmap``), :class:`FunctionalChain` (one chain, the functional sampler on
+the model's own parameters) or :class:`OptimizerChain` (one chain through an optimizer: masks,
+shards, low precision). :func:`run` takes them in turn over the same batches, as numpyro's
+``MCMC(chain_method=...)`` runs one loop whatever the method. Each rule is written here once:
+
+- the parameters sampled are those with ``requires_grad`` (:func:`sampled`);
+- a loader is re-iterable and every pass ends (:func:`passes`), so a run is bounded by its steps;
+- a chain whose loss or gradient is not finite stops there, the others go on (:func:`stopped`);
+- the gradient evaluations (one minibatch gradient of one chain) are counted where they are
+  spent, into an :class:`Account` that refuses to overdraw its budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from sgrld.core.engine import NonFiniteGradientError
+
+__all__ = [
+    "Account",
+    "FunctionalChain",
+    "OptimizerChain",
+    "Run",
+    "Stepper",
+    "VectorizedChains",
+    "bind",
+    "expanded",
+    "flatten",
+    "passes",
+    "restoring",
+    "run",
+    "sampled",
+    "size",
+    "stopped",
+]
+
+LossFn = Callable[[nn.Module, Any], Tensor]
+
+
+# ------------------------------------------------------------------ the rules
+
+
+def sampled(model: nn.Module) -> dict[str, Tensor]:
+    """The parameters a chain samples, by name: those with ``requires_grad`` (a frozen one stays
+    where it is on every path); none is refused."""
+    named: dict[str, Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not named:
+        raise ValueError("the model has no parameter to sample: every one has requires_grad=False")
+    return named
+
+
+def passes(loader: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
+    """``loader``'s batches pass after pass, each with whether it ends its pass. An iterator
+    (a generator, ``itertools.cycle``) is refused: it is read once, or its pass never ends."""
+    if isinstance(loader, Iterator):
+        raise ValueError(
+            f"the loader is an iterator ({type(loader).__name__}): its batches are read once, or "
+            "its pass never ends; pass a DataLoader or a list of batches, which yield their "
+            "batches every time they are iterated"
+        )
+    end = object()
+    while True:
+        batches = iter(loader)
+        batch = next(batches, end)
+        if batch is end:
+            raise ValueError("the loader yielded no batch (it must yield some on every pass)")
+        for following in batches:
+            yield batch, False
+            batch = following
+        yield batch, True
+
+
+def stopped(failures: Mapping[int, int], seeds: list[int]) -> NonFiniteGradientError:
+    """The one error for chains that broke down: ``chain -> first step`` (1-based)."""
+    where = ", ".join(f"chain {k} (seed {seeds[k]}) at step {s}" for k, s in failures.items())
+    return NonFiniteGradientError(
+        f"non-finite loss or gradient in {where}; those chains were stopped there, the others "
+        "went on"
+    )
+
+
+@dataclasses.dataclass
+class Account:
+    """Gradient evaluations spent (one minibatch gradient of one chain; a forward-only batch
+    that a caller prices as one counts as one), refused beyond ``budget``."""
+
+    budget: int | None = None
+    spent: int = 0
+
+    def spend(self, evaluations: int) -> None:
+        if self.budget is not None and self.spent + evaluations > self.budget:
+            raise RuntimeError(
+                f"budget overdrawn: {self.spent} + {evaluations} gradient evaluations > "
+                f"{self.budget}"
+            )
+        self.spent += evaluations
+
+
+@contextlib.contextmanager
+def restoring(tensors: list[Tensor]) -> Iterator[Callable[[], None]]:
+    """A function putting ``tensors`` back at their values now, called on exit too."""
+    saved = [t.detach().clone() for t in tensors]
+
+    def restore() -> None:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved, strict=True):
+                t.copy_(s)
+
+    try:
+        yield restore
+    finally:
+        restore()
+
+
+# ------------------------------------------------------------------ batches as chains see them
+
+
+def flatten(batch: Any) -> tuple[list[Tensor], Callable[[tuple[Tensor, ...]], Any]]:
+    """The tensors of ``batch`` and a function rebuilding a batch of its structure from them."""
+    if isinstance(batch, Tensor):
+        return [batch], lambda ts: ts[0]
+    if isinstance(batch, Mapping):
+        keys = list(batch)
+        return [batch[k] for k in keys], lambda ts: dict(zip(keys, ts, strict=True))
+    if isinstance(batch, (tuple, list)):
+        kind = type(batch) if isinstance(batch, list) else tuple
+        return list(batch), lambda ts: kind(ts)
+    name = type(batch).__name__
+    raise TypeError(f"a batch must be a tensor, a tuple/list or a mapping of tensors, got {name}")
+
+
+def expanded(
+    batch: Any, k: int, device: torch.device | None = None
+) -> tuple[tuple[Tensor, ...], Callable[[tuple[Tensor, ...]], Any]]:
+    """``batch``'s tensors (on ``device``) expanded to ``(k, ...)`` without a copy: every
+    chain sees the same batch (common random numbers); and the rebuild function."""
+    tensors, rebuild = flatten(batch)
+    tensors = [t if device is None else t.to(device) for t in tensors]
+    return tuple(t.expand(k, *t.shape) for t in tensors), rebuild
+
+
+def size(batch: Any) -> int:
+    """The number of data in ``batch`` (the first dimension of its first tensor)."""
+    return len(flatten(batch)[0][0])
+
+
+def bind(
+    fn: Callable[[Any, Any], Tensor], rebuild: Callable[[tuple[Tensor, ...]], Any]
+) -> Callable[..., Tensor]:
+    """``fn(model, batch)`` as a function ``(model, *tensors)`` of the batch's tensors."""
+
+    def call(model: Any, *tensors: Tensor) -> Tensor:
+        return fn(model, rebuild(tensors))
+
+    return call
+
+
+# ------------------------------------------------------------------ the steppers
+
+
+class Stepper(Protocol):
+    """Chains moved together by one batch."""
+
+    num_chains: int
+
+    def step(self, batch: Any) -> Tensor:
+        """One step of every chain; their losses ``(K,)`` at the parameters it started from."""
+        ...
+
+    def end_pass(self) -> None:
+        """The loader's pass ended (a metric refreshed per epoch refreshes)."""
+        ...
+
+    def failures(self) -> dict[int, int]:
+        """Chains that broke down: ``chain -> first bad step``."""
+        ...
+
+
+def _flag_failures(flags: list[Tensor]) -> dict[int, int]:
+    first = torch.cat([f[..., 0].reshape(-1) for f in flags]).tolist()
+    return {k: int(s) for k, s in enumerate(first) if s != 0}
+
+
+def _poison(grads: Iterable[Tensor | None], bad: Tensor) -> None:
+    """NaN into the gradients of the chains ``bad`` ``(K,)`` selects: the engine stops them."""
+    for g in grads:
+        if g is not None:
+            g.masked_fill_(bad.reshape(-1, *[1] * (g.dim() - 1)), math.nan)
+
+
+class _ChainsLike(Protocol):  # sgrld.Chains, as the runner uses it
+    num_chains: int
+    params: dict[str, Tensor]
+
+    def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor: ...
+    def grads(
+        self, fn: Callable[..., Tensor], *args: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+    def apply(self, grads: Mapping[str, Tensor]) -> None: ...
+    def refresh(self) -> None: ...
+    def failures(self) -> dict[int, int]: ...
+
+
+class VectorizedChains:
+    """K chains of an :class:`sgrld.Chains` in one vmapped step on the same batch.
+
+    ``rule(start, now) -> (K,) bool``: chains stopped from the losses at their first step and
+    now (default: a non-finite loss); ``refresh``: refresh the metric at the end of each pass.
+    """
+
+    def __init__(
+        self,
+        chains: _ChainsLike,
+        loss: LossFn,
+        *,
+        rule: Callable[[Tensor, Tensor], Tensor] | None = None,
+        refresh: bool = False,
+    ) -> None:
+        self.chains, self.loss, self.rule, self.refresh = chains, loss, rule, refresh
+        self.num_chains = chains.num_chains
+        self.device = next(iter(chains.params.values())).device
+        self.start: Tensor | None = None
+
+    def step(self, batch: Any) -> Tensor:
+        tensors, rebuild = expanded(batch, self.num_chains, self.device)
+        fn = bind(self.loss, rebuild)
+        if self.rule is not None and self.start is None:
+            with torch.no_grad():
+                self.start = self.chains.map(fn, *tensors)
+        losses, grads = self.chains.grads(fn, *tensors)
+        if self.rule is None:
+            bad = ~torch.isfinite(losses)
+        else:
+            assert self.start is not None
+            bad = self.rule(self.start, losses)
+        _poison(grads.values(), bad)
+        self.chains.apply(grads)
+        return losses
+
+    def end_pass(self) -> None:
+        if self.refresh:
+            self.chains.refresh()
+
+    def failures(self) -> dict[int, int]:
+        return self.chains.failures()
+
+
+class FunctionalChain:
+    """One chain of the functional ``sampler`` (checks deferred) on the model's own
+    parameters ``named`` (moved in place: :func:`run` restores them), keyed by ``seed``."""
+
+    num_chains = 1
+
+    def __init__(
+        self, model: nn.Module, named: dict[str, Tensor], loss: LossFn, sampler: Any, seed: int
+    ) -> None:
+        sampler = dataclasses.replace(sampler, sync_checks=False)  # a bad step stops the chain
+        self.model, self.named, self.loss, self.sampler = model, named, loss, sampler
+        self.state = sampler.init({n: p.detach() for n, p in named.items()}, seeds=[seed])
+
+    def step(self, batch: Any) -> Tensor:
+        value = self.loss(self.model, batch)
+        grads = torch.autograd.grad(value, list(self.named.values()))
+        value = value.detach().reshape(1)
+        _poison(grads, ~torch.isfinite(value))
+        self.sampler.step(self.state, dict(zip(self.named, grads, strict=True)))
+        return value
+
+    def end_pass(self) -> None:
+        pass
+
+    def failures(self) -> dict[int, int]:
+        return _flag_failures([self.state.flags])
+
+
+class OptimizerChain:
+    """One chain through ``optimizer`` (an :class:`sgrld.SGRLDOptimizer` over the model's own
+    parameters, built with ``sync_checks=False``: a bad step stops the chain)."""
+
+    num_chains = 1
+
+    def __init__(self, model: nn.Module, loss: LossFn, optimizer: Any) -> None:
+        self.model, self.loss, self.optimizer = model, loss, optimizer
+
+    def step(self, batch: Any) -> Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        value = self.loss(self.model, batch)
+        value.backward()
+        value = value.detach().reshape(1)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        _poison([p.grad for p in params], ~torch.isfinite(value))
+        self.optimizer.step()
+        return value
+
+    def end_pass(self) -> None:
+        pass
+
+    def failures(self) -> dict[int, int]:
+        found = _flag_failures([s.flags for s in self.optimizer.sampler_states])
+        return {0: min(found.values())} if found else {}
+
+
+# ------------------------------------------------------------------ the loop
+
+
+@dataclasses.dataclass
+class Run:
+    """What :func:`run` returns.
+
+    Attributes:
+        trace: ``(K, steps)`` float64: chain k's loss at each step, at the parameters the step
+            started from.
+        failures: chains that broke down: ``chain -> first bad step`` (they stopped there).
+        spent: the gradient evaluations of this run.
+    """
+
+    trace: Tensor
+    failures: dict[int, int]
+    spent: int
+
+
+def run(
+    steppers: Iterable[Stepper],
+    loader: Iterable[Any],
+    num_steps: int,
+    *,
+    account: Account | None = None,
+    each: Callable[[Stepper, int], None] | None = None,
+    restore: list[Tensor] | None = None,
+) -> Run:
+    """Every stepper in turn for ``num_steps`` batches of ``loader``, each from its first
+    batch; ``each(stepper, step)`` after each step (``step`` from 1: a caller's thinned
+    points); ``restore``: tensors put back after each stepper (the model's parameters and
+    buffers, which a sequential chain moves). The chain index of the failures runs over all
+    the steppers' chains."""
+    account = account if account is not None else Account()
+    before = account.spent
+    rows: list[Tensor] = []
+    failures: dict[int, int] = {}
+    with restoring(restore or []) as put_back:
+        for stepper in steppers:
+            trace = torch.empty(stepper.num_chains, num_steps, dtype=torch.float64)
+            batches = passes(loader)
+            for t in range(num_steps):
+                batch, last = next(batches)
+                account.spend(stepper.num_chains)
+                trace[:, t] = stepper.step(batch).double().cpu()
+                if last:
+                    stepper.end_pass()
+                if each is not None:
+                    each(stepper, t + 1)
+            offset = sum(len(r) for r in rows)
+            failures |= {offset + k: s for k, s in stepper.failures().items()}
+            rows.append(trace)
+            put_back()
+    return Run(torch.cat(rows), failures, account.spent - before)

@@ -1,0 +1,162 @@
+"""The one chain runner (:mod:`sgrld.core.runner`): what one path of ``sgrld.llc`` and
+``sgrld.tune`` refuses or does, every path does, with the same message; the tuner's budget is
+counted where it is spent."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import sgrld
+from sgrld.core.runner import Account, passes
+from sgrld.tuning.data import Batches
+from sgrld.tuning.runs import Problem, run_round
+
+torch.set_num_threads(1)
+
+N = 240
+PATHS = {
+    "vectorised": {},
+    "sequential": {"vectorize": False},
+    "optimizer": {"masks": "every"},
+}
+
+
+def data(n: int = N) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    y = torch.bernoulli(
+        torch.sigmoid(x @ torch.tensor([1.0, -1.0, 0.5], dtype=x.dtype)), generator=g
+    )
+    return [(x[i : i + 40], y[i : i + 40]) for i in range(0, n, 40)]
+
+
+def bce(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    x, y = batch[0], batch[1]
+    return torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(-1), y)
+
+
+def llc(model: torch.nn.Module, path: str, loader: Any, loss: Any = bce) -> Any:
+    options: dict[str, Any] = dict(PATHS[path])
+    if options.get("masks") == "every":
+        options["masks"] = {
+            p: torch.ones_like(p, dtype=torch.bool) for p in model.parameters() if p.requires_grad
+        }
+    return sgrld.llc(model, loss, loader, num_data=N, num_chains=2, num_steps=12, lr=1e-3,
+                     init_batches=2, **options)  # fmt: skip
+
+
+def linear() -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 1, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_frozen_parameters_are_not_sampled_on_any_path(path: str) -> None:
+    """With the bias frozen every path samples the weight alone (the same chains), and a model
+    with every parameter frozen is refused in one line."""
+    model = linear()
+    model.bias.requires_grad_(False)
+    seen: list[torch.Tensor] = []
+
+    def watched(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        seen.append(m.bias.detach().clone())
+        return bce(m, batch)
+
+    got = llc(model, path, data(), watched)
+    assert all(torch.equal(b, model.bias.detach()) for b in seen)
+    reference = llc(model, "sequential", data())
+    torch.testing.assert_close(got.trace, reference.trace, rtol=1e-10, atol=0)
+    model.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^the model has no parameter to sample: every one has "
+                       r"requires_grad=False$"):  # fmt: skip
+        llc(model, path, data())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_iterator_loader_is_refused_on_every_path(path: str) -> None:
+    """``itertools.cycle`` never ends its pass and a generator is read once: refused alike."""
+    for loader in (itertools.cycle(data()), (b for b in data())):
+        with pytest.raises(ValueError, match=r"^the loader is an iterator .*DataLoader or a list"):
+            llc(linear(), path, loader)
+
+
+def test_the_tuner_refuses_an_endless_loader_at_once() -> None:
+    model = linear()
+    with pytest.raises(ValueError, match=r"^the loader is an iterator \(cycle\)"):
+        sgrld.tune("sgld", model, bce, itertools.cycle(data()), num_data=N, steps=100,
+                   budget=10_000)  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_non_finite_loss_stops_the_chains_with_one_message(path: str) -> None:
+    """A batch whose loss is +∞ (its gradient finite) stops every chain at that step, on every
+    path with the same message, and the model is left as it was."""
+    model = linear()
+    before = [p.detach().clone() for p in model.parameters()]
+    poisoned = [(x, y, torch.tensor(math.inf if i == 2 else 0.0)) for i, (x, y) in
+                enumerate(data())]  # fmt: skip
+
+    def loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return bce(m, batch) + batch[2]
+
+    message = (
+        r"^non-finite loss or gradient in chain 0 \(seed 0\) at step 3, chain 1 \(seed 1\) at "
+        r"step 3; those chains were stopped there, the others went on$"
+    )
+    with pytest.raises(sgrld.NonFiniteGradientError, match=message):
+        llc(model, path, poisoned, loss)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+def test_passes_mark_the_end_of_each_pass() -> None:
+    got = list(itertools.islice(passes([1, 2, 3]), 7))
+    assert got == [(1, False), (2, False), (3, True), (1, False), (2, False), (3, True), (1, False)]
+    with pytest.raises(ValueError, match="yielded no batch"):
+        next(passes([]))
+
+
+def test_an_account_refuses_to_overdraw() -> None:
+    account = Account(budget=10)
+    account.spend(6)
+    with pytest.raises(RuntimeError, match=r"^budget overdrawn: 6 \+ 5 gradient evaluations > 10"):
+        account.spend(5)
+    assert account.spent == 6
+
+
+@pytest.mark.parametrize("validated", [False, True])
+@pytest.mark.parametrize("scored", [False, True])
+def test_a_round_spends_what_the_search_forecasts(scored: bool, validated: bool) -> None:
+    """The tuner's rounds count their gradient evaluations where they spend them (steps,
+    scoring and validation batches); the forecast it plans with is that count."""
+    model = linear()
+    batches = Batches(data(), score_points=80, device=torch.device("cpu"))
+
+    def log_likelihood(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return -torch.nn.functional.binary_cross_entropy_with_logits(
+            m(batch[0]).squeeze(-1), batch[1], reduction="none"
+        )
+
+    validation = (data(80), log_likelihood) if validated else None
+    problem = Problem("identity", model, bce, batches, float(N), {}, torch.arange(4), 0, 2, 4,
+                      validation)  # fmt: skip
+    candidates = [{"lr": 1e-3}, {"lr": 1e-2}, {"lr": 1e-1}]
+    records = run_round(problem, candidates, 20, scored=scored)
+    assert len(records) == 3 and len(batches.scoring) == 2
+    assert problem.account.spent == problem.cost(3, 20, scored=scored)
+    assert problem.account.spent > 3 * 2 * 20 or not scored
+
+
+def test_a_frozen_parameter_is_not_tuned() -> None:
+    """The tuner's chains leave a frozen parameter where it is (its scored coordinates are the
+    sampled ones)."""
+    model = linear()
+    model.bias.requires_grad_(False)
+    batches = Batches(data(), score_points=80, device=torch.device("cpu"))
+    problem = Problem("identity", model, bce, batches, float(N), {}, torch.arange(3), 0, 1, 4)
+    chains = problem.build([{"lr": 1e-2}], 20)
+    assert list(chains.params) == ["weight"] and "bias" in chains.frozen
