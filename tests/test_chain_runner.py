@@ -160,3 +160,13 @@ def test_a_frozen_parameter_is_not_tuned() -> None:
     problem = Problem("identity", model, bce, batches, float(N), {}, torch.arange(3), 0, 1, 4)
     chains = problem.build([{"lr": 1e-2}], 20)
     assert list(chains.params) == ["weight"] and "bias" in chains.frozen
+
+
+@pytest.mark.parametrize("name", ["identity", "rmsprop"])
+def test_a_parameter_listed_twice_is_refused(name: str) -> None:
+    """Listed twice, a parameter would be stepped twice per step (SGLD moving 0.8 for 0.9)."""
+    w = torch.nn.Parameter(torch.ones(3))
+    for params in ([w, w], [{"params": [w, w]}], [("w", w), ("w2", w)]):
+        with pytest.raises(ValueError, match=r"is listed twice in one group: it would be stepped"):
+            sgrld.SGRLDOptimizer(params, lr=0.1, num_data=10, metric=name)
+    sgrld.SGRLDOptimizer(iter([w]), lr=0.1, num_data=10, metric=name)  # a generator is fine

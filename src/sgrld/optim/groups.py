@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -38,6 +38,25 @@ def validate_group(
         lr = lr.reshape(())
     validate_hyperparameters(lr, num_data, temperature)
     check_adapt_until(adapt_until)
+
+
+def refuse_duplicates(params: Any) -> Any:
+    """A group's parameters (a tensor, or tensors or ``(name, tensor)`` pairs) as a list; one
+    listed twice would be stepped twice per step, so it is refused."""
+    if isinstance(params, set):
+        return params  # torch refuses a set (it has no order)
+    listed = [params] if isinstance(params, Tensor) else list(params)
+    seen: set[int] = set()
+    for item in listed:
+        name, p = item if isinstance(item, tuple) else (None, item)
+        if id(p) in seen:
+            what = f"{name!r}" if name is not None else f"of shape {tuple(p.shape)}"
+            raise ValueError(
+                f"the parameter {what} is listed twice in one group: it would be stepped twice "
+                "per step; list each parameter once"
+            )
+        seen.add(id(p))
+    return listed
 
 
 def as_scalar(lr: float | Tensor) -> float | Tensor:

@@ -48,6 +48,7 @@ from sgrld.optim.groups import (
     follow_shards,
     own,
     publish_group,
+    refuse_duplicates,
     validate_group,
 )
 from sgrld.optim.watch import (
@@ -265,6 +266,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return given(**options)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        param_group = {**param_group, "params": refuse_duplicates(param_group["params"])}
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         index = len(self.param_groups) - 1
