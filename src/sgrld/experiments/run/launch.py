@@ -252,10 +252,11 @@ def run_locked(
     from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
 
     main = parallel is None or parallel.is_main
-    if main:  # of killed runs; nobody else writes here while we hold it
-        remove_stale_temporaries(out)
     check_out_dir(out, configs, options.resume)
     folders = run_folders(out, configs)
+    if main:  # of killed runs (OUT's own went with its lock); nobody else writes here
+        for folder in folders:
+            remove_stale_temporaries(folder)
     if options.resume:
         refuse_other_threads([f / "results.json" for f in folders], options.threads)
 
