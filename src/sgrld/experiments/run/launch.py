@@ -312,7 +312,7 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
     """One run's scores, or a line per chain of K."""
 
     def fmt(value: float | None) -> str:
-        return "nan" if value is None else f"{value:.4f}"
+        return "–" if value is None else f"{value:.4f}"  # None: no sample scored
 
     if len(results) > 1:
         done = sum(r["status"] == "completed" for r in results)
@@ -340,8 +340,12 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
             f"  {warmup['samples_adapting']} of {results_['num_samples']} samples were drawn "
             f"while the metric adapted ({when}); --adapt burnin freezes it before the first"
         )
+    if all(final[split].get("lp") is None for split in ("val", "test")):
+        print("  no scores: the chain stopped before its first epoch ended")
     for split in ("val", "test"):
         m = final[split]
+        if m.get("lp") is None:
+            continue
         third = "ece" if "ece" in m else "coverage_90"
         line = f"LP {fmt(m['lp'])}  {SHORT[second_score(m)]} {fmt(m[second_score(m)])}"
         print(f"  {split:<4} {line}  {SHORT[third]} {fmt(m[third])}")
