@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from sgrld.core.contract import check_hyperparameters
 from sgrld.data import dataset_info
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.report.paper import paper_entry
@@ -229,20 +230,29 @@ def _config(
             "prior (the paper found Identity optimal there, or the setting is not in the paper); "
             "give --lr"
         )
+    try:  # as the sampler will: finite, and a step that fits a float32
+        check_hyperparameters(config.lr, _num_train(config), config.temperature)
+    except ValueError as exc:
+        raise UsageError(cli_names(str(exc))) from exc
     if tuned_from is not None:
         for line in _check_tuned_setting(tuned_from, config):
             print(f"sgrld: warning: {line}", file=sys.stderr)
     return config
 
 
+def _num_train(config: RunConfig) -> int:
+    """The run's n: its training points (``--subset`` of them)."""
+    full = dataset_info(config.dataset).train_pool - config.num_val
+    return min(config.max_train, full) if config.max_train else full
+
+
 def _check_tuned_setting(value: str, config: RunConfig) -> list[str]:
     """:func:`~sgrld.experiments.run.tuned.check_setting` with the run's setting: n, τ and
     the options the tuner kept fixed (the metric's defaults where the run gives none)."""
-    full = dataset_info(config.dataset).train_pool - config.num_val
     setting = {
         **{f: getattr(config, f) for f in ("sampler", "dataset", "model", "width", "prior")},
         **{f: getattr(config, f) for f in ("batch_size", "epochs")},
-        "num_train": min(config.max_train, full) if config.max_train else full,
+        "num_train": _num_train(config),
     }
     metric = get_metric(config.sampler)
     defaults = {

@@ -282,10 +282,8 @@ def run_locked(
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc
-    except ValueError as exc:  # what this run cannot do in this job (BatchNorm under --parallel)
-        if parallel is None:
-            raise
-        raise UsageError(str(exc)) from exc
+    except ValueError as exc:  # what this run cannot do (BatchNorm under --parallel): one line
+        raise UsageError(cli_names(str(exc))) from exc
     if main:  # rank 0 reports for the job
         for config, result, folder in zip(configs, results, folders, strict=True):
             if result["broken_down"] is not None:  # on stderr, progress bar or not

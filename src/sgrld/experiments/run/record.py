@@ -54,9 +54,12 @@ def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
     )
 
 
-def breakdown_hint(config: RunConfig, num_data: int) -> str:
-    """What to do about a chain that broke down: a smaller ℓ, or the tuner's; for a subset run,
-    why it diverges at a learning rate the full data tolerates."""
+def breakdown_hint(config: RunConfig, num_data: int, update: int = 2) -> str | None:
+    """What to do about a chain that broke down at ``update``: a smaller ℓ, or the tuner's; for a
+    subset run, why it diverges at a learning rate the full data tolerates. ``None`` at update 1
+    when the potential was not finite: the start or the data, not ℓ (no step was taken yet)."""
+    if update <= 1:
+        return None
     smaller = (
         f"ℓ too large: try lr <= {config.lr / 10:.3g}, or sgrld tune (it chooses ℓ for this "
         "setting; then --lr tuned:DIR)"
@@ -286,12 +289,13 @@ class RunRecord:
         """The chain hit a non-finite potential or gradient at update ``global_step + 1``, or
         (``blown_up``) its telemetry up to update ``global_step`` crossed a bound."""
         self.status = "broken_down"
+        update = self.global_step + (0 if blown_up else 1)
         self.broken_down = {
             "epoch": self.epoch,
-            "update": self.global_step + (0 if blown_up else 1),
+            "update": update,
             "global_step": self.global_step,
             "reason": reason,
-            "hint": breakdown_hint(self.config, self.num_data),
+            "hint": breakdown_hint(self.config, self.num_data, update + blown_up),
         }
 
     def record_state(self) -> dict[str, Any]:
