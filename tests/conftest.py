@@ -53,11 +53,28 @@ def spec(request: pytest.FixtureRequest) -> SamplerSpec:
     return request.param
 
 
+def mnist_path() -> Path:
+    """Where the tests find real MNIST: in ``$SGRLD_DATA_DIR`` (the CLI's ``--data-dir``
+    default), in it or in its ``mnist/``; ``$SGRLD_MNIST_DIR`` (the MNIST folder itself) is its
+    deprecated older name; else ``../shared/data/mnist`` beside the checkout."""
+    data = os.environ.get("SGRLD_DATA_DIR")
+    if data:
+        root = Path(data)
+        return root if (root / MNIST_FILE).exists() else root / "mnist"
+    return Path(os.environ.get("SGRLD_MNIST_DIR", REPO.parent / "shared" / "data" / "mnist"))
+
+
+MNIST_FILE = "train-images-idx3-ubyte.gz"
+# one variable for the tests that still read the deprecated name (golden outputs, data)
+if os.environ.get("SGRLD_DATA_DIR") and not os.environ.get("SGRLD_MNIST_DIR"):
+    os.environ["SGRLD_MNIST_DIR"] = str(mnist_path())
+
+
 @pytest.fixture
 def mnist_dir() -> Path:
-    path = Path(os.environ.get("SGRLD_MNIST_DIR", REPO.parent / "shared" / "data" / "mnist"))
-    if not (path / "train-images-idx3-ubyte.gz").exists():
-        pytest.skip(f"real MNIST not found in {path} (set SGRLD_MNIST_DIR)")
+    path = mnist_path()
+    if not (path / MNIST_FILE).exists():
+        pytest.skip(f"real MNIST not found in {path} (set SGRLD_DATA_DIR)")
     return path
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import sgrld.data
+from conftest import mnist_path
 from sgrld.cli import RESUME_HINTS, main
 from sgrld.experiments.base import files as _io
 from sgrld.experiments.base.files import CheckpointError
@@ -53,9 +54,9 @@ def deterministic(out: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of one epoch (four updates) of the real MNIST subset, to damage in copies."""
-    path = Path(os.environ.get("SGRLD_MNIST_DIR", "/work/shared/data/mnist"))
+    path = mnist_path()
     if not (path / "train-images-idx3-ubyte.gz").exists():
-        pytest.skip(f"real MNIST not found in {path} (set SGRLD_MNIST_DIR)")
+        pytest.skip(f"real MNIST not found in {path} (set SGRLD_DATA_DIR)")
     out = tmp_path_factory.mktemp("one-epoch") / "run"
     assert sample(path, out, "--epochs", "1") == 0
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import mnist_path
 from sgrld.cli import main
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import DirectoryLock
@@ -270,9 +271,9 @@ def mini_sweep(tmp_path_factory: pytest.TempPathFactory, mnist_dir_module: Path)
 
 @pytest.fixture(scope="module")
 def mnist_dir_module() -> Path:
-    path = Path(os.environ.get("SGRLD_MNIST_DIR", "/work/shared/data/mnist"))
+    path = mnist_path()
     if not (path / "t10k-labels-idx1-ubyte.gz").is_file():
-        pytest.skip(f"real MNIST not found in {path} (set SGRLD_MNIST_DIR)")
+        pytest.skip(f"real MNIST not found in {path} (set SGRLD_DATA_DIR)")
     return path
 
 

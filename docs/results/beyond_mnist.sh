@@ -4,7 +4,7 @@
 #
 # Scaled-down defaults (what docs/results/beyond.md reports); the paper's scale is
 #   EPOCHS=400 SEEDS="0 1 2 3 4 5 6 7 8 9" EVAL="" BURNIN=1000 WIDTHS="400 800" ./beyond_mnist.sh
-# Usage: docs/results/beyond_mnist.sh OUT_DIR [alpha2|cyclical|all]
+# Usage: SGRLD_DATA_DIR=DIR docs/results/beyond_mnist.sh OUT_DIR [alpha2|cyclical|all]
 set -euo pipefail
 OUT=${1:?output directory}
 PART=${2:-all}
@@ -13,7 +13,7 @@ SEEDS=${SEEDS:-"0 1"}
 WIDTHS=${WIDTHS:-400}
 BURNIN=${BURNIN:-500}
 EVAL=${EVAL-"--eval-subset 2000"}
-DATA=${SGRLD_MNIST_DIR:-/work/shared/data/mnist}
+DATA=${SGRLD_DATA_DIR:?set SGRLD_DATA_DIR to the folder holding MNIST (or its mnist/ folder)}
 SGRLD=${SGRLD:-sgrld}
 FIXED_GRID=${FIXED_GRID:-"0 0.1 0.5 1.25 2 3"} # the paper's α² (N=400 grid subset; 0 = SGLD)
 C_GRID=${C_GRID:-"0.01 0.03 0.1 0.3"}          # normalized c = α²‖m‖² (‖m‖² ≈ 0.1 here)

@@ -271,7 +271,15 @@ def health(source: Any) -> Health | list[Health]:
         source = telemetry["per_epoch"] or {}
     elif isinstance(source.get("temperature"), (int, float)):
         temperature = float(source["temperature"])
-    return judge(_windows(source), temperature=temperature)
+    windows = _windows(source)
+    for tau in [temperature, *(w["temperature"] for w in windows if "temperature" in w)]:
+        if not (0.0 <= tau < math.inf):  # NaN too: a verdict on it would be a guess
+            raise ValueError(f"health(): invalid temperature {tau!r} (expected finite >= 0)")
+    for w in windows:  # a non-finite noise is a broken chain, not a noiseless one
+        if w["steps"] > 0 and not math.isfinite(w["noise_rms"]):
+            steps = int(sum(v["steps"] for v in windows))
+            return Health("broken_down", "noise_rms", w["noise_rms"], math.inf, steps)
+    return judge(windows, temperature=temperature)
 
 
 #: the optimizer's watch: one step in :data:`WATCH_EVERY` is summed on the device, read on the

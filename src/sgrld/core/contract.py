@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import abc
 import difflib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
+import torch
 from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
@@ -236,3 +238,66 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     if value not in choices:
         *rest, last = map(repr, choices)
         raise ValueError(f"invalid {name}: {value!r} (expected {', '.join(rest)} or {last})")
+
+
+#: the largest ℓ and noise scale σ = √(2ℓτ/n) a step may take: float32's largest value (the
+#: parameters are float32 unless asked otherwise; a larger step cannot be represented, and torch
+#: would fail mid-step with "value cannot be converted to type float without overflow")
+LARGEST_STEP = 3.4028234663852886e38
+
+
+def check_hyperparameters(lr: float | Tensor, num_data: float, temperature: float) -> None:
+    """ℓ, n and τ of a sampler or a parameter group: ℓ in [0, :data:`LARGEST_STEP`], n ≥ 1 and
+    τ ≥ 0 finite, and the noise scale √(2ℓτ/n) at most :data:`LARGEST_STEP`. A tensor ℓ's
+    entries are read on the host (at construction, never in a step: :func:`check_groups`).
+
+    Raises:
+        ValueError: naming the argument, its value and the valid range.
+    """
+    check_range(
+        "num_data", num_data, lambda v: 1.0 <= v < math.inf, "num_data >= 1 and finite, the "
+        "number of training data",
+    )  # fmt: skip
+    check_range("temperature", temperature, lambda v: 0.0 <= v < math.inf, "finite >= 0")
+    if isinstance(lr, Tensor):
+        if lr.is_floating_point() and not bool(torch.isfinite(lr).all()):
+            raise ValueError("invalid lr: every entry must be finite")
+        largest = float(lr.detach().abs().max()) if lr.numel() and lr.is_floating_point() else 0.0
+    else:
+        check_range("lr", lr, lambda v: 0.0 <= v <= LARGEST_STEP,
+                    f"finite >= 0 and <= {LARGEST_STEP:.3g}, the largest float32")  # fmt: skip
+        largest = float(lr)
+    _check_noise_scale(largest, float(num_data), float(temperature))
+
+
+def _check_noise_scale(lr: float, num_data: float, temperature: float) -> None:
+    scale = math.sqrt(2.0 * lr * temperature / num_data) if lr * temperature else 0.0
+    if not scale <= LARGEST_STEP:
+        raise ValueError(
+            f"invalid temperature: {temperature!r} with lr {lr!r} and num_data {num_data!r} gives "
+            f"a noise scale sqrt(2 lr temperature / num_data) = {scale:.3g}, beyond the largest "
+            f"float32 ({LARGEST_STEP:.3g})"
+        )
+
+
+def check_groups(groups: Iterable[Mapping[str, Any]]) -> None:
+    """Each parameter group's ℓ, n and τ as a step reads them (set in ``param_groups`` since
+    construction, as torch.optim allows): floats only, so that a step reads nothing on the host
+    (a tensor ℓ was checked where it was set).
+
+    Raises:
+        ValueError: naming the group, the argument and the valid range.
+    """
+    for index, group in enumerate(groups):
+        lr = group["lr"]
+        try:
+            check_hyperparameters(
+                0.0 if isinstance(lr, Tensor) else lr, group["num_data"], group["temperature"]
+            )
+        except ValueError as exc:
+            raise ValueError(f"param_groups[{index}]: {exc}") from None
+
+
+def check_localization(value: float) -> None:
+    """The pull c ≥ 0 towards θ₀ of a localised chain: finite (as the optimizer takes it)."""
+    check_range("localization", value, lambda v: 0.0 <= v < math.inf, "finite >= 0")

@@ -13,7 +13,14 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compilable
-from sgrld.core.contract import Metric, check_bool, check_choice, check_int, check_range
+from sgrld.core.contract import (
+    Metric,
+    check_bool,
+    check_choice,
+    check_hyperparameters,
+    check_int,
+    check_localization,
+)
 from sgrld.core.engine import (
     NonFiniteGradientError,
     advance,
@@ -33,12 +40,7 @@ __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperpa
 def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: float) -> None:
     if isinstance(lr, Tensor):
         check_lr_tensor(lr)
-    else:
-        check_range("lr", lr, lambda v: v >= 0.0, "lr >= 0, a float or a tensor")
-    check_range(
-        "num_data", num_data, lambda v: v >= 1.0, "num_data >= 1, the number of training data"
-    )
-    check_range("temperature", temperature, lambda v: v >= 0.0, "temperature >= 0")
+    check_hyperparameters(lr, num_data, temperature)  # finite, ≤ float32's largest (contract)
 
 
 def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
@@ -109,7 +111,7 @@ class Sampler:
             self.sync_checks,
         )
         check_adapt_until(self.adapt_until)
-        check_range("localization", self.localization, lambda v: v >= 0.0, "localization >= 0")
+        check_localization(self.localization)
 
     def init(
         self,

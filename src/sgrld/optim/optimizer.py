@@ -17,7 +17,7 @@ from torch import Tensor
 
 from sgrld.chain_health import WATCH_EVERY, Health
 from sgrld.core.compiled import CompiledMove
-from sgrld.core.contract import check_bool, check_options, option_names
+from sgrld.core.contract import check_bool, check_groups, check_options, option_names
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
@@ -462,6 +462,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         noise: NoiseSource = "philox" if traced else self.noise
         # the health watch (sgrld.health): this step's figures summed if it is a watched one
         watched = not traced and (states[0].step + 1) % WATCH_EVERY == 0
+        check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
         try:
             if len(states) > 1:  # refuse before the first group moves
                 for index, (state, gs) in enumerate(zip(states, grads, strict=True)):

@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from sgrld.experiments.base import exits
-from sgrld.experiments.base.exits import Terminated
+from sgrld.experiments.base.exits import Terminated, UsageError
 
 try:
     import fcntl
@@ -40,12 +40,15 @@ __all__ = [
     "OutputError",
     "Terminated",
     "UnsafePathError",
+    "check_out_dir",
     "error_reason",
     "find_nonfinite",
     "load_checkpoint",
+    "locked_out_dir",
     "make_out_dir",
     "open_regular",
     "read_file",
+    "read_json",
     "refuse_links",
     "remove_stale_temporaries",
     "save_checkpoint",
@@ -145,6 +148,26 @@ def read_file(path: str | os.PathLike[str], limit: int | None = MAX_JSON_BYTES) 
         os.close(fd)
 
 
+def read_json(path: str | os.PathLike[str], what: str) -> Any:
+    """The JSON value in the regular file ``path`` (:func:`read_file`: no link followed, no
+    FIFO or device read, at most :data:`MAX_JSON_BYTES`).
+
+    Args:
+        what: what the file holds, for the message (e.g. ``"the tuned options"``).
+
+    Raises:
+        UsageError: one line naming ``path``, ``what`` and the reason (unreadable, a link or a
+            special file, too large, not JSON).
+    """
+    try:
+        return json.loads(read_file(path))
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} in {path}: {error_reason(exc)}") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UsageError(f"cannot read {what} in {path}: not JSON ({reason})") from None
+
+
 def refuse_links(root: str | os.PathLike[str], *paths: str) -> None:
     """Refuse a symbolic link planted at a folder or file the commands write under ``root`` (the
     user's ``--out``, which may itself be a link).
@@ -221,6 +244,37 @@ def make_out_dir(out: Path) -> None:
         raise OutputError(exc.errno, f"cannot write to --out {out}: {reason}") from exc
 
 
+def check_out_dir(out: str | os.PathLike[str]) -> Path:
+    """``--out`` as a path, refused where a file (or a link to one) is there: every command's
+    first check of its output folder (exit 2, before any work).
+
+    Raises:
+        UsageError: ``--out ... exists and is not a directory``.
+    """
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path} exists and is not a directory")
+    return path
+
+
+@contextlib.contextmanager
+def locked_out_dir(out: str | os.PathLike[str], command: str) -> Iterator[Path]:
+    """Hold a command's output folder for the block: :func:`check_out_dir`, then create and
+    lock it (:class:`DirectoryLock`, recording ``command``), then remove the temporaries that
+    killed writers left there (:func:`remove_stale_temporaries`). Every command's folder goes
+    through here; write in it with :func:`write_atomic` or :func:`save_figure`.
+
+    Raises:
+        UsageError: ``--out`` is a file (exit 2).
+        DirectoryLockedError: another live process holds it (exit 2).
+        OutputError: it cannot be created or locked (exit 74).
+    """
+    path = check_out_dir(out)
+    with DirectoryLock(path, command):
+        remove_stale_temporaries(path)
+        yield path
+
+
 def save_figure(fig: Any, path: str | os.PathLike[str], **options: Any) -> None:
     """A matplotlib figure rendered as PNG in memory, then written with :func:`write_atomic`
     (never through a file or link already at ``path``)."""
@@ -230,9 +284,13 @@ def save_figure(fig: Any, path: str | os.PathLike[str], **options: Any) -> None:
 
 
 def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
-    """Remove the temporaries that killed writers left in ``directory`` (hold its lock first)."""
-    removed = []
-    for entry in Path(directory).glob(f".*{_TEMP_SUFFIX}"):
+    """Remove the temporaries that killed writers left in ``directory`` (hold its lock first;
+    a folder that is not there, or is a link, has none of ours)."""
+    removed: list[Path] = []
+    folder = Path(directory)
+    if folder.is_symlink() or not folder.is_dir():
+        return removed
+    for entry in folder.glob(f".*{_TEMP_SUFFIX}"):
         with contextlib.suppress(OSError):
             entry.unlink()
             removed.append(entry)

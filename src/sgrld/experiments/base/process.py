@@ -10,6 +10,8 @@ import signal
 import sys
 import threading
 import time
+import warnings
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -31,3 +33,43 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="sgrld-parent-watch", daemon=True).start()
+
+
+def silence_resource_tracker() -> None:
+    """From now on in this process, a killed multiprocessing resource tracker is relaunched
+    without a word (idempotent).
+
+    The worker pools' semaphores are registered with the tracker, a process of its own. If it is
+    killed, the pools' clean-up (which may run as late as the interpreter's exit) relaunched it
+    and unregistered there the semaphores it never saw: each printed a ``KeyError`` traceback,
+    though nothing was wrong with the sweep. Here a name is unregistered only with the tracker
+    it was registered with.
+    """
+    from multiprocessing import resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker  # the module's one instance
+    if getattr(resource_tracker.unregister, "sgrld", False):
+        return
+    register, unregister, launch = tracker.register, tracker.unregister, tracker.ensure_running
+    owners: dict[tuple[str, str], int | None] = {}
+
+    def ensure_running() -> None:
+        with warnings.catch_warnings():  # "process died unexpectedly, relaunching"
+            warnings.simplefilter("ignore")
+            launch()
+
+    def register_here(name: str, rtype: str) -> None:
+        register(name, rtype)
+        owners[(name, rtype)] = tracker._pid
+
+    def unregister_here(name: str, rtype: str) -> None:
+        owner = owners.pop((name, rtype), None)
+        tracker.ensure_running()
+        if owner is None or owner == tracker._pid:
+            unregister(name, rtype)
+
+    unregister_here.sgrld = True  # type: ignore[attr-defined]
+    tracker.ensure_running = ensure_running
+    tracker.register, tracker.unregister = register_here, unregister_here
+    module: Any = resource_tracker  # its functions are the instance's bound methods
+    module.register, module.unregister = register_here, unregister_here

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base import exits
+from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import (
     EXIT_IO_ERROR,
     LOCK_FILE,
-    DirectoryLock,
     DirectoryLockedError,
     OutputError,
     Terminated,
-    remove_stale_temporaries,
+    locked_out_dir,
     sigint_deferred,
     sigterm_raises,
 )
@@ -209,9 +209,9 @@ def execute(args: argparse.Namespace, command: str) -> int:
         return plan
     names, config = plan
     try:
-        with DirectoryLock(args.out, f"sgrld {command}"), sigterm_raises():
+        with locked_out_dir(args.out, f"sgrld {command}"), sigterm_raises():
             return _execute_locked(args, command, names, config)
-    except DirectoryLockedError as exc:
+    except (UsageError, DirectoryLockedError) as exc:
         return fail(command, str(exc), 2)
     except OutputError as exc:  # taking the lock, e.g. a read-only --out: as sample, EX_IOERR
         return fail(command, f"cannot write to --out {str(args.out)!r}: {exc}", EXIT_IO_ERROR)
@@ -226,7 +226,6 @@ def _execute_locked(
     with sigint_deferred():  # Ctrl-C inside torch's start-up would abort: exit 130 instead
         from sgrld.core.sampler import NonFiniteGradientError
 
-    remove_stale_temporaries(args.out)  # of killed runs; we hold the lock
     present = sorted(p.name for p in args.out.iterdir() if p.name != LOCK_FILE)
     if present and not args.force:
         return fail(

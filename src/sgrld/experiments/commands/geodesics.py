@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 
 from sgrld.experiments.base import exits
-from sgrld.experiments.base.files import make_out_dir
+from sgrld.experiments.base.exits import UsageError
+from sgrld.experiments.base.files import DirectoryLockedError, check_out_dir, locked_out_dir
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.funnel.geodesics import (
     BASE_POINTS,
@@ -38,9 +39,17 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return fail("geodesics", f"{exc.name} is needed (pip install scipy 'sgrld[plots]')", 2)
     try:
-        make_out_dir(args.out)
-    except OSError as exc:
+        check_out_dir(args.out)
+        with locked_out_dir(args.out, "sgrld geodesics"):
+            return _draw(args)
+    except (UsageError, DirectoryLockedError) as exc:
+        return fail("geodesics", str(exc), exits.USAGE)
+    except OSError as exc:  # the lock cannot be taken: a read-only --out
         return fail("geodesics", str(exc), exits.IO_ERROR)
+
+
+def _draw(args: argparse.Namespace) -> int:
+    """Every figure in memory, then the set written at once (``--out`` locked)."""
     files = {}
     for name, base in BASE_POINTS.items():  # every figure first, in memory
         print(f"geodesics at {name} x̂ = {base}, α² = {args.alpha2:g}", flush=True)

@@ -9,9 +9,11 @@ import argparse
 import dataclasses
 import itertools
 import json
+import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from sgrld.core.contract import check_hyperparameters
 from sgrld.data import dataset_info
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.report.paper import paper_entry
@@ -19,7 +21,7 @@ from sgrld.experiments.run.choices import MODEL_FOR_DATASET
 from sgrld.experiments.run.config import METRIC_FIELDS, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import cli_names
 from sgrld.experiments.run.options import OPTIONS, RunOption, by_field, comma_list
-from sgrld.experiments.run.tuned import tuned_options
+from sgrld.experiments.run.tuned import check_setting, tuned_options
 from sgrld.metrics import get_metric
 
 _TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
@@ -186,6 +188,7 @@ def _config(
     run = {field: values[option.name] for field, option in by_field().items()}
     dataset, sampler = run["dataset"], run["sampler"]
     paper = paper_entry(dataset, run["prior"], run["width"], sampler)
+    tuned_from = lr if isinstance(lr, str) else None
     if isinstance(lr, str):  # tuned:DIR: its ℓ, and its tuned options (α²) not given
         chosen = tuned_options(lr, sampler)
         for n in METRIC_FIELDS:
@@ -227,4 +230,37 @@ def _config(
             "prior (the paper found Identity optimal there, or the setting is not in the paper); "
             "give --lr"
         )
+    try:  # as the sampler will: finite, and a step that fits a float32
+        check_hyperparameters(config.lr, _num_train(config), config.temperature)
+    except ValueError as exc:
+        raise UsageError(cli_names(str(exc))) from exc
+    if tuned_from is not None:
+        for line in _check_tuned_setting(tuned_from, config):
+            print(f"sgrld: warning: {line}", file=sys.stderr)
     return config
+
+
+def _num_train(config: RunConfig) -> int:
+    """The run's n: its training points (``--subset`` of them)."""
+    full = dataset_info(config.dataset).train_pool - config.num_val
+    return min(config.max_train, full) if config.max_train else full
+
+
+def _check_tuned_setting(value: str, config: RunConfig) -> list[str]:
+    """:func:`~sgrld.experiments.run.tuned.check_setting` with the run's setting: n, τ and
+    the options the tuner kept fixed (the metric's defaults where the run gives none)."""
+    setting = {
+        **{f: getattr(config, f) for f in ("sampler", "dataset", "model", "width", "prior")},
+        **{f: getattr(config, f) for f in ("batch_size", "epochs")},
+        "num_train": _num_train(config),
+    }
+    metric = get_metric(config.sampler)
+    defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(metric)  # type: ignore[arg-type]
+        if f.default is not dataclasses.MISSING
+    }
+    fixed = {**defaults, **config.sampler_options}
+    fixed |= {n: getattr(config, n) for n in METRIC_FIELDS if n in defaults or n in fixed}
+    fixed |= {"temperature": config.temperature, "adapt_until": config.adapt_until}
+    return check_setting(value, setting, fixed)

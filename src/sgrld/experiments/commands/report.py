@@ -9,7 +9,12 @@ from pathlib import Path
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.base.files import write_atomic
+from sgrld.experiments.base.files import (
+    DirectoryLockedError,
+    check_out_dir,
+    locked_out_dir,
+    write_atomic,
+)
 from sgrld.experiments.commands.common import add_strict_argument, fail, report_problems
 from sgrld.experiments.report.build import (
     build_tables,
@@ -54,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
                 2,
             )
     try:
+        check_out_dir(args.out)
+    except UsageError as exc:
+        return fail("report", str(exc), exits.USAGE)
+    try:
         runs, problems = load_checked(find_results(args.runs), command="sgrld report")
         report_problems("report", problems)
         if not runs:
@@ -68,11 +77,14 @@ def run(args: argparse.Namespace) -> int:
             return fail("report", str(exc), exits.USAGE)
     try:
         groups = aggregate(runs)
-        written = write_report(groups, args, left_out=problems)
-        if tuning is not None:
-            write_atomic(args.out / "tuning.md", tuning)
-            written.append(args.out / "tuning.md")
-            print(tuning, end="")
+        with locked_out_dir(args.out, "sgrld report"):
+            written = write_report(groups, args, left_out=problems)
+            if tuning is not None:
+                write_atomic(args.out / "tuning.md", tuning)
+                written.append(args.out / "tuning.md")
+                print(tuning, end="")
+    except (UsageError, DirectoryLockedError) as exc:
+        return fail("report", str(exc), exits.USAGE)
     except OSError as exc:
         return fail("report", str(exc), exits.IO_ERROR)
     print(f"{plural(len(runs), 'run')}; wrote {', '.join(p.name for p in written)} to {args.out}")
@@ -88,7 +100,6 @@ def write_report(
     out = args.out
     choices = select_all(groups)
     tables = build_tables(choices, paper=args.paper)
-    out.mkdir(parents=True, exist_ok=True)
     written = []
     for table in tables:
         for suffix, text in (("md", table.markdown() + "\n"), ("csv", table.csv())):

@@ -151,9 +151,10 @@ def _given_options(args: argparse.Namespace) -> set[str]:
 def run(args: argparse.Namespace) -> int:
     """Validate everything, lock ``--out``, load the data, run, write results and the plot."""
     from sgrld.experiments.base.files import (
-        DirectoryLock,
         DirectoryLockedError,
         OutputError,
+        check_out_dir,
+        locked_out_dir,
         sigint_deferred,
     )
 
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     parallel = None
     try:
         if args.resume and args.out:
-            adopt_saved_options(args, Path(args.out))
+            adopt_saved_options(args, check_out_dir(args.out))
         if args.sampler is None:
             raise UsageError(
                 "--sampler is required (with --resume --out OUT it comes from the run in OUT)"
@@ -193,14 +194,12 @@ def run(args: argparse.Namespace) -> int:
         )
         data_dir = launch.data_dir_of(options, {c.dataset for c in configs})
         default = default_chains_out_dir(configs) if multi else default_out_dir(configs[0])
-        out = Path(args.out) if args.out else default
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} exists and is not a directory")
+        out = check_out_dir(args.out if args.out else default)
         parallel = launch.join_parallel(options.parallel, device, multi)
         # Held until the run ends: a second run on this --out is refused, not interleaved
         # (under --parallel by rank 0, for the whole job).
         with (
-            DirectoryLock(out, "sgrld sample")
+            locked_out_dir(out, "sgrld sample")
             if parallel is None or parallel.is_main
             else (contextlib.nullcontext())
         ):

@@ -229,8 +229,10 @@ def chain_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Plan and check everything, then run what is missing and summarise."""
-    out = Path(args.out)
+    from sgrld.experiments.base.files import check_out_dir
+
     try:
+        out = check_out_dir(args.out)
         _check(args)
         runs, source = plan(args)
         if args.chains < 1 or (args.chain_batch is not None and args.chain_batch < 1):

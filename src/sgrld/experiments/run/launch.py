@@ -252,10 +252,11 @@ def run_locked(
     from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
 
     main = parallel is None or parallel.is_main
-    if main:  # of killed runs; nobody else writes here while we hold it
-        remove_stale_temporaries(out)
     check_out_dir(out, configs, options.resume)
     folders = run_folders(out, configs)
+    if main:  # of killed runs (OUT's own went with its lock); nobody else writes here
+        for folder in folders:
+            remove_stale_temporaries(folder)
     if options.resume:
         refuse_other_threads([f / "results.json" for f in folders], options.threads)
 
@@ -281,10 +282,8 @@ def run_locked(
         )
     except CheckpointError as exc:
         raise UsageError(str(exc)) from exc
-    except ValueError as exc:  # what this run cannot do in this job (BatchNorm under --parallel)
-        if parallel is None:
-            raise
-        raise UsageError(str(exc)) from exc
+    except ValueError as exc:  # what this run cannot do (BatchNorm under --parallel): one line
+        raise UsageError(cli_names(str(exc))) from exc
     if main:  # rank 0 reports for the job
         for config, result, folder in zip(configs, results, folders, strict=True):
             if result["broken_down"] is not None:  # on stderr, progress bar or not
@@ -311,7 +310,7 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
     """One run's scores, or a line per chain of K."""
 
     def fmt(value: float | None) -> str:
-        return "nan" if value is None else f"{value:.4f}"
+        return "–" if value is None else f"{value:.4f}"  # None: no sample scored
 
     if len(results) > 1:
         done = sum(r["status"] == "completed" for r in results)
@@ -339,8 +338,12 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
             f"  {warmup['samples_adapting']} of {results_['num_samples']} samples were drawn "
             f"while the metric adapted ({when}); --adapt burnin freezes it before the first"
         )
+    if all(final[split].get("lp") is None for split in ("val", "test")):
+        print("  no scores: the chain stopped before its first epoch ended")
     for split in ("val", "test"):
         m = final[split]
+        if m.get("lp") is None:
+            continue
         third = "ece" if "ece" in m else "coverage_90"
         line = f"LP {fmt(m['lp'])}  {SHORT[second_score(m)]} {fmt(m[second_score(m)])}"
         print(f"  {split:<4} {line}  {SHORT[third]} {fmt(m[third])}")

@@ -8,6 +8,7 @@ chains step is a :class:`Stepper` (:class:`~.run.single.OneChain` or
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from sgrld.chain_health import BROKEN_GROWTH_NO_NOISE
 from sgrld.chains import chain_batches
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
@@ -40,6 +42,10 @@ from sgrld.experiments.run.single import OneChain
 from sgrld.schedules import CyclicalLR
 
 __all__ = ["SamplingRun", "Stepper", "run_sampling"]
+
+#: steps between two reads of every chain's ‖θ‖ against its start (:meth:`SamplingRun._grown`):
+#: a chain that blows up stops within this many steps, not at the epoch's end
+GROWTH_CHECK_EVERY = 32
 
 #: ``add(chain, split, start, logits)``: fold a batch of a chain's predictions into its record.
 Fold = Callable[[int, str, int, Tensor], None]
@@ -174,6 +180,7 @@ class SamplingRun:
             self._save()
             return self.results()
         target = self.config.epochs if epochs is None else epochs
+        self._note_theta_start()
         self.observer.on_start(self)
         try:
             while self.running and self.epoch < target:
@@ -209,11 +216,17 @@ class SamplingRun:
                 self._credit()
                 self._evaluate_sample()
                 self._block_started = self._clock()
+            if self.global_step % GROWTH_CHECK_EVERY == 0:
+                if not eager:  # the breakdowns flagged so far first (eager: read each step)
+                    self._credit()
+                    self._block_started = self._clock()
+                self._grown()
             if not self.running:  # every chain broke down: stop at once
                 self._save()
                 return
             self.observer.on_step(self)
         self._credit()
+        self._grown()
         if not self.running:
             self._save()
             return
@@ -236,6 +249,62 @@ class SamplingRun:
         self._save()
         if ended or not self.one:  # K chains: a line per epoch, breakdowns included
             self.observer.on_epoch(self)
+
+    def _theta_norms(self) -> list[float] | None:
+        """Each chain's ‖θ‖ (one host read), or ``None`` where a rank holds only a shard."""
+        if self.stepper.collective_state:  # fsdp: each rank's shard; the telemetry judges
+            return None
+        with torch.no_grad():
+            if isinstance(self.stepper, VmappedChains):
+                stacked = self.stepper.chains.params.values()  # (K, ...) each
+                sums = [
+                    t.detach().reshape(t.shape[0], -1).double().square().sum(-1) for t in stacked
+                ]
+                return torch.stack(sums).sum(0).sqrt().tolist()
+            params = [
+                p.detach().double().square().sum() for p in self.stepper.module(0).parameters()
+            ]
+            return [float(torch.stack(params).sum().sqrt())] if params else None
+
+    def _note_theta_start(self) -> None:
+        """Each chain's ‖θ‖ before its first step: the reference of :meth:`_grown` (a chain
+        resumed from a checkpoint without it takes its ‖θ‖ at the resume)."""
+        if all(r.theta_start is not None for r in self.records):
+            return
+        norms = self._theta_norms()
+        if norms is None:
+            return
+        for r, norm in zip(self.records, norms, strict=True):
+            if r.theta_start is None:
+                r.theta_start = norm
+
+    def _grown(self) -> None:
+        """Stop every running chain whose ‖θ‖ grew :data:`~sgrld.chain_health.
+        BROKEN_GROWTH_NO_NOISE` times beyond its start (or max(start, 1)): blown up while finite,
+        at any τ, from the first step on (the telemetry's growth rule is relative to the first
+        epoch, which may have blown up already)."""
+        if not self.running:
+            return
+        norms = self._theta_norms()
+        if norms is None:
+            return
+        for r, norm in zip(self.records, norms, strict=True):
+            if r.status != "running" or r.theta_start is None:
+                continue
+            reference = max(r.theta_start, 1.0)
+            growth = norm / reference
+            if math.isfinite(growth) and growth < BROKEN_GROWTH_NO_NOISE:
+                continue
+            reason = (
+                f"blown up while finite: |theta| {norm:.3g} is {growth:.3g} >= "
+                f"{BROKEN_GROWTH_NO_NOISE:.0e} times its start {r.theta_start:.3g}, at update "
+                f"{r.global_step}"
+            )
+            if not math.isfinite(norm):
+                reason = f"|theta| is not finite at update {r.global_step}"
+            r.record_breakdown(reason, blown_up=True)
+            if self.running:  # the others go on: its results now
+                self._save_results(r)
 
     def _credit(self) -> None:
         """Read the breakdowns (at most one host read) and credit the timed updates to every

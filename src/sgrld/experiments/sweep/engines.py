@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base.files import sigterm_raises
-from sgrld.experiments.base.process import die_with_parent
+from sgrld.experiments.base.process import die_with_parent, silence_resource_tracker
 from sgrld.experiments.sweep.jobs import RunOutcome, SweepJob
 
 
@@ -138,6 +138,7 @@ def run_local(jobs: Sequence[SweepJob], workers: int, progress: GridProgress) ->
             )
 
         pools: list[ProcessPoolExecutor] = []
+        silence_resource_tracker()  # a killed tracker: no tracebacks
         try:
             pools += [new_pool() for _ in range(min(workers, len(jobs)))]
             free = list(range(len(pools)))
