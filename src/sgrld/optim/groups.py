@@ -49,8 +49,8 @@ def refuse_duplicates(params: Any) -> Any:
         if id(p) in seen:
             what = f"{name!r}" if name is not None else f"of shape {tuple(p.shape)}"
             raise ValueError(
-                f"the parameter {what} is listed twice in one group: it would be stepped twice "
-                "per step; list each parameter once"
+                f"duplicate parameter: {what} is listed twice in one group, so it would be "
+                "stepped twice per step; list each parameter once"
             )
         seen.add(id(p))
     return listed
