@@ -2,7 +2,8 @@
 
 A module's level is 0 when it imports nothing of sgrld, else one more than the highest level it
 imports. Imports inside functions count as much as top-level ones: a lazy import hides a circle,
-it does not remove it. Circles are the strongly connected components of more than one module;
+it does not remove it; so do imports of the root package (``from sgrld import x``) and imports
+under ``if TYPE_CHECKING:`` (a type-only circle is still two modules that need each other). Circles are the strongly connected components of more than one module;
 an arrow up is an import into a module of the same or a higher level (it can only exist inside
 a circle). ``--rooms`` draws the same graph between packages (``sgrld.experiments.run`` …), a module
 belonging to the package that holds it.
@@ -45,33 +46,12 @@ def imports(root: Path) -> dict[str, set[str]]:
                 targets = [
                     f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
                 ]
-            if isinstance(node, ast.If) and _is_type_checking(node.test):
-                continue
             for target in targets:
                 while target and target not in files:
                     target = target.rpartition(".")[0]
-                if target and target != name and target != root.name:
+                if target and target != name:
                     graph[name].add(target)
-    _drop_type_checking(root, files, graph)
     return graph
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-
-
-def _drop_type_checking(root: Path, files: dict[str, Path], graph: dict[str, set[str]]) -> None:
-    """Imports under ``if TYPE_CHECKING:`` are annotations only: no arrow at run time."""
-    for name, path in files.items():
-        tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.If) and _is_type_checking(node.test):
-                for inner in ast.walk(node):
-                    if isinstance(inner, ast.ImportFrom) and inner.module:
-                        target = inner.module
-                        for a in inner.names:
-                            graph[name].discard(f"{target}.{a.name}")
-                        graph[name].discard(target)
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -131,11 +111,13 @@ def levels(graph: dict[str, set[str]]) -> dict[str, int]:
     return level
 
 
-def rooms(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
-    """The graph between packages: a module belongs to the package that holds it."""
+def rooms(graph: dict[str, set[str]], packages: set[str], root: str) -> dict[str, set[str]]:
+    """The graph between packages: a module belongs to the package that holds it, a module at
+    the top (``sgrld.chains``) is a room of its own, as the root package (its ``__init__``) is."""
 
     def room(name: str) -> str:
-        return name if name in packages else name.rpartition(".")[0]
+        parent = name.rpartition(".")[0]
+        return name if name in packages or parent == root else parent
 
     out: dict[str, set[str]] = defaultdict(set)
     for v, targets in graph.items():
@@ -175,7 +157,7 @@ def main() -> int:
         packages = {
             module_name(args.root, p.parent / "__init__.py") for p in args.root.rglob("__init__.py")
         }
-        count += report(rooms(graph, packages), "rooms (packages)")
+        count += report(rooms(graph, packages, args.root.name), "rooms (packages)")
     return 1 if count else 0
 
 

@@ -12,12 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from sgrld.chain_health import Health, HealthWarning, health
     from sgrld.chains import Chains
     from sgrld.core import NonFiniteGradientError, Sampler, SamplerState
-    from sgrld.core.noise import NoiseSource
     from sgrld.metrics import (
         IdentityMetric,
         Metric,
@@ -35,6 +32,7 @@ if TYPE_CHECKING:
         SGRLDOptimizer,
         ShampooSGLD,
         WenzelSGLD,
+        build,
     )
     from sgrld.samples import (
         SampleStore,
@@ -54,7 +52,7 @@ _LAZY = {
         ("sgrld.core", "NonFiniteGradientError Sampler SamplerState"),
         ("sgrld.metrics", "IdentityMetric Metric MongeMetric RMSpropMetric ShampooMetric"),
         ("sgrld.metrics", "WenzelMetric get_metric metric_names"),
-        ("sgrld.optim", "SGLD MongeSGLD RMSpropSGLD SGRLDOptimizer ShampooSGLD WenzelSGLD"),
+        ("sgrld.optim", "SGLD MongeSGLD RMSpropSGLD SGRLDOptimizer ShampooSGLD WenzelSGLD build"),
         ("sgrld.samples", "SampleStore log_density log_predictive_density posterior_predictive"),
         ("sgrld.chain_health", "Health HealthWarning health"),
         ("sgrld.schedules", "CyclicalLR"),
@@ -80,64 +78,6 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 """The package's version (``sgrld --version`` prints it with torch's and Python's)."""
-
-
-def build(
-    metric: str | Metric,
-    *,
-    lr: float | Tensor,
-    num_data: float,
-    temperature: float = 1.0,
-    check_finite: bool = True,
-    noise: NoiseSource = "torch",
-    compile: bool = False,
-    capturable: bool = False,
-    sync_checks: bool | None = None,
-    adapt_until: int | None = 1000,  # sgrld.core.warmup.DEFAULT_WARMUP (torch-free import here)
-    localization: float = 0.0,
-    **metric_options: Any,
-) -> Sampler:
-    """A functional sampler for ``metric`` (a registry name or a :class:`Metric` instance).
-
-    The options are :class:`Sampler`'s (``localization``: the local posterior's pull towards
-    the initial parameters, ``docs/llc.md``); the rest go to the metric. The random generator (and
-    per-chain seeds) belong to the state: ``sampler.init(params, generator=..., seeds=...)``.
-
-    Examples:
-        >>> sampler = build("rmsprop", lr=1e-3, num_data=50_000, decay=0.99)
-        >>> type(sampler.metric).__name__
-        'RMSpropMetric'
-    """
-    from sgrld.core import Sampler
-    from sgrld.metrics import get_metric
-
-    for misplaced in ("generator", "seeds", "num_chains"):
-        if misplaced in metric_options:
-            raise TypeError(
-                f"build() takes no {misplaced}: pass it to sampler.init(params, {misplaced}=...),"
-                " which creates the state that owns the randomness"
-            )
-    if isinstance(metric, str):
-        from sgrld.core.contract import check_options
-
-        cls = get_metric(metric)
-        check_options(cls, metric_options, f"build({metric!r})")
-        metric = cls(**metric_options)
-    elif metric_options:
-        raise TypeError("metric options are only accepted with a metric name")
-    return Sampler(
-        metric,
-        lr,
-        num_data,
-        temperature,
-        check_finite,
-        noise,
-        compile,
-        capturable,
-        sync_checks,
-        adapt_until,
-        localization,
-    )
 
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -16,9 +16,6 @@ from sgrld.core.sampler import validate_hyperparameters
 from sgrld.core.shards import local
 from sgrld.core.state import SamplerState
 from sgrld.core.warmup import check_adapt_until, drawn_while_adapting
-
-if TYPE_CHECKING:
-    from sgrld.optim.optimizer import SGRLDOptimizer
 
 #: a localised chain's centre θ₀ in a parameter's state
 CENTER = "center"
@@ -52,8 +49,8 @@ def refuse_duplicates(params: Any) -> Any:
         if id(p) in seen:
             what = f"{name!r}" if name is not None else f"of shape {tuple(p.shape)}"
             raise ValueError(
-                f"the parameter {what} is listed twice in one group: it would be stepped twice "
-                "per step; list each parameter once"
+                f"duplicate parameter: {what} is listed twice in one group, so it would be "
+                "stepped twice per step; list each parameter once"
             )
         seen.add(id(p))
     return listed
@@ -125,10 +122,22 @@ def publish_group(
 #: the optimizer stepping each parameter (weakly held on both sides), so that a
 #: :class:`~sgrld.SampleStore` given only the model can tell whether a sample was drawn while
 #: the metric was still adapting (:func:`drawn_adapting`)
-_OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[SGRLDOptimizer]]] = {}
+_OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[Owner]]] = {}
 
 
-def own(p: Tensor, opt: SGRLDOptimizer) -> None:
+class Owner(Protocol):
+    """What :func:`drawn_adapting` reads of the optimizer stepping a parameter."""
+
+    param_groups: list[dict[str, Any]]
+
+    @property
+    def num_steps(self) -> int: ...
+
+    @property
+    def group_metrics(self) -> list[Metric]: ...
+
+
+def own(p: Tensor, opt: Owner) -> None:
     """Record ``opt`` as ``p``'s optimizer (by id: the entry goes when ``p`` does)."""
     key = id(p)
     _OWNERS[key] = (weakref.ref(p, lambda _: _OWNERS.pop(key, None)), weakref.ref(opt))

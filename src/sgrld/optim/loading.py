@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,12 +15,10 @@ from torch import Tensor
 from sgrld.core.contract import Metric
 from sgrld.core.noise import keys_from_generator, keys_from_seeds
 from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load
-from sgrld.core.state import check_generator_state
+from sgrld.core.precision import StandIns
+from sgrld.core.state import SamplerState, check_generator_state
 from sgrld.optim.groups import publish_group, validate_group
 from sgrld.optim.watch import WATCH_KEY, first_window
-
-if TYPE_CHECKING:
-    from sgrld.optim.optimizer import SGRLDOptimizer
 
 #: the value each facade option had before it existed (what an older state dict ran with): it
 #: adapted throughout; RMSprop's and Adam's ε was absolute (no floor)
@@ -35,8 +33,41 @@ def new_key(noise: str, generator: torch.Generator, device: torch.device) -> Ten
     return keys_from_seeds([generator.initial_seed() % 2**64], device)[0]
 
 
-def plan(opt: SGRLDOptimizer, state_dict: dict[str, Any]) -> Callable[[], None]:
-    """Validate ``state_dict`` completely; return the function that applies it (cannot fail)."""
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a load reads of the optimizer it loads into: its groups now, its metric, noise and
+    generator, and how it makes a group's metric, names and fresh state (over stand-ins)."""
+
+    param_groups: list[dict[str, Any]]
+    metric: Metric
+    noise: str
+    generator: torch.Generator
+    group_metric: Callable[[dict[str, Any]], Metric]
+    names: Callable[[int], list[str]]
+    new_state: Callable[[int, Metric, dict[str, Any] | None], tuple[SamplerState, StandIns | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """A validated load, which cannot fail: the groups, their metrics and fresh states, the
+    health watch's reference, the generator's state and the copies into the fresh states."""
+
+    groups: list[dict[str, Any]]
+    metrics: list[Metric]
+    fresh: list[tuple[SamplerState, StandIns | None]]
+    watch_first: dict[str, float] | None
+    generator_state: Tensor
+    copies: list[Any]
+
+    def copy(self) -> None:
+        """The state dict's tensors into the fresh states, their step counters from them."""
+        apply_load(self.copies)
+        for state, _ in self.fresh:
+            state.step = int(state.device_step.item())
+
+
+def plan(opt: Target, state_dict: dict[str, Any]) -> Load:
+    """Validate ``state_dict`` completely; what applying it takes (:class:`Load`)."""
     saved_groups = state_dict.get("param_groups")
     if not isinstance(saved_groups, list) or len(saved_groups) != len(opt.param_groups):
         have = len(saved_groups) if isinstance(saved_groups, list) else 0
@@ -55,11 +86,11 @@ def plan(opt: SGRLDOptimizer, state_dict: dict[str, Any]) -> Callable[[], None]:
     generator_state: Tensor | None = None
     for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
         label = f"param group {index}"
-        state, standins = opt._new_state(index, metric, groups[index])
+        state, standins = opt.new_state(index, metric, groups[index])
         mine = publish_group(metric, state, standins)
         entries = [saved_state.get(pid) for pid in saved["params"]]
         extra = (GENERATOR,) if index == 0 else ()
-        copies += plan_load(mine, entries, opt._names(index), label, extra, (MASTER,))
+        copies += plan_load(mine, entries, opt.names(index), label, extra, (MASTER,))
         if index == 0:
             first = entries[0] if entries else None
             generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
@@ -67,20 +98,11 @@ def plan(opt: SGRLDOptimizer, state_dict: dict[str, Any]) -> Callable[[], None]:
                 raise ValueError(f"{label}: the state dict has no generator state")
             check_generator_state(opt.generator, generator_state, "the state dict")
         fresh.append((state, standins))
-
-    def apply() -> None:
-        opt._apply_groups(groups, watch_first)
-        apply_load(copies)
-        assert generator_state is not None
-        opt.generator.set_state(generator_state.to("cpu", torch.uint8))
-        for index, ((state, standins), metric) in enumerate(zip(fresh, metrics, strict=True)):
-            state.step = int(state.device_step.item())
-            opt._install(index, state, metric, standins)
-
-    return apply
+    assert generator_state is not None
+    return Load(groups, metrics, fresh, watch_first, generator_state, copies)
 
 
-def load_group(opt: SGRLDOptimizer, index: int, saved: Any) -> tuple[dict[str, Any], Metric]:
+def load_group(opt: Target, index: int, saved: Any) -> tuple[dict[str, Any], Metric]:
     """Group ``index`` as it will be after loading ``saved`` (validated, options missing from
     an older dict filled in) and its metric."""
     label = f"param group {index}"
@@ -104,14 +126,14 @@ def load_group(opt: SGRLDOptimizer, index: int, saved: Any) -> tuple[dict[str, A
         group["param_names"] = mine["param_names"]
     try:
         validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
-        metric = opt._group_metric(group)
+        metric = opt.group_metric(group)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{label}: {exc}") from None
     return group, metric
 
 
 def from_first_format(
-    opt: SGRLDOptimizer,
+    opt: Target,
     extra: Any,
     saved_groups: list[dict[str, Any]],
     groups: list[dict[str, Any]],
@@ -131,7 +153,7 @@ def from_first_format(
     out: dict[int, dict[str, Tensor]] = {}
     for index, (saved, metric) in enumerate(zip(extra["groups"], metrics, strict=True)):
         label = f"param group {index}"
-        state, standins = opt._new_state(index, metric, groups[index])
+        state, standins = opt.new_state(index, metric, groups[index])
         state.generator = generator
         if saved is not None:
             shapes = saved.get("shapes") if isinstance(saved, dict) else None

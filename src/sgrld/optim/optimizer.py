@@ -687,19 +687,26 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        loading.plan(self, state_dict)()
+        self._load(state_dict)
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
-    def _apply_groups(
-        self, groups: list[dict[str, Any]], watch_first: dict[str, float] | None
-    ) -> None:
-        """Start a load: its groups, and no state yet."""
-        self.param_groups = groups
+    def _load(self, state_dict: dict[str, Any]) -> None:
+        """Validate ``state_dict`` completely (:func:`~sgrld.optim.loading.plan`), then apply it."""
+        target = loading.Target(self.param_groups, self.metric, self.noise, self.generator,
+                                self._group_metric, self._names, self._new_state)  # fmt: skip
+        load = loading.plan(target, state_dict)
+        self.param_groups = load.groups
         self.state = defaultdict(dict)
         self._compiled = defaultdict(CompiledMove)
         self._standins = {}
-        self._watch = HealthWatch(watch_first)
+        self._watch = HealthWatch(load.watch_first)
+        load.copy()
+        self.generator.set_state(load.generator_state.to("cpu", torch.uint8))
+        for index, ((state, standins), metric) in enumerate(
+            zip(load.fresh, load.metrics, strict=True)
+        ):
+            self._install(index, state, metric, standins)
 
     def __getstate__(self) -> dict[str, Any]:
         self._snapshot_generator()
@@ -724,7 +731,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         groups = [{**g, "params": [next(ids) for _ in g["params"]]} for g in self.param_groups]
         params = [p for g in self.param_groups for p in g["params"]]
         saved = {i: self.state[p] for i, p in enumerate(params)}
-        loading.plan(self, {"state": saved, "param_groups": groups})()
+        self._load({"state": saved, "param_groups": groups})
 
 
 #: the optimizer's own keyword arguments, suggested for a misspelt metric option too

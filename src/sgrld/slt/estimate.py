@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from sgrld import build
 from sgrld.chains import Chains
 from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
@@ -33,7 +32,8 @@ from sgrld.core.runner import (
 )
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
-from sgrld.optim import SGRLDOptimizer
+from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.optim import SGRLDOptimizer, build
 from sgrld.slt.calibration import calibrate_lr
 
 LossFn = Callable[[nn.Module, Any], Tensor]
@@ -103,7 +103,7 @@ def llc(
     lr: float | None = None,
     burnin: int = 0,
     init_batches: int | None = None,
-    adapt_until: int | None = 1000,
+    adapt_until: int | None = DEFAULT_WARMUP,
     vectorize: bool = True,
     masks: Mapping[Tensor, Tensor] | None = None,
     **metric_options: Any,

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from sgrld import build
 from sgrld.chain_health import blown_up
 from sgrld.chains import Chains
 from sgrld.core.runner import Account, Stepper, VectorizedChains, run, sampled
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.metrics import get_metric
+from sgrld.optim import build
 from sgrld.tuning.data import Batches, bind, expanded, flatten, size
 
 __all__ = ["Problem", "Record", "run_round"]

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sgrld import build
 from sgrld.core.contract import check_int
 from sgrld.core.runner import sampled
 from sgrld.metrics import get_metric, resolve_metric_name
+from sgrld.optim import build
 from sgrld.tuning.data import Batches
 from sgrld.tuning.result import Candidate, Round, TuneResult
 from sgrld.tuning.runs import Potential, Problem, Record, run_round

@@ -5,17 +5,26 @@ its claim (the numbers :mod:`.verdict` words); ``docs/funnel.md`` describes it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
 from sgrld.experiments.funnel.verdict import NECK, V_THRESHOLD, mean_and_error
 
-if TYPE_CHECKING:
-    from sgrld.experiments.funnel.run import SamplerRun
-
 __all__ = ["funnel_figure", "plot_funnel"]
+
+
+class SamplerRun(Protocol):
+    """What the figure reads of a :class:`~.funnel.run.SamplerRun` (run.py plots with this
+    module, so it names the fields instead of importing the class)."""
+
+    distances: dict[str, list[float]]
+    scatter: np.ndarray
+    hist_density: np.ndarray
+    hist_edges: np.ndarray
+
 
 LEVELS = [-10.0, -7.5, -5.0, -2.5]  # log-density contours, as the paper's figure
 
@@ -66,7 +75,7 @@ def _sampler_panels(sub: Any, name: str, r: SamplerRun, grid: dict[str, Any]) ->
     )
 
 
-def _spread_panel(ax: Any, runs: dict[str, SamplerRun], key: str, truth: float | None) -> None:
+def _spread_panel(ax: Any, runs: Mapping[str, SamplerRun], key: str, truth: float | None) -> None:
     for i, r in enumerate(runs.values()):
         values = np.asarray(r.distances[key])
         jitter = np.linspace(-0.2, 0.2, values.size) if values.size > 1 else np.zeros(1)
@@ -85,13 +94,13 @@ def _spread_panel(ax: Any, runs: dict[str, SamplerRun], key: str, truth: float |
 
 
 def plot_funnel(
-    runs: dict[str, SamplerRun], path: Path | str | BinaryIO, *, title: str = ""
+    runs: Mapping[str, SamplerRun], path: Path | str | BinaryIO, *, title: str = ""
 ) -> None:
     """:func:`funnel_figure` saved as PNG to ``path`` (a path or a binary stream)."""
     funnel_figure(runs, title=title).savefig(path, dpi=80, format="png")
 
 
-def funnel_figure(runs: dict[str, SamplerRun], *, title: str = "") -> Any:
+def funnel_figure(runs: Mapping[str, SamplerRun], *, title: str = "") -> Any:
     """The paper's Figure 2, one panel pair per sampler, then the spread over chains.
 
     Args:

@@ -5,14 +5,22 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from tqdm import tqdm
 
 from sgrld.experiments.run.results import SHORT, second_score
 
-if TYPE_CHECKING:
-    from sgrld.experiments.run.loop import SamplingRun
+
+class SamplingRun(Protocol):
+    """What the observers read of the loop's :class:`~.run.loop.SamplingRun` (the loop calls
+    them, so they name the fields instead of importing it)."""
+
+    config: Any
+    records: list[Any]
+    epoch: int
+    global_step: int
+    steps_per_epoch: int
 
 
 class RunObserver:
