@@ -143,7 +143,7 @@ def test_the_lock_removes_what_killed_writers_left() -> None:
 
 TUNE = {
     "config": {"dataset": "diabetes", "model": "fc", "width": 4, "prior": "gaussian",
-               "epochs": 1, "batch_size": 64, "seed": 0, "max_train": None, "num_train": 310,
+               "epochs": 1, "batch_size": 100, "seed": 0, "max_train": None, "num_train": 310,
                "budget": 7600, "score": "ksd"},
     "samplers": {"identity": {"options": {"lr": 0.01, "temperature": 1.0},
                               "searched": ["lr"], "spent": 10, "grid": None}},
