@@ -286,3 +286,37 @@ def test_a_killed_resource_tracker_prints_no_traceback() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "KeyError" not in done.stderr, done.stderr
+
+
+# --- every numeric option of the run commands -> one line naming it ---------------------------
+
+
+def _numeric_options() -> list[str]:
+    from sgrld.experiments.run.options import OPTIONS
+
+    return sorted(n for n, o in OPTIONS.items() if o.kind in ("int", "float"))
+
+
+CLI_VALUES = ("0", "-1", "nan", "inf", "-inf", "1e400", "99999999999999999999", "abc")
+FAST_VALUES = ("nan", "99999999999999999999")  # the rest in the slow suite (~25 s in all)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [pytest.param(v, marks=[] if v in FAST_VALUES else [pytest.mark.slow]) for v in CLI_VALUES],
+)
+@pytest.mark.parametrize("name", _numeric_options())
+def test_every_numeric_run_option_is_taken_or_refused_in_one_line_naming_it(
+    name: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # sweep --dry-run checks every run as sample does, without running one
+    flag = "--seeds" if name == "seed" else f"--{name.replace('_', '-')}"
+    argv = ["sweep", *DIABETES, "--sampler", "monge", "--lr", "0.01", "--dry-run"]
+    argv += ["--out", str(tmp_path / "out"), f"{flag}={value}"]
+    code = code_of(argv)
+    err = capsys.readouterr().err
+    assert code in (exits.OK, exits.USAGE), (code, err)
+    assert "Traceback" not in err, err
+    if code == exits.USAGE:
+        (line,) = [line for line in err.splitlines() if "error:" in line]
+        assert flag in line or name in line or value in line, line
