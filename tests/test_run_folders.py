@@ -63,7 +63,7 @@ NOT_LOCKED = {"sweep"}
 PENDING: dict[str, Callable[[Path, Path], list[str]]] = {
     "tune": lambda out, tmp: ["tune", "--sampler", "sgld", *DIABETES, "--budget", "7600",
                               "--out", str(out)],
-    "llc": lambda out, tmp: ["llc", "--steps", "10", "--out", str(out)],
+    "llc": lambda out, tmp: ["llc", "logistic", "--steps", "10", "--out", str(out)],
 }  # fmt: skip
 
 
@@ -287,3 +287,13 @@ def test_no_command_writes_through_a_link_planted_at_its_output(
     assert not (tmp_path / "out" / f".{output}.x.sgrld-tmp").exists()
     if code == exits.OK:  # replaced by a file of its own
         assert not (tmp_path / "out" / output).is_symlink()
+
+
+@pytest.mark.parametrize("command", sorted(PENDING))
+def test_the_pending_rows_are_command_lines_their_commands_parse(
+    command: str, tmp_path: Path
+) -> None:
+    # tune and llc take the lock on their branches; until then their rows must at least parse
+    from sgrld.cli import build_parser
+
+    build_parser().parse_args(PENDING[command](tmp_path / "out", tmp_path))
