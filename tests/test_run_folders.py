@@ -297,3 +297,30 @@ def test_the_pending_rows_are_command_lines_their_commands_parse(
     from sgrld.cli import build_parser
 
     build_parser().parse_args(PENDING[command](tmp_path / "out", tmp_path))
+
+
+@pytest.mark.slow  # the sweep's run: ~25 s on a loaded 2-core machine
+def test_a_sweep_removes_what_a_killed_sweep_left_in_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sgrld.experiments.commands.sweep as sweep_command
+
+    argv = OUT_COMMANDS["sweep"](tmp_path / "out", tmp_path)
+    argv.remove("--dry-run")
+    (tmp_path / "out").mkdir()
+    stale = tmp_path / "out" / ".sweep.json.x1.sgrld-tmp"
+    stale.write_bytes(b"half a manifest")
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:  # the folder held: the sweep waits, then gives up
+        waits.append(seconds)
+        if len(waits) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_command.time, "sleep", wait)
+    with DirectoryLock(tmp_path / "out", "sgrld other"):
+        assert code_of(argv) == exits.INTERRUPTED
+    assert waits == [0.1] * 3 and stale.exists()
+    monkeypatch.undo()
+    assert code_of(argv) == exits.OK, capsys.readouterr().err
+    assert not stale.exists() and (tmp_path / "out" / "sweep.json").is_file()
