@@ -74,7 +74,7 @@ PLANTS = {
     "sample --resume checkpoint, /dev/zero": ("checkpoint.pt", "dev-zero", "resume", (2,), LINK),
     "table results.json, a FIFO": ("run/results.json", "fifo", "table", (2,), SPECIAL),
     "report results.json, a link to /dev/zero": (
-        "run/results.json", "dev-zero", "report", (2,), SPECIAL),
+        "run/results.json", "dev-zero", "report", (2,), LINK),
 }  # fmt: skip
 
 

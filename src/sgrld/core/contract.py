@@ -244,6 +244,8 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
 #: parameters are float32 unless asked otherwise; a larger step cannot be represented, and torch
 #: would fail mid-step with "value cannot be converted to type float without overflow")
 LARGEST_STEP = 3.4028234663852886e38
+_LARGEST_SQUARED = LARGEST_STEP * LARGEST_STEP  # finite in float64
+_NUMBERS = (int, float)  # exact types: a bool is refused by the full check
 
 
 def check_hyperparameters(lr: float | Tensor, num_data: float, temperature: float) -> None:
@@ -289,11 +291,21 @@ def check_groups(groups: Iterable[Mapping[str, Any]]) -> None:
         ValueError: naming the group, the argument and the valid range.
     """
     for index, group in enumerate(groups):
-        lr = group["lr"]
+        lr, num_data, temperature = group["lr"], group["num_data"], group["temperature"]
+        if isinstance(lr, Tensor):
+            lr = 0.0
+        if (  # the common case, in a few comparisons (NaN fails each); else the full check
+            type(lr) in _NUMBERS
+            and type(num_data) in _NUMBERS
+            and type(temperature) in _NUMBERS
+            and 0.0 <= lr <= LARGEST_STEP
+            and 1.0 <= num_data < math.inf
+            and 0.0 <= temperature < math.inf
+            and 2.0 * lr * temperature <= num_data * _LARGEST_SQUARED
+        ):
+            continue
         try:
-            check_hyperparameters(
-                0.0 if isinstance(lr, Tensor) else lr, group["num_data"], group["temperature"]
-            )
+            check_hyperparameters(lr, num_data, temperature)
         except ValueError as exc:
             raise ValueError(f"param_groups[{index}]: {exc}") from None
 

@@ -230,6 +230,12 @@ def _config(
             "prior (the paper found Identity optimal there, or the setting is not in the paper); "
             "give --lr"
         )
+    pool = dataset_info(config.dataset).train_pool
+    if config.num_val >= pool:
+        raise UsageError(
+            f"--num-val {config.num_val} leaves no training point of the {pool} {config.dataset} "
+            "splits into training and validation"
+        )
     try:  # as the sampler will: finite, and a step that fits a float32
         check_hyperparameters(config.lr, _num_train(config), config.temperature)
     except ValueError as exc:

@@ -54,13 +54,13 @@ def _saved_configs(out: Path) -> list[Any]:
 
     checkpoint, results = out / CHECKPOINT_FILE, out / RESULTS_FILE
     try:
-        if checkpoint.is_file():
+        if checkpoint.exists() or checkpoint.is_symlink():  # what is there: the reader judges
             state = load_checkpoint(checkpoint)
             saved = state.get("configs", [state.get("config")]) if isinstance(state, dict) else []
             configs = [RunConfig.from_dict(c) for c in saved]
             _refuse_foreign(out, checkpoint, configs)
             return configs
-        if results.is_file():
+        if results.exists() or results.is_symlink():
             return [RunConfig.from_dict(json.loads(read_file(results))["config"])]
     except UsageError:
         raise

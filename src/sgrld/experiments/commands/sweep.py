@@ -12,9 +12,11 @@ The flags are ``sgrld sample``'s, the axes taking comma lists; ``docs/experiment
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,11 +269,14 @@ def run(args: argparse.Namespace) -> int:
             raise GridError(f"--chains {args.chains}: {exc}") from exc
     except (GridError, UsageError) as exc:
         return fail("sweep", str(exc), exits.USAGE)
-    try:
-        if standing != "same":  # new, a lost manifest rebuilt, or --epochs grown
-            grid.write_manifest(out, runs, source, options)
+    try:  # the folder's own lock, for a moment: its manifest, what killed sweeps left there
+        with _root_locked(out):
+            if standing != "same":  # new, a lost manifest rebuilt, or --epochs grown
+                grid.write_manifest(out, runs, source, options)
     except OSError as exc:  # e.g. a read-only --out
         return fail("sweep", f"cannot write {out / grid.MANIFEST_FILE}: {exc}", exits.IO_ERROR)
+    except RuntimeError as exc:  # DirectoryLockedError: another sweep held it for 30 s
+        return fail("sweep", str(exc), exits.BUSY)
 
     states = [run_state(out / r.path, r.config) for r in runs]
     todo = [r for r, s in zip(runs, states, strict=True) if s != "done"]
@@ -321,6 +326,24 @@ def run(args: argparse.Namespace) -> int:
     if args.no_wait:
         return exits.OK
     return _summary(progress.tally, runs, out, time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _root_locked(out: Path) -> Iterator[None]:
+    """``--out`` locked (:func:`~sgrld.experiments.base.files.locked_out_dir`) while the manifest
+    is written: a sweep locks each run for its whole run, the folder itself only for this
+    moment, so a second sweep of the grid waits for it (up to 30 s) instead of being refused."""
+    from sgrld.experiments.base.files import DirectoryLockedError, locked_out_dir
+
+    for attempt in range(300):
+        try:
+            with locked_out_dir(out, "sgrld sweep (writing its manifest)"):
+                yield
+            return
+        except DirectoryLockedError:
+            if attempt == 299:
+                raise
+            time.sleep(0.1)
 
 
 def _summary(tally: Any, runs: list[PlannedRun], out: Path, seconds: float) -> int:

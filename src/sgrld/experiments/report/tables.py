@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -152,14 +153,21 @@ def find_results(paths: Iterable[str | Path]) -> list[Path]:
         TableError: a path does not exist, or nothing was found.
     """
     found: set[Path] = set()
+
+    def there(path: Path) -> bool:  # a link or a special file too: the reader refuses it
+        return path.exists() or path.is_symlink()
+
+    def named(path: Path) -> Path:  # absolute, a link at the name kept (never resolved)
+        return Path(os.path.abspath(path))
+
     for raw in paths:
         path = Path(raw)
-        if path.is_file():
-            found.add(path.resolve())
-        elif (path / "results.json").is_file():
-            found.add((path / "results.json").resolve())
+        if path.is_dir() and there(path / "results.json"):
+            found.add(named(path / "results.json"))
         elif path.is_dir():
-            found.update(p.resolve() for p in path.rglob("results.json"))
+            found.update(named(p) for p in path.rglob("results.json"))
+        elif there(path):
+            found.add(named(path))
         else:
             raise TableError(f"{path} does not exist")
     if not found:

@@ -47,7 +47,7 @@ def lr_value(text: str) -> float | str:
     known; raises ValueError without ``DIR/tune.json``)."""
     if text.startswith(PREFIX):
         path = Path(text.removeprefix(PREFIX)) / TUNE_FILE
-        if not path.is_file():
+        if not (path.exists() or path.is_symlink()):  # what is there: read_tune judges it
             raise ValueError(f"{text}: no {path} (run sgrld tune --out DIR)")
         return text
     try:
