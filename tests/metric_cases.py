@@ -131,7 +131,8 @@ class MongeOracle(DenseOracle):
     def g_inv(self) -> Tensor:
         def g(m: Tensor) -> Tensor:
             c = self.opt["alpha2"]
-            alpha2 = c / float(m @ m) if self.opt.get("alpha2_rule") == "normalized" else c
+            normalized = self.opt.get("alpha2_rule", "normalized") == "normalized"  # the default
+            alpha2 = c / float(m @ m) if normalized else c
             return torch.eye(len(m), dtype=torch.float64) + alpha2 * torch.outer(m, m)
 
         if self.opt.get("scope") == "tensor":
@@ -277,19 +278,20 @@ CASES: dict[str, MetricCase] = {
         oracle=MongeOracle,
         oracle_options=(
             {"alpha2": 1.5, "decay": 0.7},
-            {"alpha2": 0.3, "decay": 0.9, "scope": "tensor"},
+            {"alpha2": 1.5, "decay": 0.7, "alpha2_rule": "fixed"},
+            {"alpha2": 0.3, "decay": 0.9, "scope": "tensor", "alpha2_rule": "fixed"},
             {"alpha2": 2.0, "decay": 0.7, "alpha2_rule": "normalized"},
             {"alpha2": 0.5, "decay": 0.9, "scope": "tensor", "alpha2_rule": "normalized"},
         ),
-        options={"alpha2": 2.0, "decay": 0.8},
-        stationary={"alpha2": 0.05, "decay": 0.9},
+        options={"alpha2": 2.0, "decay": 0.8, "alpha2_rule": "fixed"},
+        stationary={"alpha2": 0.05, "decay": 0.9, "alpha2_rule": "fixed"},
         warmup={
-            "monge": {"alpha2": 0.1, "decay": 0.9},
+            "monge": {"alpha2": 0.1, "decay": 0.9, "alpha2_rule": "fixed"},
             "monge-normalized": {"alpha2": 1.0, "decay": 0.9, "alpha2_rule": "normalized"},
         },
         bad_options=(("alpha2", -0.5), ("decay", 1.0)),
         facade=sgrld.MongeSGLD,
-        conformance_base={"alpha2": 2.0, "decay": 0.8},
+        conformance_base={"alpha2": 2.0, "decay": 0.8, "alpha2_rule": "fixed"},
         conformance_sets={
             "normalized": {"alpha2_rule": "normalized", "alpha2": 0.5},
             "tensor_scope": {"scope": "tensor"},

@@ -201,8 +201,10 @@ def run_blocks(
     noise_std = 0.0 if exact else 1.0
     settings = setting.as_dict() | ({"gradient_noise_std": 0.0} if exact else {})
     keeper = Keeper(config, progress, every_chain=not exact)
+    # the paper's fixed α² whatever the library's default (not recorded: the settings as before)
+    rule = {"alpha2_rule": "fixed"} if setting.metric == "monge" else {}
     sampler = sgrld.build(
-        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **setting.options
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **rule, **setting.options
     )
     state = sampler.init(
         {"theta": start_points(config)},
