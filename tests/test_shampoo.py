@@ -927,6 +927,6 @@ def test_a_damaged_factor_is_named() -> None:
     metric = ShampooMetric(precondition_vectors=True)
     layout = _layout([(3,), (4,)])
     stats = metric.init(layout, torch.zeros(7, dtype=torch.float32))
-    stats["factor_0_0@1"][0, 1, 2] = math.nan
+    stats["factor_0_0@1"][0, 2, 1] = math.nan  # the lower triangle, which eigh reads
     with pytest.raises(ShampooRootError, match=r"tensor 'p1', block 0, axis 0 .*holds NaN"):
         metric.compute_roots(stats, layout)
