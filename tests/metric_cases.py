@@ -131,7 +131,8 @@ class MongeOracle(DenseOracle):
     def g_inv(self) -> Tensor:
         def g(m: Tensor) -> Tensor:
             c = self.opt["alpha2"]
-            alpha2 = c / float(m @ m) if self.opt.get("alpha2_rule") == "normalized" else c
+            normalized = self.opt.get("alpha2_rule", "normalized") == "normalized"  # the default
+            alpha2 = c / float(m @ m) if normalized else c
             return torch.eye(len(m), dtype=torch.float64) + alpha2 * torch.outer(m, m)
 
         if self.opt.get("scope") == "tensor":
@@ -151,10 +152,12 @@ def row_major_blocks(
     return [list(r) for r in itertools.product(*per_dim)]
 
 
-def _root(h: np.ndarray, e: float, ridge: str, eps: float) -> np.ndarray:
+def _root(h: np.ndarray, e: float, ridge: str, eps: float, floor: float = 0.0) -> np.ndarray:
+    """(H + rI)^{−e}, the eigenvalues of H + rI raised to at least ``floor``² (G ≥ floor·I)."""
     w, q = np.linalg.eigh(h)
     w = np.clip(w, 0.0, None)
     w = w + {"relative": eps * w.max(), "absolute": eps, "none": 0.0}[ridge]
+    w = np.maximum(w, floor**2)
     return (q * w ** (-e)) @ q.T
 
 
@@ -186,7 +189,8 @@ def shampoo_dense(
                 for out, e in ((ginv, 1 / (2 * k)), (ginv_sqrt, 1 / (4 * k))):
                     block = np.ones((1, 1))
                     for h in hs:
-                        block = np.kron(block, _root(h, e, metric.ridge, metric.eps))
+                        root = _root(h, e, metric.ridge, metric.eps, metric.floor)
+                        block = np.kron(block, root)
                     out[np.ix_(idx, idx)] = block
         offset += numel
     return ginv, ginv_sqrt
@@ -277,19 +281,20 @@ CASES: dict[str, MetricCase] = {
         oracle=MongeOracle,
         oracle_options=(
             {"alpha2": 1.5, "decay": 0.7},
-            {"alpha2": 0.3, "decay": 0.9, "scope": "tensor"},
+            {"alpha2": 1.5, "decay": 0.7, "alpha2_rule": "fixed"},
+            {"alpha2": 0.3, "decay": 0.9, "scope": "tensor", "alpha2_rule": "fixed"},
             {"alpha2": 2.0, "decay": 0.7, "alpha2_rule": "normalized"},
             {"alpha2": 0.5, "decay": 0.9, "scope": "tensor", "alpha2_rule": "normalized"},
         ),
-        options={"alpha2": 2.0, "decay": 0.8},
-        stationary={"alpha2": 0.05, "decay": 0.9},
+        options={"alpha2": 2.0, "decay": 0.8, "alpha2_rule": "fixed"},
+        stationary={"alpha2": 0.05, "decay": 0.9, "alpha2_rule": "fixed"},
         warmup={
-            "monge": {"alpha2": 0.1, "decay": 0.9},
+            "monge": {"alpha2": 0.1, "decay": 0.9, "alpha2_rule": "fixed"},
             "monge-normalized": {"alpha2": 1.0, "decay": 0.9, "alpha2_rule": "normalized"},
         },
         bad_options=(("alpha2", -0.5), ("decay", 1.0)),
         facade=sgrld.MongeSGLD,
-        conformance_base={"alpha2": 2.0, "decay": 0.8},
+        conformance_base={"alpha2": 2.0, "decay": 0.8, "alpha2_rule": "fixed"},
         conformance_sets={
             "normalized": {"alpha2_rule": "normalized", "alpha2": 0.5},
             "tensor_scope": {"scope": "tensor"},
@@ -300,6 +305,8 @@ CASES: dict[str, MetricCase] = {
         oracle_options=(
             {"decay": 0.8, "eps": 1e-3, "block_size": 2, "update_interval": 3},
             {"decay": 0.8, "eps": 1e-3, "block_size": 2, "precondition_vectors": True},
+            {"decay": 0.8, "eps": 1e-3, "block_size": 2, "floor": 0.0},  # the paper's metric
+            {"decay": 0.8, "eps": 1e-3, "block_size": 2, "floor": 2.0},  # the floor binds
         ),
         options={"decay": 0.9, **_SHAMPOO_SMALL, "update_interval": 3},
         stationary={"decay": 0.9, **_SHAMPOO_SMALL, "update_interval": 50},
@@ -312,7 +319,13 @@ CASES: dict[str, MetricCase] = {
                 "precondition_vectors": True,
             },
         },
-        bad_options=(("decay", 1.0), ("eps", -1.0), ("block_size", 0), ("update_interval", 0)),
+        bad_options=(
+            ("decay", 1.0),
+            ("eps", -1.0),
+            ("block_size", 0),
+            ("update_interval", 0),
+            ("floor", -0.1),
+        ),
         facade=sgrld.ShampooSGLD,
         conformance_base={"eps": 1e-4, "block_size": 2, "update_interval": 2},
         conformance_sets={

@@ -57,10 +57,14 @@ def test_guard_for_vanishing_m_is_finite(dtype: torch.dtype, norm: float) -> Non
         assert torch.equal(drift, v) and torch.equal(noise, v)
 
 
-def test_fixed_rule_is_default_and_unchanged() -> None:
-    assert sgrld.MongeMetric().alpha2_rule == "fixed"
+def test_normalized_rule_is_the_default() -> None:
+    """A new user's Monge is scale-free; the paper's fixed α² is asked for by name."""
+    assert sgrld.MongeMetric().alpha2_rule == "normalized"
     assert sgrld.build("monge", lr=0.1, num_data=10).metric == sgrld.MongeMetric(
-        alpha2_rule="fixed"
+        alpha2_rule="normalized", alpha2=1.0
+    )
+    assert sgrld.MongeSGLD([torch.zeros(2, requires_grad=True)], lr=0.1, num_data=10).metric == (
+        sgrld.MongeMetric(alpha2_rule="normalized")
     )
 
 

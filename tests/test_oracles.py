@@ -122,7 +122,7 @@ def test_monge_fallback_matches_funnel_rule() -> None:
     """Reference §5.3: if ‖G⁻¹g‖ > T use G = (‖g‖/T)·I for drift and noise."""
     thr = 5.0
     metric, layout, stats = _flat_ops(
-        "monge", {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": thr}
+        "monge", {"alpha2": 0.1, "decay": 0.7, "fallback_threshold": thr, "alpha2_rule": "fixed"}
     )
     metric.update(stats, layout, torch.linspace(-1, 2, D, dtype=torch.float64), 1)
     for scale, fires in ((1.0, False), (100.0, True)):

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import torch
 
+import sgrld
 from metric_cases import row_major_blocks, shampoo_dense
 from sgrld.core.contract import Metric, Stats
 from sgrld.core.engine import refresh_due
 from sgrld.core.layout import FlatLayout
 from sgrld.metrics._blocking import block_slices, merge_small_dims, plan_blocks, plan_buckets
 from sgrld.metrics._linalg import inverse_root_newton, inverse_roots_eigh, power_iteration
-from sgrld.metrics.shampoo import ShampooMetric
+from sgrld.metrics.shampoo import ShampooMetric, ShampooRootError
 
 # ----------------------------------------------------------------------------- oracle
 
@@ -239,8 +240,9 @@ def test_dense_oracle_default_blocking_vectors_unpreconditioned() -> None:
 def test_funnel_full_matrix_rmsprop() -> None:
     """Reference §5.3: 2-vector, H ← λH + (1−λ)ggᵀ from εI, G⁻¹ = H^{−1/2}, G^{-1/2} = H^{−1/4}."""
     metric = ShampooMetric(
-        decay=0.9995, eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none"
-    )
+        decay=0.9995, eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none",
+        floor=0.0,
+    )  # fmt: skip
     layout = _layout([(2,)])
     stats = metric.init(layout, torch.zeros(2, dtype=torch.float64))
     h = 1e-6 * np.eye(2)
@@ -391,6 +393,7 @@ def test_newton_matches_eigh(dtype: torch.dtype, p: int) -> None:
 
 def test_metric_newton_matches_eigh() -> None:
     kw = {"decay": 0.8, "eps": 1e-3, "block_size": 4, "update_interval": 3, "ridge": "absolute"}
+    kw["floor"] = 0.0  # Newton raises its ridge to floor², eigh its eigenvalues: not one metric
     layout = _layout(SMALL[:3])
     grads = random_grads(layout, 3, torch.float64)
     v = torch.randn(layout.size, dtype=torch.float64)
@@ -501,7 +504,10 @@ def test_batched_refresh_equals_the_per_factor_refresh() -> None:
         assert plan is not None
         s = factor.shape[-1]
         expected = inverse_roots_eigh(
-            factor.reshape(-1, s, s), (1 / (2 * plan.rank), 1 / (4 * plan.rank)), eps=1e-4
+            factor.reshape(-1, s, s),
+            (1 / (2 * plan.rank), 1 / (4 * plan.rank)),
+            eps=1e-4,
+            floor=metric.floor**2,
         )
         for name, want in zip(("grad_root", "noise_root"), expected, strict=True):
             got = stats[key.replace("factor", name)].reshape(-1, s, s)
@@ -853,3 +859,74 @@ def test_warns_once_when_every_tensor_gets_the_identity() -> None:
     metric.init(layout, torch.zeros(31))  # once: filterwarnings=error would raise here
     ShampooMetric(precondition_vectors=True).init(layout, torch.zeros(31))
     ShampooMetric(block_size=4).init(FlatLayout(("w",), ((3, 4),)), torch.zeros(12))
+
+
+# --- a floor that does not vanish with the factors; the library's error on a failed refresh ---
+
+
+def _vector_sampler(**options: object) -> tuple[sgrld.Sampler, sgrld.SamplerState]:
+    sampler = sgrld.build(
+        "shampoo", lr=1e-2, num_data=10, precondition_vectors=True, update_interval=5,
+        **options,
+    )  # fmt: skip
+    return sampler, sampler.init({"w": torch.zeros(6, dtype=torch.float64)})
+
+
+@pytest.mark.parametrize("floor", [0.1, 1.0])
+def test_floor_bounds_g_inverse_however_small_the_factors(floor: float) -> None:
+    """Near-zero gradients (a model at a minimum) leave the factors at ~ε·λᵗ: a ridge relative to
+    them vanishes with them, the floor does not: G ≥ floor·I, so ‖G⁻¹v‖ ≤ ‖v‖/floor."""
+    sampler, state = _vector_sampler(floor=floor)
+    for _ in range(5):  # the refresh after step 5 sees 1e-12-sized gradients
+        sampler.step(state, {"w": torch.full((6,), 1e-12, dtype=torch.float64)})
+    metric, v = sampler.metric, torch.linspace(-1.0, 1.0, 6, dtype=torch.float64)
+    drift = metric.inverse(state.stats, state.layout, v.clone())
+    noise = metric.inverse_sqrt(state.stats, state.layout, v.clone())
+    # the factors are ε·I·0.99⁵ + tiny (1e-8 ≪ floor²): G = floor·I to 1e-8/floor²
+    torch.testing.assert_close(drift, v / floor, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(noise, v / math.sqrt(floor), rtol=1e-6, atol=0.0)
+    paper, paper_state = _vector_sampler(floor=0.0)  # the paper's metric: G⁻¹ ~ 1e4
+    for _ in range(5):
+        paper.step(paper_state, {"w": torch.full((6,), 1e-12, dtype=torch.float64)})
+    huge = paper.metric.inverse(paper_state.stats, paper_state.layout, v.clone())
+    assert float(huge.abs().max()) > 1e3
+
+
+def test_floor_leaves_large_factors_alone() -> None:
+    """Where every eigenvalue of the ridged factor is above floor², the floor changes nothing."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 5, 5, generator=gen, dtype=torch.float64)
+    mat = a @ a.mT + 5.0 * torch.eye(5, dtype=torch.float64)
+    plain = inverse_roots_eigh(mat, (0.5, 0.25), eps=1e-6)
+    floored = inverse_roots_eigh(mat, (0.5, 0.25), eps=1e-6, floor=0.01)
+    for x, y in zip(plain, floored, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_a_failed_eigh_is_the_library_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's LinAlgError becomes the library's: which tensor, block and axis, which step, what
+    to change; the roots are left as they were."""
+    sampler, state = _vector_sampler()
+    for _ in range(4):
+        sampler.step(state, {"w": torch.ones(6, dtype=torch.float64)})
+    before = {k: v.clone() for k, v in state.stats.items()}
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "eigh", fail)
+    with pytest.raises(ShampooRootError, match=r"step 5: .*tensor 'w', block 0, axis 0.*floor"):
+        sampler.step(state, {"w": torch.ones(6, dtype=torch.float64)})
+    for key in ("grad_root_0_0@0", "noise_root_0_0@0"):
+        assert torch.equal(state.stats[key], before[key])
+
+
+def test_a_damaged_factor_is_named() -> None:
+    """A factor holding NaN (a damaged state) fails the refresh with the library's error naming
+    it, whether eigh raises or returns NaN roots."""
+    metric = ShampooMetric(precondition_vectors=True)
+    layout = _layout([(3,), (4,)])
+    stats = metric.init(layout, torch.zeros(7, dtype=torch.float32))
+    stats["factor_0_0@1"][0, 2, 1] = math.nan  # the lower triangle, which eigh reads
+    with pytest.raises(ShampooRootError, match=r"tensor 'p1', block 0, axis 0 .*holds NaN"):
+        metric.compute_roots(stats, layout)

@@ -27,7 +27,7 @@ import torch
 import sgrld
 from conftest import flatten_chains, unflatten_chains
 from metric_cases import CASES
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting
+from sgrld.core.warmup import DEFAULT_WARMUP, Windows, adapting, closes_warmup
 
 SLOW = pytest.mark.slow
 K = 1000  # chains
@@ -414,3 +414,49 @@ def test_chains_say_whether_a_sample_now_is_drawn_adapting() -> None:
         chains.step(lambda m, x: (m(x) ** 2).mean(), x)
         flags.append(chains.adapting)
     assert flags == [True, True, False]
+
+
+# --- the default: Stan's windowed warm-up ---------------------------------------------------------
+
+
+def test_default_warmup_is_stans_windows() -> None:
+    """Stan's 1,000-step warm-up: a fast window of 75, slow windows ending at 100, 150, 250, 450
+    and 950 (the last stretched), a terminal window of 50 in which G is already frozen."""
+    assert DEFAULT_WARMUP == Windows(1000) and isinstance(DEFAULT_WARMUP, Windows)
+    assert Windows(1000).slow_ends() == (100, 150, 250, 450, 950)
+    assert [adapting(t, Windows(1000)) for t in (0, 949, 950, 10**6)] == [True, True, False, False]
+    assert [adapting(t, 1000) for t in (949, 950, 999, 1000)] == [True, True, True, False]
+    assert Windows(100).slow_ends() == (90,) and Windows(100).adapts_until == 90  # 15/75/10 %
+    assert Windows(0).slow_ends() == () and not adapting(0, Windows(0))
+    assert Windows(15000).slow_ends()[-3:] == (3250, 6450, 14950)
+    assert sgrld.core.Sampler.__dataclass_fields__["adapt_until"].default == DEFAULT_WARMUP
+    assert sgrld.RMSpropSGLD([torch.zeros(2)], lr=0.1, num_data=1.0).param_groups[0][
+        "adapt_until"
+    ] == Windows(1000)
+
+
+def test_windows_refresh_scheduled_roots_at_each_slow_window_end() -> None:
+    """Shampoo's roots are refreshed at every slow window's end (off its schedule of 100) and at
+    the freeze, and never in the terminal window."""
+    metric = sgrld.ShampooMetric()
+    ends = [s for s in range(1, 1001) if closes_warmup(metric, s, Windows(1000))]
+    assert ends == [150, 250, 450, 950]  # 100 is on the schedule already
+    assert not any(closes_warmup(sgrld.RMSpropMetric(), s, Windows(1000)) for s in range(1001))
+    assert [s for s in range(1, 1001) if closes_warmup(metric, s, 950)] == [950]
+
+
+def test_windows_travel_through_a_checkpoint_and_json() -> None:
+    """The default is kept by a state dict read with weights_only=True, and written as its
+    length in JSON; an explicit integer stays an integer (its own N steps)."""
+    import io
+    import json
+
+    opt = sgrld.MongeSGLD([torch.zeros(2, requires_grad=True)], lr=0.1, num_data=1.0)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)["param_groups"][0]["adapt_until"]
+    assert isinstance(loaded, Windows) and loaded == 1000 and repr(loaded) == "Windows(1000)"
+    assert json.dumps({"adapt_until": Windows(1000)}) == '{"adapt_until": 1000}'
+    explicit = sgrld.MongeSGLD([torch.zeros(2)], lr=0.1, num_data=1.0, adapt_until=1000)
+    assert type(explicit.param_groups[0]["adapt_until"]) is int

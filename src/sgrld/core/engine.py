@@ -233,7 +233,10 @@ def body(
     if adapt:
         metric.update(stats, layout, grad, step)
         if refresh:
-            metric.refresh(stats, layout)
+            try:
+                metric.refresh(stats, layout)
+            except FloatingPointError as exc:  # a failed refresh (Shampoo's roots): at which step
+                raise type(exc)(f"step {int(step)}: {exc}") from None
     if pull is not None:
         pull(grad)
     shape = layout.views if views is None else views  # eager steps reuse the buffers' views

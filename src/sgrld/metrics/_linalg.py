@@ -29,12 +29,14 @@ def inverse_roots_eigh(
     eps: float = 1e-8,
     dtype: torch.dtype = torch.float64,
     damping: float = 0.0,
+    floor: float = 0.0,
 ) -> list[Tensor]:
     """[(A + rI)^(−e) for e in exponents] for a batch ``A`` of symmetric PSD matrices.
 
-    Tiny negative eigenvalues are clamped to 0, then the ridge r and ``damping``·tr(A)/n are added;
-    eigenvalues still ≤ 0 get the root 1 (left unpreconditioned, not inf). A decomposition that
-    fails in a lower precision (no convergence or a non-finite root) is redone in float64.
+    Tiny negative eigenvalues are clamped to 0, then the ridge r and ``damping``·tr(A)/n are added
+    and the eigenvalues raised to at least ``floor``; eigenvalues still ≤ 0 get the root 1 (left
+    unpreconditioned, not inf). A decomposition that fails in a lower precision (no convergence
+    or a non-finite root) is redone in float64.
 
     Args:
         mat: ``(..., n, n)`` symmetric PSD matrices (only the lower triangle is read).
@@ -43,24 +45,30 @@ def inverse_roots_eigh(
         eps: ε of the ridge.
         dtype: the precision of the decomposition.
         damping: δ ≥ 0, the damping relative to the mean eigenvalue.
+        floor: the least eigenvalue of A + rI (absolute: it does not vanish with A).
 
     Returns:
         One tensor of ``dtype`` (float64 after a fallback) shaped like ``mat`` per exponent.
     """
     if mat.shape[-1] == 2:
-        return _inverse_roots_2x2(mat, exponents, ridge, eps, damping)
+        return _inverse_roots_2x2(mat, exponents, ridge, eps, damping, floor)
     if dtype != torch.float64:
         try:
-            roots = _roots_by_eigh(mat.to(dtype), exponents, ridge, eps, damping)
+            roots = _roots_by_eigh(mat.to(dtype), exponents, ridge, eps, damping, floor)
         except torch.linalg.LinAlgError:
             roots = []
         if roots and all(bool(torch.isfinite(r).all()) for r in roots):
             return roots
-    return _roots_by_eigh(mat.to(torch.float64), exponents, ridge, eps, damping)
+    return _roots_by_eigh(mat.to(torch.float64), exponents, ridge, eps, damping, floor)
 
 
 def _roots_by_eigh(
-    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float, damping: float = 0.0
+    mat: Tensor,
+    exponents: Sequence[float],
+    ridge: Ridge,
+    eps: float,
+    damping: float = 0.0,
+    floor: float = 0.0,
 ) -> list[Tensor]:
     evals, evecs = torch.linalg.eigh(mat)
     evals = evals.clamp_(min=0.0)
@@ -68,13 +76,20 @@ def _roots_by_eigh(
     if damping:
         r = r + damping * evals.mean(-1, keepdim=True)
     evals = evals + r
+    if floor:  # a floor that does not vanish with the matrices, as a relative ridge does
+        evals = evals.clamp(min=floor)
     positive = evals > 0
     safe = torch.where(positive, evals, torch.ones_like(evals))
     return [(evecs * safe.pow(-e).unsqueeze(-2)) @ evecs.mT for e in exponents]
 
 
 def _inverse_roots_2x2(
-    mat: Tensor, exponents: Sequence[float], ridge: Ridge, eps: float, damping: float = 0.0
+    mat: Tensor,
+    exponents: Sequence[float],
+    ridge: Ridge,
+    eps: float,
+    damping: float = 0.0,
+    floor: float = 0.0,
 ) -> list[Tensor]:
     """:func:`inverse_roots_eigh` for 2 × 2 matrices in closed form (the funnel's factors): a Jacobi
     rotation, elementwise ops only (``torch.compile`` fuses them), no division.
@@ -92,6 +107,8 @@ def _inverse_roots_2x2(
     if damping:
         r = r + damping * 0.5 * (hi + lo)
     hi, lo = hi + r, lo + r
+    if floor:
+        hi, lo = hi.clamp(min=floor), lo.clamp(min=floor)
     cc, ss, sc = cos * cos, sin * sin, sin * cos
     roots = []
     for e in exponents:
@@ -144,6 +161,7 @@ def inverse_root_newton(
     eps: float = 1e-8,
     max_iter: int = 100,
     tol: float = 1e-6,
+    floor: float = 0.0,
 ) -> Tensor:
     """(A + rI)^(−1/p) by the coupled Newton iteration of Guo & Higham (2006), as the reference.
 
@@ -158,12 +176,15 @@ def inverse_root_newton(
         ridge: r = eps·λ_max (:func:`power_iteration`, ``"relative"``), eps (``"absolute"``) or 0.
         eps: ε of the ridge.
         max_iter: iteration cap.
+        floor: the ridge is at least ``floor``, so no eigenvalue of A + rI is below it.
         tol: tolerance on max|M − I|.
     """
     n = mat.shape[-1]
     eye = torch.eye(n, dtype=mat.dtype, device=mat.device)
     lam = power_iteration(mat) if ridge == "relative" else mat.new_zeros(mat.shape[:-2])
     r = _ridge(lam, ridge, eps)
+    if floor:
+        r = torch.clamp(torch.as_tensor(r, dtype=mat.dtype, device=mat.device), min=floor)
     a = mat + torch.as_tensor(r, dtype=mat.dtype, device=mat.device)[..., None, None] * eye
     z = (1 + p) / (2 * torch.linalg.matrix_norm(a))[..., None, None]
     root = eye * z.pow(1.0 / p)

@@ -29,13 +29,20 @@ class MongeMetric(Metric):
         G⁻¹v = v + f₋₁ ⟨m, v⟩ m,        f₋₁ = −α² / (1 + α²s)
         G^{-1/2}v = v + f₋½ ⟨m, v⟩ m,   f₋½ = −α² / (√(1+α²s) · (1 + √(1+α²s)))
 
-    (f₋½ the cancellation-free form, −α²/2 as ‖m‖ → 0). α² = 0 is exactly SGLD. With
-    ``alpha2_rule="normalized"``, α²_t = c/s_t: G's eigenvalue along m is always 1 + c, whatever
-    the gradients' scale; where s underflows (m = 0) α²_t = 0 and G = I.
+    (f₋½ the cancellation-free form, −α²/2 as ‖m‖ → 0). α² = 0 is exactly SGLD.
+
+    By default (``alpha2_rule="normalized"``) α²_t = c/s_t with c = ``alpha2``: G's eigenvalue
+    along m is always 1 + c (2 at the default c = 1), whatever the gradients' scale, so the same
+    options behave alike on a summed or an averaged loss and in any units of the data; where s
+    underflows (m = 0) α²_t = 0 and G = I. The paper's rule ``alpha2_rule="fixed"`` uses α² as
+    given: G's stretch α²‖m‖² then grows with the square of the gradients (α² = 1 with
+    ‖ĝ‖ ≈ 600 shrinks every move along m 360,000-fold). The paper's configurations give it
+    explicitly, and a state dict without the rule loads as ``"fixed"`` (``docs/posterior.md``).
 
     Args:
-        alpha2: α² ≥ 0 (``"fixed"``), or c > 0 (``"normalized"``).
-        alpha2_rule: ``"fixed"`` (the paper's, default) or ``"normalized"`` (α²_t = c/‖m_t‖²).
+        alpha2: c > 0 (``"normalized"``), or α² ≥ 0 (``"fixed"``).
+        alpha2_rule: ``"normalized"`` (α²_t = c/‖m_t‖², the default) or ``"fixed"`` (the
+            paper's).
         decay: EMA weight λ in [0, 1).
         scope: ``"global"`` (the paper's metric: inner products over all parameters of the
             group) or ``"tensor"`` (one rank-one metric per parameter tensor).
@@ -55,7 +62,7 @@ class MongeMetric(Metric):
     # Not compilable (the default): compiled, its three fused reductions ran at 1.1 ms per step
     # inside a training loop (MLP 784-400-400-10, 2 threads) against 0.33 ms eager (BLAS dots).
     alpha2: float = 1.0
-    alpha2_rule: Literal["fixed", "normalized"] = "fixed"
+    alpha2_rule: Literal["fixed", "normalized"] = "normalized"
     decay: float = 0.9
     scope: Literal["global", "tensor"] = "global"
     fallback_threshold: float | None = None

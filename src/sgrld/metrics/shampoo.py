@@ -50,6 +50,11 @@ from sgrld.metrics._blocking import (
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
 
 
+class ShampooRootError(FloatingPointError):
+    """A root refresh failed (``eigh`` did not converge, or a root is not finite); nothing was
+    changed: the roots are those of the previous refresh."""
+
+
 def _key(stat: str, group: int, axis: int, index: int) -> str:
     """Key of a per-tensor statistic (:class:`~sgrld.core.contract.PerTensor`)."""
     return PerTensor(f"{stat}_{group}_{axis}", index).key
@@ -63,7 +68,7 @@ class ShampooMetric(Metric):
     The defaults are the reference ``ShampooSGLD`` with its bugs fixed (an explicit step counter,
     roots computed on a copy, in float64 ``eigh``). Tensors of merged rank ≤ 1 get G = I unless
     ``precondition_vectors``. The funnel's full-matrix RMSprop is ``ShampooMetric(decay=0.9995,
-    eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none")``.
+    eps=1e-6, update_interval=1, precondition_vectors=True, ridge="none", floor=0.0)``.
 
     Args:
         decay: EMA weight λ of the factors, in [0, 1).
@@ -78,6 +83,12 @@ class ShampooMetric(Metric):
         ridge: r added before the root: ``"relative"`` ε·λ_max(H_i) (the reference),
             ``"absolute"`` ε, or ``"none"`` 0 (the funnel).
         damping: δ ≥ 0 adds δ·tr(H_i)/s_i to the ridge (``docs/posterior.md``; ``"eigh"`` only).
+        floor: f ≥ 0, the least eigenvalue of G (absolute, in the gradient's units, as RMSprop's
+            ε): every factor's eigenvalues after the ridge are raised to at least f², so
+            G ≥ f·I and G⁻¹ ≤ I/f however small the factors (near-zero gradients at a minimum,
+            where a ridge relative to the factors vanishes with them); larger eigenvalues are
+            left as they were. 0 is the paper's metric (the paper's protocol runs with it);
+            ``root_method="newton"`` raises its ridge to f² instead (it has no eigenvalues).
         root_dtype: the precision of ``eigh`` (float64; float32 is much faster on a GPU and is
             retried in float64 for a bucket whose decomposition fails).
         row_shards: W ≥ 1: plan every tensor as the W row shards FSDP2 cuts it into, so one
@@ -106,6 +117,7 @@ class ShampooMetric(Metric):
     precondition_vectors: bool = False
     ridge: Ridge = "relative"
     damping: float = 0.0
+    floor: float = 0.1
     tiling: Tiling = "reference"
     root_dtype: torch.dtype = torch.float64
     row_shards: int = 1
@@ -125,6 +137,7 @@ class ShampooMetric(Metric):
         check_range("decay", self.decay, lambda v: 0.0 <= v < 1.0, "0 <= decay < 1")
         check_range("eps", self.eps, lambda v: v >= 0.0, "eps >= 0")
         check_range("damping", self.damping, lambda v: v >= 0.0, "damping >= 0")
+        check_range("floor", self.floor, lambda v: 0.0 <= v < math.inf, "0 <= floor < inf")
         if self.damping and self.root_method != "eigh":
             raise ValueError("damping needs root_method='eigh' (Newton's iteration has no damping)")
         check_int("block_size", self.block_size, 1)
@@ -349,26 +362,63 @@ class ShampooMetric(Metric):
             for g, group in enumerate(plan.groups):
                 for a, s in enumerate(group.sizes):
                     buckets.setdefault((s, plan.rank), []).append((i, g, a))
+        done = []  # every bucket's roots first: a failed refresh changes nothing
         for (s, k), members in buckets.items():
             factors = [stats[_key("factor", g, a, i)].reshape(-1, s, s) for i, g, a in members]
             batch = factors[0] if len(factors) == 1 else torch.cat(factors)
-            if self.root_method == "eigh":
-                grad_root, noise_root = inverse_roots_eigh(
-                    batch,
-                    (1.0 / (2 * k), 1.0 / (4 * k)),
-                    ridge=self.ridge,
-                    eps=self.eps,
-                    damping=self.damping,
-                    dtype=self.root_dtype,
-                )
-            else:
-                noise_root = inverse_root_newton(batch, 4 * k, ridge=self.ridge, eps=self.eps)
-                grad_root = noise_root @ noise_root
-            sizes = [f.shape[0] for f in factors]
+            try:
+                roots = self._roots(batch, k)
+            except torch.linalg.LinAlgError as exc:
+                raise self._root_error(layout, members, factors, f"eigh failed ({exc})") from None
+            roots = tuple(r.to(batch.dtype) for r in roots)  # finite in the statistics' dtype
+            if not all(bool(torch.isfinite(r).all()) for r in roots):
+                raise self._root_error(layout, members, factors, "a root is not finite")
+            done.append((members, [f.shape[0] for f in factors], roots))
+        for members, sizes, (grad_root, noise_root) in done:
             for name, value in (("grad_root", grad_root), ("noise_root", noise_root)):
                 for (i, g, a), part in zip(members, value.split(sizes), strict=True):
                     target = stats[_key(name, g, a, i)]
                     target.copy_(part.view(target.shape))
+
+    def _roots(self, batch: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """The grad and noise roots (H + rI)^{−1/(2k)}, (H + rI)^{−1/(4k)} of a bucket."""
+        if self.root_method == "eigh":
+            grad_root, noise_root = inverse_roots_eigh(
+                batch,
+                (1.0 / (2 * k), 1.0 / (4 * k)),
+                ridge=self.ridge,
+                eps=self.eps,
+                damping=self.damping,
+                dtype=self.root_dtype,
+                floor=self.floor**2,
+            )
+            return grad_root, noise_root
+        noise_root = inverse_root_newton(
+            batch, 4 * k, ridge=self.ridge, eps=self.eps, floor=self.floor**2
+        )
+        return noise_root @ noise_root, noise_root
+
+    def _root_error(
+        self,
+        layout: FlatLayout,
+        members: list[tuple[int, int, int]],
+        factors: list[Tensor],
+        what: str,
+    ) -> ShampooRootError:
+        """The error of a failed refresh, naming the first damaged factor (else the bucket's
+        first): its tensor, block and axis, its largest |entry|, and what to change."""
+        bad = [j for j, f in enumerate(factors) if not bool(torch.isfinite(f).all())]
+        i, g, a = members[bad[0] if bad else 0]
+        factor = factors[bad[0] if bad else 0]
+        where = f"tensor {layout.names[i]!r}, block {g}, axis {a}"
+        state = "holds NaN or Inf" if bad else f"max |entry| {float(factor.abs().max()):.3g}"
+        return ShampooRootError(
+            f"Shampoo's root refresh failed: {what} for the factor of {where} "
+            f"({len(members)} factors of size {factor.shape[-1]} in its bucket; that factor "
+            f"{state}). Raise floor (G >= floor·I; now {self.floor:g}) or eps (the ridge's ε), "
+            "keep ridge='relative' or 'absolute', or compute the roots in float64 "
+            "(root_dtype=torch.float64)"
+        )
 
     # ------------------------------------------------------------------ kernels
 

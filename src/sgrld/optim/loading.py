@@ -21,8 +21,13 @@ from sgrld.optim.groups import publish_group, validate_group
 from sgrld.optim.watch import WATCH_KEY, first_window
 
 #: the value each facade option had before it existed (what an older state dict ran with): it
-#: adapted throughout; RMSprop's and Adam's ε was absolute (no floor)
-BEFORE_IT_EXISTED: dict[str, Any] = {"adapt_metric": True, "adapt_until": None, "floor": 0.0}
+#: adapted throughout; RMSprop's and Adam's ε was absolute (no floor); Monge's α² was fixed
+BEFORE_IT_EXISTED: dict[str, Any] = {
+    "adapt_metric": True,
+    "adapt_until": None,
+    "floor": 0.0,
+    "alpha2_rule": "fixed",
+}
 
 
 def new_key(noise: str, generator: torch.Generator, device: torch.device) -> Tensor:

@@ -1,0 +1,158 @@
+"""Every metric at its defaults from a far start: posteriors' 2-D Gaussian test, in this library's
+units (n = 1, τ = 1, so θ ← θ − ℓG⁻¹∇U + √(2ℓ) G^{-1/2}ξ with U the negative log density).
+
+The protocol (normal-computing/posteriors, ``tests/sgmcmc/utils.py``): a random 2-D Gaussian, a
+start drawn with variance 100, 100,000 steps of which 15,000 are burn-in; the samples' mean and
+covariance within 0.1 of the target's, and the KL divergence of the Gaussian fitted to the samples
+from the target under 1 % of the start's (of N(0, 100 I)). Here K chains run at once, each with its
+own start: the full protocol (``slow``) checks every chain as posteriors checks its one; the fast
+version runs fewer, shorter chains and tests the pooled mean and covariance against thresholds
+of Z Monte-Carlo standard errors (from the chains' spread) plus the step's discretisation bias,
+which the Lyapunov equation of ``tests/test_stationary.py`` gives for a frozen G.
+
+A start 100 σ away is run too: every metric whose frozen G does not depend on how far the chain
+still was when the warm-up ended arrives at its defaults; RMSprop and Adam move about ℓ per step
+while G follows |ĝ|, so their warm-up must outlast the journey (``docs/posterior.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import sgrld
+from sgrld.core.warmup import Windows
+
+SLOW = pytest.mark.slow
+#: every metric at its defaults (Wenzel: refreshed once per "epoch" of 100 steps, as the facade
+#: does with batch_size; Shampoo: the 2-vector gets a full-matrix factor)
+METRICS: dict[str, dict[str, Any]] = {
+    "identity": {},
+    "rmsprop": {},
+    "adam": {},
+    "wenzel": {},
+    "monge": {},
+    "shampoo": {"precondition_vectors": True},
+}
+
+
+def target() -> tuple[torch.Tensor, torch.Tensor]:
+    """posteriors' kind of target: a random mean, a random rotation of variances 1/4 and 1."""
+    gen = torch.Generator().manual_seed(0)
+    mean = torch.randn(2, generator=gen, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(2, 2, generator=gen, dtype=torch.float64))
+    cov = q @ torch.diag(torch.tensor([0.25, 1.0], dtype=torch.float64)) @ q.T
+    return mean, cov
+
+
+def gaussian_kl(m1: torch.Tensor, c1: torch.Tensor, m0: torch.Tensor, c0: torch.Tensor) -> float:
+    """KL(N(m1, c1) ‖ N(m0, c0))."""
+    inv = torch.linalg.inv(c0)
+    dm = m0 - m1
+    logdet = torch.logdet(c0) - torch.logdet(c1)
+    return float(0.5 * (torch.trace(inv @ c1) + dm @ inv @ dm - 2 + logdet))
+
+
+def run_chains(
+    name: str, *, lr: float, steps: int, burnin: int, chains: int, start: str, seed: int = 1,
+    **extra: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per chain, the mean (K, 2) and covariance (K, 2, 2) of its samples after ``burnin``."""
+    mean, cov = target()
+    prec = torch.linalg.inv(cov)
+    gen = torch.Generator().manual_seed(seed)
+    if start == "var100":
+        theta0 = 10.0 * torch.randn(chains, 2, generator=gen, dtype=torch.float64)
+    else:  # 100 σ away along a random direction: θ₀ = μ + 100 L u, ‖u‖ = 1, cov = L Lᵀ
+        u = torch.randn(chains, 2, generator=gen, dtype=torch.float64)
+        theta0 = mean + 100.0 * (u / u.norm(dim=1, keepdim=True)) @ torch.linalg.cholesky(cov).T
+    options = {**METRICS[name], **extra}
+    sampler = sgrld.build(name, lr=lr, num_data=1.0, **options)
+    state = sampler.init({"x": theta0}, num_chains=chains, generator=gen)
+    total = torch.zeros(chains, 2, dtype=torch.float64)
+    outer = torch.zeros(chains, 2, 2, dtype=torch.float64)
+    for t in range(steps):
+        x = state.params["x"]
+        sampler.step(state, {"x": (x - mean) @ prec})
+        if name == "wenzel" and (t + 1) % 100 == 0:
+            sampler.refresh(state)
+        if t >= burnin:
+            x = state.params["x"]
+            total += x
+            outer += x[:, :, None] * x[:, None, :]
+    sampler.check(state)
+    m = total / (steps - burnin)
+    return m, outer / (steps - burnin) - m[:, :, None] * m[:, None, :]
+
+
+def start_kl() -> float:
+    """The KL of the start's law N(0, 100 I) from the target: the 1 % criterion's unit."""
+    mean, cov = target()
+    return gaussian_kl(torch.zeros(2, dtype=torch.float64), 100.0 * torch.eye(2), mean, cov)
+
+
+# --- the fast version: pooled over chains, thresholds from the chains' spread ----------------
+
+FAST_LR, FAST_STEPS, FAST_BURNIN, FAST_CHAINS = 0.05, 2000, 1000, 16
+Z = 5.0
+
+
+def _check_pooled(means: torch.Tensor, covs: torch.Tensor) -> None:
+    mean, cov = target()
+    k = means.shape[0]
+    # the chains are independent: their spread gives the pooled estimates' standard errors; the
+    # frozen chain's discretisation bias at ℓ = 0.05 is ≤ ℓλ_max/2 = 10 % of a variance (Lyapunov)
+    se_mean = means.std(0) / math.sqrt(k)
+    assert bool(((means.mean(0) - mean).abs() < Z * se_mean + 0.02).all()), (means.mean(0), mean)
+    se_cov = covs.std(0) / math.sqrt(k)
+    err = (covs.mean(0) - cov).abs()
+    assert bool((err < Z * se_cov + 0.1 * cov.diagonal().max()).all()), (covs.mean(0), cov)
+
+
+@pytest.mark.parametrize("name", list(METRICS))
+def test_defaults_reach_the_gaussian_from_a_start_of_variance_100(name: str) -> None:
+    means, covs = run_chains(name, lr=FAST_LR, steps=FAST_STEPS, burnin=FAST_BURNIN,
+                             chains=FAST_CHAINS, start="var100")  # fmt: skip
+    _check_pooled(means, covs)
+
+
+@SLOW
+@pytest.mark.parametrize("name", ["identity", "wenzel", "monge", "shampoo"])
+def test_defaults_reach_the_gaussian_from_100_sigma(name: str) -> None:
+    means, covs = run_chains(name, lr=FAST_LR, steps=FAST_STEPS, burnin=FAST_BURNIN,
+                             chains=FAST_CHAINS, start="far")  # fmt: skip
+    _check_pooled(means, covs)
+
+
+@SLOW
+@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+def test_a_warmup_that_outlasts_the_journey_reaches_the_gaussian_from_100_sigma(name: str) -> None:
+    """RMSprop and Adam travel ~ℓ per step: from ~70 away at ℓ = 0.05 the journey is ~1,400
+    steps, so a windowed warm-up of 3,000 (burn-in 4,000) ends after the chain has arrived."""
+    means, covs = run_chains(name, lr=FAST_LR, steps=FAST_STEPS + 3000, burnin=4000,
+                             chains=FAST_CHAINS, start="far", adapt_until=Windows(3000))  # fmt: skip
+    _check_pooled(means, covs)
+
+
+# --- posteriors' full protocol: every chain on its own ------------------------------------------
+
+
+@SLOW
+@pytest.mark.parametrize("start", ["var100", "far"])
+@pytest.mark.parametrize("name", list(METRICS))
+def test_posteriors_protocol(name: str, start: str) -> None:
+    """100,000 steps at ℓ = 0.01, burn-in 15,000, three chains: each chain's mean and covariance
+    within 0.1, its KL under 1 % of the start's. RMSprop and Adam from 100 σ are given a warm-up
+    of the burn-in (their journey is ~7,000 steps at ℓ = 0.01)."""
+    extra = {"adapt_until": Windows(15000)} if start == "far" and name in ("rmsprop", "adam") else {}
+    means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3, start=start,
+                             **extra)  # fmt: skip
+    mean, cov = target()
+    unit = start_kl()
+    for m, c in zip(means, covs, strict=True):
+        assert float((m - mean).abs().max()) < 0.1, (m, mean)
+        assert float((c - cov).abs().max()) < 0.1, (c, cov)
+        assert gaussian_kl(m, c, mean, cov) < 0.01 * unit
