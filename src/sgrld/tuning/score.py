@@ -5,20 +5,91 @@
   candidate on one common scale (the pooled RMS of the score per coordinate);
 * ``"validation"``: minus the validation log predictive density per datum.
 
-A diverged candidate scores +∞.
+A diverged candidate scores +∞. What a round keeps at a chain's thinned points (:func:`thinned`,
+:func:`validation`) and its :class:`Record` per candidate (:func:`records`) live here too, so
+that whatever runs the chains hands over exactly what the scores read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from sgrld.evaluation.stein import coordinate_stein_discrepancy
-from sgrld.tuning.runs import Record
+from sgrld.tuning.data import bind, expanded, flatten, size
 
-__all__ = ["round_scores"]
+if TYPE_CHECKING:
+    from sgrld.chains import Chains
+    from sgrld.tuning.runs import Problem
+
+__all__ = ["Record", "records", "round_scores", "thinned", "validation"]
+
+
+@dataclasses.dataclass
+class Record:
+    """One candidate's round: whether it diverged and what was kept at its thinned points."""
+
+    diverged: bool
+    samples: np.ndarray  # (points·C, d) scored coordinates
+    scores: np.ndarray  # (points·C, d) ∇log p on them
+    log_likelihoods: np.ndarray | None  # (points·C, V) validation log-likelihoods
+
+
+def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
+    return torch.cat([t.reshape(k, -1) for t in tensors], 1)
+
+
+def thinned(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
+    """Every chain's scored coordinates and −∇u on them from the scoring batches."""
+    k = chains.num_chains
+    total = sum(size(b) for b in problem.batches.scoring)
+    grad = None
+    for batch in problem.batches.scoring:
+        tensors, rebuild = expanded(batch, k)
+        _, grads = chains.grads(bind(problem.potential, rebuild), *tensors)
+        part = _flat(grads.values(), k)[:, problem.coords] * (size(batch) / total)
+        grad = part if grad is None else grad + part
+    assert grad is not None
+    x = _flat(chains.params.values(), k)[:, problem.coords]
+    return x.detach().double().cpu(), -grad.double().cpu()
+
+
+def validation(problem: Problem, chains: Chains) -> Tensor:
+    """Every chain's log-likelihood of each validation datum, ``(K, V)``."""
+    assert problem.validation is not None
+    data, log_likelihood = problem.validation
+    out = []
+    with torch.no_grad():
+        for batch in data:
+            tensors, rebuild = flatten(batch)
+            out.append(chains.map(bind(log_likelihood, rebuild), *tensors, shared=True))
+    return torch.cat(out, 1).double().cpu()
+
+
+def records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) -> list[Record]:
+    c = problem.chains_per_candidate
+    if not kept["x"]:  # a probe: nothing kept
+        kept["x"] = kept["s"] = [torch.zeros(len(bad) * c, 1, dtype=torch.float64)]
+    x, s = torch.stack(kept["x"], 1), torch.stack(kept["s"], 1)  # (K, points, d)
+    ll = torch.stack(kept["ll"], 1) if kept["ll"] else None  # (K, points, V)
+    out = []
+    for i, broken in enumerate(bad):
+        part = slice(i * c, (i + 1) * c)
+        out.append(
+            Record(
+                broken,
+                x[part].reshape(-1, x.shape[-1]).numpy(),
+                s[part].reshape(-1, s.shape[-1]).numpy(),
+                None if ll is None else ll[part].reshape(-1, ll.shape[-1]).numpy(),
+            )
+        )
+    return out
 
 
 def round_scores(
