@@ -50,7 +50,7 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert result.sampler == "identity" and result.score == "validation"
-    assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr"}
+    assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr", "adapt_until"}
     assert [r.name for r in result.rounds][:2] == ["probe", "bracket"]
     lrs = [c.lr for c in result.candidates]
     assert lrs == sorted(lrs) and result.lr in lrs and len(lrs) >= 2
@@ -85,7 +85,11 @@ def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -
         fixed["precondition_vectors"] = True  # a (1, 10) weight: else G = I (SGLD)
     result = sgrld.tune(name, model, potential, loader, num_data=n, seed=0, **SMALL, **fixed)
     searched = {n: result.options[n] for n in result.searched}
-    assert result.options == {**searched, **fixed} and result.spent <= SMALL["budget"]
+    # adapt_until: what the chosen candidate's longest chain ran with (a quarter of it, at most
+    # the user's), so that the optimizer built from the options samples as it did
+    longest = max(next(c for c in result.candidates if c.lr == result.lr).lengths)
+    ran = {"adapt_until": min(500, longest // 4)}
+    assert result.options == {**searched, **fixed, **ran} and result.spent <= SMALL["budget"]
     assert result.searched == ("lr", *(n for n in get_metric(name).tuned))
     sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)
 

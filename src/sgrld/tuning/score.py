@@ -2,12 +2,17 @@
 
 * ``"ksd"``: the unbiased squared coordinate-subset kernel Stein discrepancy
   (:func:`~sgrld.evaluation.stein.coordinate_stein_discrepancy`) against the posterior, every
-  candidate on one common scale (the pooled RMS of the score per coordinate);
-* ``"validation"``: minus the validation log predictive density per datum.
+  candidate on one common scale (the pooled RMS of the score per coordinate); its standard error
+  is at least the round's median one, so that a chain that hardly moves cannot win on a
+  standard error of ~0;
+* ``"validation"``: minus the validation log predictive density per datum;
+* ``"loss"``: the mean per-datum potential on the scoring data at the thinned points (kept for
+  comparison: ``docs/tuning.md`` says why it is not a default).
 
-A diverged candidate scores +∞. What a round keeps at a chain's thinned points (:func:`thinned`,
-:func:`validation`) and its :class:`Record` per candidate (:func:`records`) live here too, so
-that whatever runs the chains hands over exactly what the scores read.
+A diverged candidate, and one whose ℓ :func:`sgrld.health` calls too large on the scored second
+half, scores +∞: no score can choose it. What a round keeps at a chain's thinned points
+(:func:`thinned`, :func:`validation`) and its :class:`Record` per candidate (:func:`records`)
+live here too, so that whatever runs the chains hands over exactly what the scores read.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ class Record:
     samples: np.ndarray  # (points·C, d) scored coordinates
     scores: np.ndarray  # (points·C, d) ∇log p on them
     log_likelihoods: np.ndarray | None  # (points·C, V) validation log-likelihoods
+    potentials: np.ndarray | None = None  # (points·C,) per-datum potential on the scoring data
+    too_large: bool = False  # sgrld.health: "lr_too_large" on the scored half, at its end
+
+    @property
+    def excluded(self) -> bool:
+        """Whether no score may choose it: it diverged or its ℓ is too large."""
+        return self.diverged or self.too_large
+
+
+#: columns :func:`thinned` appends to the scored coordinates: the potential, the verdict code
+EXTRA = 2
 
 
 def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
@@ -46,18 +62,26 @@ def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
 
 
 def thinned(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
-    """Every chain's scored coordinates and −∇u on them from the scoring batches."""
+    """Every chain's scored coordinates and −∇u on them from the scoring batches, ``(K, d)``
+    each; the coordinates are followed by :data:`EXTRA` columns that :func:`records` takes off:
+    the potential on the scoring batches and the health verdict so far on the scored half (1:
+    ℓ too large, 2: broken down, else 0)."""
     k = chains.num_chains
     total = sum(size(b) for b in problem.batches.scoring)
-    grad = None
+    grad, potential = None, None
     for batch in problem.batches.scoring:
         tensors, rebuild = expanded(batch, k)
-        _, grads = chains.grads(bind(problem.potential, rebuild), *tensors)
-        part = _flat(grads.values(), k)[:, problem.coords] * (size(batch) / total)
+        losses, grads = chains.grads(bind(problem.potential, rebuild), *tensors)
+        weight = size(batch) / total
+        part = _flat(grads.values(), k)[:, problem.coords] * weight
         grad = part if grad is None else grad + part
-    assert grad is not None
-    x = _flat(chains.params.values(), k)[:, problem.coords]
-    return x.detach().double().cpu(), -grad.double().cpu()
+        potential = losses * weight if potential is None else potential + losses * weight
+    assert grad is not None and potential is not None
+    codes = {"lr_too_large": 1.0, "broken_down": 2.0}
+    verdicts = torch.tensor([codes.get(h.verdict, 0.0) for h in chains.health()])
+    x = _flat(chains.params.values(), k)[:, problem.coords].detach().double().cpu()
+    columns = [x, potential.double().cpu()[:, None], verdicts.double()[:, None]]
+    return torch.cat(columns, 1), -grad.double().cpu()
 
 
 def validation(problem: Problem, chains: Chains) -> Tensor:
@@ -73,20 +97,27 @@ def validation(problem: Problem, chains: Chains) -> Tensor:
 
 
 def records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) -> list[Record]:
+    """One :class:`Record` per candidate from a round's kept points (``bad``: whether each
+    candidate broke down; a probe keeps no points)."""
     c = problem.chains_per_candidate
     if not kept["x"]:  # a probe: nothing kept
-        kept["x"] = kept["s"] = [torch.zeros(len(bad) * c, 1, dtype=torch.float64)]
-    x, s = torch.stack(kept["x"], 1), torch.stack(kept["s"], 1)  # (K, points, d)
+        zeros = torch.zeros(len(bad) * c, 1 + EXTRA, dtype=torch.float64)
+        kept = {**kept, "x": [zeros], "s": [zeros[:, :1]]}
+    both = torch.stack(kept["x"], 1)  # (K, points, d + EXTRA)
+    x, potential, verdict = both[..., :-EXTRA], both[..., -2], both[..., -1, -1]
+    s = torch.stack(kept["s"], 1)  # (K, points, d)
     ll = torch.stack(kept["ll"], 1) if kept["ll"] else None  # (K, points, V)
     out = []
     for i, broken in enumerate(bad):
         part = slice(i * c, (i + 1) * c)
         out.append(
             Record(
-                broken,
+                broken or bool((verdict[part] == 2).any()),
                 x[part].reshape(-1, x.shape[-1]).numpy(),
                 s[part].reshape(-1, s.shape[-1]).numpy(),
                 None if ll is None else ll[part].reshape(-1, ll.shape[-1]).numpy(),
+                potential[part].reshape(-1).numpy(),
+                bool((verdict[part] == 1).any()),
             )
         )
     return out
@@ -95,16 +126,19 @@ def records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) ->
 def round_scores(
     records: Sequence[Record], subsets: Sequence[Sequence[int]], kind: str
 ) -> list[tuple[float, float]]:
-    """Per record of a round, its score and the score's standard error; (+∞, 0) if diverged.
+    """Per record of a round, its score and the score's standard error; (+∞, 0) if it diverged
+    or its ℓ is too large (:attr:`Record.excluded`).
 
     KSD: its standard error is half the gap between the estimates from the even and the odd
-    points.
+    points, and at least the median of the round's (:data:`SE_FLOOR_QUANTILE`).
     """
-    ok = [not r.diverged and bool(np.isfinite(r.scores).all()) for r in records]
+    ok = [not r.excluded and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):
         return [(math.inf, 0.0)] * len(records)
     score: Callable[[Record], tuple[float, float]] = _validation
-    if kind != "validation":
+    if kind == "loss":
+        score = _loss
+    elif kind != "validation":
         pooled = np.concatenate([r.scores for r, fine in zip(records, ok, strict=True) if fine])
         rms = np.sqrt(np.mean(pooled**2, axis=0))
         scale = 1.0 / np.where((rms > 0) & np.isfinite(rms), rms, 1.0)
@@ -120,7 +154,24 @@ def round_scores(
 
         score = ksd
 
-    return [score(r) if fine else (math.inf, 0.0) for r, fine in zip(records, ok, strict=True)]
+    out = [score(r) if fine else (math.inf, 0.0) for r, fine in zip(records, ok, strict=True)]
+    if kind == "ksd":
+        floor = float(np.quantile([e for (_, e), f in zip(out, ok, strict=True) if f],
+                                  SE_FLOOR_QUANTILE))  # fmt: skip
+        out = [(v, max(e, floor)) if f else (v, e) for (v, e), f in zip(out, ok, strict=True)]
+    return out
+
+
+#: the KSD's standard error is at least this quantile of the round's (the median): a chain that
+#: hardly moves has even and odd points alike, and so a standard error of ~0 that is not its own
+SE_FLOOR_QUANTILE = 0.5
+
+
+def _loss(record: Record) -> tuple[float, float]:
+    """The mean potential at the thinned points, its standard error from 8 batch means."""
+    assert record.potentials is not None
+    blocks = np.array([b.mean() for b in np.array_split(record.potentials, 8) if len(b)])
+    return float(record.potentials.mean()), float(blocks.std() / math.sqrt(len(blocks)))
 
 
 def _validation(record: Record) -> tuple[float, float]:
