@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from sgrld import build
-from sgrld.core.contract import check_int
+from sgrld.core.contract import check_choice, check_int
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.metrics import get_metric, resolve_metric_name
 from sgrld.tuning.data import Batches
@@ -114,18 +114,19 @@ def tune(
                               ("score_points", score_points, 1)):  # fmt: skip
         check_int(label, value, low)
     if seed >= 2**63:
-        raise ValueError(f"seed must be an integer in [0, 2**63), got {seed}")
+        raise ValueError(f"invalid seed: {seed!r} (expected an integer in [0, 2**63))")
     if not (isinstance(num_data, (int, float)) and not isinstance(num_data, bool)
             and math.isfinite(num_data) and num_data > 0):  # fmt: skip
-        raise ValueError(f"num_data must be a finite number > 0, got {num_data!r}")
+        raise ValueError(f"invalid num_data: {num_data!r} (expected a finite number > 0)")
     kind = score or ("ksd" if validation is None else "validation")
-    if kind not in SCORES:
-        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    check_choice("score", kind, SCORES)
     if kind == "validation" and validation is None:
-        raise ValueError("score='validation' needs validation=(batches, log_likelihood)")
+        raise ValueError(
+            "invalid score: 'validation' (expected validation=(batches, log_likelihood) with it)"
+        )
     held = None if validation is None else list(validation[0])
     if held is not None and not held:
-        raise ValueError("validation: its batches are empty (give at least one batch)")
+        raise ValueError("invalid validation: its batches are empty (expected at least one)")
     if "lr" in fixed:
         raise TypeError("tune() chooses lr: pass the other options only")
     build(name, lr=1.0, num_data=num_data, noise="philox", **fixed)  # refuse bad options
