@@ -246,7 +246,7 @@ def test_a_budget_too_small_names_the_minimum() -> None:
     model, potential, loader, n = _diabetes()
     with pytest.raises(ValueError, match=r"^budget=1000 cannot compare two candidates: give at "
                        r"least \d+ gradient evaluations") as info:  # fmt: skip
-        sgrld.tune("monge", model, potential, loader, num_data=n, steps=100, budget=1000, points=8)
+        sgrld.tune("monge", model, potential, loader, num_data=n, steps=1000, budget=1000, points=8)
     minimum = int(re.search(r"at least (\d+)", str(info.value)).group(1))  # type: ignore[union-attr]
     result = sgrld.tune(
         "monge", model, potential, loader, num_data=n, steps=1000, budget=minimum, points=8

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sgrld.chain_health import judge
 from sgrld.evaluation.stein import coordinate_stein_discrepancy
 from sgrld.tuning.data import bind, expanded, flatten, size
 
@@ -53,8 +54,12 @@ class Record:
         return self.diverged or self.too_large
 
 
-#: columns :func:`thinned` appends to the scored coordinates: the potential, the verdict code
-EXTRA = 2
+#: columns :func:`thinned` appends to the scored coordinates: the potential, then the health
+#: telemetry's sums since the burn-in (‖drift‖², ‖noise‖², ‖θ‖², steps)
+EXTRA = 5
+#: the scored half's health windows: the library's rule judges their trend (a descent is not
+#: a too large ℓ) as it judges an optimizer's 512-step windows
+HEALTH_WINDOWS = 4
 
 
 def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
@@ -64,8 +69,8 @@ def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
 def thinned(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
     """Every chain's scored coordinates and −∇u on them from the scoring batches, ``(K, d)``
     each; the coordinates are followed by :data:`EXTRA` columns that :func:`records` takes off:
-    the potential on the scoring batches and the health verdict so far on the scored half (1:
-    ℓ too large, 2: broken down, else 0)."""
+    the potential on the scoring batches and the telemetry's sums since the burn-in (read, not
+    reset: the round's own breakdown verdict reads them at its end)."""
     k = chains.num_chains
     total = sum(size(b) for b in problem.batches.scoring)
     grad, potential = None, None
@@ -77,11 +82,14 @@ def thinned(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
         grad = part if grad is None else grad + part
         potential = losses * weight if potential is None else potential + losses * weight
     assert grad is not None and potential is not None
-    codes = {"lr_too_large": 1.0, "broken_down": 2.0}
-    verdicts = torch.tensor([codes.get(h.verdict, 0.0) for h in chains.health()])
+    keys = ("drift_rms", "noise_rms", "theta_norm")
+    sums = torch.tensor(
+        [[f[key] ** 2 * f["steps"] for key in keys] + [f["steps"]]
+         for f in chains.telemetry(reset=False)],
+        dtype=torch.float64,
+    )  # fmt: skip
     x = _flat(chains.params.values(), k)[:, problem.coords].detach().double().cpu()
-    columns = [x, potential.double().cpu()[:, None], verdicts.double()[:, None]]
-    return torch.cat(columns, 1), -grad.double().cpu()
+    return torch.cat([x, potential.double().cpu()[:, None], sums], 1), -grad.double().cpu()
 
 
 def validation(problem: Problem, chains: Chains) -> Tensor:
@@ -104,7 +112,9 @@ def records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) ->
         zeros = torch.zeros(len(bad) * c, 1 + EXTRA, dtype=torch.float64)
         kept = {**kept, "x": [zeros], "s": [zeros[:, :1]]}
     both = torch.stack(kept["x"], 1)  # (K, points, d + EXTRA)
-    x, potential, verdict = both[..., :-EXTRA], both[..., -2], both[..., -1, -1]
+    x, potential, sums = both[..., :-EXTRA], both[..., -EXTRA], both[..., -EXTRA + 1 :]
+    temperature = float(problem.fixed.get("temperature", 1.0))
+    verdicts = [_verdict(sums[j], temperature) for j in range(len(sums))]
     s = torch.stack(kept["s"], 1)  # (K, points, d)
     ll = torch.stack(kept["ll"], 1) if kept["ll"] else None  # (K, points, V)
     out = []
@@ -112,15 +122,33 @@ def records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) ->
         part = slice(i * c, (i + 1) * c)
         out.append(
             Record(
-                broken or bool((verdict[part] == 2).any()),
+                broken or "broken_down" in verdicts[part],
                 x[part].reshape(-1, x.shape[-1]).numpy(),
                 s[part].reshape(-1, s.shape[-1]).numpy(),
                 None if ll is None else ll[part].reshape(-1, ll.shape[-1]).numpy(),
                 potential[part].reshape(-1).numpy(),
-                bool((verdict[part] == 1).any()),
+                "lr_too_large" in verdicts[part],
             )
         )
     return out
+
+
+def _verdict(sums: Tensor, temperature: float) -> str:
+    """:func:`sgrld.chain_health.judge` on the scored half cut into :data:`HEALTH_WINDOWS`
+    windows at thinned points, from one chain's cumulative sums ``(points, 4)``."""
+    points = len(sums)
+    cuts = sorted({max(0, round(points * j / HEALTH_WINDOWS) - 1)
+                   for j in range(1, HEALTH_WINDOWS + 1)})  # fmt: skip
+    windows, before = [], torch.zeros(4, dtype=torch.float64)
+    for i in cuts:
+        part = (sums[i] - before).tolist()
+        before = sums[i]
+        if part[3] > 0:
+            steps = part[3]
+            figures = [math.sqrt(max(v, 0.0) / steps) for v in part[:3]]
+            windows.append(dict(zip(("drift_rms", "noise_rms", "theta_norm"), figures,
+                                    strict=True), steps=steps))  # fmt: skip
+    return judge(windows, temperature).verdict
 
 
 def round_scores(

@@ -267,8 +267,10 @@ class _Search:
         """Why budget is left, if much is (more than the shortest comparison costs)."""
         if self.budget - self.spent < self.least:
             return ""
-        return (" (the rest was not needed: each round's chains are at most the user's "
-                f"{self.steps} steps, and the halving ends at two candidates)")  # fmt: skip
+        if max(r.length for r in self.rounds) >= self.steps:
+            return (" (the rest was not needed: no round runs longer than the user's "
+                    f"{self.steps} steps, and the halving ends at two candidates)")  # fmt: skip
+        return " (the rest was too little for a further round)"
 
     def _say(self, line: str) -> None:
         if self.progress is not None:
