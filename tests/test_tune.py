@@ -97,10 +97,9 @@ def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -
         fixed["precondition_vectors"] = True  # a (1, 10) weight: else G = I (SGLD)
     result = sgrld.tune(name, model, potential, loader, num_data=n, seed=0, **SMALL, **fixed)
     searched = {n: result.options[n] for n in result.searched}
-    # adapt_until: what the chosen candidate's longest chain ran with (a quarter of it, at most
-    # the user's), so that the optimizer built from the options samples as it did
-    longest = max(next(c for c in result.candidates if c.lr == result.lr).lengths)
-    ran = {"adapt_until": min(500, longest // 4)}
+    # adapt_until: the candidates' warm-up for a chain of `steps` (a quarter of it, at most the
+    # user's), so that the optimizer built from the options samples as they did
+    ran = {"adapt_until": min(500, SMALL["steps"] // 4)}
     assert result.options == {**searched, **fixed, **ran} and result.spent <= SMALL["budget"]
     assert result.searched == ("lr", *(n for n in get_metric(name).tuned))
     sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)

@@ -52,7 +52,7 @@ class TuneResult:
     Attributes:
         sampler: the registry name of the sampler.
         options: the chosen ``lr`` and searched options with the fixed options and the
-            ``adapt_until`` the chosen candidate's longest chain ran with, ready for
+            ``adapt_until`` the candidates ran with for ``steps`` steps, ready for
             ``SGRLDOptimizer(..., metric=sampler, num_data=n, **options)`` or ``sgrld.build``.
         searched: the options chosen by the search: ``"lr"`` and the metric's tuned options
             that were not fixed (Monge: ``"alpha2"``).

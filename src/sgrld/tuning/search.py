@@ -232,9 +232,8 @@ class _Search:
         chosen = _key({"lr": lr, **self.at})
         options = {**self.problem.fixed, "lr": lr, **self.at}
         warmup = self.problem.fixed.get("adapt_until", DEFAULT_WARMUP)
-        if warmup is not None:  # what the chosen candidate's longest chain adapted for
-            longest = max((n for n, _ in self.history.get(chosen, [])), default=self.steps)
-            warmup = min(warmup, longest // 4)
+        if warmup is not None:  # the candidates' warm-up (Problem.build) for `steps` steps
+            warmup = min(warmup, self.steps // 4)
         options["adapt_until"] = warmup
         self._say(f"chose {', '.join(f'{k} = {v:.3g}' for k, v in chosen)}; "
                   f"{self.spent} of {self.budget} gradient evaluations spent"
