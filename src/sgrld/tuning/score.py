@@ -57,9 +57,11 @@ class Record:
 #: columns :func:`thinned` appends to the scored coordinates: the potential, then the health
 #: telemetry's sums since the burn-in (‖drift‖², ‖noise‖², ‖θ‖², steps)
 EXTRA = 5
-#: the scored half's health windows: the library's rule judges their trend (a descent is not
-#: a too large ℓ) as it judges an optimizer's 512-step windows
-HEALTH_WINDOWS = 4
+#: the scored half's health windows: one, as ``Chains.health()`` judges it. Four (the rule's
+#: trend, whose descent exemption an optimizer's 512-step windows get) let SGLD's ℓ = 1 to 10 on
+#: the digits MLP through: the noise spreading the weights moves ‖θ‖ as a descent would, and
+#: the KSD then chose ℓ = 10, a chain at chance accuracy (``docs/tuning.md``)
+HEALTH_WINDOWS = 1
 
 
 def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
