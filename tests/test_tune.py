@@ -203,6 +203,33 @@ def test_a_too_large_or_degenerate_chain_cannot_win_the_ksd() -> None:
     assert rows[3][1] == min(e for _, e in rows[:4])
 
 
+def test_lr_too_large_is_the_health_rule_on_the_scored_half_unless_the_potential_falls() -> None:
+    """A round's records: drift/noise 2 over the scored half (the telemetry's sums since the
+    burn-in) is "lr too large" (sgrld.health's bound 1), unless the chain's potential still
+    falls (a descent: Shampoo at the digits grid's best ℓ); drift/noise 0.5 is healthy; a
+    non-finite ‖θ‖ is a breakdown."""
+    from types import SimpleNamespace
+
+    from sgrld.tuning.score import records
+
+    points, ratios = 16, (2.0, 2.0, 0.5, 2.0)
+    flat, falling = np.full(points, 1.0), np.linspace(2.0, 1.0, points)
+    potentials = (flat, falling, flat, flat)
+    kept: dict[str, list[torch.Tensor]] = {"x": [], "s": [], "ll": []}
+    for i in range(points):
+        steps = 10.0 * (i + 1)
+        rows = [[0.0, potentials[k][i], r**2 * steps, steps, 4.0 * steps, steps]
+                for k, r in enumerate(ratios)]  # fmt: skip
+        rows[3][4] = math.inf  # ‖θ‖² summed: not finite
+        kept["x"].append(torch.tensor(rows, dtype=torch.float64))
+        kept["s"].append(torch.zeros(4, 1, dtype=torch.float64))
+    problem = SimpleNamespace(chains_per_candidate=1, fixed={})
+    out = records(problem, [False] * 4, kept)  # type: ignore[arg-type]
+    assert [(r.too_large, r.diverged) for r in out] == [
+        (True, False), (False, False), (False, False), (False, True)]  # fmt: skip
+    assert out[0].excluded and not out[1].excluded and out[3].excluded
+
+
 def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -> None:
     """Issue 40: a 440-step chain (20 epochs of 22 batches) got a bracket of 3 and one round:
     the shortest round was 4 × points steps, longer than the chain. Now 7 → 4 → 2 candidates

@@ -62,6 +62,10 @@ EXTRA = 5
 #: the digits MLP through: the noise spreading the weights moves ‖θ‖ as a descent would, and
 #: the KSD then chose ℓ = 10, a chain at chance accuracy (``docs/tuning.md``)
 HEALTH_WINDOWS = 1
+#: a chain whose potential falls over the scored half by more than this many standard errors
+#: (last quarter against first) still descends: its drift/noise above 1 is the descent, not a
+#: too large ℓ (Shampoo on the digits MLP at the grid's best ℓ: drift/noise > 1, still falling)
+FALLING_SE = 2.0
 
 
 def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
@@ -117,6 +121,10 @@ def records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) ->
     x, potential, sums = both[..., :-EXTRA], both[..., -EXTRA], both[..., -EXTRA + 1 :]
     temperature = float(problem.fixed.get("temperature", 1.0))
     verdicts = [_verdict(sums[j], temperature) for j in range(len(sums))]
+    verdicts = [
+        "healthy" if v == "lr_too_large" and _falling(potential[j].numpy()) else v
+        for j, v in enumerate(verdicts)
+    ]
     s = torch.stack(kept["s"], 1)  # (K, points, d)
     ll = torch.stack(kept["ll"], 1) if kept["ll"] else None  # (K, points, V)
     out = []
@@ -151,6 +159,17 @@ def _verdict(sums: Tensor, temperature: float) -> str:
             windows.append(dict(zip(("drift_rms", "noise_rms", "theta_norm"), figures,
                                     strict=True), steps=steps))  # fmt: skip
     return judge(windows, temperature).verdict
+
+
+def _falling(potentials: np.ndarray) -> bool:
+    """Whether the potential's last quarter is below its first by :data:`FALLING_SE` standard
+    errors (a descent, not a stationary chain)."""
+    quarter = len(potentials) // 4
+    if quarter < 2:
+        return False
+    first, last = potentials[:quarter], potentials[-quarter:]
+    se = math.sqrt((first.var() + last.var()) / quarter)
+    return bool(last.mean() < first.mean() - FALLING_SE * se)
 
 
 def round_scores(
