@@ -325,3 +325,28 @@ def test_a_chains_chain_frozen_on_a_non_finite_gradient_has_broken_down() -> Non
     first, second = chains.health()
     assert not first.broken_down and second.broken_down
     assert (second.figure, second.steps) == ("gradient", 5) and "not finite" in str(second)
+
+
+def test_the_watch_verdict_is_stable_once_a_window_calls_lr_too_large() -> None:
+    """Issue 40: the warning said "lr too large", health() at the end "healthy", and polls
+    alternated. Closed windows alternate above and below drift/noise 1 here, and the open
+    window polled at any fill: once a settled closed window called ℓ too large, every later
+    verdict says so (with the steps so far); a breakdown still overrides it."""
+    from sgrld.chain_health import Watch
+
+    def window(ratio: float, theta: float = 10.0) -> dict[str, float]:
+        return {"steps": 512.0, "drift_rms": ratio, "noise_rms": 1.0, "theta_norm": theta}
+
+    watch = Watch()
+    assert watch.close(window(0.5), settled=False).verdict == "healthy"
+    # unsettled (the warm-up): a too-large window is not judged, nor remembered
+    assert watch.close(window(1.5), settled=False).verdict == "healthy" and watch.large is None
+    assert watch.close(window(0.5), settled=True).verdict == "healthy"
+    # a poll whose open window alone says "too large" does not flip the closed windows' verdict
+    assert watch.verdict(True, window(1.5)).verdict == "healthy"
+    assert watch.close(window(1.5), settled=True).verdict == "lr_too_large"
+    verdicts = {watch.close(window(r), settled=True).verdict for r in (0.8, 1.5, 0.8)}
+    verdicts |= {watch.verdict(True, window(r)).verdict for r in (0.1, 0.8, 1.5)}
+    assert verdicts == {"lr_too_large"}
+    assert watch.verdict(True).steps == 7 * 512
+    assert watch.verdict(True, window(1e4, theta=1e6)).broken_down

@@ -44,13 +44,24 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     validation = ([(x[:100], y[:100])], _log_likelihood)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
+    lines: list[str] = []
     result = sgrld.tune(
-        "sgld", model, potential, loader, num_data=n, seed=3, validation=validation, **SMALL
+        "sgld", model, potential, loader, num_data=n, seed=3, validation=validation,
+        progress=lines.append, **SMALL,
+    )  # fmt: skip
+    # a line per round (its candidates, scores, the budget spent and the time left), then the
+    # choice; the readable repr and the summary: a line per round
+    assert len(lines) == len(result.rounds) + 1 and lines[0].startswith("tune identity: probe")
+    assert all("of 7000 gradients" in line and "s left" in line for line in lines[1:-1])
+    assert lines[-1].startswith(f"tune identity: chose lr = {result.lr:.3g}")
+    assert len(repr(result)) < 200 and "\n" not in repr(result)
+    assert len(result.summary().splitlines()) == len(result.rounds) + 3 + any(
+        c.diverged or c.too_large for c in result.candidates
     )
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert result.sampler == "identity" and result.score == "validation"
-    assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr"}
+    assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr", "adapt_until"}
     assert [r.name for r in result.rounds][:2] == ["probe", "bracket"]
     lrs = [c.lr for c in result.candidates]
     assert lrs == sorted(lrs) and result.lr in lrs and len(lrs) >= 2
@@ -68,7 +79,8 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     again = sgrld.tune(
         "identity", model, potential, loader, num_data=n, seed=3, validation=validation, **SMALL
     )
-    assert again.to_dict() == result.to_dict()  # the same seed, the same search
+    wall = {"seconds": None}  # the wall time is the one field a seed does not fix
+    assert {**again.to_dict(), **wall} == {**result.to_dict(), **wall}  # the same search
     opt = sgrld.SGRLDOptimizer(model.parameters(), metric="identity", num_data=n, **result.options)
     assert opt.param_groups[0]["lr"] == result.lr
 
@@ -85,7 +97,10 @@ def test_every_sampler_is_tuned_and_its_options_build_the_optimizer(name: str) -
         fixed["precondition_vectors"] = True  # a (1, 10) weight: else G = I (SGLD)
     result = sgrld.tune(name, model, potential, loader, num_data=n, seed=0, **SMALL, **fixed)
     searched = {n: result.options[n] for n in result.searched}
-    assert result.options == {**searched, **fixed} and result.spent <= SMALL["budget"]
+    # adapt_until: the candidates' warm-up for a chain of `steps` (a quarter of it, at most the
+    # user's), so that the optimizer built from the options samples as they did
+    ran = {"adapt_until": min(500, SMALL["steps"] // 4)}
+    assert result.options == {**searched, **fixed, **ran} and result.spent <= SMALL["budget"]
     assert result.searched == ("lr", *(n for n in get_metric(name).tuned))
     sgrld.SGRLDOptimizer(model.parameters(), metric=name, num_data=n, **result.options)
 
@@ -163,14 +178,102 @@ def test_blown_up_flags_nan_inf_and_blow_ups_only() -> None:
     assert blown_up(start, now).tolist() == [False, True, False, False, True, True, True]
 
 
+def _record(samples: np.ndarray, *, too_large: bool = False, diverged: bool = False) -> Any:
+    from sgrld.tuning.score import Record
+
+    scores = -samples  # the score of N(0, I)
+    return Record(diverged, samples, scores, None, np.zeros(len(samples)), too_large)
+
+
+def test_a_too_large_or_degenerate_chain_cannot_win_the_ksd() -> None:
+    """Issue 40: a chain that hardly moves scored a standard error of 2.5e-6 against 1.7e-3 and
+    won; a chain whose ℓ sgrld.health calls too large was chosen. The first's standard error is
+    at least the round's median; the second scores +∞, as a diverged one does."""
+    from sgrld.tuning.score import round_scores
+
+    rng = np.random.default_rng(0)
+    exact = [_record(rng.standard_normal((64, 4))) for _ in range(3)]
+    stuck = _record(np.full((64, 4), 0.3) + 1e-9 * rng.standard_normal((64, 4)))
+    hot = _record(rng.standard_normal((64, 4)), too_large=True)
+    rows = round_scores([*exact, stuck, hot, _record(exact[0].samples, diverged=True)],
+                        [[0, 1], [2, 3]], "ksd")  # fmt: skip
+    assert rows[4] == rows[5] == (math.inf, 0.0)
+    # floored at the median of the four: at least half the smallest of the moving chains'
+    assert rows[3][1] >= min(e for _, e in rows[:3]) / 2 > 0
+    assert rows[3][1] == min(e for _, e in rows[:4])
+
+
+def test_lr_too_large_is_the_health_rule_on_the_scored_half_unless_the_potential_falls() -> None:
+    """A round's records: drift/noise 2 over the scored half (the telemetry's sums since the
+    burn-in) is "lr too large" (sgrld.health's bound 1), unless the chain's potential still
+    falls (a descent: Shampoo at the digits grid's best ℓ); drift/noise 0.5 is healthy; a
+    non-finite ‖θ‖ is a breakdown."""
+    from types import SimpleNamespace
+
+    from sgrld.tuning.score import records
+
+    points, ratios = 16, (2.0, 2.0, 0.5, 2.0)
+    flat, falling = np.full(points, 1.0), np.linspace(2.0, 1.0, points)
+    potentials = (flat, falling, flat, flat)
+    kept: dict[str, list[torch.Tensor]] = {"x": [], "s": [], "ll": []}
+    for i in range(points):
+        steps = 10.0 * (i + 1)
+        rows = [[0.0, potentials[k][i], r**2 * steps, steps, 4.0 * steps, steps]
+                for k, r in enumerate(ratios)]  # fmt: skip
+        rows[3][4] = math.inf  # ‖θ‖² summed: not finite
+        kept["x"].append(torch.tensor(rows, dtype=torch.float64))
+        kept["s"].append(torch.zeros(4, 1, dtype=torch.float64))
+    problem = SimpleNamespace(chains_per_candidate=1, fixed={})
+    out = records(problem, [False] * 4, kept)  # type: ignore[arg-type]
+    assert [(r.too_large, r.diverged) for r in out] == [
+        (True, False), (False, False), (False, False), (False, True)]  # fmt: skip
+    assert out[0].excluded and not out[1].excluded and out[3].excluded
+
+
+def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -> None:
+    """Issue 40: a 440-step chain (20 epochs of 22 batches) got a bracket of 3 and one round:
+    the shortest round was 4 × points steps, longer than the chain. Now 7 → 4 → 2 candidates
+    at 110, 220 and 440 steps, and a probe of 110."""
+    from types import SimpleNamespace
+
+    from sgrld.tuning import search
+
+    def cost(candidates: int, length: int, *, scored: bool = True) -> int:
+        return candidates * (length + 32 * 22 * scored)
+
+    problem = SimpleNamespace(points=32, chains_per_candidate=1, cost=cost)
+    state = search._Search(problem, 440, 30_000, [], {})  # type: ignore[arg-type]
+    assert state.probe_steps == 110 and state.min_length == 110
+    assert state._plan(30_000 - state.probe_cost, search.BRACKET, search.MAX_WIDEN) == [
+        (7, 110), (4, 220), (2, 440)]  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("option", "words"),
+    [({"points": 0}, "points"), ({"score_points": 0}, "score_points"), ({"chains": 0}, "chains"),
+     ({"seed": 2**64}, "seed"), ({"num_data": math.inf}, "num_data"),
+     ({"num_data": 0}, "num_data"), ({"score": "kds"}, "score"),
+     ({"score": "validation"}, "score"),
+     ({"validation": ([], _log_likelihood)}, "validation")],
+)  # fmt: skip
+def test_bad_arguments_are_refused_by_name(option: dict[str, Any], words: str) -> None:
+    """Issue 42 item 12: ZeroDivisionError, a bare AssertionError, "seeds is empty", an
+    overflow, "every candidate diverged" and an empty validation set, before any chain runs."""
+    model, potential, loader, n = _diabetes()
+    kw: dict[str, Any] = {"num_data": n, **SMALL, **option}
+    with pytest.raises(ValueError, match=rf"^invalid {words}\b") as info:
+        sgrld.tune("sgld", model, potential, loader, **kw)
+    assert "\n" not in str(info.value)
 
 
 def test_a_budget_too_small_names_the_minimum() -> None:
     model, potential, loader, n = _diabetes()
     with pytest.raises(ValueError, match=r"^budget=1000 cannot compare two candidates: give at "
                        r"least \d+ gradient evaluations") as info:  # fmt: skip
-        sgrld.tune("monge", model, potential, loader, num_data=n, steps=100, budget=1000, points=8)
+        sgrld.tune("monge", model, potential, loader, num_data=n, steps=1000, budget=1000, points=8)
     minimum = int(re.search(r"at least (\d+)", str(info.value)).group(1))  # type: ignore[union-attr]
     result = sgrld.tune(
         "monge", model, potential, loader, num_data=n, steps=1000, budget=minimum, points=8

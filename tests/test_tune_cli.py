@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,7 @@ def test_tune_refuses_an_lr_and_a_budget_too_small(
 ) -> None:
     argv = ["tune", *RUN, "--sampler", "sgld", "--out", str(tmp_path)]
     assert main([*argv, "--lr", "0.1"]) == exits.USAGE
-    assert "sgrld tune chooses --lr" in capsys.readouterr().err
+    assert "sgrld tune takes no --lr (it chooses ℓ)" in capsys.readouterr().err
     assert main([*argv, "--budget", "100"]) == exits.USAGE
     err = capsys.readouterr().err.strip()
     assert err.startswith("sgrld tune: error: budget=100 cannot compare two candidates")
@@ -122,3 +123,51 @@ def test_a_tuned_alpha2_is_shown_and_taken_by_sample(tmp_path: Path) -> None:
                          "--alpha2-rule", "normalized")  # fmt: skip
     with pytest.raises(ValueError, match=r"tuned with alpha2_rule = fixed, not normalized"):
         config_from_args(other)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [(["--resume"], "takes no --resume (it is not a sampling run)"),
+     (["--no-plot"], "takes no --no-plot"), (["--parallel", "ddp"], "takes no --parallel"),
+     (["--threads", "0"], "--threads must be >= 1, got 0")],
+)  # fmt: skip
+def test_tune_refuses_sample_options_it_would_ignore(
+    flags: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42 items 10 and 14: --threads 0 was a traceback; --resume, --no-plot and
+    --parallel were accepted and ignored. One line each, exit 2, nothing written."""
+    out = tmp_path / "out"
+    assert main(["tune", *RUN, "--sampler", "sgld", "--out", str(out), *flags]) == exits.USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sgrld tune: error: ") and words in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_tune_help_lists_its_own_options_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44 item 9: ``sgrld tune --help`` was sample's (--lr, --resume, curves.png)."""
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = capsys.readouterr().out
+    for own in ("--budget", "--score", "--sampler S[,S...]", "--epochs", "--no-progress"):
+        assert own in text, own
+    for other in ("--lr", "--resume", "--no-plot", "--parallel", "--thinning"):
+        assert not re.search(rf"(^\s*|\[){other}\b", text, re.M), other  # usage, option line
+    assert "curves.png" not in text
+
+
+def test_tune_locks_its_folder_and_clears_a_killed_writes_temporaries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42 item 8: two tunes on one --out both wrote; a kill while writing left a
+    ``.tune.png.*.sgrld-tmp``. A second tune is refused while the first holds the folder; the
+    next tune removes what a killed one left."""
+    from sgrld.experiments.base.files import DirectoryLock
+
+    argv = ["tune", *RUN, "--sampler", "sgld", "--out", str(tmp_path), "--budget", "100"]
+    with DirectoryLock(tmp_path, "sgrld tune"):
+        assert main(argv) == exits.USAGE
+    assert "is in use by another run" in capsys.readouterr().err
+    stale = tmp_path / ".tune.png.abc123.sgrld-tmp"
+    stale.write_bytes(b"half a figure")
+    assert main(argv) == exits.USAGE  # the budget: refused after the lock and the clean-up
+    assert not stale.exists() and not (tmp_path / ".sgrld.lock").exists()

@@ -9,6 +9,7 @@ and ``sgrld report`` all call it, so they agree; ``docs/health.md`` gives the ru
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -291,6 +292,12 @@ WATCH_WINDOW = 32
 class Watch:
     """The host side of one chain's sparse watch: its windows, the verdict, one warning each.
 
+    The verdict is stable: ℓ is judged on the closed windows only (the open one, polled at any
+    step, can only add a breakdown), and once a closed window of the settled chain calls ℓ too
+    large, the chain's verdict stays so (its warning said so; a later window's drift/noise
+    below 1 does not undo a stretch of sampling at too large an ℓ). Before the first window
+    closes, the open window is judged.
+
     ``first``: the chain's first window, kept across a resume (the growth reference).
     """
 
@@ -299,6 +306,7 @@ class Watch:
         self.windows: list[dict[str, float]] = []
         self.first = dict(first) if first else None
         self.warned: set[str] = set()
+        self.large: Health | None = None  # the first "lr_too_large" of a closed window
 
     @staticmethod
     def window(sums: Sequence[float], temperature: float) -> dict[str, float]:
@@ -313,7 +321,10 @@ class Watch:
         self.windows.append(window)
         if self.first is None:
             self.first = window
-        return self.verdict(settled)
+        result = self.verdict(settled)
+        if result.verdict == "lr_too_large" and self.large is None:
+            self.large = result
+        return result
 
     def warn(self, verdict: Health) -> None:
         """Warn once per verdict that is not ok (after the step's bookkeeping)."""
@@ -325,10 +336,19 @@ class Watch:
     def verdict(self, settled: bool = True, open_window: dict[str, float] | None = None) -> Health:
         """The verdict on every window so far and ``open_window``; before the chain has
         ``settled`` (its warm-up), only a breakdown."""
-        windows = self.windows + ([open_window] if open_window else [])
-        if self.first is not None and (not windows or windows[0] is not self.first):
-            windows = [self.first, *windows]  # a resumed chain: the reference of its start
-        result = judge(windows)
+        everything = self._from_first(self.windows + ([open_window] if open_window else []))
+        result = judge(everything)
+        if result.broken_down:
+            return result
+        if self.large is not None:
+            return dataclasses.replace(self.large, steps=result.steps)
+        if self.windows:  # ℓ on the closed windows: a partly filled one does not flip it
+            result = judge(self._from_first(self.windows))
         if not settled and result.verdict in ("lr_too_large", "lr_too_small"):
             return Health("healthy", steps=result.steps)
         return result
+
+    def _from_first(self, windows: list[dict[str, float]]) -> list[dict[str, float]]:
+        if self.first is not None and (not windows or windows[0] is not self.first):
+            return [self.first, *windows]  # a resumed chain: the reference of its start
+        return windows

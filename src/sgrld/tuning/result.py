@@ -28,7 +28,8 @@ class Round:
 class Candidate:
     """A candidate: its ℓ and its values of the searched tuned options (``options``), its score
     in each round it was scored in (lower is better), the sampler steps spent on it (all its
-    chains, all rounds) and whether it diverged in any."""
+    chains, all rounds), whether it diverged in any and whether :func:`sgrld.health` called its ℓ
+    too large in any (either: it is out)."""
 
     lr: float
     scores: tuple[float, ...]
@@ -36,6 +37,7 @@ class Candidate:
     steps: int
     diverged: bool
     options: dict[str, float] = dataclasses.field(default_factory=dict)
+    too_large: bool = False  # sgrld.health called its ℓ too large in a round: never chosen
 
     @property
     def score(self) -> float:
@@ -49,7 +51,8 @@ class TuneResult:
 
     Attributes:
         sampler: the registry name of the sampler.
-        options: the chosen ``lr`` and searched options with the fixed options, ready for
+        options: the chosen ``lr`` and searched options with the fixed options and the
+            ``adapt_until`` the candidates ran with for ``steps`` steps, ready for
             ``SGRLDOptimizer(..., metric=sampler, num_data=n, **options)`` or ``sgrld.build``.
         searched: the options chosen by the search: ``"lr"`` and the metric's tuned options
             that were not fixed (Monge: ``"alpha2"``).
@@ -58,8 +61,9 @@ class TuneResult:
             halving rounds, in order.
         spent: gradient evaluations spent in all (≤ ``budget``).
         budget: the budget it was given.
-        score: ``"ksd"`` or ``"validation"``: what the scores are.
+        score: ``"ksd"``, ``"validation"`` or ``"loss"``: what the scores are.
         steps: the length of chain the options are for.
+        seconds: the search's wall time.
     """
 
     sampler: str
@@ -71,11 +75,46 @@ class TuneResult:
     budget: int
     score: str
     steps: int
+    seconds: float = math.nan
 
     @property
     def lr(self) -> float:
         """The chosen ℓ."""
         return float(self.options["lr"])
+
+    @property
+    def runs(self) -> float:
+        """The budget spent as a multiple of one chain of ``steps`` steps."""
+        return self.spent / self.steps
+
+    def __repr__(self) -> str:
+        chosen = ", ".join(f"{k}={self.options[k]:.3g}" for k in self.searched)
+        return (
+            f"TuneResult(sampler={self.sampler!r}, {chosen}, score={self.score!r}, "
+            f"candidates={len(self.candidates)}, rounds={len(self.rounds)}, "
+            f"spent={self.spent}/{self.budget} ({self.runs:.1f} runs of {self.steps} steps))"
+        )
+
+    def summary(self) -> str:
+        """A short table: per round its candidates and scores (``!``: diverged, ``>``: ℓ too
+        large), then the choice and the cost."""
+        lines = [repr(self), f"{'round':<8} {'option':<7} {'steps':>6}  values: score"]
+        for r in self.rounds:
+            if r.name == "probe":
+                cells = " ".join(f"{v:.0e}{'!' if math.isinf(s) else ''}"
+                                 for v, s in zip(r.values, r.scores, strict=True))  # fmt: skip
+            else:
+                cells = "  ".join(
+                    f"{v:.3g}: {s:.4g}" if math.isfinite(s) else f"{v:.3g}: out"
+                    for v, s in zip(r.values, r.scores, strict=True)
+                )
+            lines.append(f"{r.name:<8} {r.option:<7} {r.length:>6}  {cells}")
+        out = [c for c in self.candidates if c.diverged or c.too_large]
+        if out:
+            why = [f"ℓ {c.lr:.3g} ({'diverged' if c.diverged else 'lr too large'})" for c in out]
+            lines.append("out: " + ", ".join(why))
+        lines.append(f"options: {self.options}")
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (infinite scores as ``None``)."""

@@ -11,11 +11,9 @@ scoring batches) and each validation datum's log-likelihood. Divergence is
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import torch
 from torch import Tensor, nn
 
 from sgrld.chain_health import blown_up
@@ -24,9 +22,13 @@ from sgrld.core.runner import Account, Stepper, VectorizedChains, run, sampled
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.metrics import get_metric
 from sgrld.optim import build
-from sgrld.tuning.data import Batches, bind, expanded, flatten, size
+from sgrld.tuning.data import Batches
+from sgrld.tuning.score import Record
+from sgrld.tuning.score import records as _records
+from sgrld.tuning.score import thinned as _score
+from sgrld.tuning.score import validation as _validation
 
-__all__ = ["Problem", "Record", "run_round"]
+__all__ = ["Problem", "Record", "run_round"]  # Record: re-exported from score
 
 Potential = Callable[[nn.Module, Any], Tensor]
 
@@ -77,20 +79,6 @@ class Problem:
         return chains * (length + self.points * per_point * scored)
 
 
-@dataclasses.dataclass
-class Record:
-    """One candidate's round: whether it diverged and what was kept at its thinned points."""
-
-    diverged: bool
-    samples: np.ndarray  # (points·C, d) scored coordinates
-    scores: np.ndarray  # (points·C, d) ∇log p on them
-    log_likelihoods: np.ndarray | None  # (points·C, V) validation log-likelihoods
-
-
-def _flat(tensors: Iterable[Tensor], k: int) -> Tensor:
-    return torch.cat([t.reshape(k, -1) for t in tensors], 1)
-
-
 def run_round(
     problem: Problem,
     candidates: Sequence[Mapping[str, float]],
@@ -128,50 +116,3 @@ def run_round(
     broken = [h.broken_down for h in chains.health()]
     c = problem.chains_per_candidate
     return _records(problem, [any(broken[i : i + c]) for i in range(0, k, c)], kept)
-
-
-def _score(problem: Problem, chains: Chains) -> tuple[Tensor, Tensor]:
-    """Every chain's scored coordinates and −∇u on them from the scoring batches."""
-    k = chains.num_chains
-    total = sum(size(b) for b in problem.batches.scoring)
-    grad = None
-    for batch in problem.batches.scoring:
-        tensors, rebuild = expanded(batch, k)
-        _, grads = chains.grads(bind(problem.potential, rebuild), *tensors)
-        part = _flat(grads.values(), k)[:, problem.coords] * (size(batch) / total)
-        grad = part if grad is None else grad + part
-    assert grad is not None
-    x = _flat(chains.params.values(), k)[:, problem.coords]
-    return x.detach().double().cpu(), -grad.double().cpu()
-
-
-def _validation(problem: Problem, chains: Chains) -> Tensor:
-    """Every chain's log-likelihood of each validation datum, ``(K, V)``."""
-    assert problem.validation is not None
-    data, log_likelihood = problem.validation
-    out = []
-    with torch.no_grad():
-        for batch in data:
-            tensors, rebuild = flatten(batch)
-            out.append(chains.map(bind(log_likelihood, rebuild), *tensors, shared=True))
-    return torch.cat(out, 1).double().cpu()
-
-
-def _records(problem: Problem, bad: list[bool], kept: dict[str, list[Tensor]]) -> list[Record]:
-    c = problem.chains_per_candidate
-    if not kept["x"]:  # a probe: nothing kept
-        kept["x"] = kept["s"] = [torch.zeros(len(bad) * c, 1, dtype=torch.float64)]
-    x, s = torch.stack(kept["x"], 1), torch.stack(kept["s"], 1)  # (K, points, d)
-    ll = torch.stack(kept["ll"], 1) if kept["ll"] else None  # (K, points, V)
-    out = []
-    for i, broken in enumerate(bad):
-        part = slice(i * c, (i + 1) * c)
-        out.append(
-            Record(
-                broken,
-                x[part].reshape(-1, x.shape[-1]).numpy(),
-                s[part].reshape(-1, s.shape[-1]).numpy(),
-                None if ll is None else ll[part].reshape(-1, ll.shape[-1]).numpy(),
-            )
-        )
-    return out

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from sgrld.core.contract import check_int
+from sgrld.core.contract import check_choice, check_int
 from sgrld.core.runner import sampled
+from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.metrics import get_metric, resolve_metric_name
 from sgrld.optim import build
 from sgrld.tuning.data import Batches
@@ -22,11 +25,15 @@ from sgrld.tuning.result import Candidate, Round, TuneResult
 from sgrld.tuning.runs import Potential, Problem, Record, run_round
 from sgrld.tuning.score import round_scores
 
+Progress = Callable[[str], None]
+
 __all__ = ["tune"]
 
 #: the probe's ladder: ℓ = 10^k for these k, shifted by its width when every ℓ (or none) diverges
 PROBE_EXPONENTS = tuple(range(-8, 5))
+#: the probe's chain length, at most a quarter of ``steps`` (at least :data:`PROBE_MIN_STEPS`)
 PROBE_STEPS = 300
+PROBE_MIN_STEPS = 64
 #: the bracket's candidates: half a decade apart, from the largest ℓ stable in the probe down
 BRACKET = 7
 SPACING = math.sqrt(10.0)
@@ -37,6 +44,12 @@ OPTION_FACTORS = (1.0, 0.1, 10.0)
 OPTION_SPACING = 10.0
 #: coordinates per subset of the score, and subsets when the model has more
 SUBSET, SUBSETS = 16, 8
+#: the shortest round: scored points × this, or a quarter of ``steps`` if less (then fewer points
+#: are scored), so that a bracket halved twice (7, 4, 2 candidates) ends at ``steps``
+POINT_SPACING = 4
+MIN_LENGTH = 16
+#: the score kinds: ``round_scores``' (``"loss"`` is for comparison, ``docs/tuning.md``)
+SCORES = ("ksd", "validation", "loss")
 
 
 def tune(
@@ -53,6 +66,8 @@ def tune(
     chains: int = 1,
     points: int = 128,
     score_points: int = 2048,
+    score: str | None = None,
+    progress: bool | Progress | None = None,
     **fixed: Any,
 ) -> TuneResult:
     """Choose the step size ℓ of ``sampler`` (and its tuned options that are not fixed, e.g.
@@ -76,8 +91,13 @@ def tune(
         validation: ``(batches, log_likelihood)`` with ``log_likelihood(model, batch)`` each
             datum's log-likelihood ``(B,)``: the score is then the validation log predictive.
         chains: chains per candidate.
-        points: thinned points per chain scored.
+        points: thinned points per chain scored (fewer, a quarter of the round's steps, in a
+            round shorter than ``4 × points`` steps).
         score_points: data of the loader's first pass used for the score's gradients.
+        score: ``"validation"`` (the default with ``validation``), ``"ksd"`` (the default
+            without), or ``"loss"`` (the mean potential; for comparison, ``docs/tuning.md``).
+        progress: a line per round (its candidates, their scores, the budget spent, the time
+            left): ``True`` prints them to standard error, a callable receives each line.
         **fixed: the sampler's fixed options (``decay``, ``temperature``, ``adapt_until``, ...),
             kept in the result's options; a tuned option given here is not searched.
 
@@ -90,8 +110,24 @@ def tune(
             loader that is empty on its second pass, or invalid options.
     """
     name = resolve_metric_name(sampler)
-    for label, value, low in (("steps", steps, 1), ("budget", budget, 1), ("seed", seed, 0)):
+    for label, value, low in (("steps", steps, 1), ("budget", budget, 1), ("seed", seed, 0),
+                              ("chains", chains, 1), ("points", points, 2),
+                              ("score_points", score_points, 1)):  # fmt: skip
         check_int(label, value, low)
+    if seed >= 2**63:
+        raise ValueError(f"invalid seed: {seed!r} (expected an integer in [0, 2**63))")
+    if not (isinstance(num_data, (int, float)) and not isinstance(num_data, bool)
+            and math.isfinite(num_data) and num_data > 0):  # fmt: skip
+        raise ValueError(f"invalid num_data: {num_data!r} (expected a finite number > 0)")
+    kind = score or ("ksd" if validation is None else "validation")
+    check_choice("score", kind, SCORES)
+    if kind == "validation" and validation is None:
+        raise ValueError(
+            "invalid score: 'validation' (expected validation=(batches, log_likelihood) with it)"
+        )
+    held = None if validation is None else list(validation[0])
+    if held is not None and not held:
+        raise ValueError("invalid validation: its batches are empty (expected at least one)")
     if "lr" in fixed:
         raise TypeError("tune() chooses lr: pass the other options only")
     build(name, lr=1.0, num_data=num_data, noise="philox", **fixed)  # refuse bad options
@@ -101,16 +137,29 @@ def tune(
     devices = [first.device] if first.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        batches = Batches(loader, score_points, first.device)
+        # the KSD's gradients and the loss need the scoring data; validation one batch of it
+        batches = Batches(loader, score_points if kind != "validation" else 1, first.device)
         coords, subsets = _subsets(sum(p.numel() for p in sampled(model).values()), seed)
         problem = Problem(
             name, model, potential, batches, num_data, dict(fixed), coords, seed, chains, points,
-            None if validation is None else (list(validation[0]), validation[1]),
+            None if validation is None or held is None else (held, validation[1]),
         )  # fmt: skip
         metric: Any = get_metric(name)  # a dataclass
         defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(metric)}
         searched = {n: float(defaults[n]) for n in metric.tuned if n not in fixed}
-        return _Search(problem, steps, budget, subsets, searched).run()
+        report = _printer(progress)
+        return _Search(problem, steps, budget, subsets, searched, kind, report).run()
+
+
+def _printer(progress: bool | Progress | None) -> Progress | None:
+    """The callable that receives the search's lines, or ``None`` (silent)."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    if not callable(progress):
+        raise TypeError(f"progress must be True, False, None or a callable, got {progress!r}")
+    return progress
 
 
 def _subsets(size: int, seed: int) -> tuple[Tensor, list[list[int]]]:
@@ -143,19 +192,25 @@ class _Search:
         budget: int,
         subsets: list[list[int]],
         searched: dict[str, float],
+        kind: str = "ksd",
+        progress: Progress | None = None,
     ):
         self.problem, self.steps, self.budget, self.subsets = problem, steps, budget, subsets
-        self.kind = "ksd" if problem.validation is None else "validation"
+        self.kind, self.progress = kind, progress
+        self.started = time.monotonic()
         self.at = dict(searched)
         problem.account.budget = budget  # run_round spends into it, where it spends
         self.rounds: list[Round] = []
         self.history: dict[Key, list[tuple[int, float]]] = {}
         self.broken: set[Key] = set()
-        self.ceiling = math.inf  # the smallest ℓ that diverged at the options' defaults
-        self.min_length = 4 * problem.points
+        self.hot: set[Key] = set()  # sgrld.health: ℓ too large
+        self.ceiling = math.inf  # the smallest ℓ that diverged (or was too large) at the defaults
+        # a user's chain shorter than 4 × points: rounds as short as it, scoring fewer points
+        self.min_length = max(MIN_LENGTH, min(POINT_SPACING * problem.points, steps // 4))
+        self.probe_steps = max(PROBE_MIN_STEPS, min(PROBE_STEPS, steps // 4))
         self.passes = 1 + len(searched)  # ℓ, then each searched option
         self.limit = budget  # what the current pass may spend up to
-        self.probe_cost = problem.cost(len(PROBE_EXPONENTS), PROBE_STEPS, scored=False)
+        self.probe_cost = problem.cost(len(PROBE_EXPONENTS), self.probe_steps, scored=False)
         self.least = problem.cost(2, self.min_length)  # two candidates, the shortest chains
 
     @property
@@ -169,7 +224,7 @@ class _Search:
             each = f" for ℓ and for each of {', '.join(self.at)}" if self.at else ""
             raise ValueError(
                 f"budget={self.budget} cannot compare two candidates: give at least {minimum} "
-                f"gradient evaluations (a {PROBE_STEPS}-step stability probe and two "
+                f"gradient evaluations (a {self.probe_steps}-step stability probe and two "
                 f"{self.min_length}-step chains with {self.problem.points} scored points{each})"
             )
         top = self._probe()
@@ -180,9 +235,18 @@ class _Search:
             values = self._option_values(name, lr)
             plan = self._plan(self._share(i), len(values), MAX_WIDEN)
             self.at[name] = self._search(name, values[: plan[0][0]], plan, lr)
+        chosen = _key({"lr": lr, **self.at})
+        options = {**self.problem.fixed, "lr": lr, **self.at}
+        warmup = self.problem.fixed.get("adapt_until", DEFAULT_WARMUP)
+        if warmup is not None:  # the candidates' warm-up (Problem.build) for `steps` steps
+            warmup = min(warmup, self.steps // 4)
+        options["adapt_until"] = warmup
+        self._say(f"chose {', '.join(f'{k} = {v:.3g}' for k, v in chosen)}; "
+                  f"{self.spent} of {self.budget} gradient evaluations spent"
+                  f"{self._unspent()}")  # fmt: skip
         return TuneResult(
             sampler=self.problem.sampler,
-            options={"lr": lr, **self.at, **self.problem.fixed},
+            options=options,
             searched=("lr", *self.at),
             candidates=tuple(
                 Candidate(
@@ -192,6 +256,7 @@ class _Search:
                     sum(n for n, _ in h) * self.problem.chains_per_candidate,
                     key in self.broken,
                     {n: v for n, v in key if n != "lr"},
+                    key in self.hot,
                 )
                 for key, h in sorted(self.history.items())
             ),
@@ -200,7 +265,28 @@ class _Search:
             budget=self.budget,
             score=self.kind,
             steps=self.steps,
+            seconds=time.monotonic() - self.started,
         )
+
+    def _unspent(self) -> str:
+        """Why budget is left, if much is (more than the shortest comparison costs)."""
+        if self.budget - self.spent < self.least:
+            return ""
+        if max(r.length for r in self.rounds) >= self.steps:
+            return (" (the rest was not needed: no round runs longer than the user's "
+                    f"{self.steps} steps, and the halving ends at two candidates)")  # fmt: skip
+        return " (the rest was too little for a further round)"
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(f"tune {self.problem.sampler}: {line}")
+
+    def _eta(self) -> str:
+        elapsed = time.monotonic() - self.started
+        if not self.spent:
+            return f"{elapsed:.0f} s"
+        left = elapsed / self.spent * max(self.budget - self.spent, 0)
+        return f"{elapsed:.0f} s, at most about {left:.0f} s left"
 
     def _share(self, done: int) -> int:
         """An equal share of what is left for each pass still to run, from pass ``done`` on;
@@ -268,13 +354,16 @@ class _Search:
 
     def _ladder(self, shift: int) -> list[float]:
         lrs = [10.0 ** (k + shift) for k in PROBE_EXPONENTS]
-        before = self.spent
-        records = run_round(self.problem, [self._candidate("lr", lr) for lr in lrs], PROBE_STEPS,
+        before, length = self.spent, self.probe_steps
+        records = run_round(self.problem, [self._candidate("lr", lr) for lr in lrs], length,
                             scored=False)  # fmt: skip
         marks = tuple(math.inf if r.diverged else 0.0 for r in records)
-        self.rounds.append(Round("probe", "lr", PROBE_STEPS, tuple(lrs), marks, self.spent - before,
+        self.rounds.append(Round("probe", "lr", length, tuple(lrs), marks, self.spent - before,
                                  at=dict(self.at)))  # fmt: skip
         bad = [lr for lr, r in zip(lrs, records, strict=True) if r.diverged]
+        stable = [f"{lr:.0e}" for lr, r in zip(lrs, records, strict=True) if not r.diverged]
+        self._say(f"probe, {len(lrs)} × {length} steps: stable ℓ "
+                  f"{', '.join(stable) or 'none'} ({self._eta()})")  # fmt: skip
         self.ceiling = min([self.ceiling, *bad])
         # a stable ℓ above one that diverged is out too (a verdict need not be monotone in ℓ)
         return [lr for lr, r in zip(lrs, records, strict=True) if lr < self.ceiling]
@@ -360,14 +449,22 @@ class _Search:
         for v in values:
             key = _key(self._candidate(option, v, lr))
             self.history.setdefault(key, []).append((length, scored[v][0]))
-            if records[v].diverged:
-                self.broken.add(key)
+            if records[v].diverged or records[v].too_large:
+                (self.broken if records[v].diverged else self.hot).add(key)
                 if option == "lr":
                     self.ceiling = min(self.ceiling, v)
         scores = tuple(scored[v][0] for v in values)
         errors = tuple(scored[v][1] for v in values)
         at = {k: x for k, x in self._candidate(option, 0.0, lr).items() if k != option}
         self.rounds.append(Round(name, option, length, tuple(values), scores, cost, errors, at))
+        symbol = "ℓ" if option == "lr" else option
+        cells = ", ".join(
+            f"{v:.3g}: " + ("diverged" if records[v].diverged else "lr too large"
+                           if records[v].too_large else f"{scored[v][0]:.4g} ± {scored[v][1]:.2g}")
+            for v in values
+        )  # fmt: skip
+        self._say(f"{name}, {len(values)} × {length} steps, {symbol} → {self.kind}: {cells} "
+                  f"({self.spent} of {self.budget} gradients, {self._eta()})")  # fmt: skip
 
     def _best(self, option: str, lr: float | None) -> float:
         """The choice in the last round over ``option``, among the candidates within one
@@ -388,6 +485,12 @@ class _Search:
         raise self._all_diverged([dict(k)["lr"] for k in self.history])
 
     def _all_diverged(self, lrs: list[float]) -> ValueError:
+        if self.hot and not self.broken - self.hot:
+            return ValueError(
+                f"sgrld.health called every ℓ tried too large (ℓ from {min(lrs):.3g} to "
+                f"{max(lrs):.3g}): give a larger budget, so that the bracket can widen "
+                "downwards, or check that num_data is the number of data"
+            )
         return ValueError(
             f"every candidate diverged (ℓ from {min(lrs):.3g} to {max(lrs):.3g} tried): check "
             "that potential(model, batch) is finite at the model's start and is the per-datum "

@@ -5,6 +5,9 @@ Example (MNIST, N = 400, horseshoe prior, a 3-epoch run, every sampler)::
     sgrld tune --dataset mnist --width 400 --prior horseshoe --epochs 3 --budget 20000 \\
         --data-dir DIR --out OUT
 
+``--out`` is locked while it runs (a second ``sgrld tune`` on it is refused), and a line per
+round of the search goes to standard error (``--no-progress``: none).
+
 writes ``OUT/tune.json`` and ``OUT/tune.png``, which ``sample --lr tuned:OUT`` and ``report
 --tuned OUT`` read (``docs/tuning.md``).
 """
@@ -19,25 +22,41 @@ from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base import exits
-from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import write_atomic
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import add_run_options, config_from_args
 from sgrld.experiments.run.choices import SAMPLERS
+from sgrld.experiments.run.options import OPTIONS
 from sgrld.experiments.run.tuned import TUNE_FILE
 
 FIGURE = "tune.png"
 
+#: ``sgrld sample``'s options that say nothing about the run the ℓ is chosen for (how a run is
+#: sampled, recorded or resumed, and ``--lr``, which tune chooses): not tune's, refused if given
+NOT_TUNES = (
+    "lr", "chains", "chain_batch", "noise", "compile", "schedule", "cycles", "explore_fraction",
+    "thinning", "curvature", "curvature_points", "resume", "parallel", "no_graph", "no_plot",
+)  # fmt: skip
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``sgrld sample``'s options (the run to tune for) and the search's own."""
+    """The options of the run to tune for (``sgrld sample``'s that matter to it) and the
+    search's own; ``--help`` lists these only."""
     parser.epilog = exits.epilog("tune")
     samplers = {
         "metavar": "S[,S...]",
         "help": f"the samplers to tune (default: all of {', '.join(SAMPLERS)})",
     }
     out = {"type": Path, "required": True, "help": "the folder for tune.json and tune.png"}
-    add_run_options(parser, lists=("sampler",), own={"sampler": samplers, "out": out})
+    hidden = {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+    own: dict[str, dict[str, Any]] = {name: hidden for name in NOT_TUNES}
+    own |= {
+        "sampler": samplers,
+        "out": out,
+        "burn_in": {"help": "burn-in updates: with --adapt, the metric's warm-up (1000)"},
+        "no_progress": {"help": "no line per round of the search on stderr"},
+    }
+    add_run_options(parser, lists=("sampler",), own=own)
     search = parser.add_argument_group("the search")
     search.add_argument(
         "--budget",
@@ -47,26 +66,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     search.add_argument(
         "--score",
-        choices=("ksd", "validation"),
-        default="ksd",
-        help="sample quality by kernel Stein discrepancy (default) or the validation log "
-        "predictive (the paper's rule)",
+        choices=("validation", "ksd", "loss"),
+        default="validation",
+        help="the validation log predictive (default: the paper's rule, right on networks), "
+        "the kernel Stein discrepancy, or the mean potential (docs/tuning.md)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``sgrld tune``."""
+    from sgrld.experiments.base.files import (
+        DirectoryLock,
+        DirectoryLockedError,
+        OutputError,
+        remove_stale_temporaries,
+    )
+
+    given = [n for n in NOT_TUNES if hasattr(args, n)]
+    if given:
+        flag = OPTIONS[given[0]].flags[0]
+        why = "it chooses ℓ" if given[0] == "lr" else "it is not a sampling run"
+        return fail("tune", f"sgrld tune takes no {flag} ({why}): leave it out", exits.USAGE)
+    if args.threads is not None and args.threads < 1:
+        return fail("tune", f"--threads must be >= 1, got {args.threads}", exits.USAGE)
+    if args.out.exists() and not args.out.is_dir():
+        return fail("tune", f"--out {args.out} exists and is not a directory", exits.USAGE)
+    try:
+        with DirectoryLock(args.out, "sgrld tune"):  # one writer: a second tune is refused
+            remove_stale_temporaries(args.out)  # of a tune killed while writing
+            return _locked(args)
+    except DirectoryLockedError as exc:
+        return fail("tune", str(exc), exits.USAGE)
+    except OutputError as exc:
+        return fail("tune", str(exc), exits.IO_ERROR)
+
+
+def _locked(args: argparse.Namespace) -> int:
+    """``sgrld tune`` with ``--out`` locked."""
     import torch
 
     from sgrld.experiments.base.files import OutputError
     from sgrld.experiments.run import launch
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     names = args.sampler or list(SAMPLERS)
-    try:
-        if args.lr is not None:
-            raise UsageError("sgrld tune chooses --lr: leave it out")
-        args.lr = [1.0]  # a placeholder: the config's other fields are the run's
-        configs = {s: config_from_args({**vars(args), "sampler": s}) for s in names}
+    values = {**{n: o.default for n, o in OPTIONS.items()}, **vars(args), "lr": [1.0]}
+    try:  # lr: a placeholder; the config's other fields are the run's
+        configs = {s: config_from_args({**values, "sampler": s}) for s in names}
         first = configs[names[0]]
         data_dir = launch.data_dir_of(args, {first.dataset})
         splits = launch.load_splits(args, first, data_dir, args.out)
@@ -78,7 +125,6 @@ def run(args: argparse.Namespace) -> int:
         return fail("tune", str(exc), exits.IO_ERROR)
     except ValueError as exc:  # bad options (UsageError) and the tuner's refusals: one line each
         return fail("tune", str(exc), exits.USAGE)
-    del torch
     data = {"config": _setting(first, args, splits), "samplers": results}
     try:
         buffer = io.BytesIO()
@@ -90,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
     for name, result in results.items():
         grid = result["grid"]
         share = f", {result['spent'] / grid['evaluations']:.0%} of its grid" if grid else ""
-        print(f"{name}: {_chosen(result)} ({result['spent']} gradients{share})")
+        runs = result["spent"] / result["steps"]
+        print(f"{name}: {_chosen(result)} ({result['spent']} gradients = {runs:.1f} runs of "
+              f"{result['steps']} steps{share}; {result['seconds']:.0f} s)")  # fmt: skip
     print(f"wrote {args.out / TUNE_FILE}, {args.out / FIGURE}")
     return exits.OK
 
@@ -129,7 +177,7 @@ def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> di
         config.sampler, model, per_datum,
         DataLoader(TensorDataset(x, y), batch_size=config.batch_size, shuffle=True),
         num_data=n, steps=config.epochs * batches, budget=args.budget, seed=config.seed,
-        validation=validation, **fixed,
+        validation=validation, score=args.score, progress=not args.no_progress, **fixed,
     )  # fmt: skip
     out = result.to_dict()
     out["grid"] = paper_grid(config, config.epochs * batches)

@@ -1,0 +1,157 @@
+"""``sgrld.tune`` on a neural network against a hand grid of ℓ: is the tuned ℓ the grid's best?
+
+A 64-64-10 ReLU MLP on scikit-learn's digits (1,347 training images, 225 validation, 225 test;
+pixels / 16, times ``--scale``), batch 64, N(0, 1) prior, a run of 20 epochs (440 steps). For
+each sampler:
+
+* the grid: every ℓ of ``--grid`` (half a decade apart by default) as chains of one
+  ``sgrld.Chains``, 20 epochs, the second half's epoch ends an ensemble: its test accuracy and
+  log predictive density per datum (LPD, with its standard error over the test data);
+* ``sgrld.tune`` with each score of ``--scores`` (``ksd`` and ``loss`` see the training data
+  only; ``validation`` the 225 validation images), then a run with ``result.options``.
+
+Pass (the issue's rule): the tuned ℓ within half a decade of the grid's best (by test LPD) and
+its test LPD within 2 standard errors of the best's. The wall times are measured on whatever
+else the machine runs: read them as rough multiples of one run, not as a benchmark.
+
+    python benchmarks/tune_networks.py --samplers sgld,rmsprop --scores ksd,validation
+    python benchmarks/tune_networks.py --samplers rmsprop --scale 100 --grid -6:0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import sgrld
+
+BATCH = 64
+EPOCHS = 20
+
+
+def digits(scale: float) -> dict[str, Tensor]:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(y))
+    x = torch.tensor(x[order] / 16.0 * scale, dtype=torch.float32)
+    y = torch.tensor(y[order], dtype=torch.long)
+    return {"x": x[:1347], "y": y[:1347], "xv": x[1347:1572], "yv": y[1347:1572],
+            "xt": x[1572:], "yt": y[1572:]}  # fmt: skip
+
+
+def model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def potential(n: int) -> Any:
+    def u(m: nn.Module, batch: Any) -> Tensor:
+        x, y = batch
+        nll = nn.functional.cross_entropy(m(x), y)
+        return nll + 0.5 * sum((p**2).sum() for p in m.parameters()) / n
+
+    return u
+
+
+def log_likelihood(m: nn.Module, batch: Any) -> Tensor:
+    x, y = batch
+    return torch.log_softmax(m(x), -1).gather(-1, y[:, None])[:, 0]
+
+
+def sample(name: str, per_chain: list[dict[str, float]], data: dict[str, Tensor],
+           fixed: dict[str, Any]) -> list[tuple[float, float, float]]:  # fmt: skip
+    """Each options' 20-epoch run (a chain of one Chains): test (accuracy, LPD, LPD's se)."""
+    n = len(data["y"])
+    keys = sorted(per_chain[0])
+    options = {k: [float(o[k]) for o in per_chain] for k in keys}
+    sampler = sgrld.build(name, lr=1.0, num_data=n, noise="philox", **fixed)
+    k = len(per_chain)
+    chains = sgrld.Chains(model(0), sampler, seeds=[7] * k, **options)
+    u = potential(n)
+    gen = torch.Generator().manual_seed(1)
+    logp: list[Tensor] = []
+    for epoch in range(EPOCHS):
+        for index in torch.randperm(n, generator=gen).split(BATCH):
+            xb = data["x"][index].expand(k, -1, -1)
+            yb = data["y"][index].expand(k, -1)
+            chains.step(lambda m, a, b: u(m, (a, b)), xb, yb)
+        if sampler.metric.refresh_per_epoch:
+            chains.refresh()
+        if epoch >= EPOCHS // 2:  # the second half's epoch ends: the ensemble
+            with torch.no_grad():
+                logp.append(torch.log_softmax(chains(data["xt"], shared=True), -1))
+    mixture = torch.logsumexp(torch.stack(logp), 0) - math.log(len(logp))  # (K, T, 10)
+    labels = data["yt"].expand(k, -1)
+    lpd = mixture.gather(-1, labels[..., None])[..., 0]  # (K, T)
+    acc = (mixture.argmax(-1) == labels).double().mean(1)
+    t = lpd.shape[1]
+    return [(float(acc[c]), float(lpd[c].mean()), float(lpd[c].std() / math.sqrt(t)))
+            for c in range(k)]  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--samplers", default="sgld,rmsprop,monge,shampoo")
+    p.add_argument("--scores", default="ksd,validation")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--grid", default="-4:1", help="log10 ℓ range, half a decade apart")
+    p.add_argument("--budget", type=int, default=0, help="0: 10 runs' worth of gradients")
+    p.add_argument("--points", type=int, default=32)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    data = digits(args.scale)
+    n = len(data["y"])
+    steps = EPOCHS * math.ceil(n / BATCH)
+    lo, hi = (float(v) for v in args.grid.split(":"))
+    grid = [10 ** (lo + i / 2) for i in range(round((hi - lo) * 2) + 1)]
+    budget = args.budget or 10 * steps
+    for name in args.samplers.split(","):
+        fixed: dict[str, Any] = {"shampoo": {"precondition_vectors": True}}.get(name, {})
+        t0 = time.perf_counter()
+        rows = sample(name, [{"lr": lr} for lr in grid], data, {**fixed, "adapt_until": steps // 4})
+        grid_s = time.perf_counter() - t0
+        best = max(
+            range(len(grid)), key=lambda i: rows[i][1] if math.isfinite(rows[i][1]) else -1e9
+        )
+        print(f"\n## {name}, features × {args.scale:g}: grid of {len(grid)} ℓ "
+              f"({grid_s:.0f} s for all, {grid_s / len(grid):.1f} s a run)")  # fmt: skip
+        for lr, (acc, lp, se) in zip(grid, rows, strict=True):
+            mark = " ← best" if lr == grid[best] else ""
+            print(f"  ℓ {lr:<9.3g} test acc {acc:.3f} LPD {lp:8.4f} ± {se:.4f}{mark}")
+        for kind in args.scores.split(","):
+            t0 = time.perf_counter()
+            validation = (
+                ([(data["xv"], data["yv"])], log_likelihood) if kind == "validation" else None
+            )
+            loader = DataLoader(TensorDataset(data["x"], data["y"]), batch_size=BATCH, shuffle=True)
+            try:
+                result = sgrld.tune(name, model(0), potential(n), loader, num_data=n, steps=steps,
+                                    budget=budget, seed=0, validation=validation, score=kind,
+                                    points=args.points, progress=True, **fixed)  # fmt: skip
+            except ValueError as exc:
+                print(f"  tune ({kind}): refused: {exc}")
+                continue
+            tune_s = time.perf_counter() - t0
+            opts = {k: v for k, v in result.options.items() if k in result.searched}
+            rest = {k: v for k, v in result.options.items() if k not in result.searched}
+            ((acc, lp, se),) = sample(name, [opts], data, rest)
+            ok = abs(math.log10(result.lr / grid[best])) <= 0.5 + 1e-9
+            ok_lp = lp >= rows[best][1] - 2 * math.hypot(se, rows[best][2])
+            print(f"  tune ({kind}): ℓ {result.lr:.3g} → test acc {acc:.3f} "
+                  f"LPD {lp:.4f} ± {se:.4f}; "
+                  f"{tune_s:.0f} s ({tune_s / (grid_s / len(grid)):.1f} runs' time), spent "
+                  f"{result.spent} = {result.runs:.1f} runs of {steps} steps; "
+                  f"ℓ {'PASS' if ok else 'FAIL'}, LPD {'PASS' if ok_lp else 'FAIL'}")  # fmt: skip
+            print("    " + result.summary().replace("\n", "\n    "))
+
+
+if __name__ == "__main__":
+    main()

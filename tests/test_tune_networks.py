@@ -1,0 +1,53 @@
+"""``sgrld.tune`` on a neural network (issue 40): the 64-64-10 ReLU MLP on scikit-learn's digits
+of ``benchmarks/tune_networks.py``, whose tables are in ``docs/tuning.md``.
+
+Each case: a hand grid of ℓ half a decade apart, 20 epochs each (chains of one ``sgrld.Chains``),
+their test log predictive; then ``sgrld.tune`` with its default score for the data given (the
+validation log predictive) and a run with ``result.options``. Before this round the tuner chose
+ℓ = 10 for SGLD here (a chain at chance accuracy) and an RMSprop ℓ the health rule calls too
+large. Claims: the tuned ℓ is within half a decade of the grid's best, is not one the health rule
+calls too large (no candidate it called so was chosen), and its run classifies (test accuracy at
+least 0.9, where the grid's best is about 0.95 and chance 0.1).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import sgrld
+
+pytest.importorskip("sklearn")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import tune_networks as tn
+
+
+@pytest.mark.slow  # per case ~1 min on one core: a 5-run grid, tuning (~11 runs), a run
+@pytest.mark.parametrize(("name", "grid"), [("sgld", (-2, 0)), ("rmsprop", (-3, -1))])
+def test_the_tuned_lr_is_the_grids_on_the_digits_mlp(name: str, grid: tuple[int, int]) -> None:
+    torch.set_num_threads(1)
+    data = tn.digits(1.0)
+    n = len(data["y"])
+    steps = tn.EPOCHS * math.ceil(n / tn.BATCH)
+    lrs = [10 ** (grid[0] + i / 2) for i in range(2 * (grid[1] - grid[0]) + 1)]
+    rows = tn.sample(name, [{"lr": lr} for lr in lrs], data, {"adapt_until": steps // 4})
+    best = max(range(len(lrs)), key=lambda i: rows[i][1])
+    assert 0 < best < len(lrs) - 1, rows  # the grid brackets its best
+    loader = DataLoader(TensorDataset(data["x"], data["y"]), batch_size=tn.BATCH, shuffle=True)
+    validation = ([(data["xv"], data["yv"])], tn.log_likelihood)
+    result = sgrld.tune(name, tn.model(0), tn.potential(n), loader, num_data=n, steps=steps,
+                        budget=30_000, seed=0, validation=validation, points=32)  # fmt: skip
+    assert abs(math.log10(result.lr / lrs[best])) <= 0.5 + 1e-9, (result.lr, lrs[best])
+    chosen = next(c for c in result.candidates if c.lr == result.lr)
+    assert not chosen.too_large and not chosen.diverged
+    assert all(c.lr > result.lr for c in result.candidates if c.too_large)
+    assert result.spent <= 12 * steps  # about ten runs' worth of gradients
+    searched = {k: v for k, v in result.options.items() if k in result.searched}
+    fixed = {k: v for k, v in result.options.items() if k not in result.searched}
+    ((accuracy, _, _),) = tn.sample(name, [searched], data, fixed)
+    assert accuracy >= 0.9, (result.lr, accuracy)
