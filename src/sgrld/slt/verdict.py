@@ -1,0 +1,215 @@
+"""The verdict on an LLC estimate: has it mixed, is its step stable, is w₀ a minimum.
+
+Computed from the ``(K, T)`` loss traces alone (and, where known, the step's stiffness from
+the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arrays:
+
+* the traces are averaged over windows of one pass of batches (so that every datum counts
+  once per draw and the batches' spread cancels); R̂ and ESS are those block means';
+* **stationarity**: the per-chain estimate from the last half of the trace against the first
+  half's; a difference beyond 3 standard errors and 5 % says the chains were still moving;
+* **R̂** (split, Gelman et al. 2013, BDA3 §11.4) and **ESS** (Geyer's initial monotone
+  sequence, as Stan and NumPyro) of the block means;
+* **the step** from the quadratic model of :mod:`sgrld.slt.calibration`: the stiffest
+  direction's variance is inflated by ε(a₊ + nβ²s²)/4 (its stability edge is 4), the slowest
+  relaxes εa₋T/2 times over the trace (``docs/llc.md``);
+* **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum.
+
+The standard error :func:`judge` returns is the larger of the chains' spread over √K and the
+block means' standard deviation over √ESS, times nβ: it grows when the chains disagree or
+move slowly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: R̂ above this says the chains disagree (Vehtari et al. 2021 suggest 1.01 for 4 chains of
+#: thousands of draws; the block means are ~100 draws per chain, whose R̂ scatters more)
+MAX_RHAT = 1.05
+#: fewest effective draws of the block means for a standard error worth quoting
+MIN_ESS = 40.0
+#: the stiffest direction's variance inflation above which ε is judged too large: its share of
+#: λ̂ is then biased by that much (the calibration allows up to 50 % to buy mixing)
+MAX_INFLATION = 0.1
+#: relaxations of the slowest direction over the trace below which the chains cannot have mixed
+MIN_RELAXATIONS = 5.0
+#: the drift between the halves of the trace (in λ̂'s units) tolerated below this fraction
+DRIFT_FRACTION = 0.05
+#: blocks per chain the traces are cut into at the least
+MIN_BLOCKS = 20
+
+
+class LLCWarning(UserWarning):
+    """:func:`sgrld.llc`'s estimate failed its verdict (the message lists the problems)."""
+
+
+@dataclass(frozen=True)
+class LLCVerdict:
+    """What the traces say about an estimate.
+
+    Attributes:
+        ok: no problem found.
+        problems: one sentence per problem (empty when ``ok``).
+        rhat: split R̂ of the per-chain block means (NaN for one chain and one block).
+        ess: their effective sample size over all chains.
+        window: steps per block (one pass of batches where the loader has a length).
+        first_half: λ̂ from the first half of every trace after burn-in.
+        last_half: λ̂ from the last half (the stationary value's better guess).
+        drift_se: the standard error of ``last_half − first_half``.
+        inflation: the stiffest direction's variance inflation ε(a₊ + nβ²s²)/4 (NaN if
+            unknown: masks, sharded or low-precision parameters, or no double backward).
+        relaxations: how many times the slowest quadratic direction relaxes over the trace,
+            εa₋T/2 (NaN if unknown).
+    """
+
+    ok: bool
+    problems: tuple[str, ...]
+    rhat: float
+    ess: float
+    window: int
+    first_half: float
+    last_half: float
+    drift_se: float
+    inflation: float = math.nan
+    relaxations: float = math.nan
+
+    def __str__(self) -> str:
+        return "ok" if self.ok else "; ".join(self.problems)
+
+
+def split_rhat(draws: np.ndarray) -> float:
+    """Split R̂ of ``(chain, draw)`` draws (BDA3 §11.4): each chain cut in halves, the
+    between-halves against the within-halves variance. NaN with fewer than 4 draws."""
+    x = np.asarray(draws, dtype=np.float64)
+    half = x.shape[1] // 2
+    if half < 2:
+        return math.nan
+    halves = np.concatenate([x[:, :half], x[:, x.shape[1] - half :]])
+    within = halves.var(axis=1, ddof=1).mean()
+    between = half * halves.mean(axis=1).var(ddof=1)
+    if within <= 0.0:
+        return math.nan
+    return float(math.sqrt(((half - 1) / half * within + between / half) / within))
+
+
+def effective_sample_size(draws: np.ndarray) -> float:
+    """ESS of the mean of ``(chain, draw)`` draws: Geyer's initial monotone sequence over the
+    chains' pooled autocorrelation (Stan's estimator, without rank normalisation)."""
+    x = np.asarray(draws, dtype=np.float64)
+    chains, n = x.shape
+    if n < 4:
+        return math.nan
+    centred = x - x.mean(axis=1, keepdims=True)
+    size = 2 ** math.ceil(math.log2(2 * n))
+    spectrum = np.fft.rfft(centred, size, axis=1)
+    acov = np.fft.irfft(spectrum * np.conj(spectrum), size, axis=1)[:, :n] / n
+    within = acov[:, 0].mean() * n / (n - 1)
+    var_plus = within * (n - 1) / n
+    if chains > 1:
+        var_plus += x.mean(axis=1).var(ddof=1)
+    if var_plus <= 0.0:
+        return math.nan
+    rho = 1.0 - (within - acov.mean(axis=0)) / var_plus
+    rho[0] = 1.0
+    # Geyer: sums of adjacent pairs, positive and monotone
+    pairs = rho[: n - n % 2].reshape(-1, 2).sum(axis=1)
+    total, last = 0.0, math.inf
+    for p in pairs:
+        if p <= 0.0:
+            break
+        last = min(last, p)
+        total += last
+    tau = -1.0 + 2.0 * total
+    return float(chains * n / max(tau, 1.0 / math.log10(chains * n + 10)))
+
+
+def judge(
+    trace: np.ndarray,
+    *,
+    init_loss: float,
+    nbeta: float,
+    burnin: int,
+    window: int,
+    inflation: float = math.nan,
+    relaxations: float = math.nan,
+) -> tuple[LLCVerdict, float]:
+    """The verdict on the ``(K, T)`` loss traces and the standard error that reflects it.
+
+    Args:
+        trace: the batch loss of every chain at every step.
+        init_loss: L_n(w₀).
+        nbeta: nβ.
+        burnin: the leading steps left out of the estimate.
+        window: steps per block (one pass of batches); fewer where the trace after burn-in
+            has fewer than :data:`MIN_BLOCKS` of them.
+        inflation: ε(a₊ + nβ²s²)/4, where known.
+        relaxations: εa₋T/2, where known.
+
+    Returns:
+        ``(verdict, std_error)``.
+    """
+    x = np.asarray(trace, dtype=np.float64)[:, burnin:]
+    chains, steps = x.shape
+    window = max(1, min(window, steps // MIN_BLOCKS))
+    blocks = steps // window
+    means = x[:, steps - blocks * window :].reshape(chains, blocks, window).mean(axis=2)
+    per_chain = nbeta * (x.mean(axis=1) - init_loss)
+    mean = float(per_chain.mean())
+    rhat = split_rhat(means) if chains * blocks >= 4 else math.nan
+    ess = effective_sample_size(means)
+    spread = float(per_chain.std(ddof=1)) / math.sqrt(chains) if chains > 1 else 0.0
+    by_ess = nbeta * float(means.std(ddof=1)) / math.sqrt(ess) if ess > 0 else math.nan
+    std_error = max(spread, by_ess) if math.isfinite(by_ess) else spread or math.nan
+    half = blocks // 2
+    first = nbeta * (means[:, :half].mean(axis=1) - init_loss)
+    last = nbeta * (means[:, blocks - half :].mean(axis=1) - init_loss)
+    diff = last - first
+    if chains > 1:
+        drift_se = float(diff.std(ddof=1)) / math.sqrt(chains)
+    else:  # one chain: the halves' block means as independent draws
+        drift_se = nbeta * float(means.std(ddof=1)) * math.sqrt(2.0 / max(half, 1))
+    drift_se = max(drift_se, 2.0 * std_error)  # never tighter than the estimate itself
+    problems = []
+    if not math.isfinite(mean):
+        problems.append("λ̂ is not finite: a chain diverged (lower lr)")
+    drift = float(diff.mean())
+    if abs(drift) > 3.0 * drift_se and abs(drift) > DRIFT_FRACTION * abs(float(last.mean())):
+        way = "rising" if drift > 0 else "falling"
+        problems.append(
+            f"not stationary: the traces are still {way} (λ̂ {float(first.mean()):.3g} over the "
+            f"first half, {float(last.mean()):.3g} over the last); more steps or a larger lr"
+        )
+    if rhat > MAX_RHAT:
+        problems.append(f"the chains disagree (R̂ {rhat:.3f} > {MAX_RHAT}); more steps")
+    if ess < MIN_ESS:
+        problems.append(f"{ess:.0f} effective draws (< {MIN_ESS:.0f}); more steps")
+    if inflation > MAX_INFLATION:
+        problems.append(
+            f"step too large: the stiffest direction's variance is inflated by {inflation:.0%} "
+            f"(> {MAX_INFLATION:.0%}), λ̂ biased up; lower lr (and raise num_steps)"
+        )
+    if relaxations < MIN_RELAXATIONS:
+        problems.append(
+            f"not mixed: the slowest direction relaxes {relaxations:.2g} times over the trace "
+            f"(< {MIN_RELAXATIONS:g}); raise num_steps (or lr, if the step allows)"
+        )
+    if mean + 3.0 * std_error < 0.0:
+        problems.append(
+            "λ̂ < 0: the loss falls below L_n(w₀), so w₀ is no local minimum (train further)"
+        )
+    verdict = LLCVerdict(
+        ok=not problems,
+        problems=tuple(problems),
+        rhat=rhat,
+        ess=ess,
+        window=window,
+        first_half=float(first.mean()),
+        last_half=float(last.mean()),
+        drift_se=drift_se,
+        inflation=inflation,
+        relaxations=relaxations,
+    )
+    return verdict, std_error
