@@ -11,6 +11,7 @@ s² the minibatch gradient's variance along S's top eigenvector (``docs/llc.md``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from sgrld.core.sampler import Sampler
 BIAS, MAX_BIAS = 0.01, 0.5
 #: relaxations of the slowest direction over the trace the rule aims at
 RELAXATIONS = 20.0
+#: Hutchinson probes of the Hessian's trace (the verdict's step bias)
+TRACE_PROBES = 4
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,24 @@ class Spectrum:
         top: a₊, the largest eigenvalue of S = G^{-½}(nβ∇²L_n(w₀) + γI)G^{-½}.
         bottom: a₋, its smallest (≤ 0 where w₀ is no minimum).
         noise: nβ²s², s² the minibatch gradient's variance along S's top eigenvector.
+        hessian_trace: tr(G^{-½}·nβ∇²L_n(w₀)·G^{-½}) (Hutchinson's estimate).
+        noise_trace: nβ²·tr(G^{-½}ΣG^{-½}), Σ the minibatch gradient's covariance.
     """
 
     top: float
     bottom: float
     noise: float
+    hessian_trace: float = math.nan
+    noise_trace: float = math.nan
 
     def inflation(self, lr: float) -> float:
         """The stiffest direction's variance inflation at ε = ``lr``: ε(a₊ + nβ²s²)/4."""
         return lr * (self.top + self.noise) / 4.0
+
+    def step_bias(self, lr: float) -> float:
+        """The step's bias on λ̂ in the quadratic model: Σᵢ ½(nβhᵢ/aᵢ)·ε(aᵢ + nβ²sᵢ²)/4 ≤
+        ε/8·(tr(nβH) + nβ²tr Σ) (``docs/llc.md``)."""
+        return lr / 8.0 * (self.hessian_trace + self.noise_trace)
 
     def relaxations(self, lr: float, num_steps: int) -> float:
         """How many times the slowest direction relaxes over ``num_steps``: εa₋T/2."""
@@ -136,6 +148,9 @@ def spectrum(
         return metric.inverse_sqrt(state.stats, layout, v.clone())
 
     def curvature(v: Tensor) -> Tensor:  # S·v = G^{-½}(nβ·H + γ)G^{-½}v, H the batches' mean
+        return hessian(v) + scaled(scaled(v)) * localization
+
+    def hessian(v: Tensor) -> Tensor:  # G^{-½}·nβH·G^{-½}v
         u = layout.views(scaled(v))
         hv = [torch.zeros_like(p) for p in params]
         for batch in batches[:hessian_batches]:
@@ -152,7 +167,7 @@ def spectrum(
                     f'or build a Hugging Face model with attn_implementation="eager"'
                 ) from None
             torch._foreach_add_(hv, [p.detach() / len(batches[:hessian_batches]) for p in parts])
-        return scaled(_flat(hv) * nbeta + _flat(u) * localization)
+        return scaled(_flat(hv) * nbeta)
 
     gen = torch.Generator(device=params[0].device).manual_seed(seed)
     start = torch.randn(layout.size, generator=gen, dtype=params[0].dtype, device=params[0].device)
@@ -161,7 +176,18 @@ def spectrum(
     direction = scaled(v)
     spread = torch.stack([torch.dot(g, direction) for g in grads])
     noise = nbeta**2 * (float(spread.var()) if len(grads) > 1 else 0.0)
-    return Spectrum(top=top, bottom=top - gap, noise=noise)
+    probes = [  # Hutchinson: E[vᵀAv] = tr A for Rademacher v
+        torch.randint(0, 2, (layout.size,), generator=gen, device=start.device).to(start) * 2 - 1
+        for _ in range(TRACE_PROBES)
+    ]
+    hessian_trace = sum(float(torch.dot(v, hessian(v))) for v in probes) / len(probes)
+    noise_trace = math.nan
+    if len(grads) > 1:
+        mean = torch.stack(grads).mean(0)
+        spread2 = sum(float(scaled(g - mean).square().sum()) for g in grads)
+        noise_trace = nbeta**2 * spread2 / (len(grads) - 1)
+    return Spectrum(top=top, bottom=top - gap, noise=noise, hessian_trace=hessian_trace,
+                    noise_trace=noise_trace)  # fmt: skip
 
 
 def _power(op: Callable[[Tensor], Tensor], v: Tensor, iterations: int) -> tuple[float, Tensor]:

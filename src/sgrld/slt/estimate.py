@@ -294,8 +294,10 @@ def _estimate(
     std = float(per_chain.std(ddof=1)) if num_chains > 1 else math.nan
     verdict, std_error = judge(
         trace, init_loss=init_loss, nbeta=nbeta, burnin=burnin, window=init_batches,
+        pass_length=len(loader) if isinstance(loader, Sized) else None,
         inflation=spec.inflation(lr) if spec else math.nan,
-        relaxations=spec.relaxations(lr, num_steps - burnin) if spec else math.nan,
+        step_bias=spec.step_bias(lr) if spec else math.nan,
+        relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
     )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),

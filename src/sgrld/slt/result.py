@@ -85,8 +85,9 @@ class LLCEstimate:
             lines += [
                 f"  R̂ {v.rhat:.3f}   ESS {v.ess:.0f} (blocks of {v.window} steps)   "
                 f"halves {v.first_half:.4g} → {v.last_half:.4g} (± {v.drift_se:.2g})",
-                f"  step: stiffest direction inflated {_percent(v.inflation)}, slowest relaxes "
-                f"{_times(v.relaxations)} over the trace",
+                f"  step: biases λ̂ by about {_signed(v.step_bias)} (quadratic model), stiffest "
+                f"direction inflated {_percent(v.inflation)}, slowest relaxes "
+                f"{_times(v.relaxations)} over the chain",
                 "  verdict: " + ("ok" if v.ok else "NOT OK\n    - " + "\n    - ".join(v.problems)),
             ]
         return "\n".join(lines)
@@ -120,3 +121,7 @@ def _percent(value: float) -> str:
 
 def _times(value: float) -> str:
     return "unknown" if not math.isfinite(value) else f"{value:.3g}×"
+
+
+def _signed(value: float) -> str:
+    return "unknown" if not math.isfinite(value) else f"+{value:.3g}"

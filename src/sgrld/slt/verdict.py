@@ -10,8 +10,10 @@ the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arr
 * **R̂** (split, Gelman et al. 2013, BDA3 §11.4) and **ESS** (Geyer's initial monotone
   sequence, as Stan and NumPyro) of the block means;
 * **the step** from the quadratic model of :mod:`sgrld.slt.calibration`: the stiffest
-  direction's variance is inflated by ε(a₊ + nβ²s²)/4 (its stability edge is 4), the slowest
-  relaxes εa₋T/2 times over the trace (``docs/llc.md``);
+  direction's variance is inflated by ε(a₊ + nβ²s²)/4 (unstable as εa₊ → 4), and λ̂ by about
+  ε/8·(tr(nβH) + nβ²tr Σ) (``docs/llc.md`` derives both);
+* **whole passes**: a trace after burn-in shorter than one pass over the batches is biased by
+  the batches' spread, which no chain count averages away (every chain sees the same ones);
 * **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum.
 
 The standard error :func:`judge` returns is the larger of the chains' spread over √K and the
@@ -31,11 +33,11 @@ import numpy as np
 MAX_RHAT = 1.05
 #: fewest effective draws of the block means for a standard error worth quoting
 MIN_ESS = 40.0
-#: the stiffest direction's variance inflation above which ε is judged too large: its share of
-#: λ̂ is then biased by that much (the calibration allows up to 50 % to buy mixing)
-MAX_INFLATION = 0.1
-#: relaxations of the slowest direction over the trace below which the chains cannot have mixed
-MIN_RELAXATIONS = 5.0
+#: the stiffest direction's variance inflation above which ε is judged unstable (halfway to
+#: the stability edge, the most the calibration allows)
+MAX_INFLATION = 0.5
+#: the step's bias on λ̂ (quadratic model) above which it is judged too large, relative to λ̂
+MAX_STEP_BIAS = 0.1
 #: the drift between the halves of the trace (in λ̂'s units) tolerated below this fraction
 DRIFT_FRACTION = 0.05
 #: blocks per chain the traces are cut into at the least
@@ -61,8 +63,13 @@ class LLCVerdict:
         drift_se: the standard error of ``last_half − first_half``.
         inflation: the stiffest direction's variance inflation ε(a₊ + nβ²s²)/4 (NaN if
             unknown: masks, sharded or low-precision parameters, or no double backward).
-        relaxations: how many times the slowest quadratic direction relaxes over the trace,
-            εa₋T/2 (NaN if unknown).
+        step_bias: the step's bias on λ̂ in the quadratic model, ε/8·(tr(nβH) + nβ²tr Σ) in
+            the metric's coordinates (NaN if unknown).
+        relaxations: how many times the slowest quadratic direction relaxes over the chain,
+            εa₋T/2 (NaN if unknown; information only: along a singular model's flat
+            directions, held by γ alone, the loss does not change).
+        passes: passes over the loader the trace after burn-in covers (NaN if it has no
+            length).
     """
 
     ok: bool
@@ -74,7 +81,9 @@ class LLCVerdict:
     last_half: float
     drift_se: float
     inflation: float = math.nan
+    step_bias: float = math.nan
     relaxations: float = math.nan
+    passes: float = math.nan
 
     def __str__(self) -> str:
         return "ok" if self.ok else "; ".join(self.problems)
@@ -133,7 +142,9 @@ def judge(
     nbeta: float,
     burnin: int,
     window: int,
+    pass_length: int | None = None,
     inflation: float = math.nan,
+    step_bias: float = math.nan,
     relaxations: float = math.nan,
 ) -> tuple[LLCVerdict, float]:
     """The verdict on the ``(K, T)`` loss traces and the standard error that reflects it.
@@ -145,7 +156,9 @@ def judge(
         burnin: the leading steps left out of the estimate.
         window: steps per block (one pass of batches); fewer where the trace after burn-in
             has fewer than :data:`MIN_BLOCKS` of them.
+        pass_length: batches per pass over the loader, where it has a length.
         inflation: ε(a₊ + nβ²s²)/4, where known.
+        step_bias: ε/8·(tr(nβH) + nβ²tr Σ), where known.
         relaxations: εa₋T/2, where known.
 
     Returns:
@@ -188,13 +201,19 @@ def judge(
         problems.append(f"{ess:.0f} effective draws (< {MIN_ESS:.0f}); more steps")
     if inflation > MAX_INFLATION:
         problems.append(
-            f"step too large: the stiffest direction's variance is inflated by {inflation:.0%} "
-            f"(> {MAX_INFLATION:.0%}), λ̂ biased up; lower lr (and raise num_steps)"
+            f"unstable step: the stiffest direction's variance is inflated by {inflation:.0%} "
+            f"(> {MAX_INFLATION:.0%}); lower lr"
         )
-    if relaxations < MIN_RELAXATIONS:
+    if step_bias > MAX_STEP_BIAS * abs(mean):
         problems.append(
-            f"not mixed: the slowest direction relaxes {relaxations:.2g} times over the trace "
-            f"(< {MIN_RELAXATIONS:g}); raise num_steps (or lr, if the step allows)"
+            f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.0%}"
+            f" > {MAX_STEP_BIAS:.0%}); lower lr and raise num_steps"
+        )
+    passes = steps / pass_length if pass_length else math.nan
+    if passes < 1.0:
+        problems.append(
+            f"the trace after burn-in covers {passes:.2g} of a pass over the batches: their "
+            f"spread biases λ̂; raise num_steps - burnin to whole passes ({pass_length} steps)"
         )
     if mean + 3.0 * std_error < 0.0:
         problems.append(
@@ -210,6 +229,8 @@ def judge(
         last_half=float(last.mean()),
         drift_se=drift_se,
         inflation=inflation,
+        step_bias=step_bias,
         relaxations=relaxations,
+        passes=passes,
     )
     return verdict, std_error
