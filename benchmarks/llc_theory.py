@@ -81,7 +81,8 @@ def main() -> None:
     parser.add_argument("--no-devinterp", action="store_true", help="leave devinterp's rows out")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    wanted = [name for name in TARGETS if name in args.targets.replace(" ", "")]
+    given = args.targets.replace(" ", "")  # names hold commas: found as substrings, in order
+    wanted = sorted((name for name in TARGETS if name in given), key=given.index)
     cases = [TARGETS[name]() for name in wanted]
     rows = []
     for target, gamma in cases:
