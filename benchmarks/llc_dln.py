@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--steps-100k", type=int, default=None, help="steps in the 100k bucket")
     parser.add_argument("--num-data", type=int, default=None, help="n (default per bucket)")
+    parser.add_argument(
+        "--lr", type=float, default=None, help="also SGLD at this ε (devinterp's lr), as a row"
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--figure", default=None)
     args = parser.parse_args()
@@ -60,15 +63,18 @@ def main() -> None:
         size = sum(p.numel() for p in t.model.parameters())
         steps = args.steps_100k if bucket == "100k" and args.steps_100k else args.steps
         nbeta = t.num_data / math.log(t.num_data)
-        for name in args.samplers.split(","):
+        runs = [(name, None) for name in args.samplers.split(",")]
+        runs += [("identity", args.lr)] if args.lr else []
+        for name, lr in runs:
             start = time.perf_counter()
             est = sgrld.llc(t.model, t.loss, t.batches, num_data=t.num_data, sampler=name,
                             nbeta=nbeta, localization=1.0, num_chains=args.chains,
-                            num_steps=steps, burnin=steps - steps // 10, seed=0, warn=False,
-                            **SAMPLERS[name])  # fmt: skip
+                            num_steps=steps, burnin=steps - steps // 10, seed=0, lr=lr,
+                            warn=False, **SAMPLERS[name])  # fmt: skip
             rows.append({
                 "bucket": bucket, "target": t.name, "params": size, "n": t.num_data,
-                "theory": t.theory, "sampler": name, "lr": est.lr, "mean": est.mean,
+                "theory": t.theory, "sampler": name if lr is None else f"{name}@{lr:g}",
+                "lr": est.lr, "mean": est.mean,
                 "se": est.std_error, "rel_err": est.mean / t.theory - 1,
                 "verdict": str(est.verdict), "ok": est.ok, "chains": args.chains,
                 "steps": steps, "wall_s": time.perf_counter() - start,
@@ -81,7 +87,7 @@ def main() -> None:
               f"{r['lr']:9.2e} {r['mean']:8.1f} ± {r['se']:6.1f} {r['rel_err']:+7.1%} "
               f"{r['wall_s']:7.0f}  {r['verdict']}")  # fmt: skip
     print(f"\n{'sampler':9} {'median |err|':>12} {'worst |err|':>12}")
-    for name in args.samplers.split(","):
+    for name in dict.fromkeys(r["sampler"] for r in rows):
         errs = [abs(r["rel_err"]) for r in rows if r["sampler"] == name]
         print(f"{name:9} {np.median(errs):12.1%} {max(errs):12.1%}")
     if args.json:

@@ -159,7 +159,7 @@ def spectrum(
             try:
                 parts = torch.autograd.grad(dot, params)  # type: ignore[arg-type]
             except RuntimeError as exc:
-                if "derivative for" not in str(exc):
+                if "derivative for" not in str(exc) and "differentiate twice" not in str(exc):
                     raise
                 raise DoubleBackwardError(
                     f"the step-size calibration needs second derivatives, which this model "

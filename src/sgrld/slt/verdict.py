@@ -184,7 +184,6 @@ def judge(
         drift_se = float(diff.std(ddof=1)) / math.sqrt(chains)
     else:  # one chain: the halves' block means as independent draws
         drift_se = nbeta * float(means.std(ddof=1)) * math.sqrt(2.0 / max(half, 1))
-    drift_se = max(drift_se, 2.0 * std_error)  # never tighter than the estimate itself
     problems = []
     if not math.isfinite(mean):
         problems.append("λ̂ is not finite: a chain diverged (lower lr)")
