@@ -176,18 +176,30 @@ def judge(
     spread = float(per_chain.std(ddof=1)) / math.sqrt(chains) if chains > 1 else 0.0
     by_ess = nbeta * float(means.std(ddof=1)) / math.sqrt(ess) if ess > 0 else math.nan
     std_error = max(spread, by_ess) if math.isfinite(by_ess) else spread or math.nan
-    half = blocks // 2
-    first = nbeta * (means[:, :half].mean(axis=1) - init_loss)
-    last = nbeta * (means[:, blocks - half :].mean(axis=1) - init_loss)
-    diff = last - first
-    if chains > 1:
-        drift_se = float(diff.std(ddof=1)) / math.sqrt(chains)
-    else:  # one chain: the halves' block means as independent draws
-        drift_se = nbeta * float(means.std(ddof=1)) * math.sqrt(2.0 / max(half, 1))
     problems = []
     if not math.isfinite(mean):
         problems.append("λ̂ is not finite: a chain diverged (lower lr)")
-    drift = float(diff.mean())
+    half = blocks // 2
+    if half < 2:  # the halves, R̂ and the ESS need a few blocks each
+        first = last = per_chain
+        drift, drift_se = math.nan, math.nan
+        problems.append(f"too short to judge: {steps} steps after burn-in; raise num_steps")
+    else:
+        first = nbeta * (means[:, :half].mean(axis=1) - init_loss)
+        last = nbeta * (means[:, blocks - half :].mean(axis=1) - init_loss)
+        diff = last - first
+        drift = float(diff.mean())
+        # the block means' spread within each half, widened by its autocorrelation (the
+        # drift itself left out of both); few chains give a noisy spread of the differences:
+        # the larger of the two
+        halves = np.concatenate([means[:, :half], means[:, blocks - half :]], axis=0)
+        resid = halves - halves.mean(axis=1, keepdims=True)
+        within = effective_sample_size(resid)
+        pooled = nbeta * float(resid.std(ddof=1)) * math.sqrt(2.0 / (half * chains))
+        inflate = 2 * chains * half / within if within > 0 else 1.0
+        drift_se = pooled * math.sqrt(max(1.0, inflate))
+        if chains > 1:
+            drift_se = max(drift_se, float(diff.std(ddof=1)) / math.sqrt(chains))
     if abs(drift) > 3.0 * drift_se and abs(drift) > DRIFT_FRACTION * abs(float(last.mean())):
         way = "rising" if drift > 0 else "falling"
         problems.append(
