@@ -61,7 +61,11 @@ class LLCEstimate:
 
     def __repr__(self) -> str:
         k, t = self.trace.shape
-        verdict = "" if self.verdict is None else f", verdict={str(self.verdict)!r}"
+        verdict = ""
+        if self.verdict is not None:
+            n = len(self.verdict.problems)
+            shown = "ok" if self.verdict.ok else f"NOT OK, {n} problem{'s' * (n > 1)}: .summary()"
+            verdict = f", verdict={shown!r}"
         return (
             f"LLCEstimate(mean={self.mean:.4g}, std_error={self.std_error:.2g}, "
             f"sampler={self.sampler!r}, chains={k}, steps={t}, lr={self.lr:.3g}"
