@@ -628,7 +628,9 @@ def test_split_rhat_and_ess_are_arviz_s() -> None:
 def test_verdict_flags_drift_sign_short_traces_and_steps() -> None:
     """Synthetic traces with a known answer: stationary noise is ok; a rising trace is not
     stationary; a trace below L_n(w₀) gives λ̂ < 0; a trace shorter than a pass is flagged; a
-    step bias or inflation past its bound is flagged."""
+    step bias or inflation past its bound, or a metric adapting in the kept trace, is flagged;
+    a batch effect shared by the chains (one pass kept) neither inflates the standard error nor
+    reads as a drift."""
     from sgrld.slt.verdict import judge
 
     rng = np.random.default_rng(1)
@@ -646,6 +648,7 @@ def test_verdict_flags_drift_sign_short_traces_and_steps() -> None:
     )
     assert any("step too large" in p for p in judge(flat, **kw, step_bias=1.0)[0].problems)
     assert any("unstable" in p for p in judge(flat, **kw, inflation=0.9)[0].problems)
+    assert any("metric adapted" in p for p in judge(flat, **kw, adapting=10)[0].problems)
 
 
 def test_llc_warns_on_a_bad_verdict_and_shows_it(tmp_path: Path) -> None:

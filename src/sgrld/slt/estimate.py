@@ -27,6 +27,7 @@ from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
 from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.metrics import get_metric
 from sgrld.slt.calibration import DoubleBackwardError, Spectrum, lr_from_spectrum, spectrum
 from sgrld.slt.result import LLCEstimate
 from sgrld.slt.verdict import LLCWarning, judge
@@ -190,6 +191,15 @@ def _check_arguments(args: dict[str, Any]) -> float:
     return args["num_data"] / math.log(args["num_data"])
 
 
+def _adapting(sampler: str, adapt_until: int | None, burnin: int, num_steps: int) -> int:
+    """Steps after burn-in during which the metric's G still moves (every metric but
+    ``identity`` adapts until ``adapt_until``; ``None``: throughout)."""
+    if get_metric(sampler).name == "identity":
+        return 0
+    end = num_steps if adapt_until is None else min(adapt_until, num_steps)
+    return max(0, end - burnin)
+
+
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
     params = {id(p) for p in named.values()}
     selected = 0
@@ -297,6 +307,7 @@ def _estimate(
         pass_length=len(loader) if isinstance(loader, Sized) else None,
         inflation=spec.inflation(lr) if spec else math.nan,
         step_bias=spec.step_bias(lr) if spec else math.nan,
+        adapting=_adapting(sampler, adapt_until, burnin, num_steps),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
     )  # fmt: skip
     return LLCEstimate(

@@ -150,6 +150,7 @@ def judge(
     inflation: float = math.nan,
     step_bias: float = math.nan,
     relaxations: float = math.nan,
+    adapting: int = 0,
 ) -> tuple[LLCVerdict, float]:
     """The verdict on the ``(K, T)`` loss traces and the standard error that reflects it.
 
@@ -164,6 +165,7 @@ def judge(
         inflation: ε(a₊ + nβ²s²)/4, where known.
         step_bias: ε/8·(tr(nβH) + nβ²tr Σ), where known.
         relaxations: εa₋T/2, where known.
+        adapting: steps after burn-in during which the metric was still adapting.
 
     Returns:
         ``(verdict, std_error)``.
@@ -233,6 +235,11 @@ def judge(
         problems.append(
             f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.0%}"
             f" > {MAX_STEP_BIAS:.0%}); lower lr and raise num_steps"
+        )
+    if adapting > 0:
+        problems.append(
+            f"the metric adapted during {adapting} of the {steps} steps kept: a chain whose G "
+            f"still moves samples no fixed posterior; set burnin >= adapt_until"
         )
     passes = steps / pass_length if pass_length else math.nan
     if passes < 1.0:
