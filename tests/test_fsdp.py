@@ -661,6 +661,7 @@ def test_a_sharded_masked_bfloat16_chain_is_the_one_process_masked_chain(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::sgrld.slt.LLCWarning")  # 30-step chains fail the verdict
 def test_llc_of_a_sharded_bfloat16_model_with_masks(tmp_path: Path) -> None:
     """``sgrld.llc`` on a bfloat16 model sharded by FSDP2 over W = 2 ranks, with masks (a
     weight-restricted LLC) and float32 master copies: every rank gets the estimate of the

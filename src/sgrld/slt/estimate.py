@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sized
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,42 +35,15 @@ from sgrld.core.runner import (
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
 from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.metrics import get_metric
 from sgrld.optim import SGRLDOptimizer, build
-from sgrld.slt.calibration import calibrate_lr
+from sgrld.slt.calibration import DoubleBackwardError, Spectrum, lr_from_spectrum, spectrum
+from sgrld.slt.result import LLCEstimate
+from sgrld.slt.verdict import LLCWarning, judge
 
 LossFn = Callable[[nn.Module, Any], Tensor]
 #: the initial batches :func:`calibrate_lr` probes (its cost: 30 Hessian-vector products each)
 PROBE_BATCHES = 16
-
-
-@dataclass(frozen=True)
-class LLCEstimate:
-    """An LLC estimate and what it was computed from.
-
-    Attributes:
-        mean: λ̂, the mean of the per-chain estimates.
-        std_error: their standard error, std/√K (NaN for one chain).
-        std: their standard deviation over the chains (devinterp's ``llc_std``).
-        per_chain: ``(K,)`` nβ·(mean of chain k's trace − init_loss).
-        trace: ``(K, num_steps)`` the batch loss of every chain at every step, at the
-            parameters the step started from (devinterp's ``loss_trace``).
-        init_loss: L_n(w₀), the mean loss over the initial batches.
-        lr: devinterp's ε used (given, or from :func:`~sgrld.slt.calibrate_lr`).
-        calibrated: whether ``lr`` was calibrated.
-        nbeta: nβ.
-        localization: γ.
-    """
-
-    mean: float
-    std_error: float
-    std: float
-    per_chain: np.ndarray
-    trace: np.ndarray
-    init_loss: float
-    lr: float
-    calibrated: bool
-    nbeta: float
-    localization: float
 
 
 def devinterp_options(
@@ -106,6 +81,8 @@ def llc(
     adapt_until: int | None = DEFAULT_WARMUP,
     vectorize: bool = True,
     masks: Mapping[Tensor, Tensor] | None = None,
+    train: bool | None = None,
+    warn: bool = True,
     **metric_options: Any,
 ) -> LLCEstimate:
     """Estimate the LLC of ``model`` at its current parameters w₀ with a sampler of the registry.
@@ -136,33 +113,162 @@ def llc(
             sampled, the rest stays at w₀ (devinterp's weight-restricted LLC). Given, or with
             parameters sharded by FSDP2 or below float32, the chains run one after the other
             through :class:`sgrld.SGRLDOptimizer` (every rank alike), and ``lr`` is needed.
+        train: ``None`` (default): every module in the mode it is in (``model.train()`` or
+            ``model.eval()``, as the caller left it); ``True``: ``train()`` mode throughout
+            (dropout on; devinterp's choice); ``False``: ``eval()`` mode. The modes are
+            restored on return.
+        warn: warn (:class:`~sgrld.slt.LLCWarning`) when the verdict finds a problem.
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
-        The :class:`LLCEstimate`.
+        The :class:`LLCEstimate`, with its :class:`~sgrld.slt.LLCVerdict`.
+
+    Raises:
+        ValueError: an argument out of range, a loss that is not a finite 0-d tensor at w₀,
+            masks that select nothing.
+        DoubleBackwardError: ``lr`` is not given and the model has no second derivative
+            (e.g. a Hugging Face model with CPU's fused attention): pass ``lr``.
 
     References:
         Lau, Furman, Wang, Murfet, Wei: "The local learning coefficient: a singularity-aware
         complexity measure", 2023. ``docs/llc.md``.
     """
-    if num_chains < 1 or num_steps < 1 or not 0 <= burnin < num_steps:
-        raise ValueError(
-            f"need num_chains >= 1, num_steps >= 1 and 0 <= burnin < num_steps, got "
-            f"{num_chains}, {num_steps}, {burnin}"
-        )
     if init_batches is None:
         init_batches = len(loader) if isinstance(loader, Sized) else 32
-    if init_batches < 1:
-        raise ValueError(f"init_batches: {init_batches} (expected >= 1)")
-    nbeta = num_data / math.log(num_data) if nbeta is None else float(nbeta)
-    if not nbeta > 0.0 or localization < 0.0:
-        raise ValueError(f"need nbeta > 0 and localization >= 0, got {nbeta}, {localization}")
+    _check_int("num_data", num_data, 1)
+    nbeta = _check_arguments(locals())
+    modes = {m: m.training for m in model.modules()}
+    if train is not None:
+        model.train(train)
+    try:
+        est = _estimate(
+            model, loss, loader, num_data=num_data, sampler=sampler, nbeta=nbeta,
+            localization=localization, num_chains=num_chains, num_steps=num_steps, seed=seed,
+            lr=lr, burnin=burnin, init_batches=init_batches, adapt_until=adapt_until,
+            vectorize=vectorize, masks=masks, metric_options=metric_options,
+        )  # fmt: skip
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    est = dataclasses.replace(est, training=model.training if train is None else train)
+    if warn and not est.ok:
+        assert est.verdict is not None
+        warnings.warn(f"sgrld.llc: {est.verdict}", LLCWarning, stacklevel=2)
+    return est
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
+        raise ValueError(f"llc: invalid {name}: {value!r} (expected an integer >= {low})")
+    if high is not None and int(value) > high:
+        raise ValueError(f"llc: invalid {name}: {value!r} (expected an integer <= {high})")
+
+
+def _check_float(name: str, value: object, *, positive: bool) -> float:
+    bound = "> 0" if positive else ">= 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"llc: invalid {name}: {value!r} (expected a finite number {bound})")
+    x = float(value)
+    if not math.isfinite(x) or x < 0.0 or (positive and x == 0.0):
+        raise ValueError(f"llc: invalid {name}: {value!r} (expected a finite number {bound})")
+    return x
+
+
+def _check_arguments(args: dict[str, Any]) -> float:
+    """Every argument of :func:`llc` in its range (a ValueError naming it); returns nβ."""
+    for name in ("num_chains", "num_steps", "init_batches"):
+        _check_int(name, args[name], 1)
+    _check_int("burnin", args["burnin"], 0, args["num_steps"] - 1)
+    _check_int("seed", args["seed"], 0, 2**63 - args["num_chains"])
+    if args["adapt_until"] is not None:
+        _check_int("adapt_until", args["adapt_until"], 0)
+    for name in ("vectorize", "warn"):
+        if not isinstance(args[name], bool):
+            raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected True or False)")
+    if args["train"] is not None and not isinstance(args["train"], bool):
+        raise ValueError(f"llc: invalid train: {args['train']!r} (expected None, True or False)")
+    _check_float("localization", args["localization"], positive=False)
+    if args["lr"] is not None:
+        _check_float("lr", args["lr"], positive=True)
+    if args["nbeta"] is not None:
+        return _check_float("nbeta", args["nbeta"], positive=True)
+    if args["num_data"] < 2:
+        raise ValueError(
+            f"llc: num_data {args['num_data']} needs nbeta (the default n/log n needs n >= 2)"
+        )
+    return args["num_data"] / math.log(args["num_data"])
+
+
+def _adapting(sampler: str, adapt_until: int | None, burnin: int, num_steps: int) -> int:
+    """Steps after burn-in during which the metric's G still moves (every metric but
+    ``identity`` adapts until ``adapt_until``; ``None``: throughout)."""
+    if get_metric(sampler).name == "identity":
+        return 0
+    end = num_steps if adapt_until is None else min(adapt_until, num_steps)
+    return max(0, end - burnin)
+
+
+def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
+    params = {id(p) for p in named.values()}
+    selected = 0
+    for p, mask in masks.items():
+        if id(p) not in params:
+            raise ValueError("llc: a mask's key is not a parameter of the model that needs grad")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != p.shape:
+            raise ValueError(
+                f"llc: a mask must be a bool tensor of its parameter's shape {tuple(p.shape)}, "
+                f"got {getattr(mask, 'dtype', type(mask).__name__)} "
+                f"{tuple(getattr(mask, 'shape', ()))}"
+            )
+        selected += int(mask.sum())
+    if selected == 0:
+        raise ValueError("llc: the masks select no element (every mask is all False)")
+
+
+def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> float:
+    """L_n(w₀), refusing a loss that is not a finite 0-d tensor."""
+    values = []
+    with torch.no_grad():
+        for i, b in enumerate(batches):
+            value = loss(model, b)
+            if not isinstance(value, Tensor) or value.ndim != 0:
+                shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(
+                    f"llc: loss must return a 0-d tensor (the batch mean), got {shape}"
+                )
+            values.append(float(value))
+            if not math.isfinite(values[-1]):
+                raise ValueError(f"llc: the loss at w₀ is {values[-1]} on batch {i}")
+    return float(np.mean(values))
+
+
+def _estimate(
+    model: nn.Module,
+    loss: LossFn,
+    loader: Iterable[Any],
+    *,
+    num_data: int,
+    sampler: str,
+    nbeta: float,
+    localization: float,
+    num_chains: int,
+    num_steps: int,
+    seed: int,
+    lr: float | None,
+    burnin: int,
+    init_batches: int,
+    adapt_until: int | None,
+    vectorize: bool,
+    masks: Mapping[Tensor, Tensor] | None,
+    metric_options: dict[str, Any],
+) -> LLCEstimate:
     # the parameters now: FSDP2's root module holds whole ones after a forward without grad
     named = sampled(model)
     batches = passes(loader)
     first = [next(batches)[0] for _ in range(init_batches)]
-    with torch.no_grad():
-        init_loss = float(np.mean([float(loss(model, b)) for b in first]))
+    init_loss = _loss_at_start(model, loss, first)
+    if masks is not None:
+        _check_masks(masks, named)
     calibrated = lr is None
     through_optimizer = masks is not None or any(
         is_sharded(p) or torch.finfo(p.dtype).bits < 32 for p in named.values()
@@ -179,17 +285,17 @@ def llc(
         )
         return build(sampler, **options, noise="philox", adapt_until=adapt_until, **metric_options)
 
+    spec: Spectrum | None = None
+    if not through_optimizer:  # the quadratic model: ε's rule, or the verdict on a given ε
+        try:
+            spec = spectrum(model, loss, first[:PROBE_BATCHES], make(1.0), nbeta=nbeta,
+                            localization=localization, seed=seed)  # fmt: skip
+        except DoubleBackwardError:
+            if lr is None:
+                raise
     if lr is None:
-        lr = calibrate_lr(
-            model,
-            loss,
-            first[:PROBE_BATCHES],
-            make(1.0),
-            nbeta=nbeta,
-            localization=localization,
-            num_steps=num_steps - burnin,
-            seed=seed,
-        )
+        assert spec is not None
+        lr = lr_from_spectrum(spec, num_steps - burnin)
     built = make(lr)  # refuses bad options on either path
     seeds = [seed + k for k in range(num_chains)]
     steppers: Iterable[Stepper]
@@ -216,9 +322,17 @@ def llc(
     trace = done.trace.numpy()
     per_chain = nbeta * (trace[:, burnin:].mean(axis=1) - init_loss)
     std = float(per_chain.std(ddof=1)) if num_chains > 1 else math.nan
+    verdict, std_error = judge(
+        trace, init_loss=init_loss, nbeta=nbeta, burnin=burnin, window=init_batches,
+        pass_length=len(loader) if isinstance(loader, Sized) else None,
+        inflation=spec.inflation(lr) if spec else math.nan,
+        step_bias=spec.step_bias(lr) if spec else math.nan,
+        adapting=_adapting(sampler, adapt_until, burnin, num_steps),
+        relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
+    )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),
-        std_error=std / math.sqrt(num_chains),
+        std_error=std_error,
         std=std,
         per_chain=per_chain,
         trace=trace,
@@ -227,6 +341,9 @@ def llc(
         calibrated=calibrated,
         nbeta=nbeta,
         localization=float(localization),
+        verdict=verdict,
+        sampler=sampler,
+        burnin=burnin,
     )
 
 

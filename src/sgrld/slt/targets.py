@@ -4,13 +4,19 @@ each a model at w₀, its minibatches, the batch-mean NLL and the theoretical λ
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from sgrld.slt.theory import localized_quadratic_llc, reduced_rank_regression_llc, regular_llc
+from sgrld.slt.theory import (
+    deep_linear_network_llc,
+    localized_quadratic_llc,
+    reduced_rank_regression_llc,
+    regular_llc,
+)
 
 Batch = tuple[Tensor, Tensor]
 
@@ -120,4 +126,57 @@ def reduced_rank_regression(
         _cut(x, y, batch_size),
         num_data,
         reduced_rank_regression_llc(inputs, outputs, hidden, rank),
+    )
+
+
+def deep_linear_network(
+    widths: list[int] | tuple[int, ...],
+    rank: int,
+    num_data: int = 100_000,
+    batch_size: int = 500,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> Target:
+    """y = W_L⋯W₁x + N(0, I), x ~ N(0, I), at a rank-``rank`` truth, and the model (a chain of
+    ``Linear`` layers without biases, widths H₁ → … → H_{L+1}) at it: W₁'s first ``rank`` rows
+    standard normal over √H₁, W_L's first ``rank`` columns standard normal, each middle layer
+    a random ``rank`` × ``rank`` rotation in its top-left corner, every other entry zero. λ from
+    :func:`deep_linear_network_llc` (Aoyagi 2024); Furman & Lau (2024)'s known-answer model.
+    """
+    if len(widths) < 2 or not 0 < rank <= min(widths):
+        raise ValueError(f"need >= 2 widths and 0 < rank <= min(widths), got {widths}, {rank}")
+    g = torch.Generator().manual_seed(seed)
+    layers = []
+    for j, (fan_in, fan_out) in enumerate(itertools.pairwise(widths)):
+        w = torch.zeros(fan_out, fan_in, dtype=torch.float64)
+        if j == 0:
+            w[:rank] = torch.randn(rank, fan_in, generator=g, dtype=w.dtype) / fan_in**0.5
+        elif j == len(widths) - 2:
+            w[:, :rank] = torch.randn(fan_out, rank, generator=g, dtype=w.dtype)
+        else:
+            q, _ = torch.linalg.qr(torch.randn(rank, rank, generator=g, dtype=w.dtype))
+            w[:rank, :rank] = q
+        if len(widths) == 2:  # one layer: a rank-``rank`` matrix
+            w = (
+                torch.randn(fan_out, rank, generator=g, dtype=w.dtype)
+                @ torch.randn(rank, fan_in, generator=g, dtype=w.dtype)
+                / fan_in**0.5
+            )
+        layer = nn.Linear(fan_in, fan_out, bias=False, dtype=dtype)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        layers.append(layer)
+    model = nn.Sequential(*layers)
+    x = torch.randn(num_data, widths[0], generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        truth = model.double()(x)
+    y = truth + torch.randn(num_data, widths[-1], generator=g, dtype=torch.float64)
+    model = model.to(dtype)
+    return Target(
+        f"dln({','.join(map(str, widths))};r={rank})",
+        model,
+        _half_squared_error,
+        _cut(x.to(dtype), y.to(dtype), batch_size),
+        num_data,
+        deep_linear_network_llc(widths, rank),
     )

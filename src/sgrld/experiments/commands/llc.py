@@ -1,12 +1,17 @@
 """``sgrld llc``: the local learning coefficient with every metric (``docs/llc.md``): λ̂ ± its
-standard error per target and sampler, ``llc.json`` and ``llc.png`` (loss traces per chain).
+standard error and its verdict per target and sampler, ``llc.json`` and ``llc.png`` (loss traces
+per chain). The target is a built-in model or the user's, ``module:function``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import importlib
 import json
+import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +19,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from sgrld import build
 from sgrld.core import NonFiniteGradientError
+from sgrld.core.contract import option_names
 from sgrld.experiments.base import exits
-from sgrld.experiments.base.files import save_figure, write_atomic
+from sgrld.experiments.base.files import (
+    DirectoryLock,
+    DirectoryLockedError,
+    OutputError,
+    save_figure,
+    write_atomic,
+)
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import OptionAction
 from sgrld.metrics import get_metric
@@ -24,6 +37,8 @@ from sgrld.slt import LLCEstimate, llc, targets
 from sgrld.slt.language import CausalLM, next_token_loss, synthetic_language, train
 
 TARGETS = ("logistic", "rrr", "transformer")
+#: the most steps per chain (the trace is held in memory: chains × steps float64)
+MAX_STEPS = 10_000_000
 
 
 def _ints(text: str) -> list[int]:
@@ -38,7 +53,13 @@ def _ints(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sgrld llc`` options."""
     parser.epilog = exits.epilog("llc")
-    parser.add_argument("target", choices=TARGETS, help="the model whose LLC is estimated")
+    parser.add_argument(
+        "target", metavar="{logistic,rrr,transformer,MODULE:FUNCTION}",
+        help="the model whose LLC is estimated: a built-in one, or yours: MODULE:FUNCTION names "
+        "a function (imported from the current directory or the Python path) that returns a "
+        "sgrld.slt.targets.Target, or a dict with model, loss, loader, num_data (and optional "
+        "name, theory); see docs/llc.md",
+    )  # fmt: skip
     parser.add_argument(
         "--samplers",
         default="identity,rmsprop,monge,shampoo",
@@ -52,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the data, the chains and the model (default 0)"
     )
+    parser.add_argument(
+        "--mode", choices=("as-is", "train", "eval"), default="as-is",
+        help="the model's mode during the chains: train() (dropout on, devinterp's), eval(), or "
+        "as the target left it (default %(default)s; the built-in targets have no dropout)",
+    )  # fmt: skip
     parser.add_argument(
         "--rrr", type=_ints, default=[4, 4, 3, 1], metavar="M,N,H,R",
         help="reduced-rank regression: inputs, outputs, hidden, true rank (default 4,4,3,1)",
@@ -87,50 +113,90 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         return fail("llc", "it draws llc.png with matplotlib: pip install 'sgrld[plots]'", 2)
     try:
+        if not samplers:
+            raise ValueError(f"--samplers names no metric: {args.samplers!r}")
         for name in samplers:
             get_metric(name)  # the registry's message, with the closest name
+        if args.target not in TARGETS and ":" not in args.target:
+            close = difflib.get_close_matches(args.target, TARGETS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"unknown target {args.target!r}{hint}: expected one of {', '.join(TARGETS)} "
+                f"or MODULE:FUNCTION"
+            )
         if len(args.rrr) != 4:
             raise ValueError("--rrr takes four integers M,N,H,R")
         _check_ranges(args)
-    except ValueError as exc:
+        samplers = [get_metric(name).name for name in samplers]  # aliases: their registry name
+        options = {name: _options(name, args.sampler_options or {}, samplers) for name in samplers}
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out} exists and is not a directory")
+    except (ValueError, TypeError) as exc:
         return fail("llc", str(exc), exits.USAGE)
-    try:  # an unwritable --out is refused before the work, not after it
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
+    try:  # one writer per --out, held until llc.json and llc.png are written
+        with DirectoryLock(args.out, "sgrld llc"):
+            return _run_locked(args, samplers, options)
+    except DirectoryLockedError as exc:
+        return fail("llc", str(exc), exits.USAGE)
+    except OutputError as exc:
         return fail("llc", f"cannot write to {args.out}: {exc}", exits.IO_ERROR)
-    samplers = [get_metric(name).name for name in samplers]  # aliases: their registry name
+
+
+def _run_locked(args: argparse.Namespace, samplers: list[str], options: dict[str, dict]) -> int:
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    cases = _cases(args)
+    try:
+        cases = _cases(args)
+    except (ValueError, TypeError, ImportError, AttributeError) as exc:
+        return fail("llc", str(exc), exits.USAGE)
     steps = args.steps or (200 if args.target == "transformer" else 3000)
+    mode = {"as-is": None, "train": True, "eval": False}[args.mode]
     rows: list[dict[str, Any]] = []
     traces: dict[str, Any] = {}
-    print(f"{'model':24} {'sampler':9} {'ε':>9} {'λ̂ ± se':>15} {'theory':>7} {'wall s':>7}")
+    print(
+        f"{'model':24} {'sampler':9} {'ε':>9} {'λ̂ ± se':>15} {'theory':>7} {'wall s':>7}  verdict"
+    )
     for label, model, loss, batches, num_data, theory in cases:
         for name in samplers:
             start = time.perf_counter()
             try:
                 est = llc(model, loss, batches, num_data=num_data, sampler=name, nbeta=args.nbeta,
-                      localization=args.localization, num_chains=args.chains, num_steps=steps,
-                          seed=args.seed, lr=args.lr, vectorize=not args.sequential,
-                          **_options(name, args.sampler_options or {}))  # fmt: skip
+                          localization=args.localization, num_chains=args.chains, num_steps=steps,
+                          seed=args.seed, lr=args.lr, vectorize=not args.sequential, train=mode,
+                          warn=False, **options[name])  # fmt: skip
             except NonFiniteGradientError as exc:
                 print(f"sgrld llc: {label}, {name}: a chain broke down ({exc}); lower --lr")
                 return exits.BROKEN_DOWN
+            except (ValueError, TypeError, RuntimeError) as exc:  # the user's model or options
+                return fail("llc", f"{label}, {name}: {exc}", exits.USAGE)
             wall = time.perf_counter() - start
             rows.append(_row(label, name, est, theory, wall))
             traces[f"{label}/{name}"] = est.trace
-            traces["window"] = len(batches)
+            traces["window"] = len(batches) if hasattr(batches, "__len__") else 32
             shown = "" if theory is None else f"{theory:7.2f}"
             print(f"{label:24} {name:9} {est.lr:9.2e} {est.mean:7.2f} ± {est.std_error:5.2f} "
-                  f"{shown:>7} {wall:7.1f}", flush=True)  # fmt: skip
+                  f"{shown:>7} {wall:7.1f}  {est.verdict}", flush=True)  # fmt: skip
+    bad = [r for r in rows if not r["ok"]]
+    if bad:
+        print(f"sgrld llc: warning: {len(bad)} of {len(rows)} estimates failed their verdict "
+              "(above; docs/llc.md says what each problem means)", file=sys.stderr)  # fmt: skip
     try:
-        args.out.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.out / "llc.json", json.dumps(rows, indent=1) + "\n")
+        write_atomic(args.out / "llc.json", json.dumps(_finite(rows), indent=1) + "\n")
         _figure(args, rows, traces, samplers)
     except OSError as exc:
         return fail("llc", f"cannot write to {args.out}: {exc}", exits.IO_ERROR)
     print(f"wrote {args.out / 'llc.json'} and {args.out / 'llc.png'}")
     return 0
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as ``None`` (JSON has no NaN: ``null``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _check_ranges(args: argparse.Namespace) -> None:
@@ -141,10 +207,19 @@ def _check_ranges(args: argparse.Namespace) -> None:
     bad = [f"{flag} must be >= 1, got {value}" for flag, value in at_least_one.items() if value < 1]
     positive = {"--lr": args.lr, "--nbeta": args.nbeta}
     bad += [
-        f"{flag} must be > 0, got {v}" for flag, v in positive.items() if v is not None and v <= 0
+        f"{flag} must be a finite number > 0, got {v}"
+        for flag, v in positive.items()
+        if v is not None and not (math.isfinite(v) and v > 0)
     ]
-    if args.localization < 0:
-        bad.append(f"--localization must be >= 0, got {args.localization}")
+    if not (math.isfinite(args.localization) and args.localization >= 0):
+        bad.append(f"--localization must be a finite number >= 0, got {args.localization}")
+    if not 0 <= args.seed <= 2**63 - 1 - args.chains:
+        bad.append(f"--seed must be in [0, 2**63 - 1 - chains], got {args.seed}")
+    if args.steps is not None and args.steps > MAX_STEPS:
+        bad.append(f"--steps must be <= {MAX_STEPS:,}, got {args.steps:,}")
+    if args.target == "rrr" and len(args.rrr) == 4 and args.rrr[3] > args.rrr[2]:
+        bad.append(f"--rrr: the true rank R ({args.rrr[3]}) must be <= the hidden width H "
+                   f"({args.rrr[2]})")  # fmt: skip
     if args.width % 2:
         bad.append(f"--width must be even (2 attention heads), got {args.width}")
     if min(args.checkpoints) < 0:
@@ -153,14 +228,31 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise ValueError("; ".join(bad))
 
 
-def _options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The ``--option`` entries that the metric ``name`` has."""
-    fields = {f.name for f in dataclasses.fields(get_metric(name))}  # type: ignore[arg-type]
-    return {k: v for k, v in options.items() if k in fields}
+def _options(name: str, options: dict[str, Any], samplers: list[str]) -> dict[str, Any]:
+    """The ``--option`` entries that the metric ``name`` has, checked by building it (a
+    ValueError naming a bad value); an entry no metric of ``samplers`` has is refused, with
+    the closest option name."""
+    every = {n for s in samplers for n in option_names(get_metric(s))}
+    unknown = [k for k in options if k not in every]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(every), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"--option {unknown[0]!r}{hint}: no metric of --samplers has it; their options: "
+            f"{', '.join(sorted(every))}"
+        )
+    mine = {k: v for k, v in options.items() if k in option_names(get_metric(name))}
+    try:
+        build(name, lr=1e-3, num_data=100, **mine)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--option for {name}: {exc}") from None
+    return mine
 
 
 def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, Any, int, float | None]]:
     """(label, model, loss, batches, n, theory) per estimate."""
+    if ":" in args.target:
+        return [_user_target(args.target)]
     if args.target == "logistic":
         t = targets.logistic(seed=args.seed)
         return [(t.name, t.model, t.loss, t.batches, t.num_data, t.theory)]
@@ -184,12 +276,42 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, Any, Any, Any, int, floa
     return cases
 
 
+def _user_target(spec: str) -> tuple[str, Any, Any, Any, int, float | None]:
+    """The user's ``MODULE:FUNCTION``: called without arguments, it returns a
+    :class:`~sgrld.slt.targets.Target` or a dict with ``model``, ``loss``, ``loader``,
+    ``num_data`` (and optional ``name``, ``theory``)."""
+    module_name, _, function_name = spec.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the current directory, as ``python -m`` has it
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"cannot import {module_name!r} (from {spec!r}): {exc}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ValueError(f"{spec!r}: {module_name} has no function {function_name!r}")
+    made = function()
+    if isinstance(made, targets.Target):
+        return (made.name, made.model, made.loss, made.batches, made.num_data, made.theory)
+    if not isinstance(made, dict) or not {"model", "loss", "loader", "num_data"} <= made.keys():
+        raise ValueError(
+            f"{spec} returned {type(made).__name__}: expected a sgrld.slt.targets.Target or a "
+            f"dict with model, loss, loader and num_data"
+        )
+    theory = made.get("theory")
+    return (str(made.get("name", function_name)), made["model"], made["loss"], made["loader"],
+            made["num_data"], None if theory is None else float(theory))  # fmt: skip
+
+
 def _row(label: str, name: str, est: LLCEstimate, theory: float | None, wall: float) -> dict:
     return {
         "model": label, "sampler": name, "llc": est.mean, "std_error": est.std_error,
         "per_chain": est.per_chain.tolist(), "lr": est.lr, "calibrated": est.calibrated,
         "nbeta": est.nbeta, "localization": est.localization, "init_loss": est.init_loss,
-        "theory": theory, "wall_s": wall,
+        "theory": theory, "wall_s": wall, "ok": est.ok, "verdict": str(est.verdict),
+        "diagnostics": {k: v for k, v in dataclasses.asdict(est.verdict).items()
+                        if k not in ("ok", "problems")} if est.verdict else None,
+        "problems": list(est.verdict.problems) if est.verdict else [],
     }  # fmt: skip
 
 
