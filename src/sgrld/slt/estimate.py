@@ -24,6 +24,7 @@ from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
+from sgrld.optim.groups import masks_by_parameter
 from sgrld.slt.calibration import calibrate_lr
 from sgrld.tuning.data import bind, expanded
 
@@ -96,7 +97,7 @@ def llc(
     init_batches: int | None = None,
     adapt_until: int | None = 1000,
     vectorize: bool = True,
-    masks: Mapping[Tensor, Tensor] | None = None,
+    masks: Mapping[Any, Tensor] | None = None,
     **metric_options: Any,
 ) -> LLCEstimate:
     """Estimate the LLC of ``model`` at its current parameters w₀ with a sampler of the registry.
@@ -123,10 +124,11 @@ def llc(
             as devinterp's RMSprop-SGLD).
         vectorize: ``True``: the K chains in one vectorised :class:`sgrld.Chains`; ``False``:
             one after the other on the model's own parameters (no ``vmap``, less memory).
-        masks: ``{parameter: bool tensor of its (global) shape}``: only those elements are
-            sampled, the rest stays at w₀ (devinterp's weight-restricted LLC). Given, or with
-            parameters sharded by FSDP2 or below float32, the chains run one after the other
-            through :class:`sgrld.SGRLDOptimizer` (every rank alike), and ``lr`` is needed.
+        masks: ``{parameter or its name: bool tensor of its (global) shape}``: only those
+            elements are sampled, the rest stays at w₀ (devinterp's weight-restricted LLC).
+            Given, or with parameters sharded by FSDP2 or below float32, the chains run one
+            after the other through :class:`sgrld.SGRLDOptimizer` (every rank alike), and
+            ``lr`` is needed.
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
@@ -150,6 +152,8 @@ def llc(
         raise ValueError(f"need nbeta > 0 and localization >= 0, got {nbeta}, {localization}")
     # the parameters now: FSDP2's root module holds whole ones after a forward without grad
     named: dict[str, Tensor] = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    # keyed by parameter or by name (devinterp's convention)
+    by_parameter = None if masks is None else masks_by_parameter(masks, named.items())
     batches = _cycle(loader)
     first = [next(batches) for _ in range(init_batches)]
     with torch.no_grad():
@@ -189,7 +193,9 @@ def llc(
             **metric_options,
             "adapt_until": adapt_until,
         }
-        trace = _optimized(model, named, loss, loader, sampler, settings, masks, seeds, num_steps)
+        trace = _optimized(
+            model, named, loss, loader, sampler, settings, by_parameter, seeds, num_steps
+        )
     else:
         run = _vectorized if vectorize else _sequential
         trace = run(model, loss, loader, built, seeds, num_steps)
