@@ -39,6 +39,7 @@ from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
+from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
 from sgrld.optim.groups import (
@@ -227,6 +228,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             refresh_every = math.ceil(num_data / batch_size)
         self.refresh_every = refresh_every
         super().__init__(params, defaults)
+        self.register_step_pre_hook(TrainerWatch())  # what transformers.Trainer changes, warned
         named = [
             pair
             for g in self.param_groups
