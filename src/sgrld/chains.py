@@ -509,9 +509,9 @@ class Chains:
         module = copy.deepcopy(self.model)
         tensors = {n: t[chain] for n, t in {**self.params, **self.buffers}.items()}
         tensors |= self.frozen
-        module.load_state_dict(
-            {n: t for n, t in tensors.items() if n in module.state_dict()}, strict=True
-        )
+        with torch.no_grad():  # each tensor once: tied weights (an LM head's) stay tied
+            for name, t in [*module.named_parameters(), *module.named_buffers()]:
+                t.copy_(tensors[name])
         return module
 
     def state_dict(self) -> dict[str, Any]:
