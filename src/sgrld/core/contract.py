@@ -236,3 +236,14 @@ def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
     if value not in choices:
         *rest, last = map(repr, choices)
         raise ValueError(f"invalid {name}: {value!r} (expected {', '.join(rest)} or {last})")
+
+
+def check_num_data(num_data: float) -> None:
+    """n, the number of training data: a whole number num_data >= 1 (an int, or a float that is
+    one, such as ``5e4``); ``64.5`` is refused rather than read as some other count."""
+    check_range(
+        "num_data",
+        num_data,
+        lambda v: v >= 1.0 and (v.is_integer() or v == float("inf")),
+        "a whole number num_data >= 1, the number of training data",
+    )

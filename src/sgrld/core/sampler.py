@@ -13,7 +13,14 @@ import torch
 from torch import Tensor
 
 from sgrld.core.compiled import CompiledMove, check_compilable
-from sgrld.core.contract import Metric, check_bool, check_choice, check_int, check_range
+from sgrld.core.contract import (
+    Metric,
+    check_bool,
+    check_choice,
+    check_int,
+    check_num_data,
+    check_range,
+)
 from sgrld.core.engine import (
     NonFiniteGradientError,
     advance,
@@ -35,9 +42,7 @@ def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: f
         check_lr_tensor(lr)
     else:
         check_range("lr", lr, lambda v: v >= 0.0, "lr >= 0, a float or a tensor")
-    check_range(
-        "num_data", num_data, lambda v: v >= 1.0, "num_data >= 1, the number of training data"
-    )
+    check_num_data(num_data)
     check_range("temperature", temperature, lambda v: v >= 0.0, "temperature >= 0")
 
 
