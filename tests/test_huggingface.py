@@ -176,3 +176,16 @@ def test_trainer_watch_is_quiet_outside_a_trainer():
         scheduler.step()
     hooks = list(optimizer._optimizer_step_pre_hooks.values())
     assert any(isinstance(h, TrainerWatch) and h.active is False for h in hooks)
+
+
+def test_the_guides_first_example_runs():
+    """docs/huggingface.md's many-chains block, as shown."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "huggingface.md"
+    block = re.search(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    assert block is not None
+    namespace: dict[str, object] = {}
+    exec(compile(block.group(1), str(page), "exec"), namespace)
+    assert namespace["logits"].shape == (4, 8, 16, 1000)  # type: ignore[attr-defined]

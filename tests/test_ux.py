@@ -482,3 +482,21 @@ def test_a_non_integer_num_data_is_refused() -> None:
     ):
         with pytest.raises(ValueError, match=r"64\.5 \(expected a whole number num_data >= 1"):
             make()
+
+
+def test_optimizer_masks_keyed_by_parameter_name() -> None:
+    """Issue 44 item 3: devinterp keys masks by name; given named parameters, so may we."""
+    import torch
+
+    import sgrld
+
+    model = torch.nn.Linear(3, 2)
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    before = model.weight.detach().clone()
+    opt = sgrld.SGLD(model.named_parameters(), lr=0.1, num_data=10, masks={"weight": mask})
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    moved = model.weight.detach() != before
+    assert torch.equal(moved, mask)
+    with pytest.raises(ValueError, match="no parameter named 'wieght'"):
+        sgrld.SGLD(model.named_parameters(), lr=0.1, num_data=10, masks={"wieght": mask})

@@ -69,7 +69,7 @@ _CONTROL_FLOW_HINT = (
     "attn_implementation='sdpa' and a padded batch's attention_mask). Ways out: a Hugging Face "
     "model with eager attention (from_config(config, attn_implementation='eager') or "
     "model.set_attn_implementation('eager'); the same chains), or no vmap: sgrld.llc(..., "
-    "vectorize=False) runs the chains one after the other (docs/chains.md, Hugging Face models)"
+    "vectorize=False) runs the chains one after the other (docs/huggingface.md)"
 )
 
 

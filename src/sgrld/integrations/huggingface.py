@@ -104,4 +104,6 @@ class TrainerWatch:
 
 def _own_schedule(trainer: Any) -> bool:
     """Whether the ``Trainer``'s scheduler is one of the library's (``sgrld.schedules``)."""
-    return type(getattr(trainer, "lr_scheduler", None)).__module__.startswith("sgrld.")
+    scheduler = getattr(trainer, "lr_scheduler", None)
+    scheduler = getattr(scheduler, "scheduler", scheduler)  # accelerate's wrapper, if any
+    return type(scheduler).__module__.startswith("sgrld.")
