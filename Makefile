@@ -27,8 +27,12 @@ $(BIN)/.installed: pyproject.toml Makefile
 		echo "installing $(TORCH_PIN)"; $(BIN)/pip install --quiet $(TORCH_PIN); \
 	fi
 	$(BIN)/pip install --quiet -e '.[dev]'
-	# test-only: tests/test_llc*.py compare with devinterp's SGLD; its devinterp.optim needs only
-	# torch and numpy, the rest of its dependencies (transformers, datasets, ...) is not wanted
+	touch $@
+
+# test-only, installed by the test targets and not by `make venv` or `make demo`:
+# tests/test_llc*.py compare with devinterp's SGLD; its devinterp.optim needs only torch and
+# numpy, the rest of its dependencies (datasets, ...) is not wanted
+$(BIN)/.test-deps: $(BIN)/.installed
 	$(BIN)/pip install --quiet --no-deps 'devinterp==2.0.1'
 	touch $@
 
@@ -44,7 +48,7 @@ lint: venv
 types: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv $(BIN)/.test-deps
 	$(BIN)/pytest -q
 
 check: lint types
@@ -56,7 +60,7 @@ docs: venv
 
 test: check unit
 
-test-slow: venv
+test-slow: venv $(BIN)/.test-deps
 	$(BIN)/pytest -q -m slow
 
 test-cuda: venv  # on a machine with a CUDA build of torch and a GPU; never replaces that torch

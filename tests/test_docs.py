@@ -15,7 +15,12 @@ import sgrld
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-from mkdocs_reference import public_names  # noqa: E402
+from mkdocs_reference import EXAMPLES, examples, more_names, public_names  # noqa: E402
+
+#: a raw Sphinx role as the site would show it (scripts/griffe_roles.py turns them into links)
+RAW_ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj|const):(?:<code>|`)")
+#: examples over a few seconds (the sampler's first compile, a tuning search): make test-slow
+SLOW_EXAMPLES = {"chains.py", "tune.py"}
 
 
 def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path: Path) -> None:
@@ -40,7 +45,11 @@ def test_the_site_builds_strictly_and_documents_every_public_name(tmp_path: Path
     names = dict(public_names())
     assert set(names) == set(sgrld.__all__)
     missing = [n for n, path in names.items() if headings.get(path) != f"sgrld.{n}"]
+    missing += [n for n, path in more_names() if headings.get(path) != n]
     assert not missing, f"not in the API reference: {missing}"
+    assert html.count('class="doc-signature') >= len(headings), "a name without its signature"
+    raw = {p.name: RAW_ROLE.findall(p.read_text("utf-8")) for p in site.rglob("*.html")}
+    assert not {page: found for page, found in raw.items() if found}, "raw Sphinx roles shown"
     for page in ("getting-started", "usage", "chains", "cli"):
         assert (site / page / "index.html").is_file()
 
@@ -51,3 +60,34 @@ def test_the_readme_links_to_pages_that_exist() -> None:
     targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
     assert targets, "the README links to the guides"
     assert not [t for t in targets if not (REPO / t).is_file()]
+
+
+def test_every_name_in_the_reference_has_an_example() -> None:
+    """An example of ``examples/api/`` names it on its first line, or its docstring has one."""
+    import importlib
+
+    found = examples()
+    lacking = []
+    for public, _ in [(f"sgrld.{n}", p) for n, p in public_names()] + more_names():
+        module, _, name = public.rpartition(".")
+        doc = getattr(importlib.import_module(module), name).__doc__ or ""
+        if public not in found and "Example" not in doc:
+            lacking.append(public)
+    assert not lacking, f"no example in examples/api/ nor in the docstring: {lacking}"
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(p.name, marks=pytest.mark.slow) if p.name in SLOW_EXAMPLES else p.name
+        for p in sorted(EXAMPLES.glob("*.py"))
+    ],
+)
+def test_the_reference_examples_run(
+    example: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each example of the API reference runs as shown (warnings are errors here)."""
+    import runpy
+
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(EXAMPLES / example), run_name="__main__")

@@ -147,7 +147,9 @@ def test_posteriors_protocol(name: str, start: str) -> None:
     """100,000 steps at ℓ = 0.01, burn-in 15,000, three chains: each chain's mean and covariance
     within 0.1, its KL under 1 % of the start's. RMSprop and Adam from 100 σ are given a warm-up
     of the burn-in (their journey is ~7,000 steps at ℓ = 0.01)."""
-    extra = {"adapt_until": Windows(15000)} if start == "far" and name in ("rmsprop", "adam") else {}
+    extra = (
+        {"adapt_until": Windows(15000)} if start == "far" and name in ("rmsprop", "adam") else {}
+    )
     means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3, start=start,
                              **extra)  # fmt: skip
     mean, cov = target()

@@ -236,7 +236,7 @@ def test_bfloat16_mnist_predicts_as_float32(name: str, lr: float, mnist_dir: Pat
     """Real MNIST (10,000 training images), 784-100-100-10, Gaussian prior, 2 epochs: the
     bfloat16 chain with master copies reaches the float32 chain's test log p (ensemble of the
     last epoch's 10 samples) within 0.01 nats; two float32 seeds differ by about 0.04.
-    Measured: docs/precision.md."""
+    Measured: docs/results/precision.md."""
     from sgrld.data import load_dataset
     from sgrld.models import build_model, potential
 

@@ -448,3 +448,55 @@ def test_table_says_when_diagnostics_need_arviz(
     out = capsys.readouterr().out
     assert "MCMC diagnostics (R̂, ESS) left out: they need ArviZ" in out
     assert 'pip install "sgrld[diagnostics]"' in out
+
+
+def test_top_level_help_imports_no_command_and_no_torch() -> None:
+    """Issue 44 item 14: `sgrld --help` took 3 s importing every command (and torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "from sgrld.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try: main(['--help'])\n"
+        "    except SystemExit: pass\n"
+        "assert 'sample' in out.getvalue() and 'tune' in out.getvalue()\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or '.commands.' in m))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_a_non_integer_num_data_is_refused() -> None:
+    """Issue 44 item 14: n counts the training data; 64.5 was taken silently."""
+    import torch
+
+    import sgrld
+
+    w = [torch.zeros(2, requires_grad=True)]
+    sgrld.SGLD(w, lr=0.1, num_data=64.0)  # a float that is a whole number is one
+    for make in (
+        lambda: sgrld.SGLD(w, lr=0.1, num_data=64.5),
+        lambda: sgrld.build("identity", lr=0.1, num_data=64.5),
+    ):
+        with pytest.raises(ValueError, match=r"64\.5 \(expected a whole number num_data >= 1"):
+            make()
+
+
+def test_optimizer_masks_keyed_by_parameter_name() -> None:
+    """Issue 44 item 3: devinterp keys masks by name; given named parameters, so may we."""
+    import torch
+
+    import sgrld
+
+    model = torch.nn.Linear(3, 2)
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    before = model.weight.detach().clone()
+    opt = sgrld.SGLD(model.named_parameters(), lr=0.1, num_data=10, masks={"weight": mask})
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    moved = model.weight.detach() != before
+    assert torch.equal(moved, mask)
+    with pytest.raises(ValueError, match="no parameter named 'wieght'"):
+        sgrld.SGLD(model.named_parameters(), lr=0.1, num_data=10, masks={"wieght": mask})

@@ -10,12 +10,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_map
 
 from sgrld.chain_health import Health, judge
 from sgrld.core.contract import check_int
@@ -54,6 +57,40 @@ class _Bound(nn.Module):
 
     def forward(self, *args: Any) -> Tensor:
         return self._fn[0](self.model, *args)
+
+
+#: torch's note that ``vmap`` runs an operator chain by chain (printed at every call otherwise)
+_NO_BATCHING_RULE = re.compile(r"not yet implemented the batching rule for (\S+?)\.")
+
+#: what to do when ``vmap`` meets a branch on a tensor's value
+_CONTROL_FLOW_HINT = (
+    "Chains: torch.vmap cannot run the model's forward for all chains at once: the forward "
+    "branches on a tensor's value (transformers' attention-mask code does so with "
+    "attn_implementation='sdpa' and a padded batch's attention_mask). Ways out: a Hugging Face "
+    "model with eager attention (from_config(config, attn_implementation='eager') or "
+    "model.set_attn_implementation('eager'); the same chains), or no vmap: sgrld.llc(..., "
+    "vectorize=False) runs the chains one after the other (docs/huggingface.md)"
+)
+
+
+def _stackable(out: Any) -> Any:
+    """``out`` as ``vmap`` can stack it: a mapping (a Hugging Face ``ModelOutput``) without the
+    entries that are not tensors (a key-value cache); anything else unchanged."""
+    if not isinstance(out, Mapping):
+        return out
+
+    def tensors(v: Any) -> bool:
+        return isinstance(v, Tensor) or (
+            isinstance(v, (tuple, list)) and all(isinstance(t, Tensor) for t in v)
+        )
+
+    kept = {k: v for k, v in out.items() if tensors(v)}
+    return out if len(kept) == len(out) else type(out)(**kept)
+
+
+def _uses_cache(model: nn.Module) -> bool:
+    """A Hugging Face model that returns a key-value cache unless told ``use_cache=False``."""
+    return bool(getattr(getattr(model, "config", None), "use_cache", False))
 
 
 def _check_seeds(seeds: Sequence[int], bits: int = 63) -> list[int]:
@@ -141,6 +178,7 @@ class Chains:
         if not self.params:
             raise ValueError("the model has no parameters" + (" selected by sample" * bool(sample)))
         self._host_checks = False  # see *Checks* in the class docstring
+        self._unbatched: set[str] = set()  # operators vmap ran chain by chain (warned once)
         keys = self.seeds if noise_seeds is None else _check_seeds(noise_seeds, bits=64)
         if len(keys) != k:
             raise ValueError(f"noise_seeds: {len(keys)} for {k} chains (give one per chain)")
@@ -202,16 +240,22 @@ class Chains:
         """Eval mode (BatchNorm: each chain's running statistics)."""
         return self.train(False)
 
-    def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor:
+    def map(self, fn: Callable[..., Any], *args: Tensor, shared: bool = False) -> Any:
         """``fn(model_k, *args_k)`` for every chain k, stacked on a leading K dim; ``args`` are
-        ``(K, ...)``, or shared by every chain (``shared=True``, e.g. a test set)."""
+        ``(K, ...)``, or shared by every chain (``shared=True``, e.g. a test set). ``fn`` returns
+        a tensor, or a mapping of them (a Hugging Face ``ModelOutput``, whose entries that are
+        not tensors, a cache, are left out)."""
         outs = []
         for g in self.groups:  # one vmapped call per group (chain_batch bounds the working set)
             part = slice(g.start, g.stop)
             params = {n: p[part] for n, p in self.params.items()}
             inputs = args if shared else tuple(a[part] for a in args)
             outs.append(self._vmap(fn, params, part, inputs, shared))
-        return outs[0] if len(outs) == 1 else torch.cat(outs)
+        if len(outs) == 1:
+            return outs[0]
+        if isinstance(outs[0], Mapping):  # a ModelOutput: its tensors chain-concatenated
+            return tree_map(lambda *parts: torch.cat(parts), *outs)
+        return torch.cat(outs)
 
     def _vmap(
         self,
@@ -230,17 +274,50 @@ class Chains:
         def one(
             p: dict[str, Tensor], f: dict[str, Tensor], b: dict[str, Tensor], *a: Tensor
         ) -> Tensor:
-            return functional_call(bound, (p, f, b), a, strict=True)
+            return _stackable(functional_call(bound, (p, f, b), a, strict=True))
 
         in_dims = (0, None, 0, *([None if shared else 0] * len(args)))
-        # "different": a random layer (dropout) draws independently per chain (from torch's
-        # global generator, so such a model is not keyed by the chains' seeds)
-        return torch.vmap(one, in_dims=in_dims, randomness="different")(
-            tensors, frozen, buffers, *args
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            # torch's note that an operator runs chain by chain comes at every call: once
+            warnings.filterwarnings("always", message=".*batching rule", category=UserWarning)
+            try:
+                # "different": a random layer (dropout) draws independently per chain (from
+                # torch's global generator, so such a model is not keyed by the chains' seeds)
+                out = torch.vmap(one, in_dims=in_dims, randomness="different")(
+                    tensors, frozen, buffers, *args
+                )
+            except RuntimeError as exc:
+                if "data-dependent control flow" not in str(exc):
+                    raise
+                raise RuntimeError(_CONTROL_FLOW_HINT) from exc
+        self._pass_on(caught)
+        return out
 
-    def __call__(self, x: Tensor, *, shared: bool = False) -> Tensor:
-        """Every chain's forward pass: ``x`` is ``(K, B, ...)`` (or ``(B, ...)`` if shared)."""
+    def _pass_on(self, caught: list[warnings.WarningMessage]) -> None:
+        """Show the warnings of a vmapped call; torch's "no batching rule" once per operator."""
+        for w in caught:
+            found = _NO_BATCHING_RULE.search(str(w.message))
+            if found is None:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+            elif found.group(1) not in self._unbatched:
+                self._unbatched.add(found.group(1))
+                warnings.warn(
+                    f"sgrld.Chains: torch.vmap has no batching rule for {found.group(1)}, so it "
+                    "runs chain by chain (the same result, slower; shown once). A Hugging Face "
+                    "model's attention: attn_implementation='eager' is batched",
+                    UserWarning,
+                    stacklevel=4,
+                )
+
+    def __call__(self, x: Tensor, *, shared: bool = False) -> Any:
+        """Every chain's forward pass: ``x`` is ``(K, B, ...)`` (or ``(B, ...)`` if shared).
+
+        The model's output stacked on a leading K dim; a Hugging Face model's ``ModelOutput``
+        (its ``.logits`` ``(K, B, T, V)``), run with ``use_cache=False``: a key-value cache is
+        not stacked (:meth:`map` passes other arguments).
+        """
+        if _uses_cache(self.model):
+            return self.map(lambda m, v: m(v, use_cache=False), x, shared=shared)
         return self.map(lambda m, v: m(v), x, shared=shared)
 
     def _group_grads(
@@ -432,9 +509,9 @@ class Chains:
         module = copy.deepcopy(self.model)
         tensors = {n: t[chain] for n, t in {**self.params, **self.buffers}.items()}
         tensors |= self.frozen
-        module.load_state_dict(
-            {n: t for n, t in tensors.items() if n in module.state_dict()}, strict=True
-        )
+        with torch.no_grad():  # each tensor once: tied weights (an LM head's) stay tied
+            for name, t in [*module.named_parameters(), *module.named_buffers()]:
+                t.copy_(tensors[name])
         return module
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -197,36 +197,84 @@ def log_predictive_density(
     targets: Tensor,
     *,
     batch_size: int = 1000,
+    next_token: bool = False,
+    ignore_index: int = -100,
 ) -> float:
     """The ensemble's log predictive density ``mean_i log((1/S) Σ_s p(y_i | x_i, θ_s))``.
 
-    The "LP" of the paper's tables, as a float64 log-sum-exp over the samples.
+    The "LP" of the paper's tables, as a float64 log-sum-exp over the samples; for a token model
+    the mean is over every predicted token (per token, as a language model's log-likelihood).
 
     Args:
-        model: the network the samples were taken from.
+        model: the network the samples were taken from; its output is the logits (or has them
+            as ``.logits``, a Hugging Face ``ModelOutput``), class last.
         samples: the kept samples (at least one).
         inputs: ``(N, ...)`` inputs on ``model``'s device.
-        targets: ``(N,)`` int64 class labels.
+        targets: ``(N,)`` int64 class labels, or one per position of the logits (``(N, T)``
+            tokens for ``(N, T, V)`` logits).
         batch_size: inputs per forward pass.
+        next_token: a causal language model: position t's logits predict token t+1, so the
+            targets are the input tokens themselves (Hugging Face's ``labels``), shifted here.
+        ignore_index: targets equal to it (padding) are left out of the mean.
 
     Returns:
         The mean log predictive density (≤ 0; higher is better).
 
     Raises:
         ValueError: ``samples`` is empty, or ``targets`` does not match ``inputs``.
+
+    Examples:
+        >>> import torch, sgrld
+        >>> from torch import nn
+        >>> model = nn.Linear(3, 2)
+        >>> store = sgrld.SampleStore()
+        >>> store.add(model.state_dict())
+        >>> x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+        >>> sgrld.log_predictive_density(model, store, x, y) <= 0.0
+        True
     """
-    if targets.shape != (len(inputs),):
-        raise ValueError(f"targets must have shape ({len(inputs)},), got {tuple(targets.shape)}")
-    logp = _log_predictive(model, samples, inputs, batch_size)
-    return float(logp.gather(1, targets.to(logp.device).view(-1, 1)).mean())
+    if len(targets) != len(inputs) or (targets.dim() == 1 and next_token):
+        raise ValueError(f"targets must have shape ({len(inputs)}, ...), got "
+                         f"{tuple(targets.shape)}")  # fmt: skip
+    if next_token:
+        targets = targets[:, 1:]
+
+    def target_logp(x: Tensor, at: slice) -> Tensor:
+        logits = _logits(model(x))
+        logits = logits[:, :-1] if next_token else logits
+        y = targets[at].to(logits.device)
+        if logits.shape[:-1] != y.shape:
+            raise ValueError(f"targets must have shape {tuple(logits.shape[:-1])} per batch "
+                             f"(one per position of the logits), got {tuple(y.shape)}")  # fmt: skip
+        logp = F.log_softmax(logits.to(torch.float64), dim=-1)
+        return logp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+
+    lp = _log_predictive(model, samples, inputs, batch_size, target_logp)
+    keep = targets.to(lp.device) != ignore_index
+    return float(lp[keep].mean())
+
+
+def _logits(out: Tensor | Mapping[str, Tensor]) -> Tensor:
+    """A model's logits: its output, or the output's ``logits`` (a ``ModelOutput``)."""
+    return out["logits"] if isinstance(out, Mapping) else out
 
 
 def _log_predictive(
-    model: nn.Module, samples: SampleStore, inputs: Tensor, batch_size: int
+    model: nn.Module,
+    samples: SampleStore,
+    inputs: Tensor,
+    batch_size: int,
+    log_prob: Callable[[Tensor, slice], Tensor] | None = None,
 ) -> Tensor:
-    """``log((1/S) Σ_s softmax(f(x; θ_s)))`` in float64, ``(N, C)``."""
+    """``log((1/S) Σ_s p_s)`` in float64: ``p_s`` the class probabilities ``softmax(f(x; θ_s))``
+    ``(N, C)``, or ``exp(log_prob(x_batch, its slice))`` per batch."""
     if not len(samples):
         raise ValueError("no samples to predict with: the store is empty (still in burn-in?)")
+    if log_prob is None:
+
+        def log_prob(x: Tensor, at: slice) -> Tensor:
+            return F.log_softmax(_logits(model(x)).to(torch.float64), dim=-1)
+
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     training = model.training
     log_sum: Tensor | None = None
@@ -236,7 +284,7 @@ def _log_predictive(
             model.load_state_dict(state)
             logp = torch.cat(
                 [
-                    F.log_softmax(model(inputs[i : i + batch_size]).to(torch.float64), dim=-1)
+                    log_prob(inputs[i : i + batch_size], slice(i, i + batch_size))
                     for i in range(0, len(inputs), batch_size)
                 ]
             )

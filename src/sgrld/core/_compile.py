@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -21,3 +23,13 @@ def failure_reason(exc: BaseException) -> str:
     """``"Type: first line of the message"``, for a warning that compiling failed."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def announce(what: str) -> None:
+    """Say that a slow compilation starts: on the ``sgrld`` logger (INFO), or on stderr where
+    logging is not configured (a pause of seconds is not a hang)."""
+    logger = logging.getLogger("sgrld")
+    if logger.hasHandlers():
+        logger.info("sgrld: %s", what)
+    else:
+        print(f"sgrld: {what}", file=sys.stderr, flush=True)

@@ -256,10 +256,7 @@ def check_hyperparameters(lr: float | Tensor, num_data: float, temperature: floa
     Raises:
         ValueError: naming the argument, its value and the valid range.
     """
-    check_range(
-        "num_data", num_data, lambda v: 1.0 <= v < math.inf, "num_data >= 1 and finite, the "
-        "number of training data",
-    )  # fmt: skip
+    check_num_data(num_data)
     check_range("temperature", temperature, lambda v: 0.0 <= v < math.inf, "finite >= 0")
     if isinstance(lr, Tensor):
         if lr.is_floating_point() and not bool(torch.isfinite(lr).all()):
@@ -300,6 +297,7 @@ def check_groups(groups: Iterable[Mapping[str, Any]]) -> None:
             and type(temperature) in _NUMBERS
             and 0.0 <= lr <= LARGEST_STEP
             and 1.0 <= num_data < math.inf
+            and num_data == int(num_data)
             and 0.0 <= temperature < math.inf
             and 2.0 * lr * temperature <= num_data * _LARGEST_SQUARED
         ):
@@ -313,3 +311,14 @@ def check_groups(groups: Iterable[Mapping[str, Any]]) -> None:
 def check_localization(value: float) -> None:
     """The pull c ≥ 0 towards θ₀ of a localised chain: finite (as the optimizer takes it)."""
     check_range("localization", value, lambda v: 0.0 <= v < math.inf, "finite >= 0")
+
+
+def check_num_data(num_data: float) -> None:
+    """n, the number of training data: a whole number ``num_data >= 1``, finite (an int, or a
+    float that is one, such as ``5e4``); ``64.5`` is refused rather than read as another count."""
+    check_range(
+        "num_data",
+        num_data,
+        lambda v: 1.0 <= v < math.inf and v.is_integer(),
+        "a whole number >= 1 and finite, the number of training data",
+    )

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from sgrld.core._compile import failure_reason, quiet_compile
+from sgrld.core._compile import announce, failure_reason, quiet_compile
 
 NoiseSource = Literal["torch", "philox"]
 NOISE_SOURCES: tuple[str, ...] = ("torch", "philox")
@@ -175,6 +175,8 @@ _compile_failed = False
 
 def _kernel(fn: Callable[..., None] = _philox_normal) -> Callable[..., None]:
     if fn not in _compiled:
+        announce("compiling the Philox noise kernel for the first step (once per process, "
+                 "about 10 s on a CPU; noise='torch' needs none)")  # fmt: skip
         _compiled[fn] = torch.compile(fn, fullgraph=True, dynamic=True)
     return _compiled[fn]
 

@@ -2,6 +2,7 @@
 equal-computation-time re-analysis.
 """
 
+from sgrld.evaluation.chain_ensemble import ChainEnsemble, evaluate_chains
 from sgrld.evaluation.curvature import CurvatureStats, curvature_per_example, measure_curvature
 from sgrld.evaluation.diagnostics import split_chain, summarize, to_inference_data
 from sgrld.evaluation.ensemble import EnsemblePredictive
@@ -23,6 +24,7 @@ from sgrld.likelihoods.calibration import (
 )
 
 __all__ = [
+    "ChainEnsemble",
     "CurvatureStats",
     "EnsemblePredictive",
     "EqualTimeEntry",
@@ -33,6 +35,7 @@ __all__ = [
     "diagnostics_of",
     "epoch_end_times",
     "equal_time_table",
+    "evaluate_chains",
     "expected_calibration_error",
     "inference_data_of",
     "interpolate_at_time",

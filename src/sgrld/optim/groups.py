@@ -77,6 +77,28 @@ def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:
             raise ValueError(f"masks: a mask on {mask.device} for a parameter on {p.device}")
 
 
+def masks_by_parameter(
+    masks: Mapping[Any, Tensor], named: Iterable[tuple[str, Tensor]]
+) -> dict[Tensor, Tensor]:
+    """``masks`` keyed by parameter, from keys that are parameters or their names (devinterp's
+    convention, ``{"blocks.0.attn.weight": mask}``); ``named``: the ``(name, parameter)`` pairs
+    the names refer to. A name that is none of them is refused, listing a few that are."""
+    by_name = dict(named)
+    out: dict[Tensor, Tensor] = {}
+    for key, mask in masks.items():
+        if not isinstance(key, str):
+            out[key] = mask
+        elif key in by_name:
+            out[by_name[key]] = mask
+        else:
+            known = ", ".join(repr(n) for n in list(by_name)[:5]) or "none"
+            raise ValueError(
+                f"masks: no parameter named {key!r} (names: {known}{', ...' * (len(by_name) > 5)}"
+                "; an optimizer knows its parameters' names when given model.named_parameters())"
+            )
+    return out
+
+
 def check_sharded(name: str, noise: str, compile: bool, capturable: bool) -> None:
     """Refuse, with the reason, the options that sharded parameters (FSDP2) do not have."""
     unsharded = "not implemented for sharded parameters"

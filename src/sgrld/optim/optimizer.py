@@ -39,6 +39,7 @@ from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
+from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
 from sgrld.optim.groups import (
@@ -46,6 +47,7 @@ from sgrld.optim.groups import (
     check_masks,
     check_sharded,
     follow_shards,
+    masks_by_parameter,
     own,
     publish_group,
     refuse_duplicates,
@@ -121,7 +123,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             (warns: small moves are lost); :mod:`sgrld.core.precision`.
         master_dtype: the dtype of master copies and low-precision arithmetic (float32).
         telemetry: sum per-step figures on the device, read by :meth:`telemetry`.
-        masks: ``{parameter: bool tensor of its shape}`` (global shape if sharded): only the
+        masks: ``{parameter: bool tensor of its shape}`` (global shape if sharded; a key may be
+            the parameter's name where ``model.named_parameters()`` was given): only the
             ``True`` elements are sampled, the others stay fixed bit for bit.
         data_parallel: whether the ranks of a process group hold replicas of one chain (DDP): the
             first step then refuses ranks that would draw different noise. ``None``: whenever a
@@ -172,7 +175,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         low_precision: LowPrecision = "master",
         master_dtype: torch.dtype = torch.float32,
         telemetry: bool = False,
-        masks: Mapping[Tensor, Tensor] | None = None,
+        masks: Mapping[Any, Tensor] | None = None,
         data_parallel: bool | None = None,
         adapt_until: int | None = DEFAULT_WARMUP,
         localization: float = 0.0,
@@ -218,7 +221,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
         self._watch = HealthWatch()
-        self._masks: dict[Tensor, Tensor] = dict(masks or {})
+        self._masks: dict[Any, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
         self.localization = float(localization)
         self._replicas_checked = data_parallel is False
@@ -226,6 +229,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             refresh_every = math.ceil(num_data / batch_size)
         self.refresh_every = refresh_every
         super().__init__(params, defaults)
+        self.register_step_pre_hook(TrainerWatch())  # what transformers.Trainer changes, warned
+        named = [
+            pair
+            for g in self.param_groups
+            for pair in zip(g.get("param_names", ()), g["params"], strict=False)
+        ]
+        self._masks = masks_by_parameter(self._masks, named)  # keys: parameters or names
         check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         self.check_finite = check_finite
         sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])

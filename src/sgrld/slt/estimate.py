@@ -37,6 +37,7 @@ from sgrld.core.shards import is_sharded
 from sgrld.core.warmup import DEFAULT_WARMUP
 from sgrld.metrics import get_metric
 from sgrld.optim import SGRLDOptimizer, build
+from sgrld.optim.groups import masks_by_parameter
 from sgrld.slt.calibration import DoubleBackwardError, Spectrum, lr_from_spectrum, spectrum
 from sgrld.slt.result import LLCEstimate
 from sgrld.slt.verdict import LLCWarning, judge
@@ -80,7 +81,7 @@ def llc(
     init_batches: int | None = None,
     adapt_until: int | None = DEFAULT_WARMUP,
     vectorize: bool = True,
-    masks: Mapping[Tensor, Tensor] | None = None,
+    masks: Mapping[Any, Tensor] | None = None,
     train: bool | None = None,
     warn: bool = True,
     **metric_options: Any,
@@ -109,10 +110,11 @@ def llc(
             as devinterp's RMSprop-SGLD).
         vectorize: ``True``: the K chains in one vectorised :class:`sgrld.Chains`; ``False``:
             one after the other on the model's own parameters (no ``vmap``, less memory).
-        masks: ``{parameter: bool tensor of its (global) shape}``: only those elements are
-            sampled, the rest stays at w₀ (devinterp's weight-restricted LLC). Given, or with
-            parameters sharded by FSDP2 or below float32, the chains run one after the other
-            through :class:`sgrld.SGRLDOptimizer` (every rank alike), and ``lr`` is needed.
+        masks: ``{parameter or its name: bool tensor of its (global) shape}``: only those
+            elements are sampled, the rest stays at w₀ (devinterp's weight-restricted LLC).
+            Given, or with parameters sharded by FSDP2 or below float32, the chains run one
+            after the other through :class:`sgrld.SGRLDOptimizer` (every rank alike), and
+            ``lr`` is needed.
         train: ``None`` (default): every module in the mode it is in (``model.train()`` or
             ``model.eval()``, as the caller left it); ``True``: ``train()`` mode throughout
             (dropout on; devinterp's choice); ``False``: ``eval()`` mode. The modes are
@@ -259,7 +261,7 @@ def _estimate(
     init_batches: int,
     adapt_until: int | None,
     vectorize: bool,
-    masks: Mapping[Tensor, Tensor] | None,
+    masks: Mapping[Any, Tensor] | None,
     metric_options: dict[str, Any],
 ) -> LLCEstimate:
     # the parameters now: FSDP2's root module holds whole ones after a forward without grad
@@ -267,7 +269,8 @@ def _estimate(
     batches = passes(loader)
     first = [next(batches)[0] for _ in range(init_batches)]
     init_loss = _loss_at_start(model, loss, first)
-    if masks is not None:
+    if masks is not None:  # keyed by parameter or by name (devinterp's convention)
+        masks = masks_by_parameter(masks, named.items())
         _check_masks(masks, named)
     calibrated = lr is None
     through_optimizer = masks is not None or any(

@@ -28,7 +28,7 @@ from sgrld.experiments.base.files import (
 from sgrld.experiments.base.process import die_with_parent
 from sgrld.experiments.base.progress import Progress
 from sgrld.experiments.funnel.figure import plot_funnel
-from sgrld.experiments.funnel.verdict import V_THRESHOLD
+from sgrld.experiments.funnel.verdict import V_THRESHOLD, mean_and_error
 
 __all__ = [
     "SETTINGS",
@@ -530,7 +530,7 @@ def read_outputs(out_dir: Path | str) -> dict[str, Any]:
 LEGEND = """\
 How to read it (v is the funnel's log-scale coordinate; its exact law is N(0, 80)):
   W1(v), KS(v)  Wasserstein-1 and Kolmogorov-Smirnov distance of the iterates of v to N(0, 80):
-                lower is better, 0 is exact (± the spread over chains)
+                lower is better, 0 is exact (mean ± 2 standard errors over chains)
   P(v<-5)       fraction of iterates in the funnel's narrow neck: closer to the truth
                 ({truth:.3f}) is better; below it, the sampler misses the neck
   min v         the deepest point of the neck reached (lower = explored further)
@@ -541,8 +541,8 @@ How to read it (v is the funnel's log-scale coordinate; its exact law is N(0, 80
 
 
 def print_table(runs: dict[str, SamplerRun], file: Any = None, *, legend: bool = True) -> None:
-    """One line per sampler: mean (± spread over chains) of each distance, and seconds; then
-    (``legend``) :data:`LEGEND`."""
+    """One line per sampler: mean (± 2 standard errors over chains) of each distance, and
+    seconds; then (``legend``) :data:`LEGEND`."""
     from sgrld.data.funnel import FunnelTarget
 
     out = file if file is not None else sys.stdout
@@ -555,8 +555,8 @@ def print_table(runs: dict[str, SamplerRun], file: Any = None, *, legend: bool =
     for name, r in runs.items():
         cells = []
         for key, fmt in (("wasserstein1", ".3f"), ("ks", ".4f"), ("frac_v_below_minus5", ".4f")):
-            arr = np.asarray(r.distances[key])
-            cell = f"{arr.mean():{fmt}}" + (f"±{arr.std():{fmt}}" if arr.size > 1 else "")
+            mean, error = mean_and_error(r.distances[key])  # the verdicts' ±: 2 s.e.
+            cell = f"{mean:{fmt}}" + ("" if math.isnan(error) else f"±{error:{fmt}}")
             cells.append(cell)
         min_v = float(np.min(r.distances["min_v"]))
         quality = sample_quality(r)

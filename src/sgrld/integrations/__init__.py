@@ -1,0 +1,1 @@
+"""Other libraries' training loops and models, as they come (``docs/huggingface.md``)."""
