@@ -236,12 +236,13 @@ def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -
     at 110, 220 and 440 steps, and a probe of 110."""
     from types import SimpleNamespace
 
+    from sgrld.core.runner import Account
     from sgrld.tuning import search
 
     def cost(candidates: int, length: int, *, scored: bool = True) -> int:
         return candidates * (length + 32 * 22 * scored)
 
-    problem = SimpleNamespace(points=32, chains_per_candidate=1, cost=cost)
+    problem = SimpleNamespace(points=32, chains_per_candidate=1, cost=cost, account=Account())
     state = search._Search(problem, 440, 30_000, [], {})  # type: ignore[arg-type]
     assert state.probe_steps == 110 and state.min_length == 110
     assert state._plan(30_000 - state.probe_cost, search.BRACKET, search.MAX_WIDEN) == [
