@@ -10,7 +10,7 @@ lr_scheduler_type="constant", max_grad_norm=0)``, or a schedule of the library's
 (``optimizers=(sampler, sgrld.CyclicalLR(...))``). ``docs/huggingface.md``.
 
 Nothing here imports ``transformers``: outside a ``Trainer`` the hook costs one look at the
-call stack, at the first step only.
+call stack, at the first step only (none inside a traced step).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import sys
 import warnings
 from types import FrameType
 from typing import Any
+
+import torch
 
 __all__ = ["TrainerWatch"]
 
@@ -68,7 +70,7 @@ class TrainerWatch:
         self.warned: set[str] = set()
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.active is False:
+        if self.active is False or torch.compiler.is_compiling():  # no Trainer traces a step
             return
         frame = _trainer_frame()
         if self.active is None:
