@@ -140,7 +140,9 @@ class RunRecord:
         self.global_step = 0
         self.status = "running"
         self.broken_down: BrokenDown | None = None
-        self.theta_start: float | None = None  # ‖θ‖ before the first step (the growth reference)
+        # ‖θ‖ before the first step, the growth reference: the seed's initialisation, measured
+        # again on a resume (before the checkpoint is loaded), so no checkpoint holds it
+        self.theta_start: float | None = None
         self.failure: str | None = None  # why an output could not be written (status "failed")
         self.curves: dict[str, list[Any]] = {
             key: []
@@ -314,7 +316,6 @@ class RunRecord:
             "trace": self.trace.state_dict(),
             "telemetry": self.telemetry,
             "samples_adapting": self.samples_adapting,
-            "theta_start": self.theta_start,
         }
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
@@ -349,8 +350,6 @@ class RunRecord:
             self.telemetry["theta_norm"] = old + self.telemetry.get("theta_norm", [])
         self.curvature_means = list(state["curvature_means"])
         self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
-        start = state.get("theta_start")  # older checkpoints: ‖θ‖ at the resume (run.py)
-        self.theta_start = None if start is None else float(start)
         if "trace" in state:  # checkpoints from before the trace have none
             self.trace.load_state_dict(state["trace"])
         self.timing = {k: list(v) if isinstance(v, list) else v for k, v in state["timing"].items()}
