@@ -55,22 +55,20 @@ def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
 
 
 def breakdown_hint(config: RunConfig, num_data: int, update: int = 2) -> str | None:
-    """What to do about a chain that broke down at ``update``: a smaller ℓ, or the tuner's; for a
-    subset run, why it diverges at a learning rate the full data tolerates. ``None`` at update 1
-    when the potential was not finite: the start or the data, not ℓ (no step was taken yet)."""
-    if update <= 1:
-        return None
-    smaller = (
-        f"ℓ too large: try lr <= {config.lr / 10:.3g}, or sgrld tune (it chooses ℓ for this "
-        "setting; then --lr tuned:DIR)"
-    )
+    """What to do about a chain that broke down at ``update``: for a subset run, why it diverges
+    at a learning rate the full data tolerates; else a smaller ℓ, or the tuner's (``None`` at
+    update 1, a non-finite potential before any step: the start or the data, not ℓ)."""
     full = dataset_info(config.dataset).train_pool - config.num_val
     if config.max_train is None or num_data >= full:
-        return smaller
+        if update <= 1:
+            return None
+        return (
+            f"ℓ too large: try lr <= {config.lr / 10:.3g}, or sgrld tune (it chooses ℓ for this "
+            "setting; then --lr tuned:DIR)"
+        )
     per_epoch = max(1, num_data // config.batch_size)
     return (
-        f"{smaller}. ℓ scales with n: each step is h = ℓ/n (docs/conventions.md), so with "
-        f"max_train="
+        f"ℓ scales with n: each step is h = ℓ/n (docs/conventions.md), so with max_train="
         f"{num_data} instead of the full n = {full}, lr={config.lr:g} takes steps "
         f"{full / num_data:.3g}x larger than on the full data. lr={config.lr * num_data / full:.3g}"
         f" keeps the full data's step size, but a subset also gives only {per_epoch} updates "
