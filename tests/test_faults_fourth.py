@@ -74,6 +74,20 @@ def test_a_healthy_chain_is_not_stopped_and_one_of_k_chains_stops_alone(tau: flo
     assert healthy["status"] == "completed" and healthy["broken_down"] is None
 
 
+def test_the_growth_reference_is_the_seeds_start_also_after_a_resume() -> None:
+    # measured as the chain is built from its seed, before a checkpoint is loaded: no
+    # checkpoint field, and a resumed run judges as the run it continues
+    config = _config(0.0, epochs=1)
+    run = SamplingRun(config, synthetic_splits())
+    start = run.records[0].theta_start
+    run.run()
+    state = run.state_dict()
+    resumed = SamplingRun(_config(0.0, epochs=2), synthetic_splits())
+    resumed.load_state_dict(state)
+    assert start is not None and resumed.records[0].theta_start == start
+    assert "theta_start" not in state
+
+
 def test_a_cold_diverging_run_exits_3_with_the_hint_and_no_nan_scores(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

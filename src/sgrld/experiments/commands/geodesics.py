@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.base.files import DirectoryLockedError, check_out_dir, locked_out_dir
+from sgrld.experiments.base.files import DirectoryLockedError, locked_out_dir
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.funnel.geodesics import (
     BASE_POINTS,
@@ -39,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         return fail("geodesics", f"{exc.name} is needed (pip install scipy 'sgrld[plots]')", 2)
     try:
-        check_out_dir(args.out)
         with locked_out_dir(args.out, "sgrld geodesics"):
             return _draw(args)
     except (UsageError, DirectoryLockedError) as exc:

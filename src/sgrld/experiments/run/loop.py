@@ -152,6 +152,7 @@ class SamplingRun:
         )
         for r in self.records:
             r.stepper = self.stepper
+        self._note_theta_start()  # the seed's initialisation, fresh or resumed
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.folders = None if folders is None else [Path(f) for f in folders]
         if folders is None and self.out_dir is not None:
@@ -180,7 +181,6 @@ class SamplingRun:
             self._save()
             return self.results()
         target = self.config.epochs if epochs is None else epochs
-        self._note_theta_start()
         self.observer.on_start(self)
         try:
             while self.running and self.epoch < target:
@@ -267,16 +267,11 @@ class SamplingRun:
             return [float(torch.stack(params).sum().sqrt())] if params else None
 
     def _note_theta_start(self) -> None:
-        """Each chain's ‖θ‖ before its first step: the reference of :meth:`_grown` (a chain
-        resumed from a checkpoint without it takes its ‖θ‖ at the resume)."""
-        if all(r.theta_start is not None for r in self.records):
-            return
+        """Each chain's ‖θ‖ before its first step, the reference of :meth:`_grown`: measured as
+        the stepper is built from the seed, before a checkpoint is loaded over it."""
         norms = self._theta_norms()
-        if norms is None:
-            return
-        for r, norm in zip(self.records, norms, strict=True):
-            if r.theta_start is None:
-                r.theta_start = norm
+        for k, r in enumerate(self.records):
+            r.theta_start = None if norms is None else norms[k]
 
     def _grown(self) -> None:
         """Stop every running chain whose ‖θ‖ grew :data:`~sgrld.chain_health.

@@ -55,22 +55,20 @@ def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
 
 
 def breakdown_hint(config: RunConfig, num_data: int, update: int = 2) -> str | None:
-    """What to do about a chain that broke down at ``update``: a smaller ℓ, or the tuner's; for a
-    subset run, why it diverges at a learning rate the full data tolerates. ``None`` at update 1
-    when the potential was not finite: the start or the data, not ℓ (no step was taken yet)."""
-    if update <= 1:
-        return None
-    smaller = (
-        f"ℓ too large: try lr <= {config.lr / 10:.3g}, or sgrld tune (it chooses ℓ for this "
-        "setting; then --lr tuned:DIR)"
-    )
+    """What to do about a chain that broke down at ``update``: for a subset run, why it diverges
+    at a learning rate the full data tolerates; else a smaller ℓ, or the tuner's (``None`` at
+    update 1, a non-finite potential before any step: the start or the data, not ℓ)."""
     full = dataset_info(config.dataset).train_pool - config.num_val
     if config.max_train is None or num_data >= full:
-        return smaller
+        if update <= 1:
+            return None
+        return (
+            f"ℓ too large: try lr <= {config.lr / 10:.3g}, or sgrld tune (it chooses ℓ for this "
+            "setting; then --lr tuned:DIR)"
+        )
     per_epoch = max(1, num_data // config.batch_size)
     return (
-        f"{smaller}. ℓ scales with n: each step is h = ℓ/n (docs/conventions.md), so with "
-        f"max_train="
+        f"ℓ scales with n: each step is h = ℓ/n (docs/conventions.md), so with max_train="
         f"{num_data} instead of the full n = {full}, lr={config.lr:g} takes steps "
         f"{full / num_data:.3g}x larger than on the full data. lr={config.lr * num_data / full:.3g}"
         f" keeps the full data's step size, but a subset also gives only {per_epoch} updates "
@@ -140,7 +138,9 @@ class RunRecord:
         self.global_step = 0
         self.status = "running"
         self.broken_down: BrokenDown | None = None
-        self.theta_start: float | None = None  # ‖θ‖ before the first step (the growth reference)
+        # ‖θ‖ before the first step, the growth reference: the seed's initialisation, measured
+        # again on a resume (before the checkpoint is loaded), so no checkpoint holds it
+        self.theta_start: float | None = None
         self.failure: str | None = None  # why an output could not be written (status "failed")
         self.curves: dict[str, list[Any]] = {
             key: []
@@ -314,7 +314,6 @@ class RunRecord:
             "trace": self.trace.state_dict(),
             "telemetry": self.telemetry,
             "samples_adapting": self.samples_adapting,
-            "theta_start": self.theta_start,
         }
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
@@ -349,8 +348,6 @@ class RunRecord:
             self.telemetry["theta_norm"] = old + self.telemetry.get("theta_norm", [])
         self.curvature_means = list(state["curvature_means"])
         self.samples_adapting = int(state.get("samples_adapting", self._adapting_before()))
-        start = state.get("theta_start")  # older checkpoints: ‖θ‖ at the resume (run.py)
-        self.theta_start = None if start is None else float(start)
         if "trace" in state:  # checkpoints from before the trace have none
             self.trace.load_state_dict(state["trace"])
         self.timing = {k: list(v) if isinstance(v, list) else v for k, v in state["timing"].items()}
