@@ -343,7 +343,7 @@ class Watch:
         if self.large is not None:
             return dataclasses.replace(self.large, steps=result.steps)
         if self.windows:  # ℓ on the closed windows: a partly filled one does not flip it
-            result = judge(self._from_first(self.windows))
+            result = dataclasses.replace(judge(self._from_first(self.windows)), steps=result.steps)
         if not settled and result.verdict in ("lr_too_large", "lr_too_small"):
             return Health("healthy", steps=result.steps)
         return result
