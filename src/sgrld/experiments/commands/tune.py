@@ -76,10 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``sgrld tune``."""
     from sgrld.experiments.base.files import (
-        DirectoryLock,
         DirectoryLockedError,
         OutputError,
-        remove_stale_temporaries,
+        locked_out_dir,
     )
 
     given = [n for n in NOT_TUNES if hasattr(args, n)]
@@ -89,13 +88,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("tune", f"sgrld tune takes no {flag} ({why}): leave it out", exits.USAGE)
     if args.threads is not None and args.threads < 1:
         return fail("tune", f"--threads must be >= 1, got {args.threads}", exits.USAGE)
-    if args.out.exists() and not args.out.is_dir():
-        return fail("tune", f"--out {args.out} exists and is not a directory", exits.USAGE)
-    try:
-        with DirectoryLock(args.out, "sgrld tune"):  # one writer: a second tune is refused
-            remove_stale_temporaries(args.out)  # of a tune killed while writing
+    try:  # one writer (a second tune is refused); a killed tune's temporaries removed
+        with locked_out_dir(args.out, "sgrld tune"):
             return _locked(args)
-    except DirectoryLockedError as exc:
+    except (exits.UsageError, DirectoryLockedError) as exc:
         return fail("tune", str(exc), exits.USAGE)
     except OutputError as exc:
         return fail("tune", str(exc), exits.IO_ERROR)
