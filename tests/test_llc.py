@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -662,6 +663,9 @@ def test_llc_warns_on_a_bad_verdict_and_shows_it(tmp_path: Path) -> None:
     quiet = sgrld.llc(model, bce, loader, num_data=256, num_chains=2, num_steps=3, lr=1e-4,
                       warn=False)  # fmt: skip
     assert quiet.verdict == est.verdict
+    far = dataclasses.replace(quiet, mean=quiet.mean + 100.0, std_error=0.01)
+    assert "disagrees with SGLD" in str(sgrld.slt.against_sgld(quiet, far).verdict)
+    assert sgrld.slt.against_sgld(quiet, quiet) == quiet
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     ax = est.plot()
