@@ -650,6 +650,7 @@ def test_verdict_flags_drift_sign_short_traces_and_steps() -> None:
     assert any("step too large" in p for p in judge(flat, **kw, step_bias=1.0)[0].problems)
     assert any("unstable" in p for p in judge(flat, **kw, inflation=0.9)[0].problems)
     assert any("metric adapted" in p for p in judge(flat, **kw, adapting=10)[0].problems)
+    assert any("not mixed" in p for p in judge(flat, **kw, relaxations=0.5)[0].problems)
 
 
 def test_llc_warns_on_a_bad_verdict_and_shows_it(tmp_path: Path) -> None:
