@@ -40,7 +40,7 @@ MIN_ESS = 40.0
 #: the stability edge, the most the calibration allows)
 MAX_INFLATION = 0.5
 #: the step's bias on λ̂ (quadratic model) above which it is judged too large, relative to λ̂
-MAX_STEP_BIAS = 0.1
+MAX_STEP_BIAS = 0.05
 #: relaxations of the slowest direction over the chain below which it cannot have mixed
 MIN_RELAXATIONS = 1.0
 #: the drift between the halves of the trace (in λ̂'s units) tolerated below this fraction
