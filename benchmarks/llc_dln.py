@@ -76,7 +76,9 @@ def main() -> None:
                 "theory": t.theory, "sampler": name if lr is None else f"{name}@{lr:g}",
                 "lr": est.lr, "mean": est.mean,
                 "se": est.std_error, "rel_err": est.mean / t.theory - 1,
-                "verdict": str(est.verdict), "ok": est.ok, "chains": args.chains,
+                "verdict": str(est.verdict), "ok": est.ok,
+                "relaxations": est.verdict.relaxations, "step_bias": est.verdict.step_bias,
+                "chains": args.chains,
                 "steps": steps, "wall_s": time.perf_counter() - start,
             })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)

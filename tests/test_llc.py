@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -649,6 +650,7 @@ def test_verdict_flags_drift_sign_short_traces_and_steps() -> None:
     assert any("step too large" in p for p in judge(flat, **kw, step_bias=1.0)[0].problems)
     assert any("unstable" in p for p in judge(flat, **kw, inflation=0.9)[0].problems)
     assert any("metric adapted" in p for p in judge(flat, **kw, adapting=10)[0].problems)
+    assert any("not mixed" in p for p in judge(flat, **kw, relaxations=0.5)[0].problems)
 
 
 def test_llc_warns_on_a_bad_verdict_and_shows_it(tmp_path: Path) -> None:
@@ -662,6 +664,9 @@ def test_llc_warns_on_a_bad_verdict_and_shows_it(tmp_path: Path) -> None:
     quiet = sgrld.llc(model, bce, loader, num_data=256, num_chains=2, num_steps=3, lr=1e-4,
                       warn=False)  # fmt: skip
     assert quiet.verdict == est.verdict
+    far = dataclasses.replace(quiet, mean=quiet.mean + 100.0, std_error=0.01)
+    assert "disagrees with SGLD" in str(sgrld.slt.against_sgld(quiet, far).verdict)
+    assert sgrld.slt.against_sgld(quiet, quiet) == quiet
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     ax = est.plot()

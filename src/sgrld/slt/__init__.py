@@ -6,7 +6,7 @@
 """
 
 from sgrld.slt.calibration import DoubleBackwardError, calibrate_lr
-from sgrld.slt.estimate import devinterp_options, llc
+from sgrld.slt.estimate import against_sgld, devinterp_options, llc
 from sgrld.slt.result import LLCEstimate
 from sgrld.slt.verdict import LLCVerdict, LLCWarning
 
@@ -15,6 +15,7 @@ __all__ = [
     "LLCEstimate",
     "LLCVerdict",
     "LLCWarning",
+    "against_sgld",
     "calibrate_lr",
     "devinterp_options",
     "llc",

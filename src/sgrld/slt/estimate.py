@@ -84,6 +84,7 @@ def llc(
     masks: Mapping[Any, Tensor] | None = None,
     train: bool | None = None,
     warn: bool = True,
+    check_sgld: bool | None = None,
     **metric_options: Any,
 ) -> LLCEstimate:
     """Estimate the LLC of ``model`` at its current parameters w₀ with a sampler of the registry.
@@ -120,6 +121,11 @@ def llc(
             (dropout on; devinterp's choice); ``False``: ``eval()`` mode. The modes are
             restored on return.
         warn: warn (:class:`~sgrld.slt.LLCWarning`) when the verdict finds a problem.
+        check_sgld: run SGLD (``identity``, its own calibrated ε, the same chains, steps
+            and batches) next to the metric and add to the verdict where the two disagree
+            beyond 3 standard errors and 5 % (every correct sampler of one posterior gives one
+            λ̂). ``None`` (default): for every metric but ``identity`` (it doubles the cost;
+            ``False`` skips it). Not on the optimizer path (masks, FSDP2, bfloat16).
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
@@ -149,6 +155,15 @@ def llc(
             lr=lr, burnin=burnin, init_batches=init_batches, adapt_until=adapt_until,
             vectorize=vectorize, masks=masks, metric_options=metric_options,
         )  # fmt: skip
+        check = get_metric(sampler).name != "identity" if check_sgld is None else check_sgld
+        if check and masks is None and math.isfinite(est.verdict.inflation if est.verdict else 0):
+            reference = _estimate(
+                model, loss, loader, num_data=num_data, sampler="identity", nbeta=nbeta,
+                localization=localization, num_chains=num_chains, num_steps=num_steps,
+                seed=seed, lr=None, burnin=burnin, init_batches=init_batches,
+                adapt_until=adapt_until, vectorize=vectorize, masks=None, metric_options={},
+            )  # fmt: skip
+            est = against_sgld(est, reference)
     finally:
         for module, mode in modes.items():
             module.training = mode
@@ -157,6 +172,24 @@ def llc(
         assert est.verdict is not None
         warnings.warn(f"sgrld.llc: {est.verdict}", LLCWarning, stacklevel=2)
     return est
+
+
+def against_sgld(est: LLCEstimate, reference: LLCEstimate) -> LLCEstimate:
+    """``est`` with a problem added to its verdict where it and SGLD's ``reference`` (the same
+    posterior) disagree beyond 3 combined standard errors and 5 % of the reference."""
+    if est.verdict is None:
+        return est
+    gap = est.mean - reference.mean
+    se = math.hypot(est.std_error, reference.std_error)
+    if not (abs(gap) > 3.0 * se and abs(gap) > 0.05 * abs(reference.mean)):
+        return est
+    problem = (
+        f"disagrees with SGLD on the same posterior ({reference.mean:.4g} ± "
+        f"{reference.std_error:.2g} at ε {reference.lr:.3g}): this metric's chains have not "
+        f"mixed or its step biases them; more steps, or sampler='identity'"
+    )
+    verdict = dataclasses.replace(est.verdict, ok=False, problems=(*est.verdict.problems, problem))
+    return dataclasses.replace(est, verdict=verdict)
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
@@ -187,6 +220,10 @@ def _check_arguments(args: dict[str, Any]) -> float:
     for name in ("vectorize", "warn"):
         if not isinstance(args[name], bool):
             raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected True or False)")
+    if args["check_sgld"] is not None and not isinstance(args["check_sgld"], bool):
+        raise ValueError(
+            f"llc: invalid check_sgld: {args['check_sgld']!r} (expected None, True or False)"
+        )
     if args["train"] is not None and not isinstance(args["train"], bool):
         raise ValueError(f"llc: invalid train: {args['train']!r} (expected None, True or False)")
     _check_float("localization", args["localization"], positive=False)

@@ -40,7 +40,9 @@ MIN_ESS = 40.0
 #: the stability edge, the most the calibration allows)
 MAX_INFLATION = 0.5
 #: the step's bias on λ̂ (quadratic model) above which it is judged too large, relative to λ̂
-MAX_STEP_BIAS = 0.1
+MAX_STEP_BIAS = 0.05
+#: relaxations of the slowest direction over the chain below which it cannot have mixed
+MIN_RELAXATIONS = 1.0
 #: the drift between the halves of the trace (in λ̂'s units) tolerated below this fraction
 DRIFT_FRACTION = 0.05
 #: blocks per chain the traces are cut into at the least
@@ -70,8 +72,8 @@ class LLCVerdict:
         step_bias: the step's bias on λ̂ in the quadratic model, ε/8·(tr(nβH) + nβ²tr Σ) in
             the metric's coordinates (NaN if unknown).
         relaxations: how many times the slowest quadratic direction relaxes over the chain,
-            εa₋T/2 (NaN if unknown; information only: along a singular model's flat
-            directions, held by γ alone, the loss does not change).
+            εa₋T/2 (NaN if unknown); under 1 is flagged (along a singular model's flat
+            directions, held by γ alone, the loss may not change: then λ̂ is still right).
         passes: passes over the loader the trace after burn-in covers (NaN if it has no
             length).
     """
@@ -235,6 +237,11 @@ def judge(
         problems.append(
             f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.0%}"
             f" > {MAX_STEP_BIAS:.0%}); lower lr and raise num_steps"
+        )
+    if relaxations < MIN_RELAXATIONS:
+        problems.append(
+            f"not mixed: the slowest direction relaxes {relaxations:.2g} times over the chain "
+            f"(< {MIN_RELAXATIONS:g}); where the loss depends on it λ̂ is low; more steps"
         )
     if adapting > 0:
         problems.append(
