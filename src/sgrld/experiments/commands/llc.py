@@ -24,9 +24,9 @@ from sgrld.core import NonFiniteGradientError
 from sgrld.core.contract import option_names
 from sgrld.experiments.base import exits
 from sgrld.experiments.base.files import (
-    DirectoryLock,
     DirectoryLockedError,
     OutputError,
+    locked_out_dir,
     save_figure,
     write_atomic,
 )
@@ -131,14 +131,12 @@ def run(args: argparse.Namespace) -> int:
         # SGLD first: every other metric's verdict is checked against its estimate
         samplers.sort(key=lambda name: name != "identity")
         options = {name: _options(name, args.sampler_options or {}, samplers) for name in samplers}
-        if args.out.exists() and not args.out.is_dir():
-            raise ValueError(f"--out {args.out} exists and is not a directory")
     except (ValueError, TypeError) as exc:
         return fail("llc", str(exc), exits.USAGE)
     try:  # one writer per --out, held until llc.json and llc.png are written
-        with DirectoryLock(args.out, "sgrld llc"):
+        with locked_out_dir(args.out, "sgrld llc"):
             return _run_locked(args, samplers, options)
-    except DirectoryLockedError as exc:
+    except (exits.UsageError, DirectoryLockedError) as exc:
         return fail("llc", str(exc), exits.USAGE)
     except OutputError as exc:
         return fail("llc", f"cannot write to {args.out}: {exc}", exits.IO_ERROR)
