@@ -1,12 +1,13 @@
 """The import graph of ``sgrld``: levels, circles and arrows running back up.
 
 A module's level is 0 when it imports nothing of sgrld, else one more than the highest level it
-imports. Imports inside functions count as much as top-level ones: a lazy import hides a circle,
-it does not remove it; so do imports of the root package (``from sgrld import x``) and imports
-under ``if TYPE_CHECKING:`` (a type-only circle is still two modules that need each other). Circles are the strongly connected components of more than one module;
-an arrow up is an import into a module of the same or a higher level (it can only exist inside
-a circle). ``--rooms`` draws the same graph between packages (``sgrld.experiments.run`` …), a module
-belonging to the package that holds it.
+imports. Every import counts: one inside a function (a lazy import hides a circle, it does not
+remove it), one of the root package (``from sgrld import x``) and one under ``if TYPE_CHECKING:``
+(a type-only circle is still two modules that need each other). Circles are the strongly
+connected components of more than one module; an arrow up is an import into a module of the
+same or a higher level (it can only exist inside a circle). ``--rooms`` draws the same graph
+between packages (``sgrld.experiments.run`` …), a module belonging to the package that holds
+it, a module at the top (``sgrld.chains``) a room of its own.
 
 Usage: ``python scripts/import_graph.py [--rooms] [--root src/sgrld]``.
 """
