@@ -132,8 +132,9 @@ def test_defaults_reach_the_gaussian_from_100_sigma(name: str) -> None:
 def test_a_warmup_that_outlasts_the_journey_reaches_the_gaussian_from_100_sigma(name: str) -> None:
     """RMSprop and Adam travel ~ℓ per step: from ~70 away at ℓ = 0.05 the journey is ~1,400
     steps, so a windowed warm-up of 3,000 (burn-in 4,000) ends after the chain has arrived."""
+    warmup = Windows(3000)
     means, covs = run_chains(name, lr=FAST_LR, steps=FAST_STEPS + 3000, burnin=4000,
-                             chains=FAST_CHAINS, start="far", adapt_until=Windows(3000))  # fmt: skip
+                             chains=FAST_CHAINS, start="far", adapt_until=warmup)  # fmt: skip
     _check_pooled(means, covs)
 
 
@@ -147,7 +148,9 @@ def test_posteriors_protocol(name: str, start: str) -> None:
     """100,000 steps at ℓ = 0.01, burn-in 15,000, three chains: each chain's mean and covariance
     within 0.1, its KL under 1 % of the start's. RMSprop and Adam from 100 σ are given a warm-up
     of the burn-in (their journey is ~7,000 steps at ℓ = 0.01)."""
-    extra = {"adapt_until": Windows(15000)} if start == "far" and name in ("rmsprop", "adam") else {}
+    extra = (
+        {"adapt_until": Windows(15000)} if start == "far" and name in ("rmsprop", "adam") else {}
+    )
     means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3, start=start,
                              **extra)  # fmt: skip
     mean, cov = target()

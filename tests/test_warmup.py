@@ -422,7 +422,7 @@ def test_chains_say_whether_a_sample_now_is_drawn_adapting() -> None:
 def test_default_warmup_is_stans_windows() -> None:
     """Stan's 1,000-step warm-up: a fast window of 75, slow windows ending at 100, 150, 250, 450
     and 950 (the last stretched), a terminal window of 50 in which G is already frozen."""
-    assert DEFAULT_WARMUP == Windows(1000) and isinstance(DEFAULT_WARMUP, Windows)
+    assert Windows(1000) == DEFAULT_WARMUP and isinstance(DEFAULT_WARMUP, Windows)
     assert Windows(1000).slow_ends() == (100, 150, 250, 450, 950)
     assert [adapting(t, Windows(1000)) for t in (0, 949, 950, 10**6)] == [True, True, False, False]
     assert [adapting(t, 1000) for t in (949, 950, 999, 1000)] == [True, True, True, False]
