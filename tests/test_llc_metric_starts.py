@@ -5,8 +5,9 @@ and pure-noise labels y ~ N(0, 0.25²), n = 1,000, the model at w = 0, where eve
 vanishes; its learning coefficient is λ = 1/(2 maxᵢ pᵢ). devinterp's tolerance: λ within two
 standard deviations (over chains) of the estimate. Each metric runs at its defaults except as
 devinterp runs it (RMSprop and Adam with devinterp's ε = 0.1) and Shampoo with a full-matrix
-factor for the weight vector (``precondition_vectors=True``), whose floor keeps G ≥ floor·I where
-the factors vanish with the gradients (``docs/posterior.md``).
+factor for the weight vector (``precondition_vectors=True``) and a floor G ≥ I where the factors
+vanish with the gradients (``docs/posterior.md``). Without a floor every Shampoo chain fails at
+its second root refresh (:class:`~sgrld.metrics.shampoo.ShampooRootError`, step 200).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ METRICS: dict[str, dict[str, Any]] = {
     "adam": {"eps": 0.1},
     "wenzel": {},
     "monge": {},
-    "shampoo": {"precondition_vectors": True},
+    # G ≥ I: never a longer step than the SGLD whose ε this is; at the default floor 0.1 (G⁻¹ up
+    # to 10) 2 of 10 chains of (1, 1) and (2, 3) went non-finite once stale roots met the
+    # polynomial's steep walls (docs/posterior.md)
+    "shampoo": {"precondition_vectors": True, "floor": 1.0},
 }
 #: devinterp's settings in this library's terms (ε, γ), 10 chains of 2,000 draws
 LR, LOCALIZATION, CHAINS, STEPS = 5e-4, 1.0, 10, 2000
@@ -86,3 +90,17 @@ def test_llc_of_devinterp_targets(name: str, powers: tuple[int, ...], true_lc: f
     est = estimate(name, powers)
     sd = est.std_error * math.sqrt(CHAINS)  # devinterp's tolerance: the chains' spread
     assert abs(est.mean - true_lc) < 2 * sd, (est.mean, sd, true_lc)
+
+
+@SLOW
+def test_shampoo_without_a_floor_fails_with_the_library_error() -> None:
+    """The paper's Shampoo (floor 0) on vanishing gradients: the library's error, naming the step
+    and the factor, not torch's LinAlgError nor a silent NaN estimate."""
+    from sgrld.metrics.shampoo import ShampooRootError
+
+    with pytest.raises(ShampooRootError, match=r"step \d+: .*tensor 'weights', block 0, axis 0"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            sgrld.llc(Polynomial((1, 2)), _mse, [_data()], num_data=1000, sampler="shampoo",
+                      num_chains=4, num_steps=400, lr=LR, localization=LOCALIZATION, seed=0,
+                      precondition_vectors=True, floor=0.0)  # fmt: skip
