@@ -98,9 +98,9 @@ def test_shampoo_without_a_floor_fails_with_the_library_error() -> None:
     and the factor, not torch's LinAlgError nor a silent NaN estimate."""
     from sgrld.metrics.shampoo import ShampooRootError
 
-    with pytest.raises(ShampooRootError, match=r"step \d+: .*tensor 'weights', block 0, axis 0"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            sgrld.llc(Polynomial((1, 2)), _mse, [_data()], num_data=1000, sampler="shampoo",
-                      num_chains=4, num_steps=400, lr=LR, localization=LOCALIZATION, seed=0,
-                      precondition_vectors=True, floor=0.0)  # fmt: skip
+    error = pytest.raises(ShampooRootError, match=r"step \d+: .*tensor 'weights', block 0, axis 0")
+    with error, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        sgrld.llc(Polynomial((1, 2)), _mse, [_data()], num_data=1000, sampler="shampoo",
+                  num_chains=4, num_steps=400, lr=LR, localization=LOCALIZATION, seed=0,
+                  precondition_vectors=True, floor=0.0)  # fmt: skip
