@@ -206,7 +206,7 @@ def run_blocks(
     paper: dict[str, dict[str, Any]] = {"monge": {"alpha2_rule": "fixed"}, "shampoo": {"floor": 0}}
     rule = paper.get(setting.metric, {})
     sampler = sgrld.build(
-        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **rule, **setting.options
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **(rule | setting.options)
     )
     state = sampler.init(
         {"theta": start_points(config)},
