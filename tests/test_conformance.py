@@ -507,9 +507,12 @@ def test_resume_with_two_groups_into_a_used_optimizer(info: OptimizerInfo) -> No
 
 
 def _before_it_existed(opt: torch.optim.Optimizer, key: str) -> object:
-    """The value a group option had before it existed: the metric field's default."""
-    if key == "adapt_metric":
-        return True
+    """The value a group option had before it existed: the loader's (Monge's α² rule was fixed),
+    else the metric field's default."""
+    from sgrld.optim.loading import BEFORE_IT_EXISTED
+
+    if key in BEFORE_IT_EXISTED:
+        return BEFORE_IT_EXISTED[key]
     field = next(f for f in dataclasses.fields(opt.metric) if f.name == key)  # type: ignore[attr-defined, arg-type]
     return field.default
 

@@ -239,8 +239,9 @@ def test_monge_alpha2_zero_is_bit_identical_to_sgld() -> None:
     a, b = _params(torch.float32), _params(torch.float32)
     sgld = sgrld.SGLD(a, lr=0.05, num_data=N, generator=torch.Generator().manual_seed(5))
     monge = sgrld.MongeSGLD(
-        b, lr=0.05, num_data=N, alpha2=0.0, generator=torch.Generator().manual_seed(5)
-    )
+        b, lr=0.05, num_data=N, alpha2=0.0, alpha2_rule="fixed",
+        generator=torch.Generator().manual_seed(5),
+    )  # fmt: skip
     _run(sgld, a, range(20))
     _run(monge, b, range(20))
     assert _equal(_snapshot(a), _snapshot(b))

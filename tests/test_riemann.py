@@ -163,7 +163,7 @@ def test_gamma_makes_the_chain_sample_the_target(correction: bool, second_moment
     stationary law is G(θ)e^{−u} ∝ (1 + θ²)e^{−θ²/2}, whose E θ² = (1 + 3)/(1 + 1) = 2."""
     gen = torch.Generator().manual_seed(0)
     theta = torch.randn(2000, 1, generator=gen, dtype=torch.float64)  # exact draws of N(0, 1)
-    metric = MongeMetric(alpha2=1.0)
+    metric = MongeMetric(alpha2=1.0, alpha2_rule="fixed")  # G(θ) = 1 + θ²
     total = torch.zeros((), dtype=torch.float64)
     for step in range(600):
         grad = theta.clone()

@@ -429,7 +429,9 @@ def test_default_warmup_is_stans_windows() -> None:
     assert Windows(100).slow_ends() == (90,) and Windows(100).adapts_until == 90  # 15/75/10 %
     assert Windows(0).slow_ends() == () and not adapting(0, Windows(0))
     assert Windows(15000).slow_ends()[-3:] == (3250, 6450, 14950)
-    assert sgrld.core.Sampler.__dataclass_fields__["adapt_until"].default == DEFAULT_WARMUP
+    from sgrld.core.sampler import Sampler
+
+    assert Sampler.__dataclass_fields__["adapt_until"].default == DEFAULT_WARMUP
     assert sgrld.RMSpropSGLD([torch.zeros(2)], lr=0.1, num_data=1.0).param_groups[0][
         "adapt_until"
     ] == Windows(1000)

@@ -367,10 +367,11 @@ class ShampooMetric(Metric):
             factors = [stats[_key("factor", g, a, i)].reshape(-1, s, s) for i, g, a in members]
             batch = factors[0] if len(factors) == 1 else torch.cat(factors)
             try:
-                roots = self._roots(batch, k)
+                grad_root, noise_root = self._roots(batch, k)
             except torch.linalg.LinAlgError as exc:
                 raise self._root_error(layout, members, factors, f"eigh failed ({exc})") from None
-            roots = tuple(r.to(batch.dtype) for r in roots)  # finite in the statistics' dtype
+            # finite in the statistics' dtype (the copy below casts as this does)
+            roots = (grad_root.to(batch.dtype), noise_root.to(batch.dtype))
             if not all(bool(torch.isfinite(r).all()) for r in roots):
                 raise self._root_error(layout, members, factors, "a root is not finite")
             done.append((members, [f.shape[0] for f in factors], roots))

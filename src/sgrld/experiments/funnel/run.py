@@ -203,9 +203,10 @@ def run_blocks(
     keeper = Keeper(config, progress, every_chain=not exact)
     # the paper's fixed α² and Shampoo without a floor, whatever the library's defaults (not
     # recorded: the settings as before)
-    rule = {"monge": {"alpha2_rule": "fixed"}, "shampoo": {"floor": 0.0}}.get(setting.metric, {})
+    paper: dict[str, dict[str, Any]] = {"monge": {"alpha2_rule": "fixed"}, "shampoo": {"floor": 0}}
+    rule = paper.get(setting.metric, {})
     sampler = sgrld.build(
-        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **rule, **setting.options
+        setting.metric, lr=setting.lr, num_data=1.0, adapt_until=None, **(rule | setting.options)
     )
     state = sampler.init(
         {"theta": start_points(config)},
