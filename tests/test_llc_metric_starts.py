@@ -6,8 +6,8 @@ vanishes; its learning coefficient is λ = 1/(2 maxᵢ pᵢ). devinterp's tolera
 standard deviations (over chains) of the estimate. Each metric runs at its defaults except as
 devinterp runs it (RMSprop and Adam with devinterp's ε = 0.1) and Shampoo with a full-matrix
 factor for the weight vector (``precondition_vectors=True``) and a floor G ≥ I where the factors
-vanish with the gradients (``docs/posterior.md``). Without a floor every Shampoo chain fails at
-its second root refresh (:class:`~sgrld.metrics.shampoo.ShampooRootError`, step 200).
+vanish with the gradients (``docs/posterior.md``). Without a floor every Shampoo chain goes
+non-finite a few steps after its first root refresh (step 100).
 """
 
 from __future__ import annotations
@@ -94,11 +94,14 @@ def test_llc_of_devinterp_targets(name: str, powers: tuple[int, ...], true_lc: f
 
 @SLOW
 def test_shampoo_without_a_floor_fails_with_the_library_error() -> None:
-    """The paper's Shampoo (floor 0) on vanishing gradients: the library's error, naming the step
-    and the factor, not torch's LinAlgError nor a silent NaN estimate."""
+    """The paper's Shampoo (floor 0) on vanishing gradients: G⁻¹ ~ 1e4 from the first root refresh
+    (step 100) sends every chain off within a few steps. The library says so, naming the step
+    (its non-finite check, or a refresh's ShampooRootError), not torch's LinAlgError nor a silent
+    NaN estimate."""
+    from sgrld.core.engine import NonFiniteGradientError
     from sgrld.metrics.shampoo import ShampooRootError
 
-    error = pytest.raises(ShampooRootError, match=r"step \d+: .*tensor 'weights', block 0, axis 0")
+    error = pytest.raises((NonFiniteGradientError, ShampooRootError), match=r"step 10\d")
     with error, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         sgrld.llc(Polynomial((1, 2)), _mse, [_data()], num_data=1000, sampler="shampoo",

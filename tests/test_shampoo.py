@@ -930,3 +930,16 @@ def test_a_damaged_factor_is_named() -> None:
     stats["factor_0_0@1"][0, 2, 1] = math.nan  # the lower triangle, which eigh reads
     with pytest.raises(ShampooRootError, match=r"tensor 'p1', block 0, axis 0 .*holds NaN"):
         metric.compute_roots(stats, layout)
+
+
+def test_a_state_dict_without_the_floor_loads_the_papers_metric() -> None:
+    """A ShampooSGLD state dict written before ``floor`` existed ran without one: it loads with
+    floor 0 (its chain goes on as it did); a new one keeps its floor."""
+    w = torch.zeros(200, 3, requires_grad=True)  # not merged into one vector
+    opt = sgrld.ShampooSGLD([w], lr=0.01, num_data=10)
+    state = opt.state_dict()
+    assert state["param_groups"][0]["floor"] == 0.1
+    del state["param_groups"][0]["floor"]
+    older = sgrld.ShampooSGLD([torch.zeros(200, 3, requires_grad=True)], lr=0.01, num_data=10)
+    older.load_state_dict(state)
+    assert older.param_groups[0]["floor"] == 0.0 and older.group_metrics[0].floor == 0.0

@@ -130,7 +130,9 @@ def test_the_option_search_picks_the_clearly_better_alpha2(monkeypatch: Any) -> 
     monkeypatch.setattr(search, "run_round", run_round)
     monkeypatch.setattr(search, "round_scores", planted)
     model, potential, loader, n = _diabetes()
-    result = sgrld.tune("monge", model, potential, loader, num_data=n, **SMALL)
+    # the paper's fixed α², whose bracket holds α² = 0 (SGLD; the normalized c must be > 0)
+    result = sgrld.tune("monge", model, potential, loader, num_data=n, alpha2_rule="fixed",
+                        **SMALL)  # fmt: skip
     assert result.searched == ("lr", "alpha2") and result.spent <= SMALL["budget"]
     assert (result.lr, result.options["alpha2"]) == (pytest.approx(0.01), 100.0)
     assert result.rounds[0].at == {"alpha2": 1.0}  # ℓ is searched at the default α²
