@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_WARMUP",
     "Windows",
     "adapting",
+    "capped",
     "check_adapt_until",
     "closes_warmup",
     "drawn_while_adapting",
@@ -96,6 +97,15 @@ def check_adapt_until(adapt_until: int | None) -> None:
             f"invalid adapt_until: {adapt_until!r} (expected None, to adapt at every step, or "
             "an integer >= 0: the steps of warm-up after which the metric is frozen)"
         )
+
+
+def capped(adapt_until: int | None, steps: int) -> int | None:
+    """The warm-up ``adapt_until`` for a chain of ``steps`` steps: at most ``steps`` long and of
+    the same kind (a :class:`Windows` schedule stays windowed, an explicit N stays N)."""
+    if adapt_until is None:
+        return None
+    length = min(int(adapt_until), steps)
+    return Windows(length) if isinstance(adapt_until, Windows) else length
 
 
 def _last_adapting(adapt_until: int) -> int:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from sgrld.chain_health import blown_up
 from sgrld.chains import Chains
 from sgrld.core.runner import Account, Stepper, VectorizedChains, run, sampled
-from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.core.warmup import DEFAULT_WARMUP, capped
 from sgrld.metrics import get_metric
 from sgrld.optim import build
 from sgrld.tuning.data import Batches
@@ -54,9 +54,8 @@ class Problem:
         """The round's chains (``lr`` and the searched options per candidate): candidate c's
         chains are ``c·C, …, c·C + C − 1``, with telemetry for their health."""
         options: dict[str, Any] = {**self.fixed, **candidates[0]}
-        warmup = options.pop("adapt_until", DEFAULT_WARMUP)
-        if warmup is not None:
-            warmup = min(warmup, length // 4)  # inside the burn-in (the first half) of a round
+        # inside the burn-in (the first half) of a round
+        warmup = capped(options.pop("adapt_until", DEFAULT_WARMUP), length // 4)
         sampler = build(
             self.sampler, num_data=self.num_data, noise="philox", adapt_until=warmup,
             **options,

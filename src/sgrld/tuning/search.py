@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from sgrld.core.contract import check_choice, check_int
 from sgrld.core.runner import sampled
-from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.core.warmup import DEFAULT_WARMUP, capped
 from sgrld.metrics import get_metric, resolve_metric_name
 from sgrld.optim import build
 from sgrld.tuning.data import Batches
@@ -237,10 +237,10 @@ class _Search:
             self.at[name] = self._search(name, values[: plan[0][0]], plan, lr)
         chosen = _key({"lr": lr, **self.at})
         options = {**self.problem.fixed, "lr": lr, **self.at}
-        warmup = self.problem.fixed.get("adapt_until", DEFAULT_WARMUP)
-        if warmup is not None:  # the candidates' warm-up (Problem.build) for `steps` steps
-            warmup = min(warmup, self.steps // 4)
-        options["adapt_until"] = warmup
+        # the candidates' warm-up (Problem.build) for `steps` steps
+        options["adapt_until"] = capped(
+            self.problem.fixed.get("adapt_until", DEFAULT_WARMUP), self.steps // 4
+        )
         self._say(f"chose {', '.join(f'{k} = {v:.3g}' for k, v in chosen)}; "
                   f"{self.spent} of {self.budget} gradient evaluations spent"
                   f"{self._unspent()}")  # fmt: skip
