@@ -22,7 +22,7 @@ from sgrld.experiments.commands import sweep
 from sgrld.experiments.run import single as runner_module
 from sgrld.experiments.run.checkpoint import load_checkpoint
 from sgrld.experiments.run.config import CHECKPOINT_FILE, derive_seed
-from sgrld.experiments.run.loop import SamplingRun, run_sampling
+from sgrld.experiments.run.loop import GROWTH_CHECK_EVERY, SamplingRun, run_sampling
 from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.options import MACHINE_OPTIONS
 from sgrld.experiments.run.results import RESULTS_FILE
@@ -158,7 +158,9 @@ def test_deferred_loop_reads_the_flags_only_before_samples_and_at_epoch_ends(
     (results,) = run.run()
     samples = [k for k in range(1, 121) if k > 5 and k % 5 == 0]
     epoch_ends = list(range(20, 121, 20))
-    assert reads == sorted(samples + epoch_ends)  # epoch ends are samples too: read twice
+    # and every GROWTH_CHECK_EVERY steps, before the chains' ‖θ‖ is judged against its start
+    growth = list(range(GROWTH_CHECK_EVERY, 121, GROWTH_CHECK_EVERY))
+    assert reads == sorted(samples + epoch_ends + growth)  # epoch ends are samples: read twice
     assert results["timing"]["steps_all"] == 120
 
 

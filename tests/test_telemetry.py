@@ -81,7 +81,9 @@ def test_one_mapping_for_the_chain_and_one_per_group_on_request() -> None:
 
 def test_metric_figures() -> None:
     params = _params()
-    monge = sgrld.MongeSGLD(params, lr=0.01, num_data=N, alpha2=0.5, telemetry=True)
+    monge = sgrld.MongeSGLD(  # the paper's fixed α²: stretch α²|m|²
+        params, lr=0.01, num_data=N, alpha2=0.5, alpha2_rule="fixed", telemetry=True
+    )
     for p in params:
         p.grad = torch.ones_like(p)
     monge.step()

@@ -22,5 +22,6 @@ def loss(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.
 
 
 loader = list(zip(x.split(64), y.split(64), strict=True))
-estimate = sgrld.llc(model, loss, loader, num_data=len(x), num_chains=4, num_steps=200, lr=1e-4)
-print(estimate.mean, estimate.std_error)  # an sgrld.LLCEstimate; per_chain and trace too
+estimate = sgrld.llc(model, loss, loader, num_data=len(x), num_chains=4, num_steps=2000)
+print(estimate)  # an sgrld.LLCEstimate: λ̂ ± se and its verdict; per_chain and trace too
+print(estimate.summary())

@@ -9,6 +9,7 @@ the core can restrict the state to the tensors with gradients: ``"element"`` (la
 from __future__ import annotations
 
 import abc
+import contextvars
 import difflib
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,6 +22,11 @@ from torch import Tensor
 from sgrld.core.layout import FlatLayout
 
 Stats = dict[str, Tensor]
+
+#: Whether the step now running may read the device on the host (its checks are ``"sync"``): a
+#: metric's refresh then refuses a bad result at once; with deferred checks (a captured or
+#: ``sync_checks=False`` step) it keeps its previous state instead, without a host read.
+host_reads: contextvars.ContextVar[bool] = contextvars.ContextVar("sgrld_host_reads", default=True)
 
 
 @dataclass(frozen=True)
@@ -320,5 +326,5 @@ def check_num_data(num_data: float) -> None:
         "num_data",
         num_data,
         lambda v: 1.0 <= v < math.inf and v.is_integer(),
-        "a whole number >= 1 and finite, the number of training data",
+        "a whole number num_data >= 1 and finite, the number of training data",
     )

@@ -18,7 +18,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric, PerTensor, StatKind, Stats
+from sgrld.core.contract import Metric, PerTensor, StatKind, Stats, host_reads
 from sgrld.core.integrator import euler_maruyama, noise_scale
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
@@ -412,7 +412,11 @@ def advance(
     else:
         # the warm-up's last step refreshes as a scheduled one would (warmup.closes_warmup)
         due = refresh and adapt and (refresh_due(metric, state.step + 1) or closes_warmup)
-        _through_flat(plan, metric, state, part, adapt, due, telemetry)
+        token = host_reads.set(plan.checks == "sync")
+        try:
+            _through_flat(plan, metric, state, part, adapt, due, telemetry)
+        finally:
+            host_reads.reset(token)
     state.step += 1
     state.device_step.add_(1)
     if part.active is not None:  # a subset's statistics back into the group's

@@ -34,6 +34,7 @@ from sgrld.core.contract import (
     check_choice,
     check_int,
     check_range,
+    host_reads,
     register,
 )
 from sgrld.core.layout import FlatLayout
@@ -372,8 +373,17 @@ class ShampooMetric(Metric):
                 raise self._root_error(layout, members, factors, f"eigh failed ({exc})") from None
             # finite in the statistics' dtype (the copy below casts as this does)
             roots = (grad_root.to(batch.dtype), noise_root.to(batch.dtype))
-            if not all(bool(torch.isfinite(r).all()) for r in roots):
-                raise self._root_error(layout, members, factors, "a root is not finite")
+            finite = torch.isfinite(roots[0]).all() & torch.isfinite(roots[1]).all()
+            if host_reads.get():
+                if not bool(finite):
+                    raise self._root_error(layout, members, factors, "a root is not finite")
+            else:  # deferred checks read nothing: a non-finite refresh keeps the previous roots
+                old_grad, old_noise = (
+                    torch.cat([stats[_key(name, g, a, i)].reshape(-1, s, s) for i, g, a in members])
+                    for name in ("grad_root", "noise_root")
+                )
+                roots = (torch.where(finite, roots[0], old_grad),
+                         torch.where(finite, roots[1], old_noise))  # fmt: skip
             done.append((members, [f.shape[0] for f in factors], roots))
         for members, sizes, (grad_root, noise_root) in done:
             for name, value in (("grad_root", grad_root), ("noise_root", noise_root)):

@@ -155,7 +155,7 @@ def llc(
             lr=lr, burnin=burnin, init_batches=init_batches, adapt_until=adapt_until,
             vectorize=vectorize, masks=masks, metric_options=metric_options,
         )  # fmt: skip
-        check = get_metric(sampler).name != "identity" if check_sgld is None else check_sgld
+        check = get_metric(sampler).preconditions if check_sgld is None else check_sgld
         if check and masks is None and math.isfinite(est.verdict.inflation if est.verdict else 0):
             reference = _estimate(
                 model, loss, loader, num_data=num_data, sampler="identity", nbeta=nbeta,
@@ -241,7 +241,7 @@ def _check_arguments(args: dict[str, Any]) -> float:
 def _adapting(sampler: str, adapt_until: int | None, burnin: int, num_steps: int) -> int:
     """Steps after burn-in during which the metric's G still moves (every metric but
     ``identity`` adapts until ``adapt_until``; ``None``: throughout)."""
-    if get_metric(sampler).name == "identity":
+    if not get_metric(sampler).preconditions:  # G = I: nothing adapts
         return 0
     end = num_steps if adapt_until is None else min(adapt_until, num_steps)
     return max(0, end - burnin)

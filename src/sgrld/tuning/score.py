@@ -32,7 +32,7 @@ from sgrld.tuning.data import bind, expanded, flatten, size
 
 if TYPE_CHECKING:
     from sgrld.chains import Chains
-    from sgrld.tuning.runs import Problem
+    from sgrld.tuning.problem import Problem
 
 __all__ = ["Record", "records", "round_scores", "thinned", "validation"]
 

@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--rrr takes four integers M,N,H,R")
         _check_ranges(args)
         samplers = [get_metric(name).name for name in samplers]  # aliases: their registry name
-        # SGLD first: every other metric's verdict is checked against its estimate
-        samplers.sort(key=lambda name: name != "identity")
+        # SGLD (G = I) first: every other metric's verdict is checked against its estimate
+        samplers.sort(key=lambda name: get_metric(name).preconditions)
         options = {name: _options(name, args.sampler_options or {}, samplers) for name in samplers}
     except (ValueError, TypeError) as exc:
         return fail("llc", str(exc), exits.USAGE)
@@ -165,7 +165,7 @@ def _run_locked(args: argparse.Namespace, samplers: list[str], options: dict[str
                           seed=args.seed, lr=args.lr, vectorize=not args.sequential, train=mode,
                           warn=False, check_sgld=None if reference is None else False,
                           **options[name])  # fmt: skip
-                if name == "identity":
+                if not get_metric(name).preconditions:  # SGLD: the reference
                     reference = est
                 elif reference is not None:
                     est = against_sgld(est, reference)
