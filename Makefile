@@ -31,9 +31,11 @@ $(BIN)/.installed: pyproject.toml Makefile
 
 # test-only, installed by the test targets and not by `make venv` or `make demo`:
 # tests/test_llc*.py compare with devinterp's SGLD; its devinterp.optim needs only torch and
-# numpy, the rest of its dependencies (datasets, ...) is not wanted
+# numpy, the rest of its dependencies (datasets, ...) is not wanted. The hf extra (transformers,
+# peft) for tests/test_huggingface.py.
 $(BIN)/.test-deps: $(BIN)/.installed
 	$(BIN)/pip install --quiet --no-deps 'devinterp==2.0.1'
+	$(BIN)/pip install --quiet -e '.[dev,hf]'
 	touch $@
 
 venv: $(BIN)/.installed

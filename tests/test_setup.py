@@ -67,12 +67,14 @@ def test_setup_installs_the_pin_or_the_chosen_build(tmp_path: Path) -> None:
 
 
 def test_devinterp_is_installed_for_the_tests_only(tmp_path: Path) -> None:
-    """``make venv`` (and so ``make demo``) leaves devinterp out; the test targets add it."""
+    """``make venv`` (and so ``make demo``) leaves devinterp and the hf extra out; the test
+    targets add them."""
     log = _fake_setup(tmp_path, has_torch=True)
     _make(tmp_path)
-    assert "devinterp" not in log.read_text()
+    assert "devinterp" not in log.read_text() and "hf]" not in log.read_text()
     subprocess.run(
         ["make", ".venv/bin/.test-deps", f"PYTHON={tmp_path / 'python3'}"],
         cwd=tmp_path, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "pip install --quiet --no-deps devinterp==2.0.1" in log.read_text()
+    assert "pip install --quiet -e .[dev,hf]" in log.read_text()
