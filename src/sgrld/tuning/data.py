@@ -33,11 +33,14 @@ class Batches:
 
     def __post_init__(self) -> None:
         kept = 0
+        # the whole first pass, then the start of a second, as the tuner always read them: a
+        # shuffling loader draws its order from torch's random state, which the search's
+        # chains share, so the same reads keep the same tuning for the same seed
         for batch, last in passes(self.loader):
-            if kept >= self.score_points:
-                break
-            tensors, rebuild = flatten(batch)
-            self.scoring.append(rebuild(tuple(t.to(self.device) for t in tensors)))
-            kept += len(tensors[0])
+            if kept < self.score_points:
+                tensors, rebuild = flatten(batch)
+                self.scoring.append(rebuild(tuple(t.to(self.device) for t in tensors)))
+                kept += len(tensors[0])
             if last:
                 break
+        next(iter(self.loader), None)
