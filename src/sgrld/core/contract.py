@@ -25,7 +25,8 @@ Stats = dict[str, Tensor]
 
 #: Whether the step now running may read the device on the host (its checks are ``"sync"``): a
 #: metric's refresh then refuses a bad result at once; with deferred checks (a captured or
-#: ``sync_checks=False`` step) it keeps its previous state instead, without a host read.
+#: ``sync_checks=False`` step, or one being traced) it keeps its previous state instead, without a
+#: host read.
 host_reads: contextvars.ContextVar[bool] = contextvars.ContextVar("sgrld_host_reads", default=True)
 
 

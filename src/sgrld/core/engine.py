@@ -412,11 +412,14 @@ def advance(
     else:
         # the warm-up's last step refreshes as a scheduled one would (warmup.closes_warmup)
         due = refresh and adapt and (refresh_due(metric, state.step + 1) or closes_warmup)
-        token = host_reads.set(plan.checks == "sync")
-        try:
+        if torch.compiler.is_compiling():  # a traced step reads nothing on the host anyway
             _through_flat(plan, metric, state, part, adapt, due, telemetry)
-        finally:
-            host_reads.reset(token)
+        else:
+            token = host_reads.set(plan.checks == "sync")
+            try:
+                _through_flat(plan, metric, state, part, adapt, due, telemetry)
+            finally:
+                host_reads.reset(token)
     state.step += 1
     state.device_step.add_(1)
     if part.active is not None:  # a subset's statistics back into the group's

@@ -374,10 +374,10 @@ class ShampooMetric(Metric):
             # finite in the statistics' dtype (the copy below casts as this does)
             roots = (grad_root.to(batch.dtype), noise_root.to(batch.dtype))
             finite = torch.isfinite(roots[0]).all() & torch.isfinite(roots[1]).all()
-            if host_reads.get():
+            if not torch.compiler.is_compiling() and host_reads.get():
                 if not bool(finite):
                     raise self._root_error(layout, members, factors, "a root is not finite")
-            else:  # deferred checks read nothing: a non-finite refresh keeps the previous roots
+            else:  # deferred checks, traced steps: no host read; a bad refresh keeps the old roots
                 old_grad, old_noise = (
                     torch.cat([stats[_key(name, g, a, i)].reshape(-1, s, s) for i, g, a in members])
                     for name in ("grad_root", "noise_root")
