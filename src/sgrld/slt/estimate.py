@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from sgrld.chains import Chains
+from sgrld.core.engine import NonFiniteGradientError
 from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.runner import (
@@ -121,11 +122,12 @@ def llc(
             (dropout on; devinterp's choice); ``False``: ``eval()`` mode. The modes are
             restored on return.
         warn: warn (:class:`~sgrld.slt.LLCWarning`) when the verdict finds a problem.
-        check_sgld: run SGLD (``identity``, its own calibrated ε, the same chains, steps
-            and batches) next to the metric and add to the verdict where the two disagree
-            beyond 3 standard errors and 5 % (every correct sampler of one posterior gives one
-            λ̂). ``None`` (default): for every metric but ``identity`` (it doubles the cost;
-            ``False`` skips it). Not on the optimizer path (masks, FSDP2, bfloat16).
+        check_sgld: run SGLD (``identity``, at ``lr`` if given, else at its own calibrated ε;
+            the same chains, steps and batches) next to the metric and add to the verdict
+            where the two disagree beyond 3 standard errors and 5 % (every correct sampler of
+            one posterior gives one λ̂). ``None`` (default): for every metric but ``identity``
+            (it doubles the cost; ``False`` skips it). Not on the optimizer path (masks, FSDP2,
+            bfloat16), nor where SGLD itself breaks down.
         metric_options: the metric's options (e.g. ``alpha2=1.0``, ``decay=0.99``).
 
     Returns:
@@ -157,13 +159,17 @@ def llc(
         )  # fmt: skip
         check = get_metric(sampler).preconditions if check_sgld is None else check_sgld
         if check and masks is None and math.isfinite(est.verdict.inflation if est.verdict else 0):
-            reference = _estimate(
-                model, loss, loader, num_data=num_data, sampler="identity", nbeta=nbeta,
-                localization=localization, num_chains=num_chains, num_steps=num_steps,
-                seed=seed, lr=None, burnin=burnin, init_batches=init_batches,
-                adapt_until=adapt_until, vectorize=vectorize, masks=None, metric_options={},
-            )  # fmt: skip
-            est = against_sgld(est, reference)
+            try:  # SGLD at the ε given (devinterp compares metrics so), else at its own
+                reference = _estimate(
+                    model, loss, loader, num_data=num_data, sampler="identity", nbeta=nbeta,
+                    localization=localization, num_chains=num_chains, num_steps=num_steps,
+                    seed=seed, lr=lr, burnin=burnin, init_batches=init_batches,
+                    adapt_until=adapt_until, vectorize=vectorize, masks=None, metric_options={},
+                )  # fmt: skip
+            except NonFiniteGradientError:
+                reference = None  # SGLD breaks down there: nothing to compare with
+            if reference is not None:
+                est = against_sgld(est, reference)
     finally:
         for module, mode in modes.items():
             module.training = mode
