@@ -128,7 +128,19 @@ def test_defaults_reach_the_gaussian_from_100_sigma(name: str) -> None:
 
 
 @SLOW
-@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rmsprop",
+        # issue 39 item 1, open: the windows do not restart the statistics, so Adam's β₂ = 0.999
+        # second moment still weighs the journey's gradients when G freezes (stiff direction's
+        # variance 0.85 against 0.39). Strict: the mark goes when the defect is fixed.
+        pytest.param("adam", marks=pytest.mark.xfail(
+            raises=AssertionError, strict=True,
+            reason="issue 39 item 1: the warm-up's windows do not restart Adam's statistics",
+        )),
+    ],
+)  # fmt: skip
 def test_a_warmup_that_outlasts_the_journey_reaches_the_gaussian_from_100_sigma(name: str) -> None:
     """RMSprop and Adam travel ~ℓ per step: from ~70 away at ℓ = 0.05 the journey is ~1,400
     steps, so a windowed warm-up of 3,000 (burn-in 4,000) ends after the chain has arrived."""
