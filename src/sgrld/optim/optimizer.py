@@ -129,8 +129,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         data_parallel: whether the ranks of a process group hold replicas of one chain (DDP): the
             first step then refuses ranks that would draw different noise. ``None``: whenever a
             group of several ranks exists; ``False``: independent chains per rank.
-        adapt_until: the metric adapts during the first ``adapt_until`` steps (default 1,000),
-            then G is frozen; ``None`` always adapts (the paper's, biased: ``docs/posterior.md``).
+        adapt_until: the metric adapts during the first ``adapt_until`` steps, then G is
+            frozen; the default ``Windows(1000)`` is Stan's windowed warm-up of 1,000 steps (G
+            frozen from step 950); ``None`` always adapts (the paper's, biased:
+            ``docs/posterior.md``).
         localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters at construction, added
             to the drift's gradient only (``docs/llc.md``).
         refresh_every: refresh a per-epoch metric (Wenzel's) every ``refresh_every`` steps;
