@@ -6,6 +6,7 @@ commit (``sgrld sample --sampler monge --lr 0.05 --width 16 --epochs 2 --subset 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -41,4 +42,22 @@ def test_a_checkpoint_of_the_old_main_resumes_as_a_fresh_run(
     fresh += ["--subset", "300", "--eval-subset", "100", "--burn-in", "5", "--thinning", "3"]
     assert main([*fresh, *data, *ARGV, "--out", str(tmp_path / "new")]) == 0
     a, b = (json.loads((p / "results.json").read_text()) for p in (old, tmp_path / "new"))
-    assert a["config"] == b["config"] and a["curves"] == b["curves"] and a["final"] == b["final"]
+    assert a["config"] == b["config"]
+    if a["curves"]["val_lp"][1] == b["curves"]["val_lp"][1]:  # the CPU that wrote the checkpoint
+        assert a["curves"] == b["curves"] and a["final"] == b["final"]
+        return
+    # Another CPU's float32 kernels (AVX2 here, the checkpoint's machine differed) sum in another
+    # order: the fresh run's epoch 1 is 2e-9 (relative) off the stored one, and the resumed epoch
+    # 2 carries that. Counts and accuracies stay exact, every score within 1e-7 relative.
+    assert _close(a["curves"], b["curves"]) and _close(a["final"], b["final"])
+
+
+def _close(a: object, b: object) -> bool:
+    """Equal structure and integers, floats equal to 1e-7 relative."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-7)
+    return a == b

@@ -234,7 +234,7 @@ def _config(
     if config.num_val >= pool:
         raise UsageError(
             f"--num-val {config.num_val} leaves no training point of the {pool} {config.dataset} "
-            "splits into training and validation"
+            f"splits into training and validation: give --num-val between 1 and {pool - 1}"
         )
     try:  # as the sampler will: finite, and a step that fits a float32
         check_hyperparameters(config.lr, _num_train(config), config.temperature)
