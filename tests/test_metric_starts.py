@@ -91,7 +91,9 @@ def run_chains(
 def start_kl() -> float:
     """The KL of the start's law N(0, 100 I) from the target: the 1 % criterion's unit."""
     mean, cov = target()
-    return gaussian_kl(torch.zeros(2, dtype=torch.float64), 100.0 * torch.eye(2), mean, cov)
+    return gaussian_kl(
+        torch.zeros(2, dtype=torch.float64), 100.0 * torch.eye(2, dtype=torch.float64), mean, cov
+    )
 
 
 # --- the fast version: pooled over chains, thresholds from the chains' spread ----------------

@@ -115,6 +115,16 @@ class Metric(abc.ABC):
         """Recompute an explicitly scheduled part of G (Wenzel's preconditioner at an epoch end,
         Shampoo's inverse roots every :attr:`refresh_interval` steps)."""
 
+    @property
+    def restarts(self) -> bool:
+        """Whether :meth:`restart` forgets the statistics at a warm-up window's start (Stan's
+        windows; ``update`` then counts its steps from there)."""
+        return False
+
+    def restart(self, stats: Stats, layout: FlatLayout) -> None:  # noqa: B027 - optional hook
+        """Forget the statistics at the start of a warm-up's slow window, where the metric can
+        start afresh cleanly (:attr:`restarts`); by default they are kept."""
+
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
         """Health figures of the current G for telemetry (read outside steps), e.g. Monge's
         stretch.

@@ -479,6 +479,8 @@ def _through_flat(
             saved = {k: v.clone() for k, v in stats.items()}
     # deferred: the count read on the device (a captured step reads no host value)
     count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
+    if state.warmup is not None:  # counted from the statistics' restart (warmup.after_step)
+        count = count - state.warmup.origin(state.step)
     pull = None
     if plan.localization:
         assert state.center is not None

@@ -5,6 +5,7 @@ each step :func:`sgrld.core.engine.advance` (``docs/conventions.md``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,15 @@ from sgrld.core.engine import (
 from sgrld.core.layout import FlatLayout, check_one_buffer
 from sgrld.core.noise import NOISE_SOURCES, NoiseSource, keys_from_generator, keys_from_seeds
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
+from sgrld.core.warmup import (
+    DEFAULT_WARMUP,
+    Arrival,
+    adapting,
+    after_step,
+    check_adapt_until,
+    closes_warmup,
+    new_arrival,
+)
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
 
@@ -142,6 +151,9 @@ class Sampler:
         gen = generator if generator is not None else new_generator(first.device)
         stats = self.metric.checked_init(layout, first)
         state = SamplerState(dict(params), stats, 0, gen, layout)
+        state.warmup = new_arrival(  # a captured step reads no host value at a window's end
+            self.metric, self.adapt_until, tensors, layout.batch_shape, not self.capturable
+        )
         if self.localization:
             state.center = [t.detach().clone() for t in tensors]
         if seeds is not None:
@@ -180,6 +192,7 @@ class Sampler:
         if not inplace:
             state = clone_state(state)
         device = next(iter(state.params.values())).device
+        before = state.step
         advance(
             self.metric,
             state,
@@ -188,14 +201,18 @@ class Sampler:
             num_data=self.num_data,
             temperature=self.temperature,
             checks=check_mode(self.check_finite, self.sync_checks, device, self.capturable),
-            adapt=adapt and adapting(state.step, self.adapt_until),
+            adapt=adapt and adapting(state.step, self.adapt_until, state.warmup),
             noise_source=self.noise,
             compiled=self._compiled if self.compile else None,
             refresh=not (self.capturable and in_graph()),
             telemetry=telemetry,
-            closes_warmup=closes_warmup(self.metric, state.step + 1, self.adapt_until),
+            closes_warmup=closes_warmup(
+                self.metric, state.step + 1, self.adapt_until, state.warmup
+            ),
             localization=self.localization,
         )
+        if state.step != before:  # the warm-up's host schedule (core.warmup)
+            after_step(self.metric, state)
         return state
 
     def run(
@@ -228,7 +245,7 @@ class Sampler:
     def refresh_if_due(self, state: SamplerState) -> bool:
         """Run the metric's scheduled refresh if due at ``state.step`` (capturable samplers)."""
         due = refresh_due(self.metric, state.step)
-        if not (due or closes_warmup(self.metric, state.step, self.adapt_until)):
+        if not (due or closes_warmup(self.metric, state.step, self.adapt_until, state.warmup)):
             return False
         self.metric.refresh(state.stats, state.layout)
         return True
@@ -269,6 +286,10 @@ def check_flags(
         )
 
 
+def clone_arrival(arrival: Arrival) -> Arrival:
+    return dataclasses.replace(arrival, sums=arrival.sums.clone(), count=arrival.count.clone())
+
+
 def clone_state(state: SamplerState) -> SamplerState:
     gen = torch.Generator(device=state.generator.device)
     gen.set_state(state.generator.get_state())
@@ -282,4 +303,5 @@ def clone_state(state: SamplerState) -> SamplerState:
         device_step=state.device_step.clone(),
         flags=state.flags.clone(),
         center=None if state.center is None else [c.clone() for c in state.center],
+        warmup=None if state.warmup is None else clone_arrival(state.warmup),
     )

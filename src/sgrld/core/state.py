@@ -11,6 +11,7 @@ from torch import Tensor
 
 from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseBuffer
+from sgrld.core.warmup import Arrival
 
 
 @dataclass
@@ -85,6 +86,8 @@ class SamplerState:
     #: how its steps run (:class:`sgrld.core.engine.Plan`), decided at the first step
     plan: object = field(default=None, repr=False, compare=False)
     center: list[Tensor] | None = None
+    #: whether the warm-up waits for the chain (:class:`sgrld.core.warmup.Arrival`; ``None``: no)
+    warmup: Arrival | None = None
 
     def __post_init__(self) -> None:
         device = next(iter(self.params.values())).device
@@ -108,6 +111,8 @@ class SamplerState:
         }
         if self.center is not None:
             sd["center"] = [c.clone() for c in self.center]
+        if self.warmup is not None:
+            sd["warmup"] = {"sums": self.warmup.sums.clone(), "extensions": self.warmup.extensions}
         return sd
 
     def validate_state_dict(self, sd: Any, label: str = "state dict") -> None:
@@ -146,6 +151,14 @@ class SamplerState:
             != [(c.shape, c.dtype) for c in self.center]
         ):
             raise ValueError(f"{label}: the localisation's centre does not match this sampler")
+        if self.warmup is not None and "warmup" in sd:
+            saved = sd["warmup"]
+            sums = saved.get("sums") if isinstance(saved, dict) else None
+            ext = saved.get("extensions") if isinstance(saved, dict) else None
+            if not isinstance(sums, Tensor) or sums.shape != self.warmup.sums.shape:
+                raise ValueError(f"{label}: the warm-up's statistics do not match this sampler")
+            if not isinstance(ext, int) or isinstance(ext, bool) or ext < 0:
+                raise ValueError(f"{label}: the warm-up's extensions are {ext!r}")
         check_generator_state(self.generator, sd["generator"], label)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -166,6 +179,12 @@ class SamplerState:
             self.flags.copy_(sd["flags"])
         if self.center is not None:
             torch._foreach_copy_(self.center, sd["center"])
+        if self.warmup is not None:
+            if "warmup" in sd:
+                self.warmup.sums.copy_(sd["warmup"]["sums"])
+                self.warmup.count.fill_(sd["warmup"]["extensions"])
+            else:  # a state dict from before the warm-up waited: its windows, as they were
+                self.warmup = None
 
 
 def check_generator_state(generator: torch.Generator, saved: Any, label: str) -> None:

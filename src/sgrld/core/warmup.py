@@ -1,27 +1,40 @@
 """When a metric adapts: during a warm-up, then never again, so that the frozen G samples the
 posterior (adapting throughout, the paper's protocol ``None``, biases it: ``docs/posterior.md``).
-Every path decides with :func:`adapting` on the host step count.
+Every path decides with :func:`adapting` on the host step count and the state's :class:`Arrival`.
 
 ``adapt_until`` is ``None`` (adapt at every step), an integer N (the first N steps adapt, then G
-is frozen), or :class:`Windows` (the default): Stan's windowed warm-up of N steps, whose last
-steps (the terminal window) run with G already frozen, and whose scheduled refreshes (Shampoo's
-roots) also run at the end of every slow window.
+is frozen), or :class:`Windows`: Stan's windowed warm-up of N steps, whose last steps (the
+terminal window) run with G already frozen, and whose scheduled refreshes (Shampoo's roots) also
+run at the end of every slow window. The default, ``Windows(1000, arrival=True)``, also waits for
+the chain: at the end of its last slow window one host read of :class:`Arrival`'s statistic asks
+whether the chain is stationary, and if not the warm-up gets another (doubled) slow window, up to
+16 × its nominal length; the bias-corrected metrics (Adam) restart their statistics at every slow
+window's start, as Stan does, so the frozen G is learned from the last window alone.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 __all__ = [
     "DEFAULT_WARMUP",
+    "Arrival",
     "Windows",
     "adapting",
+    "after_step",
     "capped",
     "check_adapt_until",
     "closes_warmup",
     "drawn_while_adapting",
+    "new_arrival",
+    "warmup_end",
+    "warmup_length",
 ]
 
 
@@ -32,26 +45,43 @@ class Windows(int):
     is already frozen, so the chain relaxes under its final G before the warm-up (the burn-in)
     ends. Below 150 steps the windows are 15 %, 75 % and 10 % of it, as in Stan.
 
-    An ``int`` (its value the warm-up's length), so that arithmetic on a warm-up keeps working;
-    ``Windows(1000) == 1000`` but an explicit ``adapt_until=1000`` adapts for all 1,000 steps.
+    An ``int`` (its value the warm-up's nominal length), so that arithmetic on a warm-up keeps
+    working; ``Windows(1000) == 1000`` but an explicit ``adapt_until=1000`` adapts for all 1,000
+    steps.
+
+    ``arrival=True`` (the default warm-up, :data:`DEFAULT_WARMUP`) waits for the chain: where the
+    last slow window ends on a chain that is still travelling (:class:`Arrival`), another slow
+    window of twice its length follows, as long as the warm-up stays within :attr:`CAP` × its
+    nominal length; :meth:`slow_ends` with ``extensions`` gives that schedule.
 
     Examples:
         >>> Windows(1000).slow_ends()
         (100, 150, 250, 450, 950)
         >>> Windows(1000).adapts_until
         950
+        >>> Windows(1000, arrival=True).slow_ends(extensions=2)[-3:]
+        (950, 1950, 3950)
     """
 
     INIT, TERM, BASE = 75, 50, 25
+    #: the longest a waiting warm-up gets, in multiples of its nominal length
+    CAP = 16
+    arrival: bool
+
+    def __new__(cls, steps: int, arrival: bool = False) -> Windows:
+        self = super().__new__(cls, steps)
+        self.arrival = bool(arrival)
+        return self
 
     def __repr__(self) -> str:
-        return f"Windows({int(self)})"
+        return f"Windows({int(self)}{', arrival=True' if self.arrival else ''})"
 
     def __str__(self) -> str:  # messages say its length ("use burnin >= 1000")
         return str(int(self))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Windows, (int(self),))
+        # an older checkpoint's Windows(N) (no arrival) loads as it was saved
+        return (Windows, (int(self), True) if self.arrival else (int(self),))
 
     def _parts(self) -> tuple[int, int, int]:
         """(fast initial window, first slow window, terminal window) in steps."""
@@ -66,8 +96,9 @@ class Windows(int):
         """The steps that adapt: all but the terminal window."""
         return int(self) - self._parts()[2]
 
-    def slow_ends(self) -> tuple[int, ...]:
-        """The step ending each slow window (the last one is :attr:`adapts_until`)."""
+    def slow_ends(self, extensions: int = 0) -> tuple[int, ...]:
+        """The step ending each slow window (the last one is :attr:`adapts_until`), with
+        ``extensions`` more windows, each twice the one before."""
         init, size, _ = self._parts()
         end, last, ends = init, self.adapts_until, []
         while end < last:
@@ -77,15 +108,29 @@ class Windows(int):
                 nxt = last
             ends.append(nxt)
             end, size = nxt, 2 * size
+        for _ in range(extensions):
+            ends.append(ends[-1] + 2 * (ends[-1] - (ends[-2] if len(ends) > 1 else init)))
         return tuple(ends)
+
+    def slow_starts(self, extensions: int = 0) -> tuple[int, ...]:
+        """The step after which each slow window begins (where Stan restarts the statistics)."""
+        ends = self.slow_ends(extensions)
+        return (self._parts()[0], *ends[:-1]) if ends else ()
+
+    def can_extend(self, extensions: int) -> bool:
+        """Whether one more slow window (after ``extensions``) keeps the warm-up, terminal window
+        included, within :attr:`CAP` × its nominal length."""
+        ends = self.slow_ends(extensions + 1)
+        return self.arrival and len(ends) > 1 and ends[-1] + self._parts()[2] <= self.CAP * self
 
 
 # checkpoints hold it (an optimizer's param groups) and are read with torch.load(weights_only=True)
 torch.serialization.add_safe_globals([Windows])
 
 #: The default warm-up of every adaptive metric in every API: Stan's windows over 1,000 steps (the
-#: runner's default burn-in and Stan's default warm-up), G frozen after step 950.
-DEFAULT_WARMUP = Windows(1000)
+#: runner's default burn-in and Stan's default warm-up), G frozen after step 950 if the chain has
+#: arrived by then, else after 1,950, 3,950, ... (at most 16,000 steps: :class:`Arrival`).
+DEFAULT_WARMUP = Windows(1000, arrival=True)
 
 
 def check_adapt_until(adapt_until: int | None) -> None:
@@ -108,27 +153,56 @@ def capped(adapt_until: int | None, steps: int) -> int | None:
     return Windows(length) if isinstance(adapt_until, Windows) else length
 
 
-def _last_adapting(adapt_until: int) -> int:
-    return adapt_until.adapts_until if isinstance(adapt_until, Windows) else adapt_until
+def _extensions(arrival: Arrival | None) -> int:
+    return 0 if arrival is None else arrival.extensions
 
 
-def adapting(steps_taken: int, adapt_until: int | None) -> bool:
+def warmup_end(adapt_until: int | None, arrival: Arrival | None = None) -> int | None:
+    """The last step that adapts (``None``: every step does): ``adapt_until``, or with
+    :class:`Windows` the end of its last slow window as ``arrival`` extended it so far."""
+    if isinstance(adapt_until, Windows):
+        ends = adapt_until.slow_ends(_extensions(arrival))
+        return ends[-1] if ends else adapt_until.adapts_until
+    return adapt_until
+
+
+def warmup_length(adapt_until: int | None, arrival: Arrival | None = None) -> int | None:
+    """The warm-up's length as it stands: ``adapt_until`` itself, or once ``arrival`` added
+    windows, the end of the last one plus the terminal window (the burn-in it needs)."""
+    if not isinstance(adapt_until, Windows) or not _extensions(arrival):
+        return adapt_until
+    end = warmup_end(adapt_until, arrival)
+    assert end is not None
+    return end + adapt_until._parts()[2]
+
+
+def adapting(steps_taken: int, adapt_until: int | None, arrival: Arrival | None = None) -> bool:
     """Whether step ``steps_taken + 1`` updates the metric: steps 1, …, ``adapt_until`` do (and
-    their due refreshes run), with :class:`Windows` all but its terminal window; 0 never adapts."""
-    return adapt_until is None or steps_taken < _last_adapting(adapt_until)
+    their due refreshes run), with :class:`Windows` all but its terminal window (after the
+    windows ``arrival`` added); 0 never adapts."""
+    end = warmup_end(adapt_until, arrival)
+    return end is None or steps_taken < end
 
 
 def drawn_while_adapting(
-    metric: Any, steps_taken: int, adapt_until: int | None, adapt: bool = True
+    metric: Any,
+    steps_taken: int,
+    adapt_until: int | None,
+    adapt: bool = True,
+    arrival: Arrival | None = None,
 ) -> bool:
     """Whether a sample after ``steps_taken`` steps was drawn while ``metric`` still adapted (G = I
     has nothing to adapt; ``adapt=False``: frozen by the user).
     """
     last = steps_taken - 1
-    return steps_taken > 0 and adapt and metric.preconditions and adapting(last, adapt_until)
+    return (
+        steps_taken > 0 and adapt and metric.preconditions and adapting(last, adapt_until, arrival)
+    )
 
 
-def closes_warmup(metric: Any, step: int, adapt_until: int | None) -> bool:
+def closes_warmup(
+    metric: Any, step: int, adapt_until: int | None, arrival: Arrival | None = None
+) -> bool:
     """Whether step ``step`` ends the warm-up (or, with :class:`Windows`, a slow window) off the
     refresh schedule, so the scheduled part (Shampoo's roots) is refreshed once more now, else
     the frozen G would be stale (or I).
@@ -137,5 +211,130 @@ def closes_warmup(metric: Any, step: int, adapt_until: int | None) -> bool:
     if interval is None or adapt_until is None or step % interval == 0:
         return False
     if isinstance(adapt_until, Windows):
-        return step in adapt_until.slow_ends()
+        return step in adapt_until.slow_ends(_extensions(arrival))
     return step == adapt_until > 0
+
+
+# --- waiting for the chain --------------------------------------------------------------------
+
+#: coordinates tracked per group (a fixed strided subsample: no O(D) memory, a few kernels a step)
+TRACKED = 256
+#: a coordinate has arrived when its half-window means differ by less than ``RATIO`` × its
+#: within-half standard deviation (steady travel across the window gives √12 ≈ 3.5, a stationary
+#: chain ~√(2·τ/n) ≪ 1); a chain, when at least ``QUORUM`` of its tracked coordinates have
+#: (``docs/posterior.md``: the measurements behind both)
+RATIO, QUORUM = 2.0, 0.9
+
+
+@dataclass
+class Arrival:
+    """Whether a chain has arrived: over the last slow window of its :class:`Windows` schedule,
+    the sums and sums of squares of :data:`TRACKED` strided coordinates in each half of the window,
+    kept on the device (no host read per step); one host read at the window's end.
+
+    Attributes:
+        schedule: the warm-up (``arrival=True``).
+        picks: per parameter tensor, the flat indices tracked in it (from the layout: not state).
+        sums: ``(4, *batch, m)`` float64: Σx and Σx² of the first half, then of the second.
+        count: 0-d int64 (host memory): the slow windows added so far.
+        restarts: whether the metric restarts its statistics at each slow window's start.
+    """
+
+    schedule: Windows
+    picks: list[tuple[int, Tensor]]
+    sums: Tensor
+    count: Tensor
+    restarts: bool
+
+    @property
+    def extensions(self) -> int:
+        return int(self.count)
+
+    def window(self) -> tuple[int, int]:
+        """The last slow window of the schedule so far: the steps after its start to its end."""
+        ends = self.schedule.slow_ends(self.extensions)
+        return self.schedule.slow_starts(self.extensions)[-1], ends[-1]
+
+    def origin(self, steps_taken: int) -> int:
+        """The step the metric's statistics were last restarted after (0: never), which a
+        bias-corrected metric counts its steps from."""
+        if not self.restarts:
+            return 0
+        starts = self.schedule.slow_starts(self.extensions)
+        return max((s for s in starts if s <= steps_taken), default=0)
+
+    def observe(self, params: Sequence[Tensor], steps_taken: int) -> None:
+        """Add the tracked coordinates after step ``steps_taken`` to their half's sums."""
+        start, end = self.window()
+        if not start < steps_taken <= end:
+            return
+        half = 0 if steps_taken <= (start + end) // 2 else 2
+        batch = self.sums.shape[1:-1]
+        x = torch.cat(
+            [params[i].reshape(*batch, -1).index_select(-1, at) for i, at in self.picks], dim=-1
+        ).to(self.sums.dtype)
+        self.sums[half].add_(x)
+        self.sums[half + 1].addcmul_(x, x)
+
+    def arrived(self) -> bool:
+        """Whether every chain has arrived (one host read), at the window's end."""
+        start, end = self.window()
+        n1 = (start + end) // 2 - start
+        n2 = end - start - n1
+        mean1, mean2 = self.sums[0] / n1, self.sums[2] / n2
+        var1 = (self.sums[1] / n1 - mean1 * mean1).clamp_(min=0.0)
+        var2 = (self.sums[3] / n2 - mean2 * mean2).clamp_(min=0.0)
+        gap = (mean2 - mean1).abs()
+        # a coordinate that never moved (sd 0, gap 0) has arrived
+        settled = (gap <= RATIO * ((var1 + var2) / 2).sqrt()).to(torch.float64)
+        return bool((settled.mean(dim=-1) >= QUORUM).all())
+
+
+def new_arrival(
+    metric: Any,
+    adapt_until: int | None,
+    params: Sequence[Tensor],
+    batch_shape: tuple[int, ...],
+    eligible: bool = True,
+) -> Arrival | None:
+    """The :class:`Arrival` of a new state, if its warm-up waits: a :class:`Windows` with
+    ``arrival=True``, a metric that adapts, and a step that may read the host at a window's end
+    (``eligible``: not captured, not sharded)."""
+    if not (isinstance(adapt_until, Windows) and adapt_until.arrival and eligible):
+        return None
+    if not metric.preconditions or not adapt_until.slow_ends():
+        return None
+    numels = [math.prod(p.shape[len(batch_shape) :]) for p in params]
+    total = sum(numels)
+    stride = -(-total // TRACKED)  # ceil: at most TRACKED coordinates
+    picks, offset = [], 0
+    for i, numel in enumerate(numels):
+        first = -offset % stride  # the first multiple of the stride in this tensor
+        if first < numel:
+            at = torch.arange(first, numel, stride, device=params[i].device)
+            picks.append((i, at))
+        offset += numel
+    tracked = sum(len(at) for _, at in picks)
+    like = params[0]
+    sums = torch.zeros((4, *batch_shape, tracked), dtype=torch.float64, device=like.device)
+    count = torch.zeros((), dtype=torch.int64)
+    return Arrival(adapt_until, picks, sums, count, bool(getattr(metric, "restarts", False)))
+
+
+def after_step(metric: Any, state: Any) -> None:
+    """The warm-up's part of the host schedule after a step of ``state`` (a
+    :class:`~sgrld.core.state.SamplerState`): the tracked coordinates summed; at the end of the
+    last slow window, one host read, and another window if the chain has not arrived; at a slow
+    window's start the metric's restart (Adam's moments, with its bias correction)."""
+    arrival = state.warmup
+    if arrival is None:
+        return
+    steps = state.step
+    arrival.observe(list(state.params.values()), steps)
+    last = arrival.window()[1]
+    extend = steps == last and arrival.schedule.can_extend(arrival.extensions)
+    if extend and not arrival.arrived():  # the one host read of a window
+        arrival.count += 1
+        arrival.sums.zero_()
+    if arrival.restarts and steps in arrival.schedule.slow_starts(arrival.extensions):
+        metric.restart(state.stats, state.layout)

@@ -57,6 +57,15 @@ class SecondMomentMetric(Metric):
             bias_correction=self.bias_correction, floor=self.floor, layout=layout,
         )  # fmt: skip
 
+    @property
+    def restarts(self) -> bool:
+        """A bias-corrected v restarts cleanly at a warm-up window's start (v̂ is the window's own
+        mean from its first step); an uncorrected one would start at G ≈ ε, a 1/ε step."""
+        return self.bias_correction
+
+    def restart(self, stats: Stats, layout: FlatLayout) -> None:
+        stats[self.key].zero_()
+
     def sums_ahead(
         self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
     ) -> dict[str, Tensor]:

@@ -15,7 +15,7 @@ from sgrld.core.precision import StandIns
 from sgrld.core.sampler import validate_hyperparameters
 from sgrld.core.shards import local
 from sgrld.core.state import SamplerState
-from sgrld.core.warmup import check_adapt_until, drawn_while_adapting
+from sgrld.core.warmup import check_adapt_until, drawn_while_adapting, warmup_length
 
 #: a localised chain's centre θ₀ in a parameter's state
 CENTER = "center"
@@ -124,11 +124,17 @@ def follow_shards(state: SamplerState, params: list[Tensor]) -> None:
             state.params[name] = shard
 
 
+#: the first parameter's entries of a warm-up that waits for the chain
+WARMUP_SUMS, WARMUP_COUNT = "warmup_sums", "warmup_extensions"
+
+
 def publish_group(
     metric: Metric, state: SamplerState, standins: StandIns | None
 ) -> list[dict[str, Tensor]]:
     """:func:`~sgrld.core.param_state.publish` plus master copies and the localisation's centre."""
     entries = publish(metric, state)
+    if state.warmup is not None:  # the waiting warm-up's sums and windows added (core.warmup)
+        entries[0][WARMUP_SUMS], entries[0][WARMUP_COUNT] = state.warmup.sums, state.warmup.count
     shards = state.layout.shards
     for name, tensors in ((MASTER, standins and standins.masters), (CENTER, state.center)):
         for j, (entry, tensor) in enumerate(zip(entries, tensors or [], strict=False)):
@@ -158,6 +164,9 @@ class Owner(Protocol):
     @property
     def group_metrics(self) -> list[Metric]: ...
 
+    @property
+    def sampler_states(self) -> list[SamplerState]: ...
+
 
 def own(p: Tensor, opt: Owner) -> None:
     """Record ``opt`` as ``p``'s optimizer (by id: the entry goes when ``p`` does)."""
@@ -180,5 +189,7 @@ def drawn_adapting(params: Iterable[Tensor]) -> tuple[bool, int, int | None] | N
         group, steps = opt.param_groups[found[0]], opt.num_steps
         until, adapt = group["adapt_until"], bool(group["adapt_metric"])
         metric = opt.group_metrics[found[0]]
-        return drawn_while_adapting(metric, steps, until, adapt), steps, until
+        arrival = opt.sampler_states[found[0]].warmup
+        drawn = drawn_while_adapting(metric, steps, until, adapt, arrival)
+        return drawn, steps, warmup_length(until, arrival)  # as the chain extended it
     return None

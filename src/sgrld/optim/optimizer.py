@@ -38,7 +38,7 @@ from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, after_step, closes_warmup, new_arrival
 from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
@@ -351,6 +351,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         )
         if self.localization:  # θ₀: the chain's tensors (master copies) as they are now
             state.center = [t.detach().clone() for t in shards]
+        # the warm-up waits for the chain with one host read per window: not in captured steps
+        eligible = not self.capturable and layout.shards is None
+        state.warmup = new_arrival(metric, group["adapt_until"], shards, (), eligible)
         return state, standins
 
     def _build(self, index: int, keys: Tensor | None = None) -> None:
@@ -431,8 +434,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         step).
         """
         metric, until = self._group_metrics[index], self.param_groups[index]["adapt_until"]
-        due = refresh_due(metric, step) or closes_warmup(metric, step, until)
-        return due and adapting(step - 1, until)
+        arrival = self._group_states[index].warmup
+        due = refresh_due(metric, step) or closes_warmup(metric, step, until, arrival)
+        return due and adapting(step - 1, until, arrival)
 
     def after_replay(self) -> None:
         """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
@@ -482,6 +486,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     if modes[index] == "sync":
                         check_finite_now(state, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
+            steps_before = [state.step for state in states]
             for index, (group, state) in enumerate(zip(self.param_groups, states, strict=True)):
                 metric, standins = self._group_metrics[index], self._standins.get(index)
                 if state.layout.shards is not None and standins is None:
@@ -506,8 +511,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     refresh=not (self.capturable and traced),
                     telemetry=sums,
                     localization=self.localization,
-                    closes_warmup=closes_warmup(metric, state.step + 1, group["adapt_until"]),
+                    closes_warmup=closes_warmup(
+                        metric, state.step + 1, group["adapt_until"], state.warmup
+                    ),
                 )
+                if state.step != steps_before[index]:
+                    after_step(metric, state)  # the warm-up's host schedule (core.warmup)
                 if watched:
                     assert sums is not None
                     self._watch.add(index, sums, telemetry)
@@ -647,7 +656,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def adapts(self, index: int = 0) -> bool:
         """Whether group ``index``'s next step updates its metric."""
         group, state = self.param_groups[index], self._group_states[index]
-        return bool(group["adapt_metric"]) and adapting(state.step, group["adapt_until"])
+        until = group["adapt_until"]
+        return bool(group["adapt_metric"]) and adapting(state.step, until, state.warmup)
 
     def freeze_metric(self, frozen: bool = True) -> None:
         """Stop (or resume) updating the metric's statistics in every group."""

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from sgrld.core.runner import (
 )
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
-from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.core.warmup import DEFAULT_WARMUP, Arrival, warmup_length
 from sgrld.metrics import get_metric
 from sgrld.optim import SGRLDOptimizer, build
 from sgrld.optim.groups import masks_by_parameter
@@ -244,13 +244,38 @@ def _check_arguments(args: dict[str, Any]) -> float:
     return args["num_data"] / math.log(args["num_data"])
 
 
-def _adapting(sampler: str, adapt_until: int | None, burnin: int, num_steps: int) -> int:
-    """Steps after burn-in during which the metric's G still moves (every metric but
-    ``identity`` adapts until ``adapt_until``; ``None``: throughout)."""
+def _adapting(
+    sampler: str,
+    adapt_until: int | None,
+    burnin: int,
+    num_steps: int,
+    arrivals: Sequence[Arrival | None] = (),
+) -> int:
+    """Steps after burn-in during which the metric's G still moved (every metric but
+    ``identity`` adapts until ``adapt_until``, as long as the slowest chain's warm-up waited;
+    ``None``: throughout)."""
     if not get_metric(sampler).preconditions:  # G = I: nothing adapts
         return 0
-    end = num_steps if adapt_until is None else min(adapt_until, num_steps)
-    return max(0, end - burnin)
+    lengths = [warmup_length(adapt_until, a) for a in arrivals] or [adapt_until]
+    ends = [num_steps if n is None else min(n, num_steps) for n in lengths]
+    return max(0, max(ends) - burnin)
+
+
+def _noting_arrivals(steppers: Iterable[Stepper], into: list[Arrival | None]) -> Iterable[Stepper]:
+    """``steppers`` as they were (a list stays a list), each one's warm-up noted in ``into``."""
+
+    def note(stepper: Any) -> Any:
+        if isinstance(stepper, VectorizedChains):
+            into.extend(g.state.warmup for g in stepper.chains.groups)  # type: ignore[attr-defined]
+        elif isinstance(stepper, FunctionalChain):
+            into.append(stepper.state.warmup)
+        else:
+            into.extend(s.warmup for s in stepper.optimizer.sampler_states)
+        return stepper
+
+    if isinstance(steppers, list):
+        return [note(s) for s in steppers]
+    return (note(s) for s in steppers)
 
 
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
@@ -358,6 +383,8 @@ def _estimate(
         steppers = [VectorizedChains(chains, loss)]
     else:
         steppers = (FunctionalChain(model, named, loss, built, s) for s in seeds)
+    arrivals: list[Arrival | None] = []  # the warm-up each chain waited for (core.warmup)
+    steppers = _noting_arrivals(steppers, arrivals)
     try:
         done = run(steppers, loader, num_steps, restore=[*named.values(), *model.buffers()])
     finally:
@@ -373,7 +400,7 @@ def _estimate(
         pass_length=len(loader) if isinstance(loader, Sized) else None,
         inflation=spec.inflation(lr) if spec else math.nan,
         step_bias=spec.step_bias(lr) if spec else math.nan,
-        adapting=_adapting(sampler, adapt_until, burnin, num_steps),
+        adapting=_adapting(sampler, adapt_until, burnin, num_steps, arrivals),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
     )  # fmt: skip
     return LLCEstimate(
