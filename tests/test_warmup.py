@@ -380,6 +380,9 @@ def _user_loop(burnin: int, steps: int, metric: str = "rmsprop") -> tuple[Any, l
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 3, generator=g), torch.randn(64, generator=g)
     model = torch.nn.Linear(3, 1)
+    with torch.no_grad():  # a start at which the default warm-up's chain has arrived by 950
+        model.weight.copy_(torch.randn(1, 3, generator=g) * 0.1)
+        model.bias.zero_()
     opt = sgrld.SGRLDOptimizer(model.parameters(), lr=1e-3, num_data=64, metric=metric)
     store = sgrld.SampleStore(burnin=burnin, thinning=20, max_samples=50)
     with warnings.catch_warnings(record=True) as caught:
@@ -458,7 +461,13 @@ def test_windows_travel_through_a_checkpoint_and_json() -> None:
     torch.save(opt.state_dict(), buf)
     buf.seek(0)
     loaded = torch.load(buf, weights_only=True)["param_groups"][0]["adapt_until"]
-    assert isinstance(loaded, Windows) and loaded == 1000 and repr(loaded) == "Windows(1000)"
+    assert isinstance(loaded, Windows) and loaded == 1000 and loaded.arrival
+    assert repr(loaded) == "Windows(1000, arrival=True)"
+    buf = io.BytesIO()
+    torch.save({"adapt_until": Windows(1000)}, buf)  # as a checkpoint from before wrote it
+    buf.seek(0)
+    older = torch.load(buf, weights_only=True)["adapt_until"]
+    assert repr(older) == "Windows(1000)" and not older.arrival
     assert json.dumps({"adapt_until": Windows(1000)}) == '{"adapt_until": 1000}'
     explicit = sgrld.MongeSGLD([torch.zeros(2)], lr=0.1, num_data=1.0, adapt_until=1000)
     assert type(explicit.param_groups[0]["adapt_until"]) is int

@@ -442,8 +442,12 @@ class Chains:
     @property
     def adapting(self) -> bool:
         """Whether the last step adapted the metric (the warm-up of ``adapt_until`` steps)."""
-        sampler = self.groups[0].sampler
-        return drawn_while_adapting(sampler.metric, self.step_count, sampler.adapt_until)
+        return any(  # each group's warm-up waited for its own chains (core.warmup)
+            drawn_while_adapting(
+                g.sampler.metric, self.step_count, g.sampler.adapt_until, arrival=g.state.warmup
+            )
+            for g in self.groups
+        )
 
     def health(self) -> list[Health]:
         """Every chain's :func:`sgrld.health` from its telemetry since the last read (not

@@ -1,0 +1,186 @@
+"""The default warm-up waits for the chain (``Windows(1000, arrival=True)``, :mod:`sgrld.core.warmup`).
+
+A chain still travelling from a far start when the last slow window ends gets another slow window
+of twice the length (up to 16 × the nominal warm-up); a chain that has arrived freezes where Stan
+would. Adam restarts its second moment, and its bias correction, at each slow window's start. The
+decision's state is in every state dict (resume is bit-identical across an extension), a state
+dict from before keeps the nominal windows, and the facade is the functional core step for step.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+import sgrld
+from sgrld.core.warmup import (
+    DEFAULT_WARMUP,
+    Windows,
+    adapting,
+    closes_warmup,
+    warmup_end,
+    warmup_length,
+)
+
+#: a 2-D Gaussian, stiff direction variance 1/4 (posteriors' kind of target)
+PREC = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+LR = 0.05
+
+
+def _grad(x: torch.Tensor) -> torch.Tensor:
+    return x @ PREC
+
+
+def _chain(name: str, start: float, steps: int, chains: int = 4) -> tuple[Any, Any]:
+    sampler = sgrld.build(name, lr=LR, num_data=1.0)
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.full((chains, 2), start, dtype=torch.float64)
+    state = sampler.init({"x": x0}, num_chains=chains, generator=gen)
+    for _ in range(steps):
+        sampler.step(state, {"x": _grad(state.params["x"])})
+    return sampler, state
+
+
+def test_the_schedule_doubles_its_last_window_up_to_the_cap() -> None:
+    w = DEFAULT_WARMUP
+    assert w.arrival and w == 1000 and repr(w) == "Windows(1000, arrival=True)"
+    assert w.slow_ends(4)[-5:] == (950, 1950, 3950, 7950, 15950)
+    assert w.slow_starts(1)[-2:] == (450, 950)
+    # 15,950 + the terminal 50 is 16 × 1,000: a fifth window would pass the cap
+    assert [w.can_extend(k) for k in range(5)] == [True, True, True, True, False]
+    assert not Windows(1000).can_extend(0)  # an explicit Windows(N) keeps Stan's N
+    sampler, state = _chain("rmsprop", 0.0, 0)
+    arrival = state.warmup
+    assert arrival is not None and warmup_end(w, arrival) == 950
+    arrival.count.fill_(2)
+    assert warmup_end(w, arrival) == 3950 and warmup_length(w, arrival) == 4000
+    assert adapting(3949, w, arrival) and not adapting(3950, w, arrival)
+    metric = sgrld.ShampooMetric()
+    assert closes_warmup(metric, 3950, w, arrival) and not closes_warmup(metric, 3950, w)
+
+
+def test_a_travelling_chain_waits_and_an_arrived_one_does_not() -> None:
+    """From 60 away RMSprop moves ~ℓ a step: still travelling at step 950, so the warm-up gets
+    the window to 1,950 (the chain arrives within it, but its first half still travels) and then
+    the one to 3,950; from the mode it freezes at 950 as Stan's schedule says."""
+    _, far = _chain("rmsprop", 60.0, 2000)
+    assert far.warmup.extensions == 2
+    _, near = _chain("rmsprop", 0.0, 1000)
+    assert near.warmup.extensions == 0
+    _, identity = _chain("identity", 60.0, 10)
+    assert identity.warmup is None  # G = I: nothing to wait for
+
+
+def test_adam_restarts_its_moment_and_bias_correction_at_each_slow_window() -> None:
+    """After the restart at step 450 the next update's v̂ is that step's g² alone (v/(1 − β₂¹)),
+    as at step 1, whatever the journey's gradients before."""
+    sampler, state = _chain("adam", 30.0, 450, chains=1)
+    assert bool((state.stats["exp_avg_sq"] == 0).all())
+    g = _grad(state.params["x"])
+    sampler.step(state, {"x": g})
+    metric = sampler.metric
+    scale = (g * g).mean().sqrt()
+    expect = (g.abs() + torch.clamp(metric.floor * scale, min=metric.eps)).pow(-0.5)
+    torch.testing.assert_close(state.stats["inv_sqrt"], expect, rtol=1e-12, atol=0)
+    _, rms = _chain("rmsprop", 30.0, 450, chains=1)  # no bias correction: nothing restarts
+    assert bool((rms.stats["square_avg"] != 0).all())
+
+
+def test_functional_resume_is_bit_identical_across_an_extension() -> None:
+    sampler, state = _chain("adam", 60.0, 1200)
+    assert state.warmup.extensions == 1
+    sd = state.state_dict()
+    buf = io.BytesIO()
+    torch.save({"params": state.params["x"], "state": sd}, buf)
+    straight = sgrld.core.sampler.clone_state(state)
+    fresh = sampler.init({"x": torch.zeros(4, 2, dtype=torch.float64)}, num_chains=4)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    fresh.params["x"].copy_(saved["params"])
+    fresh.load_state_dict(saved["state"])
+    for s in (straight, fresh):
+        for _ in range(1000):  # through the decision at 1,950
+            sampler.step(s, {"x": _grad(s.params["x"])})
+    assert fresh.warmup.extensions == straight.warmup.extensions
+    assert torch.equal(fresh.params["x"], straight.params["x"])
+    for k, v in straight.stats.items():
+        assert torch.equal(fresh.stats[k], v), k
+
+
+def test_a_state_dict_from_before_keeps_the_nominal_windows() -> None:
+    sampler, state = _chain("rmsprop", 60.0, 100)
+    sd = state.state_dict()
+    del sd["warmup"]  # saved before the warm-up waited
+    state.load_state_dict(sd)
+    assert state.warmup is None and warmup_end(sampler.adapt_until, state.warmup) == 950
+
+
+def _facade_and_core(steps: int, adapt_until: Any = DEFAULT_WARMUP) -> tuple[Any, Any, Any]:
+    x = torch.full((2,), 60.0, dtype=torch.float64)
+    opt = sgrld.SGRLDOptimizer([("x", x)], metric="adam", lr=LR, num_data=1.0,
+                               generator=torch.Generator().manual_seed(0),
+                               adapt_until=adapt_until)  # fmt: skip
+    sampler = sgrld.build("adam", lr=LR, num_data=1.0, adapt_until=adapt_until)
+    state = sampler.init({"x": x.clone()}, generator=torch.Generator().manual_seed(0))
+    for _ in range(steps):
+        x.grad = _grad(x)
+        opt.step()
+        sampler.step(state, {"x": _grad(state.params["x"])})
+    return opt, x, state
+
+
+def test_facade_equals_core_and_resumes_bit_identically() -> None:
+    """Saved at step 940, both copies of the facade take the decision at 950 (an extension)."""
+    opt, x, state = _facade_and_core(940)
+    assert torch.equal(x, state.params["x"])
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    y = x.detach().clone()
+    other = sgrld.SGRLDOptimizer([("x", y)], metric="adam", lr=LR, num_data=1.0)
+    buf.seek(0)
+    other.load_state_dict(torch.load(buf, weights_only=True))
+    sampler = sgrld.build("adam", lr=LR, num_data=1.0)
+    for _ in range(20):
+        for p, o in ((x, opt), (y, other)):
+            p.grad = _grad(p)
+            o.step()
+        sampler.step(state, {"x": _grad(state.params["x"])})
+    assert torch.equal(x, y) and torch.equal(x, state.params["x"])
+    assert [o.sampler_states[0].warmup.extensions for o in (opt, other)] == [1, 1]
+    assert state.warmup.extensions == 1 and opt.adapts() and other.adapts()
+
+
+def test_an_older_facade_dict_keeps_its_windows() -> None:
+    """A checkpoint from before saved ``Windows(1000)`` (no arrival) and no warm-up entries: it
+    loads into today's optimizer and freezes at 950 as it would have."""
+    opt, _, _ = _facade_and_core(10, adapt_until=Windows(1000))
+    sd = opt.state_dict()
+    assert not any("warmup" in key for key in sd["state"][0])
+    y = torch.zeros(2, dtype=torch.float64)
+    other = sgrld.SGRLDOptimizer([("x", y)], metric="adam", lr=LR, num_data=1.0)
+    other.load_state_dict(sd)
+    assert other.param_groups[0]["adapt_until"] == Windows(1000)
+    assert other.sampler_states[0].warmup is None
+
+
+def test_samples_drawn_in_an_extended_warmup_are_flagged() -> None:
+    """A SampleStore after the nominal warm-up still flags the samples of a chain whose warm-up
+    waited, and asks for the burn-in the extended warm-up needs."""
+    import warnings
+
+    x = torch.full((2,), 60.0, dtype=torch.float64, requires_grad=True)
+    model = torch.nn.Module()
+    model.x = torch.nn.Parameter(x.detach().clone())
+    opt = sgrld.SGRLDOptimizer(model.parameters(), metric="rmsprop", lr=LR, num_data=1.0)
+    store = sgrld.SampleStore(burnin=1000, thinning=100, max_samples=50)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(1200):
+            model.x.grad = _grad(model.x.detach())
+            opt.step()
+            store.observe(model)
+    said = [str(w.message) for w in caught if "SampleStore" in str(w.message)]
+    assert store.adapting == [True, True] and len(said) == 1
+    assert "burnin >= 2000" in said[0], said
