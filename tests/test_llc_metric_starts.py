@@ -78,28 +78,19 @@ def estimate(
 @pytest.mark.parametrize("name", ["rmsprop", "adam"])
 def test_devinterp_eps_chains_stay_finite_past_the_freeze(name: str) -> None:
     """RMSprop and Adam with devinterp's ε = 0.1 on a target whose gradients vanish at the start:
-    every chain finite and λ̂ at the right scale after the metric froze (step 1,000)."""
+    every chain finite and λ̂ at the right scale past the nominal freeze (step 950). The chains
+    spread from w = 0 through the valley for thousands of steps, so the default warm-up waits
+    and G keeps following the walls' gradients (a G⁻¹ frozen at ~1/ε sent one chain in ten off
+    the walls at steps 970-975)."""
     est = estimate(name, (1, 2), chains=4, steps=1400)
     assert math.isfinite(est.mean) and math.isfinite(est.std_error)
     assert 0.0 < est.mean < 1.0, est.mean
 
 
-#: Issue 39 item 4, open: under the windowed default warm-up (G frozen at step 950) one chain in
-#: ten (seed 8) of RMSprop and Adam at devinterp's eps = 0.1 leaves the polynomial's walls at steps
-#: 970-975 on these targets (a frozen G⁻¹ up to 10 × SGLD's step); with a plain 1,000-step warm-up
-#: every chain stayed finite. Strict: the mark goes when the defect is fixed.
-STILL_BREAKS = {("rmsprop", (1, 2)), ("rmsprop", (2, 3)), ("adam", (1, 2))}
-BREAKS = pytest.mark.xfail(
-    raises=NonFiniteGradientError, strict=True,
-    reason="issue 39 item 4: one chain in ten breaks down after the windowed warm-up's freeze",
-)  # fmt: skip
-
-
 @SLOW
 @pytest.mark.parametrize(
     ("name", "powers", "true_lc"),
-    [pytest.param(name, powers, lc, marks=[BREAKS] if (name, powers) in STILL_BREAKS else [],
-                  id=f"{name}-{powers}")
+    [pytest.param(name, powers, lc, id=f"{name}-{powers}")
      for name in METRICS for powers, lc in TARGETS],
 )  # fmt: skip
 def test_llc_of_devinterp_targets(name: str, powers: tuple[int, ...], true_lc: float) -> None:
@@ -114,7 +105,6 @@ def test_shampoo_without_a_floor_fails_with_the_library_error() -> None:
     (step 100) sends every chain off within a few steps. The library says so, naming the step
     (its non-finite check, or a refresh's ShampooRootError), not torch's LinAlgError nor a silent
     NaN estimate."""
-    from sgrld.core.engine import NonFiniteGradientError
     from sgrld.metrics.shampoo import ShampooRootError
 
     error = pytest.raises((NonFiniteGradientError, ShampooRootError), match=r"step 10\d")

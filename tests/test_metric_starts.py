@@ -10,9 +10,9 @@ version runs fewer, shorter chains and tests the pooled mean and covariance agai
 of Z Monte-Carlo standard errors (from the chains' spread) plus the step's discretisation bias,
 which the Lyapunov equation of ``tests/test_stationary.py`` gives for a frozen G.
 
-A start 100 σ away is run too: every metric whose frozen G does not depend on how far the chain
-still was when the warm-up ended arrives at its defaults; RMSprop and Adam move about ℓ per step
-while G follows |ĝ|, so their warm-up must outlast the journey (``docs/posterior.md``).
+A start 100 σ away is run too: every metric arrives at its defaults. RMSprop and Adam move about
+ℓ per step while G follows |ĝ|, so their warm-up must outlast the journey: the default warm-up
+waits for the chain to arrive before it freezes G (``docs/posterior.md``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import sgrld
-from sgrld.core.warmup import Windows
+from sgrld.core.warmup import Windows, warmup_end
 
 SLOW = pytest.mark.slow
 #: every metric at its defaults (Wenzel: refreshed once per "epoch" of 100 steps, as the facade
@@ -58,9 +58,10 @@ def gaussian_kl(m1: torch.Tensor, c1: torch.Tensor, m0: torch.Tensor, c0: torch.
 
 def run_chains(
     name: str, *, lr: float, steps: int, burnin: int, chains: int, start: str, seed: int = 1,
-    **extra: Any,
+    ends: list[int] | None = None, **extra: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Per chain, the mean (K, 2) and covariance (K, 2, 2) of its samples after ``burnin``."""
+    """Per chain, the mean (K, 2) and covariance (K, 2, 2) of its samples after ``burnin``; the
+    step the warm-up ended at (as the chains extended it) appended to ``ends``."""
     mean, cov = target()
     prec = torch.linalg.inv(cov)
     gen = torch.Generator().manual_seed(seed)
@@ -84,6 +85,9 @@ def run_chains(
             total += x
             outer += x[:, :, None] * x[:, None, :]
     sampler.check(state)
+    if ends is not None:
+        end = warmup_end(sampler.adapt_until, state.warmup)
+        ends.append(steps if end is None else end)
     m = total / (steps - burnin)
     return m, outer / (steps - burnin) - m[:, :, None] * m[:, None, :]
 
@@ -130,25 +134,16 @@ def test_defaults_reach_the_gaussian_from_100_sigma(name: str) -> None:
 
 
 @SLOW
-@pytest.mark.parametrize(
-    "name",
-    [
-        "rmsprop",
-        # issue 39 item 1, open: the windows do not restart the statistics, so Adam's β₂ = 0.999
-        # second moment still weighs the journey's gradients when G freezes (stiff direction's
-        # variance 0.85 against 0.39). Strict: the mark goes when the defect is fixed.
-        pytest.param("adam", marks=pytest.mark.xfail(
-            raises=AssertionError, strict=True,
-            reason="issue 39 item 1: the warm-up's windows do not restart Adam's statistics",
-        )),
-    ],
-)  # fmt: skip
-def test_a_warmup_that_outlasts_the_journey_reaches_the_gaussian_from_100_sigma(name: str) -> None:
+@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+def test_the_default_warmup_waits_for_the_journey_from_100_sigma(name: str) -> None:
     """RMSprop and Adam travel ~ℓ per step: from ~70 away at ℓ = 0.05 the journey is ~1,400
-    steps, so a windowed warm-up of 3,000 (burn-in 4,000) ends after the chain has arrived."""
-    warmup = Windows(3000)
+    steps, so the default warm-up, still travelling at step 950, waits (slow windows to 1,950
+    and 3,950) and freezes once the chain has arrived, before the burn-in of 4,000 ends; Adam's
+    restarted second moment has forgotten the journey's gradients by then."""
+    ends: list[int] = []
     means, covs = run_chains(name, lr=FAST_LR, steps=FAST_STEPS + 3000, burnin=4000,
-                             chains=FAST_CHAINS, start="far", adapt_until=warmup)  # fmt: skip
+                             chains=FAST_CHAINS, start="far", ends=ends)  # fmt: skip
+    assert 950 < ends[0] <= 4000, ends
     _check_pooled(means, covs)
 
 
@@ -165,7 +160,7 @@ PROTOCOL = [
     ("shampoo", "var100", None),
     ("identity", "far", None),
     ("monge", "far", None),
-    ("rmsprop", "far", Windows(15000)),  # the journey is ~7,000 steps at ℓ = 0.01
+    ("rmsprop", "far", None),  # the journey is ~7,000 steps at ℓ = 0.01: the warm-up waits
 ]
 
 

@@ -383,7 +383,8 @@ def _user_loop(burnin: int, steps: int, metric: str = "rmsprop") -> tuple[Any, l
     with torch.no_grad():  # a start at which the default warm-up's chain has arrived by 950
         model.weight.copy_(torch.randn(1, 3, generator=g) * 0.1)
         model.bias.zero_()
-    opt = sgrld.SGRLDOptimizer(model.parameters(), lr=1e-3, num_data=64, metric=metric)
+    opt = sgrld.SGRLDOptimizer(model.parameters(), lr=1e-3, num_data=64, metric=metric,
+                               generator=torch.Generator().manual_seed(0))  # fmt: skip
     store = sgrld.SampleStore(burnin=burnin, thinning=20, max_samples=50)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,4 +1,4 @@
-"""The default warm-up waits for the chain (``Windows(1000, arrival=True)``, :mod:`sgrld.core.warmup`).
+"""The default warm-up waits for the chain (``DEFAULT_WARMUP``, :mod:`sgrld.core.warmup`).
 
 A chain still travelling from a far start when the last slow window ends gets another slow window
 of twice the length (up to 16 × the nominal warm-up); a chain that has arrived freezes where Stan
@@ -51,7 +51,7 @@ def test_the_schedule_doubles_its_last_window_up_to_the_cap() -> None:
     # 15,950 + the terminal 50 is 16 × 1,000: a fifth window would pass the cap
     assert [w.can_extend(k) for k in range(5)] == [True, True, True, True, False]
     assert not Windows(1000).can_extend(0)  # an explicit Windows(N) keeps Stan's N
-    sampler, state = _chain("rmsprop", 0.0, 0)
+    _, state = _chain("rmsprop", 0.0, 0)
     arrival = state.warmup
     assert arrival is not None and warmup_end(w, arrival) == 950
     arrival.count.fill_(2)
