@@ -137,8 +137,8 @@ def test_defaults_reach_the_gaussian_from_100_sigma(name: str) -> None:
 @pytest.mark.parametrize("name", ["rmsprop", "adam"])
 def test_the_default_warmup_waits_for_the_journey_from_100_sigma(name: str) -> None:
     """RMSprop and Adam travel ~ℓ per step: from ~70 away at ℓ = 0.05 the journey is ~1,400
-    steps, so the default warm-up, still travelling at step 950, waits (slow windows to 1,950
-    and 3,950) and freezes once the chain has arrived, before the burn-in of 4,000 ends; Adam's
+    steps, so the default warm-up, still travelling at step 950, waits (slow windows of 1,000
+    steps) and freezes once the chain has arrived, before the burn-in of 4,000 ends; Adam's
     restarted second moment has forgotten the journey's gradients by then."""
     ends: list[int] = []
     means, covs = run_chains(name, lr=FAST_LR, steps=FAST_STEPS + 3000, burnin=4000,

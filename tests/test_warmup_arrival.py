@@ -46,25 +46,25 @@ def _chain(name: str, start: float, steps: int, chains: int = 4) -> tuple[Any, A
 def test_the_schedule_doubles_its_last_window_up_to_the_cap() -> None:
     w = DEFAULT_WARMUP
     assert w.arrival and w == 1000 and repr(w) == "Windows(1000, arrival=True)"
-    assert w.slow_ends(4)[-5:] == (950, 1950, 3950, 7950, 15950)
+    assert w.slow_ends(3)[-4:] == (950, 1950, 2950, 3950)
     assert w.slow_starts(1)[-2:] == (450, 950)
-    # 15,950 + the terminal 50 is 16 × 1,000: a fifth window would pass the cap
-    assert [w.can_extend(k) for k in range(5)] == [True, True, True, True, False]
+    # 15,950 + the terminal 50 is 16 × 1,000: a sixteenth window would pass the cap
+    assert [w.can_extend(k) for k in (0, 14, 15)] == [True, True, False]
     assert not Windows(1000).can_extend(0)  # an explicit Windows(N) keeps Stan's N
     _, state = _chain("rmsprop", 0.0, 0)
     arrival = state.warmup
     assert arrival is not None and warmup_end(w, arrival) == 950
     arrival.count.fill_(2)
-    assert warmup_end(w, arrival) == 3950 and warmup_length(w, arrival) == 4000
-    assert adapting(3949, w, arrival) and not adapting(3950, w, arrival)
+    assert warmup_end(w, arrival) == 2950 and warmup_length(w, arrival) == 3000
+    assert adapting(2949, w, arrival) and not adapting(2950, w, arrival)
     metric = sgrld.ShampooMetric()
-    assert closes_warmup(metric, 3950, w, arrival) and not closes_warmup(metric, 3950, w)
+    assert closes_warmup(metric, 2950, w, arrival) and not closes_warmup(metric, 2950, w)
 
 
 def test_a_travelling_chain_waits_and_an_arrived_one_does_not() -> None:
     """From 60 away RMSprop moves ~ℓ a step: still travelling at step 950, so the warm-up gets
     the window to 1,950 (the chain arrives within it, but its first half still travels) and then
-    the one to 3,950; from the mode it freezes at 950 as Stan's schedule says."""
+    the one to 2,950; from the mode it freezes at 950 as Stan's schedule says."""
     _, far = _chain("rmsprop", 60.0, 2000)
     assert far.warmup.extensions == 2
     _, near = _chain("rmsprop", 0.0, 1000)

@@ -7,8 +7,8 @@ is frozen), or :class:`Windows`: Stan's windowed warm-up of N steps, whose last 
 terminal window) run with G already frozen, and whose scheduled refreshes (Shampoo's roots) also
 run at the end of every slow window. The default, ``Windows(1000, arrival=True)``, also waits for
 the chain: at the end of its last slow window one host read of :class:`Arrival`'s statistic asks
-whether the chain is stationary, and if not the warm-up gets another (doubled) slow window, up to
-16 × its nominal length; the bias-corrected metrics (Adam) restart their statistics at every slow
+whether the chain is stationary, and if not the warm-up gets another slow window (twice the last
+nominal one), up to 16 × its nominal length; the bias-corrected metrics (Adam) restart their statistics at every slow
 window's start, as Stan does, so the frozen G is learned from the last window alone.
 """
 
@@ -51,8 +51,8 @@ class Windows(int):
 
     ``arrival=True`` (the default warm-up, :data:`DEFAULT_WARMUP`) waits for the chain: where the
     last slow window ends on a chain that is still travelling (:class:`Arrival`), another slow
-    window of twice its length follows, as long as the warm-up stays within :attr:`CAP` × its
-    nominal length; :meth:`slow_ends` with ``extensions`` gives that schedule.
+    window of twice the last nominal one's length follows, as long as the warm-up stays within
+    :attr:`CAP` × its nominal length; :meth:`slow_ends` with ``extensions`` gives that schedule.
 
     Examples:
         >>> Windows(1000).slow_ends()
@@ -60,7 +60,7 @@ class Windows(int):
         >>> Windows(1000).adapts_until
         950
         >>> Windows(1000, arrival=True).slow_ends(extensions=2)[-3:]
-        (950, 1950, 3950)
+        (950, 1950, 2950)
     """
 
     INIT, TERM, BASE = 75, 50, 25
@@ -98,7 +98,8 @@ class Windows(int):
 
     def slow_ends(self, extensions: int = 0) -> tuple[int, ...]:
         """The step ending each slow window (the last one is :attr:`adapts_until`), with
-        ``extensions`` more windows, each twice the one before."""
+        ``extensions`` more windows, each twice the last nominal one (not doubling again: the
+        warm-up then ends within one such window of the chain's arrival)."""
         init, size, _ = self._parts()
         end, last, ends = init, self.adapts_until, []
         while end < last:
@@ -108,8 +109,9 @@ class Windows(int):
                 nxt = last
             ends.append(nxt)
             end, size = nxt, 2 * size
-        for _ in range(extensions):
-            ends.append(ends[-1] + 2 * (ends[-1] - (ends[-2] if len(ends) > 1 else init)))
+        if extensions and ends:  # each added window twice the last nominal one
+            size = 2 * (ends[-1] - (ends[-2] if len(ends) > 1 else init))
+            ends += [ends[-1] + size * i for i in range(1, extensions + 1)]
         return tuple(ends)
 
     def slow_starts(self, extensions: int = 0) -> tuple[int, ...]:
@@ -129,7 +131,7 @@ torch.serialization.add_safe_globals([Windows])
 
 #: The default warm-up of every adaptive metric in every API: Stan's windows over 1,000 steps (the
 #: runner's default burn-in and Stan's default warm-up), G frozen after step 950 if the chain has
-#: arrived by then, else after 1,950, 3,950, ... (at most 16,000 steps: :class:`Arrival`).
+#: arrived by then, else after 1,950, 2,950, ... (at most 16,000 steps: :class:`Arrival`).
 DEFAULT_WARMUP = Windows(1000, arrival=True)
 
 
