@@ -8,8 +8,9 @@ terminal window) run with G already frozen, and whose scheduled refreshes (Shamp
 run at the end of every slow window. The default, ``Windows(1000, arrival=True)``, also waits for
 the chain: at the end of its last slow window one host read of :class:`Arrival`'s statistic asks
 whether the chain is stationary, and if not the warm-up gets another slow window (twice the last
-nominal one), up to 16 × its nominal length; the bias-corrected metrics (Adam) restart their statistics at every slow
-window's start, as Stan does, so the frozen G is learned from the last window alone.
+nominal one), up to 16 × its nominal length; the bias-corrected metrics (Adam) restart their
+statistics at every slow window's start, as Stan does, so the frozen G is learned from the last
+window alone.
 """
 
 from __future__ import annotations
