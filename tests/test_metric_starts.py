@@ -160,7 +160,7 @@ PROTOCOL = [
     ("shampoo", "var100", None),
     ("identity", "far", None),
     ("monge", "far", None),
-    ("rmsprop", "far", None),  # the journey is ~7,000 steps at ℓ = 0.01: the warm-up waits
+    ("rmsprop", "far", Windows(15000)),  # the journey is ~7,000 steps at ℓ = 0.01
 ]
 
 
