@@ -6,7 +6,10 @@ computed inside from pre-drawn gradient noise: the fast path of
 :meth:`sgrld.core.sampler.Sampler.run` for single-tensor states. Unlike ``sampler.step`` in a
 loop, ``noise="block"`` draws a chunk's ξ in one call (the same law, not the same numbers;
 ``"exact"`` and Philox draw the eager stream), a non-finite iterate is caught per chunk, and
-every iterate is kept.
+every iterate is kept. It is the one loop besides the chain runner's
+(:func:`sgrld.core.runner.run`, one Python step per batch, which a compiled block would lose);
+it shares the runner's rules where they apply: the gradient evaluations are charged to a
+:class:`~sgrld.core.runner.Account`, a breakdown is reported with the runner's message.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
 from sgrld.core.contract import check_choice
-from sgrld.core.engine import Move, NonFiniteGradientError, body, refresh_due
+from sgrld.core.engine import Move, body, refresh_due
 from sgrld.core.integrator import noise_scale
 from sgrld.core.noise import philox_normal_, values_per_counter
+from sgrld.core.runner import Account, stopped
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 
@@ -194,24 +198,40 @@ class BlockRunner:
             )
         return xi.view(chains, size // width, width)
 
-    def run(self, steps: int, on_chunk: Callable[[int, Tensor], None]) -> None:
+    def run(
+        self,
+        steps: int,
+        on_chunk: Callable[[int, Tensor], None],
+        *,
+        account: Account | None = None,
+    ) -> None:
         """Take ``steps`` steps; after each chunk call ``on_chunk(first_step_index, iterates)``.
 
         ``iterates`` ``(count, K, D)`` is overwritten by the next chunk: copy what you keep. The
-        first two blocks compile (timed in ``compile_seconds``); a final partial block runs eagerly.
+        first two blocks compile (timed in ``compile_seconds``); a final partial block runs
+        eagerly. ``account``: charged K gradient evaluations a step, before each chunk.
+
+        Raises:
+            NonFiniteGradientError: a chain's iterate is not finite (the runner's message,
+                naming each such chain and its first bad step); the run ends with that chunk.
         """
         done = 0
         while done < steps:
             count = min(self.chunk, steps - done)
+            if account is not None:
+                account.spend(count * self.theta[..., 0].numel())
             self._draw(count)
             with torch.no_grad():
                 self._run_chunk(count)
             iterates = self._out[:count]
-            if not bool(torch.isfinite(iterates).all()):
-                raise NonFiniteGradientError(
-                    f"non-finite iterate within steps {self.state.step - count + 1}.."
-                    f"{self.state.step}"
-                )
+            bad = ~torch.isfinite(iterates).reshape(count, -1, self.theta.shape[-1]).all(-1)
+            if bool(bad.any()):  # chain -> its first bad step
+                first = self.state.step - count + 1
+                steps_in = bad.double().argmax(0).tolist()  # the first True of each column
+                chains = bad.any(0).tolist()
+                pairs = enumerate(zip(steps_in, chains, strict=True))
+                failures = {k: first + s for k, (s, broke) in pairs if broke}
+                raise stopped(failures, went_on=False)
             on_chunk(done, iterates)
             done += count
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from sgrld.core import runner
 from sgrld.core.compiled import CompiledMove, check_compilable
 from sgrld.core.contract import (
     Metric,
@@ -31,10 +32,14 @@ from sgrld.core.engine import (
 )
 from sgrld.core.layout import FlatLayout, check_one_buffer
 from sgrld.core.noise import NOISE_SOURCES, NoiseSource, keys_from_generator, keys_from_seeds
+from sgrld.core.runner import Account
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting, check_adapt_until, closes_warmup
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
+
+#: the loader of :meth:`Sampler.run`: one batch, which its gradient function does not read
+ONE_BATCH = (None,)
 
 
 def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: float) -> None:
@@ -206,20 +211,41 @@ class Sampler:
         *,
         adapt: bool = True,
         callback: Callable[[SamplerState], None] | None = None,
+        account: Account | None = None,
     ) -> SamplerState:
         """Take ``num_steps`` steps in place, ĝ = ``grad_fn(state.params)`` at each, as
-        :meth:`step`; ``callback(state)`` runs after each step; deferred checks are read once at the
-        end. For long runs of tiny single-tensor problems see
-        :class:`sgrld.core.multistep.BlockRunner`."""
+        :meth:`step`, through the chain runner (:func:`sgrld.core.runner.run`): the checks are
+        deferred, a chain whose gradient is not finite is frozen there and the others go on, and
+        the breakdowns are raised at the end. ``callback(state)`` runs after each step;
+        ``account``: charged one gradient evaluation per chain and step (its budget refuses
+        more). For long runs of tiny single-tensor problems see
+        :class:`sgrld.core.multistep.BlockRunner`.
+
+        Raises:
+            NonFiniteGradientError: a chain broke down (the runner's message, naming each
+                chain and its first bad step).
+        """
         check_int("num_steps", num_steps, 0)
-        for _ in range(num_steps):
-            with torch.enable_grad():
-                grads = grad_fn(state.params)
-            self.step(state, grads, adapt=adapt)
-            if callback is not None:
-                callback(state)
-        self.check(state)
+        each = None if callback is None else lambda _, __: callback(state)
+        done = runner.run(
+            [runner.StateChains(self, state, grad_fn, adapt=adapt)],
+            ONE_BATCH,
+            num_steps,
+            account=account,
+            each=each,
+        )
+        if done.failures:
+            raise runner.stopped(done.failures)
         return state
+
+    def deferred(self) -> Sampler:
+        """This sampler with its checks deferred (a bad step freezes its chain, read by
+        :meth:`check`), sharing its compiled step."""
+        if self.sync_checks is False:
+            return self
+        other = replace(self, sync_checks=False)
+        object.__setattr__(other, "_compiled", self._compiled)
+        return other
 
     def check(self, state: SamplerState) -> None:
         """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient."""
