@@ -6,10 +6,9 @@ computed inside from pre-drawn gradient noise: the fast path of
 :meth:`sgrld.core.sampler.Sampler.run` for single-tensor states. Unlike ``sampler.step`` in a
 loop, ``noise="block"`` draws a chunk's ξ in one call (the same law, not the same numbers;
 ``"exact"`` and Philox draw the eager stream), a non-finite iterate is caught per chunk, and
-every iterate is kept. It is the one loop besides the chain runner's
-(:func:`sgrld.core.runner.run`, one Python step per batch, which a compiled block would lose);
-it shares the runner's rules where they apply: the gradient evaluations are charged to a
-:class:`~sgrld.core.runner.Account`, a breakdown is reported with the runner's message.
+every iterate is kept. Beside the chain runner's loop (one Python step per batch, which a
+compiled block would lose), it keeps the runner's rules: an :class:`~sgrld.core.runner.Account`
+is charged, a breakdown is the runner's message.
 """
 
 from __future__ import annotations
@@ -209,11 +208,8 @@ class BlockRunner:
 
         ``iterates`` ``(count, K, D)`` is overwritten by the next chunk: copy what you keep. The
         first two blocks compile (timed in ``compile_seconds``); a final partial block runs
-        eagerly. ``account``: charged K gradient evaluations a step, before each chunk.
-
-        Raises:
-            NonFiniteGradientError: a chain's iterate is not finite (the runner's message,
-                naming each such chain and its first bad step); the run ends with that chunk.
+        eagerly. ``account``: charged K gradient evaluations a step. A non-finite iterate ends
+        the run with its chunk: :class:`~sgrld.NonFiniteGradientError` (the runner's message).
         """
         done = 0
         while done < steps:
@@ -225,13 +221,10 @@ class BlockRunner:
                 self._run_chunk(count)
             iterates = self._out[:count]
             bad = ~torch.isfinite(iterates).reshape(count, -1, self.theta.shape[-1]).all(-1)
-            if bool(bad.any()):  # chain -> its first bad step
-                first = self.state.step - count + 1
-                steps_in = bad.double().argmax(0).tolist()  # the first True of each column
-                chains = bad.any(0).tolist()
-                pairs = enumerate(zip(steps_in, chains, strict=True))
-                failures = {k: first + s for k, (s, broke) in pairs if broke}
-                raise stopped(failures, went_on=False)
+            if bool(bad.any()):  # chain -> its first bad step (argmax: the first True)
+                first = self.state.step - count + 1 + bad.byte().argmax(0)
+                raise stopped({k: int(first[k]) for k in bad.any(0).nonzero()[:, 0].tolist()},
+                              went_on=False)  # fmt: skip
             on_chunk(done, iterates)
             done += count
 

@@ -213,18 +213,11 @@ class Sampler:
         callback: Callable[[SamplerState], None] | None = None,
         account: Account | None = None,
     ) -> SamplerState:
-        """Take ``num_steps`` steps in place, ĝ = ``grad_fn(state.params)`` at each, as
-        :meth:`step`, through the chain runner (:func:`sgrld.core.runner.run`): the checks are
-        deferred, a chain whose gradient is not finite is frozen there and the others go on, and
-        the breakdowns are raised at the end. ``callback(state)`` runs after each step;
-        ``account``: charged one gradient evaluation per chain and step (its budget refuses
-        more). For long runs of tiny single-tensor problems see
-        :class:`sgrld.core.multistep.BlockRunner`.
-
-        Raises:
-            NonFiniteGradientError: a chain broke down (the runner's message, naming each
-                chain and its first bad step).
-        """
+        """``num_steps`` steps in place, ĝ = ``grad_fn(state.params)``, through the chain runner
+        (:func:`sgrld.core.runner.run`): a chain whose gradient is not finite is frozen there,
+        the others go on, and :class:`NonFiniteGradientError` names them at the end;
+        ``callback(state)`` after each step; ``account`` charged one gradient evaluation per
+        chain and step. Tiny single-tensor problems: :class:`sgrld.core.multistep.BlockRunner`."""
         check_int("num_steps", num_steps, 0)
         each = None if callback is None else lambda _, __: callback(state)
         done = runner.run(
@@ -239,8 +232,8 @@ class Sampler:
         return state
 
     def deferred(self) -> Sampler:
-        """This sampler with its checks deferred (a bad step freezes its chain, read by
-        :meth:`check`), sharing its compiled step."""
+        """This sampler with deferred checks (a bad step freezes its chain), its compiled step
+        shared."""
         if self.sync_checks is False:
             return self
         other = replace(self, sync_checks=False)
