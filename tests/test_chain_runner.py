@@ -171,3 +171,45 @@ def test_a_parameter_listed_twice_is_refused(name: str) -> None:
         with pytest.raises(ValueError, match=r"^duplicate parameter: .* listed twice in one group"):
             sgrld.SGRLDOptimizer(params, lr=0.1, num_data=10, metric=name)
     sgrld.SGRLDOptimizer(iter([w]), lr=0.1, num_data=10, metric=name)  # a generator is fine
+
+
+def test_sampler_run_is_a_client_of_the_runner() -> None:
+    """``Sampler.run`` counts its gradient evaluations into an account, refuses a budget it would
+    overdraw, freezes a chain whose gradient is not finite while the others go on, and raises
+    the runner's one message (the sampling paths' wording) at the end."""
+    sampler = sgrld.build("identity", lr=0.05, num_data=N, noise="philox")
+    start = torch.zeros(3, 2, dtype=torch.float64)
+
+    def grad_fn(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"w": params["w"] - 1.0}
+
+    reference = sampler.init({"w": start.clone()}, num_chains=3, seeds=[0, 1, 2])
+    account = Account(budget=30)
+    sampler.run(reference, grad_fn, 8, account=account)
+    assert account.spent == 24
+    overdrawn = r"^budget overdrawn: 30 \+ 3 gradient evaluations > 30$"  # at the third step
+    with pytest.raises(RuntimeError, match=overdrawn):
+        sampler.run(reference, grad_fn, 8, account=account)
+
+    state = sampler.init({"w": start.clone()}, num_chains=3, seeds=[0, 1, 2])
+    frozen: list[torch.Tensor] = []
+
+    def poisoned(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        grads = grad_fn(params)
+        if state.step == 4:  # the fifth step: chain 1's gradient is NaN
+            frozen.append(params["w"][1].clone())
+            grads["w"][1, 0] = math.nan
+        return grads
+
+    message = r"^non-finite loss or gradient in chain 1 at step 5; those chains were stopped there"
+    with pytest.raises(sgrld.NonFiniteGradientError, match=message):
+        sampler.run(state, poisoned, 8)
+    assert torch.equal(state.params["w"][1], frozen[0])
+    assert torch.equal(state.params["w"][[0, 2]], reference_at(sampler, start, grad_fn, 8)[[0, 2]])
+
+
+def reference_at(sampler: Any, start: torch.Tensor, grad_fn: Any, steps: int) -> torch.Tensor:
+    state = sampler.init({"w": start.clone()}, num_chains=3, seeds=[0, 1, 2])
+    for _ in range(steps):
+        sampler.step(state, grad_fn(state.params))
+    return state.params["w"]

@@ -10,8 +10,10 @@ import torch.nn.functional as F
 from torch.distributions import Categorical as TorchCategorical
 from torch.distributions import MixtureSameFamily, Normal
 
+from sgrld import likelihoods
 from sgrld.evaluation import EnsemblePredictive
 from sgrld.evaluation.chain_ensemble import ChainEnsemble
+from sgrld.experiments.report.tables import Group, score_columns, table_columns
 from sgrld.likelihoods import (
     COVERAGE_LEVELS,
     Categorical,
@@ -211,3 +213,36 @@ def test_categorical_ensemble_keeps_its_defaults_and_checks_the_likelihood() -> 
         EnsemblePredictive(6, 4, likelihood=Categorical(3))
     with pytest.raises(ValueError, match="give num_classes"):
         EnsemblePredictive(6)
+
+
+@pytest.mark.parametrize("name", likelihoods.likelihood_names())
+def test_what_a_likelihood_declares_for_the_experiments_is_among_its_scores(name: str) -> None:
+    """Headline, table scores and ranges name scores the likelihood computes; a results file's
+    scores (or its curves' names) lead back to it."""
+    cls = likelihoods.get_likelihood(name)
+    scores = set(cls.score_names)
+    assert cls.headline and set(cls.headline.values()) <= scores and cls.second() in scores
+    assert set(cls.table_scores) == {"test", "val"}
+    assert all(set(s) <= scores for s in cls.table_scores.values())
+    assert set(cls.fractions) | set(cls.nonnegative) <= scores
+    assert likelihoods.scored_by([*cls.score_names, "num_samples"]) is cls
+    assert likelihoods.scored_by([f"test_{s}" for s in cls.score_names] + ["epoch"]) is cls
+
+
+def test_the_tables_columns_come_from_the_declarations_in_their_layout() -> None:
+    """The CSV tables' columns, from the likelihoods' declarations, in the layout the tables
+    have always had: the paper's scores beside LP, the regression's after the common ones."""
+
+    def group(name: str) -> Group:
+        scores = dict.fromkeys(likelihoods.get_likelihood(name).score_names, 0.5)
+        return Group({}, [{"final": {"test": scores, "val": scores}}])
+
+    common = ["seconds_per_epoch", "curvature", "num_samples"]
+    paper = ["test_lp", "test_accuracy", "test_ece", "test_confidence", "val_lp"]
+    paper += ["val_accuracy", "val_ece", *common]
+    regression = ["test_rmse", "test_coverage_50", "test_coverage_90", "val_rmse"]
+    assert table_columns([group("categorical")]) == paper
+    assert table_columns([group("gaussian")]) == ["test_lp", "val_lp", *common, *regression]
+    assert table_columns([group("categorical"), group("gaussian")]) == paper + regression
+    assert score_columns([group("categorical")]) == {"acc": "test_accuracy", "ECE": "test_ece"}
+    assert list(score_columns([group("gaussian")])) == ["RMSE", "cov50", "cov90"]

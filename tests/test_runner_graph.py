@@ -266,10 +266,11 @@ class MarkAfter(PoisonAfter):
 
 
 def patch_potential(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both loops' potential (the eager loop's and the deferred loop's poisoned one)."""
-    from sgrld.experiments.run import build
+    """Both loops' potential (the eager loop's, a run in one process's, and the deferred loop's
+    poisoned one)."""
+    from sgrld.experiments.run import build, parallel
 
-    monkeypatch.setattr(runner_module, "potential", nan_gradient_potential)
+    monkeypatch.setattr(parallel, "potential", nan_gradient_potential)
     monkeypatch.setattr(build, "potential", nan_gradient_potential)
 
 

@@ -6,7 +6,9 @@ computed inside from pre-drawn gradient noise: the fast path of
 :meth:`sgrld.core.sampler.Sampler.run` for single-tensor states. Unlike ``sampler.step`` in a
 loop, ``noise="block"`` draws a chunk's ξ in one call (the same law, not the same numbers;
 ``"exact"`` and Philox draw the eager stream), a non-finite iterate is caught per chunk, and
-every iterate is kept.
+every iterate is kept. Beside the chain runner's loop (one Python step per batch, which a
+compiled block would lose), it keeps the runner's rules: an :class:`~sgrld.core.runner.Account`
+is charged, a breakdown is the runner's message.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
 from sgrld.core.contract import check_choice
-from sgrld.core.engine import Move, NonFiniteGradientError, body, refresh_due
+from sgrld.core.engine import Move, body, refresh_due
 from sgrld.core.integrator import noise_scale
 from sgrld.core.noise import philox_normal_, values_per_counter
+from sgrld.core.runner import Account, stopped
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 
@@ -194,24 +197,34 @@ class BlockRunner:
             )
         return xi.view(chains, size // width, width)
 
-    def run(self, steps: int, on_chunk: Callable[[int, Tensor], None]) -> None:
+    def run(
+        self,
+        steps: int,
+        on_chunk: Callable[[int, Tensor], None],
+        *,
+        account: Account | None = None,
+    ) -> None:
         """Take ``steps`` steps; after each chunk call ``on_chunk(first_step_index, iterates)``.
 
         ``iterates`` ``(count, K, D)`` is overwritten by the next chunk: copy what you keep. The
-        first two blocks compile (timed in ``compile_seconds``); a final partial block runs eagerly.
+        first two blocks compile (timed in ``compile_seconds``); a final partial block runs
+        eagerly. ``account``: charged K gradient evaluations a step. A non-finite iterate ends
+        the run with its chunk: :class:`~sgrld.NonFiniteGradientError` (the runner's message).
         """
         done = 0
         while done < steps:
             count = min(self.chunk, steps - done)
+            if account is not None:
+                account.spend(count * self.theta[..., 0].numel())
             self._draw(count)
             with torch.no_grad():
                 self._run_chunk(count)
             iterates = self._out[:count]
-            if not bool(torch.isfinite(iterates).all()):
-                raise NonFiniteGradientError(
-                    f"non-finite iterate within steps {self.state.step - count + 1}.."
-                    f"{self.state.step}"
-                )
+            bad = ~torch.isfinite(iterates).reshape(count, -1, self.theta.shape[-1]).all(-1)
+            if bool(bad.any()):  # chain -> its first bad step (argmax: the first True)
+                first = self.state.step - count + 1 + bad.byte().argmax(0)
+                raise stopped({k: int(first[k]) for k in bad.any(0).nonzero()[:, 0].tolist()},
+                              went_on=False)  # fmt: skip
             on_chunk(done, iterates)
             done += count
 

@@ -1,10 +1,12 @@
 """One chain runner: K chains of a model over a re-iterable loader, however they are stepped.
 
 A stepper moves its chains by one batch: :class:`VectorizedChains` (an :class:`sgrld.Chains`,
-the K chains in one ``vmap``), :class:`FunctionalChain` (one chain, the functional sampler on
-the model's own parameters) or :class:`OptimizerChain` (one chain through an optimizer: masks,
-shards, low precision). :func:`run` takes them in turn over the same batches, as numpyro's
-``MCMC(chain_method=...)`` runs one loop whatever the method. Each rule is written here once:
+the K chains in one ``vmap``), :class:`StateChains` (the functional sampler's state, ĝ from a
+gradient function: :meth:`sgrld.Sampler.run`), :class:`FunctionalChain` (one chain, the
+functional sampler on the model's own parameters) or :class:`OptimizerChain` (one chain through
+an optimizer: masks, shards, low precision). :func:`run` takes them in turn over the same
+batches, as numpyro's ``MCMC(chain_method=...)`` runs one loop whatever the method. Each rule
+is written here once:
 
 - the parameters sampled are those with ``requires_grad`` (:func:`sampled`);
 - a loader is re-iterable and every pass ends (:func:`passes`), so a run is bounded by its steps;
@@ -31,6 +33,7 @@ __all__ = [
     "FunctionalChain",
     "OptimizerChain",
     "Run",
+    "StateChains",
     "Stepper",
     "VectorizedChains",
     "bind",
@@ -80,12 +83,19 @@ def passes(loader: Iterable[Any]) -> Iterator[tuple[Any, bool]]:
         yield batch, True
 
 
-def stopped(failures: Mapping[int, int], seeds: list[int]) -> NonFiniteGradientError:
-    """The one error for chains that broke down: ``chain -> first step`` (1-based)."""
-    where = ", ".join(f"chain {k} (seed {seeds[k]}) at step {s}" for k, s in failures.items())
+def stopped(
+    failures: Mapping[int, int], seeds: list[int] | None = None, *, went_on: bool = True
+) -> NonFiniteGradientError:
+    """The one error for chains that broke down: ``chain -> first step`` (1-based), each named
+    with its seed where the caller knows it; ``went_on=False``: the run stopped with them (a
+    compiled block runs every chain to the end of its chunk)."""
+    where = ", ".join(
+        f"chain {k}{'' if seeds is None else f' (seed {seeds[k]})'} at step {s}"
+        for k, s in failures.items()
+    )
+    after = "the others went on" if went_on else "the run stopped at the end of that chunk"
     return NonFiniteGradientError(
-        f"non-finite loss or gradient in {where}; those chains were stopped there, the others "
-        "went on"
+        f"non-finite loss or gradient in {where}; those chains were stopped there, {after}"
     )
 
 
@@ -173,8 +183,9 @@ class Stepper(Protocol):
 
     num_chains: int
 
-    def step(self, batch: Any) -> Tensor:
-        """One step of every chain; their losses ``(K,)`` at the parameters it started from."""
+    def step(self, batch: Any) -> Tensor | None:
+        """One step of every chain; their losses ``(K,)`` at the parameters it started from
+        (``None``: a gradient function gives none)."""
         ...
 
     def end_pass(self) -> None:
@@ -255,32 +266,58 @@ class VectorizedChains:
         return self.chains.failures()
 
 
-class FunctionalChain:
-    """One chain of the functional ``sampler`` (checks deferred) on the model's own
-    parameters ``named`` (moved in place: :func:`run` restores them), keyed by ``seed``."""
-
-    num_chains = 1
+class StateChains:
+    """The chains of a functional ``state`` of ``sampler`` (checks deferred: a bad step
+    freezes its chain), ĝ = ``grad_fn(state.params)`` under autograd (no loss reported);
+    ``adapt=False`` freezes the metric."""
 
     def __init__(
-        self, model: nn.Module, named: dict[str, Tensor], loss: LossFn, sampler: Any, seed: int
+        self,
+        sampler: Any,
+        state: Any,
+        grad_fn: Callable[[dict[str, Tensor]], Mapping[str, Tensor | None]] | None = None,
+        *,
+        adapt: bool = True,
     ) -> None:
-        sampler = dataclasses.replace(sampler, sync_checks=False)  # a bad step stops the chain
-        self.model, self.named, self.loss, self.sampler = model, named, loss, sampler
-        self.state = sampler.init({n: p.detach() for n, p in named.items()}, seeds=[seed])
+        self.sampler, self.state, self.grad_fn = sampler.deferred(), state, grad_fn
+        self.adapt = adapt
+        self.num_chains = max(1, math.prod(state.layout.batch_shape))
 
-    def step(self, batch: Any) -> Tensor:
-        value = self.loss(self.model, batch)
-        grads = torch.autograd.grad(value, list(self.named.values()))
-        value = value.detach().reshape(1)
-        _poison(grads, ~torch.isfinite(value))
-        self.sampler.step(self.state, dict(zip(self.named, grads, strict=True)))
-        return value
+    def gradients(self, batch: Any) -> tuple[Tensor | None, Mapping[str, Tensor | None]]:
+        """The chains' losses on ``batch`` (or ``None``) and ĝ by parameter name."""
+        assert self.grad_fn is not None
+        with torch.enable_grad():
+            return None, self.grad_fn(self.state.params)
+
+    def step(self, batch: Any) -> Tensor | None:
+        losses, grads = self.gradients(batch)
+        self.sampler.step(self.state, grads, adapt=self.adapt)
+        return losses
 
     def end_pass(self) -> None:
         pass
 
     def failures(self) -> dict[int, int]:
         return _flag_failures([self.state.flags])
+
+
+class FunctionalChain(StateChains):
+    """One chain of the functional ``sampler`` on the model's own parameters ``named`` (moved
+    in place: :func:`run` restores them), keyed by ``seed``; ĝ from ``loss`` on each batch."""
+
+    def __init__(
+        self, model: nn.Module, named: dict[str, Tensor], loss: LossFn, sampler: Any, seed: int
+    ) -> None:
+        state = sampler.init({n: p.detach() for n, p in named.items()}, seeds=[seed])
+        super().__init__(sampler, state)
+        self.model, self.named, self.loss = model, named, loss
+
+    def gradients(self, batch: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        value = self.loss(self.model, batch)
+        grads = torch.autograd.grad(value, list(self.named.values()))
+        value = value.detach().reshape(1)
+        _poison(grads, ~torch.isfinite(value))
+        return value, dict(zip(self.named, grads, strict=True))
 
 
 class OptimizerChain:
@@ -319,7 +356,7 @@ class Run:
 
     Attributes:
         trace: ``(K, steps)`` float64: chain k's loss at each step, at the parameters the step
-            started from.
+            started from (NaN from a stepper that reports none).
         failures: chains that broke down: ``chain -> first bad step`` (they stopped there).
         spent: the gradient evaluations of this run.
     """
@@ -349,18 +386,24 @@ def run(
     failures: dict[int, int] = {}
     with restoring(restore or []) as put_back:
         for stepper in steppers:
-            trace = torch.empty(stepper.num_chains, num_steps, dtype=torch.float64)
+            trace: Tensor | None = None  # on the losses' device: no host read in a step
             batches = passes(loader)
             for t in range(num_steps):
                 batch, last = next(batches)
                 account.spend(stepper.num_chains)
-                trace[:, t] = stepper.step(batch).double().cpu()
+                losses = stepper.step(batch)
+                if losses is not None:
+                    if trace is None:
+                        shape, like = (stepper.num_chains, num_steps), losses.device
+                        trace = torch.full(shape, math.nan, dtype=torch.float64, device=like)
+                    trace[:, t] = losses
                 if last:
                     stepper.end_pass()
                 if each is not None:
                     each(stepper, t + 1)
             offset = sum(len(r) for r in rows)
             failures |= {offset + k: s for k, s in stepper.failures().items()}
-            rows.append(trace)
+            empty = torch.full((stepper.num_chains, num_steps), math.nan, dtype=torch.float64)
+            rows.append(empty if trace is None else trace.cpu())
             put_back()
     return Run(torch.cat(rows), failures, account.spent - before)

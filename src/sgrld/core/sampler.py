@@ -8,11 +8,12 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from sgrld.core import runner
 from sgrld.core.compiled import CompiledMove, check_compilable
 from sgrld.core.contract import (
     Metric,
@@ -32,6 +33,7 @@ from sgrld.core.engine import (
 )
 from sgrld.core.layout import FlatLayout, check_one_buffer
 from sgrld.core.noise import NOISE_SOURCES, NoiseSource, keys_from_generator, keys_from_seeds
+from sgrld.core.runner import Account
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import (
     DEFAULT_WARMUP,
@@ -44,6 +46,9 @@ from sgrld.core.warmup import (
 )
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
+
+#: the loader of :meth:`Sampler.run`: one batch, which its gradient function does not read
+ONE_BATCH = (None,)
 
 
 def validate_hyperparameters(lr: float | Tensor, num_data: float, temperature: float) -> None:
@@ -223,20 +228,34 @@ class Sampler:
         *,
         adapt: bool = True,
         callback: Callable[[SamplerState], None] | None = None,
+        account: Account | None = None,
     ) -> SamplerState:
-        """Take ``num_steps`` steps in place, ĝ = ``grad_fn(state.params)`` at each, as
-        :meth:`step`; ``callback(state)`` runs after each step; deferred checks are read once at the
-        end. For long runs of tiny single-tensor problems see
-        :class:`sgrld.core.multistep.BlockRunner`."""
+        """``num_steps`` steps in place, ĝ = ``grad_fn(state.params)``, through the chain runner
+        (:func:`sgrld.core.runner.run`): a chain whose gradient is not finite is frozen there,
+        the others go on, and :class:`NonFiniteGradientError` names them at the end;
+        ``callback(state)`` after each step; ``account`` charged one gradient evaluation per
+        chain and step. Tiny single-tensor problems: :class:`sgrld.core.multistep.BlockRunner`."""
         check_int("num_steps", num_steps, 0)
-        for _ in range(num_steps):
-            with torch.enable_grad():
-                grads = grad_fn(state.params)
-            self.step(state, grads, adapt=adapt)
-            if callback is not None:
-                callback(state)
-        self.check(state)
+        each = None if callback is None else lambda _, __: callback(state)
+        done = runner.run(
+            [runner.StateChains(self, state, grad_fn, adapt=adapt)],
+            ONE_BATCH,
+            num_steps,
+            account=account,
+            each=each,
+        )
+        if done.failures:
+            raise runner.stopped(done.failures)
         return state
+
+    def deferred(self) -> Sampler:
+        """This sampler with deferred checks (a bad step freezes its chain), its compiled step
+        shared."""
+        if self.sync_checks is False:
+            return self
+        other = replace(self, sync_checks=False)
+        object.__setattr__(other, "_compiled", self._compiled)
+        return other
 
     def check(self, state: SamplerState) -> None:
         """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient."""

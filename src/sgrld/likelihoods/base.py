@@ -10,6 +10,7 @@ posterior-predictive ensemble and scores it (``docs/likelihoods.md``).
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from typing import ClassVar
 
 import torch
@@ -23,6 +24,25 @@ class Likelihood(nn.Module, abc.ABC):
     name: ClassVar[str]
     #: the keys of :meth:`scores`, in order (also those reported NaN while an ensemble is empty)
     score_names: ClassVar[tuple[str, ...]]
+    #: what the experiments read (``docs/likelihoods.md``): the headline scores shown beside LP,
+    #: short label → score (the first in one-line summaries and plots, the first and last in a
+    #: run's summary, all in the tables' Markdown layouts)
+    headline: ClassVar[dict[str, str]]
+    #: the scores the CSV tables aggregate besides LP, per split
+    table_scores: ClassVar[dict[str, tuple[str, ...]]]
+    #: scores that are fractions in [0, 1], and other scores that are never negative
+    fractions: ClassVar[tuple[str, ...]] = ()
+    nonnegative: ClassVar[tuple[str, ...]] = ()
+    #: whether the log-probability is at most 0 (a discrete observation's)
+    discrete: ClassVar[bool] = False
+    #: the paper's likelihood: its runs fill the paper's tables (1-10), its table scores stand
+    #: beside LP in the CSV tables; another's runs get a table of their headline scores
+    paper: ClassVar[bool] = False
+
+    @classmethod
+    def second(cls) -> str:
+        """The score shown beside LP where there is room for one."""
+        return next(iter(cls.headline.values()))
 
     @property
     @abc.abstractmethod
@@ -92,6 +112,15 @@ def register(cls: type[Likelihood]) -> type[Likelihood]:
 def likelihood_names() -> list[str]:
     """Registered likelihood names."""
     return sorted(_REGISTRY)
+
+
+def scored_by(keys: Iterable[str]) -> type[Likelihood]:
+    """The likelihood whose scores ``keys`` are (a results file's ``final`` scores, or its
+    curves' ``<split>_<score>`` names): the one with the most of its score names among them,
+    the first registered on a tie."""
+    names = {k.split("_", 1)[1] if k.startswith(("test_", "val_")) else k for k in keys}
+    ranked = [_REGISTRY[n] for n in likelihood_names()]
+    return max(ranked, key=lambda cls: len(names & set(cls.score_names)))
 
 
 def get_likelihood(name: str) -> type[Likelihood]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,14 @@ class Categorical(Likelihood):
 
     name = "categorical"
     score_names = ("lp", "accuracy", "ece", "confidence")
+    headline: ClassVar[dict[str, str]] = {"acc": "accuracy", "ECE": "ece"}
+    table_scores: ClassVar[dict[str, tuple[str, ...]]] = {
+        "test": ("accuracy", "ece", "confidence"),
+        "val": ("accuracy", "ece"),
+    }
+    fractions = ("accuracy", "ece", "confidence")
+    discrete = True
+    paper = True
 
     def __init__(self, num_classes: int | None = None) -> None:
         super().__init__()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +35,16 @@ class Gaussian(Likelihood):
 
     name = "gaussian"
     score_names = ("lp", "rmse", *(f"coverage_{round(100 * p)}" for p in COVERAGE_LEVELS))
+    headline: ClassVar[dict[str, str]] = {
+        "RMSE": "rmse",
+        **{f"cov{round(100 * p)}": f"coverage_{round(100 * p)}" for p in COVERAGE_LEVELS},
+    }
+    table_scores: ClassVar[dict[str, tuple[str, ...]]] = {
+        "test": score_names[1:],
+        "val": ("rmse",),
+    }
+    fractions = score_names[2:]
+    nonnegative = ("rmse",)
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.naming import run_label
 from sgrld.experiments.run.options import by_field
 from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
+from sgrld.likelihoods import Likelihood, get_likelihood, likelihood_names, scored_by
 from sgrld.metrics import get_metric, metric_names
 
 #: The sampler whose metric is G = I: the baseline of the paper's selection rule.
@@ -51,24 +52,8 @@ def sampler_title(name: str) -> str:
 
 PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
 PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
-#: Aggregated quantities (:func:`_score` reads them from a results dict).
-COLUMNS = (
-    "test_lp",
-    "test_accuracy",
-    "test_ece",
-    "test_confidence",
-    "val_lp",
-    "val_accuracy",
-    "val_ece",
-    "seconds_per_epoch",
-    "curvature",
-    "num_samples",
-)
-#: The regression's columns (a Gaussian likelihood's scores), aggregated where such runs are.
-REGRESSION_COLUMNS = ("test_rmse", "test_coverage_50", "test_coverage_90", "val_rmse")
-#: The score columns beside LP in the Markdown layouts: label → aggregated quantity.
-CLASSIFICATION_SCORES = {"acc": "test_accuracy", "ECE": "test_ece"}
-REGRESSION_SCORES = {"RMSE": "test_rmse", "cov50": "test_coverage_50", "cov90": "test_coverage_90"}
+#: Aggregated quantities besides each likelihood's table scores (:func:`_score` reads them).
+TEST, VAL, RUN = ("test_lp",), ("val_lp",), ("seconds_per_epoch", "curvature", "num_samples")
 #: Config fields that pick a row/column inside a setting's table (the rest define the setting).
 WITHIN_SETTING = ("prior", "sampler", "lr", "alpha2")
 
@@ -127,23 +112,41 @@ class Group:
         return float(values.mean()), spread
 
 
-def is_regression(groups: Sequence[Group]) -> bool:
-    """Whether the runs are a regression's (their scores have an RMSE, not an accuracy)."""
-    return any("rmse" in r["final"]["test"] for g in groups for r in g.runs)
+def likelihoods_of(groups: Sequence[Group]) -> list[type[Likelihood]]:
+    """The likelihoods whose scores these runs have (as each declares them), registry order."""
+    found = {scored_by(r["final"]["test"]) for g in groups for r in g.runs}
+    return [get_likelihood(n) for n in likelihood_names() if get_likelihood(n) in found]
 
 
-def _columns(groups: Sequence[Group]) -> list[str]:
-    """The aggregated quantities of these runs: the classification's, the regression's or both."""
-    classification = any("accuracy" in r["final"]["test"] for g in groups for r in g.runs)
-    regression = is_regression(groups)
-    columns = [
-        c for c in COLUMNS if classification or not c.endswith(("accuracy", "ece", "confidence"))
-    ]
-    return columns + list(REGRESSION_COLUMNS) * regression
+def is_paper(groups: Sequence[Group]) -> bool:
+    """Whether every run is scored by the paper's likelihood (:attr:`Likelihood.paper`)."""
+    return all(kind.paper for kind in likelihoods_of(groups))
 
 
-def _score_columns(groups: Sequence[Group]) -> dict[str, str]:
-    return REGRESSION_SCORES if is_regression(groups) else CLASSIFICATION_SCORES
+def headline_likelihood(groups: Sequence[Group]) -> type[Likelihood]:
+    """The likelihood whose headline scores the tables show: another than the paper's where
+    the runs have one, else the paper's."""
+    kinds = likelihoods_of(groups)
+    others = [kind for kind in kinds if not kind.paper]
+    papers = [get_likelihood(n) for n in likelihood_names() if get_likelihood(n).paper]
+    return (others or kinds or papers)[0]
+
+
+def table_columns(groups: Sequence[Group]) -> list[str]:
+    """The aggregated quantities of these runs: the paper's likelihood's table scores beside
+    LP, the run's own, then every other likelihood's."""
+    kinds = likelihoods_of(groups)
+
+    def scores(split: str, paper: bool) -> list[str]:
+        return [f"{split}_{s}" for k in kinds if k.paper == paper for s in k.table_scores[split]]
+
+    columns = [*TEST, *scores("test", True), *VAL, *scores("val", True), *RUN]
+    return columns + scores("test", False) + scores("val", False)
+
+
+def score_columns(groups: Sequence[Group]) -> dict[str, str]:
+    """The Markdown layouts' score columns beside LP: label → aggregated quantity."""
+    return {label: f"test_{s}" for label, s in headline_likelihood(groups).headline.items()}
 
 
 def find_results(paths: Iterable[str | Path]) -> list[Path]:
@@ -352,7 +355,7 @@ def markdown_paper_layout(groups: Sequence[Group], *, paper: bool = False) -> st
         for g in setting_groups:
             candidates.setdefault((g.config["prior"], g.config["sampler"]), []).append(g)
         chosen = {cell: select_best(cands) for cell, cands in candidates.items()}
-        scores = _score_columns(setting_groups)
+        scores = score_columns(setting_groups)
         header = ["sampler"]
         for prior in priors:
             p = PRIOR_SHORT.get(prior, prior)
@@ -404,7 +407,7 @@ def markdown_long_layout(groups: Sequence[Group]) -> str:
     """One row per configuration, per setting."""
     blocks = []
     for setting_groups in _by_setting(groups).values():
-        scores = _score_columns(setting_groups)
+        scores = score_columns(setting_groups)
         header = ["prior", "sampler", "ℓ", "runs", "broken", "test LP"]
         header += [f"test {label}" for label in scores]
         header += ["val LP", "s/epoch", "curvature", "samples"]
@@ -488,7 +491,7 @@ def csv_table(groups: Sequence[Group]) -> str:
     for group in groups:
         config_keys += [k for k in group.config if k not in config_keys]
     header = [*config_keys, "runs", "completed", "broken_down", "seeds"]
-    columns = _columns(groups)
+    columns = table_columns(groups)
     header += [f"{metric}_{stat}" for metric in columns for stat in ("mean", "std")]
     header += ["rhat_test_loglik", "rhat_max", "ess_bulk_min", "ess_tail_min"]
     rows = []

@@ -227,6 +227,13 @@ class VmappedChains:
     def module(self, chain: int) -> torch.nn.Module:
         return self.chains.module(chain)
 
+    @torch.no_grad()
+    def theta_norms(self) -> list[float] | None:
+        stacked = self.chains.params.values()  # (K, ...) each
+        sums = [t.detach().reshape(t.shape[0], -1).double().square().sum(-1) for t in stacked]
+        norms: list[float] = torch.stack(sums).sum(0).sqrt().tolist()
+        return norms
+
     def state_dict(self) -> dict[str, Any]:
         return {"chain_batch": self.chain_batch, "chains": self.chains.state_dict()}
 

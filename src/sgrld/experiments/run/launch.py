@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sgrld.experiments.base.exits import UsageError
 from sgrld.experiments.base.files import make_out_dir, read_file
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
-from sgrld.experiments.run.results import SHORT, Results, second_score
+from sgrld.experiments.run.results import Results, scored_by, short_name
 
 if TYPE_CHECKING:
     from sgrld.experiments.run.parallel import DataParallel
@@ -318,10 +318,10 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
         width = max(len(c.label()) for c in configs)
         for config, r in zip(configs, results, strict=True):
             val, test = r["final"]["val"], r["final"]["test"]
+            second = scored_by(test).second()
             print(
                 f"  {config.label():<{width}}  {r['status']:<11} val LP {fmt(val['lp'])}  "
-                f"test LP {fmt(test['lp'])}  {SHORT[second_score(test)]} "
-                f"{fmt(test[second_score(test)])}"
+                f"test LP {fmt(test['lp'])}  {short_name(second)} {fmt(test[second])}"
             )
         return
     (results_,) = results
@@ -344,9 +344,10 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
         m = final[split]
         if m.get("lp") is None:
             continue
-        third = "ece" if "ece" in m else "coverage_90"
-        line = f"LP {fmt(m['lp'])}  {SHORT[second_score(m)]} {fmt(m[second_score(m)])}"
-        print(f"  {split:<4} {line}  {SHORT[third]} {fmt(m[third])}")
+        headline = list(scored_by(m).headline.values())
+        second, third = headline[0], headline[-1]
+        line = f"LP {fmt(m['lp'])}  {short_name(second)} {fmt(m[second])}"
+        print(f"  {split:<4} {line}  {short_name(third)} {fmt(m[third])}")
     if results_["curvature"] is not None:
         print(f"  curvature {fmt(results_['curvature']['mean'])}")
     print(f"  results: {out / 'results.json'}")

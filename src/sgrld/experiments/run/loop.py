@@ -83,6 +83,9 @@ class Stepper(Protocol):
 
     def module(self, chain: int) -> nn.Module: ...
 
+    def theta_norms(self) -> list[float] | None:
+        """Each chain's ‖θ‖ (one host read), or ``None`` where a rank holds only a shard."""
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def mismatches(self, state: Mapping[str, Any]) -> list[str]:
@@ -250,26 +253,10 @@ class SamplingRun:
         if ended or not self.one:  # K chains: a line per epoch, breakdowns included
             self.observer.on_epoch(self)
 
-    def _theta_norms(self) -> list[float] | None:
-        """Each chain's ‖θ‖ (one host read), or ``None`` where a rank holds only a shard."""
-        if self.stepper.collective_state:  # fsdp: each rank's shard; the telemetry judges
-            return None
-        with torch.no_grad():
-            if isinstance(self.stepper, VmappedChains):
-                stacked = self.stepper.chains.params.values()  # (K, ...) each
-                sums = [
-                    t.detach().reshape(t.shape[0], -1).double().square().sum(-1) for t in stacked
-                ]
-                return torch.stack(sums).sum(0).sqrt().tolist()
-            params = [
-                p.detach().double().square().sum() for p in self.stepper.module(0).parameters()
-            ]
-            return [float(torch.stack(params).sum().sqrt())] if params else None
-
     def _note_theta_start(self) -> None:
         """Each chain's ‖θ‖ before its first step, the reference of :meth:`_grown`: measured as
         the stepper is built from the seed, before a checkpoint is loaded over it."""
-        norms = self._theta_norms()
+        norms = self.stepper.theta_norms()
         for k, r in enumerate(self.records):
             r.theta_start = None if norms is None else norms[k]
 
@@ -280,7 +267,7 @@ class SamplingRun:
         epoch, which may have blown up already)."""
         if not self.running:
             return
-        norms = self._theta_norms()
+        norms = self.stepper.theta_norms()
         if norms is None:
             return
         for r, norm in zip(self.records, norms, strict=True):

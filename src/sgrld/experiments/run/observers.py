@@ -9,7 +9,7 @@ from typing import Any, Protocol, TextIO
 
 from tqdm import tqdm
 
-from sgrld.experiments.run.results import SHORT, second_score
+from sgrld.experiments.run.results import short_name
 
 
 class SamplingRun(Protocol):
@@ -78,8 +78,8 @@ class ProgressBar(RunObserver):
             first = (config.burnin // config.thinning + 1) * config.thinning
             parts.append(f"burning in (first sample after update {first})")
         elif curves["epoch"]:
-            second = second_score(curves)
-            short = SHORT[second]
+            second = record.likelihood.second()
+            short = short_name(second)
             parts.append(
                 f"val LP {curves['val_lp'][-1]:.4f} {short} {curves['val_' + second][-1]:.4f}"
                 f" | test LP {curves['test_lp'][-1]:.4f} {short} "
@@ -112,9 +112,9 @@ class ProgressBar(RunObserver):
         if live and live[0].ensembles["val"].num_samples:
             val_lp = [r.curves["val_lp"][-1] for r in live]
             parts.append("val LP median [min, max] " + self._spread(val_lp))
-            second = second_score(live[0].curves)
+            second = live[0].likelihood.second()
             values = [r.curves["test_" + second][-1] for r in live]
-            parts.append(f"test {SHORT[second]} " + self._spread(values))
+            parts.append(f"test {short_name(second)} " + self._spread(values))
         if live and live[0].timing["sampling_seconds"]:
             seconds = live[0].timing["sampling_seconds"][-1] * len(records)
             parts.append(f"{seconds:.1f} s/epoch (all chains)")

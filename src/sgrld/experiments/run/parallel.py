@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from sgrld.models import BayesianModel
+from sgrld.models import BayesianModel, potential
 
 MODES = ("ddp", "fsdp")
 T = TypeVar("T")
@@ -184,6 +184,32 @@ class DataParallel:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+class OneProcess(DataParallel):
+    """A run in one process: the job of one rank, whose collectives are the identity and whose
+    potential is the single run's u_B, so that one chain's step has one path."""
+
+    mode = "none"
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+
+    def prepare(self, model: BayesianModel) -> BayesianModel:
+        self._model = model
+        return model
+
+    def gather_rows(self, part: Tensor, n: int) -> Tensor:
+        return part
+
+    def potential(self, model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tensor:
+        return potential(model, x, y, num_data)
+
+    def sum(self, value: Tensor) -> Tensor:
+        return value
+
+    def sum_gradients(self, params: list[Tensor]) -> None:
+        pass
 
 
 class _Scalar(nn.Module):

@@ -1,17 +1,22 @@
 """``results.json``: the typed format of a run's results, its one writer and its one reader.
 
-Nothing here imports torch (sweeps, tables and reports read results without it). A reader
-refuses a ``format`` version it does not know, naming it.
+Nothing here imports torch at import time (sweeps, tables and reports read results without
+it); what a likelihood declares its scores to be (:mod:`sgrld.likelihoods`) is read when a
+function needs it. A reader refuses a ``format`` version it does not know, naming it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from sgrld.experiments.base.files import read_file, write_atomic
+
+if TYPE_CHECKING:
+    from sgrld.likelihoods import Likelihood
 
 RESULTS_FILE = "results.json"
 RESULTS_FORMAT = "sgrld-sample-results/1"
@@ -21,17 +26,29 @@ STATUSES = ("running", "failed", "completed", "broken_down")
 #: Statuses after which a run is not continued (a broken-down run is a result of the protocol).
 FINISHED = ("completed", "broken_down")
 SPLITS = ("val", "test")
-#: Scores that are fractions (each in [0, 1]).
-FRACTIONS = ("accuracy", "ece", "confidence", "coverage_50", "coverage_90")
 
 
-def second_score(scores: Any) -> str:
-    """The score shown beside LP: ``"accuracy"``, or ``"rmse"`` for regression's scores."""
-    return "accuracy" if any(k.endswith("accuracy") for k in scores) else "rmse"
+def scored_by(scores: Iterable[str]) -> type[Likelihood]:
+    """The likelihood whose scores these are (:func:`sgrld.likelihoods.scored_by`)."""
+    from sgrld.likelihoods import scored_by as declared  # torch: only when a run is read
+
+    return declared(scores)
 
 
-#: Short names of the scores in one-line summaries.
-SHORT = {"lp": "LP", "accuracy": "acc", "ece": "ECE", "rmse": "RMSE", "coverage_90": "cov90"}
+def second_score(scores: Iterable[str]) -> str:
+    """The score shown beside LP (its likelihood's first headline score: ``"accuracy"``, a
+    regression's ``"rmse"``), from the names of a run's scores or curves."""
+    return scored_by(scores).second()
+
+
+def short_name(score: str) -> str:
+    """A score's short label in one-line summaries (``"LP"``, ``"acc"``, ``"RMSE"``)."""
+    from sgrld.likelihoods import get_likelihood, likelihood_names
+
+    labels = {"lp": "LP"}
+    for name in likelihood_names():
+        labels |= {s: label for label, s in get_likelihood(name).headline.items()}
+    return labels.get(score, score)
 
 
 class BrokenDown(TypedDict):
@@ -139,8 +156,8 @@ def read_results(path: Path) -> Results:
 
 def impossible_values(results: dict[str, Any]) -> list[str]:
     """What no run can have produced in a ``results.json``'s final scores, each as ``"test lp
-    5.0"``: a class label's log-probability above 0, a fraction outside [0, 1], a negative
-    RMSE, or NaN/Inf in a completed run."""
+    5.0"``: a discrete observation's log-probability above 0, a fraction outside [0, 1], a
+    negative RMSE, or NaN/Inf in a completed run (in LP or the headline score beside it)."""
     found = []
     final = results.get("final")
     if not isinstance(final, dict):
@@ -149,20 +166,21 @@ def impossible_values(results: dict[str, Any]) -> list[str]:
         scores = final.get(split)
         if not isinstance(scores, dict) or "lp" not in scores:
             return [f"no final {split} lp"]
-        classification = "accuracy" in scores
+        likelihood = scored_by(scores)
+        required = ("lp", likelihood.second())
         for name, value in scores.items():
             if value is None:
-                if results.get("status") == "completed" and name in ("lp", "accuracy", "rmse"):
+                if results.get("status") == "completed" and name in required:
                     found.append(f"{split} {name} NaN")
                 continue
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 found.append(f"{split} {name} {value!r}")
             elif not math.isfinite(value):
                 found.append(f"{split} {name} {value}")
-            elif name == "lp" and classification and value > 0.0:
+            elif name == "lp" and likelihood.discrete and value > 0.0:
                 found.append(f"{split} {name} {value} > 0")
-            elif name == "rmse" and value < 0.0:
+            elif name in likelihood.nonnegative and value < 0.0:
                 found.append(f"{split} {name} {value} < 0")
-            elif name in FRACTIONS and not 0.0 <= value <= 1.0:
+            elif name in likelihood.fractions and not 0.0 <= value <= 1.0:
                 found.append(f"{split} {name} {value} outside [0, 1]")
     return found

@@ -20,9 +20,8 @@ from sgrld.evaluation.trace import scalar_hyperparameters
 from sgrld.experiments.run.build import build_run_model, make_sampler, poisoned_potential
 from sgrld.experiments.run.checkpoint import tensor_mismatches
 from sgrld.experiments.run.config import GRAD_MAX, RunConfig
-from sgrld.experiments.run.parallel import DataParallel, factor_mismatch
+from sgrld.experiments.run.parallel import DataParallel, OneProcess, factor_mismatch
 from sgrld.experiments.run.record import deferred_breakdown_reason
-from sgrld.models import potential
 from sgrld.optim import SGRLDOptimizer
 from sgrld.schedules import CyclicalLR
 
@@ -74,7 +73,8 @@ def _first_failure(optimizer: SGRLDOptimizer) -> tuple[int, int] | None:
 
 class OneChain:
     """One chain's model and optimizer (and cyclical schedule), stepped eagerly, deferred or
-    captured, in one process or over the ranks of ``parallel``.
+    captured, in one process or over the ranks of ``parallel`` (one process is the job of one
+    rank, :class:`~.run.parallel.OneProcess`: one path for both).
 
     Raises:
         ValueError: a step mode the config or device cannot run (:func:`resolve_step_mode`),
@@ -90,7 +90,6 @@ class OneChain:
         step_mode: str = "auto",
         parallel: DataParallel | None = None,
     ) -> None:
-        self.parallel = parallel
         if parallel is not None:  # the data-parallel step is the eager loop's
             if step_mode not in ("auto", "eager"):
                 raise ValueError(
@@ -103,16 +102,13 @@ class OneChain:
                     "forward, which the sharded parameters (--parallel fsdp) do not allow; "
                     "use --parallel ddp or measure it in one process"
                 )
-        # where the state goes (one process: as it is)
-        self._job = DataParallel(0, 1) if parallel is None else parallel
+        self._job = OneProcess() if parallel is None else parallel
         self.is_main, self.collective_state = self._job.is_main, self._job.collective_state
         self.step_mode = resolve_step_mode(step_mode, config, device)
         self.config, self.splits = config, splits
         self.num_data = splits.num_train
         init_generator = torch.Generator().manual_seed(seeds["init"])
-        self.model = build_run_model(config, splits, init_generator).to(device)
-        if parallel is not None:
-            self.model = parallel.prepare(self.model)
+        self.model = self._job.prepare(build_run_model(config, splits, init_generator).to(device))
         self.model.train()
         params = self._job.parameters(self.model)
         generator = torch.Generator(device).manual_seed(seeds["chain"])
@@ -143,20 +139,14 @@ class OneChain:
         x, y = self.splits.x_train[rows], self.splits.y_train[rows]
         for p in self.params:
             p.grad = None
-        if self.parallel is None:
-            loss = total = potential(self.model, x, y, self.num_data)
-        else:  # this rank's share; every rank checks the same total
-            loss = self.parallel.potential(self.model, x, y, self.num_data)
-            total = self.parallel.sum(loss)
+        loss = self._job.potential(self.model, x, y, self.num_data)  # this rank's share
+        total = self._job.sum(loss)  # every rank checks the same total
         if not bool(torch.isfinite(total)):
             self._failure = f"potential is {total.item()}"
             return False
         loss.backward()
-        if self.parallel is not None:
-            self.parallel.sum_gradients(self.params)
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
+        self._job.sum_gradients(self.params)
+        self._clamp()
         exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
         try:  # sync_checks: a NaN/Inf gradient is refused at once, on every device
             self.optimizer.step()
@@ -189,10 +179,14 @@ class OneChain:
         (zeroed, not freed) so that a captured step writes the same tensors every replay."""
         self.optimizer.zero_grad(set_to_none=False)
         self._loss(self.model, x, y).backward()
+        self._clamp()
+        self.optimizer.step()
+
+    def _clamp(self) -> None:
+        """Every gradient element to ±:data:`~.run.config.GRAD_MAX`, as the reference does."""
         for p in self.params:
             if p.grad is not None:
                 p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
-        self.optimizer.step()
 
     def failures(self, last: int) -> dict[int, tuple[int, str]]:
         if self._failure is not None:  # the eager step just taken
@@ -229,28 +223,31 @@ class OneChain:
     def predict(
         self, inputs: Mapping[str, Tensor], batch: int, add: Callable[[int, str, int, Tensor], None]
     ) -> list[dict[str, float]]:
-        """Under ``parallel`` each rank predicts its slice of the points, then all have them
-        all (under fsdp with the parameters gathered)."""
+        """Each rank predicts its slice of the points, then all have them all (under fsdp with
+        the parameters gathered)."""
 
         def fold(model: nn.Module) -> dict[str, float]:
             for split, x in inputs.items():
-                if self.parallel is None:
-                    for start in range(0, len(x), batch):
-                        add(0, split, start, model(x[start : start + batch]))
-                    continue
-                rows = self.parallel.rows(len(x))
+                rows = self._job.rows(len(x))
                 parts = [  # at least one call: an empty slice gives the predictions' shape
                     model(x[start : min(start + batch, rows.stop)])
                     for start in range(rows.start, max(rows.stop, rows.start + 1), batch)
                 ]
-                add(0, split, 0, self.parallel.gather_rows(torch.cat(parts), len(x)))
+                add(0, split, 0, self._job.gather_rows(torch.cat(parts), len(x)))
             return scalar_hyperparameters(model)
 
         with torch.no_grad():
-            return [fold(self.model) if self.parallel is None else self.parallel.within(fold)]
+            return [self._job.within(fold)]
 
     def module(self, chain: int) -> nn.Module:
         return self.model
+
+    @torch.no_grad()
+    def theta_norms(self) -> list[float] | None:
+        if self.collective_state:  # fsdp: each rank's shard; the telemetry judges
+            return None
+        params = [p.detach().double().square().sum() for p in self.model.parameters()]
+        return [float(torch.stack(params).sum().sqrt())] if params else None
 
     def state_dict(self) -> dict[str, Any]:
         """The model (under fsdp gathered: every rank takes part), the optimizer (ℓ as a float,
