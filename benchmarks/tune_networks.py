@@ -5,7 +5,8 @@ pixels / 16, times ``--scale``), batch 64, N(0, 1) prior, a run of 20 epochs (44
 each sampler:
 
 * the grid: every ℓ of ``--grid`` (half a decade apart by default) as chains of one
-  ``sgrld.Chains``, 20 epochs, the second half's epoch ends an ensemble: its test accuracy and
+  ``sgrld.Chains``, 20 epochs with the warm-up ``result.options`` carries (Stan's windows over a
+  quarter of the run), the second half's epoch ends an ensemble: its test accuracy and
   log predictive density per datum (LPD, with its standard error over the test data);
 * ``sgrld.tune`` with each score of ``--scores`` (``ksd`` and ``loss`` see the training data
   only; ``validation`` the 225 validation images; ``train`` the validation score on the first
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import sgrld
+from sgrld.core.warmup import DEFAULT_WARMUP, capped
 
 BATCH = 64
 EPOCHS = 20
@@ -120,7 +122,9 @@ def main() -> None:
     for name in args.samplers.split(","):
         fixed: dict[str, Any] = {"shampoo": {"precondition_vectors": True}}.get(name, {})
         t0 = time.perf_counter()
-        rows = sample(name, [{"lr": lr} for lr in grid], data, {**fixed, "adapt_until": steps // 4})
+        # the warm-up the tuner's options carry for a run of `steps` steps (result.options)
+        warmup = capped(DEFAULT_WARMUP, steps // 4)
+        rows = sample(name, [{"lr": lr} for lr in grid], data, {**fixed, "adapt_until": warmup})
         grid_s = time.perf_counter() - t0
         best = max(
             range(len(grid)), key=lambda i: rows[i][1] if math.isfinite(rows[i][1]) else -1e9
