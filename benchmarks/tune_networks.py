@@ -73,16 +73,17 @@ def log_likelihood(m: nn.Module, batch: Any) -> Tensor:
 
 
 def sample(name: str, per_chain: list[dict[str, float]], data: dict[str, Tensor],
-           fixed: dict[str, Any]) -> list[tuple[float, float, float]]:  # fmt: skip
-    """Each options' 20-epoch run (a chain of one Chains): test (accuracy, LPD, LPD's se)."""
+           fixed: dict[str, Any], seed: int = 0) -> list[tuple[float, float, float]]:  # fmt: skip
+    """Each options' 20-epoch run (a chain of one Chains; ``seed``: its noise and data order):
+    test (accuracy, LPD, LPD's se over the test data)."""
     n = len(data["y"])
     keys = sorted(per_chain[0])
     options = {k: [float(o[k]) for o in per_chain] for k in keys}
     sampler = sgrld.build(name, lr=1.0, num_data=n, noise="philox", **fixed)
     k = len(per_chain)
-    chains = sgrld.Chains(model(0), sampler, seeds=[7] * k, **options)
+    chains = sgrld.Chains(model(0), sampler, seeds=[7 + seed] * k, **options)
     u = potential(n)
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(1 + seed)
     logp: list[Tensor] = []
     for epoch in range(EPOCHS):
         for index in torch.randperm(n, generator=gen).split(BATCH):
