@@ -353,3 +353,28 @@ def test_the_watch_verdict_is_stable_once_a_window_calls_lr_too_large() -> None:
     assert verdicts == {"lr_too_large"}
     assert watch.verdict(True).steps == 7 * 512
     assert watch.verdict(True, window(1e4, theta=1e6)).broken_down
+
+
+@pytest.mark.parametrize(("lr", "verdict"), [(0.01, "healthy"), (0.3, "lr_too_large")])
+def test_a_short_run_gets_a_stable_verdict(lr: float, verdict: str) -> None:
+    """Issue 40: a run under 512 steps got no verdict. Before the first window closes the
+    chain is judged on its open window's 128-step parts, once past its warm-up (100 steps) and
+    256 steps; polled every 32 steps, the verdict never goes back (healthy, then at most once
+    too large), and a chain never polled ends with the same verdict."""
+    polls: list[str] = []
+
+    def polled(params: Any, n: int) -> sgrld.SGRLDOptimizer:
+        opt = sgrld.SGLD(params, lr=lr, num_data=n, adapt_until=100)
+        opt.register_step_post_hook(
+            lambda o, *_: polls.append(o.health().verdict) if o.num_steps % 32 == 0 else None
+        )
+        return opt
+
+    opt, warned = run_regression(polled, 440, at_mean=True)
+    assert opt.health().verdict == verdict and not warned  # the warning waits for a close
+    assert polls[: 256 // 32] == ["healthy"] * (256 // 32)  # not judged before 256 steps
+    assert polls == sorted(polls, key=lambda v: v != "healthy"), polls  # never back
+    assert polls[-1] == verdict
+    unpolled, _ = run_regression(lambda p, n: sgrld.SGLD(p, lr=lr, num_data=n, adapt_until=100),
+                                 440, at_mean=True)  # fmt: skip
+    assert unpolled.health().verdict == verdict

@@ -259,7 +259,7 @@ def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -
     [({"points": 0}, "points"), ({"score_points": 0}, "score_points"), ({"chains": 0}, "chains"),
      ({"seed": 2**64}, "seed"), ({"num_data": math.inf}, "num_data"),
      ({"num_data": 0}, "num_data"), ({"score": "kds"}, "score"),
-     ({"score": "validation"}, "score"),
+     ({"score": "validation"}, "score"), ({"score": "train"}, "score"),
      ({"validation": ([], _log_likelihood)}, "validation")],
 )  # fmt: skip
 def test_bad_arguments_are_refused_by_name(option: dict[str, Any], words: str) -> None:
@@ -270,6 +270,26 @@ def test_bad_arguments_are_refused_by_name(option: dict[str, Any], words: str) -
     with pytest.raises(ValueError, match=rf"^invalid {words}\b") as info:
         sgrld.tune("sgld", model, potential, loader, **kw)
     assert "\n" not in str(info.value)
+
+
+def test_a_log_likelihood_alone_scores_the_log_predictive_of_training_data() -> None:
+    """Issue 40: with ``log_likelihood`` and no validation data the score is the log predictive
+    of the loader's first 256 data (``"train"``, the default then), each thinned point priced
+    as its 8 batches of gradients and of log-likelihoods; both at once are refused."""
+    model, potential, loader, n = _diabetes()
+    result = sgrld.tune("sgld", model, potential, loader, num_data=n, seed=3,
+                        log_likelihood=_log_likelihood, **SMALL)  # fmt: skip
+    assert result.score == "train"
+    best = next(c for c in result.candidates if c.lr == result.lr)
+    assert 0.5 < best.score < 1.5  # as the validation score's (above): s² = 0.5
+    bracket = result.rounds[1]
+    chains = len(bracket.values)
+    points = min(SMALL["points"], (bracket.length - bracket.length // 2))
+    assert bracket.spent == chains * (bracket.length + points * 2 * 8)  # 256 data: 8 batches
+    x, y, _, _ = tp.diabetes()
+    with pytest.raises(TypeError, match="not both"):
+        sgrld.tune("sgld", model, potential, loader, num_data=n, log_likelihood=_log_likelihood,
+                   validation=([(x, y)], _log_likelihood), **SMALL)  # fmt: skip
 
 
 def test_a_budget_too_small_names_the_minimum() -> None:

@@ -171,3 +171,14 @@ def test_tune_locks_its_folder_and_clears_a_killed_writes_temporaries(
     stale.write_bytes(b"half a figure")
     assert main(argv) == exits.USAGE  # the budget: refused after the lock and the clean-up
     assert not stale.exists() and not (tmp_path / ".sgrld.lock").exists()
+
+
+@pytest.mark.slow  # a second small tune: ~15 s on one idle core
+def test_tune_score_train_scores_the_log_predictive_of_training_data(tmp_path: Path) -> None:
+    """Issue 40: ``--score train``, the log predictive of the training loader's first data (no
+    validation split needed); what ``tune.json`` and the figure say is its score."""
+    argv = ["tune", *RUN, "--sampler", "sgld", "--budget", "9000", "--score", "train"]
+    assert main([*argv, "--out", str(tmp_path), "--no-progress"]) == exits.OK
+    result = json.loads((tmp_path / TUNE_FILE).read_text())["samplers"]["identity"]
+    assert result["score"] == "train" and 0 < result["spent"] <= 9000
+    assert result["options"]["lr"] > 0

@@ -287,6 +287,12 @@ def health(source: Any) -> Health | list[Health]:
 #: host once every :data:`WATCH_WINDOW` such steps (at step multiples of 512)
 WATCH_EVERY = 16
 WATCH_WINDOW = 32
+#: a window's parts: a snapshot of its sums every this many watched steps (128 steps), so that
+#: a chain whose first window has not closed (a run under 512 steps) is judged on parts whose
+#: trend shows a descent, as the closed windows' does for a long run
+PART_WATCHED = 8
+#: the fewest parts (256 steps) an ℓ verdict rests on before the first window closes
+SHORT_PARTS = 2
 
 
 class Watch:
@@ -295,8 +301,13 @@ class Watch:
     The verdict is stable: ℓ is judged on the closed windows only (the open one, polled at any
     step, can only add a breakdown), and once a closed window of the settled chain calls ℓ too
     large, the chain's verdict stays so (its warning said so; a later window's drift/noise
-    below 1 does not undo a stretch of sampling at too large an ℓ). Before the first window
-    closes, the open window is judged.
+    below 1 does not undo a stretch of sampling at too large an ℓ).
+
+    Until the second window closes, ℓ is judged on the first window's complete parts
+    (:data:`PART_WATCHED`; those of the open window before the first closes), so that a short
+    run gets a verdict: too large if any run of at least :data:`SHORT_PARTS` parts from the
+    start was judged so once the chain settled, which is the same whenever it is polled (a
+    later poll adds parts, never removes one).
 
     ``first``: the chain's first window, kept across a resume (the growth reference).
     """
@@ -305,6 +316,8 @@ class Watch:
         self.label = label
         self.windows: list[dict[str, float]] = []
         self.first = dict(first) if first else None
+        self.resumed_from = self.first  # the reference of a resumed chain's parts
+        self.first_parts: list[dict[str, float]] = []  # the first closed window's parts
         self.warned: set[str] = set()
         self.large: Health | None = None  # the first "lr_too_large" of a closed window
 
@@ -316,8 +329,13 @@ class Watch:
         window = {key: figures[key] for key in keep}
         return {"steps": sums[3] * WATCH_EVERY, **window, "temperature": temperature}
 
-    def close(self, window: dict[str, float], settled: bool) -> Health:
-        """Add a closed window and judge (:meth:`verdict`)."""
+    def close(
+        self, window: dict[str, float], settled: bool, parts: Sequence[dict[str, float]] = ()
+    ) -> Health:
+        """Add a closed window (and, for the first, its complete ``parts``) and judge
+        (:meth:`verdict`)."""
+        if not self.windows:
+            self.first_parts = list(parts)
         self.windows.append(window)
         if self.first is None:
             self.first = window
@@ -333,20 +351,43 @@ class Watch:
             # the user's opt.step(): warn ← _watch_step ← step ← torch's two step wrappers
             warnings.warn(HealthWarning(f"{self.label}{verdict}"), stacklevel=6)
 
-    def verdict(self, settled: bool = True, open_window: dict[str, float] | None = None) -> Health:
-        """The verdict on every window so far and ``open_window``; before the chain has
-        ``settled`` (its warm-up), only a breakdown."""
+    def verdict(
+        self,
+        settled: bool = True,
+        open_window: dict[str, float] | None = None,
+        parts: Sequence[dict[str, float]] = (),
+    ) -> Health:
+        """The verdict on every window so far and ``open_window`` (its complete ``parts``: how
+        a chain is judged before its first window closes); before the chain has ``settled``
+        (its warm-up), only a breakdown."""
         everything = self._from_first(self.windows + ([open_window] if open_window else []))
         result = judge(everything)
         if result.broken_down:
             return result
+        short = list(parts) if not self.windows else self.first_parts
+        short = short if len(self.windows) <= 1 else []
+        if settled and self.large is None and len(short) >= SHORT_PARTS:
+            self.large = self._too_large(short)
         if self.large is not None:
             return dataclasses.replace(self.large, steps=result.steps)
-        if self.windows:  # ℓ on the closed windows: a partly filled one does not flip it
+        if len(short) >= SHORT_PARTS:  # the parts: a short run's trend
+            result = dataclasses.replace(judge(self._parts(short)), steps=result.steps)
+        elif self.windows:  # ℓ on the closed windows: a partly filled one does not flip it
             result = dataclasses.replace(judge(self._from_first(self.windows)), steps=result.steps)
         if not settled and result.verdict in ("lr_too_large", "lr_too_small"):
             return Health("healthy", steps=result.steps)
         return result
+
+    def _too_large(self, parts: list[dict[str, float]]) -> Health | None:
+        """The first "lr_too_large" of the runs of parts from the start, if any."""
+        for end in range(SHORT_PARTS, len(parts) + 1):
+            result = judge(self._parts(parts[:end]))
+            if result.verdict == "lr_too_large":
+                return result
+        return None
+
+    def _parts(self, parts: list[dict[str, float]]) -> list[dict[str, float]]:
+        return [self.resumed_from, *parts] if self.resumed_from is not None else parts
 
     def _from_first(self, windows: list[dict[str, float]]) -> list[dict[str, float]]:
         if self.first is not None and (not windows or windows[0] is not self.first):

@@ -1,6 +1,7 @@
 """The figures an optimizer sums on the device: telemetry, and :func:`sgrld.health`'s watch (one
-step in ``WATCH_EVERY``, read once per ``WATCH_WINDOW``: :mod:`sgrld.chain_health`); under FSDP
-the rank's sums are summed over the mesh at the read.
+step in ``WATCH_EVERY``, read once per ``WATCH_WINDOW``, with a snapshot of the window's sums
+every ``PART_WATCHED`` on the device: :mod:`sgrld.chain_health`); under FSDP the rank's sums are
+summed over the mesh at the read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sgrld.chain_health import WATCH_EVERY, WATCH_WINDOW, Watch
+from sgrld.chain_health import PART_WATCHED, SHORT_PARTS, WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.shards import ShardSpec
 from sgrld.core.warmup import DEFAULT_WARMUP
 
@@ -50,9 +51,14 @@ def over_the_mesh(
     return sums, diagnostics
 
 
+#: the fewest steps an ℓ verdict rests on: :data:`~sgrld.chain_health.SHORT_PARTS` parts
+SHORT_STEPS = SHORT_PARTS * PART_WATCHED * WATCH_EVERY
+
+
 def settled(steps: int, adapt_until: int | None) -> bool:
-    """Past the warm-up and the first window: only then is ℓ judged."""
-    return steps > max(DEFAULT_WARMUP if adapt_until is None else adapt_until, WINDOW_STEPS)
+    """Past the warm-up and :data:`SHORT_STEPS`: only then is ℓ judged (a run shorter than its
+    warm-up never sampled with its final G, and gets no ℓ verdict)."""
+    return steps > max(DEFAULT_WARMUP if adapt_until is None else int(adapt_until), SHORT_STEPS)
 
 
 def first_window(saved: Any) -> dict[str, float] | None:
@@ -68,11 +74,15 @@ def first_window(saved: Any) -> dict[str, float] | None:
 
 class HealthWatch(Watch):
     """One optimizer's watch: the rule's windows (:class:`sgrld.chain_health.Watch`) and the
-    open window's sums per parameter group."""
+    open window's sums per parameter group, with a copy of them (on the device, no read) at
+    the end of each of its parts."""
 
     def __init__(self, first: dict[str, float] | None = None) -> None:
         super().__init__(first=first)
         self.sums: dict[int, Tensor] = {}  # per group: the open window's
+        self.marks: dict[int, list[Tensor]] = {}  # per group: the sums at each part's end
+        self.counts: dict[int, int] = {}  # per group: watched steps in the open window
+        self.open_parts: list[dict[str, float]] = []  # the complete parts at the last read
 
     def step_sums(self, index: int, device: torch.device) -> Tensor:
         """Zeros for group ``index``'s figures of a watched step (added by :meth:`add`)."""
@@ -83,29 +93,51 @@ class HealthWatch(Watch):
     def add(self, index: int, step: Tensor, telemetry: Tensor | None) -> None:
         """Add a watched step's sums to the window and to the user's telemetry."""
         self.sums[index].add_(step)
+        self.counts[index] = self.counts.get(index, 0) + 1
+        if self.counts[index] % PART_WATCHED == 0:
+            self.marks.setdefault(index, []).append(self.sums[index].clone())
         if telemetry is not None:
             telemetry.add_(step)
 
     def open_window(
         self, shards: Sequence[ShardSpec | None], temperature: float
     ) -> dict[str, float] | None:
-        """The open window (one host read; summed over the mesh under FSDP); ``None`` when empty."""
-        sums_of = []
+        """The open window (one host read; summed over the mesh under FSDP); ``None`` when empty.
+        Its complete parts go to :attr:`open_parts`."""
+        columns = []  # per group: its parts' end sums, then the open window's, as columns
         for index, acc in self.sums.items():
+            stacked = torch.stack([*self.marks.get(index, []), acc], 1)  # (4, parts + 1)
             mesh = shards[index]
-            sums_of.append(
-                (acc if mesh is None else over_the_mesh(mesh, acc.clone(), {})[0]).tolist()
+            columns.append(
+                (stacked if mesh is None else over_the_mesh(mesh, stacked.clone(), {})[0]).tolist()
             )
-        if not sums_of or not sums_of[0][3]:
+        if not columns or not columns[0][3][-1]:
+            self.open_parts = []
             return None
-        return Watch.window(chain_sums(sums_of), temperature)
+        ends = [chain_sums([[row[j] for row in group] for group in columns])
+                for j in range(len(columns[0][0]))]  # fmt: skip
+        self.open_parts = [
+            Watch.window([b - a for a, b in zip(before, after, strict=True)], temperature)
+            for before, after in zip([[0.0] * 4, *ends], ends[:-1], strict=False)
+        ]
+        return Watch.window(ends[-1], temperature)
 
     def end_window(self, window: dict[str, float] | None, settled: bool) -> None:
         """Start a new window; judge the closed one, warning once per verdict."""
         for acc in self.sums.values():
             acc.zero_()
+        self.marks, self.counts = {}, {}
         if window is not None:
-            self.warn(self.close(window, settled))
+            self.warn(self.close(window, settled, self.open_parts))
+
+    def verdict(
+        self,
+        settled: bool = True,
+        open_window: dict[str, float] | None = None,
+        parts: Sequence[dict[str, float]] | None = None,
+    ) -> Health:
+        """:meth:`Watch.verdict`, the open window's parts those of the read just made."""
+        return super().verdict(settled, open_window, self.open_parts if parts is None else parts)
 
     def nonfinite_message(self, message: str, step: int, window: dict[str, float] | None) -> str:
         """A non-finite gradient's error with the step, ‖θ‖ over the last windows and the fix."""

@@ -61,7 +61,7 @@ class TuneResult:
             halving rounds, in order.
         spent: gradient evaluations spent in all (≤ ``budget``).
         budget: the budget it was given.
-        score: ``"ksd"``, ``"validation"`` or ``"loss"``: what the scores are.
+        score: ``"ksd"``, ``"validation"``, ``"train"`` or ``"loss"``: what the scores are.
         steps: the length of chain the options are for.
         seconds: the search's wall time.
     """

@@ -6,6 +6,7 @@
   is at least the round's median one, so that a chain that hardly moves cannot win on a
   standard error of ~0;
 * ``"validation"``: minus the validation log predictive density per datum;
+* ``"train"``: the same on the training loader's first data (which the chains also train on);
 * ``"loss"``: the mean per-datum potential on the scoring data at the thinned points (kept for
   comparison: ``docs/tuning.md`` says why it is not a default).
 
@@ -184,10 +185,10 @@ def round_scores(
     ok = [not r.excluded and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):
         return [(math.inf, 0.0)] * len(records)
-    score: Callable[[Record], tuple[float, float]] = _validation
+    score: Callable[[Record], tuple[float, float]] = _validation  # "validation", "train"
     if kind == "loss":
         score = _loss
-    elif kind != "validation":
+    elif kind not in ("validation", "train"):
         pooled = np.concatenate([r.scores for r, fine in zip(records, ok, strict=True) if fine])
         rms = np.sqrt(np.mean(pooled**2, axis=0))
         scale = 1.0 / np.where((rms > 0) & np.isfinite(rms), rms, 1.0)

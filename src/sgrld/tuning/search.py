@@ -49,7 +49,9 @@ SUBSET, SUBSETS = 16, 8
 POINT_SPACING = 4
 MIN_LENGTH = 16
 #: the score kinds: ``round_scores``' (``"loss"`` is for comparison, ``docs/tuning.md``)
-SCORES = ("ksd", "validation", "loss")
+SCORES = ("ksd", "validation", "train", "loss")
+#: data of the loader's first pass the ``"train"`` score's log predictive is taken on
+TRAIN_POINTS = 256
 
 
 def tune(
@@ -63,6 +65,7 @@ def tune(
     budget: int,
     seed: int = 0,
     validation: tuple[Iterable[Any], Callable[[nn.Module, Any], Tensor]] | None = None,
+    log_likelihood: Callable[[nn.Module, Any], Tensor] | None = None,
     chains: int = 1,
     points: int = 128,
     score_points: int = 2048,
@@ -73,9 +76,11 @@ def tune(
     """Choose the step size ℓ of ``sampler`` (and its tuned options that are not fixed, e.g.
     Monge's α²) for a chain of ``steps`` steps, within ``budget``.
 
-    Each chain is scored on its second half by the kernel Stein discrepancy on coordinate
-    subsets, or by the validation log predictive (``docs/tuning.md``). The model is not changed,
-    and torch's global random state is restored on return.
+    Each chain is scored on its second half by the log predictive of validation data, or of
+    the training loader's first :data:`TRAIN_POINTS` data (``log_likelihood`` alone), or, with
+    neither, by the kernel Stein discrepancy on coordinate subsets (``docs/tuning.md`` says
+    which won where). The model is not changed, and torch's global random state is restored on
+    return.
 
     Args:
         sampler: a sampler name (``sgrld.metric_names()``, or an alias).
@@ -90,12 +95,16 @@ def tune(
         seed: the search's seed: the same seed gives the same result.
         validation: ``(batches, log_likelihood)`` with ``log_likelihood(model, batch)`` each
             datum's log-likelihood ``(B,)``: the score is then the validation log predictive.
+        log_likelihood: ``log_likelihood(model, batch)`` on the loader's batches, each datum's
+            log-likelihood ``(B,)``, without validation data: the score is then the log
+            predictive of the loader's first :data:`TRAIN_POINTS` data (``"train"``).
         chains: chains per candidate.
         points: thinned points per chain scored (fewer, a quarter of the round's steps, in a
             round shorter than ``4 × points`` steps).
         score_points: data of the loader's first pass used for the score's gradients.
-        score: ``"validation"`` (the default with ``validation``), ``"ksd"`` (the default
-            without), or ``"loss"`` (the mean potential; for comparison, ``docs/tuning.md``).
+        score: ``"validation"`` (the default with ``validation``), ``"train"`` (the default
+            with ``log_likelihood`` alone), ``"ksd"`` (the default with neither), or ``"loss"``
+            (the mean potential; for comparison, ``docs/tuning.md``).
         progress: a line per round (its candidates, their scores, the budget spent, the time
             left): ``True`` prints them to standard error, a callable receives each line.
         **fixed: the sampler's fixed options (``decay``, ``temperature``, ``adapt_until``, ...),
@@ -119,12 +128,18 @@ def tune(
     if not (isinstance(num_data, (int, float)) and not isinstance(num_data, bool)
             and math.isfinite(num_data) and num_data > 0):  # fmt: skip
         raise ValueError(f"invalid num_data: {num_data!r} (expected a finite number > 0)")
-    kind = score or ("ksd" if validation is None else "validation")
+    if validation is not None and log_likelihood is not None:
+        raise TypeError("give validation=(batches, log_likelihood) or log_likelihood, not both")
+    kind = score or (
+        "validation" if validation is not None else "train" if log_likelihood else "ksd"
+    )
     check_choice("score", kind, SCORES)
     if kind == "validation" and validation is None:
         raise ValueError(
             "invalid score: 'validation' (expected validation=(batches, log_likelihood) with it)"
         )
+    if kind == "train" and log_likelihood is None:
+        raise ValueError("invalid score: 'train' (expected log_likelihood=... with it)")
     held = None if validation is None else list(validation[0])
     if held is not None and not held:
         raise ValueError("invalid validation: its batches are empty (expected at least one)")
@@ -137,12 +152,17 @@ def tune(
     devices = [first.device] if first.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        # the KSD's gradients and the loss need the scoring data; validation one batch of it
-        batches = Batches(loader, score_points if kind != "validation" else 1, first.device)
+        # the KSD's gradients and the loss need the scoring data; validation one batch of it,
+        # "train" its log predictive's data
+        kept = {"validation": 1, "train": min(score_points, TRAIN_POINTS)}.get(kind, score_points)
+        batches = Batches(loader, kept, first.device)
         coords, subsets = _subsets(sum(p.numel() for p in sampled(model).values()), seed)
+        scored = None if validation is None or held is None else (held, validation[1])
+        if kind == "train" and log_likelihood is not None:
+            scored = (batches.scoring, log_likelihood)
         problem = Problem(
             name, model, potential, batches, num_data, dict(fixed), coords, seed, chains, points,
-            None if validation is None or held is None else (held, validation[1]),
+            scored,
         )  # fmt: skip
         metric: Any = get_metric(name)  # a dataclass
         defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(metric)}

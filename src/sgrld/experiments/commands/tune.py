@@ -66,10 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     search.add_argument(
         "--score",
-        choices=("validation", "ksd", "loss"),
+        choices=("validation", "train", "ksd", "loss"),
         default="validation",
         help="the validation log predictive (default: the paper's rule, right on networks), "
-        "the kernel Stein discrepancy, or the mean potential (docs/tuning.md)",
+        "the log predictive of the first training data, the kernel Stein discrepancy, or the "
+        "mean potential (docs/tuning.md)",
     )
 
 
@@ -158,13 +159,15 @@ def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> di
         fixed["alpha2_rule"] = config.alpha2_rule
         fixed |= {} if args.alpha2 is None else {"alpha2": config.alpha2}
     batches = math.ceil(n / config.batch_size)
-    validation = None
+    validation, log_likelihood = None, None
     if args.score == "validation":
         m = config.max_eval or len(splits.y_val)
         xv, yv = splits.x_val[:m].to(device), splits.y_val[:m].to(device)
         step = config.eval_batch_size
         val = [(xv[i : i + step], yv[i : i + step]) for i in range(0, m, step)]
         validation = (val, lambda mod, b: mod.likelihood.log_prob(mod(b[0]), b[1]))
+    elif args.score == "train":
+        log_likelihood = lambda mod, b: mod.likelihood.log_prob(mod(b[0]), b[1])  # noqa: E731
 
     def per_datum(mod: Any, batch: Any) -> Any:
         return potential(mod, batch[0], batch[1], n)
@@ -173,7 +176,8 @@ def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> di
         config.sampler, model, per_datum,
         DataLoader(TensorDataset(x, y), batch_size=config.batch_size, shuffle=True),
         num_data=n, steps=config.epochs * batches, budget=args.budget, seed=config.seed,
-        validation=validation, score=args.score, progress=not args.no_progress, **fixed,
+        validation=validation, log_likelihood=log_likelihood, score=args.score,
+        progress=not args.no_progress, **fixed,
     )  # fmt: skip
     out = result.to_dict()
     out["grid"] = paper_grid(config, config.epochs * batches)
@@ -259,7 +263,8 @@ def plot(samplers: dict[str, dict[str, Any]], target: Any) -> None:
         symbol = "ℓ" if option == "lr" else option
         ax.set_title(f"{name}: {symbol} = {chosen:.3g}", fontsize=9)
         ax.set_xlabel(symbol)
-        ax.set_ylabel("KSD" if result["score"] == "ksd" else "−validation log p")
+        labels = {"ksd": "KSD", "train": "−training log p", "loss": "mean potential"}
+        ax.set_ylabel(labels.get(result["score"], "−validation log p"))
         ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(target, format="png", dpi=110)
