@@ -23,6 +23,7 @@ import numpy as np
 from sgrld.chain_health import Health, health
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.run.config import TUNED_FIELDS
 from sgrld.experiments.run.naming import run_label
 from sgrld.experiments.run.options import by_field
 from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
@@ -55,7 +56,7 @@ PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
 #: Aggregated quantities besides each likelihood's table scores (:func:`_score` reads them).
 TEST, VAL, RUN = ("test_lp",), ("val_lp",), ("seconds_per_epoch", "curvature", "num_samples")
 #: Config fields that pick a row/column inside a setting's table (the rest define the setting).
-WITHIN_SETTING = ("prior", "sampler", "lr", "alpha2")
+WITHIN_SETTING = ("prior", "sampler", "lr", *TUNED_FIELDS)  # the metrics' tuned options
 
 
 class TableError(ValueError):
