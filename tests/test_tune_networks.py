@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import tune_networks as tn
 
 
-@pytest.mark.slow  # per case ~2 min on one core: a 5-run grid × 4 seeds, tuning (~11 runs), a run
+@pytest.mark.slow  # per case 10-35 s on one core: a 5-run grid × 4 seeds, tuning (~11 runs), a run
 @pytest.mark.parametrize(
     ("name", "grid", "fixed"),
     [("sgld", (-2, 0), {}), ("rmsprop", (-3, -1), {}),
