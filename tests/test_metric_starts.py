@@ -178,3 +178,28 @@ def test_posteriors_protocol(name: str, start: str, warmup: Windows | None) -> N
         assert float((m - mean).abs().max()) < 0.1, (m, mean)
         assert float((c - cov).abs().max()) < 0.1, (c, cov)
         assert gaussian_kl(m, c, mean, cov) < 0.01 * unit
+
+
+def main() -> None:
+    """``python tests/test_metric_starts.py [metric ...]``: posteriors' full protocol at the
+    defaults from both starts, the worst chain's errors and KL and where the warm-up ended
+    (the figures of ``docs/results/warmup.md``)."""
+    import sys
+
+    torch.set_num_threads(1)
+    mean, cov = target()
+    unit = start_kl()
+    for name in sys.argv[1:] or list(METRICS):
+        for start in ("var100", "far"):
+            ends: list[int] = []
+            means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3,
+                                     start=start, ends=ends)  # fmt: skip
+            worst_mean = max(float((m - mean).abs().max()) for m in means)
+            worst_cov = max(float((c - cov).abs().max()) for c in covs)
+            kl = max(gaussian_kl(m, c, mean, cov) for m, c in zip(means, covs, strict=True))
+            print(f"{name} {start}: mean {worst_mean:.3f} cov {worst_cov:.3f} "
+                  f"KL {100 * kl / unit:.3f} % (warm-up ended at {ends[0]})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
