@@ -149,7 +149,8 @@ def check_adapt_until(adapt_until: int | None) -> None:
 
 def capped(adapt_until: int | None, steps: int) -> int | None:
     """The warm-up ``adapt_until`` for a chain of ``steps`` steps: at most ``steps`` long and of
-    the same kind (a :class:`Windows` schedule stays windowed, an explicit N stays N)."""
+    the same kind (a :class:`Windows` schedule stays windowed, an explicit N stays N), and never
+    waiting (``sgrld.tune``'s rounds: every candidate must freeze inside the round's burn-in)."""
     if adapt_until is None:
         return None
     length = min(int(adapt_until), steps)
