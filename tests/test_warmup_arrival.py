@@ -184,3 +184,15 @@ def test_samples_drawn_in_an_extended_warmup_are_flagged() -> None:
     said = [str(w.message) for w in caught if "SampleStore" in str(w.message)]
     assert store.adapting == [True, True] and len(said) == 1
     assert "burnin >= 2000" in said[0], said
+
+
+def test_a_waiting_dict_loads_into_an_optimizer_that_cannot_wait() -> None:
+    """A capturable optimizer keeps Stan's fixed windows (no host read at a window's end): a
+    checkpoint of a waiting one loads into it, the warm-up's entries skipped."""
+    opt, _, _ = _facade_and_core(10)
+    y = torch.zeros(2, dtype=torch.float64)
+    other = sgrld.SGRLDOptimizer([("x", y)], metric="adam", lr=torch.tensor(LR), num_data=1.0,
+                                 noise="philox", capturable=True)  # fmt: skip
+    assert other.sampler_states[0].warmup is None
+    other.load_state_dict(opt.state_dict())
+    assert other.sampler_states[0].warmup is None and other.num_steps == 10

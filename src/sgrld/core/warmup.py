@@ -149,7 +149,8 @@ def check_adapt_until(adapt_until: int | None) -> None:
 
 def capped(adapt_until: int | None, steps: int) -> int | None:
     """The warm-up ``adapt_until`` for a chain of ``steps`` steps: at most ``steps`` long and of
-    the same kind (a :class:`Windows` schedule stays windowed, an explicit N stays N)."""
+    the same kind (a :class:`Windows` schedule stays windowed, an explicit N stays N), and never
+    waiting (``sgrld.tune``'s rounds: every candidate must freeze inside the round's burn-in)."""
     if adapt_until is None:
         return None
     length = min(int(adapt_until), steps)
@@ -238,7 +239,8 @@ class Arrival:
     Attributes:
         schedule: the warm-up (``arrival=True``).
         picks: per parameter tensor, the flat indices tracked in it (from the layout: not state).
-        sums: ``(4, *batch, m)`` float64: Σx and Σx² of the first half, then of the second.
+        sums: ``(5, *batch, m)``: the window's first x₁, then Σ(x − x₁) and Σ(x − x₁)² of the
+            first half and of the second (at least float32, whatever the parameters' dtype).
         count: 0-d int64 (host memory): the slow windows added so far.
         restarts: whether the metric restarts its statistics at each slow window's start.
     """
@@ -271,11 +273,14 @@ class Arrival:
         start, end = self.window()
         if not start < steps_taken <= end:
             return
-        half = 0 if steps_taken <= (start + end) // 2 else 2
+        half = 1 if steps_taken <= (start + end) // 2 else 3
         batch = self.sums.shape[1:-1]
         x = torch.cat(
             [params[i].reshape(*batch, -1).index_select(-1, at) for i, at in self.picks], dim=-1
         ).to(self.sums.dtype)
+        if steps_taken == start + 1:  # sums of x − x₁: no cancellation in Σx² − (Σx)²/n
+            self.sums[0].copy_(x)
+        x = x.sub_(self.sums[0])
         self.sums[half].add_(x)
         self.sums[half + 1].addcmul_(x, x)
 
@@ -284,9 +289,9 @@ class Arrival:
         start, end = self.window()
         n1 = (start + end) // 2 - start
         n2 = end - start - n1
-        mean1, mean2 = self.sums[0] / n1, self.sums[2] / n2
-        var1 = (self.sums[1] / n1 - mean1 * mean1).clamp_(min=0.0)
-        var2 = (self.sums[3] / n2 - mean2 * mean2).clamp_(min=0.0)
+        mean1, mean2 = self.sums[1] / n1, self.sums[3] / n2
+        var1 = (self.sums[2] / n1 - mean1 * mean1).clamp_(min=0.0)
+        var2 = (self.sums[4] / n2 - mean2 * mean2).clamp_(min=0.0)
         gap = (mean2 - mean1).abs()
         # a coordinate that never moved (sd 0, gap 0) has arrived
         settled = (gap <= RATIO * ((var1 + var2) / 2).sqrt()).to(torch.float64)
@@ -319,7 +324,8 @@ def new_arrival(
         offset += numel
     tracked = sum(len(at) for _, at in picks)
     like = params[0]
-    sums = torch.zeros((4, *batch_shape, tracked), dtype=torch.float64, device=like.device)
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    sums = torch.zeros((5, *batch_shape, tracked), dtype=dtype, device=like.device)
     count = torch.zeros((), dtype=torch.int64)
     return Arrival(adapt_until, picks, sums, count, bool(getattr(metric, "restarts", False)))
 

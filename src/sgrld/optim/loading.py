@@ -17,7 +17,7 @@ from sgrld.core.noise import keys_from_generator, keys_from_seeds
 from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load
 from sgrld.core.precision import StandIns
 from sgrld.core.state import SamplerState, check_generator_state
-from sgrld.optim.groups import publish_group, validate_group
+from sgrld.optim.groups import WARMUP_COUNT, WARMUP_SUMS, publish_group, validate_group
 from sgrld.optim.watch import WATCH_KEY, first_window
 
 #: the value each facade option had before it existed (what an older state dict ran with): it
@@ -94,7 +94,9 @@ def plan(opt: Target, state_dict: dict[str, Any]) -> Load:
         state, standins = opt.new_state(index, metric, groups[index])
         mine = publish_group(metric, state, standins)
         entries = [saved_state.get(pid) for pid in saved["params"]]
-        extra = (GENERATOR,) if index == 0 else ()
+        # a waiting warm-up's entries load where the group waits, are skipped where it cannot
+        # (a capturable optimizer keeps Stan's fixed windows: core.warmup)
+        extra = (GENERATOR, WARMUP_SUMS, WARMUP_COUNT) if index == 0 else ()
         copies += plan_load(mine, entries, opt.names(index), label, extra, (MASTER,))
         if index == 0:
             first = entries[0] if entries else None

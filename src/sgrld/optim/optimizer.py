@@ -130,8 +130,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             first step then refuses ranks that would draw different noise. ``None``: whenever a
             group of several ranks exists; ``False``: independent chains per rank.
         adapt_until: the metric adapts during the first ``adapt_until`` steps, then G is
-            frozen; the default ``Windows(1000)`` is Stan's windowed warm-up of 1,000 steps (G
-            frozen from step 950); ``None`` always adapts (the paper's, biased:
+            frozen; the default ``Windows(1000, arrival=True)`` is Stan's windowed warm-up of
+            1,000 steps (G frozen from step 950), extended while the chain is still travelling
+            (:mod:`sgrld.core.warmup`); ``None`` always adapts (the paper's, biased:
             ``docs/posterior.md``).
         localization: c ≥ 0, the pull c·(θ − θ₀) towards the parameters at construction, added
             to the drift's gradient only (``docs/llc.md``).
