@@ -270,8 +270,15 @@ def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> No
         raise ValueError("llc: the masks select no element (every mask is all False)")
 
 
-def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> float:
-    """L_n(w₀), refusing a loss that is not a finite 0-d tensor."""
+def _draws_with_replacement(loader: Iterable[Any]) -> bool:
+    """Whether ``loader`` is a ``DataLoader`` whose sampler draws with replacement (its
+    "pass" is no pass over the data, so L_n(w₀) from it is a sample)."""
+    return getattr(getattr(loader, "sampler", None), "replacement", False) is True
+
+
+def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> list[float]:
+    """The batch losses at w₀ (L_n(w₀) their mean), refusing a loss that is not a finite 0-d
+    tensor."""
     values = []
     with torch.no_grad():
         for i, b in enumerate(batches):
@@ -284,7 +291,7 @@ def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> float:
             values.append(float(value))
             if not math.isfinite(values[-1]):
                 raise ValueError(f"llc: the loss at w₀ is {values[-1]} on batch {i}")
-    return float(np.mean(values))
+    return values
 
 
 def _estimate(
@@ -311,7 +318,12 @@ def _estimate(
     named = sampled(model)
     batches = passes(loader)
     first = [next(batches)[0] for _ in range(init_batches)]
-    init_loss = _loss_at_start(model, loss, first)
+    at_start = _loss_at_start(model, loss, first)
+    init_loss = float(np.mean(at_start))
+    # drawn with replacement, L_n(w₀) and the trace's mean are sample means of batches that
+    # every chain shares: one batch's spread (in λ̂'s units) gives their error
+    batch_spread = (nbeta * float(np.std(at_start, ddof=1))
+                    if _draws_with_replacement(loader) and len(at_start) > 1 else 0.0)  # fmt: skip
     if masks is not None:  # keyed by parameter or by name (devinterp's convention)
         masks = masks_by_parameter(masks, named.items())
         _check_masks(masks, named)
@@ -375,6 +387,7 @@ def _estimate(
         step_bias=spec.step_bias(lr) if spec else math.nan,
         adapting=_adapting(sampler, adapt_until, burnin, num_steps),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
+        batch_spread=batch_spread,
     )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),

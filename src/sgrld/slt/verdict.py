@@ -16,7 +16,10 @@ the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arr
   ε/8·(tr(nβH) + nβ²tr Σ) (``docs/llc.md`` derives both);
 * **whole passes**: a trace after burn-in shorter than one pass over the batches is biased by
   the batches' spread, which no chain count averages away (every chain sees the same ones);
-* **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum.
+* **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum;
+* **batches drawn with replacement**: L_n(w₀) and the trace's mean are then sample means of
+  batches every chain shares, whose error, times nβ, is often larger than λ (it is added to
+  the standard error).
 
 The standard error :func:`judge` returns is the larger of the chains' spread over √K and the
 block means' standard deviation over √ESS, times nβ: it grows when the chains disagree or
@@ -76,6 +79,9 @@ class LLCVerdict:
             directions, held by γ alone, the loss may not change: then λ̂ is still right).
         passes: passes over the loader the trace after burn-in covers (NaN if it has no
             length).
+        draw_error: where the loader draws its batches with replacement, nβ times the
+            error of L_n(w₀) and of the trace's mean from the batches drawn, which every chain
+            shares (0 for whole passes, where both are exact or cancel).
     """
 
     ok: bool
@@ -90,6 +96,7 @@ class LLCVerdict:
     step_bias: float = math.nan
     relaxations: float = math.nan
     passes: float = math.nan
+    draw_error: float = 0.0
 
     def __str__(self) -> str:
         return "ok" if self.ok else "; ".join(self.problems)
@@ -153,6 +160,7 @@ def judge(
     step_bias: float = math.nan,
     relaxations: float = math.nan,
     adapting: int = 0,
+    batch_spread: float = 0.0,
 ) -> tuple[LLCVerdict, float]:
     """The verdict on the ``(K, T)`` loss traces and the standard error that reflects it.
 
@@ -168,11 +176,14 @@ def judge(
         step_bias: ε/8·(tr(nβH) + nβ²tr Σ), where known.
         relaxations: εa₋T/2, where known.
         adapting: steps after burn-in during which the metric was still adapting.
+        batch_spread: nβ times the standard deviation of one batch's loss at w₀ where the
+            loader draws with replacement (0 where it makes whole passes).
 
     Returns:
         ``(verdict, std_error)``.
     """
     whole = np.asarray(trace, dtype=np.float64)
+    init_batches = window  # L_n(w₀)'s batches (one pass where the loader has a length)
     x = whole[:, burnin:]
     chains, steps = x.shape
     period = pass_length or window  # the batches repeat (for every chain alike) every period
@@ -189,6 +200,11 @@ def judge(
     spread = float(per_chain.std(ddof=1)) / math.sqrt(chains) if chains > 1 else 0.0
     by_ess = nbeta * float(means.std(ddof=1)) / math.sqrt(ess) if ess > 0 else math.nan
     std_error = max(spread, by_ess) if math.isfinite(by_ess) else spread or math.nan
+    # batches drawn with replacement, shared by every chain: L_n(w₀) from init_batches of them
+    # and the trace's mean from ``steps`` carry their draws' error, which no chain averages
+    draw_error = batch_spread * math.sqrt(1.0 / init_batches + 1.0 / steps)
+    if draw_error > 0.0:
+        std_error = math.hypot(std_error, draw_error)
     problems = []
     if not math.isfinite(mean):
         problems.append("λ̂ is not finite: a chain diverged (lower lr)")
@@ -258,6 +274,12 @@ def judge(
         problems.append(
             "λ̂ < 0: the loss falls below L_n(w₀), so w₀ is no local minimum (train further)"
         )
+    if draw_error > 0.0:
+        problems.append(
+            f"the loader draws its batches with replacement: L_n(w₀) and the trace's mean are "
+            f"samples every chain shares, ± {draw_error:.3g} in λ̂; use whole passes "
+            f"(DataLoader(shuffle=True), or a list of batches)"
+        )
     verdict = LLCVerdict(
         ok=not problems,
         problems=tuple(problems),
@@ -271,5 +293,6 @@ def judge(
         step_bias=step_bias,
         relaxations=relaxations,
         passes=passes,
+        draw_error=draw_error,
     )
     return verdict, std_error
