@@ -253,6 +253,13 @@ def _adapting(sampler: str, adapt_until: int | None, burnin: int, num_steps: int
     return max(0, end - burnin)
 
 
+def _frozen_from(sampler: str, adapt_until: int | None, num_steps: int) -> int:
+    """The step from which the metric's G no longer moves (0 for ``identity``)."""
+    if not get_metric(sampler).preconditions:
+        return 0
+    return num_steps if adapt_until is None else min(int(adapt_until), num_steps)
+
+
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
     params = {id(p) for p in named.values()}
     selected = 0
@@ -388,6 +395,7 @@ def _estimate(
         adapting=_adapting(sampler, adapt_until, burnin, num_steps),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
         batch_spread=batch_spread,
+        frozen_from=_frozen_from(sampler, adapt_until, num_steps),
     )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),

@@ -6,7 +6,8 @@ the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arr
 * the traces are averaged over windows of one pass of batches (so that every datum counts
   once per draw and the batches' spread cancels); R̂ and ESS are those block means';
 * **stationarity**: the per-chain estimate from the last m whole passes against the m passes
-  before them (half the trace, at most what is kept after burn-in); a difference beyond 3
+  before them (half the trace from where the metric's G is frozen, at most what is kept after
+  burn-in); a difference beyond 3
   standard errors and 5 % says the chains were still moving;
 * **R̂** (split, Gelman et al. 2013, BDA3 §11.4) and **ESS** (Geyer's initial monotone
   sequence, as Stan and NumPyro) of the block means of each chain's own part (the batches'
@@ -66,8 +67,9 @@ class LLCVerdict:
         rhat: split R̂ of the per-chain block means (NaN for one chain and one block).
         ess: their effective sample size over all chains.
         window: steps per block (one pass of batches where the loader has a length).
-        first_half: λ̂ from the m whole passes before the last m (burn-in included; m: half
-            the passes of the trace, at most those after burn-in).
+        first_half: λ̂ from the m whole passes before the last m (burn-in after G's freeze
+            included; m: half the passes of the trace from the freeze, at most those after
+            burn-in).
         last_half: λ̂ from the last m whole passes (the stationary value's better guess).
         drift_se: the standard error of ``last_half − first_half``.
         inflation: the stiffest direction's variance inflation ε(a₊ + nβ²s²)/4 (NaN if
@@ -161,6 +163,7 @@ def judge(
     relaxations: float = math.nan,
     adapting: int = 0,
     batch_spread: float = 0.0,
+    frozen_from: int = 0,
 ) -> tuple[LLCVerdict, float]:
     """The verdict on the ``(K, T)`` loss traces and the standard error that reflects it.
 
@@ -176,6 +179,8 @@ def judge(
         step_bias: ε/8·(tr(nβH) + nβ²tr Σ), where known.
         relaxations: εa₋T/2, where known.
         adapting: steps after burn-in during which the metric was still adapting.
+        frozen_from: the step from which the metric's G is fixed (the stationarity check
+            looks no earlier); 0 where it never adapts.
         batch_spread: nβ times the standard deviation of one batch's loss at w₀ where the
             loader draws with replacement (0 where it makes whole passes).
 
@@ -212,7 +217,9 @@ def judge(
         problems.append(f"too short to judge: {steps} steps after burn-in; raise num_steps")
     # stationarity: the last m whole periods against the m before them (burn-in included), so
     # that both see every batch equally often; m = half the periods, at most those kept
-    m = min(max(1, steps // period), whole.shape[1] // (2 * period))
+    # (after ``frozen_from``: a chain whose G still adapted is another chain, not an earlier
+    # part of this one)
+    m = min(max(1, steps // period), (whole.shape[1] - frozen_from) // (2 * period))
     if m >= 1:
         late = whole[:, whole.shape[1] - m * period :]
         early = whole[:, whole.shape[1] - 2 * m * period : whole.shape[1] - m * period]
@@ -251,7 +258,7 @@ def judge(
         )
     if step_bias > MAX_STEP_BIAS * abs(mean):
         problems.append(
-            f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.0%}"
+            f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.1%}"
             f" > {MAX_STEP_BIAS:.0%}); lower lr and raise num_steps"
         )
     if relaxations < MIN_RELAXATIONS:
