@@ -651,6 +651,12 @@ def test_verdict_flags_drift_sign_short_traces_and_steps() -> None:
     assert any("unstable" in p for p in judge(flat, **kw, inflation=0.9)[0].problems)
     assert any("metric adapted" in p for p in judge(flat, **kw, adapting=10)[0].problems)
     assert any("not mixed" in p for p in judge(flat, **kw, relaxations=0.5)[0].problems)
+    # a burn-in whose G still adapted (its trace higher) is not this chain's past: from the
+    # freeze on, the kept half is stationary
+    adapted = flat + np.where(np.arange(4000) < 2000, 5e-3, 0.0)
+    late = {**kw, "burnin": 2000}
+    assert any("not stationary" in p for p in judge(adapted, **late)[0].problems)
+    assert judge(adapted, **late, frozen_from=2000)[0].ok
 
 
 def test_llc_warns_on_a_bad_verdict_and_shows_it(tmp_path: Path) -> None:
