@@ -94,7 +94,9 @@ def llc(
         model: the model at w₀; its parameters are as they were when this returns.
         loss: ``loss(model, batch)``: the batch-mean negative log-likelihood per datum.
         loader: an iterable of batches (a tensor, or a tuple, list or dict of tensors), iterated
-            again whenever it runs out; every chain sees the same batches.
+            again whenever it runs out; every chain sees the same batches. Use whole passes
+            (a list, or ``DataLoader(shuffle=True)``): one drawing with replacement makes
+            L_n(w₀) a sample, and the verdict says so (``docs/llc.md``).
         num_data: n, the number of training data.
         sampler: a metric name of the registry (``identity`` is devinterp's SGLD, ``rmsprop``
             its RMSprop-SGLD with ``decay=alpha, eps=eps``).
