@@ -94,7 +94,9 @@ def llc(
         model: the model at w₀; its parameters are as they were when this returns.
         loss: ``loss(model, batch)``: the batch-mean negative log-likelihood per datum.
         loader: an iterable of batches (a tensor, or a tuple, list or dict of tensors), iterated
-            again whenever it runs out; every chain sees the same batches.
+            again whenever it runs out; every chain sees the same batches. Use whole passes
+            (a list, or ``DataLoader(shuffle=True)``): one drawing with replacement makes
+            L_n(w₀) a sample, and the verdict says so (``docs/llc.md``).
         num_data: n, the number of training data.
         sampler: a metric name of the registry (``identity`` is devinterp's SGLD, ``rmsprop``
             its RMSprop-SGLD with ``decay=alpha, eps=eps``).
@@ -278,6 +280,13 @@ def _noting_arrivals(steppers: Iterable[Stepper], into: list[Arrival | None]) ->
     return (note(s) for s in steppers)
 
 
+def _frozen_from(sampler: str, adapt_until: int | None, num_steps: int) -> int:
+    """The step from which the metric's G no longer moves (0 for ``identity``)."""
+    if not get_metric(sampler).preconditions:
+        return 0
+    return num_steps if adapt_until is None else min(int(adapt_until), num_steps)
+
+
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
     params = {id(p) for p in named.values()}
     selected = 0
@@ -295,8 +304,15 @@ def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> No
         raise ValueError("llc: the masks select no element (every mask is all False)")
 
 
-def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> float:
-    """L_n(w₀), refusing a loss that is not a finite 0-d tensor."""
+def _draws_with_replacement(loader: Iterable[Any]) -> bool:
+    """Whether ``loader`` is a ``DataLoader`` whose sampler draws with replacement (its
+    "pass" is no pass over the data, so L_n(w₀) from it is a sample)."""
+    return getattr(getattr(loader, "sampler", None), "replacement", False) is True
+
+
+def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> list[float]:
+    """The batch losses at w₀ (L_n(w₀) their mean), refusing a loss that is not a finite 0-d
+    tensor."""
     values = []
     with torch.no_grad():
         for i, b in enumerate(batches):
@@ -309,7 +325,7 @@ def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> float:
             values.append(float(value))
             if not math.isfinite(values[-1]):
                 raise ValueError(f"llc: the loss at w₀ is {values[-1]} on batch {i}")
-    return float(np.mean(values))
+    return values
 
 
 def _estimate(
@@ -336,7 +352,12 @@ def _estimate(
     named = sampled(model)
     batches = passes(loader)
     first = [next(batches)[0] for _ in range(init_batches)]
-    init_loss = _loss_at_start(model, loss, first)
+    at_start = _loss_at_start(model, loss, first)
+    init_loss = float(np.mean(at_start))
+    # drawn with replacement, L_n(w₀) and the trace's mean are sample means of batches that
+    # every chain shares: one batch's spread (in λ̂'s units) gives their error
+    batch_spread = (nbeta * float(np.std(at_start, ddof=1))
+                    if _draws_with_replacement(loader) and len(at_start) > 1 else 0.0)  # fmt: skip
     if masks is not None:  # keyed by parameter or by name (devinterp's convention)
         masks = masks_by_parameter(masks, named.items())
         _check_masks(masks, named)
@@ -402,6 +423,8 @@ def _estimate(
         step_bias=spec.step_bias(lr) if spec else math.nan,
         adapting=_adapting(sampler, adapt_until, burnin, num_steps, arrivals),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
+        batch_spread=batch_spread,
+        frozen_from=_frozen_from(sampler, adapt_until, num_steps),
     )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),

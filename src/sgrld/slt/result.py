@@ -92,6 +92,11 @@ class LLCEstimate:
                 f"  step: biases λ̂ by about {_signed(v.step_bias)} (quadratic model), stiffest "
                 f"direction inflated {_percent(v.inflation)}, slowest relaxes "
                 f"{_times(v.relaxations)} over the chain",
+                *(
+                    [f"  batches drawn with replacement: ± {v.draw_error:.3g} in λ̂ from the draws"]
+                    if v.draw_error > 0.0
+                    else []
+                ),
                 "  verdict: " + ("ok" if v.ok else "NOT OK\n    - " + "\n    - ".join(v.problems)),
             ]
         return "\n".join(lines)

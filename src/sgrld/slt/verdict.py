@@ -6,7 +6,8 @@ the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arr
 * the traces are averaged over windows of one pass of batches (so that every datum counts
   once per draw and the batches' spread cancels); R̂ and ESS are those block means';
 * **stationarity**: the per-chain estimate from the last m whole passes against the m passes
-  before them (half the trace, at most what is kept after burn-in); a difference beyond 3
+  before them (half the trace from where the metric's G is frozen, at most what is kept after
+  burn-in); a difference beyond 3
   standard errors and 5 % says the chains were still moving;
 * **R̂** (split, Gelman et al. 2013, BDA3 §11.4) and **ESS** (Geyer's initial monotone
   sequence, as Stan and NumPyro) of the block means of each chain's own part (the batches'
@@ -16,7 +17,10 @@ the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arr
   ε/8·(tr(nβH) + nβ²tr Σ) (``docs/llc.md`` derives both);
 * **whole passes**: a trace after burn-in shorter than one pass over the batches is biased by
   the batches' spread, which no chain count averages away (every chain sees the same ones);
-* **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum.
+* **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum;
+* **batches drawn with replacement**: L_n(w₀) and the trace's mean are then sample means of
+  batches every chain shares, whose error, times nβ, is often larger than λ (it is added to
+  the standard error).
 
 The standard error :func:`judge` returns is the larger of the chains' spread over √K and the
 block means' standard deviation over √ESS, times nβ: it grows when the chains disagree or
@@ -63,8 +67,9 @@ class LLCVerdict:
         rhat: split R̂ of the per-chain block means (NaN for one chain and one block).
         ess: their effective sample size over all chains.
         window: steps per block (one pass of batches where the loader has a length).
-        first_half: λ̂ from the m whole passes before the last m (burn-in included; m: half
-            the passes of the trace, at most those after burn-in).
+        first_half: λ̂ from the m whole passes before the last m (burn-in after G's freeze
+            included; m: half the passes of the trace from the freeze, at most those after
+            burn-in).
         last_half: λ̂ from the last m whole passes (the stationary value's better guess).
         drift_se: the standard error of ``last_half − first_half``.
         inflation: the stiffest direction's variance inflation ε(a₊ + nβ²s²)/4 (NaN if
@@ -76,6 +81,9 @@ class LLCVerdict:
             directions, held by γ alone, the loss may not change: then λ̂ is still right).
         passes: passes over the loader the trace after burn-in covers (NaN if it has no
             length).
+        draw_error: where the loader draws its batches with replacement, nβ times the
+            error of L_n(w₀) and of the trace's mean from the batches drawn, which every chain
+            shares (0 for whole passes, where both are exact or cancel).
     """
 
     ok: bool
@@ -90,6 +98,7 @@ class LLCVerdict:
     step_bias: float = math.nan
     relaxations: float = math.nan
     passes: float = math.nan
+    draw_error: float = 0.0
 
     def __str__(self) -> str:
         return "ok" if self.ok else "; ".join(self.problems)
@@ -153,6 +162,8 @@ def judge(
     step_bias: float = math.nan,
     relaxations: float = math.nan,
     adapting: int = 0,
+    batch_spread: float = 0.0,
+    frozen_from: int = 0,
 ) -> tuple[LLCVerdict, float]:
     """The verdict on the ``(K, T)`` loss traces and the standard error that reflects it.
 
@@ -168,11 +179,16 @@ def judge(
         step_bias: ε/8·(tr(nβH) + nβ²tr Σ), where known.
         relaxations: εa₋T/2, where known.
         adapting: steps after burn-in during which the metric was still adapting.
+        frozen_from: the step from which the metric's G is fixed (the stationarity check
+            looks no earlier); 0 where it never adapts.
+        batch_spread: nβ times the standard deviation of one batch's loss at w₀ where the
+            loader draws with replacement (0 where it makes whole passes).
 
     Returns:
         ``(verdict, std_error)``.
     """
     whole = np.asarray(trace, dtype=np.float64)
+    init_batches = window  # L_n(w₀)'s batches (one pass where the loader has a length)
     x = whole[:, burnin:]
     chains, steps = x.shape
     period = pass_length or window  # the batches repeat (for every chain alike) every period
@@ -189,6 +205,11 @@ def judge(
     spread = float(per_chain.std(ddof=1)) / math.sqrt(chains) if chains > 1 else 0.0
     by_ess = nbeta * float(means.std(ddof=1)) / math.sqrt(ess) if ess > 0 else math.nan
     std_error = max(spread, by_ess) if math.isfinite(by_ess) else spread or math.nan
+    # batches drawn with replacement, shared by every chain: L_n(w₀) from init_batches of them
+    # and the trace's mean from ``steps`` carry their draws' error, which no chain averages
+    draw_error = batch_spread * math.sqrt(1.0 / init_batches + 1.0 / steps)
+    if draw_error > 0.0:
+        std_error = math.hypot(std_error, draw_error)
     problems = []
     if not math.isfinite(mean):
         problems.append("λ̂ is not finite: a chain diverged (lower lr)")
@@ -196,7 +217,9 @@ def judge(
         problems.append(f"too short to judge: {steps} steps after burn-in; raise num_steps")
     # stationarity: the last m whole periods against the m before them (burn-in included), so
     # that both see every batch equally often; m = half the periods, at most those kept
-    m = min(max(1, steps // period), whole.shape[1] // (2 * period))
+    # (after ``frozen_from``: a chain whose G still adapted is another chain, not an earlier
+    # part of this one)
+    m = min(max(1, steps // period), (whole.shape[1] - frozen_from) // (2 * period))
     if m >= 1:
         late = whole[:, whole.shape[1] - m * period :]
         early = whole[:, whole.shape[1] - 2 * m * period : whole.shape[1] - m * period]
@@ -235,7 +258,7 @@ def judge(
         )
     if step_bias > MAX_STEP_BIAS * abs(mean):
         problems.append(
-            f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.0%}"
+            f"step too large: it biases λ̂ by about +{step_bias:.3g} ({step_bias / abs(mean):.1%}"
             f" > {MAX_STEP_BIAS:.0%}); lower lr and raise num_steps"
         )
     if relaxations < MIN_RELAXATIONS:
@@ -258,6 +281,12 @@ def judge(
         problems.append(
             "λ̂ < 0: the loss falls below L_n(w₀), so w₀ is no local minimum (train further)"
         )
+    if draw_error > 0.0:
+        problems.append(
+            f"the loader draws its batches with replacement: L_n(w₀) and the trace's mean are "
+            f"samples every chain shares, ± {draw_error:.3g} in λ̂; use whole passes "
+            f"(DataLoader(shuffle=True), or a list of batches)"
+        )
     verdict = LLCVerdict(
         ok=not problems,
         problems=tuple(problems),
@@ -271,5 +300,6 @@ def judge(
         step_bias=step_bias,
         relaxations=relaxations,
         passes=passes,
+        draw_error=draw_error,
     )
     return verdict, std_error
