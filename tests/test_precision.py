@@ -162,6 +162,10 @@ def test_state_bytes_count_statistics_and_masters() -> None:
     b = sgrld.RMSpropSGLD([("w", p16)], lr=0.01, num_data=10)
     small = 8 + 16 + 16  # step, noise key, check flags (int64)
     generator = a.state[p32]["generator"].numel()
+    # the waiting warm-up's arrival test: five float32 sums over 250 strided coordinates (at
+    # most 256, whatever the model's size) and its extension count (int64)
+    assert a.state[p32]["warmup_sums"].shape == b.state[p16]["warmup_sums"].shape == (5, 250)
+    small += 5 * 250 * 4 + 8
     assert a.state_bytes() == {"w": 2 * 1000 * 4 + small + generator}  # V and (√V + ε)^-½
     assert b.state_bytes() == {"w": 3 * 1000 * 4 + small + generator}  # and the master
 
