@@ -378,3 +378,16 @@ def test_a_short_run_gets_a_stable_verdict(lr: float, verdict: str) -> None:
     unpolled, _ = run_regression(lambda p, n: sgrld.SGLD(p, lr=lr, num_data=n, adapt_until=100),
                                  440, at_mean=True)  # fmt: skip
     assert unpolled.health().verdict == verdict
+
+
+@pytest.mark.parametrize(("lr", "verdict"), [(0.01, "healthy"), (0.3, "lr_too_large")])
+def test_a_short_sgld_run_at_its_defaults_gets_a_verdict(lr: float, verdict: str) -> None:
+    """G = I adapts nothing, so SGLD at its default warm-up (1,000 steps) has none to wait
+    for: a 440-step run is judged as one with ``adapt_until=0`` is. RMSprop at its default is
+    not judged before its warm-up has ended (its ℓ is that of a G still moving)."""
+    sgld, _ = run_regression(lambda p, n: sgrld.SGLD(p, lr=lr, num_data=n), 440, at_mean=True)
+    assert sgld.health().verdict == verdict
+    rmsprop, _ = run_regression(
+        lambda p, n: sgrld.RMSpropSGLD(p, lr=lr, num_data=n), 440, at_mean=True
+    )
+    assert rmsprop.health().verdict == "healthy" and rmsprop.adapts()

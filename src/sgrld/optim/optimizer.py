@@ -38,7 +38,14 @@ from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, after_step, closes_warmup, new_arrival
+from sgrld.core.warmup import (
+    DEFAULT_WARMUP,
+    adapting,
+    after_step,
+    closes_warmup,
+    new_arrival,
+    warmup_length,
+)
 from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
@@ -567,7 +574,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return self._watch.open_window(shards, self.param_groups[0]["temperature"])
 
     def _settled(self, steps: int) -> bool:
-        return settled(steps, self.param_groups[0]["adapt_until"])
+        """Past the warm-up as it stands (extended while the chain travelled); a metric that
+        adapts nothing (G = I, or frozen by the user) has none to wait for."""
+        group = self.param_groups[0]
+        if not (group["adapt_metric"] and self.group_metrics[0].preconditions):
+            return settled(steps, 0)
+        return settled(steps, warmup_length(group["adapt_until"], self.sampler_states[0].warmup))
 
     def health(self) -> Health:
         """The chain's health (:func:`sgrld.health`) from every step so far. Every optimizer watches
