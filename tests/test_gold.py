@@ -32,19 +32,23 @@ def test_reference_provenance() -> None:
 
 
 def test_shampoo_damping_survives_the_first_refreshes() -> None:
-    """``precondition_vectors=True`` Shampoo at ℓ = 0.1 and 0.2: with the damping 1e-3·mean
-    eigenvalue every chain survives 1,000 steps (10 root refreshes); without, at ℓ = 0.3, none."""
+    """``precondition_vectors=True`` Shampoo without the floor (the paper's, ``floor=0``) at
+    ℓ = 0.1 and 0.2: with the damping 1e-3·mean eigenvalue every chain survives 1,000 steps (10
+    root refreshes); without either, at ℓ = 0.3, none; with the default floor (G ≥ 0.1·I) and no
+    damping, at ℓ = 0.3, every one."""
     problem, ref = gold.Problem(), gold.reference()
     mean, std = torch.tensor(ref["mean"]), torch.tensor(ref["std"])
-    for damping, lrs, alive in ((1e-3, [0.1, 0.2], 20), (0.0, [0.3], 0)):
+    cases = [({"damping": 1e-3, "floor": 0.0}, [0.1, 0.2], 20)]
+    cases += [({"damping": 0.0, "floor": 0.0}, [0.3], 0), ({"damping": 0.0}, [0.3], 10)]
+    for options, lrs, alive in cases:
         setting = gold.Setting(
-            "s", "shampoo", tuple(lrs), {"precondition_vectors": True, "damping": damping}
+            "s", "shampoo", tuple(lrs), {"precondition_vectors": True, **options}
         )
         draws, ok = gold.run(
             problem, setting, lrs, seeds=10, steps=1000, adapt_until=None, thin=1, burnin=999
         )
         near = ((draws[-1] - mean).abs() / std).amax(1) < 10.0
-        assert int((ok & near).sum()) == alive, (damping, lrs)
+        assert int((ok & near).sum()) == alive, (options, lrs)
 
 
 def _batch_means_se(draws: np.ndarray, batches: int = 20) -> np.ndarray:
