@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     corpus = (VOCAB // USED) * torch.randint(
         0, USED, (num_data, CONTEXT + 1), generator=torch.Generator().manual_seed(1)
     )
-    sampler = sgrld.build(args.sampler, lr=0.1, num_data=num_data, noise="philox")
+    # ℓ 0.2: Monge's default (scale-free) G doubles along m, halving the drift there; at 0.1 the
+    # adapters barely learn in 40 steps (5.41 against SGLD's 3.37), at 0.2 they do (3.52)
+    sampler = sgrld.build(args.sampler, lr=0.2, num_data=num_data, noise="philox")
     seeds = list(range(args.chains))
     chains = sgrld.Chains(make, sampler, seeds, sample=is_adapter)
 

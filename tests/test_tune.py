@@ -342,10 +342,10 @@ def test_a_nan_potential_marks_its_candidate_diverged_and_the_search_goes_on() -
 @pytest.mark.slow  # the call of docs/tuning.md as written: 150,000 gradients, ~2 min
 def test_the_documented_call_runs_as_written() -> None:
     docs = (Path(__file__).resolve().parents[1] / "docs" / "tuning.md").read_text("utf-8")
-    block = re.search(r"```python\n(result = sgrld\.tune\(.*?)```", docs, re.S)
+    # the first block is self-contained (its data, model, potential and loader): run it whole
+    block = re.search(r"```python\n((?:(?!```).)*?result = sgrld\.tune\(.*?)```", docs, re.S)
     assert block is not None, "docs/tuning.md lost its call"
-    model, potential, loader, n = _diabetes()
-    scope = {"sgrld": sgrld, "model": model, "potential": potential, "loader": loader, "n": n}
+    scope: dict[str, Any] = {}
     exec(compile(block.group(1), "tuning.md", "exec"), scope)
     assert (
         scope["result"].spent <= 150_000 and scope["result"].options["alpha2_rule"] == "normalized"
