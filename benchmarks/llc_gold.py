@@ -25,19 +25,11 @@ import time
 import torch
 from torch.func import functional_call
 
+import llc_theory  # beside this script
 from sgrld.slt import targets
 
-TARGETS = {
-    "logistic": targets.logistic,
-    **{
-        f"rrr({m},{n},{h},{r})": (
-            lambda m=m, n=n, h=h, r=r: targets.reduced_rank_regression(m, n, h, r)
-        )
-        for m, n, h, r in [(4, 4, 3, 1), (8, 2, 3, 1), (8, 6, 5, 2), (10, 2, 2, 1), (6, 4, 2, 2)]
-    },
-}
-#: γ per target, as benchmarks/llc_theory.py (γ = 1 for the regular model)
-GAMMA = {"logistic": 1.0}
+#: name → (target, γ), the targets and γ of benchmarks/llc_theory.py
+TARGETS = llc_theory.TARGETS
 
 
 def hmc_llc(
@@ -117,14 +109,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = {}
-    for name in re.findall(r"logistic|rrr\([^)]*\)", args.targets):
-        target = TARGETS[name]()
+    names = re.findall(r"logistic|rrr\([^)]*\)", args.targets)
+    unknown = [name for name in names if name not in TARGETS]
+    if not names or unknown:
+        parser.error(f"--targets {args.targets!r}: expected some of {', '.join(TARGETS)}")
+    for name in names:
+        target, gamma = TARGETS[name]()
         runs = []
         for seed in range(args.seeds):
             began = time.perf_counter()
-            run = hmc_llc(
-                target, gamma=GAMMA.get(name, 100.0), iterations=args.iterations, seed=seed
-            )
+            run = hmc_llc(target, gamma=gamma, iterations=args.iterations, seed=seed)
             run["seconds"] = time.perf_counter() - began
             runs.append(run)
             print(
