@@ -67,7 +67,7 @@ def test_compiled_step_equals_eager_step(name: str, dtype: torch.dtype, noise: s
         _run(opt, params, range(25))
         results.append([p.detach().clone() for p in params])
         if compile:
-            assert not opt._compiled[0].failed
+            assert not opt._chains[0].sampler._compiled.failed
             # adapting and frozen: two graphs (plus at most one once the step counter goes
             # symbolic); the learning-rate schedule must not recompile
             assert _graphs() - before <= 3
@@ -169,5 +169,5 @@ def test_counter_based_noise_is_drawn_inside_the_compiled_step(
     params = _params(torch.float32)
     opt = MAKERS["rmsprop"](params, noise=noise, compile=True)
     _run(opt, params, range(4))
-    assert not opt._compiled[0].failed
+    assert not opt._chains[0].sampler._compiled.failed
     assert calls == ([] if noise == "philox" else ["torch"] * 4)

@@ -301,14 +301,16 @@ def test_the_watch_resumes_with_its_windows_and_first_window() -> None:
 
 def test_the_watch_reads_the_host_once_per_512_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     # docs/health.md: the step closing a window reads its sums, the other 511 read nothing
+    from sgrld.optim.watch import HealthWatch
+
     reads: list[int] = []
-    read = sgrld.SGRLDOptimizer._open_window
+    read = HealthWatch.read
 
-    def counted(self: sgrld.SGRLDOptimizer) -> Any:
-        reads.append(self.num_steps)
-        return read(self)
+    def counted(self: HealthWatch, opt: sgrld.SGRLDOptimizer) -> Any:
+        reads.append(opt.num_steps)
+        return read(self, opt)
 
-    monkeypatch.setattr(sgrld.SGRLDOptimizer, "_open_window", counted)
+    monkeypatch.setattr(HealthWatch, "read", counted)
     params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
     diverging(lambda p: sgrld.SGLD(p, lr=1e-3, num_data=100), 1100, params)
     assert reads == [512, 1024]

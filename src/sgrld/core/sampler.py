@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from sgrld.core import runner
+from sgrld.core import engine, runner
 from sgrld.core.compiled import CompiledMove, check_compilable
 from sgrld.core.contract import (
     Metric,
@@ -24,8 +24,8 @@ from sgrld.core.contract import (
     check_localization,
 )
 from sgrld.core.engine import (
+    CheckMode,
     NonFiniteGradientError,
-    advance,
     check,
     check_mode,
     in_graph,
@@ -196,29 +196,49 @@ class Sampler:
             raise KeyError(f"gradients for unknown parameters {sorted(unknown)}")
         if not inplace:
             state = clone_state(state)
-        device = next(iter(state.params.values())).device
+        self.move(state, [grads.get(n) for n in state.params], adapt=adapt, telemetry=telemetry)
+        return state
+
+    def move(
+        self,
+        state: SamplerState,
+        grads: Sequence[Tensor | None],
+        *,
+        adapt: bool = True,
+        telemetry: Tensor | None = None,
+        checks: CheckMode | None = None,
+        noise: NoiseSource | None = None,
+    ) -> None:
+        """The one step of every path (this API and each of
+        :class:`~sgrld.SGRLDOptimizer`'s groups): :func:`sgrld.core.engine.advance` with this
+        sampler's configuration over ``grads`` in ``state.params``' order, then the warm-up's host
+        schedule (:mod:`sgrld.core.warmup`). ``checks`` and ``noise`` override the sampler's (a
+        facade's pre-checked group, its traced steps)."""
+        traced = in_graph()
+        if checks is None:
+            device = next(iter(state.params.values())).device
+            checks = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
         before = state.step
-        advance(
+        engine.advance(
             self.metric,
             state,
-            [grads.get(n) for n in state.params],
+            grads,
             lr=self.lr,
             num_data=self.num_data,
             temperature=self.temperature,
-            checks=check_mode(self.check_finite, self.sync_checks, device, self.capturable),
+            checks=checks,
             adapt=adapt and adapting(state.step, self.adapt_until, state.warmup),
-            noise_source=self.noise,
+            noise_source=self.noise if noise is None else noise,
             compiled=self._compiled if self.compile else None,
-            refresh=not (self.capturable and in_graph()),
+            refresh=not (self.capturable and traced),
             telemetry=telemetry,
             closes_warmup=closes_warmup(
                 self.metric, state.step + 1, self.adapt_until, state.warmup
             ),
             localization=self.localization,
         )
-        if state.step != before:  # the warm-up's host schedule (core.warmup)
+        if state.step != before:
             after_step(self.metric, state)
-        return state
 
     def run(
         self,
@@ -251,9 +271,11 @@ class Sampler:
     def deferred(self) -> Sampler:
         """This sampler with deferred checks (a bad step freezes its chain), its compiled step
         shared."""
-        if self.sync_checks is False:
-            return self
-        other = replace(self, sync_checks=False)
+        return self if self.sync_checks is False else self.retuned(sync_checks=False)
+
+    def retuned(self, **changes: object) -> Sampler:
+        """This sampler with ``changes`` (validated), its compiled step shared."""
+        other = replace(self, **changes)  # type: ignore[arg-type]
         object.__setattr__(other, "_compiled", self._compiled)
         return other
 

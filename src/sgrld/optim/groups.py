@@ -1,7 +1,10 @@
-"""A parameter group's validated options and tensors, stand-ins, shards and extra state entries."""
+"""A parameter group's chain (:class:`GroupChain`: one functional :class:`~sgrld.core.Sampler`,
+its state and stand-ins), made by :class:`Recipe` from the group's options; the group's checks,
+shards and extra state entries."""
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -9,13 +12,20 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from sgrld.core.contract import Metric
+from sgrld.core.contract import Metric, option_names
+from sgrld.core.layout import FlatLayout
+from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import MASTER, publish, shard_key
-from sgrld.core.precision import StandIns
-from sgrld.core.sampler import validate_hyperparameters
+from sgrld.core.precision import LowPrecision, StandIns
+from sgrld.core.sampler import Sampler, validate_hyperparameters
 from sgrld.core.shards import local
 from sgrld.core.state import SamplerState
-from sgrld.core.warmup import check_adapt_until, drawn_while_adapting, warmup_length
+from sgrld.core.warmup import (
+    check_adapt_until,
+    drawn_while_adapting,
+    new_arrival,
+    warmup_length,
+)
 
 #: a localised chain's centre θ₀ in a parameter's state
 CENTER = "center"
@@ -59,6 +69,122 @@ def refuse_duplicates(params: Any) -> Any:
 def as_scalar(lr: float | Tensor) -> float | Tensor:
     """ℓ as the engine takes it: a float, or a 0-d view of any one-element tensor."""
     return lr.view(()) if isinstance(lr, Tensor) and lr.dim() > 0 else lr
+
+
+def group_names(group: Mapping[str, Any], index: int) -> list[str]:
+    """The names of group ``index``'s parameters: given (``named_parameters()``) or made up."""
+    if "param_names" in group:
+        return list(group["param_names"])
+    return [f"group{index}.param{i}" for i in range(len(group["params"]))]
+
+
+def metric_options(metric: Metric) -> dict[str, Any]:
+    """The metric's public hyper-parameters and their values, e.g. ``alpha2``, ``decay``."""
+    return {name: getattr(metric, name) for name in option_names(type(metric))}
+
+
+#: metric fields that fix the layout of the statistics: not changeable after the first step
+STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "scope")
+
+
+def group_metric(base: Metric, group: Mapping[str, Any], current: Metric | None = None) -> Metric:
+    """The metric of a group: ``base`` with the group's own options (validated); ``current``: the
+    group's metric so far, whose layout fields cannot change."""
+    mine = metric_options(base)
+    options = {k: group[k] for k in mine}
+    if current is not None and metric_options(current) == options:
+        return current
+    if options == mine:
+        return base
+    for k in STRUCTURAL if current is not None else ():
+        if k in options and options[k] != getattr(current, k):
+            raise ValueError(
+                f"{k} of a parameter group cannot change after its first step "
+                f"({getattr(current, k)!r} → {options[k]!r}): it fixes the statistics' layout"
+            )
+    return dataclasses.replace(base, **options)  # type: ignore[type-var]
+
+
+@dataclasses.dataclass
+class GroupChain:
+    """One parameter group's chain: the functional sampler that steps it (the group's metric, ℓ,
+    n, τ and warm-up), its state, the stand-ins stepped in the parameters' place (master copies,
+    masked elements) and the group options its metric was made from."""
+
+    sampler: Sampler
+    state: SamplerState
+    standins: StandIns | None
+    options: dict[str, Any]
+    lr: float | Tensor  # the group's ℓ the sampler was made with (a tensor: by identity)
+
+    def follow(self, group: Mapping[str, Any]) -> Sampler:
+        """The sampler with the group's ℓ, n, τ and warm-up as they are now (a scheduler or the
+        user sets them; validated by the step's ``check_groups``)."""
+        s, lr = self.sampler, group["lr"]
+        tensors = isinstance(lr, Tensor) or isinstance(self.lr, Tensor)
+        same_lr = lr is self.lr or (not tensors and lr == self.lr)
+        now = (group["num_data"], group["temperature"], group["adapt_until"])
+        if not same_lr or now != (s.num_data, s.temperature, s.adapt_until):
+            self.sampler = s.retuned(lr=as_scalar(lr), num_data=now[0], temperature=now[1],
+                                     adapt_until=now[2])  # fmt: skip
+            self.lr = lr
+        return self.sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What an optimizer's group chains are made from besides the group: its metric (with the
+    options a group may override), the step's flags and the masks and precision of stand-ins."""
+
+    metric: Metric
+    noise: NoiseSource
+    check_finite: bool
+    compile: bool
+    capturable: bool
+    sync_checks: bool | None
+    localization: float
+    low_precision: LowPrecision
+    master_dtype: torch.dtype
+    masks: Mapping[Tensor, Tensor]
+
+    def sampler(self, group: Mapping[str, Any], metric: Metric) -> Sampler:
+        return Sampler(
+            metric, as_scalar(group["lr"]), group["num_data"], group["temperature"],
+            self.check_finite, self.noise, self.compile, self.capturable, self.sync_checks,
+            group["adapt_until"], self.localization,
+        )  # fmt: skip
+
+    def chain(
+        self,
+        group: Mapping[str, Any],
+        index: int,
+        generator: torch.Generator,
+        metric: Metric | None = None,
+    ) -> GroupChain:
+        """A fresh chain of group ``index`` over its parameters or their stand-ins; its noise key
+        is the caller's to set."""
+        metric = group_metric(self.metric, group) if metric is None else metric
+        params: list[Tensor] = group["params"]
+        masks = [self.masks.get(p) for p in params]
+        names, standins = group_names(group, index), None
+        if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
+            standins = StandIns(params, masks, self.low_precision, self.master_dtype)
+            params = standins.work
+            layout = standins.layout(names)
+        else:
+            layout = FlatLayout.from_tensors(names, params)
+        if layout.shards is not None:
+            check_sharded(names[0], self.noise, self.compile, self.capturable)
+        shards = [local(p) for p in params]  # the rank's shards of sharded parameters
+        stats = metric.checked_init(layout, shards[0])
+        state = SamplerState(dict(zip(names, shards, strict=True)), stats, 0, generator, layout)
+        if self.localization:  # θ₀: the chain's tensors (master copies) as they are now
+            state.center = [t.detach().clone() for t in shards]
+        # the warm-up waits for the chain with one host read per window: not in captured steps
+        eligible = not self.capturable and layout.shards is None
+        state.warmup = new_arrival(metric, group["adapt_until"], shards, (), eligible)
+        options = {k: group[k] for k in metric_options(self.metric)}
+        return GroupChain(self.sampler(group, metric), state, standins, options, group["lr"])
 
 
 def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:

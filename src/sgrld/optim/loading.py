@@ -6,7 +6,6 @@ format, or sgrld's first (a flat sampler state per group under ``"sgrld"``), con
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,9 +14,17 @@ from torch import Tensor
 from sgrld.core.contract import Metric
 from sgrld.core.noise import keys_from_generator, keys_from_seeds
 from sgrld.core.param_state import GENERATOR, MASTER, apply_load, plan_load
-from sgrld.core.precision import StandIns
-from sgrld.core.state import SamplerState, check_generator_state
-from sgrld.optim.groups import WARMUP_COUNT, WARMUP_SUMS, publish_group, validate_group
+from sgrld.core.state import check_generator_state
+from sgrld.optim.groups import (
+    WARMUP_COUNT,
+    WARMUP_SUMS,
+    GroupChain,
+    Recipe,
+    group_metric,
+    group_names,
+    publish_group,
+    validate_group,
+)
 from sgrld.optim.watch import WATCH_KEY, first_window
 
 #: the value each facade option had before it existed (what an older state dict ran with): it
@@ -39,27 +46,12 @@ def new_key(noise: str, generator: torch.Generator, device: torch.device) -> Ten
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """What a load reads of the optimizer it loads into: its groups now, its metric, noise and
-    generator, and how it makes a group's metric, names and fresh state (over stand-ins)."""
-
-    param_groups: list[dict[str, Any]]
-    metric: Metric
-    noise: str
-    generator: torch.Generator
-    group_metric: Callable[[dict[str, Any]], Metric]
-    names: Callable[[int], list[str]]
-    new_state: Callable[[int, Metric, dict[str, Any] | None], tuple[SamplerState, StandIns | None]]
-
-
-@dataclasses.dataclass(frozen=True)
 class Load:
-    """A validated load, which cannot fail: the groups, their metrics and fresh states, the
-    health watch's reference, the generator's state and the copies into the fresh states."""
+    """A validated load, which cannot fail: the groups, their fresh chains, the health watch's
+    reference, the generator's state and the copies into the fresh states."""
 
     groups: list[dict[str, Any]]
-    metrics: list[Metric]
-    fresh: list[tuple[SamplerState, StandIns | None]]
+    fresh: list[GroupChain]
     watch_first: dict[str, float] | None
     generator_state: Tensor
     copies: list[Any]
@@ -67,53 +59,64 @@ class Load:
     def copy(self) -> None:
         """The state dict's tensors into the fresh states, their step counters from them."""
         apply_load(self.copies)
-        for state, _ in self.fresh:
-            state.step = int(state.device_step.item())
+        for chain in self.fresh:
+            chain.state.step = int(chain.state.device_step.item())
 
 
-def plan(opt: Target, state_dict: dict[str, Any]) -> Load:
-    """Validate ``state_dict`` completely; what applying it takes (:class:`Load`)."""
+def plan(
+    recipe: Recipe,
+    param_groups: list[dict[str, Any]],
+    generator: torch.Generator,
+    state_dict: dict[str, Any],
+) -> Load:
+    """Validate ``state_dict`` for the optimizer of ``param_groups`` made by ``recipe`` (its
+    generator ``generator``) completely; what applying it takes (:class:`Load`)."""
     saved_groups = state_dict.get("param_groups")
-    if not isinstance(saved_groups, list) or len(saved_groups) != len(opt.param_groups):
+    if not isinstance(saved_groups, list) or len(saved_groups) != len(param_groups):
         have = len(saved_groups) if isinstance(saved_groups, list) else 0
         raise ValueError(
-            f"the state dict has {have} parameter groups, this optimizer {len(opt.param_groups)}"
+            f"the state dict has {have} parameter groups, this optimizer {len(param_groups)}"
         )
     saved_state = state_dict.get("state")
     if not isinstance(saved_state, dict):
         raise ValueError("not an optimizer state dict (no 'state' entry)")
-    loaded = [load_group(opt, index, saved) for index, saved in enumerate(saved_groups)]
+    pairs = enumerate(zip(param_groups, saved_groups, strict=True))
+    loaded = [load_group(recipe, mine, index, saved) for index, (mine, saved) in pairs]
     groups, metrics = [group for group, _ in loaded], [metric for _, metric in loaded]
     if "sgrld" in state_dict:
-        saved_state = from_first_format(opt, state_dict["sgrld"], saved_groups, groups, metrics)
+        saved_state = from_first_format(
+            recipe, generator, state_dict["sgrld"], saved_groups, groups, metrics
+        )
     watch_first = first_window(state_dict.get(WATCH_KEY))
     fresh, copies = [], []
     generator_state: Tensor | None = None
     for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
         label = f"param group {index}"
-        state, standins = opt.new_state(index, metric, groups[index])
-        mine = publish_group(metric, state, standins)
+        chain = recipe.chain(groups[index], index, generator, metric)
+        mine = publish_group(metric, chain.state, chain.standins)
         entries = [saved_state.get(pid) for pid in saved["params"]]
         # a waiting warm-up's entries load where the group waits, are skipped where it cannot
         # (a capturable optimizer keeps Stan's fixed windows: core.warmup)
         extra = (GENERATOR, WARMUP_SUMS, WARMUP_COUNT) if index == 0 else ()
-        copies += plan_load(mine, entries, opt.names(index), label, extra, (MASTER,))
+        names = group_names(groups[index], index)
+        copies += plan_load(mine, entries, names, label, extra, (MASTER,))
         if index == 0:
             first = entries[0] if entries else None
             generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
             if generator_state is None:
                 raise ValueError(f"{label}: the state dict has no generator state")
-            check_generator_state(opt.generator, generator_state, "the state dict")
-        fresh.append((state, standins))
+            check_generator_state(generator, generator_state, "the state dict")
+        fresh.append(chain)
     assert generator_state is not None
-    return Load(groups, metrics, fresh, watch_first, generator_state, copies)
+    return Load(groups, fresh, watch_first, generator_state, copies)
 
 
-def load_group(opt: Target, index: int, saved: Any) -> tuple[dict[str, Any], Metric]:
-    """Group ``index`` as it will be after loading ``saved`` (validated, options missing from
-    an older dict filled in) and its metric."""
+def load_group(
+    recipe: Recipe, mine: dict[str, Any], index: int, saved: Any
+) -> tuple[dict[str, Any], Metric]:
+    """Group ``index`` (now ``mine``) as it will be after loading ``saved`` (validated, options
+    missing from an older dict filled in) and its metric."""
     label = f"param group {index}"
-    mine = opt.param_groups[index]
     if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
         raise ValueError(f"{label}: not a parameter group")
     if len(saved["params"]) != len(mine["params"]):
@@ -122,7 +125,7 @@ def load_group(opt: Target, index: int, saved: Any) -> tuple[dict[str, Any], Met
             f"{len(mine['params'])}"
         )
     group = {k: v for k, v in saved.items() if k != "params"}
-    defaults = {f.name: f.default for f in dataclasses.fields(opt.metric)}  # type: ignore[arg-type]
+    defaults = {f.name: f.default for f in dataclasses.fields(recipe.metric)}  # type: ignore[arg-type]
     defaults.update(BEFORE_IT_EXISTED)
     for key in mine:
         if key not in group and key != "params":
@@ -133,14 +136,15 @@ def load_group(opt: Target, index: int, saved: Any) -> tuple[dict[str, Any], Met
         group["param_names"] = mine["param_names"]
     try:
         validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
-        metric = opt.group_metric(group)
+        metric = group_metric(recipe.metric, group)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{label}: {exc}") from None
     return group, metric
 
 
 def from_first_format(
-    opt: Target,
+    recipe: Recipe,
+    generator: torch.Generator,
     extra: Any,
     saved_groups: list[dict[str, Any]],
     groups: list[dict[str, Any]],
@@ -154,14 +158,14 @@ def from_first_format(
         raise ValueError("not an sgrld optimizer state dict (no valid 'sgrld' entry)")
     if not isinstance(extra["groups"], list) or len(extra["groups"]) != len(groups):
         raise ValueError("the state dict's sgrld entry does not match its parameter groups")
-    check_generator_state(opt.generator, extra["generator"], "the state dict")
-    generator = torch.Generator(opt.generator.device)
+    check_generator_state(generator, extra["generator"], "the state dict")
+    generator = torch.Generator(generator.device)
     generator.set_state(extra["generator"])
     out: dict[int, dict[str, Tensor]] = {}
     for index, (saved, metric) in enumerate(zip(extra["groups"], metrics, strict=True)):
         label = f"param group {index}"
-        state, standins = opt.new_state(index, metric, groups[index])
-        state.generator = generator
+        chain = recipe.chain(groups[index], index, generator, metric)
+        state = chain.state
         if saved is not None:
             shapes = saved.get("shapes") if isinstance(saved, dict) else None
             mine = [list(s) for s in state.layout.shapes]
@@ -172,9 +176,9 @@ def from_first_format(
                 )
             state.validate_state_dict(saved, label)
             state.apply_state_dict(saved)
-        if saved is None or opt.noise != "philox":
-            state.keys.copy_(new_key(opt.noise, generator, state.keys.device))
-        entries = publish_group(metric, state, standins)
+        if saved is None or recipe.noise != "philox":
+            state.keys.copy_(new_key(recipe.noise, generator, state.keys.device))
+        entries = publish_group(metric, state, chain.standins)
         out.update(zip(saved_groups[index]["params"], entries, strict=True))
     out[saved_groups[0]["params"][0]][GENERATOR] = generator.get_state()
     return out

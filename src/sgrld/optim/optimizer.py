@@ -1,9 +1,8 @@
 """:class:`SGRLDOptimizer`: every sampler as a ``torch.optim`` optimizer, a step being
-:func:`sgrld.core.engine.advance` per parameter group."""
+:meth:`Sampler.move <sgrld.core.Sampler.move>` per parameter group (:mod:`sgrld.optim.groups`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import itertools
 import math
@@ -14,14 +13,13 @@ from typing import Any, ClassVar, Literal, overload
 
 import torch
 from torch import Tensor
+from torch.utils.hooks import RemovableHandle
 
 from sgrld.chain_health import WATCH_EVERY, Health
-from sgrld.core.compiled import CompiledMove
-from sgrld.core.contract import check_bool, check_groups, check_options, option_names
+from sgrld.core.contract import check_bool, check_groups, check_options
 from sgrld.core.engine import (
     CheckMode,
     NonFiniteGradientError,
-    advance,
     check,
     check_finite_now,
     check_mode,
@@ -30,55 +28,35 @@ from sgrld.core.engine import (
     telemetry_figures,
     validate_grads,
 )
-from sgrld.core.layout import FlatLayout, check_one_buffer
+from sgrld.core.layout import check_one_buffer
 from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
-from sgrld.core.precision import LowPrecision, StandIns, check_low_precision, is_low_precision
+from sgrld.core.precision import LowPrecision, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
 from sgrld.core.sampler import check_flags
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import (
-    DEFAULT_WARMUP,
-    adapting,
-    after_step,
-    closes_warmup,
-    new_arrival,
-    warmup_length,
-)
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
 from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
 from sgrld.optim.groups import (
-    as_scalar,
+    GroupChain,
+    Recipe,
     check_masks,
-    check_sharded,
     follow_shards,
+    group_metric,
+    group_names,
     masks_by_parameter,
     own,
     publish_group,
     refuse_duplicates,
     validate_group,
 )
-from sgrld.optim.watch import (
-    WATCH_KEY,
-    WINDOW_STEPS,
-    HealthWatch,
-    chain_sums,
-    new_sums,
-    over_the_mesh,
-    settled,
-)
+from sgrld.optim.groups import metric_options as metric_options_of
+from sgrld.optim.watch import WATCH_KEY, HealthWatch, chain_sums, new_sums, over_the_mesh
 
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
-
-#: metric fields that fix the layout of the statistics: not changeable after the first step
-_STRUCTURAL = ("block_size", "tiling", "precondition_vectors", "row_shards", "scope")
-
-
-def _metric_options(metric: Metric) -> dict[str, Any]:
-    """The metric's public hyper-parameters and their values, e.g. ``alpha2``, ``decay``."""
-    return {name: getattr(metric, name) for name in option_names(type(metric))}
 
 
 def _check_schedule(refresh_every: int | None, batch_size: int | None, metric: Metric) -> None:
@@ -209,7 +187,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         self.metric = metric
-        self._options = _metric_options(metric)
+        self._options = metric_options_of(metric)
         defaults = {
             "lr": lr,
             "num_data": num_data,
@@ -218,19 +196,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "adapt_until": adapt_until,
             **self._options,
         }
-        self._group_states: list[SamplerState] = []
-        self._group_metrics: list[Metric] = []
-        # the group options each group's metric was made from (a step compares, not rebuilds)
-        self._group_options: list[dict[str, Any]] = []
-        self._ready = False  # groups get their state once the generator exists
+        self._chains: list[GroupChain] = []  # per group: its sampler, state and stand-ins
+        self._ready = False  # groups get their chain once the generator exists
         self.low_precision: LowPrecision = low_precision
         self.master_dtype = master_dtype
-        # per group with low-precision or masked parameters: the tensors stepped in their place
-        self._standins: dict[int, StandIns] = {}
         self._warned_nearest = False
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
-        self._watch = HealthWatch()
         self._masks: dict[Any, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
         self.localization = float(localization)
@@ -238,8 +210,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if batch_size is not None:
             refresh_every = math.ceil(num_data / batch_size)
         self.refresh_every = refresh_every
+        #: per group, the last step's (‖drift‖², ‖noise‖², ‖θ‖², 1) on the device if it recorded
+        #: them (one step in ``WATCH_EVERY``), else ``None``: what post-step hooks read
+        self.recorded: list[Tensor] | None = None
         super().__init__(params, defaults)
         self.register_step_pre_hook(TrainerWatch())  # what transformers.Trainer changes, warned
+        self._watch_hook: RemovableHandle | None = None
+        self._start_watch()
         named = [
             pair
             for g in self.param_groups
@@ -255,8 +232,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.compile = compile
         self.capturable = capturable
         self.sync_checks = sync_checks
-        # per param group (compile=True)
-        self._compiled: defaultdict[int, CompiledMove] = defaultdict(CompiledMove)
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
         self._ready = True
@@ -292,9 +267,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         index = len(self.param_groups) - 1
         params: list[Tensor] = group["params"]
         # stepped as one flat buffer: one dtype and device, floating
-        check_one_buffer(self._names(index), params, " (put the others in a group of their own)")
+        names = group_names(group, index)
+        check_one_buffer(names, params, " (put the others in a group of their own)")
         validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
-        self._group_metric(group)  # validates the group's metric options now
+        group_metric(self.metric, group)  # validates the group's metric options now
         low = is_low_precision(params[0].dtype, self.master_dtype)
         if low and self.low_precision == "nearest" and not self._warned_nearest:
             self._warned_nearest = True
@@ -311,105 +287,55 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if self._ready:
             self._build(index)
 
-    def _names(self, index: int) -> list[str]:
-        group = self.param_groups[index]
-        if "param_names" in group:
-            return list(group["param_names"])
-        return [f"group{index}.param{i}" for i in range(len(group["params"]))]
-
-    def _group_metric(self, group: dict[str, Any], current: Metric | None = None) -> Metric:
-        """The metric of a group: this optimizer's, with the group's own options (validated)."""
-        options = {k: group[k] for k in self._options}
-        if current is not None and _metric_options(current) == options:
-            return current
-        if options == self._options:
-            return self.metric
-        if current is not None:
-            for k in _STRUCTURAL:
-                if k in options and options[k] != getattr(current, k):
-                    raise ValueError(
-                        f"{k} of a parameter group cannot change after its first step "
-                        f"({getattr(current, k)!r} → {options[k]!r}): it fixes the statistics' "
-                        "layout"
-                    )
-        return dataclasses.replace(self.metric, **options)  # type: ignore[type-var]
-
-    def _new_state(
-        self, index: int, metric: Metric, group: dict[str, Any] | None = None
-    ) -> tuple[SamplerState, StandIns | None]:
-        """Fresh state of group ``index`` (or of ``group``, its future self on a load) over the
-        parameters or their stand-ins; its noise key is set by :meth:`_build`."""
-        group = self.param_groups[index] if group is None else group
-        params: list[Tensor] = group["params"]
-        masks = [self._masks.get(p) for p in params]
-        standins = None
-        names = self._names(index)
-        if StandIns.needed(params, masks, self.low_precision, self.master_dtype):
-            standins = StandIns(params, masks, self.low_precision, self.master_dtype)
-            params = standins.work
-            layout = standins.layout(names)
-        else:
-            layout = FlatLayout.from_tensors(names, params)
-        if layout.shards is not None:
-            check_sharded(names[0], self.noise, self.compile, self.capturable)
-        shards = [local(p) for p in params]  # the rank's shards of sharded parameters
-        stats = metric.checked_init(layout, shards[0])
-        state = SamplerState(
-            dict(zip(names, shards, strict=True)), stats, 0, self.generator, layout
-        )
-        if self.localization:  # θ₀: the chain's tensors (master copies) as they are now
-            state.center = [t.detach().clone() for t in shards]
-        # the warm-up waits for the chain with one host read per window: not in captured steps
-        eligible = not self.capturable and layout.shards is None
-        state.warmup = new_arrival(metric, group["adapt_until"], shards, (), eligible)
-        return state, standins
+    def _recipe(self) -> Recipe:
+        """What this optimizer's group chains are made from (:mod:`sgrld.optim.groups`)."""
+        return Recipe(self.metric, self.noise, self.check_finite, self.compile, self.capturable,
+                      self.sync_checks, self.localization, self.low_precision, self.master_dtype,
+                      self._masks)  # fmt: skip
 
     def _build(self, index: int, keys: Tensor | None = None) -> None:
-        """Create group ``index``'s state (with ``keys``, or new ones) in ``self.state``."""
-        metric = self._group_metric(self.param_groups[index])
-        state, standins = self._new_state(index, metric)
+        """Make group ``index``'s chain (with noise keys ``keys``, or new ones), published in
+        ``self.state``."""
+        chain = self._recipe().chain(self.param_groups[index], index, self.generator)
         if keys is None:
-            keys = loading.new_key(self.noise, self.generator, state.keys.device)
-        state.keys.copy_(keys)
-        self._install(index, state, metric, standins)
+            keys = loading.new_key(self.noise, self.generator, chain.state.keys.device)
+        chain.state.keys.copy_(keys)
+        self._install(index, chain)
 
-    def _install(
-        self, index: int, state: SamplerState, metric: Metric, standins: StandIns | None
-    ) -> None:
-        """Make ``state`` group ``index``'s, published in ``self.state``."""
-        group = self.param_groups[index]
-        self._group_states[index : index + 1] = [state]  # replaced, or appended (a new group)
-        self._group_metrics[index : index + 1] = [metric]
-        self._group_options[index : index + 1] = [{k: group[k] for k in self._options}]
-        entries = publish_group(metric, state, standins)
-        self.state.update(zip(group["params"], entries, strict=True))
-        if standins is None:
-            self._standins.pop(index, None)
-        else:
-            self._standins[index] = standins
+    def _install(self, index: int, chain: GroupChain) -> None:
+        """Make ``chain`` group ``index``'s, its state published in ``self.state``."""
+        self._chains[index : index + 1] = [chain]  # replaced, or appended (a new group)
+        entries = publish_group(chain.sampler.metric, chain.state, chain.standins)
+        self.state.update(zip(self.param_groups[index]["params"], entries, strict=True))
         if index == 0:
             self._snapshot_generator()
-        self._compiled.pop(index, None)
 
     def _snapshot_generator(self) -> None:
         """Write the generator's state into the first parameter's state."""
         first = self.param_groups[0]["params"][0]
         self.state[first][GENERATOR] = self.generator.get_state()
 
-    def _group_state(self, index: int) -> SamplerState:
-        """Group ``index``'s state, after the group options changed since its last step."""
-        state = self._group_states[index]
-        group = self.param_groups[index]
+    def _start_watch(self, first: dict[str, float] | None = None) -> None:
+        """A new health watch (:class:`~sgrld.optim.watch.HealthWatch`), a post-step hook: it
+        reads the figures a step :attr:`recorded` after the step, so its warnings come once the
+        step is done."""
+        if self._watch_hook is not None:
+            self._watch_hook.remove()
+        self._watch = HealthWatch(first)
+        self._watch_hook = self.register_step_post_hook(self._watch)
+
+    def _follow(self, index: int) -> GroupChain:
+        """Group ``index``'s chain, after the group's metric options changed since its last step
+        (before the first step a layout may still change: the chain is made again)."""
+        chain, group = self._chains[index], self.param_groups[index]
         options = {k: group[k] for k in self._options}
-        if options != self._group_options[index]:
-            current = self._group_metrics[index]
-            if state.step == 0:  # nothing to keep yet: a layout may still change
-                self._build(index, state.keys.clone())
-                state = self._group_states[index]
-            else:
-                self._group_metrics[index] = self._group_metric(group, current)
-                self._group_options[index] = options
-        return state
+        if options != chain.options:
+            if chain.state.step == 0:
+                self._build(index, chain.state.keys.clone())
+                return self._chains[index]
+            metric = group_metric(self.metric, group, chain.sampler.metric)
+            chain.sampler, chain.options = chain.sampler.retuned(metric=metric), options
+        return chain
 
     # --- what the functional core sees (capture, the runner) ---------------------------------
 
@@ -417,14 +343,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def sampler_states(self) -> list[SamplerState]:
         """Each parameter group's :class:`sgrld.SamplerState`: the live tensors the next
         :meth:`step` reads and writes."""
-        return [self._group_state(i) for i in range(len(self.param_groups))]
+        return [self._follow(i).state for i in range(len(self.param_groups))]
 
     @property
     def group_metrics(self) -> list[Metric]:
         """Each parameter group's metric: :attr:`metric` with the group's own options."""
-        for index in range(len(self.param_groups)):
-            self._group_state(index)  # a group's options changed since: its metric follows
-        return list(self._group_metrics)
+        return [self._follow(i).sampler.metric for i in range(len(self.param_groups))]
 
     def refreshes_next(self) -> bool:
         """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's end, a
@@ -441,8 +365,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Whether step ``step`` of group ``index`` refreshes G (scheduled or the warm-up's last
         step).
         """
-        metric, until = self._group_metrics[index], self.param_groups[index]["adapt_until"]
-        arrival = self._group_states[index].warmup
+        chain, until = self._chains[index], self.param_groups[index]["adapt_until"]
+        metric, arrival = chain.sampler.metric, chain.state.warmup
         due = refresh_due(metric, step) or closes_warmup(metric, step, until, arrival)
         return due and adapting(step - 1, until, arrival)
 
@@ -450,8 +374,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
         runs.
         """
-        for state in self._group_states:
-            state.step += 1
+        for chain in self._chains:
+            chain.state.step += 1
         self._after_step()
 
     def _after_step(self) -> None:
@@ -461,94 +385,81 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     # --- the step ----------------------------------------------------------------------------
 
-    def _checks(self, state: SamplerState) -> CheckMode:
+    def _checks(self, state: SamplerState, traced: bool) -> CheckMode:
         device = next(iter(state.params.values())).device
         mode = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
-        if mode == "sync" and self.sync_checks is None and in_graph():
+        if mode == "sync" and self.sync_checks is None and traced:
             return "deferred"  # a traced step cannot read the host: checked at check()
         return mode
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """One sampler step for every parameter group (grads of ``None`` are skipped); every group's
-        gradients are validated before any group moves, so a refused step changes nothing.
+        """One sampler step for every parameter group (grads of ``None`` are skipped), each its
+        group's :meth:`Sampler.move <sgrld.core.Sampler.move>`; every group's gradients are
+        validated before any group moves, so a refused step changes nothing.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        states = self.sampler_states
-        if not self._replicas_checked and not in_graph():
+        self.recorded = None
+        chains = [self._follow(i) for i in range(len(self.param_groups))]
+        traced = in_graph()
+        if not self._replicas_checked and not traced:
             self._check_replicas()
         grads = [self._grads(i) for i in range(len(self.param_groups))]
-        modes = [self._checks(state) for state in states]
-        traced = in_graph()
-        noise: NoiseSource = "philox" if traced else self.noise
-        # the health watch (sgrld.health): this step's figures summed if it is a watched one
-        watched = not traced and (states[0].step + 1) % WATCH_EVERY == 0
+        modes = [self._checks(chain.state, traced) for chain in chains]
+        # one step in WATCH_EVERY records its figures for the post-step hooks (sgrld.health's)
+        record = not traced and (chains[0].state.step + 1) % WATCH_EVERY == 0
+        recorded = []
         check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
         try:
-            if len(states) > 1:  # refuse before the first group moves
-                for index, (state, gs) in enumerate(zip(states, grads, strict=True)):
-                    validate_grads(state, gs)
+            if len(chains) > 1:  # refuse before the first group moves
+                for index, (chain, gs) in enumerate(zip(chains, grads, strict=True)):
+                    validate_grads(chain.state, gs)
                     if modes[index] == "sync":
-                        check_finite_now(state, gs)
+                        check_finite_now(chain.state, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
-            steps_before = [state.step for state in states]
-            for index, (group, state) in enumerate(zip(self.param_groups, states, strict=True)):
-                metric, standins = self._group_metrics[index], self._standins.get(index)
+            for index, (group, chain) in enumerate(zip(self.param_groups, chains, strict=True)):
+                state, standins = chain.state, chain.standins
                 if state.layout.shards is not None and standins is None:
                     follow_shards(state, group["params"])  # stand-ins stay where they are
                 if standins is not None:  # step master copies, scratch or selected elements
                     standins.pull()
                 telemetry = self._accumulator(index)
-                # a watched step's sums go to the watch and the user's telemetry both
-                device = group["params"][0].device
-                sums = self._watch.step_sums(index, device) if watched else telemetry
-                advance(
-                    metric,
+                sums = new_sums(group["params"][0].device) if record else telemetry
+                chain.follow(group).move(
                     state,
                     grads[index],
-                    lr=as_scalar(group["lr"]),
-                    num_data=group["num_data"],
-                    temperature=group["temperature"],
-                    checks=modes[index],
-                    adapt=self.adapts(index),
-                    noise_source=noise,
-                    compiled=self._compiled[index] if self.compile else None,
-                    refresh=not (self.capturable and traced),
+                    adapt=bool(group["adapt_metric"]),
                     telemetry=sums,
-                    localization=self.localization,
-                    closes_warmup=closes_warmup(
-                        metric, state.step + 1, group["adapt_until"], state.warmup
-                    ),
+                    checks=modes[index],
+                    noise="philox" if traced else None,
                 )
-                if state.step != steps_before[index]:
-                    after_step(metric, state)  # the warm-up's host schedule (core.warmup)
-                if watched:
+                if record:  # a recorded step's sums go to the hooks and the user's telemetry
                     assert sums is not None
-                    self._watch.add(index, sums, telemetry)
+                    recorded.append(sums)
+                    if telemetry is not None:
+                        telemetry.add_(sums)
                 if standins is not None:
                     standins.push(state.keys, state.device_step)
         except NonFiniteGradientError as exc:
-            window = self._open_window()  # a read on the error path
-            message = self._watch.nonfinite_message(str(exc), states[0].step + 1, window)
+            window = self._watch.read(self)  # a read on the error path
+            message = self._watch.nonfinite_message(str(exc), chains[0].state.step + 1, window)
             raise NonFiniteGradientError(message) from None
         self._after_step()
-        steps = states[0].step
-        # after the step's bookkeeping: a warning raised as an error leaves it done
-        if watched and steps % WINDOW_STEPS == 0:
-            self._watch.end_window(self._open_window(), self._settled(steps))
+        self.recorded = recorded if record else None
         return loss
 
     def _grads(self, index: int) -> list[Tensor | None]:
         """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
         params = self.param_groups[index]["params"]
         grads: list[Tensor | None] = [None if p.grad is None else local(p.grad) for p in params]
-        standins = self._standins.get(index)
+        standins = self._chains[index].standins
         if standins is None:
             return grads
-        for name, p, g in zip(self._names(index), params, grads, strict=True):
+        names = group_names(self.param_groups[index], index)
+        for name, p, g in zip(names, params, grads, strict=True):
             shard = local(p)  # a sharded gradient's shard against the parameter's
             if g is not None and (g.dtype != shard.dtype or g.shape != shard.shape):
                 raise ValueError(
@@ -561,7 +472,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _check_replicas(self) -> None:
         """Before the first step, under a process group (DistributedDataParallel, or FSDP2's
         shards of one chain), every rank must draw the same noise (one all-gather)."""
-        keys = [state.keys.reshape(-1).cpu() for state in self._group_states]
+        keys = [chain.state.keys.reshape(-1).cpu() for chain in self._chains]
         generator = self.generator.get_state().to(torch.int64)
         device = self.param_groups[0]["params"][0].device
         check_same_noise(torch.cat([*keys, generator]).to(device))
@@ -569,24 +480,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     # --- health and telemetry ----------------------------------------------------------------
 
-    def _open_window(self) -> dict[str, float] | None:
-        shards = [state.layout.shards for state in self._group_states]
-        return self._watch.open_window(shards, self.param_groups[0]["temperature"])
-
-    def _settled(self, steps: int) -> bool:
-        """Past the warm-up as it stands (extended while the chain travelled); a metric that
-        adapts nothing (G = I, or frozen by the user) has none to wait for."""
-        group = self.param_groups[0]
-        if not (group["adapt_metric"] and self.group_metrics[0].preconditions):
-            return settled(steps, 0)
-        return settled(steps, warmup_length(group["adapt_until"], self.sampler_states[0].warmup))
-
     def health(self) -> Health:
         """The chain's health (:func:`sgrld.health`) from every step so far. Every optimizer watches
         one step in 16 on the device and reads the figures once per 512 steps, warning once per
         verdict (:class:`sgrld.HealthWarning`); this reads the open window too (under FSDP an
         all-reduce: call it on every rank)."""
-        return self._watch.verdict(self._settled(self.num_steps), self._open_window())
+        return self._watch.health(self)
 
     def _accumulator(self, index: int) -> Tensor | None:
         if not self.telemetry_enabled:
@@ -619,12 +518,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if not self.telemetry_enabled:
             raise RuntimeError("telemetry is off: build the optimizer with telemetry=True")
         sums_of, extras = [], []
-        for index, (metric, state) in enumerate(
-            zip(self._group_metrics, self._group_states, strict=True)
-        ):
-            acc = self._accumulator(index)
+        for index, chain in enumerate(self._chains):
+            acc, state = self._accumulator(index), chain.state
             assert acc is not None
-            diagnostics = metric.diagnostics(state.stats, state.layout)
+            diagnostics = chain.sampler.metric.diagnostics(state.stats, state.layout)
             sums = acc.clone()
             if state.layout.shards is not None:
                 sums, diagnostics = over_the_mesh(state.layout.shards, sums, diagnostics)
@@ -646,29 +543,29 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Raise :class:`~sgrld.core.NonFiniteGradientError` if a deferred check recorded a NaN/Inf
         gradient, naming the first bad step and parameter.
         """
-        for index, state in enumerate(self._group_states):
-            check(state, f"param group {index}: " if len(self._group_states) > 1 else "")
+        for index, chain in enumerate(self._chains):
+            check(chain.state, f"param group {index}: " if len(self._chains) > 1 else "")
 
     def refresh_if_due(self) -> bool:
         """Run a due scheduled refresh (Shampoo's roots) in every group, for ``capturable``
         optimizers; returns whether one ran."""
-        due = [i for i, s in enumerate(self._group_states) if self._refresh_due(i, s.step)]
-        for index in due:
-            state = self._group_states[index]
-            self._group_metrics[index].refresh(state.stats, state.layout)
+        due = [c for i, c in enumerate(self._chains) if self._refresh_due(i, c.state.step)]
+        for chain in due:
+            chain.sampler.refresh(chain.state)
         return bool(due)
 
     def refresh_metric(self) -> None:
         """Recompute the explicitly scheduled part of the metric in every group (Wenzel's
         scales).
         """
-        for metric, state in zip(self.group_metrics, self._group_states, strict=True):
-            metric.refresh(state.stats, state.layout)
+        for index in range(len(self.param_groups)):
+            chain = self._follow(index)
+            chain.sampler.refresh(chain.state)
         self._last_refresh = self.num_steps
 
     def adapts(self, index: int = 0) -> bool:
         """Whether group ``index``'s next step updates its metric."""
-        group, state = self.param_groups[index], self._group_states[index]
+        group, state = self.param_groups[index], self._chains[index].state
         until = group["adapt_until"]
         return bool(group["adapt_metric"]) and adapting(state.step, until, state.warmup)
 
@@ -682,7 +579,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         generator), to size block sizes and precision before a run."""
         out: dict[str, int] = {}
         for index, group in enumerate(self.param_groups):
-            for name, p in zip(self._names(index), group["params"], strict=True):
+            for name, p in zip(group_names(group, index), group["params"], strict=True):
                 out[name] = sum(  # a sharded statistic's bytes on this rank: its shard's
                     local(v).numel() * v.element_size()
                     for v in self.state[p].values()
@@ -693,7 +590,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     @property
     def num_steps(self) -> int:
         """Steps taken by the first parameter group (the optimizer's own counter)."""
-        return self._group_states[0].step
+        return self._chains[0].state.step
 
     # --- state dicts and copies --------------------------------------------------------------
 
@@ -728,20 +625,15 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         """Validate ``state_dict`` completely (:func:`~sgrld.optim.loading.plan`), then apply it."""
-        target = loading.Target(self.param_groups, self.metric, self.noise, self.generator,
-                                self._group_metric, self._names, self._new_state)  # fmt: skip
-        load = loading.plan(target, state_dict)
+        load = loading.plan(self._recipe(), self.param_groups, self.generator, state_dict)
         self.param_groups = load.groups
         self.state = defaultdict(dict)
-        self._compiled = defaultdict(CompiledMove)
-        self._standins = {}
-        self._watch = HealthWatch(load.watch_first)
+        self._chains = []
+        self._start_watch(load.watch_first)
         load.copy()
         self.generator.set_state(load.generator_state.to("cpu", torch.uint8))
-        for index, ((state, standins), metric) in enumerate(
-            zip(load.fresh, load.metrics, strict=True)
-        ):
-            self._install(index, state, metric, standins)
+        for index, chain in enumerate(load.fresh):
+            self._install(index, chain)
 
     def __getstate__(self) -> dict[str, Any]:
         self._snapshot_generator()
@@ -761,7 +653,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._telemetry = {}
         self._replicas_checked = self.data_parallel is False
         self._warned_nearest = self._ready = True
-        self._group_states, self._group_metrics, self._group_options = [], [], []
+        self._chains, self._watch_hook, self.recorded = [], None, None
         ids = itertools.count()  # as state_dict packs them: parameters by index
         groups = [{**g, "params": [next(ids) for _ in g["params"]]} for g in self.param_groups]
         params = [p for g in self.param_groups for p in g["params"]]

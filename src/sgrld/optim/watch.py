@@ -7,14 +7,15 @@ summed over the mesh at the read.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from sgrld.chain_health import PART_WATCHED, SHORT_PARTS, WATCH_EVERY, WATCH_WINDOW, Health, Watch
 from sgrld.core.shards import ShardSpec
-from sgrld.core.warmup import DEFAULT_WARMUP
+from sgrld.core.warmup import DEFAULT_WARMUP, warmup_length
+from sgrld.optim.groups import Owner
 
 #: steps between two closes of the watch's window
 WINDOW_STEPS = WATCH_EVERY * WATCH_WINDOW
@@ -61,6 +62,23 @@ def settled(steps: int, adapt_until: int | None) -> bool:
     return steps > max(DEFAULT_WARMUP if adapt_until is None else int(adapt_until), SHORT_STEPS)
 
 
+class Watched(Owner, Protocol):
+    """What the watch reads of the optimizer it hooks: its groups and their chains, and the
+    figures the last step recorded (per group, :func:`~sgrld.core.engine.record_telemetry`'s
+    sums; ``None`` when it recorded none)."""
+
+    recorded: list[Tensor] | None
+
+
+def chain_settled(opt: Owner, steps: int) -> bool:
+    """:func:`settled` for the optimizer's chain, past its warm-up as it stands (extended while
+    the chain travelled); a metric that adapts nothing (G = I, or frozen) has none to wait for."""
+    group = opt.param_groups[0]
+    if not (group["adapt_metric"] and opt.group_metrics[0].preconditions):
+        return settled(steps, 0)
+    return settled(steps, warmup_length(group["adapt_until"], opt.sampler_states[0].warmup))
+
+
 def first_window(saved: Any) -> dict[str, float] | None:
     """The watch's first window from a state dict (``None``: none, or a dict from before)."""
     if saved is None:
@@ -73,9 +91,9 @@ def first_window(saved: Any) -> dict[str, float] | None:
 
 
 class HealthWatch(Watch):
-    """One optimizer's watch: the rule's windows (:class:`sgrld.chain_health.Watch`) and the
-    open window's sums per parameter group, with a copy of them (on the device, no read) at
-    the end of each of its parts."""
+    """One optimizer's watch, a post-step hook (``register_step_post_hook``): the rule's windows
+    (:class:`sgrld.chain_health.Watch`) and the open window's sums per parameter group, with a
+    copy of them (on the device, no read) at the end of each of its parts."""
 
     def __init__(self, first: dict[str, float] | None = None) -> None:
         super().__init__(first=first)
@@ -84,20 +102,33 @@ class HealthWatch(Watch):
         self.counts: dict[int, int] = {}  # per group: watched steps in the open window
         self.open_parts: list[dict[str, float]] = []  # the complete parts at the last read
 
-    def step_sums(self, index: int, device: torch.device) -> Tensor:
-        """Zeros for group ``index``'s figures of a watched step (added by :meth:`add`)."""
-        if index not in self.sums:
-            self.sums[index] = new_sums(device)
-        return new_sums(device)
+    def __call__(self, opt: Watched, args: Any, kwargs: Any) -> None:
+        """After a step: add the sums it recorded to the window; close the window every
+        :data:`WINDOW_STEPS` steps (a verdict's warning then comes with the step done)."""
+        if opt.recorded is None:
+            return
+        for index, step in enumerate(opt.recorded):
+            self.add(index, step)
+        if opt.num_steps % WINDOW_STEPS == 0:
+            self.end_window(self.read(opt), chain_settled(opt, opt.num_steps))
 
-    def add(self, index: int, step: Tensor, telemetry: Tensor | None) -> None:
-        """Add a watched step's sums to the window and to the user's telemetry."""
+    def add(self, index: int, step: Tensor) -> None:
+        """Add group ``index``'s sums of a watched step to the window."""
+        if index not in self.sums:
+            self.sums[index] = torch.zeros_like(step)
         self.sums[index].add_(step)
         self.counts[index] = self.counts.get(index, 0) + 1
         if self.counts[index] % PART_WATCHED == 0:
             self.marks.setdefault(index, []).append(self.sums[index].clone())
-        if telemetry is not None:
-            telemetry.add_(step)
+
+    def read(self, opt: Owner) -> dict[str, float] | None:
+        """:meth:`open_window` over the optimizer's groups."""
+        shards = [state.layout.shards for state in opt.sampler_states]
+        return self.open_window(shards, opt.param_groups[0]["temperature"])
+
+    def health(self, opt: Owner) -> Health:
+        """The chain's verdict from every step so far, the open window read too."""
+        return self.verdict(chain_settled(opt, opt.num_steps), self.read(opt))
 
     def open_window(
         self, shards: Sequence[ShardSpec | None], temperature: float
