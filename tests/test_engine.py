@@ -780,3 +780,25 @@ def test_the_plan_is_decided_once_per_state_and_again_when_the_caller_changes_it
     advance(sampler.metric, state, grads, lr=0.05, num_data=N, temperature=1.0, checks="deferred")
     assert isinstance(state.plan, Plan) and state.plan is not plan
     assert state.plan.checks == "deferred" and not state.plan.by_gradient
+
+
+def test_one_function_calls_the_step_engine() -> None:
+    """The facade is a shell over the functional step: ``Sampler.move`` is the one caller of
+    ``engine.advance`` in the library (an optimizer's groups and ``sampler.step`` both go
+    through it), so an option added there reaches every path."""
+    import ast
+    from pathlib import Path
+
+    callers = []
+    root = Path(sgrld.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            calls = [n.func for n in ast.walk(fn) if isinstance(n, ast.Call)]
+            names = [
+                c.attr if isinstance(c, ast.Attribute) else getattr(c, "id", "") for c in calls
+            ]
+            if "advance" in names:
+                callers.append(f"{path.relative_to(root)}:{fn.name}")
+    assert callers == ["core/sampler.py:move"]

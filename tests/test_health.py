@@ -393,3 +393,31 @@ def test_a_short_sgld_run_at_its_defaults_gets_a_verdict(lr: float, verdict: str
         lambda p, n: sgrld.RMSpropSGLD(p, lr=lr, num_data=n), 440, at_mean=True
     )
     assert rmsprop.health().verdict == "healthy" and rmsprop.adapts()
+
+
+def test_the_watch_is_a_post_step_hook_reading_what_the_step_recorded() -> None:
+    """The health watch is torch's post-step hook: a watched step (one in 16) leaves its figures
+    in ``opt.recorded`` (per group, (‖drift‖², ‖noise‖², ‖θ‖², 1) on the device), which a hook of
+    the user's reads the same way after the step; the other steps leave ``None``."""
+    from sgrld.optim.watch import HealthWatch
+
+    params = [torch.nn.Parameter(torch.ones(10, dtype=torch.float64))]
+    opt = sgrld.SGLD(params, lr=1e-3, num_data=100, telemetry=True)
+    assert any(isinstance(h, HealthWatch) for h in opt._optimizer_step_post_hooks.values())
+    seen: list[tuple[list[torch.Tensor] | None, float]] = []  # with ‖θ‖² after the step
+    opt.register_step_post_hook(
+        lambda o, _, __: seen.append(
+            (
+                o.recorded and [s.clone() for s in o.recorded],
+                float(params[0].detach().square().sum()),
+            )
+        )
+    )
+    for _ in range(32):
+        params[0].grad = torch.full((10,), 0.5, dtype=torch.float64)
+        opt.step()
+    assert [i for i, (s, _) in enumerate(seen) if s is not None] == [15, 31]
+    (sums,), _ = seen[15]  # type: ignore[misc]
+    assert sums[3] == 1.0 and sums[2] == pytest.approx(seen[14][1])  # ‖θ‖² before the step
+    assert sums[0] == pytest.approx(10 * (1e-3 * 0.5) ** 2)  # ‖ℓĝ‖²
+    assert opt.telemetry()["steps"] == 32  # the recorded steps counted once

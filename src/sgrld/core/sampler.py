@@ -151,16 +151,9 @@ class Sampler:
         first = tensors[0]
         if isinstance(self.lr, Tensor):
             check_lr_tensor(self.lr, num_chains)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        check_generator(generator)
         gen = generator if generator is not None else new_generator(first.device)
-        stats = self.metric.checked_init(layout, first)
-        state = SamplerState(dict(params), stats, 0, gen, layout)
-        state.warmup = new_arrival(  # a captured step reads no host value at a window's end
-            self.metric, self.adapt_until, tensors, layout.batch_shape, not self.capturable
-        )
-        if self.localization:
-            state.center = [t.detach().clone() for t in tensors]
+        state = self.new_state(params, layout, gen)
         if seeds is not None:
             if len(seeds) != max(1, math.prod(layout.batch_shape)):
                 raise ValueError(
@@ -169,6 +162,23 @@ class Sampler:
             state.keys.copy_(keys_from_seeds(list(seeds), first.device).view_as(state.keys))
         elif self.noise == "philox":
             state.keys.copy_(keys_from_generator(layout.batch_shape, gen, first.device))
+        return state
+
+    def new_state(
+        self, params: Mapping[str, Tensor], layout: FlatLayout, generator: torch.Generator
+    ) -> SamplerState:
+        """A state over ``params`` (in place) of ``layout``: fresh statistics, step 0, the warm-up's
+        arrival and the localisation's centre; its noise keys are the caller's to set."""
+        tensors = list(params.values())
+        stats = self.metric.checked_init(layout, tensors[0])
+        state = SamplerState(dict(params), stats, 0, generator, layout)
+        # the warm-up waits for the chain with one host read per window: not in captured steps,
+        # not for shards (core.warmup)
+        eligible = not self.capturable and layout.shards is None
+        batch = layout.batch_shape
+        state.warmup = new_arrival(self.metric, self.adapt_until, tensors, batch, eligible)
+        if self.localization:  # θ₀: the chain's tensors as they are now
+            state.center = [t.detach().clone() for t in tensors]
         return state
 
     def step(
@@ -215,9 +225,7 @@ class Sampler:
         schedule (:mod:`sgrld.core.warmup`). ``checks`` and ``noise`` override the sampler's (a
         facade's pre-checked group, its traced steps)."""
         traced = in_graph()
-        if checks is None:
-            device = next(iter(state.params.values())).device
-            checks = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
+        checks = self.checks(state) if checks is None else checks
         before = state.step
         engine.advance(
             self.metric,
@@ -268,6 +276,16 @@ class Sampler:
             raise runner.stopped(done.failures)
         return state
 
+    def checks(self, state: SamplerState, defer_traced: bool = False) -> CheckMode:
+        """The check mode of ``state``'s steps (:func:`~sgrld.core.engine.check_mode`);
+        ``defer_traced``: a step traced or captured defers a check ``sync_checks=None`` left to
+        the device (read at :meth:`check`), as the optimizer's do."""
+        device = next(iter(state.params.values())).device
+        mode = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
+        if mode == "sync" and self.sync_checks is None and defer_traced and in_graph():
+            return "deferred"
+        return mode
+
     def deferred(self) -> Sampler:
         """This sampler with deferred checks (a bad step freezes its chain), its compiled step
         shared."""
@@ -283,10 +301,16 @@ class Sampler:
         """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient."""
         check(state)
 
+    def refresh_due(self, state: SamplerState, step: int) -> bool:
+        """Whether step ``step`` of ``state`` refreshes G: a scheduled refresh (Shampoo's roots)
+        or the warm-up's last step, while G adapts (a frozen G's refresh would change nothing)."""
+        metric, until, arrival = self.metric, self.adapt_until, state.warmup
+        due = refresh_due(metric, step) or closes_warmup(metric, step, until, arrival)
+        return due and adapting(step - 1, until, arrival)
+
     def refresh_if_due(self, state: SamplerState) -> bool:
         """Run the metric's scheduled refresh if due at ``state.step`` (capturable samplers)."""
-        due = refresh_due(self.metric, state.step)
-        if not (due or closes_warmup(self.metric, state.step, self.adapt_until, state.warmup)):
+        if not self.refresh_due(state, state.step):
             return False
         self.metric.refresh(state.stats, state.layout)
         return True
@@ -295,6 +319,11 @@ class Sampler:
         """Recompute the explicitly scheduled part of the metric (Wenzel's preconditioner)."""
         self.metric.refresh(state.stats, state.layout)
         return state
+
+
+def check_generator(generator: object) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
 
 
 def check_flags(

@@ -20,12 +20,7 @@ from sgrld.core.precision import LowPrecision, StandIns
 from sgrld.core.sampler import Sampler, validate_hyperparameters
 from sgrld.core.shards import local
 from sgrld.core.state import SamplerState
-from sgrld.core.warmup import (
-    check_adapt_until,
-    drawn_while_adapting,
-    new_arrival,
-    warmup_length,
-)
+from sgrld.core.warmup import check_adapt_until, drawn_while_adapting, warmup_length
 
 #: a localised chain's centre θ₀ in a parameter's state
 CENTER = "center"
@@ -175,16 +170,11 @@ class Recipe:
             layout = FlatLayout.from_tensors(names, params)
         if layout.shards is not None:
             check_sharded(names[0], self.noise, self.compile, self.capturable)
+        sampler = self.sampler(group, metric)
         shards = [local(p) for p in params]  # the rank's shards of sharded parameters
-        stats = metric.checked_init(layout, shards[0])
-        state = SamplerState(dict(zip(names, shards, strict=True)), stats, 0, generator, layout)
-        if self.localization:  # θ₀: the chain's tensors (master copies) as they are now
-            state.center = [t.detach().clone() for t in shards]
-        # the warm-up waits for the chain with one host read per window: not in captured steps
-        eligible = not self.capturable and layout.shards is None
-        state.warmup = new_arrival(metric, group["adapt_until"], shards, (), eligible)
+        state = sampler.new_state(dict(zip(names, shards, strict=True)), layout, generator)
         options = {k: group[k] for k in metric_options(self.metric)}
-        return GroupChain(self.sampler(group, metric), state, standins, options, group["lr"])
+        return GroupChain(sampler, state, standins, options, group["lr"])
 
 
 def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:

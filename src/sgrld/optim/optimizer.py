@@ -16,15 +16,12 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from sgrld.chain_health import WATCH_EVERY, Health
-from sgrld.core.contract import check_bool, check_groups, check_options
+from sgrld.core.contract import check_bool, check_groups, check_localization, check_options
 from sgrld.core.engine import (
-    CheckMode,
     NonFiniteGradientError,
     check,
     check_finite_now,
-    check_mode,
     in_graph,
-    refresh_due,
     telemetry_figures,
     validate_grads,
 )
@@ -33,10 +30,10 @@ from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
-from sgrld.core.sampler import check_flags
+from sgrld.core.sampler import check_flags, check_generator
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import DEFAULT_WARMUP, adapting, closes_warmup
+from sgrld.core.warmup import DEFAULT_WARMUP, adapting
 from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
@@ -172,8 +169,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         **metric_options: Any,
     ) -> None:
         validate_group(lr, num_data, temperature)
-        if not (isinstance(localization, (int, float)) and 0.0 <= localization < math.inf):
-            raise ValueError(f"invalid localization: {localization!r} (expected finite >= 0)")
+        check_localization(localization)
         metric = self._make_metric(metric, metric_options)
         if data_parallel is not None and not isinstance(data_parallel, bool):
             raise ValueError(f"invalid data_parallel: {data_parallel!r} (expected None or a bool)")
@@ -184,8 +180,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if noise is None:
             noise = "philox" if capturable is True else "torch"
         check_flags(metric, noise, compile, check_finite, capturable, sync_checks)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        check_generator(generator)
         self.metric = metric
         self._options = metric_options_of(metric)
         defaults = {
@@ -362,13 +357,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return every is not None and (self.num_steps + 1) % every == 0
 
     def _refresh_due(self, index: int, step: int) -> bool:
-        """Whether step ``step`` of group ``index`` refreshes G (scheduled or the warm-up's last
-        step).
-        """
-        chain, until = self._chains[index], self.param_groups[index]["adapt_until"]
-        metric, arrival = chain.sampler.metric, chain.state.warmup
-        due = refresh_due(metric, step) or closes_warmup(metric, step, until, arrival)
-        return due and adapting(step - 1, until, arrival)
+        """Whether step ``step`` of group ``index`` refreshes G (:meth:`Sampler.refresh_due`)."""
+        chain = self._chains[index]
+        return chain.follow(self.param_groups[index]).refresh_due(chain.state, step)
 
     def after_replay(self) -> None:
         """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
@@ -384,13 +375,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             self.refresh_metric()
 
     # --- the step ----------------------------------------------------------------------------
-
-    def _checks(self, state: SamplerState, traced: bool) -> CheckMode:
-        device = next(iter(state.params.values())).device
-        mode = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
-        if mode == "sync" and self.sync_checks is None and traced:
-            return "deferred"  # a traced step cannot read the host: checked at check()
-        return mode
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -408,7 +392,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         if not self._replicas_checked and not traced:
             self._check_replicas()
         grads = [self._grads(i) for i in range(len(self.param_groups))]
-        modes = [self._checks(chain.state, traced) for chain in chains]
+        modes = [chain.sampler.checks(chain.state, defer_traced=True) for chain in chains]
         # one step in WATCH_EVERY records its figures for the post-step hooks (sgrld.health's)
         record = not traced and (chains[0].state.step + 1) % WATCH_EVERY == 0
         recorded = []
@@ -444,8 +428,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 if standins is not None:
                     standins.push(state.keys, state.device_step)
         except NonFiniteGradientError as exc:
-            window = self._watch.read(self)  # a read on the error path
-            message = self._watch.nonfinite_message(str(exc), chains[0].state.step + 1, window)
+            message = self._watch.nonfinite_message(self, str(exc))  # a read on the error path
             raise NonFiniteGradientError(message) from None
         self._after_step()
         self.recorded = recorded if record else None

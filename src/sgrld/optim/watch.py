@@ -103,14 +103,19 @@ class HealthWatch(Watch):
         self.open_parts: list[dict[str, float]] = []  # the complete parts at the last read
 
     def __call__(self, opt: Watched, args: Any, kwargs: Any) -> None:
-        """After a step: add the sums it recorded to the window; close the window every
-        :data:`WINDOW_STEPS` steps (a verdict's warning then comes with the step done)."""
+        """After a step: add the sums it recorded to the window; every :data:`WINDOW_STEPS` steps
+        judge the window, warning once per verdict (the step is done then), and start a new one."""
         if opt.recorded is None:
             return
         for index, step in enumerate(opt.recorded):
             self.add(index, step)
         if opt.num_steps % WINDOW_STEPS == 0:
-            self.end_window(self.read(opt), chain_settled(opt, opt.num_steps))
+            window, settled = self.read(opt), chain_settled(opt, opt.num_steps)
+            for acc in self.sums.values():
+                acc.zero_()
+            self.marks, self.counts = {}, {}
+            if window is not None:
+                self.warn(self.close(window, settled, self.open_parts))
 
     def add(self, index: int, step: Tensor) -> None:
         """Add group ``index``'s sums of a watched step to the window."""
@@ -122,23 +127,13 @@ class HealthWatch(Watch):
             self.marks.setdefault(index, []).append(self.sums[index].clone())
 
     def read(self, opt: Owner) -> dict[str, float] | None:
-        """:meth:`open_window` over the optimizer's groups."""
-        shards = [state.layout.shards for state in opt.sampler_states]
-        return self.open_window(shards, opt.param_groups[0]["temperature"])
-
-    def health(self, opt: Owner) -> Health:
-        """The chain's verdict from every step so far, the open window read too."""
-        return self.verdict(chain_settled(opt, opt.num_steps), self.read(opt))
-
-    def open_window(
-        self, shards: Sequence[ShardSpec | None], temperature: float
-    ) -> dict[str, float] | None:
-        """The open window (one host read; summed over the mesh under FSDP); ``None`` when empty.
-        Its complete parts go to :attr:`open_parts`."""
+        """The open window of the optimizer's groups (one host read; summed over the mesh under
+        FSDP); ``None`` when empty. Its complete parts go to :attr:`open_parts`."""
+        states = opt.sampler_states
         columns = []  # per group: its parts' end sums, then the open window's, as columns
         for index, acc in self.sums.items():
             stacked = torch.stack([*self.marks.get(index, []), acc], 1)  # (4, parts + 1)
-            mesh = shards[index]
+            mesh = states[index].layout.shards
             columns.append(
                 (stacked if mesh is None else over_the_mesh(mesh, stacked.clone(), {})[0]).tolist()
             )
@@ -147,32 +142,23 @@ class HealthWatch(Watch):
             return None
         ends = [chain_sums([[row[j] for row in group] for group in columns])
                 for j in range(len(columns[0][0]))]  # fmt: skip
+        temperature = opt.param_groups[0]["temperature"]
         self.open_parts = [
             Watch.window([b - a for a, b in zip(before, after, strict=True)], temperature)
             for before, after in zip([[0.0] * 4, *ends], ends[:-1], strict=False)
         ]
         return Watch.window(ends[-1], temperature)
 
-    def end_window(self, window: dict[str, float] | None, settled: bool) -> None:
-        """Start a new window; judge the closed one, warning once per verdict."""
-        for acc in self.sums.values():
-            acc.zero_()
-        self.marks, self.counts = {}, {}
-        if window is not None:
-            self.warn(self.close(window, settled, self.open_parts))
+    def health(self, opt: Owner) -> Health:
+        """The chain's verdict from every step so far, the open window (and its parts) too."""
+        settled = chain_settled(opt, opt.num_steps)
+        return self.verdict(settled, self.read(opt), self.open_parts)
 
-    def verdict(
-        self,
-        settled: bool = True,
-        open_window: dict[str, float] | None = None,
-        parts: Sequence[dict[str, float]] | None = None,
-    ) -> Health:
-        """:meth:`Watch.verdict`, the open window's parts those of the read just made."""
-        return super().verdict(settled, open_window, self.open_parts if parts is None else parts)
-
-    def nonfinite_message(self, message: str, step: int, window: dict[str, float] | None) -> str:
-        """A non-finite gradient's error with the step, ‖θ‖ over the last windows and the fix."""
-        text = f"{message} at step {step}"
+    def nonfinite_message(self, opt: Owner, message: str) -> str:
+        """A non-finite gradient's error with the step, ‖θ‖ over the last windows (the open one
+        read) and the fix."""
+        window = self.read(opt)
+        text = f"{message} at step {opt.num_steps + 1}"
         windows = self.windows[-3:] + ([window] if window else [])
         if windows:
             norms = ", ".join(f"{w['theta_norm']:.3g}" for w in windows)
