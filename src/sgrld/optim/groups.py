@@ -14,7 +14,6 @@ from torch import Tensor
 
 from sgrld.core.contract import Metric, option_names
 from sgrld.core.layout import FlatLayout
-from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import MASTER, publish, shard_key
 from sgrld.core.precision import LowPrecision, StandIns
 from sgrld.core.sampler import Sampler, validate_hyperparameters
@@ -112,42 +111,37 @@ class GroupChain:
     options: dict[str, Any]
     lr: float | Tensor  # the group's ℓ the sampler was made with (a tensor: by identity)
 
-    def follow(self, group: Mapping[str, Any]) -> Sampler:
-        """The sampler with the group's ℓ, n, τ and warm-up as they are now (a scheduler or the
-        user sets them; validated by the step's ``check_groups``)."""
+    def follow(self, group: Mapping[str, Any], flags: Mapping[str, Any]) -> Sampler:
+        """The sampler with the group's ℓ, n, τ and warm-up and the optimizer's ``flags`` as they
+        are now (a scheduler or the user sets them; ℓ, n, τ checked by ``check_groups``)."""
         s, lr = self.sampler, group["lr"]
         tensors = isinstance(lr, Tensor) or isinstance(self.lr, Tensor)
         same_lr = lr is self.lr or (not tensors and lr == self.lr)
-        now = (group["num_data"], group["temperature"], group["adapt_until"])
-        if not same_lr or now != (s.num_data, s.temperature, s.adapt_until):
-            self.sampler = s.retuned(lr=as_scalar(lr), num_data=now[0], temperature=now[1],
-                                     adapt_until=now[2])  # fmt: skip
-            self.lr = lr
+        now = {k: group[k] for k in ("num_data", "temperature", "adapt_until")} | dict(flags)
+        if not same_lr or any(getattr(s, k) != v for k, v in now.items()):
+            self.sampler, self.lr = s.retuned(lr=as_scalar(lr), **now), lr
         return self.sampler
+
+
+#: the optimizer's attributes its groups' samplers take (a user may set them between steps)
+FLAGS = ("check_finite", "noise", "compile", "capturable", "sync_checks", "localization")
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """What an optimizer's group chains are made from besides the group: its metric (with the
-    options a group may override), the step's flags and the masks and precision of stand-ins."""
+    options a group may override), its :data:`FLAGS` and the masks and precision of stand-ins."""
 
     metric: Metric
-    noise: NoiseSource
-    check_finite: bool
-    compile: bool
-    capturable: bool
-    sync_checks: bool | None
-    localization: float
+    flags: Mapping[str, Any]
     low_precision: LowPrecision
     master_dtype: torch.dtype
     masks: Mapping[Tensor, Tensor]
 
     def sampler(self, group: Mapping[str, Any], metric: Metric) -> Sampler:
-        return Sampler(
-            metric, as_scalar(group["lr"]), group["num_data"], group["temperature"],
-            self.check_finite, self.noise, self.compile, self.capturable, self.sync_checks,
-            group["adapt_until"], self.localization,
-        )  # fmt: skip
+        lr, until = as_scalar(group["lr"]), group["adapt_until"]
+        return Sampler(metric, lr, group["num_data"], group["temperature"], **self.flags,
+                       adapt_until=until)  # fmt: skip
 
     def chain(
         self,
@@ -168,9 +162,9 @@ class Recipe:
             layout = standins.layout(names)
         else:
             layout = FlatLayout.from_tensors(names, params)
-        if layout.shards is not None:
-            check_sharded(names[0], self.noise, self.compile, self.capturable)
         sampler = self.sampler(group, metric)
+        if layout.shards is not None:
+            check_sharded(names[0], sampler.noise, sampler.compile, sampler.capturable)
         shards = [local(p) for p in params]  # the rank's shards of sharded parameters
         state = sampler.new_state(dict(zip(names, shards, strict=True)), layout, generator)
         options = {k: group[k] for k in metric_options(self.metric)}

@@ -176,8 +176,9 @@ def from_first_format(
                 )
             state.validate_state_dict(saved, label)
             state.apply_state_dict(saved)
-        if saved is None or recipe.noise != "philox":
-            state.keys.copy_(new_key(recipe.noise, generator, state.keys.device))
+        noise = chain.sampler.noise
+        if saved is None or noise != "philox":
+            state.keys.copy_(new_key(noise, generator, state.keys.device))
         entries = publish_group(metric, state, chain.standins)
         out.update(zip(saved_groups[index]["params"], entries, strict=True))
     out[saved_groups[0]["params"][0]][GENERATOR] = generator.get_state()

@@ -38,6 +38,7 @@ from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
 from sgrld.optim import loading
 from sgrld.optim.groups import (
+    FLAGS,
     GroupChain,
     Recipe,
     check_masks,
@@ -284,9 +285,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
 
     def _recipe(self) -> Recipe:
         """What this optimizer's group chains are made from (:mod:`sgrld.optim.groups`)."""
-        return Recipe(self.metric, self.noise, self.check_finite, self.compile, self.capturable,
-                      self.sync_checks, self.localization, self.low_precision, self.master_dtype,
-                      self._masks)  # fmt: skip
+        return Recipe(
+            self.metric, self._flags(), self.low_precision, self.master_dtype, self._masks
+        )
+
+    def _flags(self) -> dict[str, Any]:
+        """The flags a group's sampler takes (:data:`~sgrld.optim.groups.FLAGS`), as they are."""
+        return {name: getattr(self, name) for name in FLAGS}
 
     def _build(self, index: int, keys: Tensor | None = None) -> None:
         """Make group ``index``'s chain (with noise keys ``keys``, or new ones), published in
@@ -359,7 +364,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def _refresh_due(self, index: int, step: int) -> bool:
         """Whether step ``step`` of group ``index`` refreshes G (:meth:`Sampler.refresh_due`)."""
         chain = self._chains[index]
-        return chain.follow(self.param_groups[index]).refresh_due(chain.state, step)
+        sampler = chain.follow(self.param_groups[index], self._flags())
+        return sampler.refresh_due(chain.state, step)
 
     def after_replay(self) -> None:
         """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
@@ -388,15 +394,19 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self.recorded = None
         chains = [self._follow(i) for i in range(len(self.param_groups))]
+        check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
+        flags, groups = self._flags(), self.param_groups
+        samplers = [chain.follow(group, flags) for chain, group in zip(chains, groups, strict=True)]
         traced = in_graph()
         if not self._replicas_checked and not traced:
             self._check_replicas()
         grads = [self._grads(i) for i in range(len(self.param_groups))]
-        modes = [chain.sampler.checks(chain.state, defer_traced=True) for chain in chains]
+        modes = [
+            s.checks(c.state, defer_traced=True) for s, c in zip(samplers, chains, strict=True)
+        ]
         # one step in WATCH_EVERY records its figures for the post-step hooks (sgrld.health's)
         record = not traced and (chains[0].state.step + 1) % WATCH_EVERY == 0
         recorded = []
-        check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
         try:
             if len(chains) > 1:  # refuse before the first group moves
                 for index, (chain, gs) in enumerate(zip(chains, grads, strict=True)):
@@ -412,7 +422,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     standins.pull()
                 telemetry = self._accumulator(index)
                 sums = new_sums(group["params"][0].device) if record else telemetry
-                chain.follow(group).move(
+                samplers[index].move(
                     state,
                     grads[index],
                     adapt=bool(group["adapt_metric"]),
