@@ -407,3 +407,31 @@ def test_chains_equal_single_runs_to_rounding_of_their_precision(
             assert chain.dtype == dtype
             err = float((chain - p.detach()).abs().max()) / float(p.detach().abs().max())
             assert err <= bound, f"chain {k} {name}: relative error {err:.3g}"
+
+
+class _Point(nn.Module):
+    def __init__(self, start: float) -> None:
+        super().__init__()
+        self.x = nn.Parameter(torch.full((2,), start, dtype=torch.float64))
+
+
+@pytest.mark.slow  # 1,050 vmapped steps and the first Philox step's compile
+def test_each_chain_freezes_its_metric_when_it_has_arrived() -> None:
+    """Two chains of one group, one at the mode and one 60 away: the near one's G freezes at the
+    default warm-up's 950 and stays so, the far one's waits (a window to 1,950 at least)."""
+    prec = torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    sampler = sgrld.build("rmsprop", lr=0.05, num_data=1.0, noise="philox")
+    chains = Chains(lambda seed: _Point(60.0 * seed), sampler, [0, 1])
+    state = chains.groups[0].state
+
+    def loss(model: nn.Module) -> Tensor:
+        return 0.5 * model.x @ prec @ model.x
+
+    for _ in range(950):
+        chains.step(loss)
+    near = state.stats["inv_sqrt"][0].clone()
+    for _ in range(100):
+        chains.step(loss)
+    assert state.warmup is not None and state.warmup.freeze_steps() == [950, 1950]
+    assert torch.equal(state.stats["inv_sqrt"][0], near)
+    assert chains.adapting

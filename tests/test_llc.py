@@ -731,3 +731,23 @@ def test_batches_drawn_with_replacement_are_flagged() -> None:
     shuffled = sgrld.llc(model, bce, DataLoader(data, batch_size=50, shuffle=True), **kw)
     assert shuffled.verdict is not None and shuffled.verdict.draw_error == 0.0
     assert not any("with replacement" in p for p in shuffled.verdict.problems)
+
+
+@pytest.mark.parametrize("name", ["rmsprop", "shampoo"])
+def test_the_default_freezes_g_at_the_calibrations_and_adapts_no_kept_step(name: str) -> None:
+    """``adapt_until="calibration"`` with ε calibrated: G is the spectrum's (the gradients at w₀)
+    from the first step, the same on the vectorised and the sequential path, and the verdict
+    has no adapting steps to flag; with ``lr`` given the chains warm up (flagged as before)."""
+    n = 1_000
+    x, y = logistic_data(n, 3, seed=2)
+    model = fit_logistic(x, y)
+    loader = batches(x, y, 100)
+    options = {"precondition_vectors": True} if name == "shampoo" else {}
+    kw = dict(num_data=n, sampler=name, num_chains=2, num_steps=60, init_batches=10, warn=False,
+              check_sgld=False, **options)  # fmt: skip
+    a = sgrld.llc(model, bce, loader, **kw)
+    b = sgrld.llc(model, bce, loader, vectorize=False, **kw)
+    torch.testing.assert_close(a.trace, b.trace, rtol=1e-10, atol=0)
+    assert a.verdict is not None and not any("adapted" in p for p in a.verdict.problems)
+    given = sgrld.llc(model, bce, loader, **{**kw, "lr": a.lr})
+    assert given.verdict is not None and any("adapted" in p for p in given.verdict.problems)

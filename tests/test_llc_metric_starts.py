@@ -16,6 +16,7 @@ import math
 import warnings
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -66,7 +67,8 @@ def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Te
 def estimate(
     name: str, powers: tuple[int, ...], *, chains: int = CHAINS, steps: int = STEPS
 ) -> sgrld.slt.LLCEstimate:
-    """λ̂ of the target ``powers`` by ``name`` with :data:`METRICS`' options."""
+    """λ̂ of the target ``powers`` by ``name`` with :data:`METRICS`' options and devinterp's ε
+    (the metric adapts in the waiting warm-up: ``sgrld.llc``'s default with ``lr`` given)."""
     with warnings.catch_warnings():  # a 2-vector's Shampoo says once that it is small
         warnings.simplefilter("ignore", UserWarning)
         return sgrld.llc(Polynomial(powers), _mse, [_data()], num_data=1000, sampler=name,
@@ -97,6 +99,27 @@ def test_llc_of_devinterp_targets(name: str, powers: tuple[int, ...], true_lc: f
     est = estimate(name, powers)
     sd = est.std_error * math.sqrt(CHAINS)  # devinterp's tolerance: the chains' spread
     assert abs(est.mean - true_lc) < 2 * sd, (est.mean, sd, true_lc)
+
+
+@SLOW
+@pytest.mark.parametrize("name", [n for n in METRICS if n != "identity"])
+def test_at_the_defaults_the_metric_is_frozen_at_w0_and_the_verdict_is_clean(name: str) -> None:
+    """``sgrld.llc`` at its defaults (ε calibrated, ``adapt_until="calibration"``): G frozen from
+    the first step at the calibration's G at w₀, so no kept step adapts. Every gradient vanishes
+    at w = 0, so that G is I (the floors) and every metric's chains are SGLD's, step for step,
+    with SGLD's verdict (docs/results/warmup.md: clean at the defaults)."""
+
+    def at_defaults(sampler: str) -> sgrld.slt.LLCEstimate:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return sgrld.llc(Polynomial((1, 2)), _mse, [_data()], num_data=1000,
+                             sampler=sampler, **METRICS[sampler])  # fmt: skip
+
+    sgld, est = at_defaults("identity"), at_defaults(name)
+    assert est.verdict is not None and sgld.verdict is not None
+    assert not any("adapted" in p for p in est.verdict.problems), est.verdict
+    assert est.verdict.problems == sgld.verdict.problems
+    assert np.array_equal(est.trace, sgld.trace)
 
 
 @SLOW

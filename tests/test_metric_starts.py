@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import sgrld
+from linear_gaussian import lyapunov
 from sgrld.core.warmup import Windows, warmup_end
 
 SLOW = pytest.mark.slow
@@ -58,10 +59,12 @@ def gaussian_kl(m1: torch.Tensor, c1: torch.Tensor, m0: torch.Tensor, c0: torch.
 
 def run_chains(
     name: str, *, lr: float, steps: int, burnin: int, chains: int, start: str, seed: int = 1,
-    ends: list[int] | None = None, **extra: Any,
+    ends: list[int] | None = None, laws: list[tuple[torch.Tensor, ...]] | None = None,
+    **extra: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Per chain, the mean (K, 2) and covariance (K, 2, 2) of its samples after ``burnin``; the
-    step the warm-up ended at (as the chains extended it) appended to ``ends``."""
+    step the warm-up ended at (as the chains extended it) appended to ``ends``, and the frozen
+    chains' :func:`frozen_law` to ``laws``."""
     mean, cov = target()
     prec = torch.linalg.inv(cov)
     gen = torch.Generator().manual_seed(seed)
@@ -88,8 +91,46 @@ def run_chains(
     if ends is not None:
         end = warmup_end(sampler.adapt_until, state.warmup)
         ends.append(steps if end is None else end)
+    if laws is not None:
+        laws.append(frozen_law(sampler, state, lr, steps - burnin))
     m = total / (steps - burnin)
     return m, outer / (steps - burnin) - m[:, :, None] * m[:, None, :]
+
+
+def frozen_law(
+    sampler: Any, state: Any, lr: float, draws: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a chain samples once its G is frozen, per chain: θ' = Bθ + c + √(2ℓ) G^{-½}ξ with
+    B = I − ℓG⁻¹A is a Gaussian AR(1) (n = τ = 1), whose stationary covariance C solves the
+    discrete Lyapunov equation C = BCBᵀ + 2ℓG^{-½}G^{-½}ᵀ; and the Monte-Carlo standard deviations
+    of ``draws`` consecutive samples' mean and covariance: n·Var(x̄) = Σₕ Γ(h) and, by Isserlis,
+    n·Var(Ĉᵢⱼ) = Σₕ Γᵢᵢ(h)Γⱼⱼ(h) + Γᵢⱼ(h)Γⱼᵢ(h), Γ(h) = BʰC (h ≥ 0), in closed form through
+    Σₕ Bʰ ⊗ Bʰ = (I − B ⊗ B)⁻¹. Returns C (K, 2, 2), sd of the mean (K, 2), of Ĉ (K, 2, 2)."""
+    _, cov = target()
+    k, d = state.params["x"].shape
+    eye = torch.eye(d, dtype=torch.float64)
+
+    def dense(apply: Any) -> torch.Tensor:  # (K, d, d): column j is the operator on e_j
+        cols = [apply(state.stats, state.layout, eye[j].expand(k, d).clone()) for j in range(d)]
+        return torch.stack(cols, dim=-1)
+
+    inv, inv_sqrt = dense(sampler.metric.inverse), dense(sampler.metric.inverse_sqrt)
+    b = eye - lr * inv @ torch.linalg.inv(cov)
+    c = lyapunov(b, 2 * lr * inv_sqrt @ inv_sqrt.transpose(1, 2))
+    sd_mean = torch.empty(k, d, dtype=torch.float64)
+    sd_cov = torch.empty(k, d, d, dtype=torch.float64)
+    for chain in range(k):
+        bk, ck = b[chain], c[chain]
+        long_run = torch.linalg.solve(eye - bk, ck)  # Σ_{h≥0} Γ(h)
+        sd_mean[chain] = ((long_run + long_run.T - ck).diagonal() / draws).sqrt()
+        sums = torch.linalg.solve(torch.eye(d * d, dtype=b.dtype) - torch.kron(bk, bk),
+                                  torch.kron(ck, ck))  # fmt: skip
+        for i in range(d):
+            for j in range(d):
+                ij, ji = i * d + j, j * d + i
+                both = 2 * (sums[ij, ij] + sums[ij, ji]) - (ck[i, i] * ck[j, j] + ck[i, j] ** 2)
+                sd_cov[chain, i, j] = (both / draws).sqrt()
+    return c, sd_mean, sd_cov
 
 
 def start_kl() -> float:
@@ -153,8 +194,8 @@ def test_the_default_warmup_waits_for_the_journey_from_100_sigma(name: str) -> N
 #: (metric, start, warm-up) of the full protocol, each measured to pass on all three chains;
 #: the others and their figures are in docs/results/warmup.md: at the default warm-up (which
 #: waits for the chain) RMSprop and Adam miss the 0.1 on their worst chain's covariance by
-#: 0.006-0.047 from either start, the Monte-Carlo error of one chain's covariance (~0.07 at
-#: ℓ = 0.01), not a bias: the pooled tests above pass.
+#: 0.006-0.047 from either start, the Monte-Carlo error of one chain's covariance (sd up to 0.06
+#: at ℓ = 0.01), not a bias: their per-chain test is the one below.
 PROTOCOL = [
     ("identity", "var100", None),
     ("shampoo", "var100", None),
@@ -181,25 +222,68 @@ def test_posteriors_protocol(name: str, start: str, warmup: Windows | None) -> N
         assert gaussian_kl(m, c, mean, cov) < 0.01 * unit
 
 
+#: the standard deviations a chain's sample moments may stray from what its frozen G samples:
+#: 4 sd on each of 5 moments of 3 chains in 4 runs, a false alarm in ~1 % of suites
+Z_CHAIN = 4.0
+
+
+@SLOW
+@pytest.mark.parametrize("start", ["var100", "far"])
+@pytest.mark.parametrize("name", ["rmsprop", "adam"])
+def test_posteriors_protocol_within_each_chains_monte_carlo_error(name: str, start: str) -> None:
+    """RMSprop and Adam at their defaults (the warm-up waits for the chain) in the full protocol:
+    each chain's frozen G samples the target within posteriors' tolerance (its exact stationary
+    moments, :func:`frozen_law`: the step's bias, ~ℓG⁻¹/2 < 0.005 here), and its samples stray
+    from those moments by no more than :data:`Z_CHAIN` of their Monte-Carlo sd. A single chain
+    can miss posteriors' fixed 0.1 on its own: their G⁻¹ ≈ 0.3-0.9 mixes the unit-variance
+    direction over ~150 steps at ℓ = 0.01, so 85,000 draws hold ~600 effective ones and a
+    covariance's sd is up to 0.06 (docs/results/warmup.md)."""
+    laws: list[tuple[torch.Tensor, ...]] = []
+    means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3, start=start,
+                             laws=laws)  # fmt: skip
+    mean, cov = target()
+    law, sd_mean, sd_cov = laws[0]
+    unit = start_kl()
+    for k in range(3):
+        assert float((law[k] - cov).abs().max()) < 0.1, (law[k], cov)
+        assert gaussian_kl(mean, law[k], mean, cov) < 0.01 * unit
+        assert bool(((means[k] - mean).abs() < Z_CHAIN * sd_mean[k]).all()), (means[k], sd_mean[k])
+        assert bool(((covs[k] - law[k]).abs() < Z_CHAIN * sd_cov[k]).all()), (covs[k], sd_cov[k])
+
+
 def main() -> None:
     """``python tests/test_metric_starts.py [metric ...]``: posteriors' full protocol at the
-    defaults from both starts, the worst chain's errors and KL and where the warm-up ended
-    (the figures of ``docs/results/warmup.md``)."""
+    defaults from both starts, the worst chain's errors and KL and where the warm-up ended,
+    and per chain what its frozen G samples (:func:`frozen_law`) and how many Monte-Carlo sd
+    its sample moments are from that (the figures of ``docs/results/warmup.md``)."""
     import sys
 
     torch.set_num_threads(1)
     mean, cov = target()
     unit = start_kl()
-    for name in sys.argv[1:] or list(METRICS):
-        for start in ("var100", "far"):
-            ends: list[int] = []
-            means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3,
-                                     start=start, ends=ends)  # fmt: skip
-            worst_mean = max(float((m - mean).abs().max()) for m in means)
-            worst_cov = max(float((c - cov).abs().max()) for c in covs)
-            kl = max(gaussian_kl(m, c, mean, cov) for m, c in zip(means, covs, strict=True))
-            print(f"{name} {start}: mean {worst_mean:.3f} cov {worst_cov:.3f} "
-                  f"KL {100 * kl / unit:.3f} % (warm-up ended at {ends[0]})")  # fmt: skip
+    names = [a for a in sys.argv[1:] if not a.startswith("--seed=")] or list(METRICS)
+    seeds = [int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--seed=")] or [1]
+    for name in names:
+        for seed in seeds:
+            for start in ("var100", "far"):
+                ends: list[int] = []
+                laws: list[tuple[torch.Tensor, ...]] = []
+                means, covs = run_chains(name, lr=0.01, steps=100_000, burnin=15_000, chains=3,
+                                         start=start, seed=seed, ends=ends, laws=laws)  # fmt: skip
+                worst_mean = max(float((m - mean).abs().max()) for m in means)
+                worst_cov = max(float((c - cov).abs().max()) for c in covs)
+                pairs = zip(means, covs, strict=True)
+                kl = max(gaussian_kl(m, c, mean, cov) for m, c in pairs)
+                print(f"{name} {start} seed {seed}: mean {worst_mean:.3f} cov {worst_cov:.3f} "
+                      f"KL {100 * kl / unit:.3f} % (warm-up ended at {ends[0]})")  # fmt: skip
+                law, sd_mean, sd_cov = laws[0]
+                for k in range(len(means)):
+                    z_mean = float(((means[k] - mean) / sd_mean[k]).abs().max())
+                    z_cov = float(((covs[k] - law[k]) / sd_cov[k]).abs().max())
+                    print(f"  chain {k}: cov error {float((covs[k] - cov).abs().max()):.3f}, "
+                          f"frozen G's bias {float((law[k] - cov).abs().max()):.4f}, "
+                          f"sd {float(sd_cov[k].max()):.3f}; |z| mean {z_mean:.2f} "
+                          f"cov {z_cov:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

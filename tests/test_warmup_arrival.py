@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
 import torch
 
 import sgrld
@@ -196,3 +197,72 @@ def test_a_waiting_dict_loads_into_an_optimizer_that_cannot_wait() -> None:
     assert other.sampler_states[0].warmup is None
     other.load_state_dict(opt.state_dict())
     assert other.sampler_states[0].warmup is None and other.num_steps == 10
+
+
+# --- K chains in one state: each freezes when it has arrived ---------------------------------
+
+
+def _mixed(name: str, steps: int, starts: tuple[float, ...] = (0.0, 60.0)) -> tuple[Any, Any]:
+    sampler = sgrld.build(name, lr=LR, num_data=1.0)
+    x0 = torch.tensor([[s, s] for s in starts], dtype=torch.float64)
+    state = sampler.init({"x": x0}, num_chains=len(starts), generator=torch.Generator())
+    state.generator.manual_seed(0)
+    for _ in range(steps):
+        sampler.step(state, {"x": _grad(state.params["x"])})
+    return sampler, state
+
+
+@pytest.mark.slow
+def test_each_chain_freezes_when_it_has_arrived_as_it_would_alone() -> None:
+    """One chain at the mode, one 60 away, in one state: the near one freezes at 950 as its
+    single-chain run does, the far one waits to 2,950 as its own run does; from its freeze on,
+    the near chain's G is never touched again (the far chain's steps adapt only the far one's
+    statistics, and Adam's restarts at 950 and 1,950 restart the far one's alone)."""
+    for name in ("rmsprop", "adam"):
+        _, near = _mixed(name, 960, (0.0,))
+        _, far = _mixed(name, 3000, (60.0,))
+        alone = near.warmup.freeze_steps() + far.warmup.freeze_steps()
+        assert alone == [950, 2950], (name, alone)
+        sampler, state = _mixed(name, 950)
+        frozen = {k: v[0].clone() for k, v in state.stats.items()}
+        for _ in range(2050):
+            sampler.step(state, {"x": _grad(state.params["x"])})
+        assert state.warmup.freeze_steps() == alone, name
+        for k, v in state.stats.items():
+            assert torch.equal(v[0], frozen[k]), (name, k)
+
+
+def test_resume_is_bit_identical_while_some_chains_are_frozen() -> None:
+    """Saved at step 1,200 (the near chain frozen since 950, the far one waiting): the loaded
+    copy takes the decision at 1,950 and every step as the one that never stopped; a state dict
+    from before (no per-chain windows) loads with every chain waiting alike."""
+    sampler, state = _mixed("adam", 1200)
+    near = {k: v[0].clone() for k, v in state.stats.items()}  # frozen since step 950
+    sd = state.state_dict()
+    assert sd["warmup"]["chains"].tolist() == [0, 1] and sd["warmup"]["extensions"] == 1
+    buf = io.BytesIO()
+    torch.save({"params": state.params["x"], "state": sd}, buf)
+    straight = sgrld.core.sampler.clone_state(state)
+    fresh = sampler.init({"x": torch.zeros(2, 2, dtype=torch.float64)}, num_chains=2)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    fresh.params["x"].copy_(saved["params"])
+    fresh.load_state_dict(saved["state"])
+    for s in (straight, fresh):
+        for _ in range(1000):
+            sampler.step(s, {"x": _grad(s.params["x"])})
+    assert fresh.warmup.count.tolist() == straight.warmup.count.tolist() == [0, 2]
+    assert torch.equal(fresh.params["x"], straight.params["x"])
+    for k, v in straight.stats.items():
+        assert torch.equal(fresh.stats[k], v), k
+        assert torch.equal(v[0], near[k]), k  # Adam's restart at 1,950 left it alone
+    del sd["warmup"]["chains"]
+    fresh.load_state_dict(sd)
+    assert fresh.warmup.count.tolist() == [1, 1]
+    sd["warmup"]["chains"] = torch.tensor([0, 2])  # more windows than the schedule has
+    try:
+        fresh.load_state_dict(sd)
+    except ValueError as exc:
+        assert "per-chain" in str(exc)
+    else:
+        raise AssertionError("a mismatched per-chain count loaded")

@@ -24,6 +24,7 @@ from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
 from sgrld.core.shards import SumsAhead
 from sgrld.core.state import SamplerState, Workspace
+from sgrld.core.warmup import keep_where
 
 CheckMode = Literal["sync", "deferred", "off"]
 Scalar = float | Tensor
@@ -378,7 +379,7 @@ def advance(
     num_data: float,
     temperature: float,
     checks: CheckMode = "sync",
-    adapt: bool = True,
+    adapt: bool | Tensor = True,
     noise_source: NoiseSource = "torch",
     compiled: Callable[..., bool] | None = None,
     refresh: bool = True,
@@ -390,8 +391,11 @@ def advance(
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
     ``lr``: a float or a 0-d or ``(K,)`` tensor; ``checks``: the check mode; ``adapt=False``: a
-    frozen G; ``compiled``: a :class:`~sgrld.core.compiled.CompiledMove`; ``refresh=False`` leaves
-    a due refresh to the caller (captured steps); ``direct=False`` sends SGLD through the flat
+    frozen G, or per chain a bool tensor of the batch shape (a frozen chain's statistics are kept
+    as they were, selected on the device); ``adapt=True`` on a state whose waiting warm-up froze
+    some of its chains already adapts the others only (``Arrival.chains_adapting``);
+    ``compiled``: a :class:`~sgrld.core.compiled.CompiledMove`; ``refresh=False`` leaves a due
+    refresh to the caller (captured steps); ``direct=False`` sends SGLD through the flat
     buffers (the same numbers; tests compare); ``telemetry``: a :func:`record_telemetry`
     accumulator; ``localization`` c > 0 adds c·(θ − ``state.center``) to the drift's gradient only.
     """
@@ -403,6 +407,8 @@ def advance(
             "localization needs a state with a centre (init by a sampler with localization > 0)"
         )
     plan = Plan.of(state, metric, checks, noise_source, compiled, direct, localization)
+    if adapt is True and state.warmup is not None:  # the chains that arrived stay frozen
+        adapt = _or_true(state.warmup.chains_adapting(state.step))
     part = Part.of(metric, state, grads)
     part.lr, part.sigma = lr, noise_scale(lr, num_data, temperature)
     # σ > 0 exactly then (n > 0 is validated); a float ℓ = 0 (a warm-up's start) draws nothing
@@ -411,7 +417,8 @@ def advance(
         _by_gradient(plan, state, part, telemetry)
     else:
         # the warm-up's last step refreshes as a scheduled one would (warmup.closes_warmup)
-        due = refresh and adapt and (refresh_due(metric, state.step + 1) or closes_warmup)
+        adapts = adapt if isinstance(adapt, bool) else True  # some chain: a mask comes with one
+        due = refresh and adapts and (refresh_due(metric, state.step + 1) or closes_warmup)
         if torch.compiler.is_compiling():  # a traced step reads nothing on the host anyway
             _through_flat(plan, metric, state, part, adapt, due, telemetry)
         else:
@@ -424,6 +431,10 @@ def advance(
     state.device_step.add_(1)
     if part.active is not None:  # a subset's statistics back into the group's
         _merge(metric.stat_kinds(state.layout), state.stats, part.stats, state.layout, part.active)
+
+
+def _or_true(mask: Tensor | None) -> bool | Tensor:
+    return True if mask is None else mask
 
 
 def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:
@@ -448,12 +459,14 @@ def _through_flat(
     metric: Metric,
     state: SamplerState,
     part: Part,
-    adapt: bool,
+    adapt: bool | Tensor,
     due: bool,
     telemetry: Tensor | None,
 ) -> None:
     """Every other step: ĝ gathered, checked, and :func:`body` (or compiled) on it."""
     layout, stats = part.layout, part.stats
+    # per chain: every chain's statistics updated, the frozen ones' then put back (keep_where)
+    chosen, adapt = (None, adapt) if isinstance(adapt, bool) else (adapt, True)
     grad = part.work.gather(part.grads)
     ok: Tensor | None = None  # deferred checks: per chain, whether it may move
     if plan.checks == "sync" and layout.shards is None:  # sharded: with the sums, below
@@ -471,12 +484,10 @@ def _through_flat(
         # see, so the metric then sums over the ranks itself, one all-reduce per sum
         summing = None if plan.localization else metric
         _sum_ahead(summing, stats, layout, grad, xi, adapt, plan.checks == "sync")
-    saved = None
-    if ok is not None:
-        if xi is not None:
-            xi.masked_fill_(~ok, 0.0)
-        if adapt:
-            saved = {k: v.clone() for k, v in stats.items()}
+    if ok is not None and xi is not None:
+        xi.masked_fill_(~ok, 0.0)
+    keep = chosen if ok is None else ok.squeeze(-1) if chosen is None else ok.squeeze(-1) & chosen
+    saved = {k: v.clone() for k, v in stats.items()} if adapt and keep is not None else None
     # deferred: the count read on the device (a captured step reads no host value)
     count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
     if state.warmup is not None:  # counted from the statistics' restart (warmup.after_step)
@@ -495,10 +506,8 @@ def _through_flat(
         body(move, due, part.work.views, telemetry, pull)
     if layout.shards is not None:
         layout.shards.ahead.clear()
-    if saved is not None and ok is not None:
-        for k, v in stats.items():  # a bad chain's statistics as they were
-            keep = ok.reshape(*ok.shape[:-1], *([1] * (v.dim() - ok.dim() + 1)))
-            v.copy_(torch.where(keep, v, saved[k]))
+    if saved is not None and keep is not None:  # a bad or frozen chain's statistics as they were
+        keep_where(stats, saved, keep)
 
 
 def localization_pull(

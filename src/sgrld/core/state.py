@@ -112,7 +112,13 @@ class SamplerState:
         if self.center is not None:
             sd["center"] = [c.clone() for c in self.center]
         if self.warmup is not None:
-            sd["warmup"] = {"sums": self.warmup.sums.clone(), "extensions": self.warmup.extensions}
+            warmup: dict[str, Any] = {
+                "sums": self.warmup.sums.clone(),
+                "extensions": self.warmup.extensions,
+            }
+            if self.warmup.count.dim():  # K chains: each one's windows (a frozen one's fewer)
+                warmup["chains"] = self.warmup.count.clone()
+            sd["warmup"] = warmup
         return sd
 
     def validate_state_dict(self, sd: Any, label: str = "state dict") -> None:
@@ -159,6 +165,14 @@ class SamplerState:
                 raise ValueError(f"{label}: the warm-up's statistics do not match this sampler")
             if not isinstance(ext, int) or isinstance(ext, bool) or ext < 0:
                 raise ValueError(f"{label}: the warm-up's extensions are {ext!r}")
+            chains = saved.get("chains", None)
+            if chains is not None and (
+                not isinstance(chains, Tensor)
+                or chains.shape != self.warmup.count.shape
+                or chains.dtype != torch.int64
+                or (chains.numel() and not 0 <= int(chains.min()) <= int(chains.max()) == ext)
+            ):
+                raise ValueError(f"{label}: the warm-up's per-chain windows do not match")
         check_generator_state(self.generator, sd["generator"], label)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -182,7 +196,10 @@ class SamplerState:
         if self.warmup is not None:
             if "warmup" in sd:
                 self.warmup.sums.copy_(sd["warmup"]["sums"])
-                self.warmup.count.fill_(sd["warmup"]["extensions"])
+                if "chains" in sd["warmup"]:
+                    self.warmup.count.copy_(sd["warmup"]["chains"])
+                else:  # saved before each chain froze on its own: all of them wait alike
+                    self.warmup.count.fill_(sd["warmup"]["extensions"])
             else:  # a state dict from before the warm-up waited: its windows, as they were
                 self.warmup = None
 

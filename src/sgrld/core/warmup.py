@@ -10,14 +10,17 @@ the chain: at the end of its last slow window one host read of :class:`Arrival`'
 whether the chain is stationary, and if not the warm-up gets another slow window (twice the last
 nominal one), up to 16 × its nominal length; the bias-corrected metrics (Adam) restart their
 statistics at every slow window's start, as Stan does, so the frozen G is learned from the last
-window alone.
+window alone. K chains held in one state (``num_chains``, :class:`sgrld.Chains`) each get their
+own verdict: a chain that has arrived freezes at the window's end while the others wait on, its
+statistics left as they were by the steps that still adapt the others (``adapt`` per chain:
+:meth:`Arrival.chains_adapting`, applied by the step engine with no host read).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +36,7 @@ __all__ = [
     "check_adapt_until",
     "closes_warmup",
     "drawn_while_adapting",
+    "keep_where",
     "new_arrival",
     "warmup_end",
     "warmup_length",
@@ -241,7 +245,8 @@ class Arrival:
         picks: per parameter tensor, the flat indices tracked in it (from the layout: not state).
         sums: ``(5, *batch, m)``: the window's first x₁, then Σ(x − x₁) and Σ(x − x₁)² of the
             first half and of the second (at least float32, whatever the parameters' dtype).
-        count: 0-d int64 (host memory): the slow windows added so far.
+        count: int64 of the batch shape (host memory): per chain, the slow windows added for it
+            (a chain that arrived keeps its count while the others' grow).
         restarts: whether the metric restarts its statistics at each slow window's start.
     """
 
@@ -250,10 +255,35 @@ class Arrival:
     sums: Tensor
     count: Tensor
     restarts: bool
+    #: the last per-chain mask of :meth:`chains_adapting` (its flags, its device tensor)
+    _mask: tuple[tuple[bool, ...], Tensor] | None = field(default=None, repr=False, compare=False)
 
     @property
     def extensions(self) -> int:
-        return int(self.count)
+        """The windows added so far for the chains still waiting (the state's schedule)."""
+        return int(self.count.max())
+
+    def freeze_steps(self) -> list[int]:
+        """Per chain (flattened), the last step that adapts its metric as its warm-up stands."""
+        return [self.schedule.slow_ends(c)[-1] for c in self.count.reshape(-1).tolist()]
+
+    def chains_adapting(self, steps_taken: int) -> Tensor | None:
+        """Per chain, whether step ``steps_taken + 1`` updates its metric: a bool device tensor of
+        the batch shape where the chains disagree (some froze at an earlier window's end), else
+        ``None`` (they all do as :func:`adapting` says). From host counts: no device read."""
+        if self.count.dim() == 0:
+            return None
+        counts = self.count.reshape(-1).tolist()
+        if min(counts) == max(counts):
+            return None
+        ends = {c: self.schedule.slow_ends(c)[-1] for c in set(counts)}
+        flags = tuple(steps_taken < ends[c] for c in counts)
+        if all(flags) or not any(flags):
+            return None
+        if self._mask is None or self._mask[0] != flags:  # changes at a window's end only
+            mask = torch.tensor(flags, device=self.sums.device).reshape(self.count.shape)
+            self._mask = (flags, mask)
+        return self._mask[1]
 
     def window(self) -> tuple[int, int]:
         """The last slow window of the schedule so far: the steps after its start to its end."""
@@ -286,6 +316,10 @@ class Arrival:
 
     def arrived(self) -> bool:
         """Whether every chain has arrived (one host read), at the window's end."""
+        return bool(self.verdicts().all())
+
+    def verdicts(self) -> Tensor:
+        """Per chain, whether it has arrived: a host bool tensor of the batch shape (one read)."""
         start, end = self.window()
         n1 = (start + end) // 2 - start
         n2 = end - start - n1
@@ -295,7 +329,7 @@ class Arrival:
         gap = (mean2 - mean1).abs()
         # a coordinate that never moved (sd 0, gap 0) has arrived
         settled = (gap <= RATIO * ((var1 + var2) / 2).sqrt()).to(torch.float64)
-        return bool((settled.mean(dim=-1) >= QUORUM).all())
+        return (settled.mean(dim=-1) >= QUORUM).cpu()
 
 
 def new_arrival(
@@ -326,24 +360,39 @@ def new_arrival(
     like = params[0]
     dtype = torch.promote_types(like.dtype, torch.float32)
     sums = torch.zeros((5, *batch_shape, tracked), dtype=dtype, device=like.device)
-    count = torch.zeros((), dtype=torch.int64)
+    count = torch.zeros(batch_shape, dtype=torch.int64)
     return Arrival(adapt_until, picks, sums, count, bool(getattr(metric, "restarts", False)))
 
 
 def after_step(metric: Any, state: Any) -> None:
     """The warm-up's part of the host schedule after a step of ``state`` (a
     :class:`~sgrld.core.state.SamplerState`): the tracked coordinates summed; at the end of the
-    last slow window, one host read, and another window if the chain has not arrived; at a slow
-    window's start the metric's restart (Adam's moments, with its bias correction)."""
+    last slow window, one host read, and another window for each chain that has not arrived; at
+    a slow window's start the metric's restart (Adam's moments, with its bias correction) of the
+    chains that adapt on."""
     arrival = state.warmup
     if arrival is None:
         return
     steps = state.step
     arrival.observe(list(state.params.values()), steps)
     last = arrival.window()[1]
-    extend = steps == last and arrival.schedule.can_extend(arrival.extensions)
-    if extend and not arrival.arrived():  # the one host read of a window
-        arrival.count += 1
-        arrival.sums.zero_()
+    if steps == last and arrival.schedule.can_extend(arrival.extensions):
+        # the one host read of a window; only the chains still waiting are judged
+        travelling = (arrival.count == arrival.extensions) & ~arrival.verdicts()
+        if bool(travelling.any()):
+            arrival.count += travelling.to(torch.int64)
+            arrival.sums.zero_()
     if arrival.restarts and steps in arrival.schedule.slow_starts(arrival.extensions):
+        keep = arrival.chains_adapting(steps)  # a frozen chain's statistics are not restarted
+        saved = None if keep is None else {k: v.clone() for k, v in state.stats.items()}
         metric.restart(state.stats, state.layout)
+        if saved is not None and keep is not None:
+            keep_where(state.stats, saved, keep)
+
+
+def keep_where(stats: dict[str, Tensor], before: dict[str, Tensor], mask: Tensor) -> None:
+    """Per chain, the statistics as in ``stats`` where ``mask`` (a bool of the batch shape)
+    holds, else as in ``before`` (in place; every statistic leads with the batch dimensions)."""
+    for k, v in stats.items():
+        keep = mask.reshape(*mask.shape, *([1] * (v.dim() - mask.dim())))
+        v.copy_(torch.where(keep, v, before[k]))

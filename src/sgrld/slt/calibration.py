@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -44,6 +44,9 @@ class Spectrum:
         noise: nβ²s², s² the minibatch gradient's variance along S's top eigenvector.
         hessian_trace: tr(G^{-½}·nβ∇²L_n(w₀)·G^{-½}) (Hutchinson's estimate).
         noise_trace: nβ²·tr(G^{-½}ΣG^{-½}), Σ the minibatch gradient's covariance.
+        stats: the metric's statistics of that G (built from the batches' gradients at w₀), laid
+            out over the parameters that need grad in the model's order: the G that
+            :func:`sgrld.llc` freezes by default, so its chains use the G their ε was sized for.
     """
 
     top: float
@@ -51,6 +54,7 @@ class Spectrum:
     noise: float
     hessian_trace: float = math.nan
     noise_trace: float = math.nan
+    stats: dict[str, Tensor] | None = field(default=None, repr=False, compare=False)
 
     def inflation(self, lr: float) -> float:
         """The stiffest direction's variance inflation at ε = ``lr``: ε(a₊ + nβ²s²)/4."""
@@ -193,7 +197,7 @@ def spectrum(
         spread2 = sum(float(scaled(g - mean).square().sum()) for g in grads)
         noise_trace = nbeta**2 * spread2 / (len(grads) - 1)
     return Spectrum(top=top, bottom=top - gap, noise=noise, hessian_trace=hessian_trace,
-                    noise_trace=noise_trace)  # fmt: skip
+                    noise_trace=noise_trace, stats=state.stats)  # fmt: skip
 
 
 def _power(op: Callable[[Tensor], Tensor], v: Tensor, iterations: int) -> tuple[float, Tensor]:

@@ -13,13 +13,14 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from sgrld.chains import Chains
+from sgrld.core.contract import Stats
 from sgrld.core.engine import NonFiniteGradientError
 from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
@@ -44,6 +45,10 @@ from sgrld.slt.result import LLCEstimate
 from sgrld.slt.verdict import LLCWarning, judge
 
 LossFn = Callable[[nn.Module, Any], Tensor]
+#: :func:`llc`'s default ``adapt_until``: no warm-up in the trace; G frozen from the first step at
+#: the statistics the step-size calibration built from the gradients at w₀ (``docs/llc.md``)
+AT_CALIBRATION: Literal["calibration"] = "calibration"
+Warmup = int | None | Literal["calibration"]
 #: the initial batches :func:`calibrate_lr` probes (its cost: 30 Hessian-vector products each)
 PROBE_BATCHES = 16
 
@@ -80,7 +85,7 @@ def llc(
     lr: float | None = None,
     burnin: int = 0,
     init_batches: int | None = None,
-    adapt_until: int | None = DEFAULT_WARMUP,
+    adapt_until: Warmup = AT_CALIBRATION,
     vectorize: bool = True,
     masks: Mapping[Any, Tensor] | None = None,
     train: bool | None = None,
@@ -110,8 +115,13 @@ def llc(
         burnin: leading steps of every trace left out of the mean (devinterp: 0).
         init_batches: batches whose mean loss is L_n(w₀); default: one pass over ``loader``
             where it has a length, else 32 (a count that is not whole passes biases λ̂).
-        adapt_until: steps during which the metric adapts (``sgrld.build``; ``None``: always,
-            as devinterp's RMSprop-SGLD).
+        adapt_until: ``"calibration"`` (default): where ``lr`` is calibrated, G frozen from
+            the first step at the metric's statistics of the gradients at w₀ that the
+            calibration's spectrum is computed with (the G its ε and the verdict's figures are
+            about), so no kept step adapts; with ``lr`` given (an ε chosen for another G) or no
+            spectrum (masks, FSDP2, bfloat16), ``DEFAULT_WARMUP``. An integer or ``Windows``:
+            the warm-up after which G is frozen (``sgrld.build``); ``None``: always adapt, as
+            devinterp's RMSprop-SGLD.
         vectorize: ``True``: the K chains in one vectorised :class:`sgrld.Chains`; ``False``:
             one after the other on the model's own parameters (no ``vmap``, less memory).
         masks: ``{parameter or its name: bool tensor of its (global) shape}``: only those
@@ -223,7 +233,7 @@ def _check_arguments(args: dict[str, Any]) -> float:
         _check_int(name, args[name], 1)
     _check_int("burnin", args["burnin"], 0, args["num_steps"] - 1)
     _check_int("seed", args["seed"], 0, 2**63 - args["num_chains"])
-    if args["adapt_until"] is not None:
+    if args["adapt_until"] is not None and args["adapt_until"] != AT_CALIBRATION:
         _check_int("adapt_until", args["adapt_until"], 0)
     for name in ("vectorize", "warn"):
         if not isinstance(args[name], bool):
@@ -263,21 +273,37 @@ def _adapting(
     return max(0, max(ends) - burnin)
 
 
-def _noting_arrivals(steppers: Iterable[Stepper], into: list[Arrival | None]) -> Iterable[Stepper]:
-    """``steppers`` as they were (a list stays a list), each one's warm-up noted in ``into``."""
+def _noting_arrivals(
+    steppers: Iterable[Stepper], into: list[Arrival | None], frozen_at: Stats | None = None
+) -> Iterable[Stepper]:
+    """``steppers`` as they were (a list stays a list), each one's warm-up noted in ``into``,
+    and with ``frozen_at`` every chain's metric statistics set to it (the calibration's G)."""
 
     def note(stepper: Any) -> Any:
         if isinstance(stepper, VectorizedChains):
-            into.extend(g.state.warmup for g in stepper.chains.groups)  # type: ignore[attr-defined]
+            states = [g.state for g in stepper.chains.groups]  # type: ignore[attr-defined]
         elif isinstance(stepper, FunctionalChain):
-            into.append(stepper.state.warmup)
+            states = [stepper.state]
         else:
-            into.extend(s.warmup for s in stepper.optimizer.sampler_states)
+            states = list(stepper.optimizer.sampler_states)
+        into.extend(s.warmup for s in states)
+        if frozen_at is not None:
+            for state in states:
+                _seed_stats(state.stats, frozen_at)
         return stepper
 
     if isinstance(steppers, list):
         return [note(s) for s in steppers]
     return (note(s) for s in steppers)
+
+
+def _seed_stats(stats: Stats, frozen_at: Stats) -> None:
+    """Every chain's statistics (``(*batch, ...)``) set to the unbatched ``frozen_at``."""
+    for key, value in stats.items():
+        source = frozen_at[key]
+        if value.shape[value.dim() - source.dim() :] != source.shape:
+            raise RuntimeError(f"llc: the calibration's statistic {key!r} does not fit the chains")
+        value.copy_(source.expand_as(value))
 
 
 def _frozen_from(sampler: str, adapt_until: int | None, num_steps: int) -> int:
@@ -343,7 +369,7 @@ def _estimate(
     lr: float | None,
     burnin: int,
     init_batches: int,
-    adapt_until: int | None,
+    adapt_until: Warmup,
     vectorize: bool,
     masks: Mapping[Any, Tensor] | None,
     metric_options: dict[str, Any],
@@ -375,9 +401,11 @@ def _estimate(
         options: dict[str, Any] = devinterp_options(
             eps, nbeta=nbeta, localization=localization, num_data=num_data
         )
-        return build(sampler, **options, noise="philox", adapt_until=adapt_until, **metric_options)
+        return build(sampler, **options, noise="philox", adapt_until=warmup, **metric_options)
 
     spec: Spectrum | None = None
+    at_calibration = adapt_until == AT_CALIBRATION
+    warmup: int | None = DEFAULT_WARMUP if at_calibration else adapt_until  # type: ignore[assignment]
     if not through_optimizer:  # the quadratic model: ε's rule, or the verdict on a given ε
         try:
             spec = spectrum(model, loss, first[:PROBE_BATCHES], make(1.0), nbeta=nbeta,
@@ -385,6 +413,10 @@ def _estimate(
         except DoubleBackwardError:
             if lr is None:
                 raise
+    # a given ε was chosen for some other G (devinterp's adapt throughout): that one warms up
+    frozen_at = spec.stats if at_calibration and calibrated and spec is not None else None
+    if frozen_at is not None:  # no warm-up: G as the spectrum has it (seeded below)
+        warmup = 0
     if lr is None:
         assert spec is not None
         lr = lr_from_spectrum(spec, num_steps - burnin)
@@ -395,7 +427,7 @@ def _estimate(
         settings: dict[str, Any] = {
             **devinterp_options(lr, nbeta=nbeta, localization=localization, num_data=num_data),
             **metric_options,
-            "adapt_until": adapt_until,
+            "adapt_until": warmup,
         }
         steppers = (_optimizer_chain(model, named, loss, sampler, settings, masks, s)
                     for s in seeds)  # fmt: skip
@@ -405,7 +437,7 @@ def _estimate(
     else:
         steppers = (FunctionalChain(model, named, loss, built, s) for s in seeds)
     arrivals: list[Arrival | None] = []  # the warm-up each chain waited for (core.warmup)
-    steppers = _noting_arrivals(steppers, arrivals)
+    steppers = _noting_arrivals(steppers, arrivals, frozen_at)
     try:
         done = run(steppers, loader, num_steps, restore=[*named.values(), *model.buffers()])
     finally:
@@ -421,10 +453,10 @@ def _estimate(
         pass_length=len(loader) if isinstance(loader, Sized) else None,
         inflation=spec.inflation(lr) if spec else math.nan,
         step_bias=spec.step_bias(lr) if spec else math.nan,
-        adapting=_adapting(sampler, adapt_until, burnin, num_steps, arrivals),
+        adapting=_adapting(sampler, warmup, burnin, num_steps, arrivals),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
         batch_spread=batch_spread,
-        frozen_from=_frozen_from(sampler, adapt_until, num_steps),
+        frozen_from=_frozen_from(sampler, warmup, num_steps),
     )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),
