@@ -221,7 +221,7 @@ def _config(
         "num_val": dataset_info(dataset).num_val if num_val is None else num_val,
     }
     try:
-        config = RunConfig(**run)  # ℓ is checked after the other options
+        config = RunConfig.from_dict(run)  # ℓ is checked after the other options
     except ValueError as exc:
         raise UsageError(cli_names(str(exc))) from exc
     if lr is None:
@@ -266,7 +266,6 @@ def _check_tuned_setting(value: str, config: RunConfig) -> list[str]:
         for f in dataclasses.fields(metric)  # type: ignore[arg-type]
         if f.default is not dataclasses.MISSING
     }
-    fixed = {**defaults, **config.sampler_options}
-    fixed |= {n: getattr(config, n) for n in METRIC_FIELDS if n in defaults or n in fixed}
+    fixed = {**defaults, **config.metric_options}
     fixed |= {"temperature": config.temperature, "adapt_until": config.adapt_until}
     return check_setting(value, setting, fixed)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from sgrld.experiments.base.files import save_figure
+from sgrld.experiments.run.naming import tuned_text
 from sgrld.experiments.run.results import second_score
 
 
@@ -62,7 +63,7 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     axes[3].set_title("sampling seconds per epoch")
     axes[3].set_xlabel("epoch")
     config = results["config"]
-    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    alpha = tuned_text(config)
     fig.suptitle(
         wrap_title(
             f"{config['dataset']} {config['model']} {config['prior']}: {config['sampler']} "
