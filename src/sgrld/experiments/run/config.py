@@ -131,22 +131,19 @@ class RunConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        # a tuned option (Monge's α²) is required by a metric that has it, refused by the others;
-        # a metric option with a field of its own (Monge's α² rule) is left at its default there
-        if not isinstance(self.tuned, Mapping):
-            raise ValueError(f"tuned must be a table of options, got {self.tuned!r}")
+        # a tuned option (Monge's α²) is required by a metric that has it, refused by the others,
+        # as a metric option with a field of its own (Monge's α² rule) not at its default is
+        if not isinstance(self.tuned, Mapping) or not set(self.tuned) <= set(TUNED_FIELDS):
+            raise ValueError(f"invalid tuned options {self.tuned!r}; valid: {TUNED_FIELDS}")
         given = {n: v for n, v in self.tuned.items() if v is not None}
         object.__setattr__(self, "tuned", given)  # None: not given, as the files write it
-        for name in given:
-            if name not in TUNED_FIELDS:
-                raise ValueError(f"unknown tuned option {name!r}; valid: {', '.join(TUNED_FIELDS)}")
-        takes = option_names(self.sampler)
         for name in get_metric(self.sampler).tuned:
             if name not in given:
                 raise ValueError(f"{self.sampler} needs {name}")
+        takes, values = option_names(self.sampler), self.flat()
         defaults = {f.name: f.default for f in fields(self)}
         for name in (*given, *METRIC_FIELDS):
-            if name not in takes and self.flat()[name] != defaults.get(name):
+            if name not in takes and values[name] != defaults.get(name):
                 owner = " or ".join(n.capitalize() for n in samplers_taking(name))
                 raise ValueError(f"{name} is a {owner} option; leave it unset for {self.sampler}")
         if self.schedule not in ("constant", "cyclical"):
