@@ -35,7 +35,7 @@ from sgrld.experiments.report.tables import (
     setting_key,
 )
 from sgrld.experiments.run.config import TUNED_FIELDS
-from sgrld.experiments.run.results import second_score
+from sgrld.experiments.run.results import scored_by
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,7 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
             continue
         key = _lr_and_tuned
         # LP and the second score of the likelihood: accuracy, or a regression's RMSE
-        second = second_score(usable[0].completed[0]["curves"])
+        second = scored_by(usable[0].completed[0]["curves"]).second()
         stats = {
             key(g): {m: mean_std_over_runs(curves(g, f"test_{m}")) for m in ("lp", second)}
             for g in usable
