@@ -244,8 +244,7 @@ class RunConfig:
 
     def label(self) -> str:
         """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
-        symbols = get_metric(self.sampler).symbols
-        extra = "".join(f" {symbols.get(n, n)}={v:g}" for n, v in self.tuned.items())
+        extra = "".join(f" {symbol(n)}={v:g}" for n, v in self.tuned.items())
         extra += "".join(f" {k}={v}" for k, v in sorted(self.sampler_options.items()))
         return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
 
@@ -253,6 +252,14 @@ class RunConfig:
 def samplers_taking(option: str) -> list[str]:
     """The samplers whose metric takes ``option``."""
     return [name for name in metric_names() if option in option_names(name)]
+
+
+def symbol(option: str) -> str:
+    """How labels and tables write a metric option (:attr:`~sgrld.metrics.Metric.symbols`:
+    Monge's ``α²``), else its name."""
+    return next(
+        (s for m in samplers_taking(option) if (s := get_metric(m).symbols.get(option))), option
+    )
 
 
 #: The metrics' options tuned with ℓ (:attr:`sgrld.metrics.Metric.tuned`), in registry order:

@@ -8,9 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
+from sgrld.experiments.run.config import TUNED_FIELDS, symbol
 from sgrld.experiments.run.options import by_field
-from sgrld.metrics import get_metric
 
 #: A tuned option's word in folder names where it is not its name (as the first runs wrote it).
 _FOLDER_WORDS = {"alpha2": "alpha"}
@@ -78,22 +77,19 @@ def setting_name(config: Mapping[str, Any], varying: Iterable[str] = ()) -> str:
 def run_label(config: Mapping[str, Any]) -> str:
     """``lr0.25-alpha1.25-seed0`` (the tuned options' parts, α², only where the sampler has
     them)."""
-    given = [n for n in TUNED_FIELDS if config.get(n) is not None]
-    alpha = "".join(f"-{_FOLDER_WORDS.get(n, n)}{config[n]:g}" for n in given)
+    alpha = "".join(f"-{_FOLDER_WORDS.get(n, n)}{config[n]:g}" for n in _given(config))
     alpha += options_label(config.get("sampler_options", {}))
     return f"lr{config['lr']:g}{alpha}-seed{config['seed']}"
 
 
 def tuned_text(config: Mapping[str, Any]) -> str:
     """``, α² 1.25``: the tuned options a config (as the files write it) holds, by symbol."""
+    return "".join(f", {symbol(n)} {config[n]:g}" for n in _given(config))
 
-    def symbol(name: str) -> str:
-        return next(
-            (s for m in samplers_taking(name) if (s := get_metric(m).symbols.get(name))), name
-        )
 
-    given = [n for n in TUNED_FIELDS if config.get(n) is not None]
-    return "".join(f", {symbol(n)} {config[n]:g}" for n in given)
+def _given(config: Mapping[str, Any]) -> list[str]:
+    """The tuned options a config (as the files write it) holds: α² for Monge's."""
+    return [n for n in TUNED_FIELDS if config.get(n) is not None]
 
 
 def flag_of(field: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPLERS
-from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
+from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking, symbol
 from sgrld.experiments.run.tuned import lr_value
 from sgrld.metrics import get_metric, resolve_metric_name
 
@@ -103,12 +103,11 @@ WHAT, SCHEDULE, MACHINE = "what to sample", "schedule and evaluation", "data, ou
 def tuned_option(name: str) -> RunOption:
     """The option of a metric's tuned option (:data:`~.run.config.TUNED_FIELDS`, ``--alpha2``)."""
     owners = samplers_taking(name)
-    metric = get_metric(owners[0])
-    default = next(f.default for f in fields(metric) if f.name == name)  # type: ignore[arg-type]
+    default = next(f.default for f in fields(get_metric(owners[0])) if f.name == name)  # type: ignore[arg-type]
     return RunOption(
         name=name, group=WHAT, kind="float", parse=number, many=True, axis=True,
         metavar="A[,A...]",
-        help=f"{' or '.join(o.capitalize() for o in owners)}'s {metric.symbols.get(name, name)}; "
+        help=f"{' or '.join(o.capitalize() for o in owners)}'s {symbol(name)}; "
         f"default: the paper's for the setting, else {default}. A comma list runs one chain "
         "per value",
     )  # fmt: skip
