@@ -112,7 +112,8 @@ def test_per_chain_lr_and_alpha2_match_single_runs() -> None:
     assert len(run.stepper.chains.groups) == 2  # one sampler call per α²
     for config, chain in zip(configs, run.run(), strict=True):
         single = SamplingRun(config, SPLITS).run()[0]
-        assert (chain["config"]["lr"], chain["config"]["alpha2"]) == (config.lr, config.alpha2)
+        wanted = (config.lr, config.tuned["alpha2"])
+        assert (chain["config"]["lr"], chain["config"]["alpha2"]) == wanted
         assert _final_gap(chain, single) < 1e-5
 
 

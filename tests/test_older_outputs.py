@@ -61,3 +61,18 @@ def _close(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-7)
     return a == b
+
+
+def test_tuned_options_read_in_both_forms_and_write_the_old_one() -> None:
+    old = json.loads((OLD / "results.json").read_text())["config"]  # Monge, "alpha2": 1.0
+    config = RunConfig.from_dict(old)
+    assert config.tuned == {"alpha2": 1.0}
+    nested = {k: v for k, v in old.items() if k != "alpha2"} | {"tuned": {"alpha2": old["alpha2"]}}
+    assert RunConfig.from_dict(nested) == config and config.to_dict() == old
+    identity = RunConfig.from_dict({**old, "sampler": "identity", "alpha2": None})
+    assert identity.tuned == {} and identity.to_dict()["alpha2"] is None  # as every file has it
+    assert identity.label() == "identity ℓ=0.05 seed 0" and "α²=" in config.label()
+    with pytest.raises(ValueError, match="alpha2 is a Monge option"):
+        RunConfig.from_dict({**old, "sampler": "identity"})
+    with pytest.raises(ValueError, match="monge needs alpha2"):
+        RunConfig.from_dict({**old, "alpha2": None})

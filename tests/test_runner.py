@@ -19,6 +19,7 @@ from sgrld.data import Splits
 from sgrld.experiments.run.checkpoint import load_checkpoint
 from sgrld.experiments.run.config import (
     CHECKPOINT_FILE,
+    TUNED_FIELDS,
     RunConfig,
     derive_seed,
     is_sample_step,
@@ -63,7 +64,8 @@ def tiny_config(**overrides: Any) -> RunConfig:
     values.update(overrides)
     if values["sampler"] == "monge":
         values.setdefault("alpha2", 1.0)
-    return RunConfig(**values)
+    tuned = {n: values.pop(n) for n in TUNED_FIELDS if n in values}  # as the files write them
+    return RunConfig(**values, tuned=tuned)
 
 
 # --- schedule ---------------------------------------------------------------------------------

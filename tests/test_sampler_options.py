@@ -16,16 +16,16 @@ from metric_cases import CASES as METRIC_CASES
 from sgrld.experiments.commands import sample, sweep
 from sgrld.experiments.commands.options import config_from_args
 from sgrld.experiments.run.build import make_sampler, option_names
-from sgrld.experiments.run.config import METRIC_FIELDS, RunConfig
+from sgrld.experiments.run.config import METRIC_FIELDS, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import default_out_dir
 from sgrld.metrics import get_metric, metric_names
 
 
 def config(sampler: str, **options: Any) -> RunConfig:
-    alpha2 = 1.0 if sampler == "monge" else None
+    tuned = {"alpha2": 1.0} if sampler == "monge" else {}
     return RunConfig(
         dataset="mnist", model="fc", prior="gaussian", sampler=sampler, lr=0.1, epochs=3,
-        alpha2=alpha2, sampler_options=options,
+        tuned=tuned, sampler_options=options,
     )  # fmt: skip
 
 
@@ -37,7 +37,7 @@ CASES = [
     (name, option)
     for name in metric_names()
     for option in option_names(name)
-    if option not in METRIC_FIELDS
+    if option not in (*METRIC_FIELDS, *TUNED_FIELDS)  # fields and tuned options of their own
 ]
 
 

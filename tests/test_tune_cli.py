@@ -116,9 +116,9 @@ def test_a_tuned_alpha2_is_shown_and_taken_by_sample(tmp_path: Path) -> None:
     assert f"ℓ {result.lr:.3g}, alpha2 {alpha2:.3g}" in tuning_table(data)
     config = config_from_args(_sample_args(*RUN, "--sampler", "monge", "--lr",
                                                   f"tuned:{tmp_path}"))  # fmt: skip
-    assert (config.lr, config.alpha2) == (result.lr, alpha2)
+    assert (config.lr, config.tuned) == (result.lr, {"alpha2": alpha2})
     given = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}", "--alpha2", "3")
-    assert config_from_args(given).alpha2 == 3.0
+    assert config_from_args(given).tuned == {"alpha2": 3.0}
     other = _sample_args(*RUN, "--sampler", "monge", "--lr", f"tuned:{tmp_path}",
                          "--alpha2-rule", "normalized")  # fmt: skip
     with pytest.raises(ValueError, match=r"tuned with alpha2_rule = fixed, not normalized"):

@@ -32,6 +32,7 @@ from sgrld.experiments.base.files import (
 )
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import OptionAction
+from sgrld.experiments.run.results import nan_to_none
 from sgrld.metrics import get_metric
 from sgrld.slt import LLCEstimate, against_sgld, llc, targets
 from sgrld.slt.language import CausalLM, next_token_loss, synthetic_language, train
@@ -186,23 +187,12 @@ def _run_locked(args: argparse.Namespace, samplers: list[str], options: dict[str
         print(f"sgrld llc: warning: {len(bad)} of {len(rows)} estimates failed their verdict "
               "(above; docs/llc.md says what each problem means)", file=sys.stderr)  # fmt: skip
     try:
-        write_atomic(args.out / "llc.json", json.dumps(_finite(rows), indent=1) + "\n")
+        write_atomic(args.out / "llc.json", json.dumps(nan_to_none(rows), indent=1) + "\n")
         _figure(args, rows, traces, samplers)
     except OSError as exc:
         return fail("llc", f"cannot write to {args.out}: {exc}", exits.IO_ERROR)
     print(f"wrote {args.out / 'llc.json'} and {args.out / 'llc.png'}")
     return 0
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every non-finite float as ``None`` (JSON has no NaN: ``null``)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _check_ranges(args: argparse.Namespace) -> None:

@@ -221,7 +221,7 @@ def _config(
         "num_val": dataset_info(dataset).num_val if num_val is None else num_val,
     }
     try:
-        config = RunConfig(**run)  # ℓ is checked after the other options
+        config = RunConfig.from_dict(run)  # ℓ is checked after the other options
     except ValueError as exc:
         raise UsageError(cli_names(str(exc))) from exc
     if lr is None:
@@ -237,7 +237,7 @@ def _config(
             f"splits into training and validation: give --num-val between 1 and {pool - 1}"
         )
     try:  # as the sampler will: finite, and a step that fits a float32
-        check_hyperparameters(config.lr, _num_train(config), config.temperature)
+        check_hyperparameters(config.lr, config.max_num_data(), config.temperature)
     except ValueError as exc:
         raise UsageError(cli_names(str(exc))) from exc
     if tuned_from is not None:
@@ -246,19 +246,13 @@ def _config(
     return config
 
 
-def _num_train(config: RunConfig) -> int:
-    """The run's n: its training points (``--subset`` of them)."""
-    full = dataset_info(config.dataset).train_pool - config.num_val
-    return min(config.max_train, full) if config.max_train else full
-
-
 def _check_tuned_setting(value: str, config: RunConfig) -> list[str]:
     """:func:`~sgrld.experiments.run.tuned.check_setting` with the run's setting: n, τ and
     the options the tuner kept fixed (the metric's defaults where the run gives none)."""
     setting = {
         **{f: getattr(config, f) for f in ("sampler", "dataset", "model", "width", "prior")},
         **{f: getattr(config, f) for f in ("batch_size", "epochs")},
-        "num_train": _num_train(config),
+        "num_train": config.max_num_data(),
     }
     metric = get_metric(config.sampler)
     defaults = {
@@ -266,7 +260,6 @@ def _check_tuned_setting(value: str, config: RunConfig) -> list[str]:
         for f in dataclasses.fields(metric)  # type: ignore[arg-type]
         if f.default is not dataclasses.MISSING
     }
-    fixed = {**defaults, **config.sampler_options}
-    fixed |= {n: getattr(config, n) for n in METRIC_FIELDS if n in defaults or n in fixed}
+    fixed = {**defaults, **config.metric_options}
     fixed |= {"temperature": config.temperature, "adapt_until": config.adapt_until}
     return check_setting(value, setting, fixed)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -105,11 +104,11 @@ def adopt_saved_options(args: argparse.Namespace, out: Path) -> None:
     values: dict[str, Any] = {}
     first = saved[0]
     listed = ("lr", *TUNED_FIELDS)  # one value per chain
-    for f in dataclasses.fields(first):
-        if f.name not in (*listed, "seed"):
-            values[options[f.name].name] = getattr(first, f.name)
+    for field, value in first.flat().items():
+        if field not in (*listed, "seed"):
+            values[options[field].name] = value
     for name in listed:
-        chosen = list(dict.fromkeys(getattr(c, name) for c in saved))
+        chosen = list(dict.fromkeys(c.flat()[name] for c in saved))
         values[name] = None if chosen == [None] else chosen
     seeds = sorted({c.seed for c in saved})
     values["seed"], values["chains"] = seeds[0], len(seeds)

@@ -18,6 +18,7 @@ import argparse
 import io
 import json
 import math
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from sgrld.experiments.base.files import write_atomic
 from sgrld.experiments.commands.common import fail
 from sgrld.experiments.commands.options import add_run_options, config_from_args
 from sgrld.experiments.run.choices import SAMPLERS
+from sgrld.experiments.run.config import METRIC_FIELDS, TUNED_FIELDS
 from sgrld.experiments.run.options import OPTIONS
 from sgrld.experiments.run.tuned import TUNE_FILE
 
@@ -155,9 +157,9 @@ def _tune(config: Any, splits: Any, args: argparse.Namespace, device: Any) -> di
     model = build_run_model(config, splits, generator=gen).to(device)
     fixed: dict[str, Any] = {**config.sampler_options, "temperature": config.temperature}
     fixed["adapt_until"] = config.adapt_until
-    if config.alpha2 is not None:  # searched unless given (--alpha2)
-        fixed["alpha2_rule"] = config.alpha2_rule
-        fixed |= {} if args.alpha2 is None else {"alpha2": config.alpha2}
+    if config.tuned:  # searched unless given (--alpha2), with the run's rule (Monge's α² rule)
+        fixed |= {n: v for n, v in config.metric_options.items() if n in METRIC_FIELDS}
+        fixed |= {n: v for n, v in config.tuned.items() if getattr(args, n) is not None}
     batches = math.ceil(n / config.batch_size)
     validation, log_likelihood = None, None
     if args.score == "validation":
@@ -204,11 +206,11 @@ def paper_grid(config: Any, steps: int) -> dict[str, Any] | None:
             continue
         for block in parse_config(*read_config(name)):  # its defaults merged in
             if all(getattr(config, k) in _list(block.get(k)) for k in _SETTING):
-                alphas = _list(block.get("alpha2")) or [None]
-                points += [(lr, a) for lr in _list(block.get("lr")) for a in alphas]
+                tuned = [_list(block.get(n)) or [None] for n in TUNED_FIELDS]
+                points += [(lr, *t) for lr in _list(block.get("lr")) for t in product(*tuned)]
     if not points:
         return None
-    unique = sorted(set(points), key=lambda p: (p[0], p[1] or 0.0))
+    unique = sorted(set(points), key=lambda p: (p[0], *(t or 0.0 for t in p[1:])))
     return {
         "runs": len(unique),
         "lrs": sorted({p[0] for p in unique}),

@@ -34,7 +34,8 @@ from sgrld.experiments.report.tables import (
     sampler_title,
     setting_key,
 )
-from sgrld.experiments.run.results import second_score
+from sgrld.experiments.run.config import TUNED_FIELDS
+from sgrld.experiments.run.results import scored_by
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,11 @@ class EqualTime:
     budget_s: float
 
 
+def _lr_and_tuned(group: Group) -> tuple[Any, ...]:
+    """A candidate's ℓ and tuned options (α²), in :data:`~.run.config.TUNED_FIELDS` order."""
+    return (group.config["lr"], *(group.config.get(n) for n in TUNED_FIELDS))
+
+
 def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTime]:
     """Re-select every sampler at ``epochs × T_fastest`` per setting and prior, each with the
     seconds per epoch of its chosen configuration (as the reference); broken-down
@@ -286,9 +292,9 @@ def equal_time(choices: Sequence[Choice]) -> dict[tuple[str, str, str], EqualTim
         seconds = own.stat("seconds_per_epoch")[0]
         if not seconds > 0:
             continue
-        key: Callable[[Group], Any] = lambda g: (g.config["lr"], g.config.get("alpha2"))  # noqa: E731
+        key = _lr_and_tuned
         # LP and the second score of the likelihood: accuracy, or a regression's RMSE
-        second = second_score(usable[0].completed[0]["curves"])
+        second = scored_by(usable[0].completed[0]["curves"]).second()
         stats = {
             key(g): {m: mean_std_over_runs(curves(g, f"test_{m}")) for m in ("lp", second)}
             for g in usable
@@ -384,8 +390,8 @@ def build_tables(choices: Sequence[Choice], *, paper: bool = False) -> list[Tabl
             if entry is None:
                 return IDENTITY_OPTIMAL if c.identity_optimal else "–"
             if metric == "lr":
-                lr, alpha2 = entry.setting
-                return lr_text({"lr": lr, "alpha2": alpha2})
+                lr, *tuned = entry.setting
+                return lr_text({"lr": lr, **dict(zip(TUNED_FIELDS, tuned, strict=True))})
             if metric == "budget":
                 return entry.budget_s
             return entry.metrics[metric]

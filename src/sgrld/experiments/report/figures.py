@@ -23,7 +23,7 @@ from sgrld.experiments.report.tables import (
     sampler_title,
 )
 from sgrld.experiments.run.plots import new_figure, plot_convergence, wrap_title
-from sgrld.experiments.run.results import second_score
+from sgrld.experiments.run.results import scored_by
 
 
 def _slug(setting: str, prior: str) -> str:
@@ -52,7 +52,7 @@ def draw_figure4(monge: Choice, others: Sequence[Choice], path: Path, *, title: 
     )
     alpha2 = np.array([a for a, _ in points])
     fig, axes = new_figure(12, 4, 2)
-    second = second_score(points[0][1].completed[0]["curves"] if points else ())
+    second = scored_by(points[0][1].completed[0]["curves"] if points else ()).second()
     panels = (("test_lp", "test log-probability"), (f"test_{second}", f"test {second}"))
     for ax, (metric, title) in zip(axes, panels, strict=True):
         stats = np.array([_final(g, metric) for _, g in points])

@@ -24,7 +24,7 @@ from sgrld.chain_health import Health, health
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
 from sgrld.experiments.run.config import TUNED_FIELDS
-from sgrld.experiments.run.naming import run_label
+from sgrld.experiments.run.naming import run_label, tuned_text
 from sgrld.experiments.run.options import by_field
 from sgrld.experiments.run.results import ResultsError, impossible_values, read_results
 from sgrld.likelihoods import Likelihood, get_likelihood, likelihood_names, scored_by
@@ -271,7 +271,7 @@ def aggregate(runs: Iterable[dict[str, Any]]) -> list[Group]:
 def _sort_key(group: Group) -> tuple[Any, ...]:
     c = group.config
     prior, sampler = position(c["prior"], PRIOR_ORDER), position(c["sampler"], SAMPLER_ORDER)
-    return (setting_key(c), prior, sampler, c["lr"], c.get("alpha2") or 0.0)
+    return (setting_key(c), prior, sampler, c["lr"], *(c.get(n) or 0.0 for n in TUNED_FIELDS))
 
 
 def position(value: str, order: Sequence[str]) -> int:
@@ -299,9 +299,8 @@ def format_stat(mean: float, std: float, digits: int = 4, bold: bool = False) ->
 
 
 def lr_text(config: Mapping[str, Any]) -> str:
-    """``0.25`` or ``0.25, α² 1.25``: a configuration's ℓ (and α²)."""
-    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
-    return f"{config['lr']:g}{alpha}"
+    """``0.25`` or ``0.25, α² 1.25``: a configuration's ℓ (and its tuned options)."""
+    return f"{config['lr']:g}{tuned_text(config)}"
 
 
 def group_label(group: Group) -> str:

@@ -5,7 +5,6 @@ chain that breaks down is frozen by the engine's device flags (``docs/experiment
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,10 +43,11 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
         raise ValueError("no chain to run")
     base = configs[0]
     for c in configs[1:]:
+        mine, theirs = c.flat(), base.flat()
         differences = [
-            f"{f.name}: {getattr(c, f.name)!r} vs {getattr(base, f.name)!r}"
-            for f in dataclasses.fields(RunConfig)
-            if f.name not in PER_CHAIN_FIELDS and getattr(c, f.name) != getattr(base, f.name)
+            f"{n}: {mine[n]!r} vs {theirs[n]!r}"
+            for n in mine
+            if n not in PER_CHAIN_FIELDS and mine[n] != theirs[n]
         ]
         if differences:
             raise ValueError(
@@ -168,7 +168,7 @@ class VmappedChains:
             free, _ = torch.cuda.mem_get_info(device)
             chain_batch = plan_chain_batch(len(configs), free, *probe)
         self.chain_batch = chain_batch
-        tuned: dict[str, Any] = {n: [getattr(c, n) for c in configs] for n in sampler.metric.tuned}
+        tuned: dict[str, Any] = {n: [c.tuned[n] for c in configs] for n in sampler.metric.tuned}
         noise_seeds = [_philox_seed(torch.Generator(device).manual_seed(s["chain"])) for s in seeds]
         self.chains = Chains(
             model,

@@ -42,7 +42,10 @@ class RunConfig:
         epochs: passes over the training set, ≥ 1 (400 in the paper).
         seed: master seed ≥ 0; the init, chain, data-order and curvature generators derive from it.
         width: hidden width N of ``fc`` (400, 800, 1200); ignored for ``resnet20``.
-        alpha2: Monge's α² ≥ 0 (required for ``monge``, ``None`` otherwise).
+        tuned: the metric's tuned options (:attr:`sgrld.metrics.Metric.tuned`; Monge's
+            ``{"alpha2": 1.25}``, α² ≥ 0), each required by a metric that has it and refused by
+            the others; the config files write each as a key of its own (``"alpha2": 1.25``,
+            ``null`` where the sampler has none).
         temperature: τ ≥ 0 (1 in the paper).
         batch_size: minibatch size (100).
         burnin: updates before the first sample can be taken (1,000).
@@ -80,7 +83,7 @@ class RunConfig:
     epochs: int
     seed: int = 0
     width: int = 400
-    alpha2: float | None = None
+    tuned: Mapping[str, float] = field(default_factory=dict)
     temperature: float = 1.0
     batch_size: int = 100
     burnin: int = 1000
@@ -128,16 +131,21 @@ class RunConfig:
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        # a metric option with a field of its own: given (a tuned one, Monge's α², is required)
-        # for a sampler whose metric takes it, left at its default for the others
-        takes = option_names(self.sampler)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in METRIC_FIELDS and f.name in takes and value is None:
-                raise ValueError(f"{self.sampler} needs {f.name}")
-            if f.name in METRIC_FIELDS and f.name not in takes and value != f.default:
-                owner = " or ".join(n.capitalize() for n in samplers_taking(f.name))
-                raise ValueError(f"{f.name} is a {owner} option; leave it unset for {self.sampler}")
+        # a tuned option (Monge's α²) is required by a metric that has it, refused by the others,
+        # as a metric option with a field of its own (Monge's α² rule) not at its default is
+        if not isinstance(self.tuned, Mapping) or not set(self.tuned) <= set(TUNED_FIELDS):
+            raise ValueError(f"invalid tuned options {self.tuned!r}; valid: {TUNED_FIELDS}")
+        given = {n: v for n, v in self.tuned.items() if v is not None}
+        object.__setattr__(self, "tuned", given)  # None: not given, as the files write it
+        for name in get_metric(self.sampler).tuned:
+            if name not in given:
+                raise ValueError(f"{self.sampler} needs {name}")
+        takes, values = option_names(self.sampler), self.flat()
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in (*given, *METRIC_FIELDS):
+            if name not in takes and values[name] != defaults.get(name):
+                owner = " or ".join(n.capitalize() for n in samplers_taking(name))
+                raise ValueError(f"{name} is a {owner} option; leave it unset for {self.sampler}")
         if self.schedule not in ("constant", "cyclical"):
             raise ValueError(f"unknown schedule {self.schedule!r}; valid: constant, cyclical")
         count = isinstance(self.adapt, int) and not isinstance(self.adapt, bool) and self.adapt >= 0
@@ -161,7 +169,7 @@ class RunConfig:
                 raise ValueError(
                     f"invalid sampler option {name}={value!r} (a number, true/false or a name)"
                 )
-            if name in METRIC_FIELDS:
+            if name in METRIC_FIELDS or name in TUNED_FIELDS:
                 raise ValueError(f"give {name} as its own option, not among the sampler options")
         build_metric(self.sampler, self.metric_options)
         scale = self.likelihood_scale
@@ -187,9 +195,10 @@ class RunConfig:
 
     @property
     def metric_options(self) -> dict[str, Any]:
-        """The metric's options: ``sampler_options`` and the fields of its own it takes."""
+        """The metric's options: ``sampler_options``, the tuned ones and the fields of its own
+        it takes."""
         own = {n: getattr(self, n) for n in METRIC_FIELDS if n in option_names(self.sampler)}
-        return {**self.sampler_options, **own}
+        return {**self.sampler_options, **self.tuned, **own}
 
     @property
     def adapt_until(self) -> int | None:
@@ -198,9 +207,21 @@ class RunConfig:
             return None
         return self.burnin if self.adapt == "burnin" else int(self.adapt)
 
+    def flat(self) -> dict[str, Any]:
+        """Every field by name, each of :data:`TUNED_FIELDS` as a field of its own (``None``
+        where the sampler has no such option): the names the files and the flags use."""
+        values: dict[str, Any] = {}
+        for name, value in asdict(self).items():
+            if name == "tuned":
+                values |= {n: self.tuned.get(n) for n in TUNED_FIELDS}
+            else:
+                values[name] = value
+        return values
+
     def to_dict(self) -> dict[str, Any]:
-        """The config as plain JSON values (:data:`LATER_FIELDS` only when not as before)."""
-        values = asdict(self)
+        """The config as plain JSON values: :meth:`flat` (:data:`LATER_FIELDS` only when not as
+        before)."""
+        values = self.flat()
         values["sampler_options"] = dict(sorted(self.sampler_options.items()))
         for name, default in LATER_FIELDS.items():
             if values[name] == default:
@@ -209,18 +230,21 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunConfig:
-        """Inverse of :meth:`to_dict` (unknown keys are an error; no ``adapt``: written before
-        the warm-up, when the metric adapted throughout)."""
+        """Inverse of :meth:`to_dict` and :meth:`flat` (unknown keys are an error; no ``adapt``:
+        written before the warm-up, when the metric adapted throughout; the tuned options as
+        keys of their own or as one ``tuned`` table)."""
         values = {"adapt": "always", **values}
+        tuned = dict(values.pop("tuned", None) or {})
+        tuned |= {n: values.pop(n) for n in TUNED_FIELDS if n in values}
         known = {f.name for f in fields(cls)}
         unknown = set(values) - known
         if unknown:
             raise ValueError(f"unknown config keys: {sorted(unknown)}")
-        return cls(**values)
+        return cls(**values, tuned=tuned)
 
     def label(self) -> str:
         """Short human-readable name, e.g. ``monge ℓ=0.25 α²=1.25 seed 0``."""
-        extra = f" α²={self.alpha2:g}" if self.alpha2 is not None else ""
+        extra = "".join(f" {symbol(n)}={v:g}" for n, v in self.tuned.items())
         extra += "".join(f" {k}={v}" for k, v in sorted(self.sampler_options.items()))
         return f"{self.sampler} ℓ={self.lr:g}{extra} seed {self.seed}"
 
@@ -230,13 +254,20 @@ def samplers_taking(option: str) -> list[str]:
     return [name for name in metric_names() if option in option_names(name)]
 
 
-#: RunConfig fields that are metric options (Monge's α² and its rule, in the paper's format).
-METRIC_FIELDS = tuple(f.name for f in fields(RunConfig) if samplers_taking(f.name))
+def symbol(option: str) -> str:
+    """How labels and tables write a metric option (:attr:`~sgrld.metrics.Metric.symbols`:
+    Monge's ``α²``), else its name."""
+    return next(
+        (s for m in samplers_taking(option) if (s := get_metric(m).symbols.get(option))), option
+    )
 
-#: Those tuned with ℓ (:attr:`sgrld.metrics.Metric.tuned`): axes of a sweep, varied per chain.
-TUNED_FIELDS = tuple(
-    n for n in METRIC_FIELDS if any(n in get_metric(m).tuned for m in metric_names())
-)
+
+#: The metrics' options tuned with ℓ (:attr:`sgrld.metrics.Metric.tuned`), in registry order:
+#: :attr:`RunConfig.tuned`'s names, keys of the files, flags, axes of a sweep, varied per chain.
+TUNED_FIELDS = tuple(dict.fromkeys(n for m in metric_names() for n in get_metric(m).tuned))
+
+#: RunConfig fields that are metric options (Monge's α² rule, with the paper's default).
+METRIC_FIELDS = tuple(f.name for f in fields(RunConfig) if samplers_taking(f.name))
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -270,20 +301,15 @@ def config_differences(saved: RunConfig, wanted: RunConfig) -> list[str]:
 
     With a cyclical schedule ``epochs`` counts too: the cycles span the whole run.
     """
-    return [
-        f"{name}: {getattr(saved, name)!r} vs {getattr(wanted, name)!r}"
-        for name in config_fields_differing(saved, wanted)
-    ]
+    old, new = saved.flat(), wanted.flat()
+    return [f"{n}: {old[n]!r} vs {new[n]!r}" for n in config_fields_differing(saved, wanted)]
 
 
 def config_fields_differing(saved: RunConfig, wanted: RunConfig) -> list[str]:
-    """The names of the fields :func:`config_differences` lists."""
+    """The names (:meth:`RunConfig.flat`'s) of the fields :func:`config_differences` lists."""
     free = "epochs" if wanted.schedule != "cyclical" else None
-    return [
-        f.name
-        for f in fields(RunConfig)
-        if f.name != free and getattr(saved, f.name) != getattr(wanted, f.name)
-    ]
+    old, new = saved.flat(), wanted.flat()
+    return [n for n in old if n != free and old[n] != new[n]]
 
 
 def derive_seed(seed: int, stream: str) -> int:

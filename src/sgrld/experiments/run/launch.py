@@ -119,12 +119,12 @@ def refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) 
 
     for old, new in zip(saved, wanted, strict=True):
         names = config_fields_differing(old, new)
+        olds, news = old.flat(), new.flat()
         if names:
             raise UsageError(
                 f"cannot resume {checkpoint}: it was made with "
                 + "; ".join(
-                    f"{option_text(n, getattr(old, n))}, not {option_text(n, getattr(new, n))}"
-                    for n in names
+                    f"{option_text(n, olds[n])}, not {option_text(n, news[n])}" for n in names
                 )
                 + ". Drop these flags (--resume with --out reads the run's options from its "
                 "checkpoint), or choose another --out for a new run"

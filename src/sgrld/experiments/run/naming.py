@@ -8,7 +8,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.run.config import TUNED_FIELDS, symbol
 from sgrld.experiments.run.options import by_field
+
+#: A tuned option's word in folder names where it is not its name (as the first runs wrote it).
+_FOLDER_WORDS = {"alpha2": "alpha"}
 
 
 def model_label(model: str, width: int | None) -> str:
@@ -39,10 +43,10 @@ def default_chains_out_dir(configs: list[Any], seeds: str | None = None) -> Path
     model = model_label(first.model, first.width)
 
     def values(name: str) -> str:
-        return ",".join(dict.fromkeys(f"{getattr(c, name):g}" for c in configs))
+        return ",".join(dict.fromkeys(f"{c.flat()[name]:g}" for c in configs))
 
-    alpha = f"-alpha{values('alpha2')}" if first.alpha2 is not None else ""
-    if first.alpha2_rule == "normalized":
+    alpha = "".join(f"-{_FOLDER_WORDS.get(n, n)}{values(n)}" for n in first.tuned)
+    if first.alpha2_rule == "normalized":  # Monge's c
         alpha = f"-c{values('alpha2')}"
     alpha += options_label(first.sampler_options)
     if first.schedule == "cyclical":
@@ -71,10 +75,21 @@ def setting_name(config: Mapping[str, Any], varying: Iterable[str] = ()) -> str:
 
 
 def run_label(config: Mapping[str, Any]) -> str:
-    """``lr0.25-alpha1.25-seed0`` (the α² part only for Monge)."""
-    alpha = f"-alpha{config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    """``lr0.25-alpha1.25-seed0`` (the tuned options' parts, α², only where the sampler has
+    them)."""
+    alpha = "".join(f"-{_FOLDER_WORDS.get(n, n)}{config[n]:g}" for n in _given(config))
     alpha += options_label(config.get("sampler_options", {}))
     return f"lr{config['lr']:g}{alpha}-seed{config['seed']}"
+
+
+def tuned_text(config: Mapping[str, Any]) -> str:
+    """``, α² 1.25``: the tuned options a config (as the files write it) holds, by symbol."""
+    return "".join(f", {symbol(n)} {config[n]:g}" for n in _given(config))
+
+
+def _given(config: Mapping[str, Any]) -> list[str]:
+    """The tuned options a config (as the files write it) holds: α² for Monge's."""
+    return [n for n in TUNED_FIELDS if config.get(n) is not None]
 
 
 def flag_of(field: str) -> str:
@@ -84,7 +99,7 @@ def flag_of(field: str) -> str:
 
 
 #: Fields that are flags in messages only at the start or as ``name=`` (common words).
-_PLAIN = ("lr", "epochs", "width", "seed", "thinning", "alpha2", "temperature")
+_PLAIN = ("lr", "epochs", "width", "seed", "thinning", *TUNED_FIELDS, "temperature")
 
 
 def cli_names(message: str) -> str:

@@ -5,12 +5,13 @@ field are generated from it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPLERS
+from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking, symbol
 from sgrld.experiments.run.tuned import lr_value
-from sgrld.metrics import resolve_metric_name
+from sgrld.metrics import get_metric, resolve_metric_name
 
 __all__ = [
     "MACHINE_OPTIONS",
@@ -98,6 +99,20 @@ def adapt_choice(text: str) -> str | int:
 
 WHAT, SCHEDULE, MACHINE = "what to sample", "schedule and evaluation", "data, output and machine"
 
+
+def tuned_option(name: str) -> RunOption:
+    """The option of a metric's tuned option (:data:`~.run.config.TUNED_FIELDS`, ``--alpha2``)."""
+    owners = samplers_taking(name)
+    default = next(f.default for f in fields(get_metric(owners[0])) if f.name == name)  # type: ignore[arg-type]
+    return RunOption(
+        name=name, group=WHAT, kind="float", parse=number, many=True, axis=True,
+        metavar="A[,A...]",
+        help=f"{' or '.join(o.capitalize() for o in owners)}'s {symbol(name)}; "
+        f"default: the paper's for the setting, else {default}. A comma list runs one chain "
+        "per value",
+    )  # fmt: skip
+
+
 _OPTIONS = (
     RunOption(name="dataset", group=WHAT, choices=DATASETS, default="mnist",
               help="the data set (default mnist)"),
@@ -115,10 +130,7 @@ _OPTIONS = (
               help="learning rate ℓ (h = ℓ/n), or tuned:DIR for the ℓ that sgrld tune --out DIR "
               "chose for the sampler; default: the paper's for the setting. A comma list "
               "runs one chain per value (crossed with --alpha2 and the seeds of --chains)"),
-    RunOption(name="alpha2", group=WHAT, kind="float", parse=number, many=True, axis=True,
-              metavar="A[,A...]",
-              help=f"Monge's α²; default: the paper's for the setting, else {DEFAULT_ALPHA2}. A "
-              "comma list runs one chain per value"),
+    *(tuned_option(name) for name in TUNED_FIELDS),
     RunOption(name="alpha2_rule", group=WHAT, choices=("fixed", "normalized"), default="fixed",
               help="Monge: fixed α² (the paper's; the default) or normalized α²_t = c/‖m_t‖² "
               f"with c = --alpha2 (default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)"),

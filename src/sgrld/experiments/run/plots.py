@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from sgrld.experiments.base.files import save_figure
-from sgrld.experiments.run.results import second_score
+from sgrld.experiments.run.naming import tuned_text
+from sgrld.experiments.run.results import scored_by
 
 
 def new_figure(width: float, height: float, ncols: int) -> tuple[Any, Any]:
@@ -62,7 +63,7 @@ def run_curves_figure(results: Mapping[str, Any]) -> Any:
     axes[3].set_title("sampling seconds per epoch")
     axes[3].set_xlabel("epoch")
     config = results["config"]
-    alpha = f", α² {config['alpha2']:g}" if config.get("alpha2") is not None else ""
+    alpha = tuned_text(config)
     fig.suptitle(
         wrap_title(
             f"{config['dataset']} {config['model']} {config['prior']}: {config['sampler']} "
@@ -98,7 +99,7 @@ def convergence_figure(
         title: the figure's title (wrapped to the figure's width).
     """
     first = next(iter(groups.values()))[0]["curves"]
-    second = second_score(first)  # accuracy, or a regression's RMSE
+    second = scored_by(first).second()  # accuracy, or a regression's RMSE
     metrics = ("test_lp", f"test_{second}")
     fig, axes = new_figure(12, 4, 2)
     for label, runs in groups.items():

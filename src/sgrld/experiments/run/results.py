@@ -35,12 +35,6 @@ def scored_by(scores: Iterable[str]) -> type[Likelihood]:
     return declared(scores)
 
 
-def second_score(scores: Iterable[str]) -> str:
-    """The score shown beside LP (its likelihood's first headline score: ``"accuracy"``, a
-    regression's ``"rmse"``), from the names of a run's scores or curves."""
-    return scored_by(scores).second()
-
-
 def short_name(score: str) -> str:
     """A score's short label in one-line summaries (``"LP"``, ``"acc"``, ``"RMSE"``)."""
     from sgrld.likelihoods import get_likelihood, likelihood_names

@@ -49,7 +49,7 @@ CHAIN_OPTIONS = {
     "processes": "--nodes × --tasks-per-node",
 }
 #: Config fields that name a run's folder: ``<setting>/<sampler>/<label>``.
-PATH_FIELDS = ("dataset", "model", "width", "prior", "sampler", "lr", "alpha2", "seed")
+PATH_FIELDS = ("dataset", "model", "width", "prior", "sampler", "lr", *TUNED_FIELDS, "seed")
 
 
 class GridError(ValueError):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base.files import read_file, refuse_links
+from sgrld.experiments.run.config import TUNED_FIELDS
 from sgrld.experiments.run.results import FINISHED, RESULTS_FILE, impossible_values
 from sgrld.experiments.sweep.grid import PlannedRun
 
@@ -293,8 +294,12 @@ class SweepJob:
 
 
 def _pack_key(config: dict[str, Any]) -> str:
-    """What the runs of one pack share: everything but seed, ℓ and α²."""
-    return repr(sorted((k, v) for k, v in config.items() if k not in ("seed", "lr", "alpha2")))
+    """What the runs of one pack share: everything but seed, ℓ and the tuned options (α²)."""
+    return repr(sorted((k, v) for k, v in config.items() if k not in ("seed", "lr", *TUNED_FIELDS)))
+
+
+def _tuned(config: dict[str, Any]) -> list[float]:
+    return [config.get(n) or 0.0 for n in TUNED_FIELDS]
 
 
 def make_jobs(
@@ -317,7 +322,7 @@ def make_jobs(
         groups.setdefault(_pack_key(r.config), []).append(r)
     jobs = []
     for group in groups.values():
-        group.sort(key=lambda r: (r.config["alpha2"] or 0.0, r.config["lr"], r.config["seed"]))
+        group.sort(key=lambda r: (*_tuned(r.config), r.config["lr"], r.config["seed"]))
         for start in range(0, len(group), chains):
             pack = group[start : start + chains]
             if not any(r.path in todo for r in pack):
