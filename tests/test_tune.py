@@ -251,6 +251,40 @@ def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -
         (7, 110), (4, 220), (2, 440)]  # fmt: skip
 
 
+def test_the_ksd_on_a_transient_chooses_one_step_below_its_best() -> None:
+    """Issue 40: on the digits MLP the KSD's best ℓ was the grid's best or half a decade above
+    it (the edge of stability), with KSD² 0.46-3.5 in the last round; on the exact diabetes
+    posterior, 0.02-0.08, and right. Above :data:`TRANSIENT_KSD2` the choice is the next
+    smaller ℓ tried; below it, or with a likelihood score, the best's (one-standard-error)."""
+    from types import SimpleNamespace
+
+    from sgrld.core.runner import Account
+    from sgrld.tuning import search
+    from sgrld.tuning.result import Round
+
+    def state(kind: str, scores: tuple[float, ...]) -> Any:
+        problem = SimpleNamespace(
+            points=8, chains_per_candidate=1, account=Account(), sampler="identity",
+            cost=lambda c, n, scored=True: c * n,
+        )  # fmt: skip
+        s = search._Search(problem, 440, 30_000, [], {}, kind)  # type: ignore[arg-type]
+        lrs = (0.001, 0.00316, 0.01, 0.0316)
+        for lr, score in zip(lrs, scores, strict=True):
+            s.history[search._key({"lr": lr})] = [(440, score)]
+        s.rounds.append(Round("halving", "lr", 440, lrs, scores, 0, (0.01,) * 4))
+        return s
+
+    hot = (3.0, 1.5, 0.9, 0.6)  # the largest ℓ best, well above the threshold
+    assert state("ksd", hot)._best("lr", None) == 0.01
+    assert state("ksd", hot).edge is None  # set by _best
+    transient = state("ksd", hot)
+    transient._best("lr", None)
+    assert transient.edge == 0.0316
+    settled = (0.5, 0.2, 0.08, 0.05)
+    assert state("ksd", settled)._best("lr", None) == 0.0316
+    assert state("validation", hot)._best("lr", None) == 0.0316
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
