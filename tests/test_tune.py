@@ -255,8 +255,8 @@ def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -
 
 def test_the_ksd_on_a_transient_chooses_one_step_below_its_best() -> None:
     """Issue 40: on the digits MLP the KSD's best ℓ was the grid's best or half a decade above
-    it (the edge of stability), with KSD² 0.46-3.5 in the last round; on the exact diabetes
-    posterior, 0.02-0.08, and right. Above :data:`TRANSIENT_KSD2` the choice is the next
+    it (the edge of stability), with KSD² 0.28-3.2 in the last round; on the exact diabetes
+    posterior, 0.013-0.10, and right. Above :data:`TRANSIENT_KSD2` the choice is the next
     smaller ℓ tried; below it, or with a likelihood score, the best's (one-standard-error)."""
     from types import SimpleNamespace
 

@@ -54,9 +54,9 @@ SCORES = ("ksd", "validation", "train", "loss")
 TRAIN_POINTS = 256
 #: the KSD's choice of ℓ moves one step down (half a decade) when the best candidate of the last
 #: round has a KSD² above this (on the common per-coordinate scale): its chain is still in its
-#: transient. Measured (docs/tuning.md): 0.03-0.08 on the exact diabetes posterior, whose choice
-#: stays; 0.46-3.5 on the digits MLP, where the KSD's best was the grid's best or half a decade
-#: above it
+#: transient. Measured (docs/tuning.md): 0.013-0.10 on the exact diabetes posterior at × 1 and
+#: × 10, whose choice stays; 0.28-3.2 on the digits MLP, where the KSD's best was the grid's
+#: best or half a decade above it
 TRANSIENT_KSD2 = 0.2
 
 
