@@ -89,6 +89,7 @@ def main() -> None:
         error, cov_error, kl = protocol(name, result.options)
         shown = ", ".join(f"{k} {v:.3g}" for k, v in result.options.items()
                           if k in result.searched)  # fmt: skip
+        shown += "" if result.edge is None else f" (the KSD's best ℓ {result.edge:.3g})"
         verdict = "pass" if max(error, cov_error) < 0.1 and kl < 0.01 else "FAIL"
         print(f"| {name} | {shown} | {error:.3f} | {cov_error:.3f} | {100 * kl:.3f} % | "
               f"{seconds:.0f} | {verdict}", flush=True)  # fmt: skip
