@@ -123,7 +123,9 @@ def test_the_option_search_picks_the_clearly_better_alpha2(monkeypatch: Any) -> 
     def planted(records: Any, subsets: Any, kind: str) -> list[tuple[float, float]]:
         def score(c: dict[str, float]) -> float:
             a = c["alpha2"]
-            return math.log10(c["lr"] / 0.01) ** 2 + (math.log10(a / 100) ** 2 if a else 9.0)
+            # 0 at ℓ = 0.01 and the default α² = 1: below the KSD's transient level (the step
+            # down it triggers is tested on its own, below)
+            return math.log10(c["lr"] / 0.01) ** 2 + (math.log10(a / 100) ** 2 if a else 9.0) - 4
 
         return [(score(origin[id(r)]), 0.01) for r in records]
 
@@ -249,6 +251,40 @@ def test_the_bracket_of_a_short_chain_holds_seven_candidates_halved_to_steps() -
     assert state.probe_steps == 110 and state.min_length == 110
     assert state._plan(30_000 - state.probe_cost, search.BRACKET, search.MAX_WIDEN) == [
         (7, 110), (4, 220), (2, 440)]  # fmt: skip
+
+
+def test_the_ksd_on_a_transient_chooses_one_step_below_its_best() -> None:
+    """Issue 40: on the digits MLP the KSD's best ℓ was the grid's best or half a decade above
+    it (the edge of stability), with KSD² 0.28-3.2 in the last round; on the exact diabetes
+    posterior, 0.013-0.21, and right. Above :data:`TRANSIENT_KSD2` the choice is the next
+    smaller ℓ tried; below it, or with a likelihood score, the best's (one-standard-error)."""
+    from types import SimpleNamespace
+
+    from sgrld.core.runner import Account
+    from sgrld.tuning import search
+    from sgrld.tuning.result import Round
+
+    def state(kind: str, scores: tuple[float, ...]) -> Any:
+        problem = SimpleNamespace(
+            points=8, chains_per_candidate=1, account=Account(), sampler="identity",
+            cost=lambda c, n, scored=True: c * n,
+        )  # fmt: skip
+        s = search._Search(problem, 440, 30_000, [], {}, kind)  # type: ignore[arg-type]
+        lrs = (0.001, 0.00316, 0.01, 0.0316)
+        for lr, score in zip(lrs, scores, strict=True):
+            s.history[search._key({"lr": lr})] = [(440, score)]
+        s.rounds.append(Round("halving", "lr", 440, lrs, scores, 0, (0.01,) * 4))
+        return s
+
+    hot = (3.0, 1.5, 0.9, 0.6)  # the largest ℓ best, well above the threshold
+    assert state("ksd", hot)._best("lr", None) == 0.01
+    assert state("ksd", hot).edge is None  # set by _best
+    transient = state("ksd", hot)
+    transient._best("lr", None)
+    assert transient.edge == 0.0316
+    settled = (0.5, 0.3, 0.25, 0.21)  # diabetes × 0.1: 0.206
+    assert state("ksd", settled)._best("lr", None) == 0.0316
+    assert state("validation", hot)._best("lr", None) == 0.0316
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -64,6 +64,8 @@ class TuneResult:
         score: ``"ksd"``, ``"validation"``, ``"train"`` or ``"loss"``: what the scores are.
         steps: the length of chain the options are for.
         seconds: the search's wall time.
+        edge: with the KSD score, the ℓ it scored best when the choice is one step below it
+            (the chains were still in their transient, ``docs/tuning.md``); else ``None``.
     """
 
     sampler: str
@@ -76,6 +78,7 @@ class TuneResult:
     score: str
     steps: int
     seconds: float = math.nan
+    edge: float | None = None
 
     @property
     def lr(self) -> float:
@@ -113,6 +116,9 @@ class TuneResult:
         if out:
             why = [f"ℓ {c.lr:.3g} ({'diverged' if c.diverged else 'lr too large'})" for c in out]
             lines.append("out: " + ", ".join(why))
+        if self.edge is not None:
+            lines.append(f"ℓ one step below the KSD's best, {self.edge:.3g}: its chains were "
+                         "still in their transient")  # fmt: skip
         lines.append(f"options: {self.options}")
         return "\n".join(lines)
 

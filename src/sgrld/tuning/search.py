@@ -52,6 +52,12 @@ MIN_LENGTH = 16
 SCORES = ("ksd", "validation", "train", "loss")
 #: data of the loader's first pass the ``"train"`` score's log predictive is taken on
 TRAIN_POINTS = 256
+#: the KSD's choice of ℓ moves one step down (half a decade) when the best candidate of the last
+#: round has a KSD² above this (on the common per-coordinate scale): its chain is still in its
+#: transient. Measured (docs/tuning.md): 0.013-0.21 on the exact diabetes posterior (× 1, × 10,
+#: × 0.1), whose choice stays (one step down fails × 0.1's test); 0.28-3.2 on the digits MLP,
+#: where the KSD's best was the grid's best or half a decade above it (0.46 and more where above)
+TRANSIENT_KSD2 = 0.3
 
 
 def tune(
@@ -225,6 +231,7 @@ class _Search:
         self.broken: set[Key] = set()
         self.hot: set[Key] = set()  # sgrld.health: ℓ too large
         self.ceiling = math.inf  # the smallest ℓ that diverged (or was too large) at the defaults
+        self.edge: float | None = None  # the KSD's best ℓ when the choice is one step below
         # a user's chain shorter than 4 × points: rounds as short as it, scoring fewer points
         self.min_length = max(MIN_LENGTH, min(POINT_SPACING * problem.points, steps // 4))
         self.probe_steps = max(PROBE_MIN_STEPS, min(PROBE_STEPS, steps // 4))
@@ -286,6 +293,7 @@ class _Search:
             score=self.kind,
             steps=self.steps,
             seconds=time.monotonic() - self.started,
+            edge=self.edge,
         )
 
     def _unspent(self) -> str:
@@ -499,10 +507,30 @@ class _Search:
                 close = [v for s, v, e in fine if s <= score + math.hypot(error, e)]
                 if lr is not None:
                     return self.at[option] if self.at[option] in close else best
-                return min(close)
+                return self._margin(min(close), score)
         if lr is not None:  # every value diverged at ℓ: keep the one ℓ was chosen at
             return self.at[option]
         raise self._all_diverged([dict(k)["lr"] for k in self.history])
+
+    def _margin(self, chosen: float, score: float) -> float:
+        """The KSD's choice, or the next smaller ℓ tried where the best KSD² is above
+        :data:`TRANSIENT_KSD2`: no candidate's chain has reached the posterior, so the KSD
+        ranks how far each got, and the fastest is the largest ℓ that stays stable, whose
+        stationary law is the most biased (``docs/tuning.md``, "The KSD on a transient")."""
+        if self.kind != "ksd" or not score > TRANSIENT_KSD2:
+            return chosen
+        tried = [
+            dict(k)["lr"] for k in self.history if {n: v for n, v in k if n != "lr"} == self.at
+        ]
+        below = [v for v in tried if v < chosen]
+        if not below:
+            return chosen
+        self.edge = chosen
+        step = max(below)
+        self._say(f"the best KSD² {score:.3g} > {TRANSIENT_KSD2:g}: the chains are still in "
+                  f"their transient, where the KSD favours the edge of stability: ℓ = "
+                  f"{step:.3g}, one step below {chosen:.3g}")  # fmt: skip
+        return step
 
     def _all_diverged(self, lrs: list[float]) -> ValueError:
         if self.hot and not self.broken - self.hot:
