@@ -348,6 +348,8 @@ class Part:
     lr: Scalar = 0.0
     sigma: Scalar = 0.0
     draws: bool = False
+    #: the step the statistics were last restarted after, where no arrival keeps it (None)
+    origin: int | None = None
 
     @staticmethod
     def of(metric: Metric, state: SamplerState, grads: Sequence[Tensor | None]) -> Part:
@@ -387,6 +389,7 @@ def advance(
     telemetry: Tensor | None = None,
     closes_warmup: bool = False,
     localization: float = 0.0,
+    origin: int | None = None,
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -397,7 +400,9 @@ def advance(
     ``compiled``: a :class:`~sgrld.core.compiled.CompiledMove`; ``refresh=False`` leaves a due
     refresh to the caller (captured steps); ``direct=False`` sends SGLD through the flat
     buffers (the same numbers; tests compare); ``telemetry``: a :func:`record_telemetry`
-    accumulator; ``localization`` c > 0 adds c·(θ − ``state.center``) to the drift's gradient only.
+    accumulator; ``localization`` c > 0 adds c·(θ − ``state.center``) to the drift's gradient only;
+    ``origin``: the step a state without an arrival last restarted its statistics after
+    (:func:`sgrld.core.warmup.restart_schedule`).
     """
     if all(g is None for g in grads):
         return
@@ -411,6 +416,7 @@ def advance(
         adapt = _or_true(state.warmup.chains_adapting(state.step))
     part = Part.of(metric, state, grads)
     part.lr, part.sigma = lr, noise_scale(lr, num_data, temperature)
+    part.origin = origin
     # σ > 0 exactly then (n > 0 is validated); a float ℓ = 0 (a warm-up's start) draws nothing
     part.draws = temperature > 0.0 and not (isinstance(lr, (int, float)) and lr == 0.0)
     if plan.by_gradient and all(g.is_contiguous() for g in part.grads):
@@ -492,6 +498,8 @@ def _through_flat(
     count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
     if state.warmup is not None:  # counted from the statistics' restart (warmup.after_step)
         count = count - state.warmup.origin(state.step)
+    elif part.origin:  # a sharded state's restarts, on the schedule alone (warmup.schedule_origin)
+        count = count - part.origin
     pull = None
     if plan.localization:
         assert state.center is not None

@@ -390,6 +390,38 @@ def after_step(metric: Any, state: Any) -> None:
             keep_where(state.stats, saved, keep)
 
 
+def restart_schedule(
+    metric: Any, adapt_until: int | None, state: Any, capturable: bool
+) -> Windows | None:
+    """The windows at whose nominal starts ``state`` restarts a bias-corrected metric's statistics
+    without an :class:`Arrival`: a sharded state cannot wait for its chain (the arrival's host read
+    would need the other ranks) but restarts as the one-process chain does until that chain's
+    first extension. ``None``: no such restarts (an arrival keeps them, or none are due; not a
+    captured step, whose count is the device's)."""
+    if (
+        state.warmup is None
+        and not capturable
+        and state.layout.shards is not None
+        and isinstance(adapt_until, Windows)
+        and adapt_until.arrival
+        and metric.preconditions
+        and bool(getattr(metric, "restarts", False))
+    ):
+        return adapt_until
+    return None
+
+
+def schedule_origin(adapt_until: Windows, steps_taken: int) -> int:
+    """The nominal slow window's start a state restarting on the schedule last restarted after."""
+    return max((s for s in adapt_until.slow_starts() if s <= steps_taken), default=0)
+
+
+def restart_on_schedule(metric: Any, adapt_until: Windows, state: Any) -> None:
+    """After a step: the restart at a nominal slow window's start (:func:`restart_schedule`)."""
+    if state.step in adapt_until.slow_starts():
+        metric.restart(state.stats, state.layout)
+
+
 def keep_where(stats: dict[str, Tensor], before: dict[str, Tensor], mask: Tensor) -> None:
     """Per chain, the statistics as in ``stats`` where ``mask`` (a bool of the batch shape)
     holds, else as in ``before`` (in place; every statistic leads with the batch dimensions)."""
