@@ -89,18 +89,25 @@ def test_adam_restarts_its_moment_and_bias_correction_at_each_slow_window() -> N
     assert bool((rms.stats["square_avg"] != 0).all())
 
 
-def test_functional_resume_is_bit_identical_across_an_extension() -> None:
-    sampler, state = _chain("adam", 60.0, 1200)
-    assert state.warmup.extensions == 1
-    sd = state.state_dict()
+def _saved_and_loaded(sampler: Any, state: Any, sd: dict[str, Any]) -> tuple[Any, Any]:
+    """A copy of ``state`` and a fresh state loaded from ``sd`` through ``torch.save``/``load``."""
     buf = io.BytesIO()
     torch.save({"params": state.params["x"], "state": sd}, buf)
     straight = sgrld.core.sampler.clone_state(state)
-    fresh = sampler.init({"x": torch.zeros(4, 2, dtype=torch.float64)}, num_chains=4)
+    chains = state.params["x"].shape[0]
+    fresh = sampler.init({"x": torch.zeros(chains, 2, dtype=torch.float64)}, num_chains=chains)
     buf.seek(0)
     saved = torch.load(buf, weights_only=True)
     fresh.params["x"].copy_(saved["params"])
     fresh.load_state_dict(saved["state"])
+    return straight, fresh
+
+
+def test_functional_resume_is_bit_identical_across_an_extension() -> None:
+    sampler, state = _chain("adam", 60.0, 1200)
+    assert state.warmup.extensions == 1
+    sd = state.state_dict()
+    straight, fresh = _saved_and_loaded(sampler, state, sd)
     for s in (straight, fresh):
         for _ in range(1000):  # through the decision at 1,950
             sampler.step(s, {"x": _grad(s.params["x"])})
@@ -240,14 +247,7 @@ def test_resume_is_bit_identical_while_some_chains_are_frozen() -> None:
     near = {k: v[0].clone() for k, v in state.stats.items()}  # frozen since step 950
     sd = state.state_dict()
     assert sd["warmup"]["chains"].tolist() == [0, 1] and sd["warmup"]["extensions"] == 1
-    buf = io.BytesIO()
-    torch.save({"params": state.params["x"], "state": sd}, buf)
-    straight = sgrld.core.sampler.clone_state(state)
-    fresh = sampler.init({"x": torch.zeros(2, 2, dtype=torch.float64)}, num_chains=2)
-    buf.seek(0)
-    saved = torch.load(buf, weights_only=True)
-    fresh.params["x"].copy_(saved["params"])
-    fresh.load_state_dict(saved["state"])
+    straight, fresh = _saved_and_loaded(sampler, state, sd)
     for s in (straight, fresh):
         for _ in range(1000):
             sampler.step(s, {"x": _grad(s.params["x"])})
