@@ -528,6 +528,9 @@ def _tiny() -> tuple[torch.nn.Linear, list[tuple[torch.Tensor, ...]]]:
         ({"num_chains": 0}, "invalid num_chains"),
         ({"burnin": 5, "num_steps": 5}, "invalid burnin"),
         ({"train": "yes"}, "invalid train"),
+        ({"adapt_until": "bogus"}, "invalid adapt_until: 'bogus' (expected 'calibration'"),
+        ({"adapt_until": -3}, "invalid adapt_until: -3"),
+        ({"adapt_until": 1.5}, "invalid adapt_until: 1.5"),
     ],
 )
 def test_llc_refuses_a_bad_argument_naming_it(kw: dict, message: str) -> None:

@@ -233,8 +233,14 @@ def _check_arguments(args: dict[str, Any]) -> float:
         _check_int(name, args[name], 1)
     _check_int("burnin", args["burnin"], 0, args["num_steps"] - 1)
     _check_int("seed", args["seed"], 0, 2**63 - args["num_chains"])
-    if args["adapt_until"] is not None and args["adapt_until"] != AT_CALIBRATION:
-        _check_int("adapt_until", args["adapt_until"], 0)
+    warmup = args["adapt_until"]
+    integral = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
+    steps = integral and int(warmup) >= 0
+    if warmup is not None and warmup != AT_CALIBRATION and not steps:
+        raise ValueError(
+            f"llc: invalid adapt_until: {warmup!r} (expected {AT_CALIBRATION!r}, the default, "
+            "None, to adapt at every step, or an integer >= 0: the steps of warm-up)"
+        )
     for name in ("vectorize", "warn"):
         if not isinstance(args[name], bool):
             raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected True or False)")
