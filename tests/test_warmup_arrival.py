@@ -78,10 +78,11 @@ def test_adam_restarts_its_moment_and_bias_correction_at_each_slow_window() -> N
     """After the restart at step 450 the next update's v̂ is that step's g² alone (v/(1 − β₂¹)),
     as at step 1, whatever the journey's gradients before."""
     sampler, state = _chain("adam", 30.0, 450, chains=1)
-    assert bool((state.stats["exp_avg_sq"] == 0).all())
+    assert bool((state.stats["exp_avg_sq"] != 0).all())  # restarted inside the next step
     g = _grad(state.params["x"])
     sampler.step(state, {"x": g})
     metric = sampler.metric
+    assert torch.equal(state.stats["exp_avg_sq"], (1.0 - metric.beta2) * g * g)
     scale = (g * g).mean().sqrt()
     expect = (g.abs() + torch.clamp(metric.floor * scale, min=metric.eps)).pow(-0.5)
     torch.testing.assert_close(state.stats["inv_sqrt"], expect, rtol=1e-12, atol=0)

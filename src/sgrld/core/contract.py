@@ -121,9 +121,13 @@ class Metric(abc.ABC):
         windows; ``update`` then counts its steps from there)."""
         return False
 
-    def restart(self, stats: Stats, layout: FlatLayout) -> None:  # noqa: B027 - optional hook
+    def restart(  # noqa: B027 - optional hook
+        self, stats: Stats, layout: FlatLayout, where: Tensor | None = None
+    ) -> None:
         """Forget the statistics at the start of a warm-up's slow window, where the metric can
-        start afresh cleanly (:attr:`restarts`); by default they are kept."""
+        start afresh cleanly (:attr:`restarts`); by default they are kept. ``where``: only where
+        this bool tensor (0-d, or of the batch shape: per chain) holds, read on the device (a
+        captured step's restart)."""
 
     def diagnostics(self, stats: Stats, layout: FlatLayout) -> dict[str, Tensor]:
         """Health figures of the current G for telemetry (read outside steps), e.g. Monge's

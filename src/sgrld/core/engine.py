@@ -24,7 +24,7 @@ from sgrld.core.layout import FlatLayout
 from sgrld.core.noise import NoiseSource
 from sgrld.core.shards import SumsAhead
 from sgrld.core.state import SamplerState, Workspace
-from sgrld.core.warmup import keep_where
+from sgrld.core.warmup import keep_where, restart, since_restart
 
 CheckMode = Literal["sync", "deferred", "off"]
 Scalar = float | Tensor
@@ -348,8 +348,8 @@ class Part:
     lr: Scalar = 0.0
     sigma: Scalar = 0.0
     draws: bool = False
-    #: the step the statistics were last restarted after, where no arrival keeps it (None)
-    origin: int | None = None
+    #: the step the statistics were last restarted after (a device count's: on the device)
+    origin: int | Tensor = 0
 
     @staticmethod
     def of(metric: Metric, state: SamplerState, grads: Sequence[Tensor | None]) -> Part:
@@ -389,7 +389,7 @@ def advance(
     telemetry: Tensor | None = None,
     closes_warmup: bool = False,
     localization: float = 0.0,
-    origin: int | None = None,
+    restarts: tuple[int, ...] = (),
 ) -> None:
     """One SGRLD step of ``state`` in place; parameters whose gradient is ``None`` are skipped.
 
@@ -401,8 +401,9 @@ def advance(
     refresh to the caller (captured steps); ``direct=False`` sends SGLD through the flat
     buffers (the same numbers; tests compare); ``telemetry``: a :func:`record_telemetry`
     accumulator; ``localization`` c > 0 adds c·(θ − ``state.center``) to the drift's gradient only;
-    ``origin``: the step a state without an arrival last restarted its statistics after
-    (:func:`sgrld.core.warmup.restart_schedule`).
+    ``restarts``: the steps after which the metric's statistics restart
+    (:func:`sgrld.core.warmup.restart_steps`), decided from the step's count, a deferred step's
+    on the device (:func:`sgrld.core.warmup.since_restart`).
     """
     if all(g is None for g in grads):
         return
@@ -414,6 +415,12 @@ def advance(
     plan = Plan.of(state, metric, checks, noise_source, compiled, direct, localization)
     if adapt is True and state.warmup is not None:  # the chains that arrived stay frozen
         adapt = _or_true(state.warmup.chains_adapting(state.step))
+    origin: int | Tensor = 0
+    if restarts and adapt is not False:  # before a subset's statistics are copied (Part.of)
+        # deferred: the count read on the device (a captured step reads no host value)
+        count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
+        origin, now = since_restart(restarts, count)
+        restart(metric, state.stats, state.layout, now, None if adapt is True else adapt)
     part = Part.of(metric, state, grads)
     part.lr, part.sigma = lr, noise_scale(lr, num_data, temperature)
     part.origin = origin
@@ -496,9 +503,7 @@ def _through_flat(
     saved = {k: v.clone() for k, v in stats.items()} if adapt and keep is not None else None
     # deferred: the count read on the device (a captured step reads no host value)
     count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
-    if state.warmup is not None:  # counted from the statistics' restart (warmup.after_step)
-        count = count - state.warmup.origin(state.step)
-    elif part.origin:  # a sharded state's restarts, on the schedule alone (warmup.schedule_origin)
+    if not isinstance(part.origin, int) or part.origin:  # counted from the statistics' restart
         count = count - part.origin
     pull = None
     if plan.localization:

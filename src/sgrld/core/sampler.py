@@ -43,9 +43,7 @@ from sgrld.core.warmup import (
     check_adapt_until,
     closes_warmup,
     new_arrival,
-    restart_on_schedule,
-    restart_schedule,
-    schedule_origin,
+    restart_steps,
 )
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
@@ -230,9 +228,6 @@ class Sampler:
         traced = in_graph()
         checks = self.checks(state) if checks is None else checks
         before = state.step
-        # a sharded state cannot wait, but restarts as the one-process chain does (core.warmup)
-        windows = restart_schedule(self.metric, self.adapt_until, state, self.capturable)
-        origin = None if windows is None else schedule_origin(windows, state.step)
         engine.advance(
             self.metric,
             state,
@@ -250,12 +245,10 @@ class Sampler:
                 self.metric, state.step + 1, self.adapt_until, state.warmup
             ),
             localization=self.localization,
-            origin=origin,
+            restarts=restart_steps(self.metric, self.adapt_until, state.warmup),
         )
         if state.step != before:
             after_step(self.metric, state)
-            if windows is not None:
-                restart_on_schedule(self.metric, windows, state)
 
     def run(
         self,

@@ -10,7 +10,10 @@ the chain: at the end of its last slow window one host read of :class:`Arrival`'
 whether the chain is stationary, and if not the warm-up gets another slow window (twice the last
 nominal one), up to 16 × its nominal length; the bias-corrected metrics (Adam) restart their
 statistics at every slow window's start, as Stan does, so the frozen G is learned from the last
-window alone. K chains held in one state (``num_chains``, :class:`sgrld.Chains`) each get their
+window alone. The restarts come from the schedule (:func:`restart_steps`; the arrival only adds
+windows) and are decided inside the step from its count, on the host or, for a captured step's
+device count, on the device (:func:`since_restart`): eager, sharded and captured chains restart
+at the same steps. K chains held in one state (``num_chains``, :class:`sgrld.Chains`) each get their
 own verdict: a chain that has arrived freezes at the window's end while the others wait on, its
 statistics left as they were by the steps that still adapt the others (``adapt`` per chain:
 :meth:`Arrival.chains_adapting`, applied by the step engine with no host read).
@@ -38,6 +41,9 @@ __all__ = [
     "drawn_while_adapting",
     "keep_where",
     "new_arrival",
+    "restart",
+    "restart_steps",
+    "since_restart",
     "warmup_end",
     "warmup_length",
 ]
@@ -247,14 +253,12 @@ class Arrival:
             first half and of the second (at least float32, whatever the parameters' dtype).
         count: int64 of the batch shape (host memory): per chain, the slow windows added for it
             (a chain that arrived keeps its count while the others' grow).
-        restarts: whether the metric restarts its statistics at each slow window's start.
     """
 
     schedule: Windows
     picks: list[tuple[int, Tensor]]
     sums: Tensor
     count: Tensor
-    restarts: bool
     #: the last per-chain mask of :meth:`chains_adapting` (its flags, its device tensor)
     _mask: tuple[tuple[bool, ...], Tensor] | None = field(default=None, repr=False, compare=False)
 
@@ -289,14 +293,6 @@ class Arrival:
         """The last slow window of the schedule so far: the steps after its start to its end."""
         ends = self.schedule.slow_ends(self.extensions)
         return self.schedule.slow_starts(self.extensions)[-1], ends[-1]
-
-    def origin(self, steps_taken: int) -> int:
-        """The step the metric's statistics were last restarted after (0: never), which a
-        bias-corrected metric counts its steps from."""
-        if not self.restarts:
-            return 0
-        starts = self.schedule.slow_starts(self.extensions)
-        return max((s for s in starts if s <= steps_taken), default=0)
 
     def observe(self, params: Sequence[Tensor], steps_taken: int) -> None:
         """Add the tracked coordinates after step ``steps_taken`` to their half's sums."""
@@ -361,15 +357,14 @@ def new_arrival(
     dtype = torch.promote_types(like.dtype, torch.float32)
     sums = torch.zeros((5, *batch_shape, tracked), dtype=dtype, device=like.device)
     count = torch.zeros(batch_shape, dtype=torch.int64)
-    return Arrival(adapt_until, picks, sums, count, bool(getattr(metric, "restarts", False)))
+    return Arrival(adapt_until, picks, sums, count)
 
 
 def after_step(metric: Any, state: Any) -> None:
     """The warm-up's part of the host schedule after a step of ``state`` (a
     :class:`~sgrld.core.state.SamplerState`): the tracked coordinates summed; at the end of the
-    last slow window, one host read, and another window for each chain that has not arrived; at
-    a slow window's start the metric's restart (Adam's moments, with its bias correction) of the
-    chains that adapt on."""
+    last slow window, one host read, and another window for each chain that has not arrived (the
+    restarts at the windows' starts are the step's own: :func:`since_restart`)."""
     arrival = state.warmup
     if arrival is None:
         return
@@ -382,44 +377,68 @@ def after_step(metric: Any, state: Any) -> None:
         if bool(travelling.any()):
             arrival.count += travelling.to(torch.int64)
             arrival.sums.zero_()
-    if arrival.restarts and steps in arrival.schedule.slow_starts(arrival.extensions):
-        keep = arrival.chains_adapting(steps)  # a frozen chain's statistics are not restarted
-        saved = None if keep is None else {k: v.clone() for k, v in state.stats.items()}
-        metric.restart(state.stats, state.layout)
-        if saved is not None and keep is not None:
-            keep_where(state.stats, saved, keep)
 
 
-def restart_schedule(
-    metric: Any, adapt_until: int | None, state: Any, capturable: bool
-) -> Windows | None:
-    """The windows at whose nominal starts ``state`` restarts a bias-corrected metric's statistics
-    without an :class:`Arrival`: a sharded state cannot wait for its chain (the arrival's host read
-    would need the other ranks) but restarts as the one-process chain does until that chain's
-    first extension. ``None``: no such restarts (an arrival keeps them, or none are due; not a
-    captured step, whose count is the device's)."""
-    if (
-        state.warmup is None
-        and not capturable
-        and state.layout.shards is not None
-        and isinstance(adapt_until, Windows)
+def restart_steps(
+    metric: Any, adapt_until: int | None, arrival: Arrival | None = None
+) -> tuple[int, ...]:
+    """The steps after which ``metric`` restarts its statistics: with a waiting schedule
+    (``Windows(N, arrival=True)``, the default) and a metric that restarts (a bias-corrected
+    second moment), every slow window's start, the windows ``arrival`` added included; else none
+    (an explicit ``Windows(N)`` or N keeps its statistics across the warm-up, as before restarts
+    existed). The same steps whether the state waits for its chain or cannot (sharded, captured):
+    until a waiting chain's first extension, all of them are one chain."""
+    if not (
+        isinstance(adapt_until, Windows)
         and adapt_until.arrival
         and metric.preconditions
         and bool(getattr(metric, "restarts", False))
     ):
-        return adapt_until
-    return None
+        return ()
+    return adapt_until.slow_starts(_extensions(arrival))
 
 
-def schedule_origin(adapt_until: Windows, steps_taken: int) -> int:
-    """The nominal slow window's start a state restarting on the schedule last restarted after."""
-    return max((s for s in adapt_until.slow_starts() if s <= steps_taken), default=0)
+#: the restart steps as device tensors, made by an eager step before any step is captured
+_STARTS: dict[tuple[tuple[int, ...], torch.device], Tensor] = {}
 
 
-def restart_on_schedule(metric: Any, adapt_until: Windows, state: Any) -> None:
-    """After a step: the restart at a nominal slow window's start (:func:`restart_schedule`)."""
-    if state.step in adapt_until.slow_starts():
-        metric.restart(state.stats, state.layout)
+def since_restart(
+    restarts: tuple[int, ...], count: int | Tensor
+) -> tuple[int | Tensor, bool | Tensor]:
+    """For step ``count`` (1, 2, ...; a host int or a 0-d int64 device tensor, a captured step's
+    count), the step its statistics were last restarted after (0: never), which a bias-corrected
+    metric counts its steps from, and whether they restart before it (``count − 1`` in
+    ``restarts``). A device count gets device answers (a comparison with the restart steps, no
+    host read), so eager, sharded and captured steps restart at the same steps."""
+    if isinstance(count, int):
+        return max((s for s in restarts if s < count), default=0), count - 1 in restarts
+    if torch.compiler.is_compiling():  # traced: a constant of the graph
+        at = torch.tensor(restarts, dtype=torch.int64, device=count.device)
+    else:
+        key = (restarts, count.device)
+        if key not in _STARTS:
+            if len(_STARTS) > 64:  # a few schedules per process; never grows without bound
+                _STARTS.clear()
+            _STARTS[key] = torch.tensor(restarts, dtype=torch.int64, device=count.device)
+        at = _STARTS[key]
+    origin = torch.where(at < count, at, 0).amax()
+    return origin, (at == count - 1).any()
+
+
+def restart(
+    metric: Any, stats: dict[str, Tensor], layout: Any, now: bool | Tensor, chains: Tensor | None
+) -> None:
+    """The restart of :func:`since_restart`'s verdict ``now`` (host or device) in the chains that
+    adapt (``chains``: a bool of the batch shape, ``None``: all): a frozen chain's statistics are
+    left as they are."""
+    if now is False:
+        return
+    if now is True and chains is None:
+        metric.restart(stats, layout)
+        return
+    where = chains if now is True else now if chains is None else now & chains
+    assert where is not None
+    metric.restart(stats, layout, where=where)
 
 
 def keep_where(stats: dict[str, Tensor], before: dict[str, Tensor], mask: Tensor) -> None:

@@ -63,8 +63,12 @@ class SecondMomentMetric(Metric):
         mean from its first step); an uncorrected one would start at G ≈ ε, a 1/ε step."""
         return self.bias_correction
 
-    def restart(self, stats: Stats, layout: FlatLayout) -> None:
-        stats[self.key].zero_()
+    def restart(self, stats: Stats, layout: FlatLayout, where: Tensor | None = None) -> None:
+        v = stats[self.key]
+        if where is None:
+            v.zero_()
+        else:  # 0-d or per chain, against v's (*batch, D)
+            v.masked_fill_(where.reshape(*where.shape, *[1] * (v.dim() - where.dim())), 0.0)
 
     def sums_ahead(
         self, stats: Stats, layout: FlatLayout, grad: Tensor, noise: Tensor | None, adapt: bool
