@@ -64,6 +64,9 @@ class Windows(int):
     last slow window ends on a chain that is still travelling (:class:`Arrival`), another slow
     window of twice the last nominal one's length follows, as long as the warm-up stays within
     :attr:`CAP` × its nominal length; :meth:`slow_ends` with ``extensions`` gives that schedule.
+    It also restarts a bias-corrected metric's statistics at every slow window's start
+    (:func:`restart_steps`), whether or not the state can wait; a ``Windows(N)`` without
+    ``arrival`` (the default before it waited, as old checkpoints hold it) restarts nothing.
 
     Examples:
         >>> Windows(1000).slow_ends()
