@@ -128,3 +128,25 @@ def test_compiled_step_with_frozen_and_waiting_chains_is_the_eager_step() -> Non
     torch.testing.assert_close(compiled.params["x"], eager.params["x"], **tol)
     for k, v in eager.stats.items():
         torch.testing.assert_close(compiled.stats[k], v, **tol)
+
+
+def test_a_state_dict_saved_at_a_restart_by_the_host_schedule_resumes_as_it_did() -> None:
+    """Before, the restart ran on the host after the window's last step, so a state saved after
+    step 450 held a zeroed second moment; now the step after it restarts. Loaded either way (the
+    moment as saved now, or zeroed as then), the chain goes on as the one that never stopped."""
+    sampler = sgrld.build("adam", lr=LR, num_data=1.0)
+    state = sampler.init({"x": torch.full((2, 2), 30.0, dtype=torch.float64)}, num_chains=2,
+                         generator=torch.Generator().manual_seed(0))  # fmt: skip
+    for _ in range(450):
+        sampler.step(state, {"x": state.params["x"] @ PREC})
+    then = state.state_dict()
+    then["stats"]["exp_avg_sq"].zero_()  # what the host's restart had left
+    copies = [sgrld.core.sampler.clone_state(state) for _ in range(2)]
+    copies[1].load_state_dict(then)
+    for s in (state, *copies):
+        for _ in range(30):
+            sampler.step(s, {"x": s.params["x"] @ PREC})
+    for s in copies:
+        assert torch.equal(s.params["x"], state.params["x"])
+        for k, v in state.stats.items():
+            assert torch.equal(s.stats[k], v), k
