@@ -417,8 +417,9 @@ def advance(
         adapt = _or_true(state.warmup.chains_adapting(state.step))
     origin: int | Tensor = 0
     if restarts and adapt is not False:  # before a subset's statistics are copied (Part.of)
-        # deferred: the count read on the device (a captured step reads no host value)
-        count = state.device_step + 1 if plan.checks == "deferred" else state.step + 1
+        # a traced or captured step decides on the device's count (its host count would be
+        # baked into the graph); any other on the host's, the same count (no device pass)
+        count = state.device_step + 1 if in_graph() else state.step + 1
         origin, now = since_restart(restarts, count)
         restart(metric, state.stats, state.layout, now, None if adapt is True else adapt)
     part = Part.of(metric, state, grads)
