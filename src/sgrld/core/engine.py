@@ -402,8 +402,8 @@ def advance(
     buffers (the same numbers; tests compare); ``telemetry``: a :func:`record_telemetry`
     accumulator; ``localization`` c > 0 adds c·(θ − ``state.center``) to the drift's gradient only;
     ``restarts``: the steps after which the metric's statistics restart
-    (:func:`sgrld.core.warmup.restart_steps`), decided from the step's count, a deferred step's
-    on the device (:func:`sgrld.core.warmup.since_restart`).
+    (:func:`sgrld.core.warmup.restart_steps`), decided from the step's count, a traced or
+    captured step's on the device (:func:`sgrld.core.warmup.since_restart`).
     """
     if all(g is None for g in grads):
         return
