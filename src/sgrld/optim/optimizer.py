@@ -30,7 +30,7 @@ from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
-from sgrld.core.sampler import check_flags, check_generator
+from sgrld.core.sampler import Sampler, check_generator
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting
@@ -169,7 +169,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         batch_size: int | None = None,
         **metric_options: Any,
     ) -> None:
-        validate_group(lr, num_data, temperature)
+        # ℓ, n, τ and the warm-up are checked per group, the flags by each group's Sampler
         check_localization(localization)
         metric = self._make_metric(metric, metric_options)
         if data_parallel is not None and not isinstance(data_parallel, bool):
@@ -180,7 +180,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         requested_noise = noise
         if noise is None:
             noise = "philox" if capturable is True else "torch"
-        check_flags(metric, noise, compile, check_finite, capturable, sync_checks)
         check_generator(generator)
         self.metric = metric
         self._options = metric_options_of(metric)
@@ -203,13 +202,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.data_parallel = data_parallel
         self.localization = float(localization)
         self._replicas_checked = data_parallel is False
-        if batch_size is not None:
-            refresh_every = math.ceil(num_data / batch_size)
         self.refresh_every = refresh_every
         #: per group, the last step's (‖drift‖², ‖noise‖², ‖θ‖², 1) on the device if it recorded
         #: them (one step in ``WATCH_EVERY``), else ``None``: what post-step hooks read
         self.recorded: list[Tensor] | None = None
         super().__init__(params, defaults)
+        if batch_size is not None:
+            self.refresh_every = math.ceil(num_data / batch_size)
         self.register_step_pre_hook(TrainerWatch())  # what transformers.Trainer changes, warned
         self._watch_hook: RemovableHandle | None = None
         self._start_watch()
@@ -354,18 +353,21 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's end, a
         ``refresh_every`` refresh): a step a CUDA graph cannot replay.
         """
-        groups = enumerate(zip(self.sampler_states, self.param_groups, strict=True))
+        pairs = zip(self._followed(), self.param_groups, strict=True)
         # a frozen metric (adapt_metric False) is not refreshed
-        if any(g["adapt_metric"] and self._refresh_due(i, s.step + 1) for i, (s, g) in groups):
+        if any(
+            g["adapt_metric"] and s.refresh_due(c.state, c.state.step + 1) for (c, s), g in pairs
+        ):
             return True
         every = self.refresh_every
         return every is not None and (self.num_steps + 1) % every == 0
 
-    def _refresh_due(self, index: int, step: int) -> bool:
-        """Whether step ``step`` of group ``index`` refreshes G (:meth:`Sampler.refresh_due`)."""
-        chain = self._chains[index]
-        sampler = chain.follow(self.param_groups[index], self._flags())
-        return sampler.refresh_due(chain.state, step)
+    def _followed(self) -> list[tuple[GroupChain, Sampler]]:
+        """Each group's chain and its sampler, as the group's options, ℓ, n, τ and warm-up and the
+        optimizer's flags are now (:meth:`_follow`, :meth:`GroupChain.follow`)."""
+        chains = [self._follow(i) for i in range(len(self.param_groups))]
+        flags = self._flags()
+        return [(c, c.follow(g, flags)) for c, g in zip(chains, self.param_groups, strict=True)]
 
     def after_replay(self) -> None:
         """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
@@ -393,10 +395,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.recorded = None
-        chains = [self._follow(i) for i in range(len(self.param_groups))]
         check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
-        flags, groups = self._flags(), self.param_groups
-        samplers = [chain.follow(group, flags) for chain, group in zip(chains, groups, strict=True)]
+        chains, samplers = zip(*self._followed(), strict=True)
         traced = in_graph()
         if not self._replicas_checked and not traced:
             self._check_replicas()
@@ -542,10 +542,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def refresh_if_due(self) -> bool:
         """Run a due scheduled refresh (Shampoo's roots) in every group, for ``capturable``
         optimizers; returns whether one ran."""
-        due = [c for i, c in enumerate(self._chains) if self._refresh_due(i, c.state.step)]
-        for chain in due:
-            chain.sampler.refresh(chain.state)
-        return bool(due)
+        return any([sampler.refresh_if_due(chain.state) for chain, sampler in self._followed()])
 
     def refresh_metric(self) -> None:
         """Recompute the explicitly scheduled part of the metric in every group (Wenzel's
