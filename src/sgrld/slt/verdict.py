@@ -104,6 +104,12 @@ class LLCVerdict:
         return "ok" if self.ok else "; ".join(self.problems)
 
 
+def block_means(x: np.ndarray, window: int) -> np.ndarray:
+    """The means of each ``(chain, draw)`` row's last whole blocks of ``window`` draws."""
+    blocks = x.shape[1] // window
+    return x[:, x.shape[1] - blocks * window :].reshape(len(x), blocks, window).mean(axis=2)
+
+
 def split_rhat(draws: np.ndarray) -> float:
     """Split R̂ of ``(chain, draw)`` draws (BDA3 §11.4): each chain cut in halves, the
     between-halves against the within-halves variance. NaN with fewer than 4 draws."""
@@ -198,8 +204,8 @@ def judge(
     # chain, cancelling over whole passes) taken out with the mean over the chains per step
     own = x - x.mean(axis=0, keepdims=True) + x.mean() if chains > 1 else x
     window = max(1, min(period, steps // MIN_BLOCKS))
-    blocks = steps // window
-    means = own[:, steps - blocks * window :].reshape(chains, blocks, window).mean(axis=2)
+    means = block_means(own, window)
+    blocks = means.shape[1]
     rhat = split_rhat(means) if chains * blocks >= 4 else math.nan
     ess = effective_sample_size(means)
     spread = float(per_chain.std(ddof=1)) / math.sqrt(chains) if chains > 1 else 0.0
