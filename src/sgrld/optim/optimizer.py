@@ -176,9 +176,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         check_bool("telemetry", telemetry)
         _check_schedule(refresh_every, batch_size, metric)
         check_low_precision(low_precision, master_dtype)
-        requested_noise = noise
-        if noise is None:
-            noise = "philox" if capturable is True else "torch"
         check_generator(generator)
         self.metric = metric
         self._options = metric_options_of(metric)
@@ -218,14 +215,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         ]
         self._masks = masks_by_parameter(self._masks, named)  # keys: parameters or names
         check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
-        self.check_finite = check_finite
         sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])
-        if sharded and requested_noise is None:
-            noise = "philox"  # drawn at each shard's global indices (sgrld.core.shards)
-        self.noise: NoiseSource = noise
-        self.compile = compile
-        self.capturable = capturable
-        self.sync_checks = sync_checks
+        # a sharded chain's noise is drawn at each shard's global indices (sgrld.core.shards)
+        default: NoiseSource = "philox" if capturable is True or sharded else "torch"
+        self.noise: NoiseSource = default if noise is None else noise
+        self.check_finite, self.compile = check_finite, compile
+        self.capturable, self.sync_checks = capturable, sync_checks
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
         self._ready = True
