@@ -185,11 +185,7 @@ class Chains:
         if chain_batch is not None:
             check_int("chain_batch", chain_batch, 1)
         self.chain_batch = chain_batch or k
-        self.groups = self._make_groups(sampler, lr, options, keys)
-        if telemetry:
-            for g in self.groups:
-                g.telemetry = torch.zeros(g.stop - g.start, 4, dtype=torch.float64,
-                                          device=g.state.keys.device)  # fmt: skip
+        self.groups = self._make_groups(sampler, lr, options, keys, telemetry)
 
     def _make_groups(
         self,
@@ -197,6 +193,7 @@ class Chains:
         lr: Sequence[float] | Tensor | None,
         options: dict[str, Sequence[float]],
         keys: list[int],
+        telemetry: bool,
     ) -> list[_Group]:
         k = self.num_chains
         like = next(iter(self.params.values()))
@@ -227,7 +224,10 @@ class Chains:
             view = {n: p[start:stop] for n, p in self.params.items()}  # contiguous views
             state = s.init(view, num_chains=stop - start, seeds=keys[start:stop])
             unchecked = dataclasses.replace(s, check_finite=False, sync_checks=None)
-            groups.append(_Group(start, stop, s, state, unchecked))
+            sums = torch.zeros(stop - start, 4, dtype=torch.float64, device=state.keys.device)
+            groups.append(
+                _Group(start, stop, s, state, unchecked, telemetry=sums if telemetry else None)
+            )
             start = stop
         return groups
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core._compile import failure_reason, quiet_compile
-from sgrld.core.contract import check_choice
+from sgrld.core.contract import check_choice, check_int
 from sgrld.core.engine import Move, body, refresh_due
 from sgrld.core.integrator import noise_scale
 from sgrld.core.noise import philox_normal_, values_per_counter
@@ -81,8 +81,7 @@ class BlockRunner:
     ) -> None:
         if len(state.params) != 1:
             raise ValueError("BlockRunner supports states with exactly one parameter tensor")
-        if not isinstance(block, int) or block < 1:
-            raise ValueError(f"invalid block: {block!r} (expected an integer >= 1)")
+        check_int("block", block, 1)
         check_choice("noise", noise, ("block", "exact"))
         (self.theta,) = state.params.values()
         layout = state.layout
@@ -107,11 +106,8 @@ class BlockRunner:
         self.compile_seconds = 0.0
         self.compile_error: str | None = None
         self._compiled_fn: Callable[..., None] | None = None
-        self._attempts: list[dict[str, Any]] = []
-        if compile:
-            self._attempts = (
-                [dict(inductor_options)] if inductor_options is not None else list(_ATTEMPTS)
-            )
+        attempts = list(_ATTEMPTS) if inductor_options is None else [dict(inductor_options)]
+        self._attempts: list[dict[str, Any]] = attempts if compile else []
         self.chunk = block * max(1, chunk // block)
         self._calls = 0
         self.inductor_options: dict[str, Any] | None = None  # the set that compiled
@@ -231,8 +227,7 @@ class BlockRunner:
     def _run_chunk(self, count: int) -> None:
         theta, stats, block = self.theta, self.state.stats, self.block
         grad_noise, xi, out = self._grad_noise, self._xi, self._out
-        start = 0
-        while start < count:
+        for start in range(0, count, block):
             n = min(block, count - start)
             stop = start + n
             args = (theta, stats, grad_noise[start:stop], xi[start:stop], out[start:stop])
@@ -254,7 +249,6 @@ class BlockRunner:
                 self._steps(*args, self.state.step, n)
             self.state.step += n
             self.state.device_step.add_(n)
-            start = stop
 
 
 @contextlib.contextmanager

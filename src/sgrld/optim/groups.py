@@ -103,13 +103,15 @@ def group_metric(base: Metric, group: Mapping[str, Any], current: Metric | None 
 class GroupChain:
     """One parameter group's chain: the functional sampler that steps it (the group's metric, ℓ,
     n, τ and warm-up), its state, the stand-ins stepped in the parameters' place (master copies,
-    masked elements) and the group options its metric was made from."""
+    masked elements), the group options its metric was made from and the group's parameters."""
 
     sampler: Sampler
     state: SamplerState
     standins: StandIns | None
     options: dict[str, Any]
     lr: float | Tensor  # the group's ℓ the sampler was made with (a tensor: by identity)
+    params: list[Tensor]
+    names: list[str]
 
     def follow(self, group: Mapping[str, Any], flags: Mapping[str, Any]) -> Sampler:
         """The sampler with the group's ℓ, n, τ and warm-up and the optimizer's ``flags`` as they
@@ -121,6 +123,35 @@ class GroupChain:
         if not same_lr or any(getattr(s, k) != v for k, v in now.items()):
             self.sampler, self.lr = s.retuned(lr=as_scalar(lr), **now), lr
         return self.sampler
+
+    def grads(self) -> list[Tensor | None]:
+        """The gradients of the group's parameters, in the dtype and shape of the tensors stepped
+        (master copies, selected elements)."""
+        grads = [None if p.grad is None else local(p.grad) for p in self.params]
+        if self.standins is None:
+            return grads
+        for name, p, g in zip(self.names, self.params, grads, strict=True):
+            shard = local(p)  # a sharded gradient's shard against the parameter's
+            if g is not None and (g.dtype != shard.dtype or g.shape != shard.shape):
+                raise ValueError(
+                    f"gradient of parameter {name!r} is {g.dtype} of shape {tuple(g.shape)}, "
+                    f"the parameter {shard.dtype} of shape {tuple(shard.shape)}: a gradient must "
+                    "have its parameter's dtype and shape"
+                )
+        return self.standins.grads(grads)
+
+    def move(self, grads: list[Tensor | None], **options: Any) -> None:
+        """:meth:`Sampler.move <sgrld.core.Sampler.move>` of the group (``options``: its keywords)
+        over its stand-ins (master copies, scratch or selected elements), pulled before and pushed
+        after, or its parameters' current shards."""
+        state, standins = self.state, self.standins
+        if standins is not None:
+            standins.pull()
+        elif state.layout.shards is not None:
+            follow_shards(state, self.params)
+        self.sampler.move(state, grads, **options)
+        if standins is not None:
+            standins.push(state.keys, state.device_step)
 
 
 #: the optimizer's attributes its groups' samplers take (a user may set them between steps)
@@ -168,7 +199,7 @@ class Recipe:
         shards = [local(p) for p in params]  # the rank's shards of sharded parameters
         state = sampler.new_state(dict(zip(names, shards, strict=True)), layout, generator)
         options = {k: group[k] for k in metric_options(self.metric)}
-        return GroupChain(sampler, state, standins, options, group["lr"])
+        return GroupChain(sampler, state, standins, options, group["lr"], group["params"], names)
 
 
 def check_masks(masks: Mapping[Tensor, Tensor], params: list[Tensor]) -> None:

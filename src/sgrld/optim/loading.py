@@ -21,7 +21,6 @@ from sgrld.optim.groups import (
     GroupChain,
     Recipe,
     group_metric,
-    group_names,
     publish_group,
     validate_group,
 )
@@ -88,26 +87,21 @@ def plan(
             recipe, generator, state_dict["sgrld"], saved_groups, groups, metrics
         )
     watch_first = first_window(state_dict.get(WATCH_KEY))
+    first = saved_state.get(saved_groups[0]["params"][0])
+    generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
+    if generator_state is None:
+        raise ValueError("param group 0: the state dict has no generator state")
+    check_generator_state(generator, generator_state, "the state dict")
     fresh, copies = [], []
-    generator_state: Tensor | None = None
     for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
-        label = f"param group {index}"
         chain = recipe.chain(groups[index], index, generator, metric)
         mine = publish_group(metric, chain.state, chain.standins)
         entries = [saved_state.get(pid) for pid in saved["params"]]
         # a waiting warm-up's entries load where the group waits, are skipped where it cannot
         # (a capturable optimizer keeps Stan's fixed windows: core.warmup)
         extra = (GENERATOR, WARMUP_SUMS, WARMUP_COUNT) if index == 0 else ()
-        names = group_names(groups[index], index)
-        copies += plan_load(mine, entries, names, label, extra, (MASTER,))
-        if index == 0:
-            first = entries[0] if entries else None
-            generator_state = first.get(GENERATOR) if isinstance(first, dict) else None
-            if generator_state is None:
-                raise ValueError(f"{label}: the state dict has no generator state")
-            check_generator_state(generator, generator_state, "the state dict")
+        copies += plan_load(mine, entries, chain.names, f"param group {index}", extra, (MASTER,))
         fresh.append(chain)
-    assert generator_state is not None
     return Load(groups, fresh, watch_first, generator_state, copies)
 
 

@@ -30,7 +30,7 @@ from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
 from sgrld.core.precision import LowPrecision, check_low_precision, is_low_precision
 from sgrld.core.replicas import check_same_noise
-from sgrld.core.sampler import check_flags, check_generator
+from sgrld.core.sampler import check_generator
 from sgrld.core.shards import is_sharded, local
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting
@@ -42,7 +42,6 @@ from sgrld.optim.groups import (
     GroupChain,
     Recipe,
     check_masks,
-    follow_shards,
     group_metric,
     group_names,
     masks_by_parameter,
@@ -169,7 +168,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         batch_size: int | None = None,
         **metric_options: Any,
     ) -> None:
-        validate_group(lr, num_data, temperature)
+        # ℓ, n, τ and the warm-up are checked per group, the flags by each group's Sampler
         check_localization(localization)
         metric = self._make_metric(metric, metric_options)
         if data_parallel is not None and not isinstance(data_parallel, bool):
@@ -177,10 +176,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         check_bool("telemetry", telemetry)
         _check_schedule(refresh_every, batch_size, metric)
         check_low_precision(low_precision, master_dtype)
-        requested_noise = noise
-        if noise is None:
-            noise = "philox" if capturable is True else "torch"
-        check_flags(metric, noise, compile, check_finite, capturable, sync_checks)
         check_generator(generator)
         self.metric = metric
         self._options = metric_options_of(metric)
@@ -203,13 +198,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self.data_parallel = data_parallel
         self.localization = float(localization)
         self._replicas_checked = data_parallel is False
-        if batch_size is not None:
-            refresh_every = math.ceil(num_data / batch_size)
         self.refresh_every = refresh_every
         #: per group, the last step's (‖drift‖², ‖noise‖², ‖θ‖², 1) on the device if it recorded
         #: them (one step in ``WATCH_EVERY``), else ``None``: what post-step hooks read
         self.recorded: list[Tensor] | None = None
         super().__init__(params, defaults)
+        if batch_size is not None:
+            self.refresh_every = math.ceil(num_data / batch_size)
         self.register_step_pre_hook(TrainerWatch())  # what transformers.Trainer changes, warned
         self._watch_hook: RemovableHandle | None = None
         self._start_watch()
@@ -220,14 +215,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         ]
         self._masks = masks_by_parameter(self._masks, named)  # keys: parameters or names
         check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
-        self.check_finite = check_finite
         sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])
-        if sharded and requested_noise is None:
-            noise = "philox"  # drawn at each shard's global indices (sgrld.core.shards)
-        self.noise: NoiseSource = noise
-        self.compile = compile
-        self.capturable = capturable
-        self.sync_checks = sync_checks
+        # a sharded chain's noise is drawn at each shard's global indices (sgrld.core.shards)
+        default: NoiseSource = "philox" if capturable is True or sharded else "torch"
+        self.noise: NoiseSource = default if noise is None else noise
+        self.check_finite, self.compile = check_finite, compile
+        self.capturable, self.sync_checks = capturable, sync_checks
         device = self.param_groups[0]["params"][0].device
         self.generator = generator if generator is not None else new_generator(device)
         self._ready = True
@@ -325,17 +318,24 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._watch_hook = self.register_step_post_hook(self._watch)
 
     def _follow(self, index: int) -> GroupChain:
-        """Group ``index``'s chain, after the group's metric options changed since its last step
-        (before the first step a layout may still change: the chain is made again)."""
+        """Group ``index``'s chain, its sampler as the group's options, ℓ, n, τ and warm-up and the
+        optimizer's flags are now (:meth:`GroupChain.follow`); after a metric option changed, before
+        the first step, the chain is made again (a layout may still change)."""
         chain, group = self._chains[index], self.param_groups[index]
         options = {k: group[k] for k in self._options}
         if options != chain.options:
             if chain.state.step == 0:
                 self._build(index, chain.state.keys.clone())
-                return self._chains[index]
-            metric = group_metric(self.metric, group, chain.sampler.metric)
-            chain.sampler, chain.options = chain.sampler.retuned(metric=metric), options
+                chain = self._chains[index]
+            else:
+                metric = group_metric(self.metric, group, chain.sampler.metric)
+                chain.sampler, chain.options = chain.sampler.retuned(metric=metric), options
+        chain.follow(group, self._flags())
         return chain
+
+    def _followed(self) -> list[GroupChain]:
+        """Every group's chain, followed (:meth:`_follow`)."""
+        return [self._follow(i) for i in range(len(self.param_groups))]
 
     # --- what the functional core sees (capture, the runner) ---------------------------------
 
@@ -343,29 +343,25 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def sampler_states(self) -> list[SamplerState]:
         """Each parameter group's :class:`sgrld.SamplerState`: the live tensors the next
         :meth:`step` reads and writes."""
-        return [self._follow(i).state for i in range(len(self.param_groups))]
+        return [chain.state for chain in self._followed()]
 
     @property
     def group_metrics(self) -> list[Metric]:
         """Each parameter group's metric: :attr:`metric` with the group's own options."""
-        return [self._follow(i).sampler.metric for i in range(len(self.param_groups))]
+        return [chain.sampler.metric for chain in self._followed()]
 
     def refreshes_next(self) -> bool:
         """Whether the coming step refreshes G on the host (Shampoo's roots, the warm-up's end, a
         ``refresh_every`` refresh): a step a CUDA graph cannot replay.
         """
-        groups = enumerate(zip(self.sampler_states, self.param_groups, strict=True))
+        pairs = zip(self._followed(), self.param_groups, strict=True)
         # a frozen metric (adapt_metric False) is not refreshed
-        if any(g["adapt_metric"] and self._refresh_due(i, s.step + 1) for i, (s, g) in groups):
+        if any(
+            g["adapt_metric"] and c.sampler.refresh_due(c.state, c.state.step + 1) for c, g in pairs
+        ):
             return True
         every = self.refresh_every
         return every is not None and (self.num_steps + 1) % every == 0
-
-    def _refresh_due(self, index: int, step: int) -> bool:
-        """Whether step ``step`` of group ``index`` refreshes G (:meth:`Sampler.refresh_due`)."""
-        chain = self._chains[index]
-        sampler = chain.follow(self.param_groups[index], self._flags())
-        return sampler.refresh_due(chain.state, step)
 
     def after_replay(self) -> None:
         """The host's part of a step replayed from a CUDA graph: counters advance, the schedule
@@ -393,17 +389,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.recorded = None
-        chains = [self._follow(i) for i in range(len(self.param_groups))]
         check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
-        flags, groups = self._flags(), self.param_groups
-        samplers = [chain.follow(group, flags) for chain, group in zip(chains, groups, strict=True)]
+        chains, groups = self._followed(), self.param_groups
         traced = in_graph()
         if not self._replicas_checked and not traced:
             self._check_replicas()
-        grads = [self._grads(i) for i in range(len(self.param_groups))]
-        modes = [
-            s.checks(c.state, defer_traced=True) for s, c in zip(samplers, chains, strict=True)
-        ]
+        grads = [chain.grads() for chain in chains]
+        modes = [c.sampler.checks(c.state, defer_traced=True) for c in chains]
         # one step in WATCH_EVERY records its figures for the post-step hooks (sgrld.health's)
         record = not traced and (chains[0].state.step + 1) % WATCH_EVERY == 0
         recorded = []
@@ -414,16 +406,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     if modes[index] == "sync":
                         check_finite_now(chain.state, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
-            for index, (group, chain) in enumerate(zip(self.param_groups, chains, strict=True)):
-                state, standins = chain.state, chain.standins
-                if state.layout.shards is not None and standins is None:
-                    follow_shards(state, group["params"])  # stand-ins stay where they are
-                if standins is not None:  # step master copies, scratch or selected elements
-                    standins.pull()
+            for index, (group, chain) in enumerate(zip(groups, chains, strict=True)):
                 telemetry = self._accumulator(index)
                 sums = new_sums(group["params"][0].device) if record else telemetry
-                samplers[index].move(
-                    state,
+                chain.move(
                     grads[index],
                     adapt=bool(group["adapt_metric"]),
                     telemetry=sums,
@@ -435,32 +421,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     recorded.append(sums)
                     if telemetry is not None:
                         telemetry.add_(sums)
-                if standins is not None:
-                    standins.push(state.keys, state.device_step)
         except NonFiniteGradientError as exc:
             message = self._watch.nonfinite_message(self, str(exc))  # a read on the error path
             raise NonFiniteGradientError(message) from None
         self._after_step()
         self.recorded = recorded if record else None
         return loss
-
-    def _grads(self, index: int) -> list[Tensor | None]:
-        """Group ``index``'s gradients, in the dtype of the tensors stepped (master copies)."""
-        params = self.param_groups[index]["params"]
-        grads: list[Tensor | None] = [None if p.grad is None else local(p.grad) for p in params]
-        standins = self._chains[index].standins
-        if standins is None:
-            return grads
-        names = group_names(self.param_groups[index], index)
-        for name, p, g in zip(names, params, grads, strict=True):
-            shard = local(p)  # a sharded gradient's shard against the parameter's
-            if g is not None and (g.dtype != shard.dtype or g.shape != shard.shape):
-                raise ValueError(
-                    f"gradient of parameter {name!r} is {g.dtype} of shape {tuple(g.shape)}, "
-                    f"the parameter {shard.dtype} of shape {tuple(shard.shape)}: a gradient must "
-                    "have its parameter's dtype and shape"
-                )
-        return standins.grads(grads)
 
     def _check_replicas(self) -> None:
         """Before the first step, under a process group (DistributedDataParallel, or FSDP2's
@@ -542,17 +508,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
     def refresh_if_due(self) -> bool:
         """Run a due scheduled refresh (Shampoo's roots) in every group, for ``capturable``
         optimizers; returns whether one ran."""
-        due = [c for i, c in enumerate(self._chains) if self._refresh_due(i, c.state.step)]
-        for chain in due:
-            chain.sampler.refresh(chain.state)
-        return bool(due)
+        return any([chain.sampler.refresh_if_due(chain.state) for chain in self._followed()])
 
     def refresh_metric(self) -> None:
         """Recompute the explicitly scheduled part of the metric in every group (Wenzel's
         scales).
         """
-        for index in range(len(self.param_groups)):
-            chain = self._follow(index)
+        for chain in self._followed():
             chain.sampler.refresh(chain.state)
         self._last_refresh = self.num_steps
 

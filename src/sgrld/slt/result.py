@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from sgrld.slt.verdict import LLCVerdict
+from sgrld.slt.verdict import LLCVerdict, block_means
 
 
 @dataclass(frozen=True, repr=False)
@@ -89,9 +89,9 @@ class LLCEstimate:
             lines += [
                 f"  R̂ {v.rhat:.3f}   ESS {v.ess:.0f} (blocks of {v.window} steps)   "
                 f"halves {v.first_half:.4g} → {v.last_half:.4g} (± {v.drift_se:.2g})",
-                f"  step: biases λ̂ by about {_signed(v.step_bias)} (quadratic model), stiffest "
-                f"direction inflated {_percent(v.inflation)}, slowest relaxes "
-                f"{_times(v.relaxations)} over the chain",
+                f"  step: biases λ̂ by about {_known(v.step_bias, '+{:.3g}')} (quadratic model), "
+                f"stiffest direction inflated {_known(v.inflation, '{:.1%}')}, slowest relaxes "
+                f"{_known(v.relaxations, '{:.3g}×')} over the chain",
                 *(
                     [f"  batches drawn with replacement: ± {v.draw_error:.3g} in λ̂ from the draws"]
                     if v.draw_error > 0.0
@@ -110,10 +110,9 @@ class LLCEstimate:
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 4))
         window = self.verdict.window if self.verdict is not None else 1
-        x = self.trace[:, self.burnin :]
-        blocks = x.shape[1] // window
-        means = x[:, x.shape[1] - blocks * window :].reshape(len(x), blocks, window).mean(2)
-        steps = self.burnin + x.shape[1] - blocks * window + window * (np.arange(blocks) + 1)
+        means = block_means(self.trace[:, self.burnin :], window)
+        blocks = means.shape[1]
+        steps = self.trace.shape[1] - blocks * window + window * (np.arange(blocks) + 1)
         for k, chain in enumerate(means):
             ax.plot(steps, self.nbeta * (chain - self.init_loss), lw=0.8, color=f"C{k % 10}")
         ax.axhspan(self.mean - self.std_error, self.mean + self.std_error, color="0.8", zorder=0)
@@ -124,13 +123,6 @@ class LLCEstimate:
         return ax
 
 
-def _percent(value: float) -> str:
-    return "unknown" if not math.isfinite(value) else f"{value:.1%}"
-
-
-def _times(value: float) -> str:
-    return "unknown" if not math.isfinite(value) else f"{value:.3g}×"
-
-
-def _signed(value: float) -> str:
-    return "unknown" if not math.isfinite(value) else f"+{value:.3g}"
+def _known(value: float, form: str) -> str:
+    """``value`` in ``form`` (a ``str.format`` pattern), or "unknown" where it is NaN."""
+    return form.format(value) if math.isfinite(value) else "unknown"

@@ -1,30 +1,12 @@
 """The verdict on an LLC estimate: has it mixed, is its step stable, is w₀ a minimum.
 
-Computed from the ``(K, T)`` loss traces alone (and, where known, the step's stiffness from
-the calibration's spectrum), as small NumPy functions over ``(chain, draw)`` arrays:
-
-* the traces are averaged over windows of one pass of batches (so that every datum counts
-  once per draw and the batches' spread cancels); R̂ and ESS are those block means';
-* **stationarity**: the per-chain estimate from the last m whole passes against the m passes
-  before them (half the trace from where the metric's G is frozen, at most what is kept after
-  burn-in); a difference beyond 3
-  standard errors and 5 % says the chains were still moving;
-* **R̂** (split, Gelman et al. 2013, BDA3 §11.4) and **ESS** (Geyer's initial monotone
-  sequence, as Stan and NumPyro) of the block means of each chain's own part (the batches'
-  effect, the same for every chain, taken out with the mean over the chains at each step);
-* **the step** from the quadratic model of :mod:`sgrld.slt.calibration`: the stiffest
-  direction's variance is inflated by ε(a₊ + nβ²s²)/4 (unstable as εa₊ → 4), and λ̂ by about
-  ε/8·(tr(nβH) + nβ²tr Σ) (``docs/llc.md`` derives both);
-* **whole passes**: a trace after burn-in shorter than one pass over the batches is biased by
-  the batches' spread, which no chain count averages away (every chain sees the same ones);
-* **a negative λ̂**: the loss fell below L_n(w₀), so w₀ is no local minimum;
-* **batches drawn with replacement**: L_n(w₀) and the trace's mean are then sample means of
-  batches every chain shares, whose error, times nβ, is often larger than λ (it is added to
-  the standard error).
-
-The standard error :func:`judge` returns is the larger of the chains' spread over √K and the
-block means' standard deviation over √ESS, times nβ: it grows when the chains disagree or
-move slowly.
+Small NumPy functions over the ``(chain, draw)`` loss traces (and, where known, the step's
+stiffness from the calibration's spectrum, :mod:`sgrld.slt.calibration`): the traces averaged
+over blocks of one pass of batches, then stationarity (from where G is frozen), split R̂ (BDA3
+§11.4) and ESS (Geyer's initial monotone sequence, as Stan and NumPyro) of the block means, the
+step's stability and bias in the quadratic model, whole passes, the sign and batches drawn with
+replacement. ``docs/llc.md`` ("The verdict") gives each check, its threshold and why, and the
+standard error :func:`judge` returns.
 """
 
 from __future__ import annotations
@@ -102,6 +84,12 @@ class LLCVerdict:
 
     def __str__(self) -> str:
         return "ok" if self.ok else "; ".join(self.problems)
+
+
+def block_means(x: np.ndarray, window: int) -> np.ndarray:
+    """The means of each ``(chain, draw)`` row's last whole blocks of ``window`` draws."""
+    blocks = x.shape[1] // window
+    return x[:, x.shape[1] - blocks * window :].reshape(len(x), blocks, window).mean(axis=2)
 
 
 def split_rhat(draws: np.ndarray) -> float:
@@ -198,8 +186,8 @@ def judge(
     # chain, cancelling over whole passes) taken out with the mean over the chains per step
     own = x - x.mean(axis=0, keepdims=True) + x.mean() if chains > 1 else x
     window = max(1, min(period, steps // MIN_BLOCKS))
-    blocks = steps // window
-    means = own[:, steps - blocks * window :].reshape(chains, blocks, window).mean(axis=2)
+    means = block_means(own, window)
+    blocks = means.shape[1]
     rhat = split_rhat(means) if chains * blocks >= 4 else math.nan
     ess = effective_sample_size(means)
     spread = float(per_chain.std(ddof=1)) / math.sqrt(chains) if chains > 1 else 0.0
