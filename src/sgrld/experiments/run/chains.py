@@ -16,6 +16,7 @@ from sgrld.chains import Chains
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
 from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_potential
+from sgrld.experiments.run.choices import Names
 from sgrld.experiments.run.config import GRAD_MAX, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.record import deferred_breakdown_reason
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 #: The fields in which the chains of one process may differ.
-PER_CHAIN_FIELDS = ("seed", "lr", *TUNED_FIELDS)
+PER_CHAIN_FIELDS: Sequence[str] = Names(lambda: ("seed", "lr", *TUNED_FIELDS))
 
 
 def check_chain_configs(configs: Sequence[RunConfig]) -> None:
