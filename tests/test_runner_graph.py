@@ -266,12 +266,11 @@ class MarkAfter(PoisonAfter):
 
 
 def patch_potential(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both loops' potential (the eager loop's, a run in one process's, and the deferred loop's
-    poisoned one)."""
-    from sgrld.experiments.run import build, parallel
+    """Both loops' potential: a run in one process's (the deferred loop poisons it in the
+    runner's :class:`~sgrld.core.runner.OptimizerChain`)."""
+    from sgrld.experiments.run import parallel
 
     monkeypatch.setattr(parallel, "potential", nan_gradient_potential)
-    monkeypatch.setattr(build, "potential", nan_gradient_potential)
 
 
 @pytest.mark.parametrize("sampler", ["identity", "shampoo"])
