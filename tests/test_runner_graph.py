@@ -147,13 +147,13 @@ def test_deferred_loop_reads_the_flags_only_before_samples_and_at_epoch_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reads: list[int] = []
-    read = runner_module._first_failure
+    read = runner_module.first_failures
 
-    def counted(optimizer: sgrld.SGRLDOptimizer) -> Any:
+    def counted(flags: Any) -> Any:
         reads.append(run.global_step)
-        return read(optimizer)
+        return read(flags)
 
-    monkeypatch.setattr(runner_module, "_first_failure", counted)
+    monkeypatch.setattr(runner_module, "first_failures", counted)
     run = SamplingRun(config("monge"), synthetic_splits(num_train=NUM_TRAIN), step_mode="deferred")
     (results,) = run.run()
     samples = [k for k in range(1, 121) if k > 5 and k % 5 == 0]

@@ -23,7 +23,6 @@ from sgrld.experiments.run.checkpoint import tensor_mismatches
 from sgrld.experiments.run.config import GRAD_MAX, RunConfig
 from sgrld.experiments.run.parallel import DataParallel, OneProcess, factor_mismatch
 from sgrld.experiments.run.record import deferred_breakdown_reason
-from sgrld.optim import SGRLDOptimizer
 from sgrld.schedules import CyclicalLR
 
 __all__ = ["STEP_MODES", "OneChain", "resolve_step_mode"]
@@ -62,12 +61,6 @@ def resolve_step_mode(step_mode: str, config: RunConfig, device: torch.device) -
             "loop without capture"
         )
     return step_mode
-
-
-def _first_failure(optimizer: SGRLDOptimizer) -> tuple[int, int] | None:
-    """The first failing update and the index of its first non-finite tensor, from the
-    optimizer's deferred device flags (one host read), or ``None``."""
-    return first_failures(s.flags for s in optimizer.sampler_states).get(0)
 
 
 class OneChain:
@@ -186,13 +179,13 @@ class OneChain:
             return {0: (last, reason)}
         if self.step_mode == "eager":
             return {}
-        failure = _first_failure(self.optimizer)
+        (state,) = self.optimizer.sampler_states  # one group (make_sampler)
+        failure = first_failures([state.flags]).get(0)  # one host read
         if failure is None:
             return {}
         update, tensor = failure
         # the engine froze the chain there, only the step counters ran on: set them back to the
         # last good update, so that the checkpoint holds the eager loop's state
-        (state,) = self.optimizer.sampler_states  # one group (make_sampler)
         state.flags.zero_()
         state.step = update - 1
         state.device_step.fill_(update - 1)
