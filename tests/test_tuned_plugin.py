@@ -3,11 +3,15 @@ the registry when used (``TUNED_FIELDS``), so runs, files, labels and chains tak
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
 from sgrld.core import contract
+from sgrld.experiments.report.selection import select_cell
+from sgrld.experiments.report.tables import Group
 from sgrld.experiments.run.chains import PER_CHAIN_FIELDS, check_chain_configs
 from sgrld.experiments.run.choices import SAMPLERS
 from sgrld.experiments.run.config import TUNED_FIELDS, RunConfig
@@ -23,6 +27,8 @@ class _GainMetric(IdentityMetric):
     name = "gainy"
     aliases = ()
     tuned = ("gain",)
+    identity_at: ClassVar[Mapping[str, float]] = {"gain": 0.0}  # G = I there
+    symbols: ClassVar[Mapping[str, str]] = {"gain": "γ"}
     gain: float = 1.0
 
 
@@ -62,3 +68,34 @@ def test_without_the_plugin_the_fields_are_the_registry_s() -> None:
     assert tuple(TUNED_FIELDS) == ("alpha2",) and "gainy" not in SAMPLERS
     with pytest.raises(ValueError, match="invalid tuned options"):
         _config(sampler="identity", tuned={"gain": 0.5})
+
+
+def _group(sampler: str, lr: float, val_lp: float, **tuned: float) -> Group:
+    run = {"seed": 0, "status": "completed", "final": {"val": {"lp": val_lp}}}
+    return Group({"sampler": sampler, "lr": lr, "alpha2": None, **tuned}, [run])
+
+
+def test_the_selection_reads_the_metric_s_tuned_option(plugin: None) -> None:
+    """ℓ per value of the declared option, then the option; Identity counts as the metric at its
+    ``identity_at``; messages write the option's symbol."""
+    cell = [_group("gainy", lr, lp, gain=g) for lr, g, lp in
+            [(0.1, 1.0, -0.5), (0.2, 1.0, -0.4), (0.1, 2.0, -0.3), (0.2, 2.0, -0.35)]]  # fmt: skip
+    chosen, stages, identity = select_cell(cell)
+    assert chosen is cell[2] and not identity
+    assert [(s.kind, s.alpha2, s.value) for s in stages] == [
+        ("lr", 1.0, 0.2), ("lr", 2.0, 0.1), ("gain", None, 2.0)
+    ]  # fmt: skip
+    assert stages[0].warning == "ℓ (for γ = 1) = 0.2 is the largest of its grid {0.1, 0.2}"
+    assert stages[2].warning == "γ = 2 is the largest of its grid {1, 2}"
+    chosen, stages, identity = select_cell(cell, identity_score=-0.1)
+    assert chosen is None and identity and stages[-1].value == 0.0
+    assert stages[-1].scores == {0.0: -0.1, 1.0: -0.4, 2.0: -0.3}
+
+
+def test_monge_s_selection_is_the_paper_s() -> None:
+    cell = [_group("monge", 0.1, -0.3 + a / 10, alpha2=a) for a in (0.5, 1.0)]
+    chosen, stages, _ = select_cell(cell, identity_score=-0.4)
+    assert chosen is cell[1] and stages[-1].kind == "alpha2"
+    assert stages[-1].warning == "α² = 1 is the largest of its grid {0, 0.5, 1}"
+    plain = [_group("identity", lr, -lr) for lr in (0.1, 0.2)]
+    assert select_cell(plain)[0] is plain[0] and len(select_cell(plain)[1]) == 1
