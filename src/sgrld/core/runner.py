@@ -211,10 +211,6 @@ def first_failures(flags: Iterable[Tensor]) -> dict[int, tuple[int, int]]:
     return {k: (int(s), int(t)) for k, (s, t) in enumerate(rows) if s != 0}
 
 
-def _flag_failures(flags: list[Tensor]) -> dict[int, int]:
-    return {k: s for k, (s, _) in first_failures(flags).items()}
-
-
 def poison(grads: Iterable[Tensor | None], bad: Tensor) -> None:
     """NaN into the gradients of the chains ``bad`` ``(K,)`` selects: the engine stops them
     (no host read: a captured step may do it). One chain's 0-d gradient takes ``bad`` ``(1,)``."""
@@ -343,7 +339,7 @@ class StateChains:
         pass
 
     def failures(self) -> dict[int, int]:
-        return _flag_failures([self.state.flags])
+        return {k: s for k, (s, _) in first_failures([self.state.flags]).items()}
 
 
 class FunctionalChain(StateChains):
@@ -401,8 +397,8 @@ class OptimizerChain:
         pass
 
     def failures(self) -> dict[int, int]:
-        found = _flag_failures([s.flags for s in self.optimizer.sampler_states])
-        return {0: min(found.values())} if found else {}
+        found = first_failures(s.flags for s in self.optimizer.sampler_states).values()
+        return {0: min(s for s, _ in found)} if found else {}
 
 
 # ------------------------------------------------------------------ the loop
