@@ -11,8 +11,8 @@ is written here once:
 - the parameters sampled are those with ``requires_grad`` (:func:`sampled`);
 - a loader is re-iterable and every pass ends (:func:`passes`), so a run is bounded by its steps;
 - a chain whose loss or gradient is not finite stops there, the others go on: its gradient is
-  made NaN (:func:`poison`, or :func:`poisoned` inside a vmapped step), the engine's device flags
-  freeze it (read by :func:`first_failures`), and :func:`stopped` is the one error naming it;
+  made NaN (:func:`poisoned` before the backward, :func:`poison` after it), the engine's device
+  flags freeze it (read by :func:`first_failures`), and :func:`stopped` is the one error naming it;
 - every gradient element is clamped where a caller bounds it (:func:`clamp`);
 - the gradient evaluations (one minibatch gradient of one chain) are counted where they are
   spent, into an :class:`Account` that refuses to overdraw its budget.
@@ -221,8 +221,8 @@ def poison(grads: Iterable[Tensor | None], bad: Tensor) -> None:
 
 
 def poisoned(loss: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``loss`` whose value, and so its gradient, is NaN where it is not finite: :func:`poison`
-    for a step that differentiates it out of reach (``Chains.step``, under ``vmap``)."""
+    """``loss`` whose value, and so its gradient, is NaN where it is not finite (no host read;
+    under ``vmap`` too: ``Chains.step``)."""
 
     def call(*args: Any) -> Tensor:
         u = loss(*args)
@@ -363,10 +363,10 @@ class FunctionalChain(StateChains):
 
 class OptimizerChain:
     """One chain through ``optimizer`` (an :class:`sgrld.SGRLDOptimizer` over the model's own
-    parameters, built with ``sync_checks=False``: a bad step stops the chain). A step reads
-    nothing on the host, so a CUDA graph may capture it; ``grad_clip``: each gradient element to
-    ± it; ``keep_grads``: the gradients zeroed, not freed (a captured step writes the same
-    tensors every replay)."""
+    parameters, built with ``sync_checks=False``: a bad step stops the chain, its loss
+    :func:`poisoned`). A step reads nothing on the host, so a CUDA graph may capture it;
+    ``grad_clip``: each gradient element to ± it; ``keep_grads``: the gradients zeroed, not
+    freed (a captured step writes the same tensors every replay)."""
 
     num_chains = 1
 
@@ -384,14 +384,11 @@ class OptimizerChain:
 
     def step(self, batch: Any) -> Tensor:
         self.optimizer.zero_grad(set_to_none=not self.keep_grads)
-        value = self.loss(self.model, batch)
+        value = poisoned(self.loss)(self.model, batch)
         value.backward()
-        value = value.detach().reshape(1)
-        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"]]
-        poison(grads, ~torch.isfinite(value))
-        clamp(grads, self.grad_clip)
+        clamp((p.grad for g in self.optimizer.param_groups for p in g["params"]), self.grad_clip)
         self.optimizer.step()
-        return value
+        return value.detach().reshape(1)
 
     def end_pass(self) -> None:
         pass
