@@ -114,6 +114,32 @@ def test_a_non_finite_loss_stops_the_chains_with_one_message(path: str) -> None:
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
 
 
+class _Scaled(torch.nn.Module):
+    """A linear model with a 0-d parameter (as a horseshoe's scale or a learned log σ)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = linear()
+        self.scale = torch.nn.Parameter(torch.tensor(1.0, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_zero_dimensional_parameter_stops_with_its_chain(path: str) -> None:
+    """A non-finite loss poisons a 0-d gradient too (one chain's ``(1,)`` flag, the
+    experiments' single run's horseshoe scales): the same message on every path."""
+    poisoned = [(x, y, torch.tensor(math.inf if i == 2 else 0.0)) for i, (x, y) in
+                enumerate(data())]  # fmt: skip
+
+    def loss(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        return bce(m, batch) + batch[2]
+
+    with pytest.raises(sgrld.NonFiniteGradientError, match=r"chain 0 \(seed 0\) at step 3, "):
+        llc(_Scaled(), path, poisoned, loss)
+
+
 def test_passes_mark_the_end_of_each_pass() -> None:
     got = list(itertools.islice(passes([1, 2, 3]), 7))
     assert got == [(1, False), (2, False), (3, True), (1, False), (2, False), (3, True), (1, False)]

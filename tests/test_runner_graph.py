@@ -147,13 +147,13 @@ def test_deferred_loop_reads_the_flags_only_before_samples_and_at_epoch_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reads: list[int] = []
-    read = runner_module._first_failure
+    read = runner_module.first_failures
 
-    def counted(optimizer: sgrld.SGRLDOptimizer) -> Any:
+    def counted(flags: Any) -> Any:
         reads.append(run.global_step)
-        return read(optimizer)
+        return read(flags)
 
-    monkeypatch.setattr(runner_module, "_first_failure", counted)
+    monkeypatch.setattr(runner_module, "first_failures", counted)
     run = SamplingRun(config("monge"), synthetic_splits(num_train=NUM_TRAIN), step_mode="deferred")
     (results,) = run.run()
     samples = [k for k in range(1, 121) if k > 5 and k % 5 == 0]
@@ -266,12 +266,11 @@ class MarkAfter(PoisonAfter):
 
 
 def patch_potential(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both loops' potential (the eager loop's, a run in one process's, and the deferred loop's
-    poisoned one)."""
-    from sgrld.experiments.run import build, parallel
+    """Both loops' potential: a run in one process's (the deferred loop poisons it in the
+    runner's :class:`~sgrld.core.runner.OptimizerChain`)."""
+    from sgrld.experiments.run import parallel
 
     monkeypatch.setattr(parallel, "potential", nan_gradient_potential)
-    monkeypatch.setattr(build, "potential", nan_gradient_potential)
 
 
 @pytest.mark.parametrize("sampler", ["identity", "shampoo"])

@@ -10,7 +10,10 @@ is written here once:
 
 - the parameters sampled are those with ``requires_grad`` (:func:`sampled`);
 - a loader is re-iterable and every pass ends (:func:`passes`), so a run is bounded by its steps;
-- a chain whose loss or gradient is not finite stops there, the others go on (:func:`stopped`);
+- a chain whose loss or gradient is not finite stops there, the others go on: its gradient is
+  made NaN (:func:`poisoned` before the backward, :func:`poison` after it), the engine's device
+  flags freeze it (read by :func:`first_failures`), and :func:`stopped` is the one error naming it;
+- every gradient element is clamped where a caller bounds it (:func:`clamp`);
 - the gradient evaluations (one minibatch gradient of one chain) are counted where they are
   spent, into an :class:`Account` that refuses to overdraw its budget.
 """
@@ -37,9 +40,13 @@ __all__ = [
     "Stepper",
     "VectorizedChains",
     "bind",
+    "clamp",
     "expanded",
+    "first_failures",
     "flatten",
     "passes",
+    "poison",
+    "poisoned",
     "restoring",
     "run",
     "sampled",
@@ -197,16 +204,39 @@ class Stepper(Protocol):
         ...
 
 
-def _flag_failures(flags: list[Tensor]) -> dict[int, int]:
-    first = torch.cat([f[..., 0].reshape(-1) for f in flags]).tolist()
-    return {k: int(s) for k, s in enumerate(first) if s != 0}
+def first_failures(flags: Iterable[Tensor]) -> dict[int, tuple[int, int]]:
+    """Chains that broke down, from the engine's device flags ``(..., 2)`` (one host read):
+    ``chain -> (first bad step, index of the first tensor whose gradient was not finite)``."""
+    rows = torch.cat([f.reshape(-1, 2) for f in flags]).tolist()
+    return {k: (int(s), int(t)) for k, (s, t) in enumerate(rows) if s != 0}
 
 
-def _poison(grads: Iterable[Tensor | None], bad: Tensor) -> None:
-    """NaN into the gradients of the chains ``bad`` ``(K,)`` selects: the engine stops them."""
+def poison(grads: Iterable[Tensor | None], bad: Tensor) -> None:
+    """NaN into the gradients of the chains ``bad`` ``(K,)`` selects: the engine stops them
+    (no host read: a captured step may do it). One chain's 0-d gradient takes ``bad`` ``(1,)``."""
     for g in grads:
         if g is not None:
-            g.masked_fill_(bad.reshape(-1, *[1] * (g.dim() - 1)), math.nan)
+            mask = bad.reshape(-1, *[1] * (g.dim() - 1)) if g.dim() else bad.reshape(())
+            g.masked_fill_(mask, math.nan)
+
+
+def poisoned(loss: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``loss`` whose value, and so its gradient, is NaN where it is not finite (no host read;
+    under ``vmap`` too: ``Chains.step``)."""
+
+    def call(*args: Any) -> Tensor:
+        u = loss(*args)
+        return u * torch.where(torch.isfinite(u), 1.0, math.nan)  # NaN·∂u is NaN everywhere
+
+    return call
+
+
+def clamp(grads: Iterable[Tensor | None], bound: float | None) -> None:
+    """Every gradient element to ±``bound`` (``None``: left as it is)."""
+    if bound is not None:
+        for g in grads:
+            if g is not None:
+                g.clamp_(-bound, bound)
 
 
 class _ChainsLike(Protocol):  # sgrld.Chains, as the runner uses it
@@ -215,18 +245,25 @@ class _ChainsLike(Protocol):  # sgrld.Chains, as the runner uses it
 
     def map(self, fn: Callable[..., Tensor], *args: Tensor, shared: bool = False) -> Tensor: ...
     def grads(
-        self, fn: Callable[..., Tensor], *args: Tensor
+        self, fn: Callable[..., Tensor], *args: Tensor, grad_clip: float | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
+    def step(
+        self, fn: Callable[..., Tensor], *args: Tensor, grad_clip: float | None = None
+    ) -> Tensor: ...
     def apply(self, grads: Mapping[str, Tensor]) -> None: ...
     def refresh(self) -> None: ...
     def failures(self) -> dict[int, int]: ...
 
 
 class VectorizedChains:
-    """K chains of an :class:`sgrld.Chains` in one vmapped step on the same batch.
+    """K chains of an :class:`sgrld.Chains` in one vmapped step.
 
-    ``rule(start, now) -> (K,) bool``: chains stopped from the losses at their first step and
-    now (default: a non-finite loss); ``refresh``: refresh the metric at the end of each pass.
+    Every chain sees the same batch, or (``per_chain``) batches whose tensors are ``(K, B, ...)``,
+    chain k's rows its own minibatch. ``rule(start, now) -> (K,) bool``: chains stopped from the
+    losses at their first step and now; without it a non-finite loss stops its chain inside the
+    step (:meth:`sgrld.Chains.step`: a frozen chain's buffers are put back, one call group at a
+    time). ``grad_clip``: each gradient element to ± it. ``refresh``: refresh the metric at the
+    end of each pass.
     """
 
     def __init__(
@@ -236,25 +273,29 @@ class VectorizedChains:
         *,
         rule: Callable[[Tensor, Tensor], Tensor] | None = None,
         refresh: bool = False,
+        per_chain: bool = False,
+        grad_clip: float | None = None,
     ) -> None:
         self.chains, self.loss, self.rule, self.refresh = chains, loss, rule, refresh
+        self.per_chain, self.grad_clip = per_chain, grad_clip
         self.num_chains = chains.num_chains
         self.device = next(iter(chains.params.values())).device
         self.start: Tensor | None = None
 
     def step(self, batch: Any) -> Tensor:
-        tensors, rebuild = expanded(batch, self.num_chains, self.device)
+        if self.per_chain:
+            listed, rebuild = flatten(batch)
+            tensors = tuple(t.to(self.device) for t in listed)
+        else:
+            tensors, rebuild = expanded(batch, self.num_chains, self.device)
         fn = bind(self.loss, rebuild)
-        if self.rule is not None and self.start is None:
+        if self.rule is None:
+            return self.chains.step(poisoned(fn), *tensors, grad_clip=self.grad_clip)
+        if self.start is None:
             with torch.no_grad():
                 self.start = self.chains.map(fn, *tensors)
-        losses, grads = self.chains.grads(fn, *tensors)
-        if self.rule is None:
-            bad = ~torch.isfinite(losses)
-        else:
-            assert self.start is not None
-            bad = self.rule(self.start, losses)
-        _poison(grads.values(), bad)
+        losses, grads = self.chains.grads(fn, *tensors, grad_clip=self.grad_clip)
+        poison(grads.values(), self.rule(self.start, losses))
         self.chains.apply(grads)
         return losses
 
@@ -298,7 +339,7 @@ class StateChains:
         pass
 
     def failures(self) -> dict[int, int]:
-        return _flag_failures([self.state.flags])
+        return {k: s for k, (s, _) in first_failures([self.state.flags]).items()}
 
 
 class FunctionalChain(StateChains):
@@ -316,35 +357,45 @@ class FunctionalChain(StateChains):
         value = self.loss(self.model, batch)
         grads = torch.autograd.grad(value, list(self.named.values()))
         value = value.detach().reshape(1)
-        _poison(grads, ~torch.isfinite(value))
+        poison(grads, ~torch.isfinite(value))
         return value, dict(zip(self.named, grads, strict=True))
 
 
 class OptimizerChain:
     """One chain through ``optimizer`` (an :class:`sgrld.SGRLDOptimizer` over the model's own
-    parameters, built with ``sync_checks=False``: a bad step stops the chain)."""
+    parameters, built with ``sync_checks=False``: a bad step stops the chain, its loss
+    :func:`poisoned`). A step reads nothing on the host, so a CUDA graph may capture it;
+    ``grad_clip``: each gradient element to ± it; ``keep_grads``: the gradients zeroed, not
+    freed (a captured step writes the same tensors every replay)."""
 
     num_chains = 1
 
-    def __init__(self, model: nn.Module, loss: LossFn, optimizer: Any) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss: LossFn,
+        optimizer: Any,
+        *,
+        grad_clip: float | None = None,
+        keep_grads: bool = False,
+    ) -> None:
         self.model, self.loss, self.optimizer = model, loss, optimizer
+        self.grad_clip, self.keep_grads = grad_clip, keep_grads
 
     def step(self, batch: Any) -> Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        value = self.loss(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
+        value = poisoned(self.loss)(self.model, batch)
         value.backward()
-        value = value.detach().reshape(1)
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        _poison([p.grad for p in params], ~torch.isfinite(value))
+        clamp((p.grad for g in self.optimizer.param_groups for p in g["params"]), self.grad_clip)
         self.optimizer.step()
-        return value
+        return value.detach().reshape(1)
 
     def end_pass(self) -> None:
         pass
 
     def failures(self) -> dict[int, int]:
-        found = _flag_failures([s.flags for s in self.optimizer.sampler_states])
-        return {0: min(found.values())} if found else {}
+        found = first_failures(s.flags for s in self.optimizer.sampler_states).values()
+        return {0: min(s for s, _ in found)} if found else {}
 
 
 # ------------------------------------------------------------------ the loop

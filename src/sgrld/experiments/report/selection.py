@@ -1,6 +1,8 @@
-"""The paper's tuning rule: for each α² the ℓ with the best mean final validation LP over seeds,
-then Monge's α² (Identity counting as α² = 0); never a configuration with a broken-down run;
-ties to the smaller value; a choice at the edge of its grid warned about, as the reference
+"""The paper's tuning rule: for each value of the metric's tuned option (Monge's α²,
+:attr:`sgrld.metrics.Metric.tuned`) the ℓ with the best mean final validation LP over seeds, then
+the option's value (Identity counting as the value where the metric is G = I,
+:attr:`~sgrld.metrics.Metric.identity_at`: α² = 0); never a configuration with a broken-down
+run; ties to the smaller value; a choice at the edge of its grid warned about, as the reference
 notebook does. ``docs/experiments.md`` ("sgrld report") states it in full.
 """
 
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sgrld.experiments.report.tables import Group
+from sgrld.experiments.run.config import symbol
+from sgrld.metrics import get_metric, metric_names
 
 
 def val_lp(group: Group) -> float:
@@ -35,16 +39,26 @@ def _edge(name: str, chosen: float, grid: Sequence[float]) -> str | None:
     return None
 
 
+def _tuned(candidates: Sequence[Group]) -> str | None:
+    """The tuned option of the candidates' metric (Monge's ``"alpha2"``), if it has one."""
+    sampler = candidates[0].config["sampler"] if candidates else None
+    tuned = get_metric(sampler).tuned if sampler in metric_names() else ()
+    return tuned[0] if tuned else None
+
+
 @dataclass
 class Stage:
-    """One choice: the ℓ for one α² (``kind="lr"``) or the α² of Monge (``kind="alpha2"``).
+    """One choice: the ℓ for one value of the tuned option (``kind="lr"``), or that option's
+    value (``kind`` its name: Monge's ``"alpha2"``).
 
     Attributes:
-        alpha2: the α² this ℓ is chosen for (``None`` for samplers without α²).
-        chosen: ``None`` when every candidate broke down, or α² = 0 (Identity) is optimal.
+        alpha2: the tuned option's value (Monge's α²) this ℓ is chosen for (``None`` for
+            samplers without one).
+        chosen: ``None`` when every candidate broke down, or Identity (α² = 0) is optimal.
         scores: candidate value (ℓ or α²) → mean final validation LP (NaN: broken down).
         broken: candidate values with a broken-down run, never chosen.
         warning: edge-of-grid or no-choice message, if any.
+        identity: where the metric is G = I, when Identity is optimal (α² = 0).
     """
 
     kind: str
@@ -53,13 +67,14 @@ class Stage:
     scores: dict[float, float]
     broken: list[float] = field(default_factory=list)
     warning: str | None = None
+    identity: float | None = None
 
     @property
     def value(self) -> float | None:
-        """The chosen ℓ or α² (0.0 when Identity is optimal for Monge)."""
+        """The chosen ℓ or α² (where the metric is G = I when Identity is optimal: 0.0)."""
         if self.chosen is None:
-            return 0.0 if self.kind == "alpha2" and self.warning is None else None
-        return float(self.chosen.config["lr" if self.kind == "lr" else "alpha2"])
+            return self.identity
+        return float(self.chosen.config[self.kind])
 
 
 @dataclass
@@ -95,15 +110,15 @@ class Choice:
         return max(own, key=val_lp) if own else None
 
 
-def _choose_lr(candidates: Sequence[Group], alpha2: float | None) -> Stage:
+def _choose_lr(candidates: Sequence[Group], tuned: str | None, value: float | None) -> Stage:
     scores = {float(g.config["lr"]): val_lp(g) for g in candidates}
     broken = sorted(float(g.config["lr"]) for g in candidates if g.num_broken)
     eligible = sorted((g for g in candidates if _eligible(g)), key=lambda g: g.config["lr"])
     if not eligible:
-        return Stage("lr", alpha2, None, scores, broken, "every ℓ broke down (nothing chosen)")
+        return Stage("lr", value, None, scores, broken, "every ℓ broke down (nothing chosen)")
     best = max(eligible, key=val_lp)  # max keeps the first of equals: the smaller ℓ
-    name = "ℓ" if alpha2 is None else f"ℓ (for α² = {alpha2:g})"
-    return Stage("lr", alpha2, best, scores, broken, _edge(name, best.config["lr"], list(scores)))
+    name = "ℓ" if value is None else f"ℓ (for {symbol(str(tuned))} = {value:g})"
+    return Stage("lr", value, best, scores, broken, _edge(name, best.config["lr"], list(scores)))
 
 
 def select_cell(
@@ -113,31 +128,34 @@ def select_cell(
 
     Args:
         candidates: the configurations of one setting, prior and sampler.
-        identity_score: for Monge, the chosen Identity configuration's mean validation LP in the
-            same setting and prior (α² = 0), if there is one.
+        identity_score: for a metric that is G = I at a value of its tuned option (Monge's
+            α² = 0), the chosen Identity configuration's mean validation LP in the same setting
+            and prior, if there is one.
 
     Returns:
         ``(chosen, stages, identity_optimal)``.
     """
-    by_alpha2: dict[float | None, list[Group]] = {}
+    tuned = _tuned(candidates)
+    by_value: dict[float | None, list[Group]] = {}
     for group in candidates:
-        by_alpha2.setdefault(group.config.get("alpha2"), []).append(group)
-    stages = [_choose_lr(by_alpha2[a], a) for a in sorted(by_alpha2, key=lambda a: a or 0.0)]
-    if list(by_alpha2) == [None]:
+        by_value.setdefault(None if tuned is None else group.config.get(tuned), []).append(group)
+    stages = [_choose_lr(by_value[a], tuned, a) for a in sorted(by_value, key=lambda a: a or 0.0)]
+    if tuned is None or list(by_value) == [None]:
         return stages[0].chosen, stages, False
+    name, at = symbol(tuned), get_metric(candidates[0].config["sampler"]).identity_at.get(tuned)
     winners = sorted((s for s in stages if s.chosen is not None), key=lambda s: s.alpha2 or 0.0)
     scores = {float(s.alpha2 or 0.0): val_lp(s.chosen) if s.chosen else math.nan for s in stages}
     broken = [float(s.alpha2 or 0.0) for s in stages if s.chosen is None]
     if not winners:
-        stages.append(Stage("alpha2", None, None, scores, broken, "every α² broke down"))
+        stages.append(Stage(tuned, None, None, scores, broken, f"every {name} broke down"))
         return None, stages, False
     best = max(winners, key=lambda s: val_lp(s.chosen) if s.chosen else -math.inf)
     assert best.chosen is not None
-    if identity_score is not None:  # Identity is α² = 0
-        scores = {0.0: identity_score, **scores}
+    if identity_score is not None and at is not None:  # Identity is the metric at ``at``
+        scores = {float(at): identity_score, **scores}
         if identity_score >= val_lp(best.chosen):
-            stages.append(Stage("alpha2", None, None, scores, broken))
+            stages.append(Stage(tuned, None, None, scores, broken, identity=float(at)))
             return None, stages, True
-    warning = _edge("α²", float(best.chosen.config["alpha2"]), list(scores))
-    stages.append(Stage("alpha2", None, best.chosen, scores, broken, warning))
+    warning = _edge(name, float(best.chosen.config[tuned]), list(scores))
+    stages.append(Stage(tuned, None, best.chosen, scores, broken, warning))
     return best.chosen, stages, False

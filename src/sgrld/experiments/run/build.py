@@ -16,7 +16,7 @@ from sgrld.data import Splits, dataset_info
 from sgrld.experiments.run.choices import PRIORS
 from sgrld.likelihoods import Likelihood, get_likelihood
 from sgrld.metrics import Metric, get_metric
-from sgrld.models import BayesianModel, build_model, potential
+from sgrld.models import BayesianModel, build_model
 from sgrld.optim import SGRLDOptimizer
 
 
@@ -107,14 +107,3 @@ def build_run_model(
         in_features=math.prod(dataset_info(config.dataset).input_shape),
         likelihood=likelihood,
     )
-
-
-def poisoned_potential(num_data: int) -> Any:
-    """The per-datum potential, its gradient made NaN where it is non-finite: the engine then
-    freezes the chain at that update, as a single run stops before it."""
-
-    def loss(model: Any, x: Tensor, y: Tensor) -> Tensor:
-        u = potential(model, x, y, num_data)
-        return u * torch.where(torch.isfinite(u), 1.0, math.nan)  # NaN·∂u is NaN everywhere
-
-    return loss

@@ -13,13 +13,16 @@ from torch import Tensor
 
 import sgrld
 from sgrld.chains import Chains
+from sgrld.core.runner import VectorizedChains, bind, poisoned
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
-from sgrld.experiments.run.build import build_metric, build_run_model, poisoned_potential
+from sgrld.experiments.run.build import build_metric, build_run_model
+from sgrld.experiments.run.choices import Names
 from sgrld.experiments.run.config import GRAD_MAX, TUNED_FIELDS, RunConfig
 from sgrld.experiments.run.naming import chain_label
 from sgrld.experiments.run.record import deferred_breakdown_reason
 from sgrld.experiments.run.single import deferred_refusal
+from sgrld.models import potential
 from sgrld.schedules import CyclicalLR
 
 __all__ = [
@@ -29,7 +32,7 @@ __all__ = [
 ]
 
 #: The fields in which the chains of one process may differ.
-PER_CHAIN_FIELDS = ("seed", "lr", *TUNED_FIELDS)
+PER_CHAIN_FIELDS: Sequence[str] = Names(lambda: ("seed", "lr", *TUNED_FIELDS))
 
 
 def check_chain_configs(configs: Sequence[RunConfig]) -> None:
@@ -112,7 +115,7 @@ def _probe_chain_memory(
     state = torch.cuda.memory_allocated(device) - base
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    probe.grads(loss, x[None], y[None], grad_clip=GRAD_MAX)  # BatchNorm buffers: the probe's
+    probe.grads(poisoned(bind(loss, tuple)), x[None], y[None], grad_clip=GRAD_MAX)  # its buffers
     step = torch.cuda.max_memory_allocated(device) - before
     del probe
     torch.cuda.empty_cache()
@@ -160,11 +163,14 @@ class VmappedChains:
             noise="philox",
             adapt_until=base.adapt_until,
         )
-        self._loss = poisoned_potential(num_data)
+
+        def loss(model: Any, batch: tuple[Tensor, Tensor]) -> Tensor:
+            return potential(model, *batch, num_data)
+
         if chain_batch is None and device.type == "cuda":
             rows = min(base.batch_size, num_data)
             x, y = splits.x_train[:rows], splits.y_train[:rows]
-            probe = _probe_chain_memory(model, sampler, seeds[0]["init"], self._loss, x, y)
+            probe = _probe_chain_memory(model, sampler, seeds[0]["init"], loss, x, y)
             free, _ = torch.cuda.mem_get_info(device)
             chain_batch = plan_chain_batch(len(configs), free, *probe)
         self.chain_batch = chain_batch
@@ -185,10 +191,13 @@ class VmappedChains:
         self.state_bytes: int | None = self.chains.state_bytes()
         self._scalar_names = list(scalar_hyperparameter_tensors(self.chains.model))
         self._refreshes = sampler.metric.refresh_per_epoch  # as the single run refreshes
+        # the runner's vmapped chains, each on its own minibatch (rows ``index[k]``)
+        self._stepper = VectorizedChains(
+            self.chains, loss, refresh=self._refreshes, per_chain=True, grad_clip=GRAD_MAX
+        )
 
     def step(self, index: Tensor) -> bool:
-        x, y = self.splits.x_train[index], self.splits.y_train[index]
-        self.chains.step(self._loss, x, y, grad_clip=GRAD_MAX)
+        self._stepper.step((self.splits.x_train[index], self.splits.y_train[index]))
         return True
 
     def failures(self, last: int) -> dict[int, tuple[int, str]]:
@@ -196,8 +205,7 @@ class VmappedChains:
         return {k: (update, deferred_breakdown_reason(update, name)) for k, (update, name) in found}
 
     def refresh(self) -> bool:
-        if self._refreshes:  # Wenzel: refresh at each epoch end
-            self.chains.refresh()
+        self._stepper.end_pass()  # Wenzel: refresh at each epoch end
         return self._refreshes
 
     def telemetry(self) -> list[Mapping[str, float]] | None:

@@ -3,6 +3,9 @@ registries (a metric or prior registered there is a choice without an edit here)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import overload
+
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import DATASET_NAMES
 from sgrld.metrics import metric_names
@@ -12,8 +15,33 @@ from sgrld.priors import prior_names
 #: Registry name → the experiments' name, where the paper calls a prior otherwise.
 _PRIOR_ALIASES = {"convcorrnormal": "correlated"}
 
+
+class Names(Sequence[str]):
+    """Names read from a registry each time they are used, so that a plug-in registered after
+    import is among them (written as a tuple)."""
+
+    def __init__(self, read: Callable[[], Iterable[str]]) -> None:
+        self._read = read
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, index: int | slice) -> str | tuple[str, ...]:
+        return tuple(self._read())[index]
+
+    def __len__(self) -> int:
+        return len(tuple(self._read()))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(self._read()))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self._read()))
+
+
 #: Sampler names (the metric registry).
-SAMPLERS: tuple[str, ...] = tuple(metric_names())
+SAMPLERS: Sequence[str] = Names(metric_names)
 #: Experiment prior name → :mod:`sgrld.priors` registry name.
 PRIORS: dict[str, str] = {_PRIOR_ALIASES.get(name, name): name for name in prior_names()}
 MODELS: tuple[str, ...] = tuple(MODEL_NAMES)

@@ -4,7 +4,7 @@ the sampling schedule."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -14,7 +14,7 @@ from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import dataset_info
 from sgrld.experiments.run.build import build_metric, option_names
-from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS
+from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS, Names
 from sgrld.metrics import get_metric, metric_names
 from sgrld.schedules import check_cyclical
 
@@ -105,7 +105,7 @@ class RunConfig:
     likelihood_scale: float | None = None
 
     def __post_init__(self) -> None:
-        def choice(name: str, valid: tuple[str, ...]) -> None:
+        def choice(name: str, valid: Sequence[str]) -> None:
             if getattr(self, name) not in valid:
                 raise ValueError(
                     f"unknown {name} {getattr(self, name)!r}; valid names: {', '.join(valid)}"
@@ -262,9 +262,12 @@ def symbol(option: str) -> str:
     )
 
 
-#: The metrics' options tuned with ℓ (:attr:`sgrld.metrics.Metric.tuned`), in registry order:
-#: :attr:`RunConfig.tuned`'s names, keys of the files, flags, axes of a sweep, varied per chain.
-TUNED_FIELDS = tuple(dict.fromkeys(n for m in metric_names() for n in get_metric(m).tuned))
+#: The metrics' options tuned with ℓ (:attr:`sgrld.metrics.Metric.tuned`), in registry order,
+#: read from the registry when used (a metric registered later counts): :attr:`RunConfig.tuned`'s
+#: names, keys of the files, flags, axes of a sweep, varied per chain.
+TUNED_FIELDS: Sequence[str] = Names(
+    lambda: dict.fromkeys(n for m in metric_names() for n in get_metric(m).tuned)
+)
 
 #: RunConfig fields that are metric options (Monge's α² rule, with the paper's default).
 METRIC_FIELDS = tuple(f.name for f in fields(RunConfig) if samplers_taking(f.name))

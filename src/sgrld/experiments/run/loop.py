@@ -284,9 +284,7 @@ class SamplingRun:
             )
             if not math.isfinite(norm):
                 reason = f"|theta| is not finite at update {r.global_step}"
-            r.record_breakdown(reason, blown_up=True)
-            if self.running:  # the others go on: its results now
-                self._save_results(r)
+            self._break(r, reason, blown_up=True)
 
     def _credit(self) -> None:
         """Read the breakdowns (at most one host read) and credit the timed updates to every
@@ -303,9 +301,13 @@ class SamplingRun:
             update, reason = failed.get(k, (None, ""))
             r.credit_updates(pending, update)
             if update is not None:
-                r.record_breakdown(reason)
-                if self.running:  # the others go on: its results now
-                    self._save_results(r)
+                self._break(r, reason)
+
+    def _break(self, record: RunRecord, reason: str, *, blown_up: bool = False) -> None:
+        """Record a chain's breakdown; while others go on, write its results now."""
+        record.record_breakdown(reason, blown_up=blown_up)
+        if self.running:
+            self._save_results(record)
 
     def _evaluate_sample(self) -> None:
         """Fold each running chain's current state into its ensembles (eval mode)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sgrld.experiments.run.choices import Names
 from sgrld.experiments.run.config import TUNED_FIELDS, symbol
 from sgrld.experiments.run.options import by_field
 
@@ -99,7 +100,7 @@ def flag_of(field: str) -> str:
 
 
 #: Fields that are flags in messages only at the start or as ``name=`` (common words).
-_PLAIN = ("lr", "epochs", "width", "seed", "thinning", *TUNED_FIELDS, "temperature")
+_PLAIN = Names(lambda: ("lr", "epochs", "width", "seed", "thinning", *TUNED_FIELDS, "temperature"))
 
 
 def cli_names(message: str) -> str:

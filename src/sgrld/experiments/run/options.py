@@ -4,7 +4,7 @@ field are generated from it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -40,7 +40,7 @@ class RunOption:
     group: str
     kind: str = "str"
     default: Any = None
-    choices: tuple[str, ...] | None = None
+    choices: Sequence[str] | None = None
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
     many: bool = False

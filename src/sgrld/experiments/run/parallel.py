@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from sgrld.core.runner import sampled
 from sgrld.models import BayesianModel, potential
 
 MODES = ("ddp", "fsdp")
@@ -91,8 +92,9 @@ class DataParallel:
         return self._model
 
     def parameters(self, model: BayesianModel) -> list[Tensor]:
-        """The tensors the sampler moves, in the single run's order."""
-        return list(model.parameters())
+        """The tensors the sampler moves, in the single run's order (the runner's rule:
+        :func:`~sgrld.core.runner.sampled`)."""
+        return list(sampled(model).values())
 
     def within(self, fn: Callable[[BayesianModel], T]) -> T:
         """``fn(model)`` with the whole parameters in the model (a replica has them)."""

@@ -42,16 +42,9 @@ __all__ = ["RunRecord", "restrict_splits"]
 
 def restrict_splits(splits: Splits, config: RunConfig) -> Splits:
     """The data of a run: the first ``max_train`` training and ``max_eval`` evaluation points."""
-    n_train, n_eval = config.max_train, config.max_eval
-    return dataclasses.replace(  # the target scaling (regression) comes along
-        splits,
-        x_train=splits.x_train[:n_train],
-        y_train=splits.y_train[:n_train],
-        x_val=splits.x_val[:n_eval],
-        y_val=splits.y_val[:n_eval],
-        x_test=splits.x_test[:n_eval],
-        y_test=splits.y_test[:n_eval],
-    )
+    rows = {"train": config.max_train, "val": config.max_eval, "test": config.max_eval}
+    kept = {f"{v}_{s}": getattr(splits, f"{v}_{s}")[:n] for s, n in rows.items() for v in "xy"}
+    return dataclasses.replace(splits, **kept)  # the target scaling (regression) comes along
 
 
 def breakdown_hint(config: RunConfig, num_data: int, update: int = 2) -> str | None:

@@ -15,14 +15,14 @@ from torch import Tensor, nn
 
 from sgrld.capture import GraphedStep
 from sgrld.core import NonFiniteGradientError
+from sgrld.core.runner import OptimizerChain, clamp, first_failures
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameters
-from sgrld.experiments.run.build import build_run_model, make_sampler, poisoned_potential
+from sgrld.experiments.run.build import build_run_model, make_sampler
 from sgrld.experiments.run.checkpoint import tensor_mismatches
 from sgrld.experiments.run.config import GRAD_MAX, RunConfig
 from sgrld.experiments.run.parallel import DataParallel, OneProcess, factor_mismatch
 from sgrld.experiments.run.record import deferred_breakdown_reason
-from sgrld.optim import SGRLDOptimizer
 from sgrld.schedules import CyclicalLR
 
 __all__ = ["STEP_MODES", "OneChain", "resolve_step_mode"]
@@ -61,14 +61,6 @@ def resolve_step_mode(step_mode: str, config: RunConfig, device: torch.device) -
             "loop without capture"
         )
     return step_mode
-
-
-def _first_failure(optimizer: SGRLDOptimizer) -> tuple[int, int] | None:
-    """The first failing update and the index of its first non-finite tensor, from the
-    optimizer's deferred device flags (one host read), or ``None``."""
-    (state,) = optimizer.sampler_states  # one group (make_sampler)
-    update, tensor = (int(v) for v in state.flags.tolist())
-    return (update, tensor) if update else None
 
 
 class OneChain:
@@ -123,10 +115,17 @@ class OneChain:
             self.schedule = CyclicalLR(
                 self.optimizer, total, config.cycles, config.explore_fraction
             )
-        # the deferred loop's state: the potential that poisons its own gradient, the static
-        # minibatch buffers (by batch size), the captured step
+        # the deferred loop's state: the runner's chain through the optimizer (a non-finite
+        # potential poisons its gradient, no host read), the static minibatch buffers (by batch
+        # size), the captured step
         self._lr = self.optimizer.param_groups[0]["lr"]
-        self._loss = poisoned_potential(self.num_data)
+        self._chain = OptimizerChain(
+            self.model,
+            lambda _, xy: self._job.potential(self.model, xy[0], xy[1], self.num_data),
+            self.optimizer,
+            grad_clip=GRAD_MAX,
+            keep_grads=True,
+        )
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}
         self._graphed: GraphedStep | None = None
         self._failure: str | None = None  # the eager step's, until read
@@ -146,7 +145,7 @@ class OneChain:
             return False
         loss.backward()
         self._job.sum_gradients(self.params)
-        self._clamp()
+        clamp((p.grad for p in self.params), GRAD_MAX)
         exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
         try:  # sync_checks: a NaN/Inf gradient is refused at once, on every device
             self.optimizer.step()
@@ -168,25 +167,11 @@ class OneChain:
         torch.index_select(self.splits.x_train, 0, index, out=x)
         torch.index_select(self.splits.y_train, 0, index, out=y)
         if self.step_mode != "graph" or size != min(self.config.batch_size, self.num_data):
-            self._train_step(x, y)
+            self._chain.step((x, y))
             return
         if self._graphed is None:
-            self._graphed = GraphedStep(functools.partial(self._train_step, x, y), self.optimizer)
+            self._graphed = GraphedStep(functools.partial(self._chain.step, (x, y)), self.optimizer)
         self._graphed()
-
-    def _train_step(self, x: Tensor, y: Tensor) -> None:
-        """Forward, backward, clamp, sampler step: no host read. The gradients persist
-        (zeroed, not freed) so that a captured step writes the same tensors every replay."""
-        self.optimizer.zero_grad(set_to_none=False)
-        self._loss(self.model, x, y).backward()
-        self._clamp()
-        self.optimizer.step()
-
-    def _clamp(self) -> None:
-        """Every gradient element to ±:data:`~.run.config.GRAD_MAX`, as the reference does."""
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.clamp_(-GRAD_MAX, GRAD_MAX)
 
     def failures(self, last: int) -> dict[int, tuple[int, str]]:
         if self._failure is not None:  # the eager step just taken
@@ -194,13 +179,13 @@ class OneChain:
             return {0: (last, reason)}
         if self.step_mode == "eager":
             return {}
-        failure = _first_failure(self.optimizer)
+        (state,) = self.optimizer.sampler_states  # one group (make_sampler)
+        failure = first_failures([state.flags]).get(0)  # one host read
         if failure is None:
             return {}
         update, tensor = failure
         # the engine froze the chain there, only the step counters ran on: set them back to the
         # last good update, so that the checkpoint holds the eager loop's state
-        (state,) = self.optimizer.sampler_states  # one group (make_sampler)
         state.flags.zero_()
         state.step = update - 1
         state.device_step.fill_(update - 1)
