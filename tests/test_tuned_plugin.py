@@ -1,21 +1,34 @@
 """A metric plug-in registered after the experiments were imported: its tuned option is read from
-the registry when used (``TUNED_FIELDS``), so runs, files, labels and chains take it."""
+the registry when used (``TUNED_FIELDS``), so runs, files, labels, chains, the command line, a
+sweep's keys and folders and a report's tables take it."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
 from sgrld.core import contract
+from sgrld.experiments.commands import sample, sweep
+from sgrld.experiments.commands.options import configs_from_args
 from sgrld.experiments.report.selection import select_cell
-from sgrld.experiments.report.tables import Group
+from sgrld.experiments.report.tables import (
+    WITHIN_SETTING,
+    Group,
+    aggregate,
+    markdown_long_layout,
+    setting_key,
+)
 from sgrld.experiments.run.chains import PER_CHAIN_FIELDS, check_chain_configs
 from sgrld.experiments.run.choices import SAMPLERS
 from sgrld.experiments.run.config import TUNED_FIELDS, RunConfig
-from sgrld.experiments.run.naming import cli_names, run_label
+from sgrld.experiments.run.naming import cli_names, flag_of, run_label, setting_name
+from sgrld.experiments.run.options import OPTIONS
+from sgrld.experiments.sweep import grid
 from sgrld.metrics import IdentityMetric
 
 
@@ -64,8 +77,71 @@ def test_a_tuned_option_registered_after_import_is_a_field(plugin: None) -> None
     check_chain_configs([config, _config(sampler="gainy", tuned={"gain": 2.0}, seed=1)])
 
 
+def _parser(command: Any) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sgrld", formatter_class=lambda prog: argparse.HelpFormatter(prog, width=9999)
+    )
+    command.add_arguments(parser)
+    return parser
+
+
+def test_the_plugin_s_option_is_a_flag_of_sample_and_sweep(plugin: None) -> None:
+    """``--gain`` after ``--lr`` and before ``--alpha2`` (registry order), a comma list of chains
+    in ``sample``, an axis in ``sweep``."""
+    assert list(OPTIONS)[5:8] == ["lr", "gain", "alpha2"] and flag_of("gain") == "--gain"
+    help_text = OPTIONS["gain"].help
+    assert help_text.startswith("Gainy's γ; default: the paper's for the setting, else 1.0")
+    assert help_text in _parser(sample).format_help()
+    argv = ["--sampler", "gainy", "--lr", "0.1", "--gain", "0.5,2", "--epochs", "4"]
+    configs = configs_from_args(_parser(sample).parse_args(argv))
+    assert [(c.tuned, c.seed) for c in configs] == [({"gain": 0.5}, 0), ({"gain": 2.0}, 0)]
+    assert _parser(sweep).parse_args(["--out", "x", *argv]).gain == [0.5, 2.0]
+    assert "gain" in grid.KEYS and "gain" in grid.AXES
+
+
+def _sweep(argv: list[str]) -> list[grid.PlannedRun]:
+    return sweep.plan(_parser(sweep).parse_args(["--out", "x", "--dataset", "mnist", *argv]))[0]
+
+
+def test_the_plugin_s_option_names_sweep_folders(plugin: None, tmp_path: Path) -> None:
+    """A grid over ``gain`` (flags or a config file's key): each value a run folder of its own
+    setting's, as α²'s, not a setting of its own."""
+    config = tmp_path / "gain.toml"
+    config.write_text('[[grid]]\nsampler = "gainy"\nlr = 0.1\ngain = [0.5, 2.0]\nepochs = 4\n')
+    for argv in (["--sampler", "gainy", "--lr", "0.1", "--gain", "0.5,2", "--epochs", "4"],
+                 ["--config", str(config)]):  # fmt: skip
+        runs = _sweep(argv)
+        setting = setting_name(runs[0].config, [])
+        assert [r.path for r in runs] == [
+            f"{setting}/gainy/lr0.1-gain0.5-seed0", f"{setting}/gainy/lr0.1-gain2-seed0"
+        ]  # fmt: skip
+    assert "gain" in grid.PATH_FIELDS
+    with pytest.raises(grid.GridError, match="gain must be a number"):
+        grid.check_value("gain", [0.5, "2"], "here")
+
+
+def test_the_plugin_s_option_picks_a_row_of_its_setting_s_table(plugin: None) -> None:
+    """The report groups runs that differ in ``gain`` into one setting, a row per value."""
+    runs = [
+        {"config": r.config, "seed": 0, "status": "completed", "seconds_per_epoch": 1.0,
+         "final": {s: {"lp": -0.5 - g, "accuracy": 0.9, "ece": 0.02} for s in ("val", "test")}}
+        for r, g in zip(_sweep(["--sampler", "gainy", "--lr", "0.1", "--gain", "0.5,2",
+                                "--epochs", "4"]), (0.0, 0.1), strict=True)
+    ]  # fmt: skip
+    assert "gain" in WITHIN_SETTING
+    assert setting_key(runs[0]["config"]) == setting_key(runs[1]["config"])
+    groups = aggregate(runs)
+    assert [g.config["gain"] for g in groups] == [0.5, 2.0]
+    table = markdown_long_layout(groups)
+    assert table.count("**mnist") == 1  # one setting
+    assert "| gaussian | _Gain | 0.1, γ 0.5 | 1 | 0 | -0.5000 |" in table
+    assert "| gaussian | _Gain | 0.1, γ 2 | 1 | 0 | -0.6000 |" in table
+
+
 def test_without_the_plugin_the_fields_are_the_registry_s() -> None:
     assert tuple(TUNED_FIELDS) == ("alpha2",) and "gainy" not in SAMPLERS
+    assert "gain" not in OPTIONS and "gain" not in grid.KEYS and "gain" not in grid.PATH_FIELDS
+    assert "gain" not in WITHIN_SETTING and list(OPTIONS)[5:7] == ["lr", "alpha2"]
     with pytest.raises(ValueError, match="invalid tuned options"):
         _config(sampler="identity", tuned={"gain": 0.5})
 

@@ -23,6 +23,7 @@ import numpy as np
 from sgrld.chain_health import Health, health
 from sgrld.evaluation.trace import diagnostics_of
 from sgrld.experiments.report.paper import paper_entry
+from sgrld.experiments.run.choices import Names
 from sgrld.experiments.run.config import TUNED_FIELDS
 from sgrld.experiments.run.naming import run_label, tuned_text
 from sgrld.experiments.run.options import by_field
@@ -55,8 +56,9 @@ PRIOR_ORDER = ("gaussian", "horseshoe", "correlated")
 PRIOR_SHORT = {"gaussian": "G", "horseshoe": "HS", "correlated": "corr"}
 #: Aggregated quantities besides each likelihood's table scores (:func:`_score` reads them).
 TEST, VAL, RUN = ("test_lp",), ("val_lp",), ("seconds_per_epoch", "curvature", "num_samples")
-#: Config fields that pick a row/column inside a setting's table (the rest define the setting).
-WITHIN_SETTING = ("prior", "sampler", "lr", *TUNED_FIELDS)  # the metrics' tuned options
+#: Config fields that pick a row/column inside a setting's table (the rest define the setting):
+#: the metrics' tuned options among them, read from the registry when used.
+WITHIN_SETTING: Sequence[str] = Names(lambda: ("prior", "sampler", "lr", *TUNED_FIELDS))
 
 
 class TableError(ValueError):
@@ -286,7 +288,8 @@ def in_order(values: Iterable[str], order: Sequence[str]) -> list[str]:
 
 def setting_key(config: dict[str, Any]) -> str:
     """The fields that define a setting (all but :data:`WITHIN_SETTING`), as JSON."""
-    return json.dumps({k: v for k, v in config.items() if k not in WITHIN_SETTING}, sort_keys=True)
+    within = set(WITHIN_SETTING)
+    return json.dumps({k: v for k, v in config.items() if k not in within}, sort_keys=True)
 
 
 def format_stat(mean: float, std: float, digits: int = 4, bold: bool = False) -> str:

@@ -1,12 +1,22 @@
 """The run options of ``sgrld sample``, ``sweep`` and ``tune``, declared once (:data:`OPTIONS`):
 the parsers (``commands/options.py``), a sweep config's keys and kinds and the flag of a config
-field are generated from it."""
+field are generated from it. A metric's tuned option (``--alpha2``) is read from the metric
+registry when used, so a plug-in registered after import has its flag."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPLERS
 from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking, symbol
@@ -17,6 +27,7 @@ __all__ = [
     "MACHINE_OPTIONS",
     "OPTIONS",
     "RunOption",
+    "Table",
     "adapt_choice",
     "by_field",
     "comma_list",
@@ -24,6 +35,38 @@ __all__ = [
 ]
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default
+
+_V = TypeVar("_V")
+
+
+class Table(Mapping[str, _V]):
+    """A table read each time it is used (as :class:`~.run.choices.Names`), so that what a
+    plug-in registered after import declares is in it (written as a dict)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, _V]]) -> None:
+        self._read = read
+
+    def __getitem__(self, key: str) -> _V:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._read()))
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __repr__(self) -> str:
+        return repr(dict(self._read()))
+
+    # one read for the whole view (the mixins would read once per key)
+    def keys(self) -> KeysView[str]:
+        return self._read().keys()
+
+    def values(self) -> ValuesView[_V]:
+        return self._read().values()
+
+    def items(self) -> ItemsView[str, _V]:
+        return self._read().items()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +173,6 @@ _OPTIONS = (
               help="learning rate ℓ (h = ℓ/n), or tuned:DIR for the ℓ that sgrld tune --out DIR "
               "chose for the sampler; default: the paper's for the setting. A comma list "
               "runs one chain per value (crossed with --alpha2 and the seeds of --chains)"),
-    *(tuned_option(name) for name in TUNED_FIELDS),
     RunOption(name="alpha2_rule", group=WHAT, choices=("fixed", "normalized"), default="fixed",
               help="Monge: fixed α² (the paper's; the default) or normalized α²_t = c/‖m_t‖² "
               f"with c = --alpha2 (default c = {DEFAULT_ALPHA2}; the stretch along m is 1 + c)"),
@@ -219,10 +261,23 @@ _OPTIONS = (
               help="do not draw curves.png"),
 )  # fmt: skip
 
-#: Every run option by name, in the order ``--help`` lists them.
-OPTIONS: dict[str, RunOption] = {option.name: option for option in _OPTIONS}
-#: The options that say where and how to run, not what.
-MACHINE_OPTIONS = frozenset(name for name, option in OPTIONS.items() if option.machine)
+
+def _all_options() -> dict[str, RunOption]:
+    """The run options, each metric's tuned options (:data:`~.run.config.TUNED_FIELDS`, read
+    from the registry now) after ``lr``."""
+    options: dict[str, RunOption] = {}
+    for option in _OPTIONS:
+        options[option.name] = option
+        if option.name == "lr":
+            options |= {name: tuned_option(name) for name in TUNED_FIELDS}
+    return options
+
+
+#: Every run option by name, in the order ``--help`` lists them (read when used: a metric
+#: plug-in's tuned option is among them).
+OPTIONS: Mapping[str, RunOption] = Table(_all_options)
+#: The options that say where and how to run, not what (none is a metric's tuned option).
+MACHINE_OPTIONS = frozenset(option.name for option in _OPTIONS if option.machine)
 
 
 def by_field() -> dict[str, RunOption]:

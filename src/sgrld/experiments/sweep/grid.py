@@ -17,19 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base.files import read_file
+from sgrld.experiments.run.choices import Names
 from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
 from sgrld.experiments.run.naming import flag_of, run_label, setting_name
-from sgrld.experiments.run.options import OPTIONS
+from sgrld.experiments.run.options import OPTIONS, RunOption, Table
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 (the tomli dependency has a version marker)
     import tomli as tomllib
 
-#: The options a grid may set: the run options but the machine's, ``seeds`` for ``seed``.
-KEYS = {"seeds" if o.name == "seed" else o.name: o for o in OPTIONS.values() if not o.machine}
+#: The options a grid may set: the run options but the machine's, ``seeds`` for ``seed`` (a
+#: metric's tuned option, ``alpha2``, read from the registry when used).
+KEYS: Mapping[str, RunOption] = Table(
+    lambda: {"seeds" if o.name == "seed" else o.name: o for o in OPTIONS.values() if not o.machine}
+)
 #: Options that take a list in a sweep.
-AXES = tuple(key for key, option in KEYS.items() if option.axis)
+AXES: Sequence[str] = Names(lambda: (key for key, option in KEYS.items() if option.axis))
 MANIFEST_FILE = "sweep.json"
 MANIFEST_FORMAT = "sgrld-sweep/2"
 #: Older manifests still read (they record no machine options, see :data:`CHAIN_OPTIONS`).
@@ -48,8 +52,11 @@ CHAIN_OPTIONS = {
     "parallel": "--parallel",
     "processes": "--nodes × --tasks-per-node",
 }
-#: Config fields that name a run's folder: ``<setting>/<sampler>/<label>``.
-PATH_FIELDS = ("dataset", "model", "width", "prior", "sampler", "lr", *TUNED_FIELDS, "seed")
+#: Config fields that name a run's folder: ``<setting>/<sampler>/<label>`` (the metrics' tuned
+#: options read from the registry when used).
+PATH_FIELDS: Sequence[str] = Names(
+    lambda: ("dataset", "model", "width", "prior", "sampler", "lr", *TUNED_FIELDS, "seed")
+)
 
 
 class GridError(ValueError):
@@ -118,9 +125,10 @@ def expand(
     if not blocks:
         raise GridError("the grid is empty: no block of runs")
     points: dict[str, dict[str, Any]] = {}
+    lists_of = set(AXES)
     for block in blocks:
-        fixed = {k: v for k, v in block.items() if k not in AXES}
-        axes = {k: _as_list(k, v) for k, v in block.items() if k in AXES and k not in tuned}
+        fixed = {k: v for k, v in block.items() if k not in lists_of}
+        axes = {k: _as_list(k, v) for k, v in block.items() if k in lists_of and k not in tuned}
         own = {k: _as_list(k, block[k]) for k in tuned if block.get(k) is not None}
         samplers = axes.get("sampler", [])
         for name in own:
@@ -151,8 +159,9 @@ def narrow(
     """A config block under command-line flags: an axis the block sets keeps only the typed
     values, any other option is replaced; a ``tuned`` option leaves blocks without it alone."""
     result = dict(block)
+    lists_of = set(AXES)
     for key, value in typed.items():
-        if key in AXES and block.get(key) is not None:
+        if key in lists_of and block.get(key) is not None:
             wanted = _as_list(key, value)
             result[key] = [v for v in _as_list(key, block[key]) if v in wanted]
         elif key not in tuned:
@@ -290,10 +299,11 @@ class PlannedRun:
 def place_runs(configs: Sequence[dict[str, Any]]) -> list[PlannedRun]:
     """Give each run its folder ``<setting>/<sampler>/<label>``, unique within the grid (fields
     outside :data:`PATH_FIELDS` that vary in the grid join the setting's name)."""
+    in_path = set(PATH_FIELDS)
     varying = [
         name
         for name in (configs[0] if configs else {})
-        if name not in PATH_FIELDS and len({json.dumps(c[name]) for c in configs}) > 1
+        if name not in in_path and len({json.dumps(c[name]) for c in configs}) > 1
     ]
     runs = [
         PlannedRun(c, f"{setting_name(c, varying)}/{c['sampler']}/{run_label(c)}") for c in configs
