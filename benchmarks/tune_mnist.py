@@ -177,7 +177,8 @@ def main() -> None:
         ok_lr = abs(math.log10(result.lr / grid[best])) <= 0.5 + 1e-9
         b = rows[best]
         ok_lp = tuned["test_lp"] >= b["test_lp"] - 2 * math.hypot(tuned["test_se"], b["test_se"])
-        verdict = "pass" if ok_lr and ok_lp else "FAIL" + (" (ℓ)" if not ok_lr else " (LP)")
+        failed = [what for what, ok in (("ℓ", ok_lr), ("LP", ok_lp)) if not ok]
+        verdict = f"FAIL ({', '.join(failed)})" if failed else "pass"
         print(f"  tune ({args.score}): ℓ {result.lr:.3g} → val LP {tuned['val_lp']:.4f}, test LP "
               f"{tuned['test_lp']:.4f} ± {tuned['test_se']:.4f}, acc {tuned['test_acc']:.4f}; "
               f"spent {result.spent} = {result.runs:.1f} runs; CPU {tune_cpu:.0f} s "
