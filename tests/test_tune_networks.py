@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import tune_networks as tn
 
 
-@pytest.mark.slow  # per case 10-35 s on one core (the CNN 70 s): 5-run grid × 4 seeds, tuning, a run
+@pytest.mark.slow  # per case 10-35 s on one core (the CNN 70 s): 5-run grid × 4 seeds, tuning, run
 @pytest.mark.parametrize(
     ("name", "grid", "fixed", "score", "arch"),
     [("sgld", (-2, 0), {}, "validation", "mlp"), ("rmsprop", (-3, -1), {}, "validation", "mlp"),
