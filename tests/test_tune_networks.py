@@ -1,5 +1,6 @@
 """``sgrld.tune`` on a neural network (issue 40): the 64-64-10 ReLU MLP on scikit-learn's digits
-of ``benchmarks/tune_networks.py``, whose tables are in ``docs/tuning.md``.
+of ``benchmarks/tune_networks.py``, and its small CNN (``--model cnn``), whose tables are in
+``docs/tuning.md`` and ``docs/results/tuning_mnist.md``.
 
 Each case: a hand grid of ℓ half a decade apart, 20 epochs each (chains of one ``sgrld.Chains``),
 their test log predictive averaged over four seeds; then ``sgrld.tune`` with its default score
@@ -30,17 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import tune_networks as tn
 
 
-@pytest.mark.slow  # per case 10-35 s on one core: a 5-run grid × 4 seeds, tuning (~11 runs), a run
+@pytest.mark.slow  # per case 10-35 s on one core (the CNN 70 s): 5-run grid × 4 seeds, tuning, run
 @pytest.mark.parametrize(
-    ("name", "grid", "fixed", "score"),
-    [("sgld", (-2, 0), {}, "validation"), ("rmsprop", (-3, -1), {}, "validation"),
-     ("shampoo", (-2, 0), {"precondition_vectors": True}, "validation"),
+    ("name", "grid", "fixed", "score", "arch"),
+    [("sgld", (-2, 0), {}, "validation", "mlp"), ("rmsprop", (-3, -1), {}, "validation", "mlp"),
+     ("shampoo", (-2, 0), {"precondition_vectors": True}, "validation", "mlp"),
      # the potential alone: the KSD, which chose ℓ = 0.0316 here before its step below its
      # best on a transient (test LPD −0.279 against the grid's −0.160)
-     ("rmsprop", (-3, -1), {}, "ksd")],
+     ("rmsprop", (-3, -1), {}, "ksd", "mlp"),
+     # a small CNN (two convolutions and a linear layer), the KSD (docs/results/tuning_mnist.md)
+     ("sgld", (-2, 0), {}, "ksd", "cnn")],
 )  # fmt: skip
 def test_the_tuned_lr_is_the_grids_on_the_digits_mlp(
-    name: str, grid: tuple[int, int], fixed: dict[str, bool], score: str
+    name: str, grid: tuple[int, int], fixed: dict[str, bool], score: str, arch: str
 ) -> None:
     torch.set_num_threads(1)
     data = tn.digits(1.0)
@@ -51,12 +54,13 @@ def test_the_tuned_lr_is_the_grids_on_the_digits_mlp(
     warmup = capped(DEFAULT_WARMUP, steps // 4)
     # over four seeds: one seed's best has a winner's curse (Shampoo's ℓ = 0.316 scored LPD
     # −0.25 at one seed, −0.44 to −1.66 at three others; docs/tuning.md)
-    rows = tn.seeded(name, [{"lr": lr} for lr in lrs], data, {**fixed, "adapt_until": warmup}, 4)
+    rows = tn.seeded(name, [{"lr": lr} for lr in lrs], data, {**fixed, "adapt_until": warmup}, 4,
+                     arch=arch)  # fmt: skip
     best = max(range(len(lrs)), key=lambda i: rows[i][1] if math.isfinite(rows[i][1]) else -1e9)
     assert 0 < best < len(lrs) - 1, rows  # the grid brackets its best
     loader = DataLoader(TensorDataset(data["x"], data["y"]), batch_size=tn.BATCH, shuffle=True)
     validation = ([(data["xv"], data["yv"])], tn.log_likelihood) if score != "ksd" else None
-    result = sgrld.tune(name, tn.model(0), tn.potential(n), loader, num_data=n, steps=steps,
+    result = sgrld.tune(name, tn.model(0, arch), tn.potential(n), loader, num_data=n, steps=steps,
                         budget=30_000, seed=0, validation=validation, points=32,
                         **fixed)  # fmt: skip
     assert result.score == score
@@ -68,5 +72,5 @@ def test_the_tuned_lr_is_the_grids_on_the_digits_mlp(
     assert result.spent <= (12 if score != "ksd" else 32) * steps
     searched = {k: v for k, v in result.options.items() if k in result.searched}
     options = {k: v for k, v in result.options.items() if k not in result.searched}
-    ((accuracy, _, _),) = tn.sample(name, [searched], data, {**fixed, **options})
+    ((accuracy, _, _),) = tn.sample(name, [searched], data, {**fixed, **options}, arch=arch)
     assert accuracy >= 0.9, (result.lr, accuracy)
