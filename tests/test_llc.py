@@ -654,6 +654,11 @@ def test_verdict_flags_drift_sign_short_traces_and_steps() -> None:
     assert any("unstable" in p for p in judge(flat, **kw, inflation=0.9)[0].problems)
     assert any("metric adapted" in p for p in judge(flat, **kw, adapting=10)[0].problems)
     assert any("not mixed" in p for p in judge(flat, **kw, relaxations=0.5)[0].problems)
+    # chains that never moved the loss (ε too small, or a loss flat to float precision at w₀:
+    # y = x·∏ wᵢ² over 10 weights at w = 0) give λ̂ = 0 with no standard error: said, not ok
+    still, se_still = judge(np.full((4, 4000), 1.0), **{**kw, "init_loss": 1.0})
+    assert not still.ok and any("did not move it" in p for p in still.problems)
+    assert math.isnan(se_still)
     # a burn-in whose G still adapted (its trace higher) is not this chain's past: from the
     # freeze on, the kept half is stationary
     adapted = flat + np.where(np.arange(4000) < 2000, 5e-3, 0.0)

@@ -136,3 +136,30 @@ def test_shampoo_without_a_floor_fails_with_the_library_error() -> None:
         sgrld.llc(Polynomial((1, 2)), _mse, [_data()], num_data=1000, sampler="shampoo",
                   num_chains=4, num_steps=400, lr=LR, localization=LOCALIZATION, seed=0,
                   precondition_vectors=True, floor=0.0)  # fmt: skip
+
+
+@SLOW
+@pytest.mark.parametrize("name", list(METRICS))
+def test_ordinality_of_devinterp_polynomial_points(name: str) -> None:
+    """devinterp's ordinality targets (``tests/slt/sampler_ordinality_test.py``): y = x·∏ᵢ wᵢ²
+    in 2 and 10 dimensions, the LLC at the origin (every weight zero, the more singular point)
+    no larger than at (1, ..., 1, 0), with devinterp's ε = 1e-4/d, 5 chains of 1,000 draws.
+    Where d = 10 the loss at the origin is flat to float32's precision (∏ wᵢ² ~ 1e-40 within the
+    chains' reach): no chain moves it, λ̂ = 0, and the verdict says so instead of passing it."""
+    for dim in (2, 10):
+        at: list[sgrld.slt.LLCEstimate] = []
+        for point in ([0.0] * dim, [1.0] * (dim - 1) + [0.0]):
+            model = Polynomial((2,) * dim)
+            with torch.no_grad():
+                model.weights.copy_(torch.tensor(point))
+            options = dict(num_chains=5, num_steps=1000, lr=1e-4 / dim, seed=0, **METRICS[name])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                est = sgrld.llc(model, _mse, [_data()], num_data=1000, sampler=name,
+                                localization=LOCALIZATION, **options)  # fmt: skip
+            at.append(est)
+        origin, other = at
+        assert math.isfinite(other.mean) and origin.mean <= other.mean, (dim, origin, other)
+        if dim == 10:
+            assert origin.verdict is not None
+            assert any("did not move it" in p for p in origin.verdict.problems), origin.verdict

@@ -201,6 +201,12 @@ def judge(
     problems = []
     if not math.isfinite(mean):
         problems.append("λ̂ is not finite: a chain diverged (lower lr)")
+    elif x.size and float(np.ptp(x)) == 0.0:  # R̂, ESS and the spread are then all undefined
+        problems.append(
+            "the loss is the same at every kept step of every chain: the chains did not move it "
+            "and λ̂ = 0 has no error to give; a larger lr, or w₀'s loss is flat to its dtype's "
+            "precision"
+        )
     if blocks < 4:
         problems.append(f"too short to judge: {steps} steps after burn-in; raise num_steps")
     # stationarity: the last m whole periods against the m before them (burn-in included), so
