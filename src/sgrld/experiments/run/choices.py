@@ -3,8 +3,17 @@ registries (a metric or prior registered there is a choice without an edit here)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import overload
+from collections.abc import (
+    Callable,
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    Sequence,
+    ValuesView,
+)
+from typing import TypeVar, overload
 
 from sgrld.core.noise import NOISE_SOURCES
 from sgrld.data import DATASET_NAMES
@@ -38,6 +47,39 @@ class Names(Sequence[str]):
 
     def __repr__(self) -> str:
         return repr(tuple(self._read()))
+
+
+_V = TypeVar("_V")
+
+
+class Table(Mapping[str, _V]):
+    """A table read each time it is used (as :class:`Names`), so that what a plug-in
+    registered after import declares is in it (written as a dict)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, _V]]) -> None:
+        self._read = read
+
+    def __getitem__(self, key: str) -> _V:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._read()))
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __repr__(self) -> str:
+        return repr(dict(self._read()))
+
+    # one read for the whole view (the mixins would read once per key)
+    def keys(self) -> KeysView[str]:
+        return self._read().keys()
+
+    def values(self) -> ValuesView[_V]:
+        return self._read().values()
+
+    def items(self) -> ItemsView[str, _V]:
+        return self._read().items()
 
 
 #: Sampler names (the metric registry).

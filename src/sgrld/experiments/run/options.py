@@ -5,20 +5,11 @@ registry when used, so a plug-in registered after import has its flag."""
 
 from __future__ import annotations
 
-from collections.abc import (
-    Callable,
-    ItemsView,
-    Iterable,
-    Iterator,
-    KeysView,
-    Mapping,
-    Sequence,
-    ValuesView,
-)
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any
 
-from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPLERS
+from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPLERS, Table
 from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking, symbol
 from sgrld.experiments.run.tuned import lr_value
 from sgrld.metrics import get_metric, resolve_metric_name
@@ -35,38 +26,6 @@ __all__ = [
 ]
 
 DEFAULT_ALPHA2 = 1.0  # the reference's config default
-
-_V = TypeVar("_V")
-
-
-class Table(Mapping[str, _V]):
-    """A table read each time it is used (as :class:`~.run.choices.Names`), so that what a
-    plug-in registered after import declares is in it (written as a dict)."""
-
-    def __init__(self, read: Callable[[], Mapping[str, _V]]) -> None:
-        self._read = read
-
-    def __getitem__(self, key: str) -> _V:
-        return self._read()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict(self._read()))
-
-    def __len__(self) -> int:
-        return len(self._read())
-
-    def __repr__(self) -> str:
-        return repr(dict(self._read()))
-
-    # one read for the whole view (the mixins would read once per key)
-    def keys(self) -> KeysView[str]:
-        return self._read().keys()
-
-    def values(self) -> ValuesView[_V]:
-        return self._read().values()
-
-    def items(self) -> ItemsView[str, _V]:
-        return self._read().items()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from sgrld.experiments.base.files import read_file
-from sgrld.experiments.run.choices import Names
+from sgrld.experiments.run.choices import Names, Table
 from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking
 from sgrld.experiments.run.naming import flag_of, run_label, setting_name
-from sgrld.experiments.run.options import OPTIONS, RunOption, Table
+from sgrld.experiments.run.options import OPTIONS, RunOption
 
 if sys.version_info >= (3, 11):
     import tomllib
