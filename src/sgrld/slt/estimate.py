@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import warnings
@@ -162,22 +163,18 @@ def llc(
     modes = {m: m.training for m in model.modules()}
     if train is not None:
         model.train(train)
+    # the metric's chains and SGLD's (check_sgld) on the same loader, steps and seeds
+    estimate = functools.partial(
+        _estimate, model, loss, loader, num_data=num_data, nbeta=nbeta,
+        localization=localization, num_chains=num_chains, num_steps=num_steps, seed=seed, lr=lr,
+        burnin=burnin, init_batches=init_batches, adapt_until=adapt_until, vectorize=vectorize,
+    )  # fmt: skip
     try:
-        est = _estimate(
-            model, loss, loader, num_data=num_data, sampler=sampler, nbeta=nbeta,
-            localization=localization, num_chains=num_chains, num_steps=num_steps, seed=seed,
-            lr=lr, burnin=burnin, init_batches=init_batches, adapt_until=adapt_until,
-            vectorize=vectorize, masks=masks, metric_options=metric_options,
-        )  # fmt: skip
+        est = estimate(sampler=sampler, masks=masks, metric_options=metric_options)
         check = get_metric(sampler).preconditions if check_sgld is None else check_sgld
         if check and masks is None and math.isfinite(est.verdict.inflation if est.verdict else 0):
             try:  # SGLD at the ε given (devinterp compares metrics so), else at its own
-                reference = _estimate(
-                    model, loss, loader, num_data=num_data, sampler="identity", nbeta=nbeta,
-                    localization=localization, num_chains=num_chains, num_steps=num_steps,
-                    seed=seed, lr=lr, burnin=burnin, init_batches=init_batches,
-                    adapt_until=adapt_until, vectorize=vectorize, masks=None, metric_options={},
-                )  # fmt: skip
+                reference = estimate(sampler="identity", masks=None, metric_options={})
             except NonFiniteGradientError:
                 reference = None  # SGLD breaks down there: nothing to compare with
             if reference is not None:
@@ -244,12 +241,9 @@ def _check_arguments(args: dict[str, Any]) -> float:
     for name in ("vectorize", "warn"):
         if not isinstance(args[name], bool):
             raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected True or False)")
-    if args["check_sgld"] is not None and not isinstance(args["check_sgld"], bool):
-        raise ValueError(
-            f"llc: invalid check_sgld: {args['check_sgld']!r} (expected None, True or False)"
-        )
-    if args["train"] is not None and not isinstance(args["train"], bool):
-        raise ValueError(f"llc: invalid train: {args['train']!r} (expected None, True or False)")
+    for name in ("check_sgld", "train"):
+        if args[name] is not None and not isinstance(args[name], bool):
+            raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected None, True or False)")
     _check_float("localization", args["localization"], positive=False)
     if args["lr"] is not None:
         _check_float("lr", args["lr"], positive=True)
@@ -271,7 +265,8 @@ def _adapting(
 ) -> int:
     """Steps after burn-in during which the metric's G still moved (every metric but
     ``identity`` adapts until ``adapt_until``, as long as the slowest chain's warm-up waited;
-    ``None``: throughout)."""
+    ``None``: throughout); with ``burnin`` 0 and no ``arrivals``, the step from which G is
+    nominally frozen."""
     if not get_metric(sampler).preconditions:  # G = I: nothing adapts
         return 0
     lengths = [warmup_length(adapt_until, a) for a in arrivals] or [adapt_until]
@@ -310,13 +305,6 @@ def _seed_stats(stats: Stats, frozen_at: Stats) -> None:
         if value.shape[value.dim() - source.dim() :] != source.shape:
             raise RuntimeError(f"llc: the calibration's statistic {key!r} does not fit the chains")
         value.copy_(source.expand_as(value))
-
-
-def _frozen_from(sampler: str, adapt_until: int | None, num_steps: int) -> int:
-    """The step from which the metric's G no longer moves (0 for ``identity``)."""
-    if not get_metric(sampler).preconditions:
-        return 0
-    return num_steps if adapt_until is None else min(int(adapt_until), num_steps)
 
 
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
@@ -403,11 +391,13 @@ def _estimate(
             "the calibration runs on whole float32/float64 parameters"
         )
 
-    def make(eps: float) -> Sampler:
-        options: dict[str, Any] = devinterp_options(
-            eps, nbeta=nbeta, localization=localization, num_data=num_data
-        )
-        return build(sampler, **options, noise="philox", adapt_until=warmup, **metric_options)
+    def options(eps: float) -> dict[str, Any]:
+        """The chains' options at devinterp's ε (either path: ``build`` or the optimizer)."""
+        setting = devinterp_options(eps, nbeta=nbeta, localization=localization, num_data=num_data)
+        return {**setting, "adapt_until": warmup}
+
+    def make(eps: float) -> Sampler:  # a metric option named as one of these: a TypeError
+        return build(sampler, **options(eps), noise="philox", **metric_options)
 
     spec: Spectrum | None = None
     at_calibration = adapt_until == AT_CALIBRATION
@@ -430,13 +420,10 @@ def _estimate(
     seeds = [seed + k for k in range(num_chains)]
     steppers: Iterable[Stepper]
     if through_optimizer:
-        settings: dict[str, Any] = {
-            **devinterp_options(lr, nbeta=nbeta, localization=localization, num_data=num_data),
-            **metric_options,
-            "adapt_until": warmup,
-        }
-        steppers = (_optimizer_chain(model, named, loss, sampler, settings, masks, s)
-                    for s in seeds)  # fmt: skip
+        settings = options(lr) | metric_options
+        steppers = (
+            _optimizer_chain(model, named, loss, sampler, settings, masks, s) for s in seeds
+        )
     elif vectorize:
         chains = Chains(model, built, seeds, sample=named.__contains__)
         steppers = [VectorizedChains(chains, loss)]
@@ -462,7 +449,7 @@ def _estimate(
         adapting=_adapting(sampler, warmup, burnin, num_steps, arrivals),
         relaxations=spec.relaxations(lr, num_steps) if spec else math.nan,
         batch_spread=batch_spread,
-        frozen_from=_frozen_from(sampler, warmup, num_steps),
+        frozen_from=_adapting(sampler, warmup, 0, num_steps),  # the warm-up's nominal end
     )  # fmt: skip
     return LLCEstimate(
         mean=float(per_chain.mean()),
