@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_map
 from sgrld.chain_health import Health, judge
 from sgrld.core.contract import check_int
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
+from sgrld.core.runner import first_failures
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 from sgrld.core.warmup import drawn_while_adapting
@@ -472,18 +473,14 @@ class Chains:
     def failures(self) -> dict[int, int]:
         """Chains that broke down: ``chain index -> first step with a non-finite gradient``
         (one host read)."""
-        first = torch.cat([g.state.flags[..., 0] for g in self.groups]).tolist()
-        return {k: int(s) for k, s in enumerate(first) if s != 0}
+        return {k: step for k, (step, _) in self.failure_details().items()}
 
     def failure_details(self) -> dict[int, tuple[int, str]]:
         """Chains that broke down: ``chain index -> (first bad step, name of the first parameter
-        whose gradient was non-finite)`` (one host read per group)."""
-        out: dict[int, tuple[int, str]] = {}
-        for g in self.groups:
-            for i, (step, tensor) in enumerate(g.state.flags.reshape(-1, 2).tolist()):
-                if step != 0:
-                    out[g.start + i] = (int(step), g.state.layout.names[int(tensor)])
-        return out
+        whose gradient was non-finite)`` (one host read)."""
+        names = self.groups[0].state.layout.names  # every group's: views of the same tensors
+        found = first_failures(g.state.flags for g in self.groups)
+        return {k: (step, names[tensor]) for k, (step, tensor) in found.items()}
 
     def check(self) -> None:
         """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down."""
