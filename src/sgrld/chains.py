@@ -89,11 +89,6 @@ def _stackable(out: Any) -> Any:
     return out if len(kept) == len(out) else type(out)(**kept)
 
 
-def _uses_cache(model: nn.Module) -> bool:
-    """A Hugging Face model that returns a key-value cache unless told ``use_cache=False``."""
-    return bool(getattr(getattr(model, "config", None), "use_cache", False))
-
-
 def _check_seeds(seeds: Sequence[int], bits: int = 63) -> list[int]:
     out = list(seeds)
     if not out:
@@ -317,7 +312,7 @@ class Chains:
         (its ``.logits`` ``(K, B, T, V)``), run with ``use_cache=False``: a key-value cache is
         not stacked (:meth:`map` passes other arguments).
         """
-        if _uses_cache(self.model):
+        if getattr(getattr(self.model, "config", None), "use_cache", False):  # Hugging Face's
             return self.map(lambda m, v: m(v, use_cache=False), x, shared=shared)
         return self.map(lambda m, v: m(v), x, shared=shared)
 

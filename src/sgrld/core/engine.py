@@ -414,7 +414,8 @@ def advance(
         )
     plan = Plan.of(state, metric, checks, noise_source, compiled, direct, localization)
     if adapt is True and state.warmup is not None:  # the chains that arrived stay frozen
-        adapt = _or_true(state.warmup.chains_adapting(state.step))
+        still = state.warmup.chains_adapting(state.step)
+        adapt = True if still is None else still
     origin: int | Tensor = 0
     if restarts and adapt is not False:  # before a subset's statistics are copied (Part.of)
         # a traced or captured step decides on the device's count (its host count would be
@@ -445,10 +446,6 @@ def advance(
     state.device_step.add_(1)
     if part.active is not None:  # a subset's statistics back into the group's
         _merge(metric.stat_kinds(state.layout), state.stats, part.stats, state.layout, part.active)
-
-
-def _or_true(mask: Tensor | None) -> bool | Tensor:
-    return True if mask is None else mask
 
 
 def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:

@@ -5,7 +5,6 @@ each step :func:`sgrld.core.engine.advance` (``docs/conventions.md``).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,7 +36,6 @@ from sgrld.core.runner import Account
 from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import (
     DEFAULT_WARMUP,
-    Arrival,
     adapting,
     after_step,
     check_adapt_until,
@@ -358,13 +356,12 @@ def check_flags(
         )
 
 
-def clone_arrival(arrival: Arrival) -> Arrival:
-    return dataclasses.replace(arrival, sums=arrival.sums.clone(), count=arrival.count.clone())
-
-
 def clone_state(state: SamplerState) -> SamplerState:
     gen = torch.Generator(device=state.generator.device)
     gen.set_state(state.generator.get_state())
+    arrival = state.warmup
+    if arrival is not None:
+        arrival = replace(arrival, sums=arrival.sums.clone(), count=arrival.count.clone())
     return SamplerState(
         {k: v.clone() for k, v in state.params.items()},
         {k: v.clone() for k, v in state.stats.items()},
@@ -375,5 +372,5 @@ def clone_state(state: SamplerState) -> SamplerState:
         device_step=state.device_step.clone(),
         flags=state.flags.clone(),
         center=None if state.center is None else [c.clone() for c in state.center],
-        warmup=None if state.warmup is None else clone_arrival(state.warmup),
+        warmup=arrival,
     )
