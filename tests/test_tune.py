@@ -16,6 +16,7 @@ import sgrld
 import tune_problems as tp
 from sgrld.chain_health import blown_up
 from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
+from sgrld.core.warmup import Windows
 from sgrld.metrics import get_metric
 
 pytest.importorskip("sklearn")
@@ -62,6 +63,10 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert result.sampler == "identity" and result.score == "validation"
     assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr", "adapt_until"}
+    # the default warm-up, as the candidates ran it for `steps`: windowed and waiting for the
+    # chain (a quarter of the run; a chain still travelling adapts on rather than freeze)
+    warmup = result.options["adapt_until"]
+    assert isinstance(warmup, Windows) and warmup == SMALL["steps"] // 4 and warmup.arrival
     assert [r.name for r in result.rounds][:2] == ["probe", "bracket"]
     lrs = [c.lr for c in result.candidates]
     assert lrs == sorted(lrs) and result.lr in lrs and len(lrs) >= 2
