@@ -15,8 +15,8 @@ import torch
 import sgrld
 import tune_problems as tp
 from sgrld.chain_health import blown_up
-from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
 from sgrld.core.warmup import Windows
+from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
 from sgrld.metrics import get_metric
 
 pytest.importorskip("sklearn")
