@@ -11,7 +11,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -146,7 +146,7 @@ def tune(
         raise TypeError("give validation=(batches, log_likelihood) or log_likelihood, not both")
     declared = validation is None and log_likelihood is None and score in (None, "train")
     if declared and isinstance(model, BayesianModel):  # it declares its likelihood
-        log_likelihood = _declared_log_likelihood
+        log_likelihood = cast(Callable[[nn.Module, Any], Tensor], _declared_log_likelihood)
     kind = score or (
         "validation" if validation is not None else "train" if log_likelihood else "ksd"
     )
