@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 import sgrld
 import tune_problems as tp
 from sgrld.chain_health import blown_up
+from sgrld.core.warmup import Windows
 from sgrld.evaluation.stein import coordinate_stein_discrepancy, kernel_stein_discrepancy
 from sgrld.metrics import get_metric
 
@@ -62,6 +64,10 @@ def test_tune_chooses_within_budget_leaves_the_model_and_repeats_with_its_seed()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert result.sampler == "identity" and result.score == "validation"
     assert 0 < result.spent <= SMALL["budget"] and set(result.options) == {"lr", "adapt_until"}
+    # the default warm-up, as the candidates ran it for `steps`: windowed and waiting for the
+    # chain (a quarter of the run; a chain still travelling adapts on rather than freeze)
+    warmup = result.options["adapt_until"]
+    assert isinstance(warmup, Windows) and warmup == SMALL["steps"] // 4 and warmup.arrival
     assert [r.name for r in result.rounds][:2] == ["probe", "bracket"]
     lrs = [c.lr for c in result.candidates]
     assert lrs == sorted(lrs) and result.lr in lrs and len(lrs) >= 2
@@ -387,3 +393,58 @@ def test_the_documented_call_runs_as_written() -> None:
         scope["result"].spent <= 150_000 and scope["result"].options["alpha2_rule"] == "normalized"
     )
     assert isinstance(scope["opt"], sgrld.SGRLDOptimizer)
+
+
+def _classifier() -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """A BayesianModel with 131 parameters (more than the KSD's 128 scored coordinates) and
+    three classes of 200 points in batches of 20."""
+    from sgrld.models import BayesianModel
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 4, generator=gen)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    model = BayesianModel(net, generator=gen)
+    return model, [(x[i : i + 20], y[i : i + 20]) for i in range(0, 200, 20)], 200
+
+
+CLASSIFIER: dict[str, Any] = {"steps": 400, "budget": 4_000, "points": 8}
+
+
+def test_a_bayesian_model_is_scored_by_the_likelihood_it_declares() -> None:
+    """No validation data and no log-likelihood: a BayesianModel's chains are scored by its own
+    likelihood's log predictive (the "train" score, right on networks), not by the KSD."""
+    from sgrld.models import potential
+
+    model, loader, n = _classifier()
+
+    def u(m: torch.nn.Module, b: Any) -> torch.Tensor:
+        return potential(m, b[0], b[1], n)  # type: ignore[arg-type]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn of
+        result = sgrld.tune("identity", model, u, loader, num_data=n, seed=0, **CLASSIFIER)
+        assert result.score == "train"
+        # the KSD asked for by name: no warning either
+        assert sgrld.tune("identity", model, u, loader, num_data=n, score="ksd",
+                          **CLASSIFIER).score == "ksd"  # fmt: skip
+    # its log-likelihood reads (x, y): other batches are refused before any chain runs
+    mapped = [{"x": x, "y": y} for x, y in loader]
+    with pytest.raises(ValueError, match=r"reads \(x, y\) batches"):
+        sgrld.tune("identity", model, lambda m, b: u(m, (b["x"], b["y"])), mapped,
+                   num_data=n, **CLASSIFIER)  # fmt: skip
+
+
+def test_the_ksd_default_warns_on_a_model_larger_than_it_sees() -> None:
+    """A plain module and a potential alone: the KSD is the only score, and on a model with
+    more parameters than its scored coordinates a warning says what to give instead."""
+    model, loader, n = _classifier()
+    net = model.net  # the same network without the declared likelihood
+
+    def u(m: torch.nn.Module, b: Any) -> torch.Tensor:
+        prior = sum((p * p).sum() for p in m.parameters()) / 2
+        return torch.nn.functional.cross_entropy(m(b[0]), b[1]) + prior / n
+
+    with pytest.warns(UserWarning, match="sees 128 of the model's 131 parameters"):
+        result = sgrld.tune("identity", net, u, loader, num_data=n, seed=0, **CLASSIFIER)
+    assert result.score == "ksd"

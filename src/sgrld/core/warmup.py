@@ -162,12 +162,17 @@ def check_adapt_until(adapt_until: int | None) -> None:
 
 def capped(adapt_until: int | None, steps: int) -> int | None:
     """The warm-up ``adapt_until`` for a chain of ``steps`` steps: at most ``steps`` long and of
-    the same kind (a :class:`Windows` schedule stays windowed, an explicit N stays N), and never
-    waiting (``sgrld.tune``'s rounds: every candidate must freeze inside the round's burn-in)."""
+    the same kind (a :class:`Windows` schedule stays windowed and waits if it waited, an
+    explicit N stays N). ``sgrld.tune``'s candidates run it and ``result.options`` carries it:
+    a waiting warm-up keeps adapting a chain still in its transient past ``steps`` rather than
+    freeze G there (``docs/results/tuning_mnist.md``: frozen at a quarter of the run, one
+    RMSprop chain in four diverged; waiting, none did)."""
     if adapt_until is None:
         return None
     length = min(int(adapt_until), steps)
-    return Windows(length) if isinstance(adapt_until, Windows) else length
+    if isinstance(adapt_until, Windows):
+        return Windows(length, arrival=adapt_until.arrival)
+    return length
 
 
 def _extensions(arrival: Arrival | None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -152,3 +153,11 @@ def potential(model: BayesianModel, x: Tensor, y: Tensor, num_data: int) -> Tens
     if num_data < 1:
         raise ValueError(f"num_data must be >= 1, got {num_data}")
     return model.likelihood.nll(model(x), y) - model.log_prior() / num_data
+
+
+def log_likelihood(model: BayesianModel, batch: Any) -> Tensor:
+    """Each datum's log-likelihood log p(yᵢ|xᵢ, θ), ``(B,)``, on an ``(x, y)`` batch: what
+    :func:`sgrld.tune` scores a :class:`BayesianModel`'s chains by when it is given no
+    log-likelihood (the model declares its likelihood)."""
+    x, y = batch
+    return model.likelihood.log_prob(model(x), y)
