@@ -51,6 +51,17 @@ from sgrld.metrics._blocking import (
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
 
 
+def _current_roots(
+    stats: Stats, members: list[tuple[int, int, int]], size: int
+) -> tuple[Tensor, Tensor]:
+    """A bucket's grad and noise roots as they stand, stacked as its factors are."""
+    grad, noise = (
+        torch.cat([stats[_key(name, g, a, i)].reshape(-1, size, size) for i, g, a in members])
+        for name in ("grad_root", "noise_root")
+    )
+    return grad, noise
+
+
 class ShampooRootError(FloatingPointError):
     """A root refresh failed (``eigh`` did not converge, or a root is not finite); nothing was
     changed: the roots are those of the previous refresh."""
@@ -368,12 +379,6 @@ class ShampooMetric(Metric):
             factors = [stats[_key("factor", g, a, i)].reshape(-1, s, s) for i, g, a in members]
             batch = factors[0] if len(factors) == 1 else torch.cat(factors)
 
-            def old() -> tuple[Tensor, Tensor]:
-                return tuple(  # type: ignore[return-value]
-                    torch.cat([stats[_key(name, g, a, i)].reshape(-1, s, s) for i, g, a in members])
-                    for name in ("grad_root", "noise_root")
-                )
-
             # K chains: a factor that is not finite is a chain that already broke down (its
             # gradient was not finite, which its failure flags record); it keeps its roots and
             # the other chains refresh theirs. One chain: the error below names the factor.
@@ -389,7 +394,7 @@ class ShampooMetric(Metric):
             # finite in the statistics' dtype (the copy below casts as this does)
             roots = (grad_root.to(batch.dtype), noise_root.to(batch.dtype))
             if broken is not None:
-                kept = old()
+                kept = _current_roots(stats, members, s)
                 roots = (torch.where(broken, kept[0], roots[0]),
                          torch.where(broken, kept[1], roots[1]))  # fmt: skip
             finite = torch.isfinite(roots[0]).all() & torch.isfinite(roots[1]).all()
@@ -397,7 +402,7 @@ class ShampooMetric(Metric):
                 if not bool(finite):
                     raise self._root_error(layout, members, factors, "a root is not finite")
             else:  # deferred checks, traced steps: no host read; a bad refresh keeps the old roots
-                kept = old()
+                kept = _current_roots(stats, members, s)
                 roots = (torch.where(finite, roots[0], kept[0]),
                          torch.where(finite, roots[1], kept[1]))  # fmt: skip
             done.append((members, [f.shape[0] for f in factors], roots))
