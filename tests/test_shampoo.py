@@ -932,6 +932,28 @@ def test_a_damaged_factor_is_named() -> None:
         metric.compute_roots(stats, layout)
 
 
+def test_a_broken_chains_factor_keeps_its_roots_and_the_others_refresh() -> None:
+    """K chains: a factor that is not finite (a chain whose gradients overflowed) neither stops
+    the refresh of the other chains (eigh fails on the whole bucket) nor changes its roots; the
+    others' roots are those of a refresh without it, bit for bit."""
+    metric = ShampooMetric(precondition_vectors=True)
+    layout = _layout([(3,), (4,)], chains=3)
+    gen = torch.Generator().manual_seed(0)
+    stats = metric.init(layout, torch.zeros(3, 7, dtype=torch.float32))
+    for key in [k for k in stats if k.startswith("factor_")]:
+        a = torch.randn(stats[key].shape, generator=gen)
+        stats[key].copy_(a @ a.mT + 0.1 * torch.eye(a.shape[-1]))
+    clean = {k: v.clone() for k, v in stats.items()}
+    metric.compute_roots(clean, layout)
+    before = {k: v.clone() for k, v in stats.items()}
+    stats["factor_0_0@1"][1, 0, 2, 1] = math.inf  # chain 1's factor of p1
+    metric.compute_roots(stats, layout)
+    for key in [k for k in stats if "root" in k]:
+        assert torch.equal(stats[key][[0, 2]], clean[key][[0, 2]]), key
+        chain1 = before[key][1] if key.endswith("@1") else clean[key][1]
+        assert torch.equal(stats[key][1], chain1), key
+
+
 def test_a_state_dict_without_the_floor_loads_the_papers_metric() -> None:
     """A ShampooSGLD state dict written before ``floor`` existed ran without one: it loads with
     floor 0 (its chain goes on as it did); a new one keeps its floor."""

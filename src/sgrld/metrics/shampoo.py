@@ -51,6 +51,17 @@ from sgrld.metrics._blocking import (
 from sgrld.metrics._linalg import Ridge, inverse_root_newton, inverse_roots_eigh
 
 
+def _current_roots(
+    stats: Stats, members: list[tuple[int, int, int]], size: int
+) -> tuple[Tensor, Tensor]:
+    """A bucket's grad and noise roots as they stand, stacked as its factors are."""
+    grad, noise = (
+        torch.cat([stats[_key(name, g, a, i)].reshape(-1, size, size) for i, g, a in members])
+        for name in ("grad_root", "noise_root")
+    )
+    return grad, noise
+
+
 class ShampooRootError(FloatingPointError):
     """A root refresh failed (``eigh`` did not converge, or a root is not finite); nothing was
     changed: the roots are those of the previous refresh."""
@@ -367,23 +378,33 @@ class ShampooMetric(Metric):
         for (s, k), members in buckets.items():
             factors = [stats[_key("factor", g, a, i)].reshape(-1, s, s) for i, g, a in members]
             batch = factors[0] if len(factors) == 1 else torch.cat(factors)
+
+            # K chains: a factor that is not finite is a chain that already broke down (its
+            # gradient was not finite, which its failure flags record); it keeps its roots and
+            # the other chains refresh theirs. One chain: the error below names the factor.
+            broken = None
+            if layout.batch_shape:
+                broken = ~torch.isfinite(batch).all(dim=(-2, -1))[:, None, None]
+                batch = torch.where(broken, torch.eye(s, dtype=batch.dtype, device=batch.device),
+                                    batch)  # fmt: skip
             try:
                 grad_root, noise_root = self._roots(batch, k)
             except torch.linalg.LinAlgError as exc:
                 raise self._root_error(layout, members, factors, f"eigh failed ({exc})") from None
             # finite in the statistics' dtype (the copy below casts as this does)
             roots = (grad_root.to(batch.dtype), noise_root.to(batch.dtype))
+            if broken is not None:
+                kept = _current_roots(stats, members, s)
+                roots = (torch.where(broken, kept[0], roots[0]),
+                         torch.where(broken, kept[1], roots[1]))  # fmt: skip
             finite = torch.isfinite(roots[0]).all() & torch.isfinite(roots[1]).all()
             if not torch.compiler.is_compiling() and host_reads.get():
                 if not bool(finite):
                     raise self._root_error(layout, members, factors, "a root is not finite")
             else:  # deferred checks, traced steps: no host read; a bad refresh keeps the old roots
-                old_grad, old_noise = (
-                    torch.cat([stats[_key(name, g, a, i)].reshape(-1, s, s) for i, g, a in members])
-                    for name in ("grad_root", "noise_root")
-                )
-                roots = (torch.where(finite, roots[0], old_grad),
-                         torch.where(finite, roots[1], old_noise))  # fmt: skip
+                kept = _current_roots(stats, members, s)
+                roots = (torch.where(finite, roots[0], kept[0]),
+                         torch.where(finite, roots[1], kept[1]))  # fmt: skip
             done.append((members, [f.shape[0] for f in factors], roots))
         for members, sizes, (grad_root, noise_root) in done:
             for name, value in (("grad_root", grad_root), ("noise_root", noise_root)):
