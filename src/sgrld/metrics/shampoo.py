@@ -379,9 +379,9 @@ class ShampooMetric(Metric):
             factors = [stats[_key("factor", g, a, i)].reshape(-1, s, s) for i, g, a in members]
             batch = factors[0] if len(factors) == 1 else torch.cat(factors)
 
-            # K chains: a factor that is not finite is a chain that already broke down (its
-            # gradient was not finite, which its failure flags record); it keeps its roots and
-            # the other chains refresh theirs. One chain: the error below names the factor.
+            # K chains: a factor that is not finite is a chain whose gradients blew up (its
+            # failure flags hold it, or will at its first non-finite gradient); it keeps its
+            # roots and the other chains refresh theirs. One chain: the error below names it.
             broken = None
             if layout.batch_shape:
                 broken = ~torch.isfinite(batch).all(dim=(-2, -1))[:, None, None]
