@@ -393,16 +393,17 @@ class ShampooMetric(Metric):
                 raise self._root_error(layout, members, factors, f"eigh failed ({exc})") from None
             # finite in the statistics' dtype (the copy below casts as this does)
             roots = (grad_root.to(batch.dtype), noise_root.to(batch.dtype))
-            if broken is not None:
-                kept = _current_roots(stats, members, s)
+            # deferred checks, traced steps: no host read; a bad refresh keeps the old roots
+            deferred = torch.compiler.is_compiling() or not host_reads.get()
+            kept = _current_roots(stats, members, s) if deferred or broken is not None else None
+            if broken is not None and kept is not None:
                 roots = (torch.where(broken, kept[0], roots[0]),
                          torch.where(broken, kept[1], roots[1]))  # fmt: skip
             finite = torch.isfinite(roots[0]).all() & torch.isfinite(roots[1]).all()
-            if not torch.compiler.is_compiling() and host_reads.get():
+            if not deferred:
                 if not bool(finite):
                     raise self._root_error(layout, members, factors, "a root is not finite")
-            else:  # deferred checks, traced steps: no host read; a bad refresh keeps the old roots
-                kept = _current_roots(stats, members, s)
+            elif kept is not None:
                 roots = (torch.where(finite, roots[0], kept[0]),
                          torch.where(finite, roots[1], kept[1]))  # fmt: skip
             done.append((members, [f.shape[0] for f in factors], roots))

@@ -270,7 +270,7 @@ def _adapting(
     if not get_metric(sampler).preconditions:  # G = I: nothing adapts
         return 0
     lengths = [warmup_length(adapt_until, a) for a in arrivals] or [adapt_until]
-    ends = [num_steps if n is None else min(n, num_steps) for n in lengths]
+    ends = [num_steps if n is None else min(int(n), num_steps) for n in lengths]  # not a Windows
     return max(0, max(ends) - burnin)
 
 

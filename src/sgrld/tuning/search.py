@@ -144,8 +144,11 @@ def tune(
         raise ValueError(f"invalid num_data: {num_data!r} (expected a finite number > 0)")
     if validation is not None and log_likelihood is not None:
         raise TypeError("give validation=(batches, log_likelihood) or log_likelihood, not both")
-    declared = validation is None and log_likelihood is None and score in (None, "train")
-    if declared and isinstance(model, BayesianModel):  # it declares its likelihood
+    declared = (  # a BayesianModel declares its likelihood
+        validation is None and log_likelihood is None and score in (None, "train")
+        and isinstance(model, BayesianModel)
+    )  # fmt: skip
+    if declared:
         log_likelihood = cast(Callable[[nn.Module, Any], Tensor], _declared_log_likelihood)
     kind = score or (
         "validation" if validation is not None else "train" if log_likelihood else "ksd"
@@ -173,7 +176,7 @@ def tune(
         # "train" its log predictive's data
         kept = {"validation": 1, "train": min(score_points, TRAIN_POINTS)}.get(kind, score_points)
         batches = Batches(loader, kept, first.device)
-        if log_likelihood is _declared_log_likelihood and not all(
+        if declared and not all(
             isinstance(b, (tuple, list)) and len(b) == 2 for b in batches.scoring
         ):
             raise ValueError(
