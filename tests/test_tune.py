@@ -213,6 +213,38 @@ def test_a_too_large_or_degenerate_chain_cannot_win_the_ksd() -> None:
     assert rows[3][1] == min(e for _, e in rows[:4])
 
 
+def test_likelihood_scores_compare_candidates_paired_on_the_same_data() -> None:
+    """Issue 40: on MNIST the train score's one-standard-error rule took SGLD's ℓ 0.1 over 0.316
+    (0.2246 ± 0.035 against 0.1905 ± 0.028 on 256 images): each score's own error holds the
+    spread between easy and hard data, common to the candidates scored on the same data. The
+    errors are the paired ones of each candidate's difference from the round's best."""
+    from sgrld.tuning.score import Record, round_scores
+
+    rng = np.random.default_rng(1)
+    points, data = 8, 256
+    hardness = -rng.exponential(0.5, data)  # per-datum log-likelihood, shared by the candidates
+    shifts = (0.0, -0.03, -0.3)  # the best, one slightly worse on every datum, one far worse
+    made = [hardness + d + 0.01 * rng.standard_normal((points, data)) for d in shifts]
+    blank = np.zeros((points, 2))
+    rows = [Record(False, blank, blank, ll) for ll in made]
+    rows.append(Record(True, blank, blank, made[0]))  # diverged: out, whatever its data
+    for kind in ("validation", "train"):
+        out = round_scores(rows, [[0], [1]], kind)
+        own = [float(np.std(_per(ll))) / math.sqrt(data) for ll in made]  # each score's own
+        assert out[3] == (math.inf, 0.0)
+        assert out[0][1] == 0.0 and out[0][0] < out[1][0] < out[2][0]
+        gap = out[1][0] - out[0][0]
+        assert gap < math.hypot(own[0], own[1])  # the unpaired rule calls them equal ...
+        paired = [float(np.std(_per(m) - _per(made[0]))) / math.sqrt(data) for m in made]
+        assert out[1][1] == pytest.approx(paired[1]) and out[2][1] == pytest.approx(paired[2])
+        assert gap > 3 * out[1][1]  # ... the paired one tells them apart
+
+
+def _per(ll: np.ndarray) -> np.ndarray:
+    """Minus each datum's log predictive over the points (the mixture of the draws)."""
+    return -(np.log(np.exp(ll).mean(0)))
+
+
 def test_lr_too_large_is_the_health_rule_on_the_scored_half_unless_the_potential_falls() -> None:
     """A round's records: drift/noise 2 over the scored half (the telemetry's sums since the
     burn-in) is "lr too large" (sgrld.health's bound 1), unless the chain's potential still

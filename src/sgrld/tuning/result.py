@@ -20,7 +20,9 @@ class Round:
     values: tuple[float, ...]
     scores: tuple[float, ...]  # +inf: diverged (a probe scores 0 for a stable ℓ)
     spent: int
-    errors: tuple[float, ...] = ()  # the scores' standard errors
+    #: the scores' standard errors; validation and train scores: the standard error of each
+    #: candidate's per-datum difference from the round's best (the same data: paired), the best's 0
+    errors: tuple[float, ...] = ()
     at: dict[str, float] = dataclasses.field(default_factory=dict)
 
 

@@ -180,7 +180,8 @@ def round_scores(
     or its ℓ is too large (:attr:`Record.excluded`).
 
     KSD: its standard error is half the gap between the estimates from the even and the odd
-    points, and at least the median of the round's (:data:`SE_FLOOR_QUANTILE`).
+    points, and at least the median of the round's (:data:`SE_FLOOR_QUANTILE`). Validation and
+    train: the paired standard error of its difference from the round's best (:func:`_paired`).
     """
     ok = [not r.excluded and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):
@@ -205,6 +206,8 @@ def round_scores(
         score = ksd
 
     out = [score(r) if fine else (math.inf, 0.0) for r, fine in zip(records, ok, strict=True)]
+    if kind in ("validation", "train"):
+        out = _paired(out, {j: _per_datum(r) for j, r in enumerate(records) if ok[j]})
     if kind == "ksd":
         floor = float(np.quantile([e for (_, e), f in zip(out, ok, strict=True) if f],
                                   SE_FLOOR_QUANTILE))  # fmt: skip
@@ -224,10 +227,30 @@ def _loss(record: Record) -> tuple[float, float]:
     return float(record.potentials.mean()), float(blocks.std() / math.sqrt(len(blocks)))
 
 
-def _validation(record: Record) -> tuple[float, float]:
-    """Minus the validation log predictive per datum, and its standard error over the data."""
+def _per_datum(record: Record) -> np.ndarray:
+    """Minus the log predictive of each scored datum, averaged over the record's points."""
     assert record.log_likelihoods is not None
     ll = record.log_likelihoods  # (points, V)
     top = ll.max(0)
-    per_datum = -(top + np.log(np.exp(ll - top).sum(0)) - np.log(len(ll)))
+    return -(top + np.log(np.exp(ll - top).sum(0)) - np.log(len(ll)))
+
+
+def _validation(record: Record) -> tuple[float, float]:
+    """Minus the log predictive per datum, and its standard error over the data."""
+    per_datum = _per_datum(record)
     return float(per_datum.mean()), float(per_datum.std() / math.sqrt(len(per_datum)))
+
+
+def _paired(
+    out: list[tuple[float, float]], per_datum: dict[int, np.ndarray]
+) -> list[tuple[float, float]]:
+    """The likelihood scores' errors made paired: the candidates of a round are scored on the
+    same data, so what separates two of them is the standard error of their per-datum
+    difference, not either score's own (which holds the spread between easy and hard data,
+    common to both). Each candidate's error becomes that of its difference from the round's
+    best, the best's 0, so that the one-standard-error rule's ``hypot`` is the paired error."""
+    best = min(per_datum, key=lambda j: out[j][0])
+    for j, values in per_datum.items():
+        diff = values - per_datum[best]
+        out[j] = (out[j][0], float(diff.std() / math.sqrt(len(diff))))
+    return out

@@ -519,12 +519,20 @@ class _Search:
         at = {k: x for k, x in self._candidate(option, 0.0, lr).items() if k != option}
         self.rounds.append(Round(name, option, length, tuple(values), scores, cost, errors, at))
         symbol = "ℓ" if option == "lr" else option
-        cells = ", ".join(
-            f"{v:.3g}: " + ("diverged" if records[v].diverged else "lr too large"
-                           if records[v].too_large else f"{scored[v][0]:.4g} ± {scored[v][1]:.2g}")
-            for v in values
-        )  # fmt: skip
-        self._say(f"{name}, {len(values)} × {length} steps, {symbol} → {self.kind}: {cells} "
+        paired = self.kind in ("validation", "train")  # ± the difference from the best's
+        finite = [s for s in scores if math.isfinite(s)]
+        top = min(finite) if paired and finite else None
+
+        def cell(v: float) -> str:
+            if records[v].excluded:
+                return "diverged" if records[v].diverged else "lr too large"
+            if scored[v][0] == top:
+                return f"{scored[v][0]:.4g} (best)"
+            return f"{scored[v][0]:.4g} ± {scored[v][1]:.2g}"
+
+        cells = ", ".join(f"{v:.3g}: {cell(v)}" for v in values)
+        what = f"{self.kind}, ± paired with the best" if paired else self.kind
+        self._say(f"{name}, {len(values)} × {length} steps, {symbol} → {what}: {cells} "
                   f"({self.spent} of {self.budget} gradients, {self._eta()})")  # fmt: skip
 
     def _best(self, option: str, lr: float | None) -> float:
