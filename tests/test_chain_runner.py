@@ -239,3 +239,48 @@ def reference_at(sampler: Any, start: torch.Tensor, grad_fn: Any, steps: int) ->
     for _ in range(steps):
         sampler.step(state, grad_fn(state.params))
     return state.params["w"]
+
+
+class Halves:
+    """Two ranks in one process: each holds half of the potential; the sums double it back."""
+
+    def __init__(self) -> None:
+        self.summed: list[int] = []
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        return value.detach() * 2
+
+    def sum_gradients(self, params: list[torch.Tensor]) -> None:
+        self.summed.append(len(params))
+        for p in params:
+            assert p.grad is not None
+            p.grad.mul_(2)
+
+
+def test_an_optimizer_chain_over_ranks_reads_the_summed_loss_and_sums_the_gradients() -> None:
+    """With ``ranks`` (the eager step of ``sgrld sample``) the step is the one-process step of
+    the ranks' summed potential; a non-finite sum is refused before the backward, nothing moved."""
+    from sgrld.core.runner import OptimizerChain
+
+    batch = data()[0]
+    ranks = Halves()
+    models, chains = [], []
+    for half, via in ((False, None), (True, ranks)):
+        model = linear()
+        generator = torch.Generator().manual_seed(1)
+        opt = sgrld.SGLD(model.parameters(), lr=1e-3, num_data=N, generator=generator)
+        loss = (lambda m, b: bce(m, b) / 2) if half else bce
+        models.append(model)
+        chains.append(OptimizerChain(model, loss, opt, ranks=via))
+    for _ in range(3):
+        whole, halves = (chain.step(batch) for chain in chains)
+        assert torch.equal(whole, halves * 2)
+    assert ranks.summed == [2, 2, 2]
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
+    before = [p.clone() for p in models[1].parameters()]
+    with pytest.raises(sgrld.NonFiniteGradientError, match=r"^potential is nan$"):
+        chains[1].step((batch[0] * math.nan, batch[1]))
+    assert ranks.summed == [2, 2, 2]
+    for a, b in zip(before, models[1].parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 from sgrld.chain_health import Health, judge
 from sgrld.core.contract import check_int
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
-from sgrld.core.runner import first_failures
+from sgrld.core.runner import first_failures, stopped
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 from sgrld.core.warmup import drawn_while_adapting
@@ -478,15 +478,11 @@ class Chains:
         return {k: (step, names[tensor]) for k, (step, tensor) in found.items()}
 
     def check(self) -> None:
-        """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down."""
+        """Raise :class:`~sgrld.NonFiniteGradientError` naming every chain that broke down (the
+        chain runner's message: :func:`sgrld.core.runner.stopped`)."""
         failed = self.failures()
         if failed:
-            where = ", ".join(
-                f"chain {k} (seed {self.seeds[k]}) at step {s}" for k, s in failed.items()
-            )
-            raise NonFiniteGradientError(
-                f"non-finite gradient in {where}; those chains are frozen, the others went on"
-            )
+            raise stopped(failed, self.seeds)
 
     @property
     def step_count(self) -> int:

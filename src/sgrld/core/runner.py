@@ -366,7 +366,9 @@ class OptimizerChain:
     parameters, built with ``sync_checks=False``: a bad step stops the chain, its loss
     :func:`poisoned`). A step reads nothing on the host, so a CUDA graph may capture it;
     ``grad_clip``: each gradient element to ± it; ``keep_grads``: the gradients zeroed, not
-    freed (a captured step writes the same tensors every replay)."""
+    freed (a captured step writes the same tensors every replay). ``ranks``: the processes that
+    step the chain together (``sum``, ``sum_gradients``; the optimizer checks at once): their
+    summed loss is read, a non-finite one refused, and their gradients summed after the backward."""
 
     num_chains = 1
 
@@ -378,15 +380,25 @@ class OptimizerChain:
         *,
         grad_clip: float | None = None,
         keep_grads: bool = False,
+        ranks: Any = None,
     ) -> None:
         self.model, self.loss, self.optimizer = model, loss, optimizer
-        self.grad_clip, self.keep_grads = grad_clip, keep_grads
+        self.grad_clip, self.keep_grads, self.ranks = grad_clip, keep_grads, ranks
 
     def step(self, batch: Any) -> Tensor:
         self.optimizer.zero_grad(set_to_none=not self.keep_grads)
-        value = poisoned(self.loss)(self.model, batch)
+        if self.ranks is None:
+            value = poisoned(self.loss)(self.model, batch)
+        else:
+            value = self.loss(self.model, batch)
+            total = self.ranks.sum(value)  # every rank checks the same total
+            if not bool(torch.isfinite(total)):
+                raise NonFiniteGradientError(f"potential is {total.item()}")
         value.backward()
-        clamp((p.grad for g in self.optimizer.param_groups for p in g["params"]), self.grad_clip)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.ranks is not None:
+            self.ranks.sum_gradients(params)
+        clamp((p.grad for p in params), self.grad_clip)
         self.optimizer.step()
         return value.detach().reshape(1)
 

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from sgrld.capture import GraphedStep
 from sgrld.core import NonFiniteGradientError
-from sgrld.core.runner import OptimizerChain, clamp, first_failures
+from sgrld.core.runner import OptimizerChain, first_failures
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameters
 from sgrld.experiments.run.build import build_run_model, make_sampler
@@ -107,7 +107,6 @@ class OneChain:
         deferred = self.step_mode != "eager"
         self.optimizer = make_sampler(config, params, self.num_data, generator, capturable=deferred)
         self.watch = self.optimizer
-        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.state_bytes: int | None = sum(self.optimizer.state_bytes().values())
         self.schedule: CyclicalLR | None = None
         if config.schedule == "cyclical":
@@ -115,16 +114,17 @@ class OneChain:
             self.schedule = CyclicalLR(
                 self.optimizer, total, config.cycles, config.explore_fraction
             )
-        # the deferred loop's state: the runner's chain through the optimizer (a non-finite
-        # potential poisons its gradient, no host read), the static minibatch buffers (by batch
-        # size), the captured step
+        # the step is the runner's chain through the optimizer: eager, the ranks' potential read
+        # at once; deferred, a non-finite potential poisons its gradient (no host read) and the
+        # minibatch goes into static buffers (by batch size) that a captured step replays
         self._lr = self.optimizer.param_groups[0]["lr"]
         self._chain = OptimizerChain(
             self.model,
             lambda _, xy: self._job.potential(self.model, xy[0], xy[1], self.num_data),
             self.optimizer,
             grad_clip=GRAD_MAX,
-            keep_grads=True,
+            keep_grads=deferred,
+            ranks=None if deferred else self._job,
         )
         self._batches: dict[int, tuple[Tensor, Tensor]] = {}
         self._graphed: GraphedStep | None = None
@@ -132,23 +132,9 @@ class OneChain:
 
     def step(self, index: Tensor) -> bool:
         (rows,) = index  # one chain
-        if self.step_mode != "eager":
-            self._deferred_step(rows)
-            return True
-        x, y = self.splits.x_train[rows], self.splits.y_train[rows]
-        for p in self.params:
-            p.grad = None
-        loss = self._job.potential(self.model, x, y, self.num_data)  # this rank's share
-        total = self._job.sum(loss)  # every rank checks the same total
-        if not bool(torch.isfinite(total)):
-            self._failure = f"potential is {total.item()}"
-            return False
-        loss.backward()
-        self._job.sum_gradients(self.params)
-        clamp((p.grad for p in self.params), GRAD_MAX)
         exploring = self.schedule is not None and self.schedule.exploring  # τ = 0, no sample
-        try:  # sync_checks: a NaN/Inf gradient is refused at once, on every device
-            self.optimizer.step()
+        try:  # eager: a non-finite potential or gradient is refused at once, on every rank
+            self._step(rows)
         except NonFiniteGradientError as exc:
             self._failure = str(exc)
             return False
@@ -156,21 +142,26 @@ class OneChain:
             self.schedule.step()
         return not exploring
 
-    def _deferred_step(self, index: Tensor) -> None:
-        """Gather the minibatch into its static buffers and take the step (replayed in
+    def _step(self, index: Tensor) -> None:
+        """The step on the rows ``index``; deferred, gathered into static buffers (replayed in
         ``"graph"`` mode, except for a batch of another size: the short last one)."""
+        x, y = self.splits.x_train, self.splits.y_train
+        if self.step_mode == "eager":
+            self._chain.step((x[index], y[index]))
+            return
         size = len(index)
         if size not in self._batches:
-            x, y = self.splits.x_train, self.splits.y_train
             self._batches[size] = (x.new_empty((size, *x.shape[1:])), y.new_empty((size,)))
-        x, y = self._batches[size]
-        torch.index_select(self.splits.x_train, 0, index, out=x)
-        torch.index_select(self.splits.y_train, 0, index, out=y)
+        bx, by = self._batches[size]
+        torch.index_select(x, 0, index, out=bx)
+        torch.index_select(y, 0, index, out=by)
         if self.step_mode != "graph" or size != min(self.config.batch_size, self.num_data):
-            self._chain.step((x, y))
+            self._chain.step((bx, by))
             return
         if self._graphed is None:
-            self._graphed = GraphedStep(functools.partial(self._chain.step, (x, y)), self.optimizer)
+            self._graphed = GraphedStep(
+                functools.partial(self._chain.step, (bx, by)), self.optimizer
+            )
         self._graphed()
 
     def failures(self, last: int) -> dict[int, tuple[int, str]]:
