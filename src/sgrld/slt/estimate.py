@@ -14,7 +14,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import torch
@@ -158,7 +158,6 @@ def llc(
     """
     if init_batches is None:
         init_batches = len(loader) if isinstance(loader, Sized) else 32
-    _check_int("num_data", num_data, 1)
     nbeta = _check_arguments(locals())
     modes = {m: m.training for m in model.modules()}
     if train is not None:
@@ -207,48 +206,38 @@ def against_sgld(est: LLCEstimate, reference: LLCEstimate) -> LLCEstimate:
     return dataclasses.replace(est, verdict=verdict)
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected an integer >= {low})")
-    if high is not None and int(value) > high:
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected an integer <= {high})")
-
-
-def _check_float(name: str, value: object, *, positive: bool) -> float:
-    bound = "> 0" if positive else ">= 0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected a finite number {bound})")
-    x = float(value)
-    if not math.isfinite(x) or x < 0.0 or (positive and x == 0.0):
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected a finite number {bound})")
-    return x
-
-
 def _check_arguments(args: dict[str, Any]) -> float:
     """Every argument of :func:`llc` in its range (a ValueError naming it); returns nβ."""
-    for name in ("num_chains", "num_steps", "init_batches"):
-        _check_int(name, args[name], 1)
-    _check_int("burnin", args["burnin"], 0, args["num_steps"] - 1)
-    _check_int("seed", args["seed"], 0, 2**63 - args["num_chains"])
+
+    def refuse(name: str, expected: str) -> NoReturn:
+        raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected {expected})")
+
+    def integral(value: object) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    for name, low in (("num_data", 1), ("num_chains", 1), ("num_steps", 1), ("init_batches", 1),
+                      ("burnin", 0), ("seed", 0)):  # fmt: skip
+        if not integral(args[name]) or args[name] < low:
+            refuse(name, f"an integer >= {low}")
+    for name, high in (("burnin", args["num_steps"] - 1), ("seed", 2**63 - args["num_chains"])):
+        if args[name] > high:
+            refuse(name, f"an integer <= {high}")
     warmup = args["adapt_until"]
-    integral = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
-    steps = integral and int(warmup) >= 0
-    if warmup is not None and warmup != AT_CALIBRATION and not steps:
-        raise ValueError(
-            f"llc: invalid adapt_until: {warmup!r} (expected {AT_CALIBRATION!r}, the default, "
-            "None, to adapt at every step, or an integer >= 0: the steps of warm-up)"
-        )
-    for name in ("vectorize", "warn"):
-        if not isinstance(args[name], bool):
-            raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected True or False)")
-    for name in ("check_sgld", "train"):
-        if args[name] is not None and not isinstance(args[name], bool):
-            raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected None, True or False)")
-    _check_float("localization", args["localization"], positive=False)
-    if args["lr"] is not None:
-        _check_float("lr", args["lr"], positive=True)
+    if warmup is not None and warmup != AT_CALIBRATION and not (integral(warmup) and warmup >= 0):
+        refuse("adapt_until", f"{AT_CALIBRATION!r}, the default, None, to adapt at every step, "
+               "or an integer >= 0: the steps of warm-up")  # fmt: skip
+    for name, optional in (("vectorize", 0), ("warn", 0), ("check_sgld", 1), ("train", 1)):
+        if not isinstance(args[name], bool) and not (optional and args[name] is None):
+            refuse(name, "None, True or False" if optional else "True or False")
+    for name, bound in (("localization", ">= 0"), ("lr", "> 0"), ("nbeta", "> 0")):
+        x = args[name]
+        if x is None and name != "localization":  # lr and nbeta have defaults
+            continue
+        real = isinstance(x, numbers.Real) and not isinstance(x, bool)
+        if not real or not math.isfinite(x) or x < 0 or (bound == "> 0" and x == 0):
+            refuse(name, f"a finite number {bound}")
     if args["nbeta"] is not None:
-        return _check_float("nbeta", args["nbeta"], positive=True)
+        return float(args["nbeta"])
     if args["num_data"] < 2:
         raise ValueError(
             f"llc: num_data {args['num_data']} needs nbeta (the default n/log n needs n >= 2)"
