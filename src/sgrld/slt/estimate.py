@@ -13,7 +13,7 @@ import functools
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, NoReturn
 
 import numpy as np
@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from sgrld.chains import Chains
-from sgrld.core.contract import Stats
 from sgrld.core.engine import NonFiniteGradientError
 from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
@@ -37,6 +36,7 @@ from sgrld.core.runner import (
 )
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
+from sgrld.core.state import SamplerState
 from sgrld.core.warmup import DEFAULT_WARMUP, Arrival, warmup_length
 from sgrld.metrics import get_metric
 from sgrld.optim import SGRLDOptimizer, build
@@ -263,39 +263,6 @@ def _adapting(
     return max(0, max(ends) - burnin)
 
 
-def _noting_arrivals(
-    steppers: Iterable[Stepper], into: list[Arrival | None], frozen_at: Stats | None = None
-) -> Iterable[Stepper]:
-    """``steppers`` as they were (a list stays a list), each one's warm-up noted in ``into``,
-    and with ``frozen_at`` every chain's metric statistics set to it (the calibration's G)."""
-
-    def note(stepper: Any) -> Any:
-        if isinstance(stepper, VectorizedChains):
-            states = [g.state for g in stepper.chains.groups]  # type: ignore[attr-defined]
-        elif isinstance(stepper, FunctionalChain):
-            states = [stepper.state]
-        else:
-            states = list(stepper.optimizer.sampler_states)
-        into.extend(s.warmup for s in states)
-        if frozen_at is not None:
-            for state in states:
-                _seed_stats(state.stats, frozen_at)
-        return stepper
-
-    if isinstance(steppers, list):
-        return [note(s) for s in steppers]
-    return (note(s) for s in steppers)
-
-
-def _seed_stats(stats: Stats, frozen_at: Stats) -> None:
-    """Every chain's statistics (``(*batch, ...)``) set to the unbatched ``frozen_at``."""
-    for key, value in stats.items():
-        source = frozen_at[key]
-        if value.shape[value.dim() - source.dim() :] != source.shape:
-            raise RuntimeError(f"llc: the calibration's statistic {key!r} does not fit the chains")
-        value.copy_(source.expand_as(value))
-
-
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
     params = {id(p) for p in named.values()}
     selected = 0
@@ -407,21 +374,42 @@ def _estimate(
         lr = lr_from_spectrum(spec, num_steps - burnin)
     built = make(lr)  # refuses bad options on either path
     seeds = [seed + k for k in range(num_chains)]
-    steppers: Iterable[Stepper]
-    if through_optimizer:
-        settings = options(lr) | metric_options
-        steppers = (
-            _optimizer_chain(model, named, loss, sampler, settings, masks, s) for s in seeds
-        )
-    elif vectorize:
-        chains = Chains(model, built, seeds, sample=named.__contains__)
-        steppers = [VectorizedChains(chains, loss)]
-    else:
-        steppers = (FunctionalChain(model, named, loss, built, s) for s in seeds)
     arrivals: list[Arrival | None] = []  # the warm-up each chain waited for (core.warmup)
-    steppers = _noting_arrivals(steppers, arrivals, frozen_at)
+
+    def noted(stepper: Stepper, states: list[SamplerState]) -> Stepper:
+        """``stepper``, its chains' warm-ups noted, and with ``frozen_at`` their statistics
+        (``(*batch, ...)``) set to the calibration's G (unbatched)."""
+        arrivals.extend(s.warmup for s in states)
+        if frozen_at is not None:
+            for key, value in (kv for s in states for kv in s.stats.items()):
+                source = frozen_at[key]
+                if value.shape[value.dim() - source.dim() :] != source.shape:
+                    raise RuntimeError(
+                        f"llc: the calibration's statistic {key!r} does not fit the chains"
+                    )
+                value.copy_(source.expand_as(value))
+        return stepper
+
+    def steppers() -> Iterator[Stepper]:  # sequential chains built as they run: less memory
+        if vectorize and not through_optimizer:
+            chains = Chains(model, built, seeds, sample=named.__contains__)
+            yield noted(VectorizedChains(chains, loss), [g.state for g in chains.groups])
+            return
+        # masked: only the masked parameters go to the optimizer (devinterp's weight restriction)
+        params = [(n, p) for n, p in named.items() if masks is None or any(p is q for q in masks)]
+        for chain_seed in seeds:
+            if not through_optimizer:
+                one = FunctionalChain(model, named, loss, built, chain_seed)
+                yield noted(one, [one.state])
+                continue
+            opt = SGRLDOptimizer(params, metric=sampler, noise="philox", masks=masks,
+                                 sync_checks=False, **(options(lr) | metric_options))  # fmt: skip
+            key = opt.state[params[0][1]][NOISE_KEY]  # keyed as the functional chain's
+            key.copy_(keys_from_seeds([chain_seed], key.device).view_as(key))
+            yield noted(OptimizerChain(model, loss, opt), opt.sampler_states)
+
     try:
-        done = run(steppers, loader, num_steps, restore=[*named.values(), *model.buffers()])
+        done = run(steppers(), loader, num_steps, restore=[*named.values(), *model.buffers()])
     finally:
         for p in named.values():
             p.grad = None
@@ -455,24 +443,3 @@ def _estimate(
         sampler=sampler,
         burnin=burnin,
     )
-
-
-def _optimizer_chain(
-    model: nn.Module,
-    named: dict[str, Tensor],
-    loss: LossFn,
-    metric: str,
-    settings: dict[str, Any],
-    masks: Mapping[Tensor, Tensor] | None,
-    seed: int,
-) -> OptimizerChain:
-    """Chain ``seed`` through :class:`sgrld.SGRLDOptimizer` on the model's own parameters
-    (sharded, bfloat16, masked: only the masked ones, devinterp's weight restriction), keyed as
-    a functional chain of that seed."""
-    if masks is not None:
-        named = {n: p for n, p in named.items() if any(p is q for q in masks)}
-    opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox", masks=masks,
-                         sync_checks=False, **settings)  # fmt: skip
-    key = opt.state[next(iter(named.values()))][NOISE_KEY]
-    key.copy_(keys_from_seeds([seed], key.device).view_as(key))
-    return OptimizerChain(model, loss, opt)
