@@ -13,7 +13,7 @@ import functools
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, NoReturn
 
 import numpy as np
@@ -26,6 +26,7 @@ from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.runner import (
     FunctionalChain,
+    LossFn,
     OptimizerChain,
     Stepper,
     VectorizedChains,
@@ -45,7 +46,6 @@ from sgrld.slt.calibration import DoubleBackwardError, Spectrum, lr_from_spectru
 from sgrld.slt.result import LLCEstimate
 from sgrld.slt.verdict import LLCWarning, judge
 
-LossFn = Callable[[nn.Module, Any], Tensor]
 #: :func:`llc`'s default ``adapt_until``: no warm-up in the trace; G frozen from the first step at
 #: the statistics the step-size calibration built from the gradients at w₀ (``docs/llc.md``)
 AT_CALIBRATION: Literal["calibration"] = "calibration"
@@ -280,12 +280,6 @@ def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> No
         raise ValueError("llc: the masks select no element (every mask is all False)")
 
 
-def _draws_with_replacement(loader: Iterable[Any]) -> bool:
-    """Whether ``loader`` is a ``DataLoader`` whose sampler draws with replacement (its
-    "pass" is no pass over the data, so L_n(w₀) from it is a sample)."""
-    return getattr(getattr(loader, "sampler", None), "replacement", False) is True
-
-
 def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> list[float]:
     """The batch losses at w₀ (L_n(w₀) their mean), refusing a loss that is not a finite 0-d
     tensor."""
@@ -330,10 +324,11 @@ def _estimate(
     first = [next(batches)[0] for _ in range(init_batches)]
     at_start = _loss_at_start(model, loss, first)
     init_loss = float(np.mean(at_start))
-    # drawn with replacement, L_n(w₀) and the trace's mean are sample means of batches that
-    # every chain shares: one batch's spread (in λ̂'s units) gives their error
-    batch_spread = (nbeta * float(np.std(at_start, ddof=1))
-                    if _draws_with_replacement(loader) and len(at_start) > 1 else 0.0)  # fmt: skip
+    # a DataLoader whose sampler draws with replacement makes no pass over the data: L_n(w₀)
+    # and the trace's mean are sample means of batches that every chain shares, one batch's
+    # spread (in λ̂'s units) gives their error
+    drawn = getattr(getattr(loader, "sampler", None), "replacement", False) is True
+    batch_spread = nbeta * float(np.std(at_start, ddof=1)) if drawn and len(at_start) > 1 else 0.0
     if masks is not None:  # keyed by parameter or by name (devinterp's convention)
         masks = masks_by_parameter(masks, named.items())
         _check_masks(masks, named)
@@ -350,7 +345,7 @@ def _estimate(
     def options(eps: float) -> dict[str, Any]:
         """The chains' options at devinterp's ε (either path: ``build`` or the optimizer)."""
         setting = devinterp_options(eps, nbeta=nbeta, localization=localization, num_data=num_data)
-        return {**setting, "adapt_until": warmup}
+        return setting | {"adapt_until": warmup}
 
     def make(eps: float) -> Sampler:  # a metric option named as one of these: a TypeError
         return build(sampler, **options(eps), noise="philox", **metric_options)
