@@ -360,13 +360,12 @@ def _estimate(
         except DoubleBackwardError:
             if lr is None:
                 raise
-    # a given ε was chosen for some other G (devinterp's adapt throughout): that one warms up
-    frozen_at = spec.stats if at_calibration and calibrated and spec is not None else None
-    if frozen_at is not None:  # no warm-up: G as the spectrum has it (seeded below)
-        warmup = 0
+    frozen_at = None  # a given ε was chosen for some other G (devinterp's): that one warms up
     if lr is None:
         assert spec is not None
         lr = lr_from_spectrum(spec, num_steps - burnin)
+        if at_calibration:  # no warm-up: G as the spectrum has it (seeded below)
+            frozen_at, warmup = spec.stats, 0
     built = make(lr)  # refuses bad options on either path
     seeds = [seed + k for k in range(num_chains)]
     arrivals: list[Arrival | None] = []  # the warm-up each chain waited for (core.warmup)
