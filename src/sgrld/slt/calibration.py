@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from sgrld.core.runner import LossFn
+from sgrld.core.runner import LossFn, sampled
 from sgrld.core.sampler import Sampler
 
 #: the stiffest direction's relative inflation the rule aims at, and the most it allows (the
@@ -144,9 +144,9 @@ def spectrum(
     Raises:
         DoubleBackwardError: the model has no second derivative.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    names = [str(i) for i in range(len(params))]
-    state = sampler.init(dict(zip(names, [p.detach().clone() for p in params], strict=True)))
+    named = sampled(model)  # the parameters the chains sample, in the model's order
+    params = list(named.values())
+    state = sampler.init({n: p.detach().clone() for n, p in named.items()})
     metric, layout = sampler.metric, state.layout
     grads = []
     for step, batch in enumerate(batches, start=1):  # G from the loss's gradients at w₀
