@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -172,12 +173,10 @@ def llc(
         est = estimate(sampler=sampler, masks=masks, metric_options=metric_options)
         check = get_metric(sampler).preconditions if check_sgld is None else check_sgld
         if check and masks is None and math.isfinite(est.verdict.inflation if est.verdict else 0):
-            try:  # SGLD at the ε given (devinterp compares metrics so), else at its own
-                reference = estimate(sampler="identity", masks=None, metric_options={})
-            except NonFiniteGradientError:
-                reference = None  # SGLD breaks down there: nothing to compare with
-            if reference is not None:
-                est = against_sgld(est, reference)
+            # SGLD at the ε given (devinterp compares metrics so), else at its own; where SGLD
+            # breaks down there is nothing to compare with
+            with contextlib.suppress(NonFiniteGradientError):
+                est = against_sgld(est, estimate(sampler="identity", masks=None, metric_options={}))
     finally:
         for module, mode in modes.items():
             module.training = mode
