@@ -8,10 +8,9 @@ s² the minibatch gradient's variance along S's top eigenvector (``docs/llc.md``
     ε_max  = 4·10 % / (a₊ + nβ²s²)      the stiffest direction inflated by 10 % at most
     ε      = min(max(ε_bias, ε_mix), ε_max)
 
-The cap bounds the step's bias on λ̂ (a share-weighted mean of every direction's inflation,
-at most the stiffest one's): at 50 % (halfway to the stability edge εa₊ = 4, the rule before)
-the step biased λ̂ up by 14-28 % on reduced-rank regression, by a different amount under each
-metric's G, so that the metrics disagreed with SGLD by up to 20 % (``docs/llc.md``).
+The cap bounds the step's bias on λ̂ (a share-weighted mean of every direction's inflation, at
+most the stiffest one's): a cap of 50 % biased λ̂ by 14-28 % on reduced-rank regression, by a
+different amount under each metric's G (``docs/llc.md``).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from sgrld.core.runner import LossFn, sampled
 from sgrld.core.sampler import Sampler
 
 #: the stiffest direction's relative inflation the rule aims at, and the most it allows (the
@@ -76,7 +76,7 @@ class DoubleBackwardError(RuntimeError):
 
 def calibrate_lr(
     model: nn.Module,
-    loss: Callable[[nn.Module, object], Tensor],
+    loss: LossFn,
     batches: Sequence[object],
     sampler: Sampler,
     *,
@@ -128,7 +128,7 @@ def lr_from_spectrum(spec: Spectrum, num_steps: int) -> float:
 
 def spectrum(
     model: nn.Module,
-    loss: Callable[[nn.Module, object], Tensor],
+    loss: LossFn,
     batches: Sequence[object],
     sampler: Sampler,
     *,
@@ -144,9 +144,9 @@ def spectrum(
     Raises:
         DoubleBackwardError: the model has no second derivative.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    names = [str(i) for i in range(len(params))]
-    state = sampler.init(dict(zip(names, [p.detach().clone() for p in params], strict=True)))
+    named = sampled(model)  # the parameters the chains sample, in the model's order
+    params = list(named.values())
+    state = sampler.init({n: p.detach().clone() for n, p in named.items()})
     metric, layout = sampler.metric, state.layout
     grads = []
     for step, batch in enumerate(batches, start=1):  # G from the loss's gradients at w₀

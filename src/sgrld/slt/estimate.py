@@ -8,25 +8,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from typing import Any, Literal
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from sgrld.chains import Chains
-from sgrld.core.contract import Stats
 from sgrld.core.engine import NonFiniteGradientError
 from sgrld.core.noise import keys_from_seeds
 from sgrld.core.param_state import NOISE_KEY
 from sgrld.core.runner import (
     FunctionalChain,
+    LossFn,
     OptimizerChain,
     Stepper,
     VectorizedChains,
@@ -37,6 +38,7 @@ from sgrld.core.runner import (
 )
 from sgrld.core.sampler import Sampler
 from sgrld.core.shards import is_sharded
+from sgrld.core.state import SamplerState
 from sgrld.core.warmup import DEFAULT_WARMUP, Arrival, warmup_length
 from sgrld.metrics import get_metric
 from sgrld.optim import SGRLDOptimizer, build
@@ -45,7 +47,6 @@ from sgrld.slt.calibration import DoubleBackwardError, Spectrum, lr_from_spectru
 from sgrld.slt.result import LLCEstimate
 from sgrld.slt.verdict import LLCWarning, judge
 
-LossFn = Callable[[nn.Module, Any], Tensor]
 #: :func:`llc`'s default ``adapt_until``: no warm-up in the trace; G frozen from the first step at
 #: the statistics the step-size calibration built from the gradients at w₀ (``docs/llc.md``)
 AT_CALIBRATION: Literal["calibration"] = "calibration"
@@ -158,7 +159,6 @@ def llc(
     """
     if init_batches is None:
         init_batches = len(loader) if isinstance(loader, Sized) else 32
-    _check_int("num_data", num_data, 1)
     nbeta = _check_arguments(locals())
     modes = {m: m.training for m in model.modules()}
     if train is not None:
@@ -173,12 +173,10 @@ def llc(
         est = estimate(sampler=sampler, masks=masks, metric_options=metric_options)
         check = get_metric(sampler).preconditions if check_sgld is None else check_sgld
         if check and masks is None and math.isfinite(est.verdict.inflation if est.verdict else 0):
-            try:  # SGLD at the ε given (devinterp compares metrics so), else at its own
-                reference = estimate(sampler="identity", masks=None, metric_options={})
-            except NonFiniteGradientError:
-                reference = None  # SGLD breaks down there: nothing to compare with
-            if reference is not None:
-                est = against_sgld(est, reference)
+            # SGLD at the ε given (devinterp compares metrics so), else at its own; where SGLD
+            # breaks down there is nothing to compare with
+            with contextlib.suppress(NonFiniteGradientError):
+                est = against_sgld(est, estimate(sampler="identity", masks=None, metric_options={}))
     finally:
         for module, mode in modes.items():
             module.training = mode
@@ -207,48 +205,38 @@ def against_sgld(est: LLCEstimate, reference: LLCEstimate) -> LLCEstimate:
     return dataclasses.replace(est, verdict=verdict)
 
 
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected an integer >= {low})")
-    if high is not None and int(value) > high:
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected an integer <= {high})")
-
-
-def _check_float(name: str, value: object, *, positive: bool) -> float:
-    bound = "> 0" if positive else ">= 0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected a finite number {bound})")
-    x = float(value)
-    if not math.isfinite(x) or x < 0.0 or (positive and x == 0.0):
-        raise ValueError(f"llc: invalid {name}: {value!r} (expected a finite number {bound})")
-    return x
-
-
 def _check_arguments(args: dict[str, Any]) -> float:
     """Every argument of :func:`llc` in its range (a ValueError naming it); returns nβ."""
-    for name in ("num_chains", "num_steps", "init_batches"):
-        _check_int(name, args[name], 1)
-    _check_int("burnin", args["burnin"], 0, args["num_steps"] - 1)
-    _check_int("seed", args["seed"], 0, 2**63 - args["num_chains"])
+
+    def refuse(name: str, expected: str) -> NoReturn:
+        raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected {expected})")
+
+    def integral(value: object) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    for name, low in (("num_data", 1), ("num_chains", 1), ("num_steps", 1), ("init_batches", 1),
+                      ("burnin", 0), ("seed", 0)):  # fmt: skip
+        if not integral(args[name]) or args[name] < low:
+            refuse(name, f"an integer >= {low}")
+    for name, high in (("burnin", args["num_steps"] - 1), ("seed", 2**63 - args["num_chains"])):
+        if args[name] > high:
+            refuse(name, f"an integer <= {high}")
     warmup = args["adapt_until"]
-    integral = isinstance(warmup, numbers.Integral) and not isinstance(warmup, bool)
-    steps = integral and int(warmup) >= 0
-    if warmup is not None and warmup != AT_CALIBRATION and not steps:
-        raise ValueError(
-            f"llc: invalid adapt_until: {warmup!r} (expected {AT_CALIBRATION!r}, the default, "
-            "None, to adapt at every step, or an integer >= 0: the steps of warm-up)"
-        )
-    for name in ("vectorize", "warn"):
-        if not isinstance(args[name], bool):
-            raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected True or False)")
-    for name in ("check_sgld", "train"):
-        if args[name] is not None and not isinstance(args[name], bool):
-            raise ValueError(f"llc: invalid {name}: {args[name]!r} (expected None, True or False)")
-    _check_float("localization", args["localization"], positive=False)
-    if args["lr"] is not None:
-        _check_float("lr", args["lr"], positive=True)
+    if warmup is not None and warmup != AT_CALIBRATION and not (integral(warmup) and warmup >= 0):
+        refuse("adapt_until", f"{AT_CALIBRATION!r}, the default, None, to adapt at every step, "
+               "or an integer >= 0: the steps of warm-up")  # fmt: skip
+    for name, optional in (("vectorize", 0), ("warn", 0), ("check_sgld", 1), ("train", 1)):
+        if not isinstance(args[name], bool) and not (optional and args[name] is None):
+            refuse(name, "None, True or False" if optional else "True or False")
+    for name, bound in (("localization", ">= 0"), ("lr", "> 0"), ("nbeta", "> 0")):
+        x = args[name]
+        if x is None and name != "localization":  # lr and nbeta have defaults
+            continue
+        real = isinstance(x, numbers.Real) and not isinstance(x, bool)
+        if not real or not math.isfinite(x) or x < 0 or (bound == "> 0" and x == 0):
+            refuse(name, f"a finite number {bound}")
     if args["nbeta"] is not None:
-        return _check_float("nbeta", args["nbeta"], positive=True)
+        return float(args["nbeta"])
     if args["num_data"] < 2:
         raise ValueError(
             f"llc: num_data {args['num_data']} needs nbeta (the default n/log n needs n >= 2)"
@@ -274,39 +262,6 @@ def _adapting(
     return max(0, max(ends) - burnin)
 
 
-def _noting_arrivals(
-    steppers: Iterable[Stepper], into: list[Arrival | None], frozen_at: Stats | None = None
-) -> Iterable[Stepper]:
-    """``steppers`` as they were (a list stays a list), each one's warm-up noted in ``into``,
-    and with ``frozen_at`` every chain's metric statistics set to it (the calibration's G)."""
-
-    def note(stepper: Any) -> Any:
-        if isinstance(stepper, VectorizedChains):
-            states = [g.state for g in stepper.chains.groups]  # type: ignore[attr-defined]
-        elif isinstance(stepper, FunctionalChain):
-            states = [stepper.state]
-        else:
-            states = list(stepper.optimizer.sampler_states)
-        into.extend(s.warmup for s in states)
-        if frozen_at is not None:
-            for state in states:
-                _seed_stats(state.stats, frozen_at)
-        return stepper
-
-    if isinstance(steppers, list):
-        return [note(s) for s in steppers]
-    return (note(s) for s in steppers)
-
-
-def _seed_stats(stats: Stats, frozen_at: Stats) -> None:
-    """Every chain's statistics (``(*batch, ...)``) set to the unbatched ``frozen_at``."""
-    for key, value in stats.items():
-        source = frozen_at[key]
-        if value.shape[value.dim() - source.dim() :] != source.shape:
-            raise RuntimeError(f"llc: the calibration's statistic {key!r} does not fit the chains")
-        value.copy_(source.expand_as(value))
-
-
 def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> None:
     params = {id(p) for p in named.values()}
     selected = 0
@@ -322,12 +277,6 @@ def _check_masks(masks: Mapping[Tensor, Tensor], named: dict[str, Tensor]) -> No
         selected += int(mask.sum())
     if selected == 0:
         raise ValueError("llc: the masks select no element (every mask is all False)")
-
-
-def _draws_with_replacement(loader: Iterable[Any]) -> bool:
-    """Whether ``loader`` is a ``DataLoader`` whose sampler draws with replacement (its
-    "pass" is no pass over the data, so L_n(w₀) from it is a sample)."""
-    return getattr(getattr(loader, "sampler", None), "replacement", False) is True
 
 
 def _loss_at_start(model: nn.Module, loss: LossFn, batches: list[Any]) -> list[float]:
@@ -374,10 +323,11 @@ def _estimate(
     first = [next(batches)[0] for _ in range(init_batches)]
     at_start = _loss_at_start(model, loss, first)
     init_loss = float(np.mean(at_start))
-    # drawn with replacement, L_n(w₀) and the trace's mean are sample means of batches that
-    # every chain shares: one batch's spread (in λ̂'s units) gives their error
-    batch_spread = (nbeta * float(np.std(at_start, ddof=1))
-                    if _draws_with_replacement(loader) and len(at_start) > 1 else 0.0)  # fmt: skip
+    # a DataLoader whose sampler draws with replacement makes no pass over the data: L_n(w₀)
+    # and the trace's mean are sample means of batches that every chain shares, one batch's
+    # spread (in λ̂'s units) gives their error
+    drawn = getattr(getattr(loader, "sampler", None), "replacement", False) is True
+    batch_spread = nbeta * float(np.std(at_start, ddof=1)) if drawn and len(at_start) > 1 else 0.0
     if masks is not None:  # keyed by parameter or by name (devinterp's convention)
         masks = masks_by_parameter(masks, named.items())
         _check_masks(masks, named)
@@ -394,7 +344,7 @@ def _estimate(
     def options(eps: float) -> dict[str, Any]:
         """The chains' options at devinterp's ε (either path: ``build`` or the optimizer)."""
         setting = devinterp_options(eps, nbeta=nbeta, localization=localization, num_data=num_data)
-        return {**setting, "adapt_until": warmup}
+        return setting | {"adapt_until": warmup}
 
     def make(eps: float) -> Sampler:  # a metric option named as one of these: a TypeError
         return build(sampler, **options(eps), noise="philox", **metric_options)
@@ -409,30 +359,50 @@ def _estimate(
         except DoubleBackwardError:
             if lr is None:
                 raise
-    # a given ε was chosen for some other G (devinterp's adapt throughout): that one warms up
-    frozen_at = spec.stats if at_calibration and calibrated and spec is not None else None
-    if frozen_at is not None:  # no warm-up: G as the spectrum has it (seeded below)
-        warmup = 0
+    frozen_at = None  # a given ε was chosen for some other G (devinterp's): that one warms up
     if lr is None:
         assert spec is not None
         lr = lr_from_spectrum(spec, num_steps - burnin)
+        if at_calibration:  # no warm-up: G as the spectrum has it (seeded below)
+            frozen_at, warmup = spec.stats, 0
     built = make(lr)  # refuses bad options on either path
     seeds = [seed + k for k in range(num_chains)]
-    steppers: Iterable[Stepper]
-    if through_optimizer:
-        settings = options(lr) | metric_options
-        steppers = (
-            _optimizer_chain(model, named, loss, sampler, settings, masks, s) for s in seeds
-        )
-    elif vectorize:
-        chains = Chains(model, built, seeds, sample=named.__contains__)
-        steppers = [VectorizedChains(chains, loss)]
-    else:
-        steppers = (FunctionalChain(model, named, loss, built, s) for s in seeds)
     arrivals: list[Arrival | None] = []  # the warm-up each chain waited for (core.warmup)
-    steppers = _noting_arrivals(steppers, arrivals, frozen_at)
+
+    def noted(stepper: Stepper, states: list[SamplerState]) -> Stepper:
+        """``stepper``, its chains' warm-ups noted, and with ``frozen_at`` their statistics
+        (``(*batch, ...)``) set to the calibration's G (unbatched)."""
+        arrivals.extend(s.warmup for s in states)
+        if frozen_at is not None:
+            for key, value in (kv for s in states for kv in s.stats.items()):
+                source = frozen_at[key]
+                if value.shape[value.dim() - source.dim() :] != source.shape:
+                    raise RuntimeError(
+                        f"llc: the calibration's statistic {key!r} does not fit the chains"
+                    )
+                value.copy_(source.expand_as(value))
+        return stepper
+
+    def steppers() -> Iterator[Stepper]:  # sequential chains built as they run: less memory
+        if vectorize and not through_optimizer:
+            chains = Chains(model, built, seeds, sample=named.__contains__)
+            yield noted(VectorizedChains(chains, loss), [g.state for g in chains.groups])
+            return
+        # masked: only the masked parameters go to the optimizer (devinterp's weight restriction)
+        params = [(n, p) for n, p in named.items() if masks is None or any(p is q for q in masks)]
+        for chain_seed in seeds:
+            if not through_optimizer:
+                one = FunctionalChain(model, named, loss, built, chain_seed)
+                yield noted(one, [one.state])
+                continue
+            opt = SGRLDOptimizer(params, metric=sampler, noise="philox", masks=masks,
+                                 sync_checks=False, **(options(lr) | metric_options))  # fmt: skip
+            key = opt.state[params[0][1]][NOISE_KEY]  # keyed as the functional chain's
+            key.copy_(keys_from_seeds([chain_seed], key.device).view_as(key))
+            yield noted(OptimizerChain(model, loss, opt), opt.sampler_states)
+
     try:
-        done = run(steppers, loader, num_steps, restore=[*named.values(), *model.buffers()])
+        done = run(steppers(), loader, num_steps, restore=[*named.values(), *model.buffers()])
     finally:
         for p in named.values():
             p.grad = None
@@ -466,24 +436,3 @@ def _estimate(
         sampler=sampler,
         burnin=burnin,
     )
-
-
-def _optimizer_chain(
-    model: nn.Module,
-    named: dict[str, Tensor],
-    loss: LossFn,
-    metric: str,
-    settings: dict[str, Any],
-    masks: Mapping[Tensor, Tensor] | None,
-    seed: int,
-) -> OptimizerChain:
-    """Chain ``seed`` through :class:`sgrld.SGRLDOptimizer` on the model's own parameters
-    (sharded, bfloat16, masked: only the masked ones, devinterp's weight restriction), keyed as
-    a functional chain of that seed."""
-    if masks is not None:
-        named = {n: p for n, p in named.items() if any(p is q for q in masks)}
-    opt = SGRLDOptimizer(list(named.items()), metric=metric, noise="philox", masks=masks,
-                         sync_checks=False, **settings)  # fmt: skip
-    key = opt.state[next(iter(named.values()))][NOISE_KEY]
-    key.copy_(keys_from_seeds([seed], key.device).view_as(key))
-    return OptimizerChain(model, loss, opt)

@@ -163,9 +163,7 @@ def judge(
         window: steps per block (one pass of batches); fewer where the trace after burn-in
             has fewer than :data:`MIN_BLOCKS` of them.
         pass_length: batches per pass over the loader, where it has a length.
-        inflation: ε(a₊ + nβ²s²)/4, where known.
-        step_bias: ε/8·(tr(nβH) + nβ²tr Σ), where known.
-        relaxations: εa₋T/2, where known.
+        inflation, step_bias, relaxations: the step's figures (:class:`LLCVerdict`), where known.
         adapting: steps after burn-in during which the metric was still adapting.
         frozen_from: the step from which the metric's G is fixed (the stationarity check
             looks no earlier); 0 where it never adapts.
