@@ -18,6 +18,7 @@ from conftest import state_tensors
 from sgrld.core.warmup import Windows
 from sgrld.experiments.run.checkpoint import load_checkpoint
 from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig, is_sample_step
+from sgrld.experiments.run.launch import print_summary
 from sgrld.experiments.run.loop import SamplingRun, run_sampling
 from sgrld.experiments.run.results import RESULTS_FILE
 from test_runner import KillAt, deterministic, synthetic_splits, tiny_config
@@ -91,7 +92,9 @@ def test_cli_offers_wait_as_the_default() -> None:
 # --- the runner -----------------------------------------------------------------------------------
 
 
-def test_a_travelling_chain_adapts_past_the_burnin_and_the_record_says_until_when() -> None:
+def test_a_travelling_chain_adapts_past_the_burnin_and_the_record_says_until_when(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The travelling chain's metric adapts to update 96, not 40: its run equals one frozen after
     exactly that update (RMSprop restarts nothing at a window), and differs from the run frozen
     at the burn-in; the arrived chain's freezes at its window's end, before the first sample."""
@@ -114,6 +117,10 @@ def test_a_travelling_chain_adapts_past_the_burnin_and_the_record_says_until_whe
     assert chain(runs[TRAVELLING])["trace"] != chain(frozen["burnin"])["trace"]
     assert frozen[96]["warmup"] == {"adapt_until": 96, "samples_adapting": 11}
     assert frozen["burnin"]["warmup"] == {"adapt_until": 40, "samples_adapting": 0}
+    print_summary([wait_config(TRAVELLING)], [runs[TRAVELLING]], tmp_path)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "11 of 16 samples were drawn while the metric adapted (until update 96)" in said
+    assert "still travelling at the burn-in's end: a longer --burn-in" in said
 
 
 @pytest.mark.slow
