@@ -362,9 +362,7 @@ class RunRecord:
         until = self.config.adapt_until
         if not isinstance(until, Windows):
             return until
-        arrival, index = self.arrival()
-        waited = 0 if arrival is None else int(arrival.count.reshape(-1)[index])
-        ends = until.slow_ends(waited)
+        ends = until.slow_ends(self.windows_added() or 0)
         return ends[-1] if ends else until.adapts_until
 
     def windows_added(self) -> int | None:
