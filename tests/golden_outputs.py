@@ -74,6 +74,9 @@ def _cmd(*parts: str | list[str]) -> tuple[str, ...]:
     return tuple(p for part in parts for p in ([part] if isinstance(part, str) else part))
 
 
+#: Every case that runs a chain passes its ``--adapt`` (``burnin``, ``always`` or N): the goldens
+#: were written when ``burnin`` was the default, and the default ``wait`` is covered by
+#: ``tests/test_run_warmup.py``.
 CASES = (
     # One chain, Monge, horseshoe prior, curvature measured, Philox noise: the loop with the
     # one-chain stepper (eager on CPU): sampling, thinning, evaluation, telemetry, checkpoint.
@@ -85,7 +88,7 @@ CASES = (
                 _MNIST,
                 ["--prior", "horseshoe", "--sampler", "monge", "--lr", "0.1", "--alpha2", "0.5"],
                 ["--curvature", "--curvature-points", "50", "--epochs", "2", "--seed", "1"],
-                ["--out", "{root}/run", "--no-plot"],
+                ["--adapt", "burnin", "--out", "{root}/run", "--no-plot"],
             ),
         ),
     ),
@@ -113,7 +116,8 @@ CASES = (
                 "sample",
                 _MNIST,
                 ["--prior", "gaussian", "--sampler", "wenzel", "--lr", "0.05", "--noise", "torch"],
-                ["--epochs", "1", "--seed", "3", "--out", "{root}/run", "--no-plot"],
+                ["--epochs", "1", "--seed", "3", "--adapt", "burnin", "--out", "{root}/run"],
+                ["--no-plot"],
             ),
             _cmd(
                 "sample",
@@ -131,7 +135,7 @@ CASES = (
                 _MNIST,
                 ["--prior", "gaussian", "--sampler", "monge", "--lr", "0.1", "--alpha2", "0.5"],
                 ["--chains", "3", "--epochs", "2", "--seed", "0", "--out", "{root}/run"],
-                ["--no-plot"],
+                ["--adapt", "burnin", "--no-plot"],
             ),
         ),
         # The vectorised sampler's state holds a torch.Generator that `sgrld.build(...).init`
@@ -150,7 +154,7 @@ CASES = (
                 _MNIST,
                 ["--prior", "gaussian", "--sampler", "identity", "--lr", "0.05,0.1"],
                 ["--epochs", "2", "--seeds", "0", "--engine", "local", "--jobs", "1"],
-                ["--out", "{root}/sweep"],
+                ["--adapt", "burnin", "--out", "{root}/sweep"],
             ),
             _cmd(
                 "table",
@@ -188,13 +192,14 @@ CASES = (
                 "sample",
                 _MNIST,
                 ["--prior", "gaussian", "--sampler", "identity", "--lr", "1e9", "--epochs", "2"],
-                ["--seed", "6", "--out", "{root}/one", "--no-plot"],
+                ["--seed", "6", "--adapt", "burnin", "--out", "{root}/one", "--no-plot"],
             ),
             _cmd(
                 "sample",
                 _MNIST,
                 ["--prior", "gaussian", "--sampler", "identity", "--lr", "0.05,1e9"],
-                ["--epochs", "2", "--seed", "6", "--out", "{root}/two", "--no-plot"],
+                ["--epochs", "2", "--seed", "6", "--adapt", "burnin", "--out", "{root}/two"],
+                ["--no-plot"],
             ),
         ),
         unseeded=(("two/checkpoint.pt", "chains", "samplers", "*", "generator"),),
@@ -210,7 +215,7 @@ CASES = (
                 _MNIST,
                 ["--prior", "horseshoe", "--sampler", "wenzel", "--lr", "0.05", "--chains", "2"],
                 ["--chain-batch", "1", "--epochs", "1", "--seed", "7", "--out", "{root}/run"],
-                ["--no-plot"],
+                ["--adapt", "burnin", "--no-plot"],
             ),
             _cmd(
                 "sample",
@@ -230,7 +235,7 @@ CASES = (
                 _MNIST,
                 ["--prior", "gaussian", "--sampler", "monge", "--lr", "0.1", "--alpha2", "0.5"],
                 ["--parallel", "ddp", "--epochs", "2", "--seed", "8", "--out", "{root}/run"],
-                ["--no-plot"],
+                ["--adapt", "burnin", "--no-plot"],
             ),
         ),
         processes=2,
@@ -243,7 +248,7 @@ CASES = (
                 _MNIST,
                 ["--prior", "horseshoe", "--sampler", "rmsprop", "--lr", "0.05"],
                 ["--parallel", "fsdp", "--epochs", "2", "--seed", "9", "--out", "{root}/run"],
-                ["--no-plot"],
+                ["--adapt", "burnin", "--no-plot"],
             ),
         ),
         processes=2,

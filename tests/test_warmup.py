@@ -189,7 +189,8 @@ def test_defaults_agree() -> None:
     assert shampoo.param_groups[0]["adapt_until"] == DEFAULT_WARMUP
     config = RunConfig(dataset="mnist", model="fc", prior="gaussian", sampler="identity", lr=0.1,
                        epochs=3)  # fmt: skip
-    assert (config.adapt, config.adapt_until) == ("burnin", config.burnin)
+    assert (config.adapt, repr(config.adapt_until)) == ("wait", repr(DEFAULT_WARMUP))
+    assert RunConfig.from_dict({**config.to_dict(), "adapt": "burnin"}).adapt_until == 1000
     assert RunConfig.from_dict({**config.to_dict(), "adapt": "always"}).adapt_until is None
     legacy = {k: v for k, v in config.to_dict().items() if k != "adapt"}
     assert RunConfig.from_dict(legacy).adapt == "always"  # written when runs adapted throughout
@@ -305,7 +306,8 @@ def test_runner_warmup_is_the_burnin_and_is_recorded(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     sample.add_arguments(parser)
     base = ["--sampler", "rmsprop"]
-    assert parser.parse_args(base).adapt == "burnin"
+    assert parser.parse_args(base).adapt == "wait"  # the default: test_run_warmup.py
+    assert parser.parse_args([*base, "--adapt", "burnin"]).adapt == "burnin"
     assert parser.parse_args([*base, "--adapt", "always"]).adapt == "always"
     assert parser.parse_args([*base, "--adapt", "250"]).adapt == 250
     with pytest.raises(SystemExit):

@@ -43,9 +43,10 @@ SWEEP_WORDS: dict[str, dict[str, Any]] = {
     "lr": {"help": "learning rates ℓ to sweep (h = ℓ/n); default: the paper's for each setting"},
     "alpha2": {"help": "Monge's α² values to sweep (Monge's runs only); default: the paper's, "
                "else 1"},
-    "adapt": {"help": "when the metric adapts, comma-separated to sweep: burnin (during the "
-              "burn-in, then frozen; the default), always (the paper's protocol) or N (the "
-              "first N updates)"},
+    "adapt": {"help": "when the metric adapts, comma-separated to sweep: wait (a warm-up over "
+              "the burn-in that waits for the chain to arrive, then frozen; the default), burnin "
+              "(during exactly the burn-in: the default of sweeps made before wait), always (the "
+              "paper's protocol) or N (the first N updates)"},
     "seed": {"flags": ("--seeds", "--seed"), "dest": "seeds", "metavar": "RANGE",  # one option
              "type": argparse_type(grid.parse_seeds), "help": "seeds: 0-9, 0,3,5 or 0-2,7 (0)"},
     "out": {"required": True, "help": "the sweep folder (required)"},

@@ -12,6 +12,7 @@ import numpy as np
 
 from sgrld.core.compiled import check_compilable
 from sgrld.core.noise import NOISE_SOURCES
+from sgrld.core.warmup import Windows
 from sgrld.data import dataset_info
 from sgrld.experiments.run.build import build_metric, option_names
 from sgrld.experiments.run.choices import MODEL_FOR_DATASET, PRIORS, SAMPLERS, Names
@@ -25,8 +26,11 @@ CHECKPOINT_FORMAT = "sgrld-sample-checkpoint/1"
 SEED_STREAMS = ("init", "chain", "data_order", "curvature")
 #: Fields added after the first format, with the value meaning "as before" (then not written).
 LATER_FIELDS: dict[str, Any] = {"sampler_options": {}, "likelihood_scale": None}
-#: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates).
-ADAPT_CHOICES = ("burnin", "always")
+#: ``RunConfig.adapt``'s named protocols (besides an integer count of warm-up updates): the
+#: default ``"wait"`` (Stan's windows over the burn-in, extended until the chain has arrived),
+#: ``"burnin"`` (adapt for exactly the burn-in: the default of runs made before ``"wait"``, which
+#: their configs keep) and ``"always"`` (the paper's protocol).
+ADAPT_CHOICES = ("wait", "burnin", "always")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +74,11 @@ class RunConfig:
             metric; empty = its defaults, the paper's.
         likelihood_scale: regression's fixed Gaussian σ in standardised units; ``None``: σ is
             learned (``docs/likelihoods.md``).
-        adapt: when the metric adapts: ``"burnin"`` (default) during the burn-in, then frozen;
-            ``"always"`` (the paper's protocol); or an integer N ≥ 0: the first N updates
-            (``docs/posterior.md``).
+        adapt: when the metric adapts: ``"wait"`` (default) a warm-up over the burn-in that
+            waits for the chain (:attr:`adapt_until`), then frozen; ``"burnin"`` during exactly
+            the ``burnin`` updates, then frozen (the default before ``"wait"``: a config that
+            says so keeps it); ``"always"`` (the paper's protocol); or an integer N ≥ 0: the
+            first N updates (``docs/posterior.md``).
     """
 
     dataset: str
@@ -100,7 +106,7 @@ class RunConfig:
     schedule: str = "constant"
     cycles: int = 1
     explore_fraction: float = 0.0
-    adapt: str | int = "burnin"
+    adapt: str | int = "wait"
     sampler_options: Mapping[str, Any] = field(default_factory=dict)
     likelihood_scale: float | None = None
 
@@ -151,7 +157,8 @@ class RunConfig:
         count = isinstance(self.adapt, int) and not isinstance(self.adapt, bool) and self.adapt >= 0
         if not (self.adapt in ADAPT_CHOICES or count):
             raise ValueError(
-                f"invalid adapt {self.adapt!r}; valid: the default (adapt during the burn-in), "
+                f"invalid adapt {self.adapt!r}; valid: 'wait' (the default: a warm-up over the "
+                "burn-in that waits for the chain), 'burnin' (adapt during exactly the burn-in), "
                 "'always' (the paper's protocol) or an integer >= 0 (updates of warm-up)"
             )
         if self.schedule == "cyclical":
@@ -202,9 +209,15 @@ class RunConfig:
 
     @property
     def adapt_until(self) -> int | None:
-        """The sampler's ``adapt_until``: updates of warm-up, ``None`` to adapt throughout."""
+        """The sampler's ``adapt_until``: ``None`` to adapt throughout (``"always"``); for
+        ``"wait"``, ``Windows(burnin, arrival=True)`` (:mod:`sgrld.core.warmup`: Stan's windows
+        over the burn-in, G frozen for its terminal window if the chain has arrived, else more
+        windows until it has, at most 16 × the burn-in), the default of the library's other
+        APIs; else an integer count of updates (``"burnin"``: the burn-in's)."""
         if self.adapt == "always":
             return None
+        if self.adapt == "wait":
+            return Windows(self.burnin, arrival=True)
         return self.burnin if self.adapt == "burnin" else int(self.adapt)
 
     def flat(self) -> dict[str, Any]:

@@ -334,9 +334,13 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
     if warmup.get("samples_adapting"):
         until = warmup["adapt_until"]
         when = "at every update" if until is None else f"until update {until}"
+        hint = "--adapt wait (the default) freezes it before the first once the chain has arrived"
+        if results_["config"].get("adapt") == "wait":  # the chain had not arrived by then
+            hint = "the chain was still travelling at the burn-in's end: a longer --burn-in"
+            hint += f" (beyond {until}) keeps them out"
         print(
             f"  {warmup['samples_adapting']} of {results_['num_samples']} samples were drawn "
-            f"while the metric adapted ({when}); --adapt burnin freezes it before the first"
+            f"while the metric adapted ({when}); {hint}"
         )
     if all(final[split].get("lp") is None for split in ("val", "test")):
         print("  no scores: the chain stopped before its first epoch ended")

@@ -8,6 +8,7 @@ chains step is a :class:`Stepper` (:class:`~.run.single.OneChain` or
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from sgrld.chain_health import BROKEN_GROWTH_NO_NOISE
 from sgrld.chains import chain_batches
+from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
 from sgrld.evaluation import measure_curvature
 from sgrld.experiments.base import files
@@ -94,6 +96,19 @@ class Stepper(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
+def chain_arrival(stepper: Stepper, chain: int) -> tuple[Arrival | None, int]:
+    """Chain ``chain``'s waiting warm-up as ``stepper`` holds it now (a checkpoint loaded over
+    it replaces the states): the sampler state's :class:`~sgrld.core.warmup.Arrival` (``None``:
+    its warm-up does not wait) and the chain's index among that state's chains."""
+    if isinstance(stepper, OneChain):
+        return stepper.optimizer.sampler_states[0].warmup, 0  # one group (make_sampler)
+    if isinstance(stepper, VmappedChains):
+        for group in stepper.chains.groups:  # the chains sharing one sampler state
+            if group.start <= chain < group.stop:
+                return group.state.warmup, chain - group.start
+    return None, 0
+
+
 class SamplingRun:
     """One sampling run of one chain or of K chains.
 
@@ -153,8 +168,9 @@ class SamplingRun:
             if self.one
             else VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
         )
-        for r in self.records:
+        for k, r in enumerate(self.records):
             r.stepper = self.stepper
+            r.arrival = functools.partial(chain_arrival, self.stepper, k)
         self._note_theta_start()  # the seed's initialisation, fresh or resumed
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.folders = None if folders is None else [Path(f) for f in folders]

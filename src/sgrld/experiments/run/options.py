@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sgrld.experiments.run.choices import DATASETS, MODELS, NOISE, PRIORS, SAMPLERS, Table
-from sgrld.experiments.run.config import TUNED_FIELDS, samplers_taking, symbol
+from sgrld.experiments.run.config import ADAPT_CHOICES, TUNED_FIELDS, samplers_taking, symbol
 from sgrld.experiments.run.tuned import lr_value
 from sgrld.metrics import get_metric, resolve_metric_name
 
@@ -91,12 +91,12 @@ def number(text: str) -> float:
 
 
 def adapt_choice(text: str) -> str | int:
-    """``burnin``, ``always`` or a count of warm-up updates N >= 0."""
-    if text in ("burnin", "always"):
+    """``wait``, ``burnin``, ``always`` or a count of warm-up updates N >= 0."""
+    if text in ADAPT_CHOICES:
         return text
     if text.isdigit():
         return int(text)
-    raise ValueError(f"expected burnin, always or an integer >= 0, not {text!r}")
+    raise ValueError(f"expected {', '.join(ADAPT_CHOICES)} or an integer >= 0, not {text!r}")
 
 
 WHAT, SCHEDULE, MACHINE = "what to sample", "schedule and evaluation", "data, output and machine"
@@ -170,11 +170,14 @@ _OPTIONS = (
               help="burn-in updates (1000)"),
     RunOption(name="thinning", group=SCHEDULE, kind="int", default=100,
               help="a sample every K updates (100)"),
-    RunOption(name="adapt", group=SCHEDULE, parse=adapt_choice, default="burnin", axis=True,
-              metavar="{burnin,always,N}",
-              help="when the metric adapts: during the burn-in, then frozen (burnin, the default: "
-              "the chain samples the posterior), at every update (always: the paper's protocol, "
-              "biased; docs/posterior.md) or during the first N updates"),
+    RunOption(name="adapt", group=SCHEDULE, parse=adapt_choice, default="wait", axis=True,
+              metavar="{wait,burnin,always,N}",
+              help="when the metric adapts: a warm-up over the burn-in that waits for the chain "
+              "to arrive, then frozen (wait, the default: the chain samples the posterior; a "
+              "chain still travelling adapts on past the burn-in), during exactly the burn-in "
+              "(burnin: the default of runs made before wait, which they keep), at every update "
+              "(always: the paper's protocol, biased; docs/posterior.md) or during the first N "
+              "updates"),
     RunOption(name="curvature", group=SCHEDULE, kind="bool", default=False,
               help="measure C(θ) of every sample"),
     RunOption(name="curvature_points", group=SCHEDULE, kind="int", default=1000,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
-from sgrld.core.warmup import drawn_while_adapting
+from sgrld.core.warmup import Arrival, Windows, drawn_while_adapting
 from sgrld.data import Splits, dataset_info
 from sgrld.evaluation import EnsemblePredictive, SampleTrace
 from sgrld.experiments.run.build import build_likelihood
@@ -148,6 +148,10 @@ class RunRecord:
         self.curvature_means: list[float] = []  # C(θ) of every sample so far
         self.samples_adapting = 0  # samples drawn while the metric still adapted
         self._metric = get_metric(config.sampler)
+        #: this chain's waiting warm-up as the stepper holds it now: the state's
+        #: :class:`~sgrld.core.warmup.Arrival` and the chain's index in it (set by the loop;
+        #: ``(None, 0)``: the warm-up does not wait, or keeps Stan's fixed windows)
+        self.arrival: Callable[[], tuple[Arrival | None, int]] = lambda: (None, 0)
         self.timing: dict[str, Any] = {
             "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
             "steps_after_skip": 0,
@@ -216,7 +220,7 @@ class RunRecord:
         """Close the current sample (after every split's logits were added)."""
         for ensemble in self.ensembles.values():
             ensemble.commit()
-        if drawn_while_adapting(self._metric, self.global_step, self.config.adapt_until):
+        if drawn_while_adapting(self._metric, self.global_step, self.warmup_end()):
             self.samples_adapting += 1
         self.trace.commit(scalars=scalars)
         if curvature is not None:
@@ -349,14 +353,45 @@ class RunRecord:
         if self.status == "completed" and self.epoch < self.config.epochs:
             self.status = "running"  # extended with more epochs
 
+    def warmup_end(self) -> int | None:
+        """The last update that adapts this chain's metric as its warm-up stands (``None``:
+        every update does): the config's ``adapt_until``, or for a :class:`~sgrld.core.warmup.
+        Windows` warm-up the end of its last slow window, with the windows this chain waited for
+        (:meth:`~sgrld.core.warmup.Arrival.freeze_steps`; the others of K chains may wait longer).
+        Final once the update is past: a window is added at the end of the last one."""
+        until = self.config.adapt_until
+        if not isinstance(until, Windows):
+            return until
+        ends = until.slow_ends(self.windows_added() or 0)
+        return ends[-1] if ends else until.adapts_until
+
+    def windows_added(self) -> int | None:
+        """The slow windows this chain's waiting warm-up added to its schedule (0: it had
+        arrived by the end of the nominal ones); ``None`` where it cannot wait (G = I, or a
+        captured or sharded step, which keeps Stan's fixed windows: :mod:`sgrld.core.warmup`)."""
+        arrival, index = self.arrival()
+        return None if arrival is None else int(arrival.count.reshape(-1)[index])
+
     def _adapting_before(self) -> int:
         """Samples drawn adapting up to :attr:`global_step` (checkpoints from before the count:
         the schedule's sample steps within the warm-up)."""
-        until = self.config.adapt_until
+        until = self.warmup_end()
         if not self._metric.preconditions:  # G = I has nothing to adapt
             return 0
         last = self.global_step if until is None else min(self.global_step, until)
         return num_samples_after(last, self.config.burnin, self.config.thinning)
+
+    def warmup_record(self) -> dict[str, Any]:
+        """``results.json``'s ``warmup``: ``adapt_until``, the last update that adapted (or
+        adapts, as the warm-up stands; ``None``: every update), a plain integer (a waiting
+        warm-up's, :meth:`warmup_end`, is known once the chain has arrived), and the samples
+        drawn while the metric adapted; a waiting warm-up's (``adapt "wait"``) also the slow
+        windows it added while the chain was still travelling."""
+        record: dict[str, Any] = {"adapt_until": self.warmup_end()}
+        if self.config.adapt == "wait":
+            record["windows_added"] = self.windows_added()
+        record["samples_adapting"] = self.samples_adapting
+        return record
 
     def results(self) -> Results:
         """The run's results as JSON values (NaN written as ``null``)."""
@@ -395,11 +430,7 @@ class RunRecord:
             "steps_per_epoch": self.steps_per_epoch,
             "num_data": self.num_data,
             "num_samples": self.ensembles["val"].num_samples,
-            # the warm-up (adapt_until: None adapts throughout) and the samples drawn during it
-            "warmup": {
-                "adapt_until": self.config.adapt_until,
-                "samples_adapting": self.samples_adapting,
-            },
+            "warmup": self.warmup_record(),
             "final": {  # the last epoch's scores (NaN before the first)
                 split: {
                     m: self.curves[f"{split}_{m}"][-1] if self.curves["epoch"] else math.nan
