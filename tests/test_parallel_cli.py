@@ -252,6 +252,20 @@ def test_an_fsdp_checkpoint_resumes_in_one_process_and_on_three(tmp_path: Path) 
 
 
 @pytest.mark.slow
+def test_a_default_fsdp_checkpoint_resumes_in_one_process_as_it_was_made(tmp_path: Path) -> None:
+    """The default warm-up (``wait``) cannot wait when sharded: the checkpoint has Stan's fixed
+    windows and no arrival test, and one process resumes it so (it was refused: "missing
+    warmup_sums"), the uninterrupted two-process run."""
+    argv = ["sample", "--dataset", "diabetes", "--sampler", "rmsprop", "--lr", "0.01", *TINY]
+    short = [a if a != "6" else "3" for a in argv]
+    _torchrun(2, [*short, "--parallel", "fsdp", "--out", str(tmp_path / "short")])
+    resume = ["sample", "--resume", "--epochs", "6", "--threads", "1", "--no-progress"]
+    assert main([*resume, "--no-plot", "--out", str(tmp_path / "short")]) == 0
+    _torchrun(2, [*argv, "--parallel", "fsdp", "--out", str(tmp_path / "whole")])
+    assert _final_gap(tmp_path / "short", tmp_path / "whole") < 1e-5
+
+
+@pytest.mark.slow
 def test_a_two_process_fsdp_mnist_chain_is_the_single_run(tmp_path: Path, mnist_dir: Path) -> None:
     argv = ["sample", "--sampler", "monge", "--lr", "0.05", "--width", "16", "--epochs", "2"]
     argv += ["--subset", "1000", "--eval-subset", "500", "--burn-in", "5", "--thinning", "5"]

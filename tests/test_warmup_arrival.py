@@ -207,6 +207,33 @@ def test_a_waiting_dict_loads_into_an_optimizer_that_cannot_wait() -> None:
     assert other.sampler_states[0].warmup is None and other.num_steps == 10
 
 
+def test_a_dict_saved_where_the_warm_up_could_not_wait_resumes_so() -> None:
+    """The reverse: a checkpoint of a capturable (or sharded) optimizer, whose default warm-up
+    kept Stan's fixed windows, resumes in one that could wait as it was made, with fixed windows
+    (a two-process FSDP run resumed in one process was refused: "missing warmup_sums"); its steps
+    then equal the capturable optimizer's own continuation."""
+
+    def make(capturable: bool) -> tuple[Any, torch.Tensor]:
+        y = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+        return sgrld.SGRLDOptimizer([("x", y)], metric="adam", lr=torch.tensor(LR),
+                                    num_data=1.0, noise="philox", capturable=capturable), y  # fmt: skip
+
+    (saved, x), (waiting, y) = make(True), make(False)
+    assert saved.sampler_states[0].warmup is None and waiting.sampler_states[0].warmup is not None
+    for _ in range(10):
+        x.grad = _grad(x.detach())
+        saved.step()
+    waiting.load_state_dict(saved.state_dict())
+    with torch.no_grad():
+        y.copy_(x)
+    assert waiting.sampler_states[0].warmup is None and waiting.num_steps == 10
+    for _ in range(300):  # past the first window's end at 75, where a waiting one reads the host
+        x.grad, y.grad = _grad(x.detach()), _grad(y.detach())
+        saved.step()
+        waiting.step()
+    assert torch.equal(x, y)
+
+
 # --- K chains in one state: each freezes when it has arrived ---------------------------------
 
 

@@ -95,8 +95,13 @@ def plan(
     fresh, copies = [], []
     for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
         chain = recipe.chain(groups[index], index, generator, metric)
-        mine = publish_group(metric, chain.state, chain.standins)
         entries = [saved_state.get(pid) for pid in saved["params"]]
+        first_entry = entries[0] if entries else None
+        if chain.state.warmup is not None and isinstance(first_entry, dict) and (
+            WARMUP_SUMS not in first_entry
+        ):  # saved where the warm-up could not wait (sharded, captured): it resumes so
+            chain.state.warmup = None
+        mine = publish_group(metric, chain.state, chain.standins)
         # a waiting warm-up's entries load where the group waits, are skipped where it cannot
         # (a capturable optimizer keeps Stan's fixed windows: core.warmup)
         extra = (GENERATOR, WARMUP_SUMS, WARMUP_COUNT) if index == 0 else ()
