@@ -215,8 +215,9 @@ def test_a_dict_saved_where_the_warm_up_could_not_wait_resumes_so() -> None:
 
     def make(capturable: bool) -> tuple[Any, torch.Tensor]:
         y = torch.zeros(2, dtype=torch.float64, requires_grad=True)
-        return sgrld.SGRLDOptimizer([("x", y)], metric="adam", lr=torch.tensor(LR),
-                                    num_data=1.0, noise="philox", capturable=capturable), y  # fmt: skip
+        opt = sgrld.SGRLDOptimizer([("x", y)], metric="adam", lr=torch.tensor(LR),
+                                   num_data=1.0, noise="philox", capturable=capturable)  # fmt: skip
+        return opt, y
 
     (saved, x), (waiting, y) = make(True), make(False)
     assert saved.sampler_states[0].warmup is None and waiting.sampler_states[0].warmup is not None

@@ -96,10 +96,9 @@ def plan(
     for index, (saved, metric) in enumerate(zip(saved_groups, metrics, strict=True)):
         chain = recipe.chain(groups[index], index, generator, metric)
         entries = [saved_state.get(pid) for pid in saved["params"]]
-        first_entry = entries[0] if entries else None
-        if chain.state.warmup is not None and isinstance(first_entry, dict) and (
-            WARMUP_SUMS not in first_entry
-        ):  # saved where the warm-up could not wait (sharded, captured): it resumes so
+        # saved where the warm-up could not wait (sharded, captured): it resumes so
+        saved_first = entries[0] if isinstance(entries[0], dict) else {}  # else refused below
+        if chain.state.warmup is not None and saved_first and WARMUP_SUMS not in saved_first:
             chain.state.warmup = None
         mine = publish_group(metric, chain.state, chain.standins)
         # a waiting warm-up's entries load where the group waits, are skipped where it cannot
