@@ -40,6 +40,7 @@ def test_a_checkpoint_of_the_old_main_resumes_as_a_fresh_run(
     assert main(["sample", "--resume", "--out", str(old), "--epochs", "3", *data, *ARGV]) == 0
     fresh = ["sample", "--sampler", "monge", "--lr", "0.05", "--width", "16", "--epochs", "3"]
     fresh += ["--subset", "300", "--eval-subset", "100", "--burn-in", "5", "--thinning", "3"]
+    fresh += ["--adapt", "burnin"]  # its default then, which its config keeps (now: "wait")
     assert main([*fresh, *data, *ARGV, "--out", str(tmp_path / "new")]) == 0
     a, b = (json.loads((p / "results.json").read_text()) for p in (old, tmp_path / "new"))
     assert a["config"] == b["config"]
