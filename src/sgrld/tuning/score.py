@@ -186,10 +186,10 @@ def round_scores(
     ok = [not r.excluded and bool(np.isfinite(r.scores).all()) for r in records]
     if not any(ok):
         return [(math.inf, 0.0)] * len(records)
-    score: Callable[[Record], tuple[float, float]] = _validation  # "validation", "train"
-    if kind == "loss":
-        score = _loss
-    elif kind not in ("validation", "train"):
+    if kind in ("validation", "train"):
+        return _paired(records, ok)
+    score: Callable[[Record], tuple[float, float]] = _loss
+    if kind != "loss":
         pooled = np.concatenate([r.scores for r, fine in zip(records, ok, strict=True) if fine])
         rms = np.sqrt(np.mean(pooled**2, axis=0))
         scale = 1.0 / np.where((rms > 0) & np.isfinite(rms), rms, 1.0)
@@ -206,8 +206,6 @@ def round_scores(
         score = ksd
 
     out = [score(r) if fine else (math.inf, 0.0) for r, fine in zip(records, ok, strict=True)]
-    if kind in ("validation", "train"):
-        out = _paired(out, {j: _per_datum(r) for j, r in enumerate(records) if ok[j]})
     if kind == "ksd":
         floor = float(np.quantile([e for (_, e), f in zip(out, ok, strict=True) if f],
                                   SE_FLOOR_QUANTILE))  # fmt: skip
@@ -235,22 +233,18 @@ def _per_datum(record: Record) -> np.ndarray:
     return -(top + np.log(np.exp(ll - top).sum(0)) - np.log(len(ll)))
 
 
-def _validation(record: Record) -> tuple[float, float]:
-    """Minus the log predictive per datum, and its standard error over the data."""
-    per_datum = _per_datum(record)
-    return float(per_datum.mean()), float(per_datum.std() / math.sqrt(len(per_datum)))
-
-
-def _paired(
-    out: list[tuple[float, float]], per_datum: dict[int, np.ndarray]
-) -> list[tuple[float, float]]:
-    """The likelihood scores' errors made paired: the candidates of a round are scored on the
-    same data, so what separates two of them is the standard error of their per-datum
-    difference, not either score's own (which holds the spread between easy and hard data,
-    common to both). Each candidate's error becomes that of its difference from the round's
-    best, the best's 0, so that the one-standard-error rule's ``hypot`` is the paired error."""
-    best = min(per_datum, key=lambda j: out[j][0])
+def _paired(records: Sequence[Record], ok: Sequence[bool]) -> list[tuple[float, float]]:
+    """Minus the log predictive per datum, and its paired standard error: the candidates of a
+    round are scored on the same data, so what separates two of them is the standard error of
+    their per-datum difference, not either score's own (which holds the spread between easy and
+    hard data, common to both). Each candidate's error is that of its difference from the
+    round's best, the best's 0, so that the one-standard-error rule's ``hypot`` is the paired
+    error; (+∞, 0) where not ``ok``."""
+    per_datum = {j: _per_datum(r) for j, r in enumerate(records) if ok[j]}
+    means = {j: float(values.mean()) for j, values in per_datum.items()}
+    best = per_datum[min(means, key=means.__getitem__)]
+    out = [(math.inf, 0.0)] * len(records)
     for j, values in per_datum.items():
-        diff = values - per_datum[best]
-        out[j] = (out[j][0], float(diff.std() / math.sqrt(len(diff))))
+        diff = values - best
+        out[j] = (means[j], float(diff.std() / math.sqrt(len(diff))))
     return out
