@@ -366,6 +366,30 @@ def test_a_log_likelihood_alone_scores_the_log_predictive_of_training_data() -> 
                    validation=([(x, y)], _log_likelihood), **SMALL)  # fmt: skip
 
 
+def test_the_defaults_ten_runs_32_points_and_a_likelihood_bracket_half_a_decade_higher() -> None:
+    """Issue 40 (cost): without ``budget`` the search spends at most ten runs' worth (the KSD,
+    whose scoring costs more, at least what compares two candidates); a likelihood score reads
+    32 points a chain and starts its bracket half a decade above the probe's largest stable ℓ
+    (between it and the decade that diverged), the KSD at it."""
+    model, potential, loader, n = _diabetes()
+    x, y, _, _ = tp.diabetes()
+    steps = 400
+    result = sgrld.tune("sgld", model, potential, loader, num_data=n, steps=steps, seed=3,
+                        validation=([(x[:100], y[:100])], _log_likelihood))  # fmt: skip
+    assert result.budget == 10 * steps and 0 < result.spent <= result.budget
+    probe, bracket = result.rounds[0], result.rounds[1]
+    stable = [v for v, s in zip(probe.values, probe.scores, strict=True) if s == 0.0]
+    assert max(bracket.values) == pytest.approx(max(stable) * math.sqrt(10.0))
+    # each candidate: its steps, and at each of 32 points the scoring and the validation batch
+    assert bracket.spent == len(bracket.values) * (bracket.length + 32 * 2)
+    ksd = sgrld.tune("sgld", model, potential, loader, num_data=n, steps=steps, seed=3,
+                     score="ksd")  # fmt: skip
+    assert ksd.budget > 10 * steps and ksd.spent <= ksd.budget  # 128 points, 14 batches each
+    probe, bracket = ksd.rounds[0], ksd.rounds[1]
+    stable = [v for v, s in zip(probe.values, probe.scores, strict=True) if s == 0.0]
+    assert max(bracket.values) == max(stable)
+
+
 def test_a_budget_too_small_names_the_minimum() -> None:
     model, potential, loader, n = _diabetes()
     with pytest.raises(ValueError, match=r"^budget=1000 cannot compare two candidates: give at "

@@ -55,6 +55,13 @@ MIN_LENGTH = 16
 SCORES = ("ksd", "validation", "train", "loss")
 #: data of the loader's first pass the ``"train"`` score's log predictive is taken on
 TRAIN_POINTS = 256
+#: thinned points per chain the likelihood scores read (the KSD's, :data:`KSD_POINTS`): a log
+#: predictive ranks candidates from a few dozen draws (the paper's grid ensembles 5 to 20), and
+#: the points' batches are most of a candidate's cost (``docs/tuning.md``, "Ten runs' worth")
+LIKELIHOOD_POINTS = 32
+KSD_POINTS = 128
+#: the default budget: this many runs of ``steps`` steps (per chain), the issue's aim
+RUNS = 10
 #: the KSD's choice of ℓ moves one step down (half a decade) when the best candidate of the last
 #: round has a KSD² above this (on the common per-coordinate scale): its chain is still in its
 #: transient. Measured (docs/tuning.md): 0.013-0.33 on the exact diabetes posterior (× 1, × 10,
@@ -72,12 +79,12 @@ def tune(
     *,
     num_data: float,
     steps: int,
-    budget: int,
+    budget: int | None = None,
     seed: int = 0,
     validation: tuple[Iterable[Any], Callable[[nn.Module, Any], Tensor]] | None = None,
     log_likelihood: Callable[[nn.Module, Any], Tensor] | None = None,
     chains: int = 1,
-    points: int = 128,
+    points: int | None = None,
     score_points: int = 2048,
     score: str | None = None,
     progress: bool | Progress | None = None,
@@ -103,7 +110,9 @@ def tune(
         num_data: the number of training data n.
         steps: the length of the chain the options are for.
         budget: gradient evaluations the search may spend in all (one minibatch gradient of one
-            chain; a scoring or validation batch at a thinned point counts as one).
+            chain; a scoring or validation batch at a thinned point counts as one); by default
+            :data:`RUNS` runs' worth, ``RUNS × steps × chains`` (or, if more, the least that
+            compares two candidates: the KSD's scoring gradients cost more).
         seed: the search's seed: the same seed gives the same result.
         validation: ``(batches, log_likelihood)`` with ``log_likelihood(model, batch)`` each
             datum's log-likelihood ``(B,)``: the score is then the validation log predictive.
@@ -114,7 +123,8 @@ def tune(
             (:func:`sgrld.models.log_likelihood`, on ``(x, y)`` batches).
         chains: chains per candidate.
         points: thinned points per chain scored (fewer, a quarter of the round's steps, in a
-            round shorter than ``4 × points`` steps).
+            round shorter than ``4 × points`` steps); by default :data:`LIKELIHOOD_POINTS` for
+            the likelihood scores, :data:`KSD_POINTS` for the KSD and the loss.
         score_points: data of the loader's first pass used for the score's gradients.
         score: ``"validation"`` (the default with ``validation``), ``"train"`` (the default
             with ``log_likelihood`` alone), ``"ksd"`` (the default with neither), or ``"loss"``
@@ -133,10 +143,11 @@ def tune(
             loader that is empty on its second pass, or invalid options.
     """
     name = resolve_metric_name(sampler)
-    for label, value, low in (("steps", steps, 1), ("budget", budget, 1), ("seed", seed, 0),
-                              ("chains", chains, 1), ("points", points, 2),
+    for label, value, low in (("steps", steps, 1), ("seed", seed, 0), ("chains", chains, 1),
                               ("score_points", score_points, 1)):  # fmt: skip
         check_int(label, value, low)
+    if budget is not None:
+        check_int("budget", budget, 1)
     if seed >= 2**63:
         raise ValueError(f"invalid seed: {seed!r} (expected an integer in [0, 2**63))")
     if not (isinstance(num_data, (int, float)) and not isinstance(num_data, bool)
@@ -154,6 +165,9 @@ def tune(
         "validation" if validation is not None else "train" if log_likelihood else "ksd"
     )
     check_choice("score", kind, SCORES)
+    likelihood = kind in ("validation", "train")
+    points = (LIKELIHOOD_POINTS if likelihood else KSD_POINTS) if points is None else points
+    check_int("points", points, 2)
     if kind == "validation" and validation is None:
         raise ValueError(
             "invalid score: 'validation' (expected validation=(batches, log_likelihood) with it)"
@@ -248,17 +262,16 @@ class _Search:
         self,
         problem: Problem,
         steps: int,
-        budget: int,
+        budget: int | None,
         subsets: list[list[int]],
         searched: dict[str, float],
         kind: str = "ksd",
         progress: Progress | None = None,
     ):
-        self.problem, self.steps, self.budget, self.subsets = problem, steps, budget, subsets
+        self.problem, self.steps, self.subsets = problem, steps, subsets
         self.kind, self.progress = kind, progress
         self.started = time.monotonic()
         self.at = dict(searched)
-        problem.account.budget = budget  # run_round spends into it, where it spends
         self.rounds: list[Round] = []
         self.history: dict[Key, list[tuple[int, float]]] = {}
         self.broken: set[Key] = set()
@@ -269,9 +282,14 @@ class _Search:
         self.min_length = max(MIN_LENGTH, min(POINT_SPACING * problem.points, steps // 4))
         self.probe_steps = max(PROBE_MIN_STEPS, min(PROBE_STEPS, steps // 4))
         self.passes = 1 + len(searched)  # ℓ, then each searched option
-        self.limit = budget  # what the current pass may spend up to
         self.probe_cost = problem.cost(len(PROBE_EXPONENTS), self.probe_steps, scored=False)
         self.least = problem.cost(2, self.min_length)  # two candidates, the shortest chains
+        self.minimum = self.probe_cost + self.passes * self.least
+        # by default RUNS runs' worth, or the least that compares two candidates if more
+        runs = RUNS * steps * problem.chains_per_candidate
+        self.budget = max(runs, self.minimum) if budget is None else budget
+        problem.account.budget = self.budget  # run_round spends into it, where it spends
+        self.limit = self.budget  # what the current pass may spend up to
 
     @property
     def spent(self) -> int:
@@ -279,7 +297,7 @@ class _Search:
         return self.problem.account.spent
 
     def run(self) -> TuneResult:
-        minimum = self.probe_cost + self.passes * self.least
+        minimum = self.minimum
         if self.budget < minimum:
             each = f" for ℓ and for each of {', '.join(self.at)}" if self.at else ""
             raise ValueError(
@@ -288,6 +306,11 @@ class _Search:
                 f"{self.min_length}-step chains with {self.problem.points} scored points{each})"
             )
         top = self._probe()
+        if self.kind in ("validation", "train") and top * SPACING < self.ceiling:
+            # the largest stable ℓ lies between the probe's top decade and the one that
+            # diverged: a likelihood score, which judges the predictive itself, starts the
+            # bracket half a decade above (the KSD favours the edge of stability: not it)
+            top *= SPACING
         plan = self._plan(self._share(0), BRACKET, MAX_WIDEN)
         lrs = [top / SPACING**j for j in range(plan[0][0])]
         lr = self._search("lr", lrs, plan)

@@ -63,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument(
         "--budget",
         type=int,
-        default=50_000,
-        help="gradient evaluations per sampler (one minibatch gradient of one chain; 50000)",
+        default=None,
+        help="gradient evaluations per sampler (one minibatch gradient of one chain; default "
+        "ten runs' worth: 10 × epochs × batches per epoch)",
     )
     search.add_argument(
         "--score",
@@ -227,7 +228,7 @@ def _setting(config: Any, args: argparse.Namespace, splits: Any) -> dict[str, An
     return {
         **{k: getattr(config, k) for k in keys},
         "num_train": config.max_train or splits.num_train,
-        "budget": args.budget,
+        "budget": args.budget,  # None: each sampler's default (its result's "budget")
         "score": args.score,
     }
 
