@@ -136,7 +136,12 @@ def seeded(name: str, per_chain: list[dict[str, float]], data: dict[str, Tensor]
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samplers", default="sgld,rmsprop,monge,shampoo")
-    p.add_argument("--scores", default="ksd,validation")
+    p.add_argument(
+        "--scores",
+        default="ksd,validation",
+        help="ksd, validation, train, loss, or potential: the library's default for a "
+        "potential alone (no score, no likelihood given)",
+    )
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--grid", default="-4:1", help="log10 ℓ range, half a decade apart")
     p.add_argument("--budget", type=int, default=0, help="0: 10 runs' worth of gradients")
@@ -178,7 +183,8 @@ def main() -> None:
             try:
                 result = sgrld.tune(name, model(0, args.model), potential(n), loader, num_data=n,
                                     steps=steps, budget=budget, seed=0, validation=validation,
-                                    score="validation" if kind == "train" else kind,
+                                    score={"train": "validation", "potential": None}.get(
+                                        kind, kind),
                                     points=args.points, progress=True, **fixed)  # fmt: skip
             except ValueError as exc:
                 print(f"  tune ({kind}): refused: {exc}")

@@ -491,9 +491,10 @@ def test_a_bayesian_model_is_scored_by_the_likelihood_it_declares() -> None:
                    num_data=n, **CLASSIFIER)  # fmt: skip
 
 
-def test_the_ksd_default_warns_on_a_model_larger_than_it_sees() -> None:
-    """A plain module and a potential alone: the KSD is the only score, and on a model with
-    more parameters than its scored coordinates a warning says what to give instead."""
+def test_a_network_given_by_its_potential_alone_is_scored_by_the_likelihood_it_matches() -> None:
+    """A plain module and a potential alone whose data term is the categorical likelihood: the
+    search finds it (``sgrld.tuning.likelihood``) and scores by its log predictive, exactly as
+    if ``log_likelihood=`` had been given; no warning."""
     model, loader, n = _classifier()
     net = model.net  # the same network without the declared likelihood
 
@@ -501,6 +502,34 @@ def test_the_ksd_default_warns_on_a_model_larger_than_it_sees() -> None:
         prior = sum((p * p).sum() for p in m.parameters()) / 2
         return torch.nn.functional.cross_entropy(m(b[0]), b[1]) + prior / n
 
+    def log_likelihood(m: torch.nn.Module, b: Any) -> torch.Tensor:
+        return -torch.nn.functional.cross_entropy(m(b[0]), b[1], reduction="none")
+
+    lines: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = sgrld.tune("identity", net, u, loader, num_data=n, seed=0, progress=lines.append,
+                           **CLASSIFIER)  # fmt: skip
+    given = sgrld.tune("identity", net, u, loader, num_data=n, seed=0,
+                       log_likelihood=log_likelihood, **CLASSIFIER)  # fmt: skip
+    assert (found.score, found.likelihood, given.likelihood) == ("train", "categorical", None)
+    assert "consistent with a categorical likelihood" in lines[0]
+    assert found.options == given.options and found.spent == given.spent
+    assert [r.scores for r in found.rounds] == [r.scores for r in given.rounds]
+    assert "categorical likelihood" in found.summary()
+
+
+def test_the_ksd_default_warns_on_a_model_larger_than_it_sees() -> None:
+    """A plain module and a potential alone that matches no common likelihood (a tempered
+    one): the KSD is the only score, and on a model with more parameters than its scored
+    coordinates a warning says what to give instead."""
+    model, loader, n = _classifier()
+    net = model.net
+
+    def u(m: torch.nn.Module, b: Any) -> torch.Tensor:
+        prior = sum((p * p).sum() for p in m.parameters()) / 2
+        return 0.9 * torch.nn.functional.cross_entropy(m(b[0]), b[1]) + prior / n
+
     with pytest.warns(UserWarning, match="sees 128 of the model's 131 parameters"):
         result = sgrld.tune("identity", net, u, loader, num_data=n, seed=0, **CLASSIFIER)
-    assert result.score == "ksd"
+    assert result.score == "ksd" and result.likelihood is None

@@ -44,3 +44,14 @@ class Batches:
             if last:
                 break
         next(iter(self.loader), None)
+
+    def first(self, points: int) -> list[Any]:
+        """The scoring batches that hold the first ``points`` data, as a :class:`Batches`
+        keeping ``points`` would have kept them (the loader read the same way)."""
+        out, kept = [], 0
+        for batch in self.scoring:
+            if kept >= points:
+                break
+            out.append(batch)
+            kept += size(batch)
+        return out

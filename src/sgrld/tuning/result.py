@@ -68,6 +68,9 @@ class TuneResult:
         seconds: the search's wall time.
         edge: with the KSD score, the ℓ it scored best when the choice is one step below it
             (the chains were still in their transient, ``docs/tuning.md``); else ``None``.
+        likelihood: with a potential alone, the likelihood found consistent with it
+            (``"categorical"``, ``"gaussian"``) whose log predictive was the score; else
+            ``None``.
     """
 
     sampler: str
@@ -81,6 +84,7 @@ class TuneResult:
     steps: int
     seconds: float = math.nan
     edge: float | None = None
+    likelihood: str | None = None
 
     @property
     def lr(self) -> float:
@@ -121,6 +125,9 @@ class TuneResult:
         if self.edge is not None:
             lines.append(f"ℓ one step below the KSD's best, {self.edge:.3g}: its chains were "
                          "still in their transient")  # fmt: skip
+        if self.likelihood is not None:
+            lines.append(f"scored by the log predictive of the {self.likelihood} likelihood the "
+                         "potential is consistent with")  # fmt: skip
         lines.append(f"options: {self.options}")
         return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from sgrld.models import BayesianModel
 from sgrld.models import log_likelihood as _declared_log_likelihood
 from sgrld.optim import build
 from sgrld.tuning.data import Batches
+from sgrld.tuning.likelihood import consistent_likelihood
 from sgrld.tuning.result import Candidate, Round, TuneResult
 from sgrld.tuning.runs import Potential, Problem, Record, run_round
 from sgrld.tuning.score import round_scores
@@ -165,9 +166,8 @@ def tune(
         "validation" if validation is not None else "train" if log_likelihood else "ksd"
     )
     check_choice("score", kind, SCORES)
-    likelihood = kind in ("validation", "train")
-    points = (LIKELIHOOD_POINTS if likelihood else KSD_POINTS) if points is None else points
-    check_int("points", points, 2)
+    if points is not None:
+        check_int("points", points, 2)
     if kind == "validation" and validation is None:
         raise ValueError(
             "invalid score: 'validation' (expected validation=(batches, log_likelihood) with it)"
@@ -200,16 +200,32 @@ def tune(
             )
         size = sum(p.numel() for p in sampled(model).values())
         coords, subsets = _subsets(size, seed)
+        report = _printer(progress)
+        found = None
         if kind == "ksd" and score is None and size > len(coords):
-            warnings.warn(
-                f"sgrld.tune scores by the kernel Stein discrepancy (no validation= or "
-                f"log_likelihood= given), which sees {len(coords)} of the model's {size} "
-                "parameters: on networks it chose ℓ up to 1.5 decades too large "
-                "(docs/tuning.md). Give validation=(batches, log_likelihood) or "
-                "log_likelihood=... (each datum's log-likelihood), or score='ksd' to keep it",
-                UserWarning,
-                stacklevel=2,
-            )
+            # a network given by its potential alone: the KSD chose too large an ℓ there; the
+            # likelihood the potential is consistent with gives the log predictive instead
+            found = consistent_likelihood(model, potential, batches.scoring, seed)
+            if found is None:
+                warnings.warn(
+                    f"sgrld.tune scores by the kernel Stein discrepancy (no validation= or "
+                    f"log_likelihood= given, and the potential matches no categorical or "
+                    f"Gaussian likelihood), which sees {len(coords)} of the model's {size} "
+                    "parameters: on networks it chose ℓ up to 1.5 decades too large "
+                    "(docs/tuning.md). Give validation=(batches, log_likelihood) or "
+                    "log_likelihood=... (each datum's log-likelihood), or score='ksd' to keep it",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            else:
+                kind, log_likelihood = "train", found[1]
+                batches.scoring = batches.first(min(score_points, TRAIN_POINTS))
+                if report is not None:
+                    report(f"tune {name}: a potential alone, consistent with a {found[0]} "
+                           "likelihood: scored by its log predictive of the loader's first "
+                           f"{TRAIN_POINTS} data")  # fmt: skip
+        likelihood = kind in ("validation", "train")
+        points = (LIKELIHOOD_POINTS if likelihood else KSD_POINTS) if points is None else points
         scored = None if validation is None or held is None else (held, validation[1])
         if kind == "train" and log_likelihood is not None:
             scored = (batches.scoring, log_likelihood)
@@ -220,8 +236,8 @@ def tune(
         metric: Any = get_metric(name)  # a dataclass
         defaults: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(metric)}
         searched = {n: float(defaults[n]) for n in metric.tuned if n not in fixed}
-        report = _printer(progress)
-        return _Search(problem, steps, budget, subsets, searched, kind, report).run()
+        result = _Search(problem, steps, budget, subsets, searched, kind, report).run()
+        return result if found is None else dataclasses.replace(result, likelihood=found[0])
 
 
 def _printer(progress: bool | Progress | None) -> Progress | None:
