@@ -348,8 +348,9 @@ def test_bad_arguments_are_refused_by_name(option: dict[str, Any], words: str) -
 
 def test_a_log_likelihood_alone_scores_the_log_predictive_of_training_data() -> None:
     """Issue 40: with ``log_likelihood`` and no validation data the score is the log predictive
-    of the loader's first 256 data (``"train"``, the default then), each thinned point priced
-    as its 8 batches of gradients and of log-likelihoods; both at once are refused."""
+    of the loader's first 256 data (``"train"``, the default then), as one batch: each thinned
+    point priced as one batch of gradients (the health figures' potential) and one of
+    log-likelihoods, as with a validation batch; both at once are refused."""
     model, potential, loader, n = _diabetes()
     result = sgrld.tune("sgld", model, potential, loader, num_data=n, seed=3,
                         log_likelihood=_log_likelihood, **SMALL)  # fmt: skip
@@ -359,7 +360,7 @@ def test_a_log_likelihood_alone_scores_the_log_predictive_of_training_data() -> 
     bracket = result.rounds[1]
     chains = len(bracket.values)
     points = min(SMALL["points"], (bracket.length - bracket.length // 2))
-    assert bracket.spent == chains * (bracket.length + points * 2 * 8)  # 256 data: 8 batches
+    assert bracket.spent == chains * (bracket.length + points * 2)  # 256 data: one batch
     x, y, _, _ = tp.diabetes()
     with pytest.raises(TypeError, match="not both"):
         sgrld.tune("sgld", model, potential, loader, num_data=n, log_likelihood=_log_likelihood,

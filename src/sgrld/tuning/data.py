@@ -45,6 +45,12 @@ class Batches:
                 break
         next(iter(self.loader), None)
 
+    def joined(self) -> Any:
+        """The scoring batches as one batch (their tensors concatenated)."""
+        parts = [flatten(batch) for batch in self.scoring]
+        tensors = [torch.cat(ts) for ts in zip(*(p[0] for p in parts), strict=True)]
+        return parts[0][1](tuple(tensors))
+
     def first(self, points: int) -> list[Any]:
         """The scoring batches that hold the first ``points`` data, as a :class:`Batches`
         keeping ``points`` would have kept them (the loader read the same way)."""

@@ -228,7 +228,10 @@ def tune(
         points = (LIKELIHOOD_POINTS if likelihood else KSD_POINTS) if points is None else points
         scored = None if validation is None or held is None else (held, validation[1])
         if kind == "train" and log_likelihood is not None:
-            scored = (batches.scoring, log_likelihood)
+            # one batch of the first TRAIN_POINTS data, a validation batch's price at a point;
+            # the health figures' potential on the first of them, as with validation data
+            scored = ([batches.joined()], log_likelihood)
+            batches.scoring = batches.scoring[:1]
         problem = Problem(
             name, model, potential, batches, num_data, dict(fixed), coords, seed, chains, points,
             scored,
@@ -429,7 +432,7 @@ class _Search:
         scores = self._round(option, values, plan[0][1], lr, widen=True)
         for count, length in plan[1:]:
             ranked = sorted((s, v) for v, s in scores.items() if math.isfinite(s))
-            kept = [v for _, v in ranked[:count] if lr is not None or v < self.ceiling]
+            kept = [v for _, v in ranked if lr is not None or v < self.ceiling][:count]
             length = min(length, self._affordable(len(kept)))
             if len(kept) < 2 or length < self.min_length:
                 break
@@ -492,9 +495,9 @@ class _Search:
 
     def _extra(self, option: str, scores: dict[float, float]) -> float | None:
         """The value to widen the bracket by, or ``None``: past the end the best is at (ℓ:
-        downwards also while every one diverged, upwards only below :attr:`ceiling`)."""
-        finite = [v for v, s in scores.items() if math.isfinite(s)]
-        best = min(finite, key=lambda v: scores[v]) if finite else None
+        downwards also while every one is out, upwards only below :attr:`ceiling`)."""
+        eligible = self._eligible(option, scores)
+        best = min(eligible, key=scores.__getitem__) if eligible else None
         if option == "lr":
             if best is None or best == min(scores):
                 return min(scores) / SPACING
@@ -505,6 +508,15 @@ class _Search:
         if best is None or best not in (ends[0], ends[-1]):
             return None
         return best * OPTION_SPACING if best == ends[-1] else best / OPTION_SPACING
+
+    def _eligible(self, option: str, scores: dict[float, float]) -> list[float]:
+        """The values a score may choose: finite, and for ℓ below every ℓ that is out (this
+        round's and earlier ones': a verdict need not be monotone in ℓ)."""
+        finite = [v for v, s in scores.items() if math.isfinite(s)]
+        if option != "lr":
+            return finite
+        ceiling = min([self.ceiling, *(v for v in scores if v not in finite)])
+        return [v for v in finite if v < ceiling]
 
     def _round(
         self, option: str, values: list[float], length: int, lr: float | None, widen: bool = False
@@ -521,7 +533,7 @@ class _Search:
                                                     self.kind), strict=True))  # fmt: skip
             scores = {v: s for v, (s, _) in scored.items()}
             extra = self._extra(option, scores) if widen else None
-            diverged = not any(math.isfinite(s) for s in scores.values())
+            diverged = not self._eligible(option, scores)
             if extra is None or self.spent + self.problem.cost(1, length) > self.limit:
                 break
             if (not diverged and widened == MAX_WIDEN) or not self._valid(option, extra, lr):
