@@ -2,7 +2,7 @@
 
 Example (MNIST, N = 400, horseshoe prior, a 3-epoch run, every sampler)::
 
-    sgrld tune --dataset mnist --width 400 --prior horseshoe --epochs 3 --budget 20000 \\
+    sgrld tune --dataset mnist --width 400 --prior horseshoe --epochs 3 \\
         --data-dir DIR --out OUT
 
 ``--out`` is locked while it runs (a second ``sgrld tune`` on it is refused), and a line per
