@@ -74,6 +74,27 @@ def test_a_gaussian_potential_is_found_with_its_precision() -> None:
     assert torch.allclose(found[1](net, (x, y)), exact, atol=1e-4)
 
 
+def test_a_bernoulli_potential_is_found_and_batch_norm_s_figures_stay() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(N, 4, generator=gen)
+    y = (x[:, 0] + 0.5 * torch.randn(N, generator=gen) > 0).float()
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+    batches = [(x[i : i + 64], y[i : i + 64]) for i in range(0, N, 64)]
+
+    def potential(m: nn.Module, b: Any) -> Tensor:
+        logit = m(b[0]).squeeze(-1)
+        return F.binary_cross_entropy_with_logits(logit, b[1]) + _prior(m)
+
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    found = consistent_likelihood(net, potential, batches)
+    assert found is not None and found[0] == "bernoulli"
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    xb, yb = batches[0]
+    exact = -F.binary_cross_entropy_with_logits(net(xb).squeeze(-1), yb, reduction="none")
+    assert torch.allclose(found[1](net, (xb, yb)), exact)
+
+
 @pytest.mark.parametrize(
     ("case", "potential"),
     [("classification", lambda m, b: _categorical(m, b, temper=0.99)),
@@ -94,6 +115,9 @@ def test_batches_that_cannot_tell_or_a_stochastic_forward_match_none() -> None:
     assert consistent_likelihood(net, _categorical, one) is None
     # not (x, y) pairs
     assert consistent_likelihood(net, _categorical, [{"x": x, "y": y} for x, y in batches]) is None
+    # a potential that cannot take a half batch (it reshapes to the loader's batch size)
+    fixed = lambda m, b: _categorical(m, (b[0].reshape(64, 6), b[1]))  # noqa: E731
+    assert consistent_likelihood(net, fixed, batches) is None
     dropout = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.5), nn.Linear(16, 3))
     rng = torch.get_rng_state()
     assert consistent_likelihood(dropout, _categorical, batches) is None

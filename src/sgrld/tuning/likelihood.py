@@ -7,8 +7,9 @@ batches' potentials differ by their mean negative log-likelihoods alone. A candi
 which ``u(θ; B) − mean_B nll`` is the same for every batch B, at the model's start and at a
 perturbed θ, is the potential's likelihood up to a term in θ alone, the prior's, which the log
 predictive does not need. The candidates are the common ones of ``(x, y)`` batches: categorical
-on logits (integer labels) and Gaussian on a prediction (real targets; its precision is the
-slope of the batches' potentials in their mean squared error, the same at every θ).
+on logits (integer labels), Bernoulli on one logit (labels 0 and 1) and Gaussian on a prediction
+(real targets; its precision is the slope of the batches' potentials in their mean squared
+error, the same at every θ).
 """
 
 from __future__ import annotations
@@ -51,13 +52,21 @@ def consistent_likelihood(
     params = sampled(model)
     moved = {k: _perturbed(v, gen) for k, v in params.items()}
     devices = sorted({v.device for v in params.values() if v.device.type == "cuda"}, key=str)
+    buffers = {k: b.clone() for k, b in model.named_buffers()}  # batch norm's running figures
     # a stochastic forward (dropout) draws from torch's random state: the search's stays as it was
     with torch.no_grad(), torch.random.fork_rng(devices=devices):
-        start = _evaluate(model, potential, parts, None)
-        away = _evaluate(model, potential, parts, moved)
+        try:
+            start = _evaluate(model, potential, parts, None)
+            away = _evaluate(model, potential, parts, moved)
+        except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError):
+            return None  # a model or potential that does not take these parts: cannot tell
+        finally:
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])
     if start is None or away is None:
         return None
-    for name, fit in (("categorical", _categorical), ("gaussian", _gaussian)):
+    fits = (("categorical", _categorical), ("bernoulli", _bernoulli), ("gaussian", _gaussian))
+    for name, fit in fits:
         found = fit([start, away])
         if found is not None:
             return name, found
@@ -131,21 +140,45 @@ def _consistent(residuals: list[float], potentials: list[float]) -> bool:
     return spread <= TOLERANCE * (1.0 + max(abs(u) for u in potentials))
 
 
-def _categorical(points: list[Point]) -> LogLikelihood | None:
+def _matches(points: list[Point], nll: Callable[[Tensor, Tensor], Tensor]) -> bool:
+    """Whether every part's potential minus its mean ``nll(output, target)`` is the same, at
+    each point."""
     for point in points:
-        for _, out, y in point:
-            if out.ndim != 2 or y.ndim != 1 or y.dtype.is_floating_point or y.is_complex():
-                return None
-            if y.min() < 0 or y.max() >= out.shape[1]:
-                return None
-        nll = [float(F.cross_entropy(out.double(), y, reduction="mean")) for _, out, y in point]
-        if not _consistent([u - v for (u, _, _), v in zip(point, nll, strict=True)],
-                           [u for u, _, _ in point]):  # fmt: skip
+        values = [float(nll(out.double(), y)) for _, out, y in point]
+        residuals = [u - v for (u, _, _), v in zip(point, values, strict=True)]
+        if not _consistent(residuals, [u for u, _, _ in point]):
+            return False
+    return True
+
+
+def _categorical(points: list[Point]) -> LogLikelihood | None:
+    for _, out, y in (part for point in points for part in point):
+        if out.ndim != 2 or y.ndim != 1 or y.dtype.is_floating_point or y.is_complex():
             return None
+        if y.min() < 0 or y.max() >= out.shape[1]:
+            return None
+    if not _matches(points, F.cross_entropy):
+        return None
 
     def log_likelihood(model: nn.Module, batch: Any) -> Tensor:
         x, y = batch
         return -F.cross_entropy(model(x), y, reduction="none")
+
+    return log_likelihood
+
+
+def _bernoulli(points: list[Point]) -> LogLikelihood | None:
+    for _, out, y in (part for point in points for part in point):
+        if out.numel() != y.numel() or not ((y == 0) | (y == 1)).all():
+            return None
+    if not _matches(points, lambda out, y: F.binary_cross_entropy_with_logits(
+            out.reshape(y.shape), y.to(out.dtype))):  # fmt: skip
+        return None
+
+    def log_likelihood(model: nn.Module, batch: Any) -> Tensor:
+        x, y = batch
+        out = model(x).reshape(y.shape)
+        return -F.binary_cross_entropy_with_logits(out, y.to(out.dtype), reduction="none")
 
     return log_likelihood
 
