@@ -14,6 +14,7 @@ from torch import Tensor
 import sgrld
 from sgrld.chains import Chains
 from sgrld.core.runner import VectorizedChains, bind, poisoned
+from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
 from sgrld.experiments.run.build import build_metric, build_run_model
@@ -234,6 +235,12 @@ class VmappedChains:
 
     def module(self, chain: int) -> torch.nn.Module:
         return self.chains.module(chain)
+
+    def arrival(self, chain: int) -> tuple[Arrival | None, int]:
+        for group in self.chains.groups:  # the chains sharing one sampler state
+            if group.start <= chain < group.stop:
+                return group.state.warmup, chain - group.start
+        return None, 0
 
     @torch.no_grad()
     def theta_norms(self) -> list[float] | None:

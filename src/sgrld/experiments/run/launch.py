@@ -88,10 +88,8 @@ def data_dir_of(args: DataOptions, datasets: set[str] | None = None) -> Path | N
     return path
 
 
-def refuse_held(out: Path, held: bool) -> None:
+def refuse_held(out: Path) -> None:
     """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
-    if not held:
-        return
     from sgrld.experiments.run.results import RESULTS_FILE
 
     status = None
@@ -160,8 +158,9 @@ def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     checkpoint = out / CHECKPOINT_FILE
     multi = len(configs) > 1
     if not resume:
-        held = any((folder / RESULTS_FILE).exists() for folder in run_folders(out, configs))
-        refuse_held(out, checkpoint.exists() or held)
+        folders = run_folders(out, configs)
+        if checkpoint.exists() or any((f / RESULTS_FILE).exists() for f in folders):
+            refuse_held(out)
         return
     if not checkpoint.exists():
         return

@@ -8,7 +8,6 @@ chains step is a :class:`Stepper` (:class:`~.run.single.OneChain` or
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import time
@@ -95,18 +94,10 @@ class Stepper(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
-
-def chain_arrival(stepper: Stepper, chain: int) -> tuple[Arrival | None, int]:
-    """Chain ``chain``'s waiting warm-up as ``stepper`` holds it now (a checkpoint loaded over
-    it replaces the states): the sampler state's :class:`~sgrld.core.warmup.Arrival` (``None``:
-    its warm-up does not wait) and the chain's index among that state's chains."""
-    if isinstance(stepper, OneChain):
-        return stepper.optimizer.sampler_states[0].warmup, 0  # one group (make_sampler)
-    if isinstance(stepper, VmappedChains):
-        for group in stepper.chains.groups:  # the chains sharing one sampler state
-            if group.start <= chain < group.stop:
-                return group.state.warmup, chain - group.start
-    return None, 0
+    def arrival(self, chain: int) -> tuple[Arrival | None, int]:
+        """Chain ``chain``'s waiting warm-up as held now (a checkpoint loaded over it replaces
+        the states): its sampler state's :class:`~sgrld.core.warmup.Arrival` (``None``: the
+        warm-up does not wait) and the chain's index among that state's chains."""
 
 
 class SamplingRun:
@@ -169,8 +160,7 @@ class SamplingRun:
             else VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
         )
         for k, r in enumerate(self.records):
-            r.stepper = self.stepper
-            r.arrival = functools.partial(chain_arrival, self.stepper, k)
+            r.stepper, r.chain = self.stepper, k
         self._note_theta_start()  # the seed's initialisation, fresh or resumed
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.folders = None if folders is None else [Path(f) for f in folders]
@@ -241,15 +231,15 @@ class SamplingRun:
                     self._block_started = self._clock()
                 self._grown()
             if not self.running:  # every chain broke down: stop at once
-                self._save()
-                return
+                break
             self.observer.on_step(self)
-        self._credit()
-        self._grown()
-        if not self.running:
+        else:
+            self._credit()
+            self._grown()
+        if self.running:
+            self._finish_epoch()
+        else:
             self._save()
-            return
-        self._finish_epoch()
 
     def _finish_epoch(self) -> None:
         """The metric's per-epoch refresh (Wenzel's), the epoch's telemetry, health and

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from sgrld.capture import GraphedStep
 from sgrld.core import NonFiniteGradientError
 from sgrld.core.runner import OptimizerChain, first_failures
+from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameters
 from sgrld.experiments.run.build import build_run_model, make_sampler
@@ -217,6 +218,9 @@ class OneChain:
 
     def module(self, chain: int) -> nn.Module:
         return self.model
+
+    def arrival(self, chain: int) -> tuple[Arrival | None, int]:
+        return self.optimizer.sampler_states[0].warmup, 0  # one group (make_sampler)
 
     @torch.no_grad()
     def theta_norms(self) -> list[float] | None:
