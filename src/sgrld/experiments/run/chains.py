@@ -13,6 +13,7 @@ from torch import Tensor
 
 import sgrld
 from sgrld.chains import Chains
+from sgrld.core.noise import keys_from_generator
 from sgrld.core.runner import VectorizedChains, bind, poisoned
 from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
@@ -73,8 +74,6 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
 def _philox_seed(generator: torch.Generator) -> int:
     """The Philox key the single run's optimizer draws from ``generator``, as a seed (its two
     words are the seed's halves: :func:`sgrld.core.noise.keys_from_seeds`)."""
-    from sgrld.core.noise import keys_from_generator
-
     low, high = keys_from_generator((), generator, torch.device("cpu")).tolist()
     return int(low) | (int(high) << 32)
 

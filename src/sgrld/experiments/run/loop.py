@@ -35,14 +35,13 @@ from sgrld.experiments.run.config import (
     is_sample_step,
 )
 from sgrld.experiments.run.naming import chain_label
-from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.parallel import DataParallel
 from sgrld.experiments.run.record import RunRecord, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
 from sgrld.experiments.run.single import OneChain
 from sgrld.schedules import CyclicalLR
 
-__all__ = ["SamplingRun", "Stepper", "run_sampling"]
+__all__ = ["RunObserver", "SamplingRun", "Stepper", "run_sampling"]
 
 #: steps between two reads of every chain's ‖θ‖ against its start (:meth:`SamplingRun._grown`):
 #: a chain that blows up stops within this many steps, not at the epoch's end
@@ -98,6 +97,22 @@ class Stepper(Protocol):
         """Chain ``chain``'s waiting warm-up as held now (a checkpoint loaded over it replaces
         the states): its sampler state's :class:`~sgrld.core.warmup.Arrival` (``None``: the
         warm-up does not wait) and the chain's index among that state's chains."""
+
+
+class RunObserver:
+    """Hooks called by the loop (:class:`SamplingRun`); the base does nothing."""
+
+    def on_start(self, run: SamplingRun) -> None:
+        """Before the first epoch of this call (after a resume, the restored state is visible)."""
+
+    def on_step(self, run: SamplingRun) -> None:
+        """After every sampler step (and the sample's evaluation, if it was one)."""
+
+    def on_epoch(self, run: SamplingRun) -> None:
+        """After an epoch's curves are recorded and its checkpoint is written."""
+
+    def on_finish(self, run: SamplingRun) -> None:
+        """When the run ends, completed or broken down."""
 
 
 class SamplingRun:
