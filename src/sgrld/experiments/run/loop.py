@@ -8,6 +8,7 @@ chains step is a :class:`Stepper` (:class:`~.run.single.OneChain` or
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import time
@@ -22,7 +23,6 @@ from sgrld.chain_health import BROKEN_GROWTH_NO_NOISE
 from sgrld.chains import chain_batches
 from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
-from sgrld.evaluation import measure_curvature
 from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError, OutputError
 from sgrld.experiments.run.chains import VmappedChains, check_chain_configs
@@ -336,7 +336,6 @@ class SamplingRun:
         if not running:
             return
         started = self._clock()
-        config, test = self.config, self.splits
 
         def add(chain: int, split: str, start: int, logits: Tensor) -> None:
             if self.records[chain].status == "running":
@@ -345,18 +344,9 @@ class SamplingRun:
         self.stepper.train(False)
         try:
             inputs = {split: getattr(self.splits, f"x_{split}") for split in ("val", "test")}
-            scalars = self.stepper.predict(inputs, config.eval_batch_size, add)
+            scalars = self.stepper.predict(inputs, self.config.eval_batch_size, add)
             for k, r in running:
-                curvature = None
-                if config.curvature:
-                    curvature = measure_curvature(
-                        self.stepper.module(k),
-                        test.x_test,
-                        test.y_test,
-                        generator=r.curvature_generator,
-                        num_points=min(config.curvature_points, len(test.y_test)),
-                    ).mean
-                r.commit_sample(scalars[k], curvature)
+                r.commit_sample(scalars[k], functools.partial(self.stepper.module, k))
         finally:
             self.stepper.train(True)
         seconds = (self._clock() - started) / len(running)

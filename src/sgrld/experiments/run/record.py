@@ -6,18 +6,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
 from sgrld.core.warmup import Windows, drawn_while_adapting
 from sgrld.data import Splits, dataset_info
-from sgrld.evaluation import EnsemblePredictive, SampleTrace
+from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
 from sgrld.experiments.run.build import build_likelihood
 from sgrld.experiments.run.checkpoint import tensor_mismatches
 from sgrld.experiments.run.config import (
@@ -214,14 +214,20 @@ class RunRecord:
                 start, logits, self.splits.y_test[start:stop], self.likelihood.log_prob
             )
 
-    def commit_sample(self, scalars: Mapping[str, float], curvature: float | None) -> None:
-        """Close the current sample (after every split's logits were added)."""
+    def commit_sample(self, scalars: Mapping[str, float], module: Callable[[], nn.Module]) -> None:
+        """Close the current sample (after every split's logits were added); with
+        ``config.curvature`` measure C(θ) of ``module()``, the chain's network (eval mode)."""
         for ensemble in self.ensembles.values():
             ensemble.commit()
         if drawn_while_adapting(self._metric, self.global_step, self.warmup_end()):
             self.samples_adapting += 1
         self.trace.commit(scalars=scalars)
-        if curvature is not None:
+        if self.config.curvature:
+            x, y = self.splits.x_test, self.splits.y_test
+            points = min(self.config.curvature_points, len(y))
+            curvature = measure_curvature(
+                module(), x, y, generator=self.curvature_generator, num_points=points
+            ).mean
             self.curvature_means.append(curvature)
             self._epoch_curvatures.append(curvature)
 

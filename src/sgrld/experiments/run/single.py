@@ -186,10 +186,10 @@ class OneChain:
 
     def refresh(self) -> bool:
         """Wenzel's refresh in place, so that later replays of a captured step see it."""
-        if self.optimizer.metric.refresh_per_epoch:
+        refreshes = self.optimizer.metric.refresh_per_epoch
+        if refreshes:
             self.optimizer.refresh_metric()
-            return True
-        return False
+        return refreshes
 
     def telemetry(self) -> list[Mapping[str, float]] | None:
         return [self.optimizer.telemetry()] if self.optimizer.telemetry_enabled else None
