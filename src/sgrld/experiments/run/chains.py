@@ -13,7 +13,9 @@ from torch import Tensor
 
 import sgrld
 from sgrld.chains import Chains
+from sgrld.core.noise import keys_from_generator
 from sgrld.core.runner import VectorizedChains, bind, poisoned
+from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameter_tensors
 from sgrld.experiments.run.build import build_metric, build_run_model
@@ -72,8 +74,6 @@ def check_chain_configs(configs: Sequence[RunConfig]) -> None:
 def _philox_seed(generator: torch.Generator) -> int:
     """The Philox key the single run's optimizer draws from ``generator``, as a seed (its two
     words are the seed's halves: :func:`sgrld.core.noise.keys_from_seeds`)."""
-    from sgrld.core.noise import keys_from_generator
-
     low, high = keys_from_generator((), generator, torch.device("cpu")).tolist()
     return int(low) | (int(high) << 32)
 
@@ -234,6 +234,12 @@ class VmappedChains:
 
     def module(self, chain: int) -> torch.nn.Module:
         return self.chains.module(chain)
+
+    def arrival(self, chain: int) -> tuple[Arrival | None, int]:
+        for group in self.chains.groups:  # the chains sharing one sampler state
+            if group.start <= chain < group.stop:
+                return group.state.warmup, chain - group.start
+        return None, 0
 
     @torch.no_grad()
     def theta_norms(self) -> list[float] | None:

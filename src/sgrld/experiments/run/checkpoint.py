@@ -74,10 +74,8 @@ def tensor_mismatches(
         return [f"{name} is a {type(saved).__name__}, not a dict of tensors"]
     found = [f"{name} has no {key}" for key in expected if key not in saved]
     found += [f"{name} has an unexpected {key}" for key in saved if key not in expected]
-    for key, want in expected.items():
-        got = saved.get(key)
-        if key not in saved:
-            continue
+    for key in [k for k in expected if k in saved]:
+        got, want = saved[key], expected[key]
         if not isinstance(got, Tensor):
             found.append(f"{name}.{key} is a {type(got).__name__}, not a tensor")
         elif got.shape != want.shape or got.dtype != want.dtype:

@@ -10,15 +10,32 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+import torch
+
+from sgrld.data import DATA_DIR_ENV, dataset_info
 from sgrld.experiments.base.exits import UsageError
-from sgrld.experiments.base.files import make_out_dir, read_file
+from sgrld.experiments.base.files import (
+    CheckpointError,
+    make_out_dir,
+    read_file,
+    remove_stale_temporaries,
+)
+from sgrld.experiments.run.build import build_run_model
+from sgrld.experiments.run.checkpoint import load_checkpoint, tensor_mismatches
+from sgrld.experiments.run.config import (
+    CHECKPOINT_FILE,
+    TIMING_SKIP_STEPS,
+    RunConfig,
+    config_fields_differing,
+)
+from sgrld.experiments.run.loop import run_sampling
 from sgrld.experiments.run.naming import chain_label, cli_names, option_text
-from sgrld.experiments.run.results import Results, scored_by, short_name
-
-if TYPE_CHECKING:
-    from sgrld.experiments.run.parallel import DataParallel
+from sgrld.experiments.run.observers import ProgressBar, breakdown_message
+from sgrld.experiments.run.parallel import DataParallel
+from sgrld.experiments.run.plots import plot_run_curves
+from sgrld.experiments.run.results import RESULTS_FILE, Results, scored_by, short_name
 
 
 class DataOptions(Protocol):
@@ -50,9 +67,7 @@ class LaunchOptions:
     chain_batch: int | None = None
 
 
-def resolve_device(name: str) -> Any:
-    import torch
-
+def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -69,8 +84,6 @@ def resolve_device(name: str) -> Any:
 
 def data_dir_of(args: DataOptions, datasets: set[str] | None = None) -> Path | None:
     """The data directory; ``None`` when every data set of ``datasets`` ships with a package."""
-    from sgrld.data import DATA_DIR_ENV, dataset_info
-
     value = args.data_dir or os.environ.get(DATA_DIR_ENV)
     if datasets is not None and all(dataset_info(d).bundled for d in datasets):
         return Path(value) if value else None
@@ -88,12 +101,8 @@ def data_dir_of(args: DataOptions, datasets: set[str] | None = None) -> Path | N
     return path
 
 
-def refuse_held(out: Path, held: bool) -> None:
+def refuse_held(out: Path) -> None:
     """Without ``--resume``, an ``--out`` that holds a run is refused, with what to do instead."""
-    if not held:
-        return
-    from sgrld.experiments.run.results import RESULTS_FILE
-
     status = None
     with contextlib.suppress(OSError, ValueError, AttributeError):
         status = json.loads(read_file(out / RESULTS_FILE)).get("status")
@@ -115,8 +124,6 @@ def refuse_held(out: Path, held: bool) -> None:
 
 def refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) -> None:
     """A checkpoint made with other options than these runs' (``epochs`` may grow)."""
-    from sgrld.experiments.run.config import config_fields_differing
-
     for old, new in zip(saved, wanted, strict=True):
         names = config_fields_differing(old, new)
         olds, news = old.flat(), new.flat()
@@ -134,8 +141,6 @@ def refuse_other_options(checkpoint: Path, saved: list[Any], wanted: list[Any]) 
 def refuse_other_threads(results: list[Path], threads: int | None) -> None:
     """A run resumed with another thread count than it ran with: float reductions split
     differently, so the chain would not continue bit-identically (``timing.threads``)."""
-    import torch
-
     wanted = torch.get_num_threads() if threads is None else threads
     for path in results:
         try:
@@ -152,16 +157,12 @@ def refuse_other_threads(results: list[Path], threads: int | None) -> None:
 def check_out_dir(out: Path, configs: list[Any], resume: bool) -> None:
     """Refuse an ``--out`` that holds a run (without ``--resume``), or whose checkpoint is
     damaged, of other runs or options, or further along than ``--epochs``."""
-    from sgrld.experiments.run.build import build_run_model
-    from sgrld.experiments.run.checkpoint import load_checkpoint, tensor_mismatches
-    from sgrld.experiments.run.config import CHECKPOINT_FILE, RunConfig
-    from sgrld.experiments.run.results import RESULTS_FILE
-
     checkpoint = out / CHECKPOINT_FILE
     multi = len(configs) > 1
     if not resume:
-        held = any((folder / RESULTS_FILE).exists() for folder in run_folders(out, configs))
-        refuse_held(out, checkpoint.exists() or held)
+        folders = run_folders(out, configs)
+        if checkpoint.exists() or any((f / RESULTS_FILE).exists() for f in folders):
+            refuse_held(out)
         return
     if not checkpoint.exists():
         return
@@ -197,8 +198,6 @@ def run_folders(out: Path, configs: list[Any]) -> list[Path]:
 
 def load_splits(args: DataOptions, config: Any, data_dir: Path | None, out: Path) -> Any:
     """The dataset (and a writable ``out``), or ``None`` after reporting why not."""
-    import torch
-
     from sgrld.data import DownloadError, load_dataset
 
     if args.threads is not None:
@@ -232,8 +231,6 @@ def join_parallel(mode: str, device: Any, multi: bool) -> DataParallel | None:
         return None
     if multi:
         raise UsageError(f"--parallel {mode} runs one chain over the processes: drop --chains")
-    from sgrld.experiments.run.parallel import DataParallel
-
     try:
         return DataParallel.join(device, mode)
     except RuntimeError as exc:
@@ -249,8 +246,6 @@ def run_locked(
     parallel: DataParallel | None = None,
 ) -> int:
     """Run ``configs`` (one run, or K chains in one process) in the locked ``out``; report."""
-    from sgrld.experiments.base.files import CheckpointError, remove_stale_temporaries
-
     main = parallel is None or parallel.is_main
     check_out_dir(out, configs, options.resume)
     folders = run_folders(out, configs)
@@ -258,11 +253,7 @@ def run_locked(
         for folder in folders:
             remove_stale_temporaries(folder)
     if options.resume:
-        refuse_other_threads([f / "results.json" for f in folders], options.threads)
-
-    from sgrld.experiments.run.loop import run_sampling
-    from sgrld.experiments.run.observers import ProgressBar, breakdown_message
-
+        refuse_other_threads([f / RESULTS_FILE for f in folders], options.threads)
     splits = load_splits(options, configs[0], data_dir, out)
     if splits is None:
         return 2
@@ -299,8 +290,6 @@ def run_locked(
 def plot_results(results: Results, out: Path) -> None:
     """``out/curves.png`` (an OutputError, from :func:`~.base.files.write_atomic`, names it)."""
     try:
-        from sgrld.experiments.run.plots import plot_run_curves
-
         plot_run_curves(results, out / "curves.png")
     except ImportError as exc:  # matplotlib is an optional dependency (extra "plots")
         print(f"sgrld sample: no curves.png ({exc}); install sgrld[plots]", file=sys.stderr)
@@ -359,8 +348,6 @@ def print_summary(configs: list[Any], results: list[Results], out: Path) -> None
 
 def speed_text(results: Results) -> str:
     """``0.1234 s/epoch``; for a run too short to time past the warm-up, why there is no rate."""
-    from sgrld.experiments.run.config import TIMING_SKIP_STEPS
-
     timing = results["timing"]
     basis = timing.get("seconds_per_epoch_basis", "")
     if timing.get("steps_all") and not timing.get("steps_after_skip"):

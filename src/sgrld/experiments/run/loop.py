@@ -23,7 +23,6 @@ from sgrld.chain_health import BROKEN_GROWTH_NO_NOISE
 from sgrld.chains import chain_batches
 from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
-from sgrld.evaluation import measure_curvature
 from sgrld.experiments.base import files
 from sgrld.experiments.base.files import CheckpointError, OutputError
 from sgrld.experiments.run.chains import VmappedChains, check_chain_configs
@@ -36,14 +35,13 @@ from sgrld.experiments.run.config import (
     is_sample_step,
 )
 from sgrld.experiments.run.naming import chain_label
-from sgrld.experiments.run.observers import RunObserver
 from sgrld.experiments.run.parallel import DataParallel
 from sgrld.experiments.run.record import RunRecord, restrict_splits
 from sgrld.experiments.run.results import Results, write_results
 from sgrld.experiments.run.single import OneChain
 from sgrld.schedules import CyclicalLR
 
-__all__ = ["SamplingRun", "Stepper", "run_sampling"]
+__all__ = ["RunObserver", "SamplingRun", "Stepper", "run_sampling"]
 
 #: steps between two reads of every chain's ‖θ‖ against its start (:meth:`SamplingRun._grown`):
 #: a chain that blows up stops within this many steps, not at the epoch's end
@@ -95,18 +93,26 @@ class Stepper(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
+    def arrival(self, chain: int) -> tuple[Arrival | None, int]:
+        """Chain ``chain``'s waiting warm-up as held now (a checkpoint loaded over it replaces
+        the states): its sampler state's :class:`~sgrld.core.warmup.Arrival` (``None``: the
+        warm-up does not wait) and the chain's index among that state's chains."""
 
-def chain_arrival(stepper: Stepper, chain: int) -> tuple[Arrival | None, int]:
-    """Chain ``chain``'s waiting warm-up as ``stepper`` holds it now (a checkpoint loaded over
-    it replaces the states): the sampler state's :class:`~sgrld.core.warmup.Arrival` (``None``:
-    its warm-up does not wait) and the chain's index among that state's chains."""
-    if isinstance(stepper, OneChain):
-        return stepper.optimizer.sampler_states[0].warmup, 0  # one group (make_sampler)
-    if isinstance(stepper, VmappedChains):
-        for group in stepper.chains.groups:  # the chains sharing one sampler state
-            if group.start <= chain < group.stop:
-                return group.state.warmup, chain - group.start
-    return None, 0
+
+class RunObserver:
+    """Hooks called by the loop (:class:`SamplingRun`); the base does nothing."""
+
+    def on_start(self, run: SamplingRun) -> None:
+        """Before the first epoch of this call (after a resume, the restored state is visible)."""
+
+    def on_step(self, run: SamplingRun) -> None:
+        """After every sampler step (and the sample's evaluation, if it was one)."""
+
+    def on_epoch(self, run: SamplingRun) -> None:
+        """After an epoch's curves are recorded and its checkpoint is written."""
+
+    def on_finish(self, run: SamplingRun) -> None:
+        """When the run ends, completed or broken down."""
 
 
 class SamplingRun:
@@ -169,8 +175,7 @@ class SamplingRun:
             else VmappedChains(self.configs, self.splits, seeds, self.device, chain_batch)
         )
         for k, r in enumerate(self.records):
-            r.stepper = self.stepper
-            r.arrival = functools.partial(chain_arrival, self.stepper, k)
+            r.stepper, r.chain = self.stepper, k
         self._note_theta_start()  # the seed's initialisation, fresh or resumed
         self.out_dir = None if out_dir is None else Path(out_dir)
         self.folders = None if folders is None else [Path(f) for f in folders]
@@ -241,15 +246,15 @@ class SamplingRun:
                     self._block_started = self._clock()
                 self._grown()
             if not self.running:  # every chain broke down: stop at once
-                self._save()
-                return
+                break
             self.observer.on_step(self)
-        self._credit()
-        self._grown()
-        if not self.running:
+        else:
+            self._credit()
+            self._grown()
+        if self.running:
+            self._finish_epoch()
+        else:
             self._save()
-            return
-        self._finish_epoch()
 
     def _finish_epoch(self) -> None:
         """The metric's per-epoch refresh (Wenzel's), the epoch's telemetry, health and
@@ -331,7 +336,6 @@ class SamplingRun:
         if not running:
             return
         started = self._clock()
-        config, test = self.config, self.splits
 
         def add(chain: int, split: str, start: int, logits: Tensor) -> None:
             if self.records[chain].status == "running":
@@ -340,18 +344,9 @@ class SamplingRun:
         self.stepper.train(False)
         try:
             inputs = {split: getattr(self.splits, f"x_{split}") for split in ("val", "test")}
-            scalars = self.stepper.predict(inputs, config.eval_batch_size, add)
+            scalars = self.stepper.predict(inputs, self.config.eval_batch_size, add)
             for k, r in running:
-                curvature = None
-                if config.curvature:
-                    curvature = measure_curvature(
-                        self.stepper.module(k),
-                        test.x_test,
-                        test.y_test,
-                        generator=r.curvature_generator,
-                        num_points=min(config.curvature_points, len(test.y_test)),
-                    ).mean
-                r.commit_sample(scalars[k], curvature)
+                r.commit_sample(scalars[k], functools.partial(self.stepper.module, k))
         finally:
             self.stepper.train(True)
         seconds = (self._clock() - started) / len(running)

@@ -1,42 +1,18 @@
-"""Observers of a sampling run: the hooks (:class:`RunObserver`) and the progress display."""
+"""The progress display of a sampling run, an observer (:class:`~.run.loop.RunObserver`)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from sgrld.experiments.run.loop import RunObserver, SamplingRun
 from sgrld.experiments.run.results import short_name
 
-
-class SamplingRun(Protocol):
-    """What the observers read of the loop's :class:`~.run.loop.SamplingRun` (the loop calls
-    them, so they name the fields instead of importing it)."""
-
-    config: Any
-    records: list[Any]
-    epoch: int
-    global_step: int
-    steps_per_epoch: int
-
-
-class RunObserver:
-    """Hooks called by the loop (:class:`~.run.loop.SamplingRun`); the base does nothing."""
-
-    def on_start(self, run: SamplingRun) -> None:
-        """Before the first epoch of this call (after a resume, the restored state is visible)."""
-
-    def on_step(self, run: SamplingRun) -> None:
-        """After every sampler step (and the sample's evaluation, if it was one)."""
-
-    def on_epoch(self, run: SamplingRun) -> None:
-        """After an epoch's curves are recorded and its checkpoint is written."""
-
-    def on_finish(self, run: SamplingRun) -> None:
-        """When the run ends, completed or broken down."""
+__all__ = ["ProgressBar", "RunObserver", "breakdown_message"]
 
 
 def breakdown_message(broken_down: Mapping[str, Any]) -> str:

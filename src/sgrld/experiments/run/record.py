@@ -11,14 +11,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from sgrld.chain_health import Health, health
 from sgrld.core.replicas import world
-from sgrld.core.warmup import Arrival, Windows, drawn_while_adapting
+from sgrld.core.warmup import Windows, drawn_while_adapting
 from sgrld.data import Splits, dataset_info
-from sgrld.evaluation import EnsemblePredictive, SampleTrace
+from sgrld.evaluation import EnsemblePredictive, SampleTrace, measure_curvature
 from sgrld.experiments.run.build import build_likelihood
+from sgrld.experiments.run.checkpoint import tensor_mismatches
 from sgrld.experiments.run.config import (
     SEED_STREAMS,
     TIMING_SKIP_STEPS,
@@ -116,6 +117,7 @@ class RunRecord:
         self.seeds = {stream: derive_seed(config.seed, stream) for stream in SEED_STREAMS}
         self.chains_in_process = chains_in_process
         self.stepper: Any = None  # the loop's Stepper: its step mode, state bytes, schedule
+        self.chain = 0  # this chain's index among the stepper's (set by the loop)
         self.order_generator = torch.Generator().manual_seed(self.seeds["data_order"])
         self.curvature_generator = torch.Generator().manual_seed(self.seeds["curvature"])
         self.likelihood = build_likelihood(config, splits)
@@ -148,10 +150,6 @@ class RunRecord:
         self.curvature_means: list[float] = []  # C(θ) of every sample so far
         self.samples_adapting = 0  # samples drawn while the metric still adapted
         self._metric = get_metric(config.sampler)
-        #: this chain's waiting warm-up as the stepper holds it now: the state's
-        #: :class:`~sgrld.core.warmup.Arrival` and the chain's index in it (set by the loop;
-        #: ``(None, 0)``: the warm-up does not wait, or keeps Stan's fixed windows)
-        self.arrival: Callable[[], tuple[Arrival | None, int]] = lambda: (None, 0)
         self.timing: dict[str, Any] = {
             "step_seconds_after_skip": 0.0,  # sum over steps > TIMING_SKIP_STEPS
             "steps_after_skip": 0,
@@ -216,14 +214,20 @@ class RunRecord:
                 start, logits, self.splits.y_test[start:stop], self.likelihood.log_prob
             )
 
-    def commit_sample(self, scalars: Mapping[str, float], curvature: float | None) -> None:
-        """Close the current sample (after every split's logits were added)."""
+    def commit_sample(self, scalars: Mapping[str, float], module: Callable[[], nn.Module]) -> None:
+        """Close the current sample (after every split's logits were added); with
+        ``config.curvature`` measure C(θ) of ``module()``, the chain's network (eval mode)."""
         for ensemble in self.ensembles.values():
             ensemble.commit()
         if drawn_while_adapting(self._metric, self.global_step, self.warmup_end()):
             self.samples_adapting += 1
         self.trace.commit(scalars=scalars)
-        if curvature is not None:
+        if self.config.curvature:
+            x, y = self.splits.x_test, self.splits.y_test
+            points = min(self.config.curvature_points, len(y))
+            curvature = measure_curvature(
+                module(), x, y, generator=self.curvature_generator, num_points=points
+            ).mean
             self.curvature_means.append(curvature)
             self._epoch_curvatures.append(curvature)
 
@@ -315,8 +319,6 @@ class RunRecord:
 
     def ensemble_mismatches(self, state: Mapping[str, Any]) -> list[str]:
         """What in a saved record does not fit these accumulators (checked before restoring)."""
-        from sgrld.experiments.run.checkpoint import tensor_mismatches
-
         wrong: list[str] = []
         for split, ensemble in self.ensembles.items():
             saved = state["ensembles"][split]
@@ -369,7 +371,7 @@ class RunRecord:
         """The slow windows this chain's waiting warm-up added to its schedule (0: it had
         arrived by the end of the nominal ones); ``None`` where it cannot wait (G = I, or a
         captured or sharded step, which keeps Stan's fixed windows: :mod:`sgrld.core.warmup`)."""
-        arrival, index = self.arrival()
+        arrival, index = self.stepper.arrival(self.chain)
         return None if arrival is None else int(arrival.count.reshape(-1)[index])
 
     def _adapting_before(self) -> int:

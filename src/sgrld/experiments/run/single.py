@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from sgrld.capture import GraphedStep
 from sgrld.core import NonFiniteGradientError
 from sgrld.core.runner import OptimizerChain, first_failures
+from sgrld.core.warmup import Arrival
 from sgrld.data import Splits
 from sgrld.evaluation.trace import scalar_hyperparameters
 from sgrld.experiments.run.build import build_run_model, make_sampler
@@ -185,10 +186,10 @@ class OneChain:
 
     def refresh(self) -> bool:
         """Wenzel's refresh in place, so that later replays of a captured step see it."""
-        if self.optimizer.metric.refresh_per_epoch:
+        refreshes = self.optimizer.metric.refresh_per_epoch
+        if refreshes:
             self.optimizer.refresh_metric()
-            return True
-        return False
+        return refreshes
 
     def telemetry(self) -> list[Mapping[str, float]] | None:
         return [self.optimizer.telemetry()] if self.optimizer.telemetry_enabled else None
@@ -217,6 +218,9 @@ class OneChain:
 
     def module(self, chain: int) -> nn.Module:
         return self.model
+
+    def arrival(self, chain: int) -> tuple[Arrival | None, int]:
+        return self.optimizer.sampler_states[0].warmup, 0  # one group (make_sampler)
 
     @torch.no_grad()
     def theta_norms(self) -> list[float] | None:
