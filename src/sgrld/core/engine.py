@@ -85,21 +85,18 @@ def _refuse_nonfinite(
             raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
 
-def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
-    """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
-    present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
-    if present:
-        names, tensors = zip(*present, strict=True)
-        _check_each(names, tensors, state.layout)
-
-
-def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayout) -> None:
-    """The ``"sync"`` check on parameter-shaped gradients: one sum each, one read."""
-    sums = torch.stack([g.sum() for g in grads])
+def check_finite_now(layout: FlatLayout, grads: Sequence[Tensor | None]) -> None:
+    """The ``"sync"`` check on parameter-shaped gradients (``None``: skipped): one sum each, one
+    read (a facade checks every group's before any group moves)."""
+    present = [(n, g) for n, g in zip(layout.names, grads, strict=True) if g is not None]
+    if not present:
+        return
+    names, tensors = zip(*present, strict=True)
+    sums = torch.stack([g.sum() for g in tensors])
     if layout.shards is not None:
         _refuse_shards(layout.sum_(sums), names)
     else:
-        _refuse_nonfinite(sums.sum(), names, lambda: grads)
+        _refuse_nonfinite(sums.sum(), names, lambda: tensors)
 
 
 def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
@@ -456,7 +453,7 @@ def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:
 def _by_gradient(plan: Plan, state: SamplerState, part: Part, telemetry: Tensor | None) -> None:
     """G = I: θ ← θ − ℓĝ + σξ by the gradients themselves (no statistics, no flat copy)."""
     if plan.checks == "sync":
-        _check_each(part.layout.names, part.grads, part.layout)
+        check_finite_now(part.layout, part.grads)
     noise = part.work.views(_draw(state, part, plan)) if part.draws else None
     if telemetry is not None:
         record_telemetry(telemetry, part.params, part.grads, noise, part.lr, part.sigma)
