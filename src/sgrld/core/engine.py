@@ -175,11 +175,9 @@ def _sum_ahead(
 def check(state: SamplerState, label: str = "") -> None:
     """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient (the one
     host read of the flags, naming the first bad step, parameter and chain)."""
-    flags = state.flags
-    bad = flags[..., 0]
-    if not bool((bad != 0).any()):
+    if not bool((state.flags[..., 0] != 0).any()):
         return
-    flat = flags.reshape(-1, 2).tolist()
+    flat = state.flags.reshape(-1, 2).tolist()
     chains = [i for i, (s, _) in enumerate(flat) if s != 0]
     chain = min(chains, key=lambda i: flat[i][0])
     step, tensor = flat[chain]

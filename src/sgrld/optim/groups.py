@@ -295,9 +295,13 @@ _OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[Owner]]] = {}
 
 
 class Owner(Protocol):
-    """What :func:`drawn_adapting` reads of the optimizer stepping a parameter."""
+    """What :func:`drawn_adapting` and the health watch (:mod:`sgrld.optim.watch`) read of the
+    optimizer stepping a parameter: its groups and their chains, and the figures the last step
+    recorded (per group, :func:`~sgrld.core.engine.record_telemetry`'s sums; ``None`` when it
+    recorded none)."""
 
     param_groups: list[dict[str, Any]]
+    recorded: list[Tensor] | None
 
     @property
     def num_steps(self) -> int: ...

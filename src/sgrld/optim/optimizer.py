@@ -173,7 +173,6 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._warned_nearest = False
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
-        self._masks: dict[Any, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
         self.localization = float(localization)
         self._replicas_checked = data_parallel is False
@@ -192,7 +191,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             for g in self.param_groups
             for pair in zip(g.get("param_names", ()), g["params"], strict=False)
         ]
-        self._masks = groups.masks_by_parameter(self._masks, named)  # keys: parameters or names
+        self._masks = groups.masks_by_parameter(masks or {}, named)  # keys: parameters or names
         groups.check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])
         # a sharded chain's noise is drawn at each shard's global indices (sgrld.core.shards)
