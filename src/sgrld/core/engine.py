@@ -11,7 +11,7 @@ host read: :func:`check`) or ``"off"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -45,9 +45,9 @@ def check_mode(
     return "sync" if sync_checks else "deferred"
 
 
-def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
+def validate_grads(params: Mapping[str, Tensor], grads: Sequence[Tensor | None]) -> None:
     """Refuse gradients that do not fit their parameter (metadata only: no host sync)."""
-    for name, p, g in zip(state.params, state.params.values(), grads, strict=True):
+    for (name, p), g in zip(params.items(), grads, strict=True):
         if g is None:
             continue
         if not isinstance(g, Tensor):
@@ -402,7 +402,7 @@ def advance(
     """
     if all(g is None for g in grads):
         return
-    validate_grads(state, grads)
+    validate_grads(state.params, grads)
     if localization and state.center is None:
         raise ValueError(
             "localization needs a state with a centre (init by a sampler with localization > 0)"

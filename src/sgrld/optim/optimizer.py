@@ -382,7 +382,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         try:
             if len(chains) > 1:  # refuse before the first group moves
                 for index, (chain, gs) in enumerate(zip(chains, grads, strict=True)):
-                    engine.validate_grads(chain.state, gs)
+                    engine.validate_grads(chain.state.params, gs)
                     if modes[index] == "sync":
                         engine.check_finite_now(chain.state.layout, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
