@@ -34,17 +34,6 @@ class NonFiniteGradientError(FloatingPointError):
     """A gradient holds NaN or ±Inf; the step was refused and nothing was changed."""
 
 
-def check_mode(
-    check_finite: bool, sync_checks: bool | None, device: torch.device, capturable: bool
-) -> CheckMode:
-    """The check mode of a sampler (module docstring); the flags are validated at build."""
-    if not check_finite:
-        return "off"
-    if sync_checks is None:
-        sync_checks = device.type == "cpu" and not capturable
-    return "sync" if sync_checks else "deferred"
-
-
 def validate_grads(params: Mapping[str, Tensor], grads: Sequence[Tensor | None]) -> None:
     """Refuse gradients that do not fit their parameter (metadata only: no host sync)."""
     for (name, p), g in zip(params.items(), grads, strict=True):

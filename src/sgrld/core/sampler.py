@@ -273,14 +273,18 @@ class Sampler:
         return state
 
     def checks(self, state: SamplerState, defer_traced: bool = False) -> CheckMode:
-        """The check mode of ``state``'s steps (:func:`~sgrld.core.engine.check_mode`);
-        ``defer_traced``: a step traced or captured defers a check ``sync_checks=None`` left to
-        the device (read at :meth:`check`), as the optimizer's do."""
-        device = next(iter(state.params.values())).device
-        mode = engine.check_mode(self.check_finite, self.sync_checks, device, self.capturable)
-        if mode == "sync" and self.sync_checks is None and defer_traced and in_graph():
-            return "deferred"
-        return mode
+        """The check mode of ``state``'s steps (:mod:`sgrld.core.engine`): ``sync_checks=None``
+        reads at once on CPU unless capturable, else defers to the device; ``defer_traced``: a
+        step traced or captured defers such a check too (read at :meth:`check`), as the
+        optimizer's do."""
+        if not self.check_finite:
+            return "off"
+        sync = self.sync_checks
+        if sync is None:
+            device = next(iter(state.params.values())).device
+            sync = device.type == "cpu" and not self.capturable
+            sync = sync and not (defer_traced and in_graph())
+        return "sync" if sync else "deferred"
 
     def deferred(self) -> Sampler:
         """This sampler with deferred checks (a bad step freezes its chain), its compiled step
