@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 from sgrld.chain_health import Health, judge
 from sgrld.core.contract import check_int
 from sgrld.core.engine import NonFiniteGradientError, telemetry_figures
-from sgrld.core.runner import first_failures, stopped
+from sgrld.core.runner import clamp, first_failures, stopped
 from sgrld.core.sampler import Sampler
 from sgrld.core.state import SamplerState
 from sgrld.core.warmup import drawn_while_adapting
@@ -327,10 +327,9 @@ class Chains:
                 raise ValueError(f"loss_fn must return a 0-d tensor, got {tuple(losses.shape[1:])}")
             # the chains share no parameter: the sum's gradient is each chain's own gradient
             found = torch.autograd.grad(losses.sum(), list(leaves.values()), allow_unused=True)
-        grads = {}
-        for (name, p), grad in zip(leaves.items(), found, strict=True):
-            grad = torch.zeros_like(p) if grad is None else grad
-            grads[name] = grad.clamp_(-grad_clip, grad_clip) if grad_clip is not None else grad
+        pairs = zip(leaves.items(), found, strict=True)
+        grads = {name: torch.zeros_like(p) if g is None else g for (name, p), g in pairs}
+        clamp(grads.values(), grad_clip)
         return losses.detach(), grads
 
     def grads(

@@ -11,7 +11,7 @@ host read: :func:`check`) or ``"off"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -34,20 +34,9 @@ class NonFiniteGradientError(FloatingPointError):
     """A gradient holds NaN or ±Inf; the step was refused and nothing was changed."""
 
 
-def check_mode(
-    check_finite: bool, sync_checks: bool | None, device: torch.device, capturable: bool
-) -> CheckMode:
-    """The check mode of a sampler (module docstring); the flags are validated at build."""
-    if not check_finite:
-        return "off"
-    if sync_checks is None:
-        sync_checks = device.type == "cpu" and not capturable
-    return "sync" if sync_checks else "deferred"
-
-
-def validate_grads(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
+def validate_grads(params: Mapping[str, Tensor], grads: Sequence[Tensor | None]) -> None:
     """Refuse gradients that do not fit their parameter (metadata only: no host sync)."""
-    for name, p, g in zip(state.params, state.params.values(), grads, strict=True):
+    for (name, p), g in zip(params.items(), grads, strict=True):
         if g is None:
             continue
         if not isinstance(g, Tensor):
@@ -85,21 +74,18 @@ def _refuse_nonfinite(
             raise NonFiniteGradientError(f"gradient of parameter {name!r} contains NaN or Inf")
 
 
-def check_finite_now(state: SamplerState, grads: Sequence[Tensor | None]) -> None:
-    """The ``"sync"`` check on a group's gradients as given (before any group moves)."""
-    present = [(n, g) for n, g in zip(state.layout.names, grads, strict=True) if g is not None]
-    if present:
-        names, tensors = zip(*present, strict=True)
-        _check_each(names, tensors, state.layout)
-
-
-def _check_each(names: Sequence[str], grads: Sequence[Tensor], layout: FlatLayout) -> None:
-    """The ``"sync"`` check on parameter-shaped gradients: one sum each, one read."""
-    sums = torch.stack([g.sum() for g in grads])
+def check_finite_now(layout: FlatLayout, grads: Sequence[Tensor | None]) -> None:
+    """The ``"sync"`` check on parameter-shaped gradients (``None``: skipped): one sum each, one
+    read (a facade checks every group's before any group moves)."""
+    present = [(n, g) for n, g in zip(layout.names, grads, strict=True) if g is not None]
+    if not present:
+        return
+    names, tensors = zip(*present, strict=True)
+    sums = torch.stack([g.sum() for g in tensors])
     if layout.shards is not None:
         _refuse_shards(layout.sum_(sums), names)
     else:
-        _refuse_nonfinite(sums.sum(), names, lambda: grads)
+        _refuse_nonfinite(sums.sum(), names, lambda: tensors)
 
 
 def _refuse_shards(total: Tensor, names: Sequence[str]) -> None:
@@ -178,11 +164,9 @@ def _sum_ahead(
 def check(state: SamplerState, label: str = "") -> None:
     """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient (the one
     host read of the flags, naming the first bad step, parameter and chain)."""
-    flags = state.flags
-    bad = flags[..., 0]
-    if not bool((bad != 0).any()):
+    if not bool((state.flags[..., 0] != 0).any()):
         return
-    flat = flags.reshape(-1, 2).tolist()
+    flat = state.flags.reshape(-1, 2).tolist()
     chains = [i for i, (s, _) in enumerate(flat) if s != 0]
     chain = min(chains, key=lambda i: flat[i][0])
     step, tensor = flat[chain]
@@ -407,7 +391,7 @@ def advance(
     """
     if all(g is None for g in grads):
         return
-    validate_grads(state, grads)
+    validate_grads(state.params, grads)
     if localization and state.center is None:
         raise ValueError(
             "localization needs a state with a centre (init by a sampler with localization > 0)"
@@ -456,7 +440,7 @@ def _draw(state: SamplerState, part: Part, plan: Plan) -> Tensor:
 def _by_gradient(plan: Plan, state: SamplerState, part: Part, telemetry: Tensor | None) -> None:
     """G = I: θ ← θ − ℓĝ + σξ by the gradients themselves (no statistics, no flat copy)."""
     if plan.checks == "sync":
-        _check_each(part.layout.names, part.grads, part.layout)
+        check_finite_now(part.layout, part.grads)
     noise = part.work.views(_draw(state, part, plan)) if part.draws else None
     if telemetry is not None:
         record_telemetry(telemetry, part.params, part.grads, noise, part.lr, part.sigma)

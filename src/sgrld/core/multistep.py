@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -111,11 +110,9 @@ class BlockRunner:
         self.chunk = block * max(1, chunk // block)
         self._calls = 0
         self.inductor_options: dict[str, Any] | None = None  # the set that compiled
+        # the chunk's gradient noise, ξ and iterates
         shape = (self.chunk, *self.theta.shape)
-        like: dict[str, Any] = {"dtype": self.theta.dtype, "device": self.theta.device}
-        self._grad_noise = torch.empty(shape, **like)
-        self._xi = torch.empty(shape, **like)
-        self._out = torch.empty(shape, **like)
+        self._grad_noise, self._xi, self._out = (self.theta.new_empty(shape) for _ in range(3))
 
     def _steps(
         self,
@@ -172,26 +169,20 @@ class BlockRunner:
             return
         if self.sampler.noise == "philox":  # counter-based: step t's ξ is the eager step's
             keys, step0 = self.state.keys.reshape(-1, 2), self.state.step
-            for b in range(count):
-                step = torch.tensor(step0 + b, dtype=torch.int64)
-                philox_normal_(self._philox_rows(self._xi[b]), keys, step)
+            width, size = values_per_counter(self._xi.dtype), self.state.layout.size
+            if size % width:
+                raise ValueError(
+                    f"noise='philox' in BlockRunner needs D divisible by {width} (D = {size})"
+                )
+            for b in range(count):  # each (*batch, D) row as (chains, rows, width) Philox blocks
+                rows = self._xi[b].view(-1, size // width, width)
+                philox_normal_(rows, keys, torch.tensor(step0 + b, dtype=torch.int64))
             return
         if self.noise == "block":
             self._xi[:count].normal_(generator=self.state.generator)
         else:  # the eager step's stream: one normal_ on a (*batch, D) buffer per step
             for b in range(count):
                 self._xi[b].normal_(generator=self.state.generator)
-
-    def _philox_rows(self, xi: Tensor) -> Tensor:
-        """A ``(*batch, D)`` noise row as the (chains, rows, width) Philox blocks."""
-        width = values_per_counter(xi.dtype)
-        chains = math.prod(self.state.layout.batch_shape)
-        size = self.state.layout.size
-        if size % width:
-            raise ValueError(
-                f"noise='philox' in BlockRunner needs D divisible by {width} (D = {size})"
-            )
-        return xi.view(chains, size // width, width)
 
     def run(
         self,

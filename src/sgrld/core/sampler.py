@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from sgrld.core import engine, runner
+from sgrld.core import engine, runner, warmup
 from sgrld.core.compiled import CompiledMove, check_compilable
 from sgrld.core.contract import (
     Metric,
@@ -22,27 +22,10 @@ from sgrld.core.contract import (
     check_int,
     check_localization,
 )
-from sgrld.core.engine import (
-    CheckMode,
-    NonFiniteGradientError,
-    check,
-    check_mode,
-    in_graph,
-    refresh_due,
-)
+from sgrld.core.engine import CheckMode, NonFiniteGradientError, in_graph
 from sgrld.core.layout import FlatLayout, check_one_buffer
 from sgrld.core.noise import NOISE_SOURCES, NoiseSource, keys_from_generator, keys_from_seeds
-from sgrld.core.runner import Account
 from sgrld.core.state import SamplerState, new_generator
-from sgrld.core.warmup import (
-    DEFAULT_WARMUP,
-    adapting,
-    after_step,
-    check_adapt_until,
-    closes_warmup,
-    new_arrival,
-    restart_steps,
-)
 
 __all__ = ["NonFiniteGradientError", "Sampler", "clone_state", "validate_hyperparameters"]
 
@@ -62,16 +45,14 @@ def check_lr_tensor(lr: Tensor, num_chains: int | bool | None = True) -> None:
     """
     if not lr.is_floating_point():
         raise ValueError(f"invalid lr: a {lr.dtype} tensor (expected a floating-point tensor)")
-    per_chain_ok = num_chains is True or (
-        isinstance(num_chains, int) and lr.dim() == 1 and lr.numel() == num_chains
-    )
-    if lr.dim() > 1 or (lr.dim() == 1 and not per_chain_ok):
-        if num_chains is None:
-            want = "0-d"
-        elif num_chains is True:
-            want = "0-d, or 1-d with one entry per chain"
-        else:
-            want = f"0-d or shape ({num_chains},), one per chain"
+    if num_chains is None:
+        fits, want = lr.dim() == 0, "0-d"
+    elif num_chains is True:
+        fits, want = lr.dim() <= 1, "0-d, or 1-d with one entry per chain"
+    else:
+        fits = lr.dim() == 0 or lr.shape == (num_chains,)
+        want = f"0-d or shape ({num_chains},), one per chain"
+    if not fits:
         raise ValueError(f"invalid lr: a tensor of shape {tuple(lr.shape)} (expected {want})")
     if not bool((lr >= 0).all()):
         raise ValueError("invalid lr: every entry must be >= 0")
@@ -106,7 +87,7 @@ class Sampler:
     compile: bool = False
     capturable: bool = False
     sync_checks: bool | None = None
-    adapt_until: int | None = DEFAULT_WARMUP
+    adapt_until: int | None = warmup.DEFAULT_WARMUP
     localization: float = 0.0
     # the compiled step (compile=True), shared by the states this sampler steps; not state
     _compiled: CompiledMove = field(
@@ -114,16 +95,31 @@ class Sampler:
     )
 
     def __post_init__(self) -> None:
+        """Refuse bad ℓ, n, τ, warm-up or localisation, an unknown noise source, non-bool flags,
+        ``compile=True`` for a metric that is not compilable (:mod:`sgrld.core.compiled`) and the
+        combinations a captured step cannot honour."""
         validate_hyperparameters(self.lr, self.num_data, self.temperature)
-        check_flags(
-            self.metric,
-            self.noise,
-            self.compile,
-            self.check_finite,
-            self.capturable,
-            self.sync_checks,
-        )
-        check_adapt_until(self.adapt_until)
+        check_choice("noise", self.noise, NOISE_SOURCES)
+        check_bool("compile", self.compile)
+        if self.compile:
+            check_compilable(self.metric)
+        check_bool("check_finite", self.check_finite)
+        check_bool("capturable", self.capturable)
+        if self.sync_checks is not None and not isinstance(self.sync_checks, bool):
+            raise ValueError(
+                f"invalid sync_checks: {self.sync_checks!r} (expected None, True or False)"
+            )
+        if self.capturable and self.noise != "philox":
+            raise ValueError(
+                "capturable=True needs noise='philox': torch's generator-driven normal_ cannot be "
+                "replayed by a CUDA graph or traced by torch.compile without a graph break"
+            )
+        if self.capturable and self.sync_checks:
+            raise ValueError(
+                "sync_checks=True reads a flag on the host every step, which a captured step "
+                "cannot do; read it with check() instead"
+            )
+        warmup.check_adapt_until(self.adapt_until)
         check_localization(self.localization)
 
     def init(
@@ -175,7 +171,7 @@ class Sampler:
         # not for shards (core.warmup)
         eligible = not self.capturable and layout.shards is None
         batch = layout.batch_shape
-        state.warmup = new_arrival(self.metric, self.adapt_until, tensors, batch, eligible)
+        state.warmup = warmup.new_arrival(self.metric, self.adapt_until, tensors, batch, eligible)
         if self.localization:  # θ₀: the chain's tensors as they are now
             state.center = [t.detach().clone() for t in tensors]
         return state
@@ -234,19 +230,19 @@ class Sampler:
             num_data=self.num_data,
             temperature=self.temperature,
             checks=checks,
-            adapt=adapt and adapting(state.step, self.adapt_until, state.warmup),
+            adapt=adapt and warmup.adapting(state.step, self.adapt_until, state.warmup),
             noise_source=self.noise if noise is None else noise,
             compiled=self._compiled if self.compile else None,
             refresh=not (self.capturable and traced),
             telemetry=telemetry,
-            closes_warmup=closes_warmup(
+            closes_warmup=warmup.closes_warmup(
                 self.metric, state.step + 1, self.adapt_until, state.warmup
             ),
             localization=self.localization,
-            restarts=restart_steps(self.metric, self.adapt_until, state.warmup),
+            restarts=warmup.restart_steps(self.metric, self.adapt_until, state.warmup),
         )
         if state.step != before:
-            after_step(self.metric, state)
+            warmup.after_step(self.metric, state)
 
     def run(
         self,
@@ -256,7 +252,7 @@ class Sampler:
         *,
         adapt: bool = True,
         callback: Callable[[SamplerState], None] | None = None,
-        account: Account | None = None,
+        account: runner.Account | None = None,
     ) -> SamplerState:
         """``num_steps`` steps in place, ĝ = ``grad_fn(state.params)``, through the chain runner
         (:func:`sgrld.core.runner.run`): a chain whose gradient is not finite is frozen there,
@@ -277,14 +273,18 @@ class Sampler:
         return state
 
     def checks(self, state: SamplerState, defer_traced: bool = False) -> CheckMode:
-        """The check mode of ``state``'s steps (:func:`~sgrld.core.engine.check_mode`);
-        ``defer_traced``: a step traced or captured defers a check ``sync_checks=None`` left to
-        the device (read at :meth:`check`), as the optimizer's do."""
-        device = next(iter(state.params.values())).device
-        mode = check_mode(self.check_finite, self.sync_checks, device, self.capturable)
-        if mode == "sync" and self.sync_checks is None and defer_traced and in_graph():
-            return "deferred"
-        return mode
+        """The check mode of ``state``'s steps (:mod:`sgrld.core.engine`): ``sync_checks=None``
+        reads at once on CPU unless capturable, else defers to the device; ``defer_traced``: a
+        step traced or captured defers such a check too (read at :meth:`check`), as the
+        optimizer's do."""
+        if not self.check_finite:
+            return "off"
+        sync = self.sync_checks
+        if sync is None:
+            device = next(iter(state.params.values())).device
+            sync = device.type == "cpu" and not self.capturable
+            sync = sync and not (defer_traced and in_graph())
+        return "sync" if sync else "deferred"
 
     def deferred(self) -> Sampler:
         """This sampler with deferred checks (a bad step freezes its chain), its compiled step
@@ -299,14 +299,14 @@ class Sampler:
 
     def check(self, state: SamplerState) -> None:
         """Raise :class:`NonFiniteGradientError` if a deferred check recorded a bad gradient."""
-        check(state)
+        engine.check(state)
 
     def refresh_due(self, state: SamplerState, step: int) -> bool:
         """Whether step ``step`` of ``state`` refreshes G: a scheduled refresh (Shampoo's roots)
         or the warm-up's last step, while G adapts (a frozen G's refresh would change nothing)."""
         metric, until, arrival = self.metric, self.adapt_until, state.warmup
-        due = refresh_due(metric, step) or closes_warmup(metric, step, until, arrival)
-        return due and adapting(step - 1, until, arrival)
+        due = engine.refresh_due(metric, step) or warmup.closes_warmup(metric, step, until, arrival)
+        return due and warmup.adapting(step - 1, until, arrival)
 
     def refresh_if_due(self, state: SamplerState) -> bool:
         """Run the metric's scheduled refresh if due at ``state.step`` (capturable samplers)."""
@@ -324,36 +324,6 @@ class Sampler:
 def check_generator(generator: object) -> None:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-
-
-def check_flags(
-    metric: Metric,
-    noise: str,
-    compile: bool,
-    check_finite: bool,
-    capturable: bool,
-    sync_checks: bool | None,
-) -> None:
-    """Refuse an unknown noise source, non-bool flags, ``compile=True`` for a metric that is not
-    compilable (:mod:`sgrld.core.compiled`) and the combinations a captured step cannot honour."""
-    check_choice("noise", noise, NOISE_SOURCES)
-    check_bool("compile", compile)
-    if compile:
-        check_compilable(metric)
-    check_bool("check_finite", check_finite)
-    check_bool("capturable", capturable)
-    if sync_checks is not None and not isinstance(sync_checks, bool):
-        raise ValueError(f"invalid sync_checks: {sync_checks!r} (expected None, True or False)")
-    if capturable and noise != "philox":
-        raise ValueError(
-            "capturable=True needs noise='philox': torch's generator-driven normal_ cannot be "
-            "replayed by a CUDA graph or traced by torch.compile without a graph break"
-        )
-    if capturable and sync_checks:
-        raise ValueError(
-            "sync_checks=True reads a flag on the host every step, which a captured step cannot "
-            "do; read it with check() instead"
-        )
 
 
 def clone_state(state: SamplerState) -> SamplerState:

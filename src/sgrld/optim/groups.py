@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from sgrld.core.contract import Metric, option_names
+from sgrld.core.engine import validate_grads
 from sgrld.core.layout import FlatLayout
 from sgrld.core.param_state import MASTER, publish, shard_key
 from sgrld.core.precision import LowPrecision, StandIns
@@ -130,14 +131,8 @@ class GroupChain:
         grads = [None if p.grad is None else local(p.grad) for p in self.params]
         if self.standins is None:
             return grads
-        for name, p, g in zip(self.names, self.params, grads, strict=True):
-            shard = local(p)  # a sharded gradient's shard against the parameter's
-            if g is not None and (g.dtype != shard.dtype or g.shape != shard.shape):
-                raise ValueError(
-                    f"gradient of parameter {name!r} is {g.dtype} of shape {tuple(g.shape)}, "
-                    f"the parameter {shard.dtype} of shape {tuple(shard.shape)}: a gradient must "
-                    "have its parameter's dtype and shape"
-                )
+        # checked against the parameters (their shards): the stand-ins' are then made from them
+        validate_grads(dict(zip(self.names, map(local, self.params), strict=True)), grads)
         return self.standins.grads(grads)
 
     def move(self, grads: list[Tensor | None], **options: Any) -> None:
@@ -295,9 +290,13 @@ _OWNERS: dict[int, tuple[weakref.ref[Tensor], weakref.ref[Owner]]] = {}
 
 
 class Owner(Protocol):
-    """What :func:`drawn_adapting` reads of the optimizer stepping a parameter."""
+    """What :func:`drawn_adapting` and the health watch (:mod:`sgrld.optim.watch`) read of the
+    optimizer stepping a parameter: its groups and their chains, and the figures the last step
+    recorded (per group, :func:`~sgrld.core.engine.record_telemetry`'s sums; ``None`` when it
+    recorded none)."""
 
     param_groups: list[dict[str, Any]]
+    recorded: list[Tensor] | None
 
     @property
     def num_steps(self) -> int: ...

@@ -16,15 +16,8 @@ from torch import Tensor
 from torch.utils.hooks import RemovableHandle
 
 from sgrld.chain_health import WATCH_EVERY, Health
+from sgrld.core import engine
 from sgrld.core.contract import check_bool, check_groups, check_localization, check_options
-from sgrld.core.engine import (
-    NonFiniteGradientError,
-    check,
-    check_finite_now,
-    in_graph,
-    telemetry_figures,
-    validate_grads,
-)
 from sgrld.core.layout import check_one_buffer
 from sgrld.core.noise import NoiseSource
 from sgrld.core.param_state import GENERATOR
@@ -36,21 +29,7 @@ from sgrld.core.state import SamplerState, new_generator
 from sgrld.core.warmup import DEFAULT_WARMUP, adapting
 from sgrld.integrations.huggingface import TrainerWatch
 from sgrld.metrics import Metric, get_metric
-from sgrld.optim import loading
-from sgrld.optim.groups import (
-    FLAGS,
-    GroupChain,
-    Recipe,
-    check_masks,
-    group_metric,
-    group_names,
-    masks_by_parameter,
-    own,
-    publish_group,
-    refuse_duplicates,
-    validate_group,
-)
-from sgrld.optim.groups import metric_options as metric_options_of
+from sgrld.optim import groups, loading
 from sgrld.optim.watch import WATCH_KEY, HealthWatch, chain_sums, new_sums, over_the_mesh
 
 ParamsT = Iterable[Tensor] | Iterable[tuple[str, Tensor]] | Iterable[dict[str, Any]]
@@ -178,7 +157,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         check_low_precision(low_precision, master_dtype)
         check_generator(generator)
         self.metric = metric
-        self._options = metric_options_of(metric)
+        self._options = groups.metric_options(metric)
         defaults = {
             "lr": lr,
             "num_data": num_data,
@@ -187,14 +166,13 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             "adapt_until": adapt_until,
             **self._options,
         }
-        self._chains: list[GroupChain] = []  # per group: its sampler, state and stand-ins
+        self._chains: list[groups.GroupChain] = []  # per group: its sampler, state and stand-ins
         self._ready = False  # groups get their chain once the generator exists
         self.low_precision: LowPrecision = low_precision
         self.master_dtype = master_dtype
         self._warned_nearest = False
         self.telemetry_enabled = telemetry
         self._telemetry: dict[int, Tensor] = {}  # per group: float64 (4,) device sums
-        self._masks: dict[Any, Tensor] = dict(masks or {})
         self.data_parallel = data_parallel
         self.localization = float(localization)
         self._replicas_checked = data_parallel is False
@@ -213,8 +191,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             for g in self.param_groups
             for pair in zip(g.get("param_names", ()), g["params"], strict=False)
         ]
-        self._masks = masks_by_parameter(self._masks, named)  # keys: parameters or names
-        check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
+        self._masks = groups.masks_by_parameter(masks or {}, named)  # keys: parameters or names
+        groups.check_masks(self._masks, [p for g in self.param_groups for p in g["params"]])
         sharded = any(is_sharded(p) for g in self.param_groups for p in g["params"])
         # a sharded chain's noise is drawn at each shard's global indices (sgrld.core.shards)
         default: NoiseSource = "philox" if capturable is True or sharded else "torch"
@@ -250,16 +228,18 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         return given(**options)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        param_group = {**param_group, "params": refuse_duplicates(param_group["params"])}
+        param_group = {**param_group, "params": groups.refuse_duplicates(param_group["params"])}
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         index = len(self.param_groups) - 1
         params: list[Tensor] = group["params"]
         # stepped as one flat buffer: one dtype and device, floating
-        names = group_names(group, index)
+        names = groups.group_names(group, index)
         check_one_buffer(names, params, " (put the others in a group of their own)")
-        validate_group(group["lr"], group["num_data"], group["temperature"], group["adapt_until"])
-        group_metric(self.metric, group)  # validates the group's metric options now
+        groups.validate_group(
+            group["lr"], group["num_data"], group["temperature"], group["adapt_until"]
+        )
+        groups.group_metric(self.metric, group)  # validates the group's metric options now
         low = is_low_precision(params[0].dtype, self.master_dtype)
         if low and self.low_precision == "nearest" and not self._warned_nearest:
             self._warned_nearest = True
@@ -272,19 +252,19 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 stacklevel=3,
             )
         for p in params:
-            own(p, self)
+            groups.own(p, self)
         if self._ready:
             self._build(index)
 
-    def _recipe(self) -> Recipe:
+    def _recipe(self) -> groups.Recipe:
         """What this optimizer's group chains are made from (:mod:`sgrld.optim.groups`)."""
-        return Recipe(
+        return groups.Recipe(
             self.metric, self._flags(), self.low_precision, self.master_dtype, self._masks
         )
 
     def _flags(self) -> dict[str, Any]:
         """The flags a group's sampler takes (:data:`~sgrld.optim.groups.FLAGS`), as they are."""
-        return {name: getattr(self, name) for name in FLAGS}
+        return {name: getattr(self, name) for name in groups.FLAGS}
 
     def _build(self, index: int, keys: Tensor | None = None) -> None:
         """Make group ``index``'s chain (with noise keys ``keys``, or new ones), published in
@@ -295,10 +275,10 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         chain.state.keys.copy_(keys)
         self._install(index, chain)
 
-    def _install(self, index: int, chain: GroupChain) -> None:
+    def _install(self, index: int, chain: groups.GroupChain) -> None:
         """Make ``chain`` group ``index``'s, its state published in ``self.state``."""
         self._chains[index : index + 1] = [chain]  # replaced, or appended (a new group)
-        entries = publish_group(chain.sampler.metric, chain.state, chain.standins)
+        entries = groups.publish_group(chain.sampler.metric, chain.state, chain.standins)
         self.state.update(zip(self.param_groups[index]["params"], entries, strict=True))
         if index == 0:
             self._snapshot_generator()
@@ -317,7 +297,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         self._watch = HealthWatch(first)
         self._watch_hook = self.register_step_post_hook(self._watch)
 
-    def _follow(self, index: int) -> GroupChain:
+    def _follow(self, index: int) -> groups.GroupChain:
         """Group ``index``'s chain, its sampler as the group's options, ℓ, n, τ and warm-up and the
         optimizer's flags are now (:meth:`GroupChain.follow`); after a metric option changed, before
         the first step, the chain is made again (a layout may still change)."""
@@ -328,12 +308,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 self._build(index, chain.state.keys.clone())
                 chain = self._chains[index]
             else:
-                metric = group_metric(self.metric, group, chain.sampler.metric)
+                metric = groups.group_metric(self.metric, group, chain.sampler.metric)
                 chain.sampler, chain.options = chain.sampler.retuned(metric=metric), options
         chain.follow(group, self._flags())
         return chain
 
-    def _followed(self) -> list[GroupChain]:
+    def _followed(self) -> list[groups.GroupChain]:
         """Every group's chain, followed (:meth:`_follow`)."""
         return [self._follow(i) for i in range(len(self.param_groups))]
 
@@ -390,8 +370,8 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self.recorded = None
         check_groups(self.param_groups)  # ℓ, n, τ may have been set since (contract)
-        chains, groups = self._followed(), self.param_groups
-        traced = in_graph()
+        chains = self._followed()
+        traced = engine.in_graph()
         if not self._replicas_checked and not traced:
             self._check_replicas()
         grads = [chain.grads() for chain in chains]
@@ -402,11 +382,11 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         try:
             if len(chains) > 1:  # refuse before the first group moves
                 for index, (chain, gs) in enumerate(zip(chains, grads, strict=True)):
-                    validate_grads(chain.state, gs)
+                    engine.validate_grads(chain.state.params, gs)
                     if modes[index] == "sync":
-                        check_finite_now(chain.state, gs)
+                        engine.check_finite_now(chain.state.layout, gs)
                         modes[index] = "off"  # checked just now: not again inside the step
-            for index, (group, chain) in enumerate(zip(groups, chains, strict=True)):
+            for index, (group, chain) in enumerate(zip(self.param_groups, chains, strict=True)):
                 telemetry = self._accumulator(index)
                 sums = new_sums(group["params"][0].device) if record else telemetry
                 chain.move(
@@ -421,9 +401,9 @@ class SGRLDOptimizer(torch.optim.Optimizer):
                     recorded.append(sums)
                     if telemetry is not None:
                         telemetry.add_(sums)
-        except NonFiniteGradientError as exc:
+        except engine.NonFiniteGradientError as exc:
             message = self._watch.nonfinite_message(self, str(exc))  # a read on the error path
-            raise NonFiniteGradientError(message) from None
+            raise engine.NonFiniteGradientError(message) from None
         self._after_step()
         self.recorded = recorded if record else None
         return loss
@@ -489,12 +469,12 @@ class SGRLDOptimizer(torch.optim.Optimizer):
             if reset:
                 acc.zero_()
         if per_group:
-            return [telemetry_figures(s, e) for s, e in zip(sums_of, extras, strict=True)]
+            return [engine.telemetry_figures(s, e) for s, e in zip(sums_of, extras, strict=True)]
         extra: dict[str, float] = {}
         for e in extras:
             for key, value in e.items():
                 extra[key] = max(value, extra.get(key, -math.inf))
-        return telemetry_figures(chain_sums(sums_of), extra)
+        return engine.telemetry_figures(chain_sums(sums_of), extra)
 
     # --- checks, refreshes, the metric's adaptation ------------------------------------------
 
@@ -503,7 +483,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         gradient, naming the first bad step and parameter.
         """
         for index, chain in enumerate(self._chains):
-            check(chain.state, f"param group {index}: " if len(self._chains) > 1 else "")
+            engine.check(chain.state, f"param group {index}: " if len(self._chains) > 1 else "")
 
     def refresh_if_due(self) -> bool:
         """Run a due scheduled refresh (Shampoo's roots) in every group, for ``capturable``
@@ -534,7 +514,7 @@ class SGRLDOptimizer(torch.optim.Optimizer):
         generator), to size block sizes and precision before a run."""
         out: dict[str, int] = {}
         for index, group in enumerate(self.param_groups):
-            for name, p in zip(group_names(group, index), group["params"], strict=True):
+            for name, p in zip(groups.group_names(group, index), group["params"], strict=True):
                 out[name] = sum(  # a sharded statistic's bytes on this rank: its shard's
                     local(v).numel() * v.element_size()
                     for v in self.state[p].values()

@@ -7,7 +7,7 @@ summed over the mesh at the read.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,14 +62,6 @@ def settled(steps: int, adapt_until: int | None) -> bool:
     return steps > max(DEFAULT_WARMUP if adapt_until is None else int(adapt_until), SHORT_STEPS)
 
 
-class Watched(Owner, Protocol):
-    """What the watch reads of the optimizer it hooks: its groups and their chains, and the
-    figures the last step recorded (per group, :func:`~sgrld.core.engine.record_telemetry`'s
-    sums; ``None`` when it recorded none)."""
-
-    recorded: list[Tensor] | None
-
-
 def chain_settled(opt: Owner, steps: int) -> bool:
     """:func:`settled` for the optimizer's chain, past its warm-up as it stands (extended while
     the chain travelled); a metric that adapts nothing (G = I, or frozen) has none to wait for."""
@@ -102,7 +94,7 @@ class HealthWatch(Watch):
         self.counts: dict[int, int] = {}  # per group: watched steps in the open window
         self.open_parts: list[dict[str, float]] = []  # the complete parts at the last read
 
-    def __call__(self, opt: Watched, args: Any, kwargs: Any) -> None:
+    def __call__(self, opt: Owner, args: Any, kwargs: Any) -> None:
         """After a step: add the sums it recorded to the window; every :data:`WINDOW_STEPS` steps
         judge the window, warning once per verdict (the step is done then), and start a new one."""
         if opt.recorded is None:
