@@ -57,7 +57,7 @@ SCORES = ("ksd", "validation", "train", "loss")
 #: data of the loader's first pass the ``"train"`` score's log predictive is taken on
 TRAIN_POINTS = 256
 #: thinned points per chain the likelihood scores read (the KSD's, :data:`KSD_POINTS`): a log
-#: predictive ranks candidates from a few dozen draws (the paper's grid ensembles 5 to 20), and
+#: predictive ranks candidates from a few dozen draws (the benchmarks' grids ensemble 5), and
 #: the points' batches are most of a candidate's cost (``docs/tuning.md``, "Ten runs' worth")
 LIKELIHOOD_POINTS = 32
 KSD_POINTS = 128
@@ -209,8 +209,9 @@ def tune(
             if found is None:
                 warnings.warn(
                     f"sgrld.tune scores by the kernel Stein discrepancy (no validation= or "
-                    f"log_likelihood= given, and the potential matches no categorical or "
-                    f"Gaussian likelihood), which sees {len(coords)} of the model's {size} "
+                    f"log_likelihood= given, and the potential matches no categorical, "
+                    f"Bernoulli or Gaussian likelihood), which sees {len(coords)} of the "
+                    f"model's {size} "
                     "parameters: on networks it chose ℓ up to 1.5 decades too large "
                     "(docs/tuning.md). Give validation=(batches, log_likelihood) or "
                     "log_likelihood=... (each datum's log-likelihood), or score='ksd' to keep it",
