@@ -69,8 +69,8 @@ class TuneResult:
         edge: with the KSD score, the ℓ it scored best when the choice is one step below it
             (the chains were still in their transient, ``docs/tuning.md``); else ``None``.
         likelihood: with a potential alone, the likelihood found consistent with it
-            (``"categorical"``, ``"gaussian"``) whose log predictive was the score; else
-            ``None``.
+            (``"categorical"``, ``"bernoulli"``, ``"gaussian"``) whose log predictive was the
+            score; else ``None``.
     """
 
     sampler: str
