@@ -95,6 +95,19 @@ def test_a_bernoulli_potential_is_found_and_batch_norm_s_figures_stay() -> None:
     assert torch.allclose(found[1](net, (xb, yb)), exact)
 
 
+def _heavy(m: nn.Module, b: Any, temper: float = 1.0) -> Tensor:
+    """A potential its prior term dominates (about 4 × 10³ per datum at the start)."""
+    return temper * F.cross_entropy(m(b[0]), b[1]) + 1000.0 * N * _prior(m) + 100.0
+
+
+def test_a_potential_its_prior_dominates_is_found_and_a_tempered_one_is_not() -> None:
+    net, batches = _classification()
+    found = consistent_likelihood(net, _heavy, batches)
+    assert found is not None and found[0] == "categorical"
+    # the residuals' rule alone (1e-4 of a potential of ~10³) would let 0.99 through
+    assert consistent_likelihood(net, lambda m, b: _heavy(m, b, 0.99), batches) is None
+
+
 @pytest.mark.parametrize(
     ("case", "potential"),
     [("classification", lambda m, b: _categorical(m, b, temper=0.99)),

@@ -34,6 +34,10 @@ BATCHES = 4
 #: rounding is ~1e-7 of it; a likelihood tempered by 0.99 differs by ~1e-2 of the spread of the
 #: batches' nll (``tests/test_tune_likelihood.py``)
 TOLERANCE = 1e-4
+#: how far the parts' potentials may scale against their mean nll from 1: the residuals' rule
+#: above scales with the potential, so a potential that its prior term dominates would let a
+#: likelihood tempered by a few per cent through; the slope does not see the prior term
+SLOPE_TOLERANCE = 1e-3
 #: the perturbed θ: each sampled tensor plus this × its RMS (at least this) × N(0, 1)
 PERTURBATION = 0.5
 
@@ -142,12 +146,19 @@ def _consistent(residuals: list[float], potentials: list[float]) -> bool:
 
 def _matches(points: list[Point], nll: Callable[[Tensor, Tensor], Tensor]) -> bool:
     """Whether every part's potential minus its mean ``nll(output, target)`` is the same, at
-    each point."""
+    each point, and the potentials move one for one with the nll across the parts."""
     for point in points:
         values = [float(nll(out.double(), y)) for _, out, y in point]
-        residuals = [u - v for (u, _, _), v in zip(point, values, strict=True)]
-        if not _consistent(residuals, [u for u, _, _ in point]):
+        potentials = [u for u, _, _ in point]
+        residuals = [u - v for u, v in zip(potentials, values, strict=True)]
+        if not _consistent(residuals, potentials):
             return False
+        mean_v, mean_u = sum(values) / len(values), sum(potentials) / len(potentials)
+        var = sum((v - mean_v) ** 2 for v in values)
+        if var > 0:
+            cov = sum((v - mean_v) * (u - mean_u) for v, u in zip(values, potentials, strict=True))
+            if abs(cov / var - 1.0) > SLOPE_TOLERANCE:
+                return False
     return True
 
 
