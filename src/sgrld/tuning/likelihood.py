@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sgrld.core.runner import sampled
+from sgrld.core.runner import restoring, sampled
 
 __all__ = ["consistent_likelihood"]
 
@@ -53,20 +53,23 @@ def consistent_likelihood(
     if len(parts) < 3:
         return None
     gen = torch.Generator().manual_seed(seed)
-    params = sampled(model)
-    moved = {k: _perturbed(v, gen) for k, v in params.items()}
-    devices = sorted({v.device for v in params.values() if v.device.type == "cuda"}, key=str)
-    buffers = {k: b.clone() for k, b in model.named_buffers()}  # batch norm's running figures
-    # a stochastic forward (dropout) draws from torch's random state: the search's stays as it was
-    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+    params = list(sampled(model).values())
+    moved = [_perturbed(p, gen) for p in params]
+    devices = sorted({p.device for p in params if p.device.type == "cuda"}, key=str)
+    # the parameters and batch norm's running figures put back on the way out; a stochastic
+    # forward (dropout) draws from torch's random state: the search's stays as it was
+    with (
+        torch.no_grad(),
+        torch.random.fork_rng(devices=devices),
+        restoring([*params, *model.buffers()]),
+    ):
         try:
-            start = _evaluate(model, potential, parts, None)
-            away = _evaluate(model, potential, parts, moved)
+            start = _evaluate(model, potential, parts)
+            for p, v in zip(params, moved, strict=True):
+                p.copy_(v)
+            away = _evaluate(model, potential, parts)
         except (RuntimeError, TypeError, ValueError, IndexError, KeyError, AttributeError):
             return None  # a model or potential that does not take these parts: cannot tell
-        finally:
-            for k, b in model.named_buffers():
-                b.copy_(buffers[k])
     if start is None or away is None:
         return None
     fits = (("categorical", _categorical), ("bernoulli", _bernoulli), ("gaussian", _gaussian))
@@ -101,17 +104,13 @@ Point = list[tuple[float, Tensor, Tensor]]  # per part: its potential, the outpu
 
 def _evaluate(
     model: nn.Module, potential: Callable[[nn.Module, Any], Tensor],
-    parts: list[tuple[Tensor, Tensor]], params: dict[str, Tensor] | None,
+    parts: list[tuple[Tensor, Tensor]],
 ) -> Point | None:  # fmt: skip
-    """Each part's potential and the model's output on it, at ``params`` (the model's own with
-    ``None``); ``None`` where the forward is not repeatable or not finite."""
+    """Each part's potential and the model's output on it; ``None`` where the forward is not
+    repeatable or not finite."""
     point = []
     for x, y in parts:
-        if params is None:
-            u, out, again = potential(model, (x, y)), model(x), model(x)
-        else:
-            with _swapped(model, params):
-                u, out, again = potential(model, (x, y)), model(x), model(x)
+        u, out, again = potential(model, (x, y)), model(x), model(x)
         if not (isinstance(out, Tensor) and isinstance(u, Tensor) and u.numel() == 1):
             return None
         if not torch.equal(out, again) or not (torch.isfinite(u) and torch.isfinite(out).all()):
@@ -120,28 +119,18 @@ def _evaluate(
     return point
 
 
-class _swapped:
-    """The model's sampled parameters replaced by ``params`` while inside (restored after)."""
-
-    def __init__(self, model: nn.Module, params: dict[str, Tensor]):
-        self.model, self.params = model, params
-        self.saved: dict[str, Tensor] = {}
-
-    def __enter__(self) -> None:
-        own = dict(self.model.named_parameters())
-        for k, v in self.params.items():
-            self.saved[k] = own[k].detach().clone()
-            own[k].data.copy_(v)
-
-    def __exit__(self, *_: object) -> None:
-        own = dict(self.model.named_parameters())
-        for k, v in self.saved.items():
-            own[k].data.copy_(v)
-
-
 def _consistent(residuals: list[float], potentials: list[float]) -> bool:
     spread = max(residuals) - min(residuals)
     return spread <= TOLERANCE * (1.0 + max(abs(u) for u in potentials))
+
+
+def _slope(xs: list[float], ys: list[float]) -> float | None:
+    """The least-squares slope of ``ys`` on ``xs`` (``None`` where ``xs`` do not vary)."""
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    if var <= 0:
+        return None
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var
 
 
 def _matches(points: list[Point], nll: Callable[[Tensor, Tensor], Tensor]) -> bool:
@@ -153,12 +142,9 @@ def _matches(points: list[Point], nll: Callable[[Tensor, Tensor], Tensor]) -> bo
         residuals = [u - v for u, v in zip(potentials, values, strict=True)]
         if not _consistent(residuals, potentials):
             return False
-        mean_v, mean_u = sum(values) / len(values), sum(potentials) / len(potentials)
-        var = sum((v - mean_v) ** 2 for v in values)
-        if var > 0:
-            cov = sum((v - mean_v) * (u - mean_u) for v, u in zip(values, potentials, strict=True))
-            if abs(cov / var - 1.0) > SLOPE_TOLERANCE:
-                return False
+        slope = _slope(values, potentials)
+        if slope is not None and abs(slope - 1.0) > SLOPE_TOLERANCE:
+            return False
     return True
 
 
@@ -203,12 +189,12 @@ def _gaussian(points: list[Point]) -> LogLikelihood | None:
              for _, out, y in point]  # fmt: skip
         u = [p[0] for p in point]
         # u = s·q + c for every part: least squares, then every residual the same
-        qm, um = sum(q) / len(q), sum(u) / len(u)
-        var = sum((a - qm) ** 2 for a in q)
-        if var <= 0:
-            return None
-        s = sum((a - qm) * (b - um) for a, b in zip(q, u, strict=True)) / var
-        if not s > 0 or not _consistent([b - s * a for a, b in zip(q, u, strict=True)], u):
+        s = _slope(q, u)
+        if (
+            s is None
+            or not s > 0
+            or not _consistent([b - s * a for a, b in zip(q, u, strict=True)], u)
+        ):
             return None
         slopes.append(s)
     if abs(slopes[0] - slopes[-1]) > TOLERANCE * 10 * slopes[0]:
